@@ -1,0 +1,92 @@
+/* kernels.h: the table of kernels one ISA level provides.
+ *
+ * The scalar table (scalar.c) is the specification: plain loops, always
+ * built. Each SIMD level (x86_avx2.c, arm_neon.c, ...) starts from a copy of
+ * the scalar table and replaces the entries it implements, so a level may be
+ * partial and still complete. dispatch.c picks one table at run time.
+ *
+ * Weight x activation products: a weight of type T is multiplied by
+ * activations first quantized to li_act_type_of(T) (Q8_0 for Q4_0/Q5_0/Q8_0,
+ * Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, plain float for F32/F16/BF16).
+ */
+#ifndef LLMINFER_KERNELS_H
+#define LLMINFER_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../arch.h"
+#include "../blocks.h"
+#include "../llminfer.h"
+
+/* activation formats (indices into li_kernels.quant_act) */
+enum li_act_type { LI_ACT_F32 = 0, LI_ACT_Q8_0 = 1, LI_ACT_Q8_1 = 2, LI_ACT_Q8_K = 3, LI_ACT_COUNT = 4 };
+
+/* Most activation rows one dot call takes: one weight row is decoded once and
+ * used against all of them (prefill tiling). */
+#define LI_DOT_MAX_NC 4
+
+/* k floats of a row from its stored form */
+typedef void (*li_dequant_fn)(const void *src, float *dst, int64_t k);
+/* k floats into activation blocks (k a multiple of the act block size) */
+typedef void (*li_quant_act_fn)(const float *src, void *dst, int64_t k);
+/* s[c] = dot(weight row w, activation row c) for c < nc <= LI_DOT_MAX_NC, where
+ * activation row c starts at (const char *)x + c * x_stride; k elements each. */
+typedef void (*li_dot_fn)(int64_t k, const void *w, const void *x, size_t x_stride, int nc,
+                          float *s);
+
+typedef struct li_kernels {
+    int isa;
+    li_dequant_fn dequant[LI_TYPE_COUNT];
+    li_dot_fn dot[LI_TYPE_COUNT];
+    li_quant_act_fn quant_act[LI_ACT_COUNT];
+
+    /* y = x * (1/sqrt(mean(x^2)+eps)) * w (w may be NULL) */
+    void (*rms_norm)(const float *x, const float *w, float *y, int64_t k, float eps);
+    /* in place, numerically stable */
+    void (*softmax)(float *x, int64_t k);
+    /* y[i] = lut(x[i]) (* u[i] when u is not NULL), lut a 65536-entry F16-indexed table */
+    void (*lut_apply)(const float *lut, const float *x, const float *u, float *y, int64_t n);
+    /* attention over an F16 cache */
+    float (*dot_f32_f16)(const float *a, const uint16_t *b, int64_t n);
+    void (*axpy_f16)(float a, const uint16_t *x, float *y, int64_t n); /* y += a*x */
+    void (*f32_to_f16)(const float *x, uint16_t *y, int64_t n);
+    void (*f16_to_f32)(const uint16_t *x, float *y, int64_t n);
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    void (*axpy_f32)(float a, const float *x, float *y, int64_t n); /* y += a*x */
+    void (*scale_f32)(float *x, float a, int64_t n);
+    void (*add_f32)(const float *a, const float *b, float *y, int64_t n);
+    void (*mul_f32)(const float *a, const float *b, float *y, int64_t n);
+} li_kernels;
+
+/* per-type facts (qtypes.c) */
+typedef struct {
+    const char *name;
+    int block_size; /* elements per block; 0 when the type is not supported */
+    int type_size;  /* bytes per block */
+    int act_type;   /* enum li_act_type its activations are quantized to */
+} li_type_traits;
+extern const li_type_traits li_types[LI_TYPE_COUNT];
+/* bytes of one activation row of k elements in act format a */
+size_t li_act_row_bytes(int act, int64_t k);
+int li_act_block_size(int act);
+
+/* the tables, filled once by dispatch.c */
+void li_kernels_fill_scalar(li_kernels *t);
+#if defined(LI_ARCH_X86)
+void li_kernels_fill_avx2(li_kernels *t);
+#endif
+#if defined(LI_ARCH_ARM64)
+void li_kernels_fill_neon(li_kernels *t);
+void li_kernels_fill_neon_dot(li_kernels *t);
+#endif
+
+/* the active table (dispatch.c) */
+extern const li_kernels *li_K;
+void li_init(void);
+
+/* the F16-indexed activation tables (ops.c) */
+extern float li_lut_silu[65536];
+extern float li_lut_gelu[65536];
+
+#endif

@@ -1,0 +1,603 @@
+/* scalar.c: the reference kernels, in plain C loops. They are the
+ * specification every SIMD level is tested against, and the level used on a
+ * CPU without one. No intrinsics, no #if.
+ *
+ * Each weight type has one `unpack_*` that turns a block into small integers
+ * and its scales; dequantization and the dot product are both written over
+ * that, so each layout is spelled out once. Dequantization performs the same
+ * float operations, in the same order, as gguf's numpy code, so the results
+ * are bit-identical (this file is built with -ffp-contract=off).
+ */
+#include <math.h>
+
+#include "../common.h"
+#include "kernels.h"
+
+/* ---- unpacking ---- */
+
+static void unpack_q4_0(const block_q4_0 *b, int8_t q[QK4_0]) {
+    for (int j = 0; j < QK4_0 / 2; j++) {
+        q[j] = (int8_t)((b->qs[j] & 15) - 8);
+        q[j + QK4_0 / 2] = (int8_t)((b->qs[j] >> 4) - 8);
+    }
+}
+
+static void unpack_q4_1(const block_q4_1 *b, int8_t q[QK4_1]) {
+    for (int j = 0; j < QK4_1 / 2; j++) {
+        q[j] = (int8_t)(b->qs[j] & 15);
+        q[j + QK4_1 / 2] = (int8_t)(b->qs[j] >> 4);
+    }
+}
+
+/* the 5-bit values, unsigned, shared by Q5_0 and Q5_1 */
+static void unpack_5bit(const uint8_t qh[4], const uint8_t qs[16], int8_t q[32]) {
+    const uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+                       (uint32_t)qh[3] << 24;
+    for (int j = 0; j < 16; j++) {
+        q[j] = (int8_t)((qs[j] & 15) | ((h >> j) & 1) << 4);
+        q[j + 16] = (int8_t)((qs[j] >> 4) | ((h >> (j + 16)) & 1) << 4);
+    }
+}
+
+/* Q2_K: q in [0,3]; sc[g], mn[g] the 4-bit scale and min of group g of 16 */
+static void unpack_q2_K(const block_q2_K *b, int8_t q[QK_K], int sc[16], int mn[16]) {
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++)
+            for (int l = 0; l < 32; l++)
+                q[128 * h + 32 * s + l] = (int8_t)((b->qs[32 * h + l] >> (2 * s)) & 3);
+    for (int g = 0; g < 16; g++) {
+        sc[g] = b->scales[g] & 15;
+        mn[g] = b->scales[g] >> 4;
+    }
+}
+
+/* Q3_K: q in [-4,3]; sc[g] the signed 6-bit scale of group g of 16 */
+static void unpack_q3_K(const block_q3_K *b, int8_t q[QK_K], int sc[16]) {
+    for (int h = 0; h < 2; h++)
+        for (int s = 0; s < 4; s++)
+            for (int l = 0; l < 32; l++) {
+                const int i = 128 * h + 32 * s + l;
+                const int lo = (b->qs[32 * h + l] >> (2 * s)) & 3;
+                const int hi = (b->hmask[l] >> (i / 32)) & 1;
+                q[i] = (int8_t)(lo - (hi ? 0 : 4));
+            }
+    /* low 4 bits: bytes 0-7 (two groups a byte), high 2 bits: bytes 8-11 */
+    for (int g = 0; g < 16; g++) {
+        const int lo = (b->scales[g % 8] >> (4 * (g / 8))) & 15;
+        const int hi = (b->scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+        sc[g] = (lo | hi << 4) - 32;
+    }
+}
+
+/* the 6-bit scales and mins of Q4_K and Q5_K (8 groups of 32) */
+static void unpack_k_scales(const uint8_t s[K_SCALE_SIZE], int sc[8], int mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        mn[j] = s[j + 4] & 63;
+        sc[j + 4] = (s[j + 8] & 15) | (s[j] >> 6) << 4;
+        mn[j + 4] = (s[j + 8] >> 4) | (s[j + 4] >> 6) << 4;
+    }
+}
+
+static void unpack_q4_K(const block_q4_K *b, int8_t q[QK_K], int sc[8], int mn[8]) {
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            q[64 * c + l] = (int8_t)(b->qs[32 * c + l] & 15);
+            q[64 * c + 32 + l] = (int8_t)(b->qs[32 * c + l] >> 4);
+        }
+    unpack_k_scales(b->scales, sc, mn);
+}
+
+static void unpack_q5_K(const block_q5_K *b, int8_t q[QK_K], int sc[8], int mn[8]) {
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            const int i0 = 64 * c + l, i1 = 64 * c + 32 + l;
+            q[i0] = (int8_t)((b->qs[32 * c + l] & 15) | ((b->qh[l] >> (i0 / 32)) & 1) << 4);
+            q[i1] = (int8_t)((b->qs[32 * c + l] >> 4) | ((b->qh[l] >> (i1 / 32)) & 1) << 4);
+        }
+    unpack_k_scales(b->scales, sc, mn);
+}
+
+/* Q6_K: q in [-32, 31]; scales are the block's int8 scales */
+static void unpack_q6_K(const block_q6_K *b, int8_t q[QK_K]) {
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 128; j++) {
+            const int lo = (b->ql[64 * h + j % 64] >> (4 * (j / 64))) & 15;
+            const int hi = (b->qh[32 * h + j % 32] >> (2 * (j / 32))) & 3;
+            q[128 * h + j] = (int8_t)((lo | hi << 4) - 32);
+        }
+}
+
+/* ---- dequantization ---- */
+
+static void dequant_f32(const void *src, float *y, int64_t k) { memcpy(y, src, (size_t)k * 4); }
+
+static void dequant_f16(const void *src, float *y, int64_t k) {
+    const uint16_t *x = (const uint16_t *)src;
+    for (int64_t i = 0; i < k; i++) y[i] = li_f16_to_f32(x[i]);
+}
+
+static void dequant_bf16(const void *src, float *y, int64_t k) {
+    const uint16_t *x = (const uint16_t *)src;
+    for (int64_t i = 0; i < k; i++) y[i] = li_bf16_to_f32(x[i]);
+}
+
+static void dequant_q4_0(const void *src, float *y, int64_t k) {
+    const block_q4_0 *b = (const block_q4_0 *)src;
+    int8_t q[QK4_0];
+    for (int64_t i = 0; i < k / QK4_0; i++, y += QK4_0) {
+        const float d = li_f16_to_f32(b[i].d);
+        unpack_q4_0(&b[i], q);
+        for (int j = 0; j < QK4_0; j++) y[j] = d * (float)q[j];
+    }
+}
+
+static void dequant_q4_1(const void *src, float *y, int64_t k) {
+    const block_q4_1 *b = (const block_q4_1 *)src;
+    int8_t q[QK4_1];
+    for (int64_t i = 0; i < k / QK4_1; i++, y += QK4_1) {
+        const float d = li_f16_to_f32(b[i].d), m = li_f16_to_f32(b[i].m);
+        unpack_q4_1(&b[i], q);
+        for (int j = 0; j < QK4_1; j++) y[j] = d * (float)q[j] + m;
+    }
+}
+
+static void dequant_q5_0(const void *src, float *y, int64_t k) {
+    const block_q5_0 *b = (const block_q5_0 *)src;
+    int8_t q[QK5_0];
+    for (int64_t i = 0; i < k / QK5_0; i++, y += QK5_0) {
+        const float d = li_f16_to_f32(b[i].d);
+        unpack_5bit(b[i].qh, b[i].qs, q);
+        for (int j = 0; j < QK5_0; j++) y[j] = d * (float)(q[j] - 16);
+    }
+}
+
+static void dequant_q5_1(const void *src, float *y, int64_t k) {
+    const block_q5_1 *b = (const block_q5_1 *)src;
+    int8_t q[QK5_1];
+    for (int64_t i = 0; i < k / QK5_1; i++, y += QK5_1) {
+        const float d = li_f16_to_f32(b[i].d), m = li_f16_to_f32(b[i].m);
+        unpack_5bit(b[i].qh, b[i].qs, q);
+        for (int j = 0; j < QK5_1; j++) y[j] = d * (float)q[j] + m;
+    }
+}
+
+static void dequant_q8_0(const void *src, float *y, int64_t k) {
+    const block_q8_0 *b = (const block_q8_0 *)src;
+    for (int64_t i = 0; i < k / QK8_0; i++, y += QK8_0) {
+        const float d = li_f16_to_f32(b[i].d);
+        for (int j = 0; j < QK8_0; j++) y[j] = d * (float)b[i].qs[j];
+    }
+}
+
+static void dequant_q2_K(const void *src, float *y, int64_t k) {
+    const block_q2_K *b = (const block_q2_K *)src;
+    int8_t q[QK_K];
+    int sc[16], mn[16];
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        const float d = li_f16_to_f32(b[i].d), dmin = li_f16_to_f32(b[i].dmin);
+        unpack_q2_K(&b[i], q, sc, mn);
+        for (int g = 0; g < 16; g++) {
+            const float dl = d * (float)sc[g], ml = dmin * (float)mn[g];
+            for (int l = 0; l < 16; l++) y[16 * g + l] = dl * (float)q[16 * g + l] - ml;
+        }
+    }
+}
+
+static void dequant_q3_K(const void *src, float *y, int64_t k) {
+    const block_q3_K *b = (const block_q3_K *)src;
+    int8_t q[QK_K];
+    int sc[16];
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        const float d = li_f16_to_f32(b[i].d);
+        unpack_q3_K(&b[i], q, sc);
+        for (int g = 0; g < 16; g++) {
+            const float dl = d * (float)sc[g];
+            for (int l = 0; l < 16; l++) y[16 * g + l] = dl * (float)q[16 * g + l];
+        }
+    }
+}
+
+/* Q4_K and Q5_K differ only in how q is unpacked */
+static void dequant_k_groups32(const int8_t q[QK_K], const int sc[8], const int mn[8], float d,
+                               float dmin, float *y) {
+    for (int j = 0; j < 8; j++) {
+        const float dl = d * (float)sc[j], ml = dmin * (float)mn[j];
+        for (int l = 0; l < 32; l++) y[32 * j + l] = dl * (float)q[32 * j + l] - ml;
+    }
+}
+
+static void dequant_q4_K(const void *src, float *y, int64_t k) {
+    const block_q4_K *b = (const block_q4_K *)src;
+    int8_t q[QK_K];
+    int sc[8], mn[8];
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        unpack_q4_K(&b[i], q, sc, mn);
+        dequant_k_groups32(q, sc, mn, li_f16_to_f32(b[i].d), li_f16_to_f32(b[i].dmin), y);
+    }
+}
+
+static void dequant_q5_K(const void *src, float *y, int64_t k) {
+    const block_q5_K *b = (const block_q5_K *)src;
+    int8_t q[QK_K];
+    int sc[8], mn[8];
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        unpack_q5_K(&b[i], q, sc, mn);
+        dequant_k_groups32(q, sc, mn, li_f16_to_f32(b[i].d), li_f16_to_f32(b[i].dmin), y);
+    }
+}
+
+static void dequant_q6_K(const void *src, float *y, int64_t k) {
+    const block_q6_K *b = (const block_q6_K *)src;
+    int8_t q[QK_K];
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        const float d = li_f16_to_f32(b[i].d);
+        unpack_q6_K(&b[i], q);
+        for (int g = 0; g < 16; g++) {
+            const float dl = d * (float)b[i].scales[g];
+            for (int l = 0; l < 16; l++) y[16 * g + l] = dl * (float)q[16 * g + l];
+        }
+    }
+}
+
+/* ---- activation quantization (round half to even, as the SIMD levels do) ---- */
+
+static int8_t round_q8(float v) { return (int8_t)lrintf(v); }
+
+static void quant_act_f32(const float *x, void *dst, int64_t k) { memcpy(dst, x, (size_t)k * 4); }
+
+static float absmax(const float *x, int n) {
+    float amax = 0.0f;
+    for (int j = 0; j < n; j++) amax = LI_MAX(amax, fabsf(x[j]));
+    return amax;
+}
+
+static void quant_act_q8_0(const float *x, void *dst, int64_t k) {
+    act_q8_0 *y = (act_q8_0 *)dst;
+    for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
+        const float d = absmax(x, QK8_0) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = d;
+        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = round_q8(x[j] * id);
+    }
+}
+
+static void quant_act_q8_1(const float *x, void *dst, int64_t k) {
+    act_q8_1 *y = (act_q8_1 *)dst;
+    for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
+        const float d = absmax(x, QK8_0) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK8_0; j++) {
+            y[i].qs[j] = round_q8(x[j] * id);
+            sum += y[i].qs[j];
+        }
+        y[i].d = d;
+        y[i].s = d * (float)sum;
+    }
+}
+
+static void quant_act_q8_K(const float *x, void *dst, int64_t k) {
+    act_q8_K *y = (act_q8_K *)dst;
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        const float d = absmax(x, QK_K) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = d;
+        for (int g = 0; g < QK_K / 16; g++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++) {
+                y[i].qs[16 * g + l] = round_q8(x[16 * g + l] * id);
+                sum += y[i].qs[16 * g + l];
+            }
+            y[i].bsums[g] = (int16_t)sum;
+        }
+    }
+}
+
+/* ---- dot products: one weight row against nc activation rows ---- */
+
+static int32_t idot(const int8_t *a, const int8_t *b, int n) {
+    int32_t s = 0;
+    for (int j = 0; j < n; j++) s += (int32_t)a[j] * b[j];
+    return s;
+}
+
+#define ACT_ROW(T, x, c, stride) ((const T *)((const char *)(x) + (size_t)(c) * (stride)))
+
+static void dot_f32(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    for (int c = 0; c < nc; c++) {
+        const float *a = (const float *)w, *b = ACT_ROW(float, x, c, xs);
+        float acc = 0.0f;
+        for (int64_t i = 0; i < k; i++) acc += a[i] * b[i];
+        s[c] = acc;
+    }
+}
+
+static void dot_f16(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    for (int c = 0; c < nc; c++) {
+        const uint16_t *a = (const uint16_t *)w;
+        const float *b = ACT_ROW(float, x, c, xs);
+        float acc = 0.0f;
+        for (int64_t i = 0; i < k; i++) acc += li_f16_to_f32(a[i]) * b[i];
+        s[c] = acc;
+    }
+}
+
+static void dot_bf16(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    for (int c = 0; c < nc; c++) {
+        const uint16_t *a = (const uint16_t *)w;
+        const float *b = ACT_ROW(float, x, c, xs);
+        float acc = 0.0f;
+        for (int64_t i = 0; i < k; i++) acc += li_bf16_to_f32(a[i]) * b[i];
+        s[c] = acc;
+    }
+}
+
+/* 32-element blocks with a symmetric scale: q4_0, q5_0, q8_0 against act_q8_0 */
+static void dot_q4_0(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    const block_q4_0 *b = (const block_q4_0 *)w;
+    float acc[LI_DOT_MAX_NC] = {0};
+    int8_t q[QK4_0];
+    for (int64_t i = 0; i < k / QK4_0; i++) {
+        const float d = li_f16_to_f32(b[i].d);
+        unpack_q4_0(&b[i], q);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i;
+            acc[c] += d * a->d * (float)idot(q, a->qs, QK4_0);
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c] = acc[c];
+}
+
+static void dot_q5_0(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    const block_q5_0 *b = (const block_q5_0 *)w;
+    float acc[LI_DOT_MAX_NC] = {0};
+    int8_t q[QK5_0];
+    for (int64_t i = 0; i < k / QK5_0; i++) {
+        const float d = li_f16_to_f32(b[i].d);
+        unpack_5bit(b[i].qh, b[i].qs, q);
+        for (int j = 0; j < QK5_0; j++) q[j] = (int8_t)(q[j] - 16);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i;
+            acc[c] += d * a->d * (float)idot(q, a->qs, QK5_0);
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c] = acc[c];
+}
+
+static void dot_q8_0(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    const block_q8_0 *b = (const block_q8_0 *)w;
+    float acc[LI_DOT_MAX_NC] = {0};
+    for (int64_t i = 0; i < k / QK8_0; i++) {
+        const float d = li_f16_to_f32(b[i].d);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i;
+            acc[c] += d * a->d * (float)idot(b[i].qs, a->qs, QK8_0);
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c] = acc[c];
+}
+
+/* 32-element blocks with a min: q4_1, q5_1 against act_q8_1: sum = d*dx*sum(q*qx) + m*sx */
+static void dot_q4_1(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    const block_q4_1 *b = (const block_q4_1 *)w;
+    float acc[LI_DOT_MAX_NC] = {0};
+    int8_t q[QK4_1];
+    for (int64_t i = 0; i < k / QK4_1; i++) {
+        const float d = li_f16_to_f32(b[i].d), m = li_f16_to_f32(b[i].m);
+        unpack_q4_1(&b[i], q);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_1 *a = ACT_ROW(act_q8_1, x, c, xs) + i;
+            acc[c] += d * a->d * (float)idot(q, a->qs, QK4_1) + m * a->s;
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c] = acc[c];
+}
+
+static void dot_q5_1(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    const block_q5_1 *b = (const block_q5_1 *)w;
+    float acc[LI_DOT_MAX_NC] = {0};
+    int8_t q[QK5_1];
+    for (int64_t i = 0; i < k / QK5_1; i++) {
+        const float d = li_f16_to_f32(b[i].d), m = li_f16_to_f32(b[i].m);
+        unpack_5bit(b[i].qh, b[i].qs, q);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_1 *a = ACT_ROW(act_q8_1, x, c, xs) + i;
+            acc[c] += d * a->d * (float)idot(q, a->qs, QK5_1) + m * a->s;
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c] = acc[c];
+}
+
+/* K-quants against act_q8_K: sum over groups of scale * sum(q*qx), minus the
+ * min terms, which use the activation's per-16 sums (bsums). */
+static void dot_q2_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    const block_q2_K *b = (const block_q2_K *)w;
+    float acc[LI_DOT_MAX_NC] = {0};
+    int8_t q[QK_K];
+    int sc[16], mn[16];
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = li_f16_to_f32(b[i].d), dmin = li_f16_to_f32(b[i].dmin);
+        unpack_q2_K(&b[i], q, sc, mn);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
+            int32_t isum = 0, imin = 0;
+            for (int g = 0; g < 16; g++) {
+                isum += sc[g] * idot(q + 16 * g, a->qs + 16 * g, 16);
+                imin += mn[g] * a->bsums[g];
+            }
+            acc[c] += a->d * (d * (float)isum - dmin * (float)imin);
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c] = acc[c];
+}
+
+static void dot_q3_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    const block_q3_K *b = (const block_q3_K *)w;
+    float acc[LI_DOT_MAX_NC] = {0};
+    int8_t q[QK_K];
+    int sc[16];
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = li_f16_to_f32(b[i].d);
+        unpack_q3_K(&b[i], q, sc);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
+            int32_t isum = 0;
+            for (int g = 0; g < 16; g++) isum += sc[g] * idot(q + 16 * g, a->qs + 16 * g, 16);
+            acc[c] += a->d * d * (float)isum;
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c] = acc[c];
+}
+
+static float dot_k_groups32(const int8_t q[QK_K], const int sc[8], const int mn[8], float d,
+                            float dmin, const act_q8_K *a) {
+    int32_t isum = 0, imin = 0;
+    for (int j = 0; j < 8; j++) {
+        isum += sc[j] * idot(q + 32 * j, a->qs + 32 * j, 32);
+        imin += mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+    }
+    return a->d * (d * (float)isum - dmin * (float)imin);
+}
+
+static void dot_q4_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    const block_q4_K *b = (const block_q4_K *)w;
+    float acc[LI_DOT_MAX_NC] = {0};
+    int8_t q[QK_K];
+    int sc[8], mn[8];
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = li_f16_to_f32(b[i].d), dmin = li_f16_to_f32(b[i].dmin);
+        unpack_q4_K(&b[i], q, sc, mn);
+        for (int c = 0; c < nc; c++)
+            acc[c] += dot_k_groups32(q, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i);
+    }
+    for (int c = 0; c < nc; c++) s[c] = acc[c];
+}
+
+static void dot_q5_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    const block_q5_K *b = (const block_q5_K *)w;
+    float acc[LI_DOT_MAX_NC] = {0};
+    int8_t q[QK_K];
+    int sc[8], mn[8];
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = li_f16_to_f32(b[i].d), dmin = li_f16_to_f32(b[i].dmin);
+        unpack_q5_K(&b[i], q, sc, mn);
+        for (int c = 0; c < nc; c++)
+            acc[c] += dot_k_groups32(q, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i);
+    }
+    for (int c = 0; c < nc; c++) s[c] = acc[c];
+}
+
+static void dot_q6_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    const block_q6_K *b = (const block_q6_K *)w;
+    float acc[LI_DOT_MAX_NC] = {0};
+    int8_t q[QK_K];
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = li_f16_to_f32(b[i].d);
+        unpack_q6_K(&b[i], q);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
+            int32_t isum = 0;
+            for (int g = 0; g < 16; g++)
+                isum += b[i].scales[g] * idot(q + 16 * g, a->qs + 16 * g, 16);
+            acc[c] += a->d * d * (float)isum;
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c] = acc[c];
+}
+
+/* ---- vector ops ---- */
+
+static void rms_norm(const float *x, const float *w, float *y, int64_t k, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < k; i++) ss += (double)x[i] * x[i];
+    const float scale = (float)(1.0 / sqrt(ss / (double)k + (double)eps));
+    if (w)
+        for (int64_t i = 0; i < k; i++) y[i] = x[i] * scale * w[i];
+    else
+        for (int64_t i = 0; i < k; i++) y[i] = x[i] * scale;
+}
+
+static void softmax(float *x, int64_t k) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < k; i++) mx = LI_MAX(mx, x[i]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < k; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < k; i++) x[i] *= inv;
+}
+
+static void lut_apply(const float *lut, const float *x, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float v = lut[li_f32_to_f16(x[i])];
+        y[i] = u ? v * u[i] : v;
+    }
+}
+
+static float dot_f32_f16(const float *a, const uint16_t *b, int64_t n) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += a[i] * li_f16_to_f32(b[i]);
+    return acc;
+}
+
+static void axpy_f16(float a, const uint16_t *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * li_f16_to_f32(x[i]);
+}
+
+static void f32_to_f16(const float *x, uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = li_f32_to_f16(x[i]);
+}
+
+static void f16_to_f32(const uint16_t *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = li_f16_to_f32(x[i]);
+}
+
+static float vdot_f32(const float *a, const float *b, int64_t n) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += a[i] * b[i];
+    return acc;
+}
+
+static void axpy_f32(float a, const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void scale_f32(float *x, float a, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] *= a;
+}
+
+static void add_f32(const float *a, const float *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+static void mul_f32(const float *a, const float *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i];
+}
+
+void li_kernels_fill_scalar(li_kernels *t) {
+    memset(t, 0, sizeof(*t));
+    t->isa = LI_ISA_SCALAR;
+#define SET(T, name)                             \
+    t->dequant[LI_TYPE_##T] = dequant_##name;    \
+    t->dot[LI_TYPE_##T] = dot_##name;
+    SET(F32, f32) SET(F16, f16) SET(BF16, bf16);
+    SET(Q4_0, q4_0) SET(Q4_1, q4_1) SET(Q5_0, q5_0) SET(Q5_1, q5_1) SET(Q8_0, q8_0);
+    SET(Q2_K, q2_K) SET(Q3_K, q3_K) SET(Q4_K, q4_K) SET(Q5_K, q5_K) SET(Q6_K, q6_K);
+#undef SET
+    t->quant_act[LI_ACT_F32] = quant_act_f32;
+    t->quant_act[LI_ACT_Q8_0] = quant_act_q8_0;
+    t->quant_act[LI_ACT_Q8_1] = quant_act_q8_1;
+    t->quant_act[LI_ACT_Q8_K] = quant_act_q8_K;
+    t->rms_norm = rms_norm;
+    t->softmax = softmax;
+    t->lut_apply = lut_apply;
+    t->dot_f32_f16 = dot_f32_f16;
+    t->axpy_f16 = axpy_f16;
+    t->f32_to_f16 = f32_to_f16;
+    t->f16_to_f32 = f16_to_f32;
+    t->dot_f32 = vdot_f32;
+    t->axpy_f32 = axpy_f32;
+    t->scale_f32 = scale_f32;
+    t->add_f32 = add_f32;
+    t->mul_f32 = mul_f32;
+}

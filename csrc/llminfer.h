@@ -1,0 +1,113 @@
+/* llminfer.h: the C core's public interface, mirrored by llminfer/_clib.pxd.
+ *
+ * Every function returns a status (LI_OK or a negative LI_E_* code) or a
+ * plain value; none aborts or exits. Buffers are caller-owned; sizes are
+ * passed alongside pointers and checked before anything is read or written.
+ *
+ * Shapes follow numpy: a weight matrix is [rows, k] with k contiguous, stored
+ * row by row in its GGUF type; activations are float32 [n, k].
+ */
+#ifndef LLMINFER_H
+#define LLMINFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status codes ---- */
+#define LI_OK 0
+#define LI_E_ARG (-1)      /* invalid argument (null pointer, negative size, bad enum) */
+#define LI_E_TYPE (-2)     /* tensor type unknown or not supported by this operation */
+#define LI_E_SHAPE (-3)    /* sizes do not agree (byte length, block multiple, ...) */
+#define LI_E_NOMEM (-4)    /* allocation failed */
+#define LI_E_ISA (-5)      /* instruction set not available on this CPU or build */
+#define LI_E_CONTEXT (-6)  /* position outside the context / KV cache */
+#define LI_E_TOKEN (-7)    /* token id outside the vocabulary */
+const char *li_status_name(int status);
+
+/* ---- tensor types: the GGML type numbers ---- */
+enum li_type {
+    LI_TYPE_F32 = 0,
+    LI_TYPE_F16 = 1,
+    LI_TYPE_Q4_0 = 2,
+    LI_TYPE_Q4_1 = 3,
+    LI_TYPE_Q5_0 = 6,
+    LI_TYPE_Q5_1 = 7,
+    LI_TYPE_Q8_0 = 8,
+    LI_TYPE_Q2_K = 10,
+    LI_TYPE_Q3_K = 11,
+    LI_TYPE_Q4_K = 12,
+    LI_TYPE_Q5_K = 13,
+    LI_TYPE_Q6_K = 14,
+    LI_TYPE_BF16 = 30,
+    LI_TYPE_COUNT = 31
+};
+
+/* Block size (elements) and type size (bytes) of a supported type; LI_E_TYPE otherwise. */
+int li_type_sizes(int type, int *block_size, int *type_size);
+/* Bytes taken by `rows` rows of `k` elements; 0 when type is unsupported or k not a block multiple. */
+size_t li_row_bytes(int type, int64_t k);
+const char *li_type_name(int type);
+
+/* ---- CPU features and kernel levels ---- */
+enum li_isa {
+    LI_ISA_SCALAR = 0,
+    LI_ISA_AVX2 = 1,       /* x86-64 AVX2 + FMA + F16C */
+    LI_ISA_AVX512 = 2,     /* reserved: AVX-512 kernels are not written yet */
+    LI_ISA_NEON = 3,       /* aarch64 Advanced SIMD */
+    LI_ISA_NEON_DOT = 4,   /* NEON plus the SDOT instruction */
+    LI_ISA_COUNT = 5
+};
+const char *li_isa_name(int isa);
+/* Feature names the CPU reports, space separated, into buf (always terminated). */
+void li_cpu_features(char *buf, size_t size);
+/* 1 when `isa` was compiled in and the CPU can run it. */
+int li_isa_available(int isa);
+int li_isa_best(void);
+int li_isa_current(void);
+/* Select the kernel level used by every later call; LI_E_ISA if unavailable.
+ * Not to be called while another thread is computing. */
+int li_isa_select(int isa);
+
+int li_openmp_enabled(void);
+int li_max_threads(void);
+
+/* ---- row kernels on numpy-shaped data ---- */
+/* dst[rows, k] (float32) from src (rows * row_bytes(type, k) bytes). */
+int li_dequantize(int type, const void *src, size_t src_bytes, int64_t rows, int64_t k,
+                  float *dst, int n_threads);
+/* dst (rows * row_bytes(type, k) bytes) from src[rows, k]; Q4_0..Q8_0 match the gguf
+ * package bit for bit; Q4_K, Q5_K, Q6_K use our own K-quant search. */
+int li_quantize(int type, const float *src, int64_t rows, int64_t k, void *dst,
+                size_t dst_bytes, int n_threads);
+/* y[n, rows] = x[n, k] . W[rows, k]^T with W stored in `type`. */
+int li_matmul(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k,
+              const float *x, int64_t n, float *y, int n_threads);
+
+/* y[rows, k] = x / sqrt(mean(x^2) + eps) * w  (w may be NULL: no scaling) */
+int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps, float *y,
+                int n_threads);
+enum li_act { LI_ACT_SILU = 0, LI_ACT_GELU = 1 };
+/* y = act(x) through the F16 lookup tables */
+int li_activation(int act, const float *x, int64_t n, float *y);
+/* y = act(g) * u */
+int li_gated_activation(int act, const float *g, const float *u, int64_t n, float *y);
+/* row-wise softmax, numerically stable */
+int li_softmax(const float *x, int64_t rows, int64_t k, float *y);
+int li_add(const float *a, const float *b, int64_t n, float *y);
+int li_mul(const float *a, const float *b, int64_t n, float *y);
+
+enum li_rope_mode { LI_ROPE_NORM = 0, LI_ROPE_NEOX = 2 };
+/* In place on x[n_tok, n_head, head_dim]: the first n_rot dims of each head are
+ * rotated by pos[t] * freq_scale * freq_base^(-2i/n_rot). NORM rotates pairs
+ * (2i, 2i+1); NEOX rotates (i, i + n_rot/2). */
+int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,
+            const int32_t *pos, float freq_base, float freq_scale, int mode);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,36 @@
+/* matmul.h: the parallel building blocks of ops.c and model.c. Each is called
+ * by every thread of a team with its index ith of nth, and does that thread's
+ * share; a caller separates dependent steps with LI_BARRIER(). */
+#ifndef LLMINFER_MATMUL_H
+#define LLMINFER_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+/* A weight matrix [rows, k] stored row by row in `type`. */
+typedef struct {
+    const void *data;
+    int type;
+    int64_t rows, k;
+    size_t row_bytes;
+} li_weight;
+
+/* Quantize x[n, k] (row stride x_stride floats) to the activation format of
+ * weight type `type`, into xq (rows of li_act_row_bytes(act, k) bytes). */
+void li_quantize_acts(int type, const float *x, int64_t x_stride, int64_t n, int64_t k, void *xq,
+                      int ith, int nth);
+
+/* y[c, r] = dot(W[r], x[c]) for r < rows, c < n; xq as li_quantize_acts left
+ * it; y has row stride y_stride floats. Thread ith takes its share of rows. */
+void li_matmul_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
+                 int ith, int nth);
+
+/* RoPE: cs[t, i] = (cos, sin) of pos[t] * freq_scale * freq_base^(-2i/n_rot), i < n_rot/2 */
+void li_rope_cache(const int32_t *pos, int64_t n_tok, int64_t n_rot, float freq_base,
+                   float freq_scale, float *cs);
+/* rotate one head vector in place with its token's row of the cache */
+void li_rope_head(float *x, const float *cs, int64_t n_rot, int mode);
+
+#endif

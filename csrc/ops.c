@@ -1,0 +1,236 @@
+/* ops.c: the operations of llminfer.h on caller-owned buffers, and the
+ * parallel pieces (matmul.h) that the model's forward pass reuses.
+ *
+ * Each public function checks its arguments, then runs on an OpenMP team of
+ * the requested size (one thread without OpenMP). Kernels come from the
+ * active table li_K (dispatch.c).
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "common.h"
+#include "kernels/kernels.h"
+#include "matmul.h"
+#include "quantize.h"
+
+float li_lut_silu[65536];
+float li_lut_gelu[65536];
+
+static double silu_ref(double x) {
+    if (isinf(x)) return x > 0 ? x : 0.0;
+    return x / (1.0 + exp(-x));
+}
+
+/* GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+static double gelu_ref(double x) {
+    if (isinf(x)) return x > 0 ? x : 0.0;
+    const double c = 0.7978845608028654; /* sqrt(2/pi) */
+    return 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x)));
+}
+
+void li_ops_init(void) {
+    for (uint32_t h = 0; h < 65536; h++) {
+        const double x = li_f16_to_f32((uint16_t)h);
+        li_lut_silu[h] = (float)silu_ref(x);
+        li_lut_gelu[h] = (float)gelu_ref(x);
+    }
+}
+
+/* ---- parallel pieces ---- */
+
+void li_quantize_acts(int type, const float *x, int64_t x_stride, int64_t n, int64_t k, void *xq,
+                      int ith, int nth) {
+    const int act = li_types[type].act_type;
+    const size_t row = li_act_row_bytes(act, k);
+    int64_t lo, hi;
+    li_split(n, ith, nth, &lo, &hi);
+    for (int64_t c = lo; c < hi; c++)
+        li_K->quant_act[act](x + c * x_stride, (char *)xq + (size_t)c * row, k);
+}
+
+/* rows a thread works through before moving to the next group of columns:
+ * its weight bytes stay in L1 while every column group passes over them */
+#define ROW_BLOCK 16
+
+void li_matmul_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
+                 int ith, int nth) {
+    const li_dot_fn dot = li_K->dot[w->type];
+    const size_t xs = li_act_row_bytes(li_types[w->type].act_type, w->k);
+    int64_t lo, hi;
+    li_split(w->rows, ith, nth, &lo, &hi);
+    float s[LI_DOT_MAX_NC];
+    for (int64_t r0 = lo; r0 < hi; r0 += ROW_BLOCK) {
+        const int64_t r1 = LI_MIN(hi, r0 + ROW_BLOCK);
+        for (int64_t c0 = 0; c0 < n; c0 += LI_DOT_MAX_NC) {
+            const int nc = (int)LI_MIN(LI_DOT_MAX_NC, n - c0);
+            const char *xc = (const char *)xq + (size_t)c0 * xs;
+            for (int64_t r = r0; r < r1; r++) {
+                dot(w->k, (const char *)w->data + (size_t)r * w->row_bytes, xc, xs, nc, s);
+                for (int c = 0; c < nc; c++) y[(c0 + c) * y_stride + r] = s[c];
+            }
+        }
+    }
+}
+
+void li_rope_cache(const int32_t *pos, int64_t n_tok, int64_t n_rot, float freq_base,
+                   float freq_scale, float *cs) {
+    const int64_t half = n_rot / 2;
+    for (int64_t t = 0; t < n_tok; t++) {
+        const double p = (double)pos[t] * freq_scale;
+        for (int64_t i = 0; i < half; i++) {
+            const double theta = p * pow((double)freq_base, -2.0 * (double)i / (double)n_rot);
+            cs[(t * half + i) * 2] = (float)cos(theta);
+            cs[(t * half + i) * 2 + 1] = (float)sin(theta);
+        }
+    }
+}
+
+void li_rope_head(float *x, const float *cs, int64_t n_rot, int mode) {
+    const int64_t half = n_rot / 2;
+    /* NORM pairs (2i, 2i+1); NEOX pairs (i, i + half) */
+    const int64_t step = mode == LI_ROPE_NEOX ? 1 : 2, off = mode == LI_ROPE_NEOX ? half : 1;
+    for (int64_t i = 0; i < half; i++) {
+        const float c = cs[2 * i], s = cs[2 * i + 1];
+        float *a = x + i * step, *b = a + off;
+        const float x0 = *a, x1 = *b;
+        *a = x0 * c - x1 * s;
+        *b = x0 * s + x1 * c;
+    }
+}
+
+/* ---- public operations ---- */
+
+static int team_size(int n_threads) {
+    if (n_threads <= 0) return li_max_threads();
+    return n_threads;
+}
+
+int li_dequantize(int type, const void *src, size_t src_bytes, int64_t rows, int64_t k, float *dst,
+                  int n_threads) {
+    li_init();
+    if (!src || !dst || rows < 0 || k <= 0) return LI_E_ARG;
+    if (li_type_sizes(type, NULL, NULL) != LI_OK) return LI_E_TYPE;
+    const size_t row = li_row_bytes(type, k);
+    if (row == 0 || src_bytes != row * (size_t)rows) return LI_E_SHAPE;
+    const li_dequant_fn f = li_K->dequant[type];
+    (void)n_threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(team_size(n_threads)) schedule(static)
+#endif
+    for (int64_t r = 0; r < rows; r++) f((const char *)src + (size_t)r * row, dst + r * k, k);
+    return LI_OK;
+}
+
+int li_quantize(int type, const float *src, int64_t rows, int64_t k, void *dst, size_t dst_bytes,
+                int n_threads) {
+    li_init();
+    if (!src || !dst || rows < 0 || k <= 0) return LI_E_ARG;
+    const li_quantize_fn f = li_weight_quantizer(type);
+    if (!f) return LI_E_TYPE;
+    const size_t row = li_row_bytes(type, k);
+    if (row == 0 || dst_bytes != row * (size_t)rows) return LI_E_SHAPE;
+    (void)n_threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(team_size(n_threads)) schedule(dynamic, 16)
+#endif
+    for (int64_t r = 0; r < rows; r++) f(src + r * k, (char *)dst + (size_t)r * row, k);
+    return LI_OK;
+}
+
+int li_matmul(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, const float *x,
+              int64_t n, float *y, int n_threads) {
+    li_init();
+    if (!w || !x || !y || rows <= 0 || k <= 0 || n < 0) return LI_E_ARG;
+    if (li_type_sizes(type, NULL, NULL) != LI_OK) return LI_E_TYPE;
+    const size_t row = li_row_bytes(type, k);
+    if (row == 0 || w_bytes != row * (size_t)rows) return LI_E_SHAPE;
+    if (n == 0) return LI_OK;
+    const int act = li_types[type].act_type;
+    if (k % li_act_block_size(act) != 0) return LI_E_SHAPE;
+    void *xq = malloc(li_act_row_bytes(act, k) * (size_t)n);
+    if (!xq) return LI_E_NOMEM;
+    const li_weight wt = {w, type, rows, k, row};
+    (void)n_threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(team_size(n_threads))
+#endif
+    {
+        const int ith = li_thread_index(), nth = li_thread_count();
+        li_quantize_acts(type, x, k, n, k, xq, ith, nth);
+        LI_BARRIER();
+        li_matmul_q(&wt, xq, n, y, rows, ith, nth);
+    }
+    free(xq);
+    return LI_OK;
+}
+
+int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps, float *y,
+                int n_threads) {
+    li_init();
+    if (!x || !y || rows < 0 || k <= 0 || !(eps >= 0.0f)) return LI_E_ARG;
+    (void)n_threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(team_size(n_threads)) schedule(static)
+#endif
+    for (int64_t r = 0; r < rows; r++) li_K->rms_norm(x + r * k, w, y + r * k, k, eps);
+    return LI_OK;
+}
+
+static const float *activation_lut(int act) {
+    return act == LI_ACT_SILU ? li_lut_silu : act == LI_ACT_GELU ? li_lut_gelu : NULL;
+}
+
+int li_activation(int act, const float *x, int64_t n, float *y) {
+    li_init();
+    const float *lut = activation_lut(act);
+    if (!lut || !x || !y || n < 0) return LI_E_ARG;
+    li_K->lut_apply(lut, x, NULL, y, n);
+    return LI_OK;
+}
+
+int li_gated_activation(int act, const float *g, const float *u, int64_t n, float *y) {
+    li_init();
+    const float *lut = activation_lut(act);
+    if (!lut || !g || !u || !y || n < 0) return LI_E_ARG;
+    li_K->lut_apply(lut, g, u, y, n);
+    return LI_OK;
+}
+
+int li_softmax(const float *x, int64_t rows, int64_t k, float *y) {
+    li_init();
+    if (!x || !y || rows < 0 || k <= 0) return LI_E_ARG;
+    if (x != y) memcpy(y, x, (size_t)(rows * k) * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) li_K->softmax(y + r * k, k);
+    return LI_OK;
+}
+
+int li_add(const float *a, const float *b, int64_t n, float *y) {
+    li_init();
+    if (!a || !b || !y || n < 0) return LI_E_ARG;
+    li_K->add_f32(a, b, y, n);
+    return LI_OK;
+}
+
+int li_mul(const float *a, const float *b, int64_t n, float *y) {
+    li_init();
+    if (!a || !b || !y || n < 0) return LI_E_ARG;
+    li_K->mul_f32(a, b, y, n);
+    return LI_OK;
+}
+
+int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,
+            const int32_t *pos, float freq_base, float freq_scale, int mode) {
+    li_init();
+    if (!x || !pos || n_tok < 0 || n_head <= 0 || head_dim <= 0) return LI_E_ARG;
+    if (n_rot <= 0 || n_rot % 2 != 0 || n_rot > head_dim) return LI_E_SHAPE;
+    if (mode != LI_ROPE_NORM && mode != LI_ROPE_NEOX) return LI_E_ARG;
+    if (!(freq_base > 0.0f) || !(freq_scale > 0.0f)) return LI_E_ARG;
+    float *cs = malloc(sizeof(float) * (size_t)(n_tok * n_rot) + 1);
+    if (!cs) return LI_E_NOMEM;
+    li_rope_cache(pos, n_tok, n_rot, freq_base, freq_scale, cs);
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t h = 0; h < n_head; h++)
+            li_rope_head(x + (t * n_head + h) * head_dim, cs + t * n_rot, n_rot, mode);
+    free(cs);
+    return LI_OK;
+}

@@ -1,0 +1,37 @@
+# Mirrors csrc/llminfer.h: the C core's public interface.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+
+cdef extern from "llminfer.h" nogil:
+    int LI_OK, LI_E_ARG, LI_E_TYPE, LI_E_SHAPE, LI_E_NOMEM, LI_E_ISA, LI_E_CONTEXT, LI_E_TOKEN
+    const char *li_status_name(int status)
+
+    int LI_TYPE_COUNT
+    int li_type_sizes(int type, int *block_size, int *type_size)
+    size_t li_row_bytes(int type, int64_t k)
+    const char *li_type_name(int type)
+
+    int LI_ISA_COUNT
+    const char *li_isa_name(int isa)
+    void li_cpu_features(char *buf, size_t size)
+    int li_isa_available(int isa)
+    int li_isa_best()
+    int li_isa_current()
+    int li_isa_select(int isa)
+    int li_openmp_enabled()
+    int li_max_threads()
+
+    int li_dequantize(int type, const void *src, size_t src_bytes, int64_t rows, int64_t k,
+                      float *dst, int n_threads)
+    int li_quantize(int type, const float *src, int64_t rows, int64_t k, void *dst,
+                    size_t dst_bytes, int n_threads)
+    int li_matmul(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k,
+                  const float *x, int64_t n, float *y, int n_threads)
+    int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps,
+                    float *y, int n_threads)
+    int li_activation(int act, const float *x, int64_t n, float *y)
+    int li_gated_activation(int act, const float *g, const float *u, int64_t n, float *y)
+    int li_softmax(const float *x, int64_t rows, int64_t k, float *y)
+    int li_add(const float *a, const float *b, int64_t n, float *y)
+    int li_mul(const float *a, const float *b, int64_t n, float *y)
+    int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,
+                const int32_t *pos, float freq_base, float freq_scale, int mode)
