@@ -107,6 +107,65 @@ enum li_rope_mode { LI_ROPE_NORM = 0, LI_ROPE_NEOX = 2 };
 int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,
             const int32_t *pos, float freq_base, float freq_scale, int mode);
 
+
+/* ---- models: a decoder-only transformer, described by the Python layer ---- */
+
+/* A weight matrix [rows, k] in `type`, borrowed (the caller keeps it alive). */
+typedef struct li_matrix {
+    const void *data;
+    int type;
+    int64_t rows, k;
+    size_t nbytes;
+} li_matrix;
+
+/* One block. Vectors are float32 and borrowed; NULL means "absent". */
+typedef struct li_layer_desc {
+    const float *attn_norm;      /* [n_embd] */
+    li_matrix wq, wk, wv, wo;    /* [n_head*head_dim, n_embd], [n_head_kv*head_dim, n_embd] x2, [n_embd, n_head*head_dim_v] */
+    const float *bq, *bk, *bv;   /* biases (qwen2) */
+    const float *q_norm, *k_norm;/* [head_dim] per-head RMSNorm (gemma3) */
+    const float *post_attn_norm; /* [n_embd] norm of the attention output before the residual (gemma) */
+    const float *ffn_norm;       /* [n_embd] */
+    li_matrix w_gate, w_up, w_down; /* [n_ff, n_embd] x2, [n_embd, n_ff] */
+    const float *post_ffn_norm;  /* [n_embd] */
+    float rope_base, rope_scale; /* this layer's RoPE frequency base and linear scale (1/factor) */
+    int sliding_window;          /* 0: attends to the whole context; else to the last W positions */
+} li_layer_desc;
+
+typedef struct li_model_desc {
+    int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot;
+    int rope_mode;               /* LI_ROPE_NORM or LI_ROPE_NEOX */
+    int act;                     /* LI_ACT_SILU or LI_ACT_GELU, gating the feed-forward */
+    float norm_eps;
+    float embd_scale;            /* token embeddings are multiplied by this (gemma: sqrt(n_embd)) */
+    float attn_scale;            /* scores are q.k * attn_scale */
+    li_matrix tok_embd;          /* [n_vocab, n_embd] */
+    const float *output_norm;    /* [n_embd] */
+    li_matrix output;            /* [n_vocab, n_embd]; may alias tok_embd */
+    const float *rope_factors;   /* [n_rot/2] dividing each RoPE frequency (Llama 3.1), or NULL */
+    const li_layer_desc *layers; /* [n_layer] */
+} li_model_desc;
+
+/* Check a description for consistency: shapes, types, sizes. */
+int li_model_check(const li_model_desc *m);
+
+typedef struct li_context li_context;
+enum li_kv_type { LI_KV_F16 = 1, LI_KV_F32 = 0 };
+/* A context holds the KV cache for n_ctx positions and the scratch for batches
+ * of up to n_batch tokens, for up to max_threads threads. Sliding-window layers
+ * keep a ring of window + n_batch positions unless swa_full is set. The model
+ * description must outlive the context. */
+int li_context_create(const li_model_desc *m, int n_ctx, int n_batch, int kv_type, int max_threads,
+                      int swa_full, li_context **out);
+void li_context_free(li_context *c);
+/* Bytes of KV cache held for layer `il` (both K and V). */
+size_t li_context_kv_bytes(const li_context *c, int il);
+/* Run n tokens at positions pos0..pos0+n-1 (n <= n_batch, pos0+n <= n_ctx),
+ * appending their keys and values to the cache. Writes logits for the last
+ * token (logits_all = 0: n_vocab floats) or for every token (n * n_vocab). */
+int li_context_forward(li_context *c, const int32_t *tokens, int n, int pos0, int logits_all,
+                       float *logits, size_t logits_size, int n_threads);
+
 #ifdef __cplusplus
 }
 #endif

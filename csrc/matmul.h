@@ -27,9 +27,10 @@ void li_quantize_acts(int type, const float *x, int64_t x_stride, int64_t n, int
 void li_matmul_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
                  int ith, int nth);
 
-/* RoPE: cs[t, i] = (cos, sin) of pos[t] * freq_scale * freq_base^(-2i/n_rot), i < n_rot/2 */
-void li_rope_cache(const int32_t *pos, int64_t n_tok, int64_t n_rot, float freq_base,
-                   float freq_scale, float *cs);
+/* RoPE: freqs[i] = freq_scale * freq_base^(-2i/n_rot) for i < n_rot/2 (once per model) */
+void li_rope_freqs(int64_t n_rot, float freq_base, float freq_scale, double *freqs);
+/* cs[t, i] = (cos, sin) of pos[t] * freqs[i] (once per batch, shared by all layers and heads) */
+void li_rope_cache(const int32_t *pos, int64_t n_tok, int64_t n_rot, const double *freqs, float *cs);
 /* rotate one head vector in place with its token's row of the cache */
 void li_rope_head(float *x, const float *cs, int64_t n_rot, int mode);
 

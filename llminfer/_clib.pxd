@@ -35,3 +35,48 @@ cdef extern from "llminfer.h" nogil:
     int li_mul(const float *a, const float *b, int64_t n, float *y)
     int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,
                 const int32_t *pos, float freq_base, float freq_scale, int mode)
+
+    ctypedef struct li_matrix:
+        const void *data
+        int type
+        int64_t rows, k
+        size_t nbytes
+
+    ctypedef struct li_layer_desc:
+        const float *attn_norm
+        li_matrix wq, wk, wv, wo
+        const float *bq
+        const float *bk
+        const float *bv
+        const float *q_norm
+        const float *k_norm
+        const float *post_attn_norm
+        const float *ffn_norm
+        li_matrix w_gate, w_up, w_down
+        const float *post_ffn_norm
+        float rope_base, rope_scale
+        int sliding_window
+
+    ctypedef struct li_model_desc:
+        int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot
+        int rope_mode
+        int act
+        float norm_eps
+        float embd_scale
+        float attn_scale
+        li_matrix tok_embd
+        const float *output_norm
+        li_matrix output
+        const float *rope_factors
+        const li_layer_desc *layers
+
+    int li_model_check(const li_model_desc *m)
+
+    ctypedef struct li_context:
+        pass
+    int li_context_create(const li_model_desc *m, int n_ctx, int n_batch, int kv_type,
+                          int max_threads, int swa_full, li_context **out)
+    void li_context_free(li_context *c)
+    size_t li_context_kv_bytes(const li_context *c, int il)
+    int li_context_forward(li_context *c, const int32_t *tokens, int n, int pos0, int logits_all,
+                           float *logits, size_t logits_size, int n_threads)

@@ -154,3 +154,133 @@ def rope(float[:, :, ::1] x, const int32_t[::1] pos, int64_t n_rot, float freq_b
         st = C.li_rope(&x[0, 0, 0], x.shape[0], x.shape[1], x.shape[2], n_rot, &pos[0],
                        freq_base, freq_scale, mode)
     check(st, "rope")
+
+
+# ---- models ----
+
+from libc.stdlib cimport calloc, free
+
+
+cdef class ModelDesc:
+    """The C description of a model (li_model_desc), built from a
+    llminfer.models.ModelSpec. It borrows the weight arrays (memory-mapped
+    views) and keeps references to them for as long as it lives."""
+
+    cdef C.li_model_desc desc
+    cdef C.li_layer_desc *layers
+    cdef list _keep
+
+    def __cinit__(self, spec):
+        self._keep = []
+        n_layer = len(spec.layers)
+        self.layers = <C.li_layer_desc *>calloc(max(1, n_layer), sizeof(C.li_layer_desc))
+        if self.layers == NULL:
+            raise MemoryError()
+        d = &self.desc
+        d.n_vocab = spec.n_vocab
+        d.n_embd = spec.n_embd
+        d.n_layer = n_layer
+        d.n_head = spec.n_head
+        d.n_head_kv = spec.n_head_kv
+        d.head_dim = spec.head_dim
+        d.head_dim_v = spec.head_dim_v
+        d.n_ff = spec.n_ff
+        d.n_rot = spec.n_rot
+        d.rope_mode = spec.rope_mode
+        d.act = spec.act
+        d.norm_eps = spec.norm_eps
+        d.embd_scale = spec.embd_scale
+        d.attn_scale = spec.attn_scale
+        self._matrix(&d.tok_embd, spec.tok_embd)
+        d.output_norm = self._vector(spec.output_norm)
+        self._matrix(&d.output, spec.output)
+        d.rope_factors = self._vector(spec.rope_factors)
+        cdef C.li_layer_desc *L
+        for i, ls in enumerate(spec.layers):
+            L = &self.layers[i]
+            L.attn_norm = self._vector(ls.attn_norm)
+            self._matrix(&L.wq, ls.wq)
+            self._matrix(&L.wk, ls.wk)
+            self._matrix(&L.wv, ls.wv)
+            self._matrix(&L.wo, ls.wo)
+            L.bq = self._vector(ls.bq)
+            L.bk = self._vector(ls.bk)
+            L.bv = self._vector(ls.bv)
+            L.q_norm = self._vector(ls.q_norm)
+            L.k_norm = self._vector(ls.k_norm)
+            L.post_attn_norm = self._vector(ls.post_attn_norm)
+            L.ffn_norm = self._vector(ls.ffn_norm)
+            self._matrix(&L.w_gate, ls.w_gate)
+            self._matrix(&L.w_up, ls.w_up)
+            self._matrix(&L.w_down, ls.w_down)
+            L.post_ffn_norm = self._vector(ls.post_ffn_norm)
+            L.rope_base = ls.rope_base
+            L.rope_scale = ls.rope_scale
+            L.sliding_window = ls.sliding_window
+        d.layers = self.layers
+        check(C.li_model_check(d), "model description")
+
+    cdef const float *_vector(self, arr) except? NULL:
+        if arr is None:
+            return NULL
+        cdef const float[::1] v = arr
+        self._keep.append(arr)
+        return &v[0]
+
+    cdef int _matrix(self, C.li_matrix *m, mat) except -1:
+        cdef const uint8_t[::1] data = mat.data
+        self._keep.append(mat.data)
+        m.data = &data[0]
+        m.type = mat.qtype
+        m.rows = mat.rows
+        m.k = mat.k
+        m.nbytes = data.shape[0]
+        return 0
+
+    def __dealloc__(self):
+        free(self.layers)
+
+
+cdef class Context:
+    """A KV cache and scratch for one sequence (li_context)."""
+
+    cdef C.li_context *ctx
+    cdef readonly ModelDesc model
+    cdef readonly int n_ctx, n_batch, max_threads, n_vocab
+
+    def __cinit__(self, ModelDesc model, int n_ctx, int n_batch, int kv_type, int max_threads,
+                  bint swa_full=False):
+        self.model = model
+        check(C.li_context_create(&model.desc, n_ctx, n_batch, kv_type, max_threads, swa_full,
+                                  &self.ctx), "creating the context")
+        self.n_ctx = n_ctx
+        self.n_batch = min(n_batch, n_ctx)
+        self.max_threads = max_threads
+        self.n_vocab = model.desc.n_vocab
+
+    def forward(self, const int32_t[::1] tokens, int pos0, bint logits_all, float[::1] logits,
+                int n_threads):
+        """Run tokens (at most n_batch) at positions pos0...; logits receives the
+        last row (logits_all False) or every row, flat."""
+        if self.ctx == NULL:
+            raise ValueError("the context is closed")
+        cdef int st
+        cdef int n = tokens.shape[0]
+        if n == 0:
+            return
+        with nogil:
+            st = C.li_context_forward(self.ctx, &tokens[0], n, pos0, logits_all, &logits[0],
+                                      logits.shape[0], n_threads)
+        check(st, "forward pass")
+
+    def kv_bytes(self, int layer):
+        return C.li_context_kv_bytes(self.ctx, layer) if self.ctx != NULL else 0
+
+    def close(self):
+        if self.ctx != NULL:
+            C.li_context_free(self.ctx)
+            self.ctx = NULL
+
+    def __dealloc__(self):
+        if self.ctx != NULL:
+            C.li_context_free(self.ctx)

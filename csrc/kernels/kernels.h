@@ -57,6 +57,14 @@ typedef struct li_kernels {
     void (*scale_f32)(float *x, float a, int64_t n);
     void (*add_f32)(const float *a, const float *b, float *y, int64_t n);
     void (*mul_f32)(const float *a, const float *b, float *y, int64_t n);
+
+    /* attention over n cached rows of d float16 values, row j at k + j*stride:
+     * out[j] = scale * dot(q, row j) */
+    void (*attn_scores_f16)(const float *q, const uint16_t *k, size_t stride, int64_t n, int64_t d,
+                            float scale, float *out);
+    /* out[0..d) += sum over j < n of p[j] * row j of v */
+    void (*attn_accum_f16)(const float *p, const uint16_t *v, size_t stride, int64_t n, int64_t d,
+                           float *out);
 } li_kernels;
 
 /* per-type facts (qtypes.c) */

@@ -574,6 +574,16 @@ static void mul_f32(const float *a, const float *b, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i];
 }
 
+static void attn_scores_f16(const float *q, const uint16_t *k, size_t stride, int64_t n, int64_t d,
+                            float scale, float *out) {
+    for (int64_t j = 0; j < n; j++) out[j] = scale * dot_f32_f16(q, k + (size_t)j * stride, d);
+}
+
+static void attn_accum_f16(const float *p, const uint16_t *v, size_t stride, int64_t n, int64_t d,
+                           float *out) {
+    for (int64_t j = 0; j < n; j++) axpy_f16(p[j], v + (size_t)j * stride, out, d);
+}
+
 void li_kernels_fill_scalar(li_kernels *t) {
     memset(t, 0, sizeof(*t));
     t->isa = LI_ISA_SCALAR;
@@ -600,4 +610,6 @@ void li_kernels_fill_scalar(li_kernels *t) {
     t->scale_f32 = scale_f32;
     t->add_f32 = add_f32;
     t->mul_f32 = mul_f32;
+    t->attn_scores_f16 = attn_scores_f16;
+    t->attn_accum_f16 = attn_accum_f16;
 }

@@ -1,0 +1,247 @@
+"""What an architecture file produces: a ModelSpec, the shapes, options and
+weights of a decoder-only transformer, ready to hand to the C forward pass
+(llminfer._core.ModelDesc). Attribute names follow the GGUF tensor names.
+
+Also the helpers the architecture files share for reading hyperparameters
+and tensors out of a GGUFFile with errors that name what is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from llminfer import _core
+from llminfer.errors import UnsupportedModelError
+from llminfer.gguf_file import GGUFFile
+
+ROPE_NORM = 0  # rotate pairs (2i, 2i+1): GGUF llama weights are permuted for it
+ROPE_NEOX = 2  # rotate pairs (i, i + n_rot/2)
+ACT_SILU = 0
+ACT_GELU = 1
+
+
+@dataclass
+class Matrix:
+    """A weight [rows, k] in its stored type: the raw bytes, borrowed from the map."""
+
+    data: np.ndarray
+    qtype: int
+    rows: int
+    k: int
+
+    @property
+    def type_name(self) -> str:
+        return GGMLQuantizationType(self.qtype).name
+
+
+@dataclass
+class LayerSpec:
+    attn_norm: np.ndarray
+    wq: Matrix
+    wk: Matrix
+    wv: Matrix
+    wo: Matrix
+    ffn_norm: np.ndarray
+    w_gate: Matrix
+    w_up: Matrix
+    w_down: Matrix
+    bq: np.ndarray | None = None
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+    post_attn_norm: np.ndarray | None = None
+    post_ffn_norm: np.ndarray | None = None
+    rope_base: float = 10000.0
+    rope_scale: float = 1.0
+    sliding_window: int = 0
+
+
+@dataclass
+class ModelSpec:
+    arch: str
+    n_vocab: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    head_dim_v: int
+    n_ff: int
+    n_rot: int
+    rope_mode: int
+    act: int
+    norm_eps: float
+    embd_scale: float
+    attn_scale: float
+    context_length: int
+    tok_embd: Matrix
+    output_norm: np.ndarray
+    output: Matrix
+    layers: list = field(default_factory=list)
+    rope_factors: np.ndarray | None = None  # [n_rot/2] frequency divisors (rope_freqs.weight)
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.layers)
+
+    def n_params(self) -> int:
+        mats = [self.tok_embd] + ([] if self.output is self.tok_embd else [self.output])
+        for L in self.layers:
+            mats += [L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down]
+        return sum(m.rows * m.k for m in mats)
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights one token's forward pass reads (the embedding row aside)."""
+        mats = [self.output]
+        for L in self.layers:
+            mats += [L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down]
+        return sum(m.data.nbytes for m in mats)
+
+
+class Hparams:
+    """Reads `{arch}.*` metadata with errors that name the missing or bad key."""
+
+    def __init__(self, gguf: GGUFFile, arch: str):
+        self.meta = gguf.metadata
+        self.arch = arch
+        self.path = gguf.path
+
+    def _get(self, key, default, kind):
+        full = f"{self.arch}.{key}"
+        v = self.meta.get(full)
+        if v is None:
+            if default is _REQUIRED:
+                raise UnsupportedModelError(f"{self.path}: metadata key {full!r} is missing")
+            return default
+        if isinstance(v, np.ndarray):
+            if v.size and np.all(v == v.flat[0]):
+                v = v.flat[0]  # a per-layer array with one value
+            else:
+                raise UnsupportedModelError(f"{self.path}: per-layer values of {full!r} are not supported")
+        try:
+            out = kind(v)
+        except (TypeError, ValueError):
+            raise UnsupportedModelError(f"{self.path}: metadata {full!r} has an invalid value {v!r}") from None
+        return out
+
+    def int(self, key, default=None):
+        v = self._get(key, _REQUIRED if default is None else default, int)
+        return v
+
+    def float(self, key, default=None):
+        return self._get(key, _REQUIRED if default is None else default, float)
+
+    def str(self, key, default=""):
+        v = self.meta.get(f"{self.arch}.{key}", default)
+        return v if isinstance(v, str) else default
+
+
+_REQUIRED = object()
+
+
+class Weights:
+    """Fetches tensors by GGUF name, checking type and shape."""
+
+    def __init__(self, gguf: GGUFFile):
+        self.gguf = gguf
+        self.used = set()
+
+    def has(self, name) -> bool:
+        return name in self.gguf.tensors
+
+    def matrix(self, name, rows, k) -> Matrix:
+        info = self._info(name)
+        if _core.type_sizes(info.qtype) is None:
+            raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} has type {info.type_name}, "
+                                        f"which llminfer cannot compute with")
+        if info.shape != (rows, k):
+            raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} has shape {info.shape}, "
+                                        f"expected ({rows}, {k}) from the metadata")
+        return Matrix(self.gguf.tensor_bytes(name), info.qtype, rows, k)
+
+    def vector(self, name, n, optional=False) -> np.ndarray | None:
+        """A small tensor as float32 (converted from F16/BF16 when stored so)."""
+        if optional and not self.has(name):
+            return None
+        info = self._info(name)
+        if int(np.prod(info.shape)) != n:
+            raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} has shape {info.shape}, "
+                                        f"expected {n} values")
+        raw = self.gguf.tensor_bytes(name)
+        t = GGMLQuantizationType(info.qtype) if info.nbytes >= 0 else None
+        if t == GGMLQuantizationType.F32:
+            return raw.view(np.float32)
+        if t in (GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+            from llminfer import ops
+            return ops.dequantize(np.ascontiguousarray(raw), t, (n,))
+        raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} has type {info.type_name}; "
+                                    f"norm and bias vectors must be F32, F16 or BF16")
+
+    def _info(self, name):
+        info = self.gguf.tensors.get(name)
+        if info is None:
+            raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} is missing")
+        self.used.add(name)
+        return info
+
+
+def rope_scale(hp: Hparams) -> float:
+    """The linear position scale from rope.scaling.* metadata (1.0 when none)."""
+    kind = hp.str("rope.scaling.type", "none").lower()
+    factor = hp.float("rope.scaling.factor", 0.0)
+    if kind in ("", "none") or factor in (0.0, 1.0):
+        return 1.0
+    if kind == "linear":
+        return 1.0 / factor
+    raise UnsupportedModelError(f"{hp.path}: RoPE scaling {kind!r} is not supported (only linear)")
+
+
+def standard_layers(hp: Hparams, w: Weights, n_layer, n_embd, n_head, n_head_kv, head_dim,
+                    head_dim_v, n_ff, rope_base, scale, biases=False) -> list:
+    """Layers of the Llama shape: norm, q/k/v/o, norm, gate/up/down."""
+    layers = []
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        L = LayerSpec(
+            attn_norm=w.vector(p + "attn_norm.weight", n_embd),
+            wq=w.matrix(p + "attn_q.weight", n_head * head_dim, n_embd),
+            wk=w.matrix(p + "attn_k.weight", n_head_kv * head_dim, n_embd),
+            wv=w.matrix(p + "attn_v.weight", n_head_kv * head_dim_v, n_embd),
+            wo=w.matrix(p + "attn_output.weight", n_embd, n_head * head_dim_v),
+            ffn_norm=w.vector(p + "ffn_norm.weight", n_embd),
+            w_gate=w.matrix(p + "ffn_gate.weight", n_ff, n_embd),
+            w_up=w.matrix(p + "ffn_up.weight", n_ff, n_embd),
+            w_down=w.matrix(p + "ffn_down.weight", n_embd, n_ff),
+            rope_base=rope_base,
+            rope_scale=scale,
+        )
+        if biases:
+            L.bq = w.vector(p + "attn_q.bias", n_head * head_dim, optional=True)
+            L.bk = w.vector(p + "attn_k.bias", n_head_kv * head_dim, optional=True)
+            L.bv = w.vector(p + "attn_v.bias", n_head_kv * head_dim_v, optional=True)
+        layers.append(L)
+    return layers
+
+
+def vocab_size(gguf: GGUFFile, hp: Hparams) -> int:
+    tokens = gguf.metadata.get("tokenizer.ggml.tokens")
+    n = hp.int("vocab_size", len(tokens) if tokens is not None else 0)
+    if n <= 0:
+        info = gguf.tensors.get("token_embd.weight")
+        if info is None:
+            raise UnsupportedModelError(f"{gguf.path}: cannot tell the vocabulary size")
+        n = info.shape[0]
+    return n
+
+
+def output_head(w: Weights, tok_embd: Matrix, n_vocab, n_embd) -> Matrix:
+    """output.weight, or the token embedding when the head is tied to it."""
+    return w.matrix("output.weight", n_vocab, n_embd) if w.has("output.weight") else tok_embd
+
+
+def attn_scale_default(head_dim) -> float:
+    return 1.0 / math.sqrt(head_dim)
