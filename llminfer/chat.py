@@ -26,7 +26,7 @@ import warnings
 from datetime import datetime
 from functools import cached_property
 
-from jinja2 import TemplateSyntaxError, ext, nodes
+from jinja2 import TemplateSyntaxError, ext
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -65,7 +65,8 @@ _GEMMA = r"""
 {%- endif %}
 {%- for message in turns %}
 {%- if (message.role == 'user') != (loop.index0 is even) %}
-{{- raise_exception('gemma format: after an optional system message, roles must alternate user, assistant, user, ... (message ' ~ loop.index ~ ' is ' ~ message.role ~ ')') }}
+{{- raise_exception('gemma format: after an optional system message, roles must alternate '
+                    ~ 'user, assistant, user, ... (turn ' ~ loop.index ~ ' is ' ~ message.role ~ ')') }}
 {%- endif %}
 {{- '<start_of_turn>' + ('model' if message.role == 'assistant' else message.role) + '\n' }}
 {%- if loop.first %}{{ system_prefix }}{% endif %}
