@@ -1,0 +1,514 @@
+"""The user-facing model object: load a GGUF, tokenize, evaluate, generate, chat.
+
+    llm = llminfer.LLM("smollm2-135m-instruct")
+    print(llm.generate("The capital of France is", max_tokens=16, temperature=0))
+    for piece in llm.chat([{"role": "user", "content": "Hi!"}], stream=True):
+        print(piece, end="", flush=True)
+
+One LLM holds one sequence: the tokens in its context (`llm.tokens`) and their
+keys and values in the KV cache. A new prompt that begins with tokens already
+in the context reuses them (prompt caching), so a chat's history is not
+recomputed turn after turn.
+
+Thread safety: calls on one LLM are serialized by a lock (a second thread
+waits); use one LLM per thread to run sequences in parallel. The native
+forward pass releases the GIL.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from llminfer import _core, hub
+from llminfer.chat import ChatFormat, chat_format_for
+from llminfer.errors import ContextFullError, InvalidArgumentError, TokenError
+from llminfer.gguf_file import GGUFFile
+from llminfer.models import build_spec
+from llminfer.sampling import Sampler, SamplingParams
+from llminfer.system import default_threads
+from llminfer.tokenizer import Tokenizer
+
+_KV_TYPES = {"f16": 1, "f32": 0}
+
+
+@dataclass
+class Timings:
+    """Wall-clock figures of one generation."""
+
+    prompt_tokens: int = 0        # tokens evaluated for the prompt (after prompt caching)
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0
+    time_to_first_token: float = 0.0  # from the call to the first token sampled
+    cached_tokens: int = 0        # prompt tokens reused from the context
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def generation_tokens_per_second(self) -> float:
+        # the first token comes from the prompt's logits; the rest each cost a forward pass
+        n = self.generated_tokens - 1
+        return n / self.generation_seconds if n > 0 and self.generation_seconds > 0 else 0.0
+
+
+@dataclass
+class Completion:
+    """A finished generation: text, token ids, why it stopped, and timings.
+    finish_reason is "stop" (end-of-generation token or stop string) or
+    "length" (max_tokens reached)."""
+
+    text: str
+    tokens: list = field(default_factory=list)
+    prompt_tokens: int = 0
+    finish_reason: str = "length"
+    timings: Timings = field(default_factory=Timings)
+
+
+_SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
+
+
+def _sampling(params: SamplingParams | None, kwargs: dict) -> SamplingParams:
+    unknown = set(kwargs) - _SAMPLING_FIELDS
+    if unknown:
+        raise InvalidArgumentError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}; "
+                                   f"known: {', '.join(sorted(_SAMPLING_FIELDS))}")
+    base = params if params is not None else SamplingParams()
+    return base.replace(**kwargs) if kwargs else base.validate()
+
+
+class _StopMatcher:
+    """Holds back text that might be the start of a stop string, so a partial
+    stop string is never emitted; reports when one is complete."""
+
+    def __init__(self, stops):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def push(self, text) -> tuple[str, bool]:
+        """(text safe to emit, whether a stop string was reached)."""
+        self.pending += text
+        if not self.stops:
+            out, self.pending = self.pending, ""
+            return out, False
+        hits = [(self.pending.find(s), s) for s in self.stops]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if hits:
+            i = min(i for i, _ in hits)
+            out, self.pending = self.pending[:i], ""
+            return out, True
+        keep = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.pending)), 0, -1):
+                if self.pending.endswith(s[:n]):
+                    keep = max(keep, n)
+                    break
+        cut = len(self.pending) - keep
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class LLM:
+    """A GGUF model loaded for generation.
+
+    model: a path to a .gguf file, or a known model name (see llminfer.hub;
+    fetched on first use). n_ctx: context length in tokens. n_threads: threads
+    for the native kernels (default: physical cores). n_batch: most prompt
+    tokens evaluated per forward pass. seed: default seed for sampling.
+    kv_type: "f16" (default) or "f32" for the KV cache. chat_format /
+    chat_template: override the chat prompt format (see llminfer.chat)."""
+
+    def __init__(self, model, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
+                 seed: int | None = None, kv_type: str = "f16", chat_format: str | None = None,
+                 chat_template: str | None = None):
+        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
+                raise InvalidArgumentError(f"{name} must be a positive integer, got {v!r}")
+        if n_threads is not None and (not isinstance(n_threads, (int, np.integer)) or n_threads <= 0):
+            raise InvalidArgumentError(f"n_threads must be a positive integer or None, got {n_threads!r}")
+        if kv_type not in _KV_TYPES:
+            raise InvalidArgumentError(f"kv_type must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
+        self._lock = threading.RLock()
+        self.model_path = hub.resolve(model)
+        self._gguf = GGUFFile(self.model_path)
+        try:
+            self.spec = build_spec(self._gguf)
+            self.tokenizer = Tokenizer.from_metadata(self._gguf.metadata)
+            if n_ctx > self.spec.context_length:
+                warnings.warn(f"n_ctx={n_ctx} exceeds the {self.spec.context_length} tokens the model "
+                              f"was trained on; quality may degrade past that", stacklevel=2)
+            self.n_threads = int(n_threads) if n_threads else default_threads()
+            self._desc = _core.ModelDesc(self.spec)
+            self._ctx = _core.Context(self._desc, int(n_ctx), int(n_batch), _KV_TYPES[kv_type],
+                                      self.n_threads)
+        except Exception:
+            self._gguf.close()
+            raise
+        self.n_ctx = int(n_ctx)
+        self.n_batch = self._ctx.n_batch
+        self.seed = seed
+        self._chat_args = (chat_format, chat_template)
+        self._chat_format: ChatFormat | None = None
+        self.tokens: list[int] = []
+        self._last_logits = np.zeros(self.spec.n_vocab, dtype=np.float32)
+
+    # ---- basic facts ----
+
+    @property
+    def n_vocab(self) -> int:
+        return self.spec.n_vocab
+
+    @property
+    def metadata(self) -> dict:
+        return self._gguf.metadata
+
+    @property
+    def architecture(self) -> str:
+        return self.spec.arch
+
+    def kv_cache_bytes(self) -> list:
+        """Bytes of KV cache each layer holds (sliding-window layers hold a ring)."""
+        return [self._ctx.kv_bytes(i) for i in range(self.spec.n_layer)]
+
+    # ---- tokens ----
+
+    def tokenize(self, text, add_bos: bool = True, special: bool = False) -> list:
+        """Token ids of `text` (str, or UTF-8 bytes). add_bos prepends BOS when the
+        vocabulary asks for it; special matches control tokens written in the text."""
+        if isinstance(text, (bytes, bytearray)):
+            try:
+                text = bytes(text).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InvalidArgumentError(f"text is not valid UTF-8: {e.reason} at byte {e.start}") from None
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"text must be str or bytes, got {type(text).__name__}")
+        return self.tokenizer.encode(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, ids, skip_special: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special=skip_special)
+
+    # ---- evaluation ----
+
+    def reset(self):
+        """Empty the context."""
+        with self._lock:
+            self.tokens = []
+
+    def _check_ids(self, ids) -> np.ndarray:
+        arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise InvalidArgumentError("token ids must be a flat sequence of integers")
+        if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
+            bad = int(arr[(arr < 0) | (arr >= self.n_vocab)][0])
+            raise TokenError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
+        return np.ascontiguousarray(arr, dtype=np.int32)
+
+    def _forward(self, ids: np.ndarray, logits_all: bool) -> np.ndarray | None:
+        """Append ids to the context in batches; logits of every id ([n, n_vocab])
+        when logits_all, else those of the last one (in self._last_logits)."""
+        n = len(ids)
+        if len(self.tokens) + n > self.n_ctx:
+            raise ContextFullError(f"{len(self.tokens)} tokens in the context plus {n} new ones exceed "
+                                   f"n_ctx={self.n_ctx}")
+        out = np.empty((n, self.n_vocab), dtype=np.float32) if logits_all else None
+        for i in range(0, n, self.n_batch):
+            chunk = ids[i:i + self.n_batch]
+            dest = out[i:i + len(chunk)].reshape(-1) if logits_all else self._last_logits
+            self._ctx.forward(chunk, len(self.tokens), logits_all, dest, self.n_threads)
+            self.tokens.extend(int(t) for t in chunk)
+        if logits_all and n:
+            self._last_logits[:] = out[-1]
+        return out
+
+    def eval(self, ids) -> np.ndarray:
+        """Append ids to the context; return the logits at every one of them,
+        float32 [len(ids), n_vocab]."""
+        with self._lock:
+            arr = self._check_ids(ids)
+            if arr.size == 0:
+                return np.empty((0, self.n_vocab), dtype=np.float32)
+            return self._forward(arr, logits_all=True)
+
+    def _prefix_to_keep(self, ids) -> int:
+        """How many of `ids` the context already holds (at least one is always
+        re-run, since its logits are needed)."""
+        n = 0
+        limit = min(len(self.tokens), len(ids) - 1)
+        while n < limit and self.tokens[n] == ids[n]:
+            n += 1
+        # Sliding-window layers keep a ring of window + n_batch positions: going
+        # back further than n_batch may find slots already overwritten.
+        if n < len(self.tokens) and any(L.sliding_window for L in self.spec.layers):
+            if len(self.tokens) - n > self.n_batch:
+                n = 0
+        return n
+
+    # ---- generation ----
+
+    def _token_stream(self, prompt_ids, max_tokens, params: SamplingParams, timings: Timings,
+                      context_shift: bool, n_keep: int) -> Iterator[int]:
+        t0 = time.perf_counter()
+        if len(prompt_ids) == 0:
+            raise InvalidArgumentError("the prompt is empty (and the vocabulary adds no BOS)")
+        if len(prompt_ids) >= self.n_ctx:
+            raise ContextFullError(f"the prompt has {len(prompt_ids)} tokens, which does not leave room "
+                                   f"for generation in n_ctx={self.n_ctx}")
+        keep = self._prefix_to_keep(prompt_ids)
+        self.tokens = self.tokens[:keep]
+        timings.cached_tokens = keep
+        ids = self._check_ids(prompt_ids[keep:])
+        self._forward(ids, logits_all=False)
+        t1 = time.perf_counter()
+        timings.prompt_tokens = len(ids)
+        timings.prompt_seconds = t1 - t0
+        sampler = Sampler(params if params.seed is not None or self.seed is None
+                          else params.replace(seed=self.seed), self.n_vocab)
+        history = list(prompt_ids)
+        for i in range(max_tokens):
+            tok = sampler.sample(self._last_logits, history)
+            if i == 0:
+                timings.time_to_first_token = time.perf_counter() - t0
+                t_gen = time.perf_counter()
+            timings.generated_tokens += 1
+            yield tok
+            if tok in self.tokenizer.eog_ids or i == max_tokens - 1:
+                break
+            history.append(tok)
+            if len(self.tokens) >= self.n_ctx:
+                if not context_shift:
+                    raise ContextFullError(
+                        f"the context is full ({self.n_ctx} tokens) after {i + 1} generated tokens; "
+                        f"use a larger n_ctx, fewer max_tokens, or context_shift=True")
+                self._shift_context(n_keep)
+            self._forward(np.array([tok], dtype=np.int32), logits_all=False)
+            timings.generation_seconds = time.perf_counter() - t_gen
+
+    def _shift_context(self, n_keep):
+        """Drop the older half of the tokens after the first n_keep and recompute
+        the rest (keys carry their positions, so they cannot simply be moved)."""
+        n_keep = max(0, min(n_keep, self.n_ctx // 2))
+        rest = self.tokens[n_keep:]
+        kept = self.tokens[:n_keep] + rest[len(rest) // 2:]
+        self.tokens = []
+        self._forward(np.array(kept, dtype=np.int32), logits_all=False)
+
+    def _run(self, prompt_ids, max_tokens, params, stop, context_shift, n_keep,
+             result: Completion) -> Iterator[str]:
+        if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 0:
+            raise InvalidArgumentError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
+        if isinstance(stop, str):
+            stop = [stop]
+        if stop is not None and not all(isinstance(s, str) for s in stop):
+            raise InvalidArgumentError("stop must be a string or a list of strings")
+        matcher = _StopMatcher(stop or [])
+        decoder = self.tokenizer.stream_decoder()
+        result.prompt_tokens = len(prompt_ids)
+        result.finish_reason = "length"
+        if max_tokens == 0:
+            return
+        with self._lock:
+            for tok in self._token_stream(prompt_ids, max_tokens, params, result.timings,
+                                          context_shift, n_keep):
+                if tok in self.tokenizer.eog_ids:
+                    result.finish_reason = "stop"
+                    break
+                result.tokens.append(tok)
+                text, stopped = matcher.push(decoder.feed(tok))
+                if text:
+                    result.text += text
+                    yield text
+                if stopped:
+                    result.finish_reason = "stop"
+                    return
+            text, stopped = matcher.push(decoder.flush())
+            if stopped:
+                result.finish_reason = "stop"
+            text += "" if stopped else matcher.flush()
+            if text:
+                result.text += text
+                yield text
+
+    def _prompt_ids(self, prompt) -> list:
+        if isinstance(prompt, (list, tuple, np.ndarray)):
+            return [int(t) for t in self._check_ids(prompt)]
+        return self.tokenize(prompt, add_bos=True, special=True)
+
+    def complete(self, prompt, max_tokens: int = 128, stop=None, stream: bool = False,
+                 sampling: SamplingParams | None = None, context_shift: bool = False,
+                 n_keep: int = 1, **sampling_kwargs):
+        """Generate after `prompt` (text, or token ids). Returns a Completion; with
+        stream=True an iterator of text pieces whose last step fills `.result`."""
+        params = _sampling(sampling, sampling_kwargs)
+        ids = self._prompt_ids(prompt)
+        result = Completion(text="")
+        pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result)
+        if stream:
+            return _Stream(pieces, result)
+        for _ in pieces:
+            pass
+        return result
+
+    def generate(self, prompt, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
+                 top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, stop=None,
+                 seed: int | None = None, stream: bool = False, **sampling_kwargs):
+        """The completion text of `prompt`; with stream=True an iterator of text
+        pieces. Further sampling parameters (frequency_penalty, presence_penalty,
+        penalty_last_n, logit_bias) and context_shift/n_keep pass through."""
+        extra = {k: sampling_kwargs.pop(k) for k in ("context_shift", "n_keep", "sampling")
+                 if k in sampling_kwargs}
+        out = self.complete(prompt, max_tokens=max_tokens, stop=stop, stream=stream,
+                            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            repeat_penalty=repeat_penalty, seed=seed, **extra, **sampling_kwargs)
+        return out if stream else out.text
+
+    def create_completion(self, prompt, max_tokens: int = 16, stream: bool = False, **kwargs):
+        """An OpenAI-shaped text_completion dict (or, streaming, an iterator of chunks)."""
+        out = self.complete(prompt, max_tokens=max_tokens, stream=stream, **kwargs)
+        created = int(time.time())
+        cid = f"cmpl-{created}-{id(out) & 0xffffff:06x}"
+        name = str(self.model_path)
+        if stream:
+            return _openai_chunks(out, cid, created, name, "text_completion",
+                                  lambda text: {"text": text})
+        return {
+            "id": cid, "object": "text_completion", "created": created, "model": name,
+            "choices": [{"index": 0, "text": out.text, "logprobs": None,
+                         "finish_reason": out.finish_reason}],
+            "usage": _usage(out),
+        }
+
+    # ---- chat ----
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        if self._chat_format is None:
+            fmt, template = self._chat_args
+            self._chat_format = chat_format_for(self.metadata, chat_format=fmt, chat_template=template)
+        return self._chat_format
+
+    def _chat_prompt(self, messages) -> list:
+        fmt = self.chat_format
+        text = fmt.render(messages, add_generation_prompt=True)
+        return self.tokenize(text, add_bos=not fmt.adds_bos, special=True)
+
+    def chat_completion(self, messages, max_tokens: int = 512, stop=None, stream: bool = False,
+                        **kwargs):
+        """Complete an assistant turn; a Completion (or a stream of pieces)."""
+        stops = list(self.chat_format.stop_texts) + ([stop] if isinstance(stop, str) else list(stop or []))
+        return self.complete(self._chat_prompt(messages), max_tokens=max_tokens, stop=stops,
+                             stream=stream, **kwargs)
+
+    def chat(self, messages, max_tokens: int = 512, stream: bool = False, **kwargs):
+        """The assistant's reply to `messages` ([{"role": ..., "content": ...}]),
+        rendered with the model's chat template; with stream=True an iterator of pieces."""
+        out = self.chat_completion(messages, max_tokens=max_tokens, stream=stream, **kwargs)
+        return out if stream else out.text
+
+    def create_chat_completion(self, messages, max_tokens: int = 512, stream: bool = False, **kwargs):
+        """An OpenAI-shaped chat.completion dict (or, streaming, chat.completion.chunk dicts)."""
+        out = self.chat_completion(messages, max_tokens=max_tokens, stream=stream, **kwargs)
+        created = int(time.time())
+        cid = f"chatcmpl-{created}-{id(out) & 0xffffff:06x}"
+        name = str(self.model_path)
+        if stream:
+            return _openai_chunks(out, cid, created, name, "chat.completion.chunk",
+                                  lambda text: {"delta": {"content": text}}, first={"delta": {"role": "assistant"}})
+        return {
+            "id": cid, "object": "chat.completion", "created": created, "model": name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
+                         "logprobs": None, "finish_reason": out.finish_reason}],
+            "usage": _usage(out),
+        }
+
+    # ---- lifetime ----
+
+    def close(self):
+        """Free the KV cache and unmap the file. The object is unusable afterwards."""
+        with self._lock:
+            ctx = getattr(self, "_ctx", None)
+            if ctx is not None:
+                ctx.close()
+            self._ctx = None
+            self._desc = None
+            self.spec = None
+            g = getattr(self, "_gguf", None)
+            if g is not None:
+                g.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"LLM({str(self.model_path)!r}, arch={self.spec.arch if self.spec else None}, n_ctx={self.n_ctx})"
+
+
+class _Stream:
+    """An iterator of text pieces; `.result` is the Completion, complete once
+    the iterator is exhausted."""
+
+    def __init__(self, pieces, result: Completion):
+        self._pieces = pieces
+        self.result = result
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self):
+        self._pieces.close()
+
+
+def _usage(out: Completion) -> dict:
+    return {"prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.tokens),
+            "total_tokens": out.prompt_tokens + len(out.tokens)}
+
+
+def _openai_chunks(stream: _Stream, cid, created, model, obj, payload, first=None):
+    def chunk(body, finish=None):
+        return {"id": cid, "object": obj, "created": created, "model": model,
+                "choices": [{"index": 0, **body, "logprobs": None, "finish_reason": finish}]}
+
+    if first is not None:
+        yield chunk(first)
+    for text in stream:
+        yield chunk(payload(text))
+    yield chunk(payload("") if first is None else {"delta": {}}, stream.result.finish_reason)
+
+
+# ---- one-off calls ----
+
+_cache_lock = threading.Lock()
+_cached: tuple | None = None  # (key, LLM)
+_LOAD_ARGS = ("n_ctx", "n_threads", "n_batch", "kv_type", "chat_format", "chat_template")
+
+
+def generate(model, prompt, **kwargs):
+    """One-off generation: load `model` (kept between calls with the same model
+    and load arguments) and return llm.generate(prompt, **kwargs)."""
+    global _cached
+    load = {k: kwargs.pop(k) for k in _LOAD_ARGS if k in kwargs}
+    key = (str(hub.resolve(model)), tuple(sorted(load.items())))
+    with _cache_lock:
+        if _cached is None or _cached[0] != key:
+            if _cached is not None:
+                _cached[1].close()
+                _cached = None
+            _cached = (key, LLM(model, **load))
+        llm = _cached[1]
+    return llm.generate(prompt, **kwargs)
