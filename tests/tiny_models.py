@@ -57,11 +57,14 @@ def vocab():
     return tokens, types
 
 
-def write_model(path, cfg: TinyConfig) -> str:
+def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None) -> str:
+    """Write the model; declared_arch replaces general.architecture (and the
+    metadata prefix), tensor_hook(name, data, qtype) may return None to drop a
+    tensor or a replacement (data, qtype) to corrupt it."""
     rng = np.random.default_rng(cfg.seed)
     tokens, types = vocab()
     n_vocab = len(tokens)
-    arch = cfg.arch
+    arch = declared_arch or cfg.arch
     w = gguf.GGUFWriter(str(path), arch)
     w.add_uint32(f"{arch}.block_count", cfg.n_layer)
     w.add_uint32(f"{arch}.context_length", cfg.context_length)
@@ -86,14 +89,21 @@ def write_model(path, cfg: TinyConfig) -> str:
     w.add_uint32("tokenizer.ggml.eos_token_id", n_vocab - 1)
     w.add_bool("tokenizer.ggml.add_bos_token", True)
 
+    def add(name, data, t):
+        if tensor_hook is not None:
+            replaced = tensor_hook(name, data, t)
+            if replaced is None:
+                return
+            data, t = replaced
+        w.add_tensor(name, data, raw_dtype=t)
+
     def matrix(name, rows, k, qtype, scale):
         data = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
         t = gguf.GGMLQuantizationType[qtype]
-        q = ops.quantize(data, t)
-        w.add_tensor(name, q, raw_dtype=t)
+        add(name, ops.quantize(data, t), t)
 
     def vector(name, n, around=1.0, spread=0.1):
-        w.add_tensor(name, (around + rng.standard_normal(n) * spread).astype(np.float32))
+        add(name, (around + rng.standard_normal(n) * spread).astype(np.float32), gguf.GGMLQuantizationType.F32)
 
     E, F, hd = cfg.n_embd, cfg.n_ff, cfg.head_dim
     matrix("token_embd.weight", n_vocab, E, cfg.embd_qtype, 1.0)
