@@ -1,12 +1,19 @@
 """llminfer: run GGUF language models on the CPU, fast.
 
     import llminfer
-    print(llminfer.system_info())
+    llm = llminfer.LLM("smollm2-135m-instruct")          # a path or a known name
+    print(llm.generate("The capital of France is", max_tokens=16, temperature=0))
+    print(llm.chat([{"role": "user", "content": "What is 2+2?"}], temperature=0))
+    print(llminfer.system_info())                        # CPU features, kernel level, threads
 """
 
 from llminfer import errors, ops
+from llminfer.hub import pull
+from llminfer.llm import LLM, Completion, Timings, generate
+from llminfer.sampling import SamplingParams
 from llminfer.system import system_info
 
 __version__ = "0.1.0"
 
-__all__ = ["errors", "ops", "system_info", "__version__"]
+__all__ = ["LLM", "Completion", "SamplingParams", "Timings", "errors", "generate", "ops", "pull",
+           "system_info", "__version__"]

@@ -1,0 +1,5 @@
+import sys
+
+from llminfer.cli import main
+
+sys.exit(main())
