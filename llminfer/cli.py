@@ -7,6 +7,7 @@
     llminfer bench -m MODEL -p 512 -n 128 -t 1,2
     llminfer info -m MODEL
     llminfer pull smollm2-135m-instruct
+    llminfer quantize -m MODEL -o out.gguf --type Q4_K_M
 
 MODEL is a .gguf path or a known model name (`llminfer pull --list`).
 Generated text goes to stdout; progress, timings and errors to stderr.
@@ -246,6 +247,13 @@ def cmd_chat(a):
         return repl(llm, system=a.system, max_tokens=a.n_predict, sampling=_sampling_kwargs(a))
 
 
+def cmd_quantize(a):
+    from llminfer.quantize_model import quantize_model
+
+    quantize_model(hub.resolve(a.model), a.output, a.type, a.threads, log=_err)
+    return 0
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="llminfer", description="Run GGUF language models on the CPU.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -298,6 +306,15 @@ def build_parser():
     i.add_argument("-m", "--model", default=hub.DEFAULT_MODEL)
     i.add_argument("--tensors", action="store_true", help="list every tensor")
     i.set_defaults(func=cmd_info)
+
+    from llminfer.quantize_model import PRESETS
+
+    z = sub.add_parser("quantize", help="requantize a model with llminfer's quantizers")
+    z.add_argument("-m", "--model", required=True)
+    z.add_argument("-o", "--output", required=True, help="the GGUF file to write")
+    z.add_argument("--type", required=True, type=str.upper, choices=PRESETS)
+    z.add_argument("-t", "--threads", type=_positive_int, default=None)
+    z.set_defaults(func=cmd_quantize)
 
     u = sub.add_parser("pull", help="fetch a known model into the cache")
     u.add_argument("name", nargs="?")

@@ -200,10 +200,15 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: corrupt header ({n_tensors} tensors, {n_kv} metadata keys)")
 
         self.metadata = {}
+        self.metadata_types = {}  # key -> (GGUF value type, element type of an array or None)
         for i in range(n_kv):
             key = cur.string(f"metadata key {i}")
             vtype = cur.u32(f"value type of {key!r}")
+            etype = None
+            if vtype == GGUFValueType.ARRAY and cur.pos + 4 <= cur.end:
+                etype = struct.unpack_from("<I", cur.buf, cur.pos)[0]
             self.metadata[key] = cur.value(vtype, key)
+            self.metadata_types[key] = (vtype, etype)
 
         self.alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
         if self.alignment <= 0 or self.alignment & (self.alignment - 1):

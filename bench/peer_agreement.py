@@ -1,0 +1,111 @@
+"""Teacher-forced agreement with llama.cpp (through llama-cpp-python).
+
+For each prompt, llama.cpp generates its own greedy 48-token continuation,
+keeping its logits at every step. The prompt and that continuation are then
+fed through llminfer's LLM.eval, and at each of the 48 positions our top-1
+token is compared with llama.cpp's. A disagreement counts against us only
+where llama.cpp's top logit leads its second by at least --margin (0.25):
+nearer ties flip legitimately between correct engines, even between
+llama.cpp's own attention paths.
+
+Run with a Python that has both packages, e.g.
+    PYTHONPATH=. /path/to/peer-venv/bin/python bench/peer_agreement.py MODEL.gguf [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "The three laws of thermodynamics state that",
+    "Here is a recipe for a simple tomato soup:\n1.",
+    "In 1969, the Apollo 11 mission",
+    "Photosynthesis is the process by which",
+    "Q: What is the tallest mountain in the world?\nA:",
+    "The main differences between Python and C are",
+    "Dear hiring manager,\n\nI am writing to apply for",
+    "A haiku about autumn leaves:\n",
+    "The quick brown fox jumps over the lazy dog. This sentence is famous because",
+]
+
+
+def peer_continuation(peer, ids, n_gen):
+    """llama.cpp's greedy continuation and the logits that chose each token."""
+    peer.reset()
+    peer.eval(ids)
+    rows = [np.array(peer.scores[len(ids) - 1], dtype=np.float32)]
+    cont = []
+    for j in range(n_gen):
+        tok = int(np.argmax(rows[-1]))
+        cont.append(tok)
+        if j < n_gen - 1:
+            peer.eval([tok])
+            rows.append(np.array(peer.scores[peer.n_tokens - 1], dtype=np.float32))
+    return cont, np.stack(rows)
+
+
+def compare(model_path, n_gen=48, margin=0.25, threads=2, prompts=PROMPTS):
+    import llama_cpp
+
+    import llminfer
+
+    peer = llama_cpp.Llama(model_path=str(model_path), n_ctx=1024, logits_all=True,
+                           n_threads=threads, verbose=False)
+    ours = llminfer.LLM(model_path, n_ctx=1024, n_threads=threads)
+    total = agree = decisive = decisive_agree = 0
+    worst = []
+    for prompt in prompts:
+        ids = peer.tokenize(prompt.encode(), add_bos=True, special=False)
+        cont, ref = peer_continuation(peer, ids, n_gen)
+        ours.reset()
+        logits = ours.eval(ids + cont)[len(ids) - 1:len(ids) - 1 + n_gen]
+        top_ref, top = ref.argmax(-1), logits.argmax(-1)
+        s = np.sort(ref, axis=-1)
+        lead = s[:, -1] - s[:, -2]
+        same = top == top_ref
+        total += len(same)
+        agree += int(same.sum())
+        d = lead >= margin
+        decisive += int(d.sum())
+        decisive_agree += int(same[d].sum())
+        for j in np.flatnonzero(~same):
+            worst.append((float(lead[j]), prompt[:30], int(j)))
+    ours.close()
+    return {
+        "model": str(model_path), "positions": total, "top1_agree": agree,
+        "decisive_positions": decisive, "decisive_agree": decisive_agree,
+        "disagreements": sorted(worst, reverse=True)[:10],
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("models", nargs="+")
+    p.add_argument("-n", type=int, default=48)
+    p.add_argument("--margin", type=float, default=0.25)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    results = [compare(m, a.n, a.margin, a.threads) for m in a.models]
+    if a.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    print(f"{'model':<44} {'agree':>12} {'decisive (lead>=%.2f)' % a.margin:>26}  largest lead of a disagreement")
+    for r in results:
+        name = r["model"].rsplit("/", 1)[-1][:44]
+        lead = f"{r['disagreements'][0][0]:.3f}" if r["disagreements"] else "-"
+        print(f"{name:<44} {r['top1_agree']:>5}/{r['positions']:<6} "
+              f"{r['decisive_agree']:>11}/{r['decisive_positions']:<14} {lead}")
+    ok = all(r["decisive_agree"] == r["decisive_positions"] for r in results)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Requantize a GGUF model to another tensor type with our own quantizers.
+
+    llminfer quantize -m SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2.Q4_0.gguf --type Q4_0
+
+Every weight matrix is dequantized (exactly, as gguf's reference does) and
+quantized to the target; vectors (norms, biases) stay as they are. Presets
+follow llama.cpp's naming:
+  Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32: every matrix
+  in that type, except the token embedding / output head, which get Q8_0 for
+  the 4- and 5-bit types (as llama.cpp keeps them at higher precision);
+  Q4_K_M: Q4_K, with Q6_K for the output head (or the tied embedding) and for
+  attn_v and ffn_down in the first and last eighth of the layers and every
+  third layer between, as llama.cpp's Q4_K_M mix does.
+A matrix whose rows do not fit the target's block size keeps a type that fits.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from llminfer import ops
+from llminfer.errors import InvalidArgumentError
+from llminfer.gguf_file import GGUFFile
+
+PRESETS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M", "F16", "BF16", "F32")
+_FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
+               "Q4_K": 14, "Q4_K_M": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32}
+
+
+def _more_bits(layer: int, n_layer: int) -> bool:
+    return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
+
+
+def target_type(name: str, shape, preset: str, n_layer: int, tied: bool) -> T:
+    """The type a tensor gets under `preset`."""
+    head = name == "output.weight" or (tied and name == "token_embd.weight")
+    if preset == "Q4_K_M":
+        if head:
+            t = T.Q6_K
+        elif name.endswith(("attn_v.weight", "ffn_down.weight")) and name.startswith("blk."):
+            t = T.Q6_K if _more_bits(int(name.split(".")[1]), n_layer) else T.Q4_K
+        else:
+            t = T.Q4_K
+    else:
+        t = T[preset]
+        if (head or name == "token_embd.weight") and preset in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+            t = T.Q8_0
+    block = gguf.GGML_QUANT_SIZES[t][0]
+    if shape[-1] % block:
+        t = T.Q8_0 if shape[-1] % 32 == 0 else T.F16
+    return t
+
+
+def _copy_metadata(src: GGUFFile, w: gguf.GGUFWriter, preset: str):
+    for key, value in src.metadata.items():
+        if key in ("general.architecture", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"):
+            continue
+        vtype, etype = src.metadata_types[key]
+        vtype = gguf.GGUFValueType(vtype)
+        if key == "general.file_type":
+            value = _FILE_TYPES.get(preset, value)
+        if vtype == gguf.GGUFValueType.ARRAY:
+            value = value.tolist() if isinstance(value, np.ndarray) else list(value)
+            w.add_key_value(key, value, vtype, sub_type=gguf.GGUFValueType(etype))
+        else:
+            w.add_key_value(key, value, vtype)
+
+
+def quantize_model(src_path, dst_path, preset: str, n_threads=None, log=None) -> dict:
+    """Write dst_path; returns {tensor name: type name} of what was written."""
+    preset = preset.upper()
+    if preset not in PRESETS:
+        raise InvalidArgumentError(f"unknown quantization {preset!r}; choose from {', '.join(PRESETS)}")
+    src = GGUFFile(src_path)
+    arch = src.architecture
+    n_layer = int(src.metadata.get(f"{arch}.block_count", 0))
+    tied = "output.weight" not in src.tensors
+    w = gguf.GGUFWriter(str(dst_path), arch)
+    _copy_metadata(src, w, preset)
+    written = {}
+    t0 = time.perf_counter()
+    for i, (name, info) in enumerate(src.tensors.items()):
+        qt = T(info.qtype)
+        raw = np.ascontiguousarray(src.tensor_bytes(name))
+        if len(info.shape) < 2:
+            w.add_tensor(name, raw, raw_dtype=qt)  # vectors keep their type
+            written[name] = qt.name
+            continue
+        rows = int(np.prod(info.shape[:-1]))
+        new = target_type(name, info.shape, preset, n_layer, tied)
+        if new == qt:
+            data = raw
+        else:
+            values = ops.dequantize(raw, qt, (rows, info.shape[-1]), n_threads=n_threads)
+            data = ops.quantize(values, new, n_threads=n_threads)
+        w.add_tensor(name, data.reshape(rows, -1), raw_dtype=new)
+        written[name] = new.name
+        if log:
+            log(f"[{i + 1}/{len(src.tensors)}] {name:<32} {qt.name:>5} -> {new.name:<5}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    src.close()
+    if log:
+        log(f"wrote {dst_path} in {time.perf_counter() - t0:.1f} s")
+    return written
