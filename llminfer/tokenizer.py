@@ -204,7 +204,7 @@ class _Vocab:
                 pieces[i] = f"[EMPTY_{i}]"
         self.pieces = pieces
         self.n_vocab = n
-        self.ids = {p: i for i, p in enumerate(pieces)}
+        self.ids = dict(zip(pieces, range(n)))
         if len(self.ids) != n:
             seen = {}
             for i, p in enumerate(pieces):
@@ -220,15 +220,18 @@ class _Vocab:
         attrs = np.where((types >= 0) & (types < 8), lut[np.clip(types, 0, 7)], _A_UNDEFINED)
         self.attrs = attrs.astype(np.int32)
 
-        # defaults per vocabulary kind, then the metadata keys
+        # defaults per vocabulary kind, then the metadata keys. Only the
+        # SentencePiece path puts a space before the text, so only there is it
+        # taken off again when decoding (llama.cpp's BPE encoder ignores the key).
         if kind == "llama":
             bos, eos, unk = 1, 2, 0
-            self.add_bos, self.add_space_prefix = True, True
+            self.add_bos = True
+            self.add_space_prefix = bool(metadata.get(Keys.Tokenizer.ADD_PREFIX, True))
         else:
             bos, eos, unk = (None if pre.no_bos else 11), 11, None
-            self.add_bos, self.add_space_prefix = pre.add_bos, False
+            self.add_bos = pre.add_bos
+            self.add_space_prefix = False
         self.add_eos = False
-        self.add_space_prefix = bool(metadata.get(Keys.Tokenizer.ADD_PREFIX, self.add_space_prefix))
         self.bos_id = _meta_id(metadata, Keys.Tokenizer.BOS_ID, n)
         if self.bos_id is None:
             self.bos_id = _default_id(bos, n)
@@ -427,8 +430,9 @@ class _BPEModel:
             if cut < 0:
                 continue
             a, b = m[:cut], m[cut + 1:]
-            # `tokenizers` refuses merges whose parts or result are not tokens;
-            # llama.cpp could apply them but they never yield a token either
+            # `tokenizers` refuses merges whose parts or result are not tokens
+            # (llama.cpp would apply one and then spell the result byte by
+            # byte); vocabularies converted from tokenizer.json have none
             if a in ids and b in ids and a + b in ids:
                 merges.append((a, b))
         try:
