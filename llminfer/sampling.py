@@ -1,0 +1,507 @@
+"""llminfer.sampling: turn a vector of logits into the next token.
+
+    params = SamplingParams(temperature=0.7, top_k=40, seed=1)
+    sampler = Sampler(params, n_vocab)
+    token = sampler.sample(logits, history)       # logits: float32 [n_vocab]
+
+The chain runs in llama.cpp's default order:
+
+    logit bias -> penalties (repeat, frequency, presence) -> top-k -> top-p
+    -> min-p -> temperature -> draw
+
+Each stage sees the logits that the one before it left. Top-p and min-p work
+on the softmax of those logits at temperature 1, over the tokens still kept;
+temperature only shapes the final draw. A temperature <= 0 is greedy: the
+argmax after bias and penalties, ties going to the lowest id.
+
+Speed matters at 262,144-token vocabularies, so no stage sorts the whole
+vocabulary when it can avoid it: the k largest logits are found by a cheap
+threshold taken from a strided sample, then np.argpartition over the few
+tokens above it (see _largest).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from llminfer.errors import InvalidArgumentError, ShapeError, TokenError
+
+__all__ = ["SamplingParams", "Sampler"]
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _need_int(name, value, low=None):
+    if not _is_int(value):
+        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
+    if low is not None and value < low:
+        raise InvalidArgumentError(f"{name} must be >= {low}, got {value!r}")
+
+
+def _need_finite(name, value):
+    if not _is_real(value) or not math.isfinite(value):
+        raise InvalidArgumentError(f"{name} must be a finite number, got {value!r}")
+
+
+def _need_fraction(name, value):
+    _need_finite(name, value)
+    if not 0.0 <= value <= 1.0:
+        raise InvalidArgumentError(f"{name} must be in [0, 1], got {value!r}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Every setting of the sampling chain; one object passed around whole.
+
+    Construction checks each value (InvalidArgumentError naming the field);
+    validate(n_vocab) adds the checks that need the vocabulary size.
+    `logit_bias` is copied into a plain {int: float} dict, so later changes
+    to the caller's mapping do not reach the sampler.
+    """
+
+    temperature: float = 0.8      # <= 0: greedy
+    top_k: int = 40               # <= 0: off
+    top_p: float = 0.95           # 1.0: off
+    min_p: float = 0.05           # 0.0: off
+    repeat_penalty: float = 1.0   # 1.0: off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int = 64      # 0: off, -1: whole history
+    logit_bias: Mapping[int, float] | None = field(default=None, hash=False)  # -inf bans, +inf forces
+    seed: int | None = None       # None: fresh entropy
+
+    def __post_init__(self):
+        self._check_fields()
+        # Store plain Python numbers, so numpy scalars and ints compare, hash
+        # and print the same as the floats they stand for.
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        for name in ("top_k", "penalty_last_n"):
+            object.__setattr__(self, name, int(getattr(self, name)))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", int(self.seed))
+        if self.logit_bias is not None:
+            object.__setattr__(self, "logit_bias", {int(t): float(b) for t, b in self.logit_bias.items()})
+
+    def _check_fields(self):
+        _need_finite("temperature", self.temperature)
+        _need_int("top_k", self.top_k)
+        _need_fraction("top_p", self.top_p)
+        _need_fraction("min_p", self.min_p)
+        _need_finite("repeat_penalty", self.repeat_penalty)
+        if self.repeat_penalty <= 0:
+            raise InvalidArgumentError(f"repeat_penalty must be > 0, got {self.repeat_penalty!r}")
+        _need_finite("frequency_penalty", self.frequency_penalty)
+        _need_finite("presence_penalty", self.presence_penalty)
+        _need_int("penalty_last_n", self.penalty_last_n, low=-1)
+        if self.seed is not None:
+            _need_int("seed", self.seed, low=0)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, Mapping):
+                raise InvalidArgumentError(
+                    f"logit_bias must be a mapping of token id to bias, got {type(self.logit_bias).__name__}")
+            for token, bias in self.logit_bias.items():
+                if not _is_int(token) or token < 0:
+                    raise InvalidArgumentError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+                if not _is_real(bias) or math.isnan(bias):
+                    raise InvalidArgumentError(f"logit_bias[{token}] must be a number, got {bias!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def penalties_on(self) -> bool:
+        return self.penalty_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0)
+
+    def validate(self, n_vocab: int | None = None) -> SamplingParams:
+        """Check every field, and bias ids against n_vocab when it is given; returns self."""
+        self._check_fields()
+        if n_vocab is not None:
+            _need_int("n_vocab", n_vocab, low=1)
+            for token in self.logit_bias or ():
+                if token >= n_vocab:
+                    raise InvalidArgumentError(
+                        f"logit_bias names token {token}, outside the vocabulary of {n_vocab}")
+        return self
+
+    def replace(self, **changes) -> SamplingParams:
+        """A copy with some fields changed, checked like a new one."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise InvalidArgumentError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes).validate()
+
+    @classmethod
+    def greedy(cls) -> SamplingParams:
+        """Always the most likely token (after bias and penalties)."""
+        return cls(temperature=0.0)
+
+
+# Top-k: a strided sample of about _SAMPLE_SIZE logits gives a threshold that,
+# with high probability, a few hundred logits reach; the k-th largest is then
+# found among those. Over 262k logits that takes ~0.1 ms where np.partition
+# over all of them takes ~1.5 ms.
+_SAMPLE_SIZE = 4096
+_SAMPLE_MARGIN = 4   # extra sample points above the threshold; lowers the odds of a fallback
+
+# Top-p with top-k off: tokens this many nats below the top logit weigh
+# < e^-50 each, under float64 resolution even summed over millions, so the
+# search for the cut ignores them.
+_NEGLIGIBLE = 50.0
+_BAND_SORT = 1024    # a band of candidates this small is simply sorted
+_BRACKET = 8         # sample points either side of the estimated cut
+_MAX_ROUNDS = 64     # then sort whatever band is left
+
+# With top-k off, a kept set larger than n_vocab / _DENSE is handled as
+# weights over the whole vocabulary (zero where dropped) instead of by ids.
+_DENSE = 8
+
+_BLOCK = 1024        # the draw inverts the CDF per block of this many tokens
+
+
+def _largest(x: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest values of x (1-D, no NaN), in no particular order.
+    Of several values equal to the k-th largest, the lowest ids are kept."""
+    n = x.size
+    if k >= n:
+        return np.arange(n)
+    ids, xs, floor = None, x, None   # xs = x[ids] holds every value >= the k-th largest
+    stride = n // _SAMPLE_SIZE
+    if stride >= 8:
+        sample = x[::stride]
+        j = -(-k // stride) + _SAMPLE_MARGIN   # sample points at or above the threshold
+        if j < sample.size:
+            t = np.partition(sample, sample.size - j)[sample.size - j]
+            at_least_t = x >= t
+            n_ge = np.count_nonzero(at_least_t)
+            if n_ge >= k:   # so the k-th largest is >= t
+                floor = t
+                if n_ge <= n // 4:
+                    ids = np.flatnonzero(at_least_t)
+                    xs = x[ids]
+    if floor is not None and np.count_nonzero(xs > floor) < k:
+        kth = floor   # fewer than k above t and at least k at or above: t is the k-th
+    else:
+        kth = np.partition(xs, xs.size - k)[xs.size - k]
+    strict = np.flatnonzero(xs > kth)
+    tied = np.flatnonzero(xs == kth)[:k - strict.size]
+    sel = np.concatenate((strict, tied))
+    return sel if ids is None else ids[sel]
+
+
+def _descending(ids: np.ndarray, z: np.ndarray):
+    """ids and z reordered by z descending, equal z by id ascending."""
+    order = np.lexsort((ids, -z))
+    return ids[order], z[order]
+
+
+def _mass_cut(zb: np.ndarray, eb: np.ndarray, mass: float, target: float):
+    """Where top-p cuts a band of logits zb (weights eb, summing to mass >=
+    target): (v, r) such that the tokens kept are those above v and the
+    first r equal to v.
+
+    Narrows the band to the values around the cut, adding the weight set
+    aside above it to `above`, until it is small enough to sort. A round
+    splits the band by value into above / around / below two split values
+    and keeps the part that holds the cut. The split values bracket the cut
+    as a strided sample of the band places it; when that fails to halve the
+    band (the sample misjudges weights that vary by orders of magnitude),
+    the next round splits at the sample's median instead, which does.
+
+    Only values matter, so no ids are carried; np.compress keeps the
+    splits fast (boolean-mask indexing with masks half true is ~5x slower)."""
+    above = 0.0
+    bracket = True
+    for _ in range(_MAX_ROUNDS):
+        if zb.size <= _BAND_SORT:
+            break
+        sample = np.sort(zb[::max(1, zb.size // _SAMPLE_SIZE)])[::-1]
+        if bracket:
+            hi_v, lo_v = _bracket(sample, mass, target - above)
+        else:
+            hi_v = lo_v = sample[sample.size // 2]
+        upper, lower = zb > hi_v, zb < lo_v
+        n_up, n_low = np.count_nonzero(upper), np.count_nonzero(lower)
+        size = zb.size
+        if n_up + n_low == 0:   # every value inside the bracket: nothing to split off
+            if not bracket:
+                break   # the median is every value: all equal
+            bracket = False
+            continue
+        e_up = eb.compress(upper)
+        m_up = e_up.sum(dtype=np.float64)
+        if above + m_up >= target:
+            zb, eb, mass = zb.compress(upper), e_up, m_up
+        else:
+            above += m_up
+            middle = ~(upper | lower)
+            e_mid = eb.compress(middle)
+            m_mid = e_mid.sum(dtype=np.float64)
+            if above + m_mid >= target:
+                zb, eb, mass = zb.compress(middle), e_mid, m_mid
+            else:
+                above += m_mid
+                zb, eb, mass = zb.compress(lower), eb.compress(lower), mass - m_up - m_mid
+        bracket = 2 * zb.size <= size
+
+    if zb.min() == zb.max():   # equal weights: count them off (ties are resolved by id later)
+        return zb[0], min(max(math.ceil((target - above) / float(eb[0])), 1), zb.size)
+    order = np.argsort(zb)[::-1]
+    zb, eb = zb[order], eb[order]
+    cum = above + np.cumsum(eb, dtype=np.float64)
+    c = min(int(np.searchsorted(cum, target, side="left")), zb.size - 1)
+    v = zb[c]
+    return v, int(np.count_nonzero(zb[:c + 1] == v))
+
+
+def _bracket(sample, mass, need):
+    """Two values of a sample (sorted descending) of a band, hi >= lo, that
+    probably bracket the point, going down from the band's top, where the
+    weight reaches `need` (of the band's `mass`).
+
+    The sample's weights estimate the fraction of mass above each of its
+    points; the bracket spans three standard errors of that estimate either
+    side of `need` (binomial, over the sample's effective size, which is
+    small when a few heavy points dominate), widened by _BRACKET points."""
+    w = np.exp(sample.astype(np.float64) - float(sample[0]))
+    total = w.sum()
+    n_eff = total * total / np.dot(w, w)
+    frac = need / mass
+    spread = 3.0 * math.sqrt(max(frac * (1.0 - frac), 0.01) / n_eff)
+    cum = np.cumsum(w) / total
+    hi = int(np.searchsorted(cum, frac - spread, side="left")) - _BRACKET
+    lo = int(np.searchsorted(cum, frac + spread, side="left")) + _BRACKET
+    return sample[max(hi, 0)], sample[min(lo, sample.size - 1)]
+
+
+def _last_positive(w: np.ndarray) -> int:
+    return int(np.flatnonzero(w)[-1])
+
+
+def _pick(w: np.ndarray, u: float) -> int:
+    """The index i where u * sum(w) falls in the cumulative sum of w: i is
+    drawn with probability w[i] / sum(w) when u is uniform on [0, 1).
+
+    Large w go in two steps (block sums, then one block) so that no cumsum
+    runs over the whole vocabulary; a value that rounding pushes past the end
+    goes to the last index with weight."""
+    if w.size <= 4 * _BLOCK:
+        cdf = np.cumsum(w)
+        i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+        return i if i < w.size else _last_positive(w)
+    starts = np.arange(0, w.size, _BLOCK)
+    block_cdf = np.cumsum(np.add.reduceat(w, starts))
+    r = u * block_cdf[-1]
+    b = int(np.searchsorted(block_cdf, r, side="right"))
+    if b >= starts.size:
+        b = _last_positive(np.diff(block_cdf, prepend=0.0))
+    if b > 0:
+        r -= block_cdf[b - 1]
+    block = w[starts[b]:starts[b] + _BLOCK]
+    i = int(np.searchsorted(np.cumsum(block), r, side="right"))
+    return int(starts[b]) + (i if i < block.size else _last_positive(block))
+
+
+class Sampler:
+    """Runs the chain of `params` over logits of one vocabulary size.
+
+    Holds the random stream (numpy Generator over PCG64): the same seed and
+    the same sequence of logits and histories give the same tokens. Every
+    non-greedy sample() takes exactly one number from the stream.
+
+    Where a stage must choose among equal logits (top-k's k-th place,
+    top-p's last token, greedy), the lowest ids win.
+    """
+
+    def __init__(self, params: SamplingParams, n_vocab: int):
+        if not isinstance(params, SamplingParams):
+            raise InvalidArgumentError(f"params must be a SamplingParams, got {type(params).__name__}")
+        params.validate(n_vocab)
+        self.params = params
+        self.n_vocab = int(n_vocab)
+        bias = params.logit_bias or {}
+        self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+        self._bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+        self._bans = np.isneginf(self._bias)
+        self.reset()
+
+    def reset(self, seed: int | None = None):
+        """Restart the random stream from `seed`, or from params.seed when None
+        (fresh entropy when that is None too)."""
+        if seed is None:
+            seed = self.params.seed
+        else:
+            _need_int("seed", seed, low=0)
+        self._rng = np.random.Generator(np.random.PCG64(seed))
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = ()) -> int:
+        """The next token id. `history` is every token so far (prompt and
+        generated); the penalties read its last penalty_last_n."""
+        ids, w = self._kept(logits, history)
+        if self.params.is_greedy:
+            return int(ids[0])
+        i = _pick(w, self._rng.random())
+        return i if ids is None else int(ids[i])
+
+    def probabilities(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = ()) -> np.ndarray:
+        """The distribution sample() draws from: float64 [n_vocab], zero outside
+        the kept tokens (one-hot when greedy). Takes nothing from the random stream."""
+        ids, w = self._kept(logits, history)
+        w /= w.sum()
+        if ids is None:
+            return w
+        out = np.zeros(self.n_vocab, dtype=np.float64)
+        out[ids] = w
+        return out
+
+    # -- the chain --------------------------------------------------------
+
+    def _kept(self, logits, history):
+        """(ids, weights): the tokens the chain keeps and their unnormalised
+        final probabilities, float64, the largest 1. ids is None when the
+        weights cover the whole vocabulary (zero where dropped)."""
+        p = self.params
+        work, top = self._adjusted(logits, history)
+        if top == -np.inf:
+            if self._bans.any() and logits.max() > -np.inf:
+                raise InvalidArgumentError("logit_bias bans every token")
+            raise InvalidArgumentError("every logit is -inf: no token can be sampled")
+        if top == np.inf:   # forced tokens (+inf bias): only they remain, equally likely
+            work = np.where(work == np.inf, np.float32(0), np.float32(-np.inf))
+            top = 0.0
+        if p.is_greedy:
+            return np.array([int(np.argmax(work))]), np.ones(1)
+
+        if 0 < p.top_k < work.size:
+            ids = _largest(work, p.top_k)
+            ids, z = _descending(ids, work[ids].astype(np.float64))
+            n_finite = np.count_nonzero(z > -np.inf)   # sorted: -inf ones are last
+            ids, z = ids[:n_finite], z[:n_finite]
+            if p.top_p < 1.0:
+                e = np.exp(z - top)
+                cut = int(np.searchsorted(np.cumsum(e), p.top_p * e.sum(), side="left")) + 1
+                ids, z = ids[:cut], z[:cut]
+            if p.min_p > 0.0:
+                # p_i >= min_p * p_max  <=>  z_i >= z_max + log(min_p): the
+                # normalisation cancels, so min-p reads the logits directly.
+                n_keep = np.count_nonzero(z >= top + math.log(p.min_p))
+                ids, z = ids[:n_keep], z[:n_keep]
+        else:
+            ids, z = self._without_top_k(work, top)
+
+        # Every stage keeps the top token, so `top` is still the largest z.
+        # In place: at vocabulary size each temporary costs page faults.
+        z -= top
+        z /= p.temperature
+        return ids, np.exp(z, out=z)
+
+    def _without_top_k(self, work, top):
+        """(ids or None, logits as float64) of what top-p and min-p keep of
+        the whole vocabulary.
+
+        Both keep a run of tokens from the top, so the result is the shorter
+        run: the tokens at or above a floor value, except that top-p may stop
+        partway through tokens equal to it."""
+        p = self.params
+        floor = top + math.log(p.min_p) if p.min_p > 0.0 else -np.inf
+        n_tied = None   # how many tokens equal to floor stay (lowest ids first); None: all
+        if p.top_p < 1.0:
+            floor, n_tied = self._top_p_floor(work, top, floor)
+        keep = work >= floor if floor > -np.inf else work > -np.inf
+        if n_tied is not None:
+            tied = np.flatnonzero(work == floor)
+            keep[tied[n_tied:]] = False
+        if np.count_nonzero(keep) * _DENSE < work.size:
+            ids = np.flatnonzero(keep)
+            return ids, work[ids].astype(np.float64)
+        z = work.astype(np.float64)
+        np.putmask(z, ~keep, -np.inf)
+        return None, z
+
+    def _top_p_floor(self, work, top, min_p_floor):
+        """(floor, n_tied) of top-p followed by min-p, for _without_top_k,
+        without sorting the vocabulary."""
+        e = np.exp(work - np.float32(top))   # float32 weights; -inf gives 0
+        target = self.params.top_p * e.sum(dtype=np.float64)
+        in_band = work >= max(min_p_floor, top - _NEGLIGIBLE)
+        if np.count_nonzero(in_band) == work.size:
+            zb, eb = work, e
+        else:
+            zb, eb = work.compress(in_band), e.compress(in_band)
+        mass = eb.sum(dtype=np.float64)
+        if mass < target:
+            # Top-p reaches below the band: below min-p's floor (min-p cuts it
+            # back to there) or into negligible weights (only by rounding).
+            return min_p_floor, None
+        return _mass_cut(zb, eb, mass, target)
+
+    def _adjusted(self, logits, history):
+        """(logits after bias and penalties, their max). The array is the
+        caller's own when neither applies, else a copy; the caller's array is
+        never written."""
+        if not isinstance(logits, np.ndarray):
+            raise InvalidArgumentError(f"logits must be a numpy array, got {type(logits).__name__}")
+        if logits.dtype != np.float32:
+            raise InvalidArgumentError(f"logits must be float32, got {logits.dtype}")
+        if logits.shape != (self.n_vocab,):
+            raise ShapeError(f"logits must have shape ({self.n_vocab},), got {logits.shape}")
+        top = logits.max()
+        if np.isnan(top):   # max propagates NaN: one pass finds any
+            raise InvalidArgumentError("logits contain NaN")
+
+        window = self._window(history) if self.params.penalties_on else None
+        if not self._bias_ids.size and (window is None or not window.size):
+            return logits, float(top)
+        work = logits.copy()
+        if self._bias_ids.size:
+            # A ban wins even over a +inf logit (where adding would give NaN).
+            work[self._bias_ids] = np.where(self._bans, np.float32(-np.inf), work[self._bias_ids] + self._bias)
+        if window is not None and window.size:
+            self._penalize(work, window)
+        return work, float(work.max())
+
+    def _window(self, history) -> np.ndarray:
+        """The last penalty_last_n tokens of history, as int64."""
+        h = history if isinstance(history, np.ndarray) else np.asarray(history)
+        if h.ndim != 1:
+            raise ShapeError(f"history must be 1-D token ids, got shape {h.shape}")
+        if not h.size:
+            return h.astype(np.int64)
+        if not np.issubdtype(h.dtype, np.integer):
+            raise InvalidArgumentError(f"history must hold integer token ids, got {h.dtype}")
+        last_n = self.params.penalty_last_n
+        w = h if last_n < 0 else h[-last_n:]
+        lo, hi = int(w.min()), int(w.max())
+        if lo < 0 or hi >= self.n_vocab:
+            bad = lo if lo < 0 else hi
+            raise TokenError(f"history holds token {bad}, outside the vocabulary of {self.n_vocab}")
+        return w.astype(np.int64, copy=False)
+
+    def _penalize(self, work, window):
+        """Repeat, frequency and presence penalties on the tokens in window, in place.
+
+        Repeat divides a positive logit by the penalty and multiplies a
+        non-positive one (so it always lowers it); then count * frequency and,
+        once per token present, presence are subtracted."""
+        p = self.params
+        ids, counts = np.unique(window, return_counts=True)
+        z = work[ids].astype(np.float64)
+        if p.repeat_penalty != 1.0:
+            z = np.where(z <= 0.0, z * p.repeat_penalty, z / p.repeat_penalty)
+        z -= counts * p.frequency_penalty + p.presence_penalty
+        work[ids] = z
