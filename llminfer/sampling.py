@@ -243,16 +243,18 @@ def _mass_cut(zb: np.ndarray, eb: np.ndarray, mass: float, target: float):
                 break   # the median is every value: all equal
             bracket = False
             continue
+        # The part kept is never empty: top_p = 0 (target 0) or rounding
+        # could otherwise pick a part with no tokens.
         e_up = eb.compress(upper)
         m_up = e_up.sum(dtype=np.float64)
-        if above + m_up >= target:
+        if n_up and (above + m_up >= target or n_up == size):
             zb, eb, mass = zb.compress(upper), e_up, m_up
         else:
             above += m_up
             middle = ~(upper | lower)
             e_mid = eb.compress(middle)
             m_mid = e_mid.sum(dtype=np.float64)
-            if above + m_mid >= target:
+            if size > n_up + n_low and (above + m_mid >= target or n_low == 0):
                 zb, eb, mass = zb.compress(middle), e_mid, m_mid
             else:
                 above += m_mid
@@ -469,8 +471,11 @@ class Sampler:
             return logits, float(top)
         work = logits.copy()
         if self._bias_ids.size:
-            # A ban wins even over a +inf logit (where adding would give NaN).
-            work[self._bias_ids] = np.where(self._bans, np.float32(-np.inf), work[self._bias_ids] + self._bias)
+            # A ban sets -inf rather than adding it, so it wins even over a
+            # +inf logit (where adding would give NaN).
+            biased = np.full(self._bias.size, -np.inf, dtype=np.float32)
+            np.add(work[self._bias_ids], self._bias, out=biased, where=~self._bans)
+            work[self._bias_ids] = biased
         if window is not None and window.size:
             self._penalize(work, window)
         return work, float(work.max())
