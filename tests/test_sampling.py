@@ -120,9 +120,10 @@ def test_chain_matches_reference_small_vocab():
 
 def test_chain_matches_reference_with_large_vocab_paths(monkeypatch):
     # Shrink the size thresholds so a 3000-token vocabulary takes every path
-    # a 262k one does: the sampled top-k threshold, the banded top-p search,
-    # the dense weights and the blocked draw.
+    # a 262k one does: the sampled top-k threshold, the exact head and the
+    # banded search of top-p, the dense weights and the blocked draw.
     monkeypatch.setattr(sampling, "_SAMPLE_SIZE", 64)
+    monkeypatch.setattr(sampling, "_HEAD", 64)
     monkeypatch.setattr(sampling, "_BAND_SORT", 16)
     monkeypatch.setattr(sampling, "_BLOCK", 16)
     check_against_reference(3000, full_grid(3000), seed=2)
