@@ -14,10 +14,15 @@ on the softmax of those logits at temperature 1, over the tokens still kept;
 temperature only shapes the final draw. A temperature <= 0 is greedy: the
 argmax after bias and penalties, ties going to the lowest id.
 
-Speed matters at 262,144-token vocabularies, so no stage sorts the whole
-vocabulary when it can avoid it: the k largest logits are found by a cheap
-threshold taken from a strided sample, then np.argpartition over the few
-tokens above it (see _largest).
+Where a stage must choose among equal logits (top-k's k-th place, top-p's
+last token, greedy), the lowest ids win, so results never depend on how
+numpy happens to order ties.
+
+Speed matters at 262,144-token vocabularies, so nothing sorts or
+partitions the whole vocabulary when it can be avoided: top-k takes a
+threshold from a strided sample and partitions only the few logits above it
+(_largest); top-p with top-k off narrows a band of values around its cut
+(_mass_cut); the draw inverts the CDF block by block (_pick).
 """
 
 from __future__ import annotations
@@ -163,6 +168,7 @@ _SAMPLE_MARGIN = 4   # extra sample points above the threshold; lowers the odds 
 # < e^-50 each, under float64 resolution even summed over millions, so the
 # search for the cut ignores them.
 _NEGLIGIBLE = 50.0
+_HEAD = 4096         # the largest logits, weighed exactly before any search
 _BAND_SORT = 1024    # a band of candidates this small is simply sorted
 _BRACKET = 8         # sample points either side of the estimated cut
 _MAX_ROUNDS = 64     # then sort whatever band is left
@@ -210,10 +216,11 @@ def _descending(ids: np.ndarray, z: np.ndarray):
     return ids[order], z[order]
 
 
-def _mass_cut(zb: np.ndarray, eb: np.ndarray, mass: float, target: float):
-    """Where top-p cuts a band of logits zb (weights eb, summing to mass >=
-    target): (v, r) such that the tokens kept are those above v and the
-    first r equal to v.
+def _mass_cut(zb: np.ndarray, eb: np.ndarray, mass: float, target: float, above: float = 0.0):
+    """Where top-p cuts a band of logits zb (weights eb, summing to mass),
+    the tokens with larger logits than the band weighing `above` in all
+    (above < target <= above + mass): (v, r) such that the tokens kept are
+    those above v and the first r equal to v.
 
     Narrows the band to the values around the cut, adding the weight set
     aside above it to `above`, until it is small enough to sort. A round
@@ -225,7 +232,6 @@ def _mass_cut(zb: np.ndarray, eb: np.ndarray, mass: float, target: float):
 
     Only values matter, so no ids are carried; np.compress keeps the
     splits fast (boolean-mask indexing with masks half true is ~5x slower)."""
-    above = 0.0
     bracket = True
     for _ in range(_MAX_ROUNDS):
         if zb.size <= _BAND_SORT:
@@ -243,16 +249,18 @@ def _mass_cut(zb: np.ndarray, eb: np.ndarray, mass: float, target: float):
                 break   # the median is every value: all equal
             bracket = False
             continue
+        # The part kept is never empty: top_p = 0 (target 0) or rounding
+        # could otherwise pick a part with no tokens.
         e_up = eb.compress(upper)
         m_up = e_up.sum(dtype=np.float64)
-        if above + m_up >= target:
+        if n_up and (above + m_up >= target or n_up == size):
             zb, eb, mass = zb.compress(upper), e_up, m_up
         else:
             above += m_up
             middle = ~(upper | lower)
             e_mid = eb.compress(middle)
             m_mid = e_mid.sum(dtype=np.float64)
-            if above + m_mid >= target:
+            if size > n_up + n_low and (above + m_mid >= target or n_low == 0):
                 zb, eb, mass = zb.compress(middle), e_mid, m_mid
             else:
                 above += m_mid
@@ -305,11 +313,12 @@ def _pick(w: np.ndarray, u: float) -> int:
         i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
         return i if i < w.size else _last_positive(w)
     starts = np.arange(0, w.size, _BLOCK)
-    block_cdf = np.cumsum(np.add.reduceat(w, starts))
+    block_sums = np.add.reduceat(w, starts)
+    block_cdf = np.cumsum(block_sums)
     r = u * block_cdf[-1]
     b = int(np.searchsorted(block_cdf, r, side="right"))
     if b >= starts.size:
-        b = _last_positive(np.diff(block_cdf, prepend=0.0))
+        b = _last_positive(block_sums)
     if b > 0:
         r -= block_cdf[b - 1]
     block = w[starts[b]:starts[b] + _BLOCK]
@@ -323,9 +332,6 @@ class Sampler:
     Holds the random stream (numpy Generator over PCG64): the same seed and
     the same sequence of logits and histories give the same tokens. Every
     non-greedy sample() takes exactly one number from the stream.
-
-    Where a stage must choose among equal logits (top-k's k-th place,
-    top-p's last token, greedy), the lowest ids win.
     """
 
     def __init__(self, params: SamplingParams, n_vocab: int):
@@ -438,17 +444,31 @@ class Sampler:
         without sorting the vocabulary."""
         e = np.exp(work - np.float32(top))   # float32 weights; -inf gives 0
         target = self.params.top_p * e.sum(dtype=np.float64)
-        in_band = work >= max(min_p_floor, top - _NEGLIGIBLE)
+        lo = max(min_p_floor, top - _NEGLIGIBLE)
+        above, t = 0.0, np.float32(np.inf)
+        if work.size > 4 * _HEAD:
+            # Real logits mostly put the cut among the first few thousand
+            # tokens: weigh those exactly first. Below them the weights are
+            # bounded, which also suits _mass_cut's sampled estimates.
+            head = _largest(work, _HEAD)
+            zh, eh = work[head], e[head]
+            t = zh.min()
+            strict = zh > t   # every token above t is in the head; ties at t may not be
+            above = eh.compress(strict).sum(dtype=np.float64)
+            if above >= target and strict.any():   # (top_p = 0 gives target 0)
+                v, r = _mass_cut(zh.compress(strict), eh.compress(strict), above, target)
+                return (v, r) if v >= min_p_floor else (min_p_floor, None)
+        in_band = (work >= lo) & (work <= t)
         if np.count_nonzero(in_band) == work.size:
             zb, eb = work, e
         else:
             zb, eb = work.compress(in_band), e.compress(in_band)
         mass = eb.sum(dtype=np.float64)
-        if mass < target:
+        if zb.size == 0 or above + mass < target:
             # Top-p reaches below the band: below min-p's floor (min-p cuts it
             # back to there) or into negligible weights (only by rounding).
             return min_p_floor, None
-        return _mass_cut(zb, eb, mass, target)
+        return _mass_cut(zb, eb, mass, target, above)
 
     def _adjusted(self, logits, history):
         """(logits after bias and penalties, their max). The array is the
@@ -469,8 +489,11 @@ class Sampler:
             return logits, float(top)
         work = logits.copy()
         if self._bias_ids.size:
-            # A ban wins even over a +inf logit (where adding would give NaN).
-            work[self._bias_ids] = np.where(self._bans, np.float32(-np.inf), work[self._bias_ids] + self._bias)
+            # A ban sets -inf rather than adding it, so it wins even over a
+            # +inf logit (where adding would give NaN).
+            biased = np.full(self._bias.size, -np.inf, dtype=np.float32)
+            np.add(work[self._bias_ids], self._bias, out=biased, where=~self._bans)
+            work[self._bias_ids] = biased
         if window is not None and window.size:
             self._penalize(work, window)
         return work, float(work.max())
