@@ -313,6 +313,19 @@ static void norm_row(const float *x, const float *w, float *y, int64_t k, float 
     li_K->rms_norm(x, w, y, k, eps);
 }
 
+/* With an F16 cache, queries and attention weights are rounded to float16
+ * too, as llama.cpp does (its K.Q and V.softmax products take both operands
+ * in F16). The error is far below that of the 8-bit activations, and keeping
+ * the same roundings keeps our logits within reach of llama.cpp's. */
+static void round_to_f16(float *x, int64_t n) {
+    uint16_t tmp[256];
+    for (int64_t i = 0; i < n; i += 256) {
+        const int64_t m = LI_MIN(256, n - i);
+        li_K->f32_to_f16(x + i, tmp, m);
+        li_K->f16_to_f32(tmp, x + i, m);
+    }
+}
+
 /* biases, per-head norms, RoPE and the cache write for token t, head item h
  * (h < n_head: a query head; else key/value head h - n_head) */
 static void prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t t, int h, int pos) {
@@ -324,6 +337,7 @@ static void prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t 
         if (L->bq) li_K->add_f32(qh, L->bq + h * hd, qh, hd);
         if (L->q_norm) norm_row(qh, L->q_norm, qh, hd, m->norm_eps);
         li_rope_head(qh, cs, m->n_rot, m->rope_mode);
+        if (c->kv_type == LI_KV_F16) round_to_f16(qh, hd);
         return;
     }
     h -= m->n_head;
@@ -385,6 +399,7 @@ static void attend(li_context *c, const li_layer_desc *L, int il, int64_t t, int
     cache_scores(c, il, kvh, qh, s0, run1, scores);
     if (run2 > 0) cache_scores(c, il, kvh, qh, 0, run2, scores + run1);
     li_K->softmax(scores, count);
+    if (c->kv_type == LI_KV_F16) round_to_f16(scores, count);
     memset(out, 0, (size_t)m->head_dim_v * sizeof(float));
     cache_accum(c, il, kvh, scores, s0, run1, out);
     if (run2 > 0) cache_accum(c, il, kvh, scores + run1, 0, run2, out);

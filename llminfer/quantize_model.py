@@ -11,7 +11,8 @@ follow llama.cpp's naming:
   Q4_K_M: Q4_K, with Q6_K for the output head (or the tied embedding) and for
   attn_v and ffn_down in the first and last eighth of the layers and every
   third layer between, as llama.cpp's Q4_K_M mix does.
-A matrix whose rows do not fit the target's block size keeps a type that fits.
+A K-quant matrix whose rows are not a multiple of 256 falls back as llama.cpp's
+does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ _FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "
                "Q4_K": 14, "Q4_K_M": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32}
 
 
+_FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+
+
 def _more_bits(layer: int, n_layer: int) -> bool:
     return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
 
@@ -50,9 +54,11 @@ def target_type(name: str, shape, preset: str, n_layer: int, tied: bool) -> T:
         t = T[preset]
         if (head or name == "token_embd.weight") and preset in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
             t = T.Q8_0
-    block = gguf.GGML_QUANT_SIZES[t][0]
-    if shape[-1] % block:
-        t = T.Q8_0 if shape[-1] % 32 == 0 else T.F16
+    if shape[-1] % gguf.GGML_QUANT_SIZES[t][0]:
+        # rows that are not a multiple of 256: the 32-block type llama.cpp falls back to
+        t = _FALLBACK.get(t, T.Q8_0)
+        if shape[-1] % 32:
+            t = T.F16
     return t
 
 

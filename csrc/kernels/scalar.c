@@ -240,9 +240,16 @@ static void dequant_q6_K(const void *src, float *y, int64_t k) {
     }
 }
 
-/* ---- activation quantization (round half to even, as the SIMD levels do) ---- */
+/* ---- activation quantization ----
+ * The same rounding as llama.cpp's x86 path, so that llminfer and llama.cpp
+ * feed identical integers to the dot products and agree to the last token:
+ * q = round-half-even(x * 127/amax); the Q8_0/Q8_1 scale and Q8_1's sum are
+ * stored rounded to float16 (ggml keeps them as f16); Q8_K maps the element
+ * of largest magnitude to -127 and keeps d = 1/iscale in float. */
 
 static int8_t round_q8(float v) { return (int8_t)lrintf(v); }
+
+static float f16_round(float v) { return li_f16_to_f32(li_f32_to_f16(v)); }
 
 static void quant_act_f32(const float *x, void *dst, int64_t k) { memcpy(dst, x, (size_t)k * 4); }
 
@@ -255,8 +262,9 @@ static float absmax(const float *x, int n) {
 static void quant_act_q8_0(const float *x, void *dst, int64_t k) {
     act_q8_0 *y = (act_q8_0 *)dst;
     for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
-        const float d = absmax(x, QK8_0) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[i].d = d;
+        const float amax = absmax(x, QK8_0);
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[i].d = f16_round(amax / 127.0f);
         for (int j = 0; j < QK8_0; j++) y[i].qs[j] = round_q8(x[j] * id);
     }
 }
@@ -264,26 +272,38 @@ static void quant_act_q8_0(const float *x, void *dst, int64_t k) {
 static void quant_act_q8_1(const float *x, void *dst, int64_t k) {
     act_q8_1 *y = (act_q8_1 *)dst;
     for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
-        const float d = absmax(x, QK8_0) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float amax = absmax(x, QK8_0);
+        const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
         int sum = 0;
         for (int j = 0; j < QK8_0; j++) {
             y[i].qs[j] = round_q8(x[j] * id);
             sum += y[i].qs[j];
         }
-        y[i].d = d;
-        y[i].s = d * (float)sum;
+        y[i].d = f16_round(d);
+        y[i].s = f16_round(d * (float)sum);
     }
 }
 
 static void quant_act_q8_K(const float *x, void *dst, int64_t k) {
     act_q8_K *y = (act_q8_K *)dst;
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
-        const float d = absmax(x, QK_K) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[i].d = d;
+        float amax = 0.0f, mx = 0.0f; /* the first element of largest magnitude, signed */
+        for (int j = 0; j < QK_K; j++)
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                mx = x[j];
+            }
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof(y[i]));
+            continue;
+        }
+        const float iscale = -127.0f / mx;
+        y[i].d = 1.0f / iscale;
         for (int g = 0; g < QK_K / 16; g++) {
             int sum = 0;
             for (int l = 0; l < 16; l++) {
-                y[i].qs[16 * g + l] = round_q8(x[16 * g + l] * id);
+                const int v = (int)lrintf(iscale * x[16 * g + l]);
+                y[i].qs[16 * g + l] = (int8_t)LI_MIN(127, v);
                 sum += y[i].qs[16 * g + l];
             }
             y[i].bsums[g] = (int16_t)sum;
