@@ -552,74 +552,161 @@ static void dot_bf16(int64_t k, const void *w, const void *x, size_t xs, int nc,
         for (int c = 0; c < nc; c++) s[c] = hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));          \
     }
 
-LI_INLINE __m256i signed_q4_0(const block_q4_0 *b) {
-    return _mm256_sub_epi8(unpack_q4(b->qs), _mm256_set1_epi8(8));
-}
-LI_INLINE __m256i signed_q5_0(const block_q5_0 *b) {
-    /* q - 16: the nibble, with the top nibble set (minus 16) where bit 4 is clear */
-    return _mm256_or_si256(nibbles_lo_hi(b->qs),
-                           _mm256_andnot_si256(bits_to_mask(b->qh), _mm256_set1_epi8((char)0xf0)));
-}
 LI_INLINE __m256i signed_q8_0(const block_q8_0 *b) { return loadu(b->qs); }
 
-SYM32_DOT_WORKER(dot_q4_0_n, block_q4_0, signed_q4_0)
-SYM32_DOT_WORKER(dot_q5_0_n, block_q5_0, signed_q5_0)
 SYM32_DOT_WORKER(dot_q8_0_n, block_q8_0, signed_q8_0)
 
-static void dot_q4_0(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q4_0_n, k, w, x, xs, nc, s)
-}
-static void dot_q5_0(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q5_0_n, k, w, x, xs, nc, s)
-}
 static void dot_q8_0(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
     DISPATCH_NC(dot_q8_0_n, k, w, x, xs, nc, s)
 }
 
-/* 32-element blocks with a min against act_q8_1: acc += d*dx*sum(u*qx) + m*sx */
-#define MIN32_DOT_WORKER(name, BT, unsigned_q)                                                  \
-    LI_INLINE void name##_step(const BT *b, int64_t i, const void *x, size_t xs, __m256 *acc, \
-                               float *macc, const int nc) {                                     \
-        const __m256i u = unsigned_q(&b[i]);                                                    \
-        const float d = f16(b[i].d), m = f16(b[i].m);                                           \
-        for (int c = 0; c < nc; c++) {                                                          \
-            const act_q8_1 *a = ACT_ROW(act_q8_1, x, c, xs) + i;                                \
-            const __m256 p = _mm256_cvtepi32_ps(mul_sum_us8(u, loadu(a->qs)));                  \
-            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * a->d), acc[c]);                      \
-            macc[c] += m * a->s;                                                                \
-        }                                                                                       \
-    }                                                                                           \
-    LI_INLINE void name(int64_t k, const void *w, const void *x, size_t xs, float *s,          \
-                        const int nc) {                                                         \
-        const BT *b = (const BT *)w;                                                            \
-        const int64_t nb = k / 32;                                                              \
-        __m256 acc0[LI_DOT_MAX_NC], acc1[LI_DOT_MAX_NC];                                        \
-        float macc[LI_DOT_MAX_NC];                                                              \
-        for (int c = 0; c < nc; c++) {                                                          \
-            acc0[c] = acc1[c] = _mm256_setzero_ps();                                            \
-            macc[c] = 0.0f;                                                                     \
-        }                                                                                       \
-        int64_t i = 0;                                                                          \
-        for (; i + 2 <= nb; i += 2) {                                                           \
-            name##_step(b, i, x, xs, acc0, macc, nc);                                           \
-            name##_step(b, i + 1, x, xs, acc1, macc, nc);                                       \
-        }                                                                                       \
-        if (i < nb) name##_step(b, i, x, xs, acc0, macc, nc);                                   \
-        for (int c = 0; c < nc; c++) s[c] = hsum_ps(_mm256_add_ps(acc0[c], acc1[c])) + macc[c]; \
-    }
+/* Q4_0, Q5_0 (against act_q8_0) and Q4_1, Q5_1 (against act_q8_1): several
+ * weight rows at once, four blocks at a time. Weights stay unsigned (u = q +
+ * off for Q4_0 / Q5_0), so vpmaddubsw takes them as they are and the offset
+ * comes back out as off * sum(qx), computed once per activation block for all
+ * rows. The four blocks' 16-bit pair sums are folded with vphaddw into one
+ * vector (lanes 0-3: first halves of blocks 0-3, lanes 4-7: second halves),
+ * so the widening, the convert and the scale multiply happen once per four
+ * blocks. Every 16-bit lane ends as a sum of 8 products of at most 31 * 127 in
+ * magnitude (16 * 127 once the offset is out), so nothing overflows. */
 
+LI_INLINE __m256i fold4_i16(const __m256i p[4]) {
+    return _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
+}
+
+/* four f16 values at p, p + stride, ... (bytes) as floats */
+LI_INLINE __m128 f16x4(const uint8_t *p, size_t stride) {
+    uint16_t h[4];
+    for (int j = 0; j < 4; j++) memcpy(&h[j], p + j * stride, 2);
+    __m128i v = _mm_cvtsi32_si128(h[0]);
+    v = _mm_insert_epi16(v, h[1], 1);
+    v = _mm_insert_epi16(v, h[2], 2);
+    v = _mm_insert_epi16(v, h[3], 3);
+    return _mm_cvtph_ps(v);
+}
+
+LI_INLINE __m256 dup128(__m128 v) { return _mm256_set_m128(v, v); }
+
+LI_INLINE __m256i unsigned_q4_0(const block_q4_0 *b) { return unpack_q4(b->qs); }
+LI_INLINE __m256i unsigned_q5_0(const block_q5_0 *b) { return unpack_q5(b->qh, b->qs); }
 LI_INLINE __m256i unsigned_q4_1(const block_q4_1 *b) { return unpack_q4(b->qs); }
 LI_INLINE __m256i unsigned_q5_1(const block_q5_1 *b) { return unpack_q5(b->qh, b->qs); }
 
-MIN32_DOT_WORKER(dot_q4_1_n, block_q4_1, unsigned_q4_1)
-MIN32_DOT_WORKER(dot_q5_1_n, block_q5_1, unsigned_q5_1)
+/* acc[r][c] collects row r x column c; `off` the weight offset (0: a type with a min) */
+#define ROWS32_WORKER(name, BT, AT, unsigned_q, off, has_min, act_sum)                                   \
+    LI_INLINE void name(int64_t k, const void *w, size_t ws, const void *x, size_t xs,         \
+                        float *y, size_t ys, const int nr, const int nc) {                      \
+        const int64_t nb = k / 32;                                                              \
+        const __m256i one = _mm256_set1_epi16(1), voff = _mm256_set1_epi8(off);                 \
+        __m256 acc[LI_DOT_MAX_NR][LI_DOT_MAX_NC];                                               \
+        __m128 macc[LI_DOT_MAX_NR][LI_DOT_MAX_NC];                                              \
+        for (int r = 0; r < nr; r++)                                                            \
+            for (int c = 0; c < nc; c++) {                                                      \
+                acc[r][c] = _mm256_setzero_ps();                                                \
+                macc[r][c] = _mm_setzero_ps();                                                  \
+            }                                                                                   \
+        int64_t i = 0;                                                                          \
+        for (; i + 4 <= nb; i += 4) {                                                           \
+            __m256i corr[LI_DOT_MAX_NC];                                                        \
+            __m128 da[LI_DOT_MAX_NC], sa[LI_DOT_MAX_NC];                                        \
+            for (int c = 0; c < nc; c++) {                                                      \
+                const AT *a = ACT_ROW(AT, x, c, xs) + i;                                        \
+                da[c] = _mm_set_ps(a[3].d, a[2].d, a[1].d, a[0].d);                             \
+                if (has_min) sa[c] = _mm_set_ps(act_sum(&a[3]), act_sum(&a[2]), act_sum(&a[1]), act_sum(&a[0]));                \
+                if (off) {                                                                      \
+                    __m256i p[4];                                                               \
+                    for (int j = 0; j < 4; j++) p[j] = _mm256_maddubs_epi16(voff, loadu(a[j].qs)); \
+                    corr[c] = fold4_i16(p);                                                     \
+                }                                                                               \
+            }                                                                                   \
+            for (int r = 0; r < nr; r++) {                                                      \
+                const BT *b = (const BT *)((const char *)w + (size_t)r * ws) + i;               \
+                __m256i u[4];                                                                   \
+                for (int j = 0; j < 4; j++) u[j] = unsigned_q(&b[j]);                           \
+                const __m128 dw = f16x4((const uint8_t *)&b[0].d, sizeof(BT));                  \
+                __m128 mw = _mm_setzero_ps();                                                   \
+                if (has_min) mw = f16x4((const uint8_t *)&b[0].d + 2, sizeof(BT));              \
+                for (int c = 0; c < nc; c++) {                                                  \
+                    const AT *a = ACT_ROW(AT, x, c, xs) + i;                                    \
+                    __m256i p[4];                                                               \
+                    for (int j = 0; j < 4; j++) p[j] = _mm256_maddubs_epi16(u[j], loadu(a[j].qs)); \
+                    __m256i h = fold4_i16(p);                                                   \
+                    if (off) h = _mm256_sub_epi16(h, corr[c]);                                  \
+                    h = _mm256_madd_epi16(h, one);                                              \
+                    const __m256 sc = dup128(_mm_mul_ps(dw, da[c]));                            \
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), sc, acc[r][c]);          \
+                    if (has_min) macc[r][c] = _mm_fmadd_ps(mw, sa[c], macc[r][c]);              \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (; i < nb; i++) /* the last k/32 % 4 blocks, one at a time */                       \
+            for (int c = 0; c < nc; c++) {                                                      \
+                const AT *a = ACT_ROW(AT, x, c, xs) + i;                                        \
+                const __m256i aq = loadu(a->qs);                                                \
+                const __m256i cb = _mm256_maddubs_epi16(voff, aq);                              \
+                for (int r = 0; r < nr; r++) {                                                  \
+                    const BT *b = (const BT *)((const char *)w + (size_t)r * ws) + i;           \
+                    __m256i p = _mm256_maddubs_epi16(unsigned_q(b), aq);                        \
+                    if (off) p = _mm256_sub_epi16(p, cb);                                       \
+                    const __m256 sc = _mm256_set1_ps(f16(b->d) * a->d);                         \
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, one)),  \
+                                                sc, acc[r][c]);                                 \
+                    if (has_min) {                                                              \
+                        const float m = f16(((const uint16_t *)&b->d)[1]);                      \
+                        macc[r][c] = _mm_add_ss(macc[r][c], _mm_set_ss(m * act_sum(a)));              \
+                    }                                                                           \
+                }                                                                               \
+            }                                                                                   \
+        for (int r = 0; r < nr; r++)                                                            \
+            for (int c = 0; c < nc; c++) {                                                      \
+                float t = hsum_ps(acc[r][c]);                                                   \
+                if (has_min) t += hsum_ps(_mm256_castps128_ps256(macc[r][c]) /* upper: 0 */);  \
+                y[(size_t)c * ys + r] = t;                                                      \
+            }                                                                                   \
+    }
 
-static void dot_q4_1(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q4_1_n, k, w, x, xs, nc, s)
-}
-static void dot_q5_1(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q5_1_n, k, w, x, xs, nc, s)
-}
+/* one row at a time when several columns are asked for: acc[r][c] stays in registers */
+#define DISPATCH_ROWS(worker, k, w, ws, nr, x, xs, nc, y, ys)                                   \
+    if (nc == 1) {                                                                              \
+        switch (nr) {                                                                           \
+        case 1: worker(k, w, ws, x, xs, y, ys, 1, 1); break;                                    \
+        case 2: worker(k, w, ws, x, xs, y, ys, 2, 1); break;                                    \
+        case 3: worker(k, w, ws, x, xs, y, ys, 3, 1); break;                                    \
+        default: worker(k, w, ws, x, xs, y, ys, 4, 1); break;                                   \
+        }                                                                                       \
+    } else {                                                                                    \
+        for (int r = 0; r < nr; r++) {                                                          \
+            const void *wr = (const char *)(w) + (size_t)r * (ws);                              \
+            switch (nc) {                                                                       \
+            case 2: worker(k, wr, ws, x, xs, y + r, ys, 1, 2); break;                           \
+            case 3: worker(k, wr, ws, x, xs, y + r, ys, 1, 3); break;                           \
+            default: worker(k, wr, ws, x, xs, y + r, ys, 1, 4); break;                          \
+            }                                                                                   \
+        }                                                                                       \
+    }
+LI_STATIC_ASSERT(LI_DOT_MAX_NR == 4, "DISPATCH_ROWS covers nr up to 4");
+
+/* d * sum(q) of an activation block: act_q8_1 stores it; act_q8_0 has none (never used) */
+LI_INLINE float act_sum_q8_0(const act_q8_0 *a) { (void)a; return 0.0f; }
+LI_INLINE float act_sum_q8_1(const act_q8_1 *a) { return a->s; }
+
+ROWS32_WORKER(rows_q4_0, block_q4_0, act_q8_0, unsigned_q4_0, 8, 0, act_sum_q8_0)
+ROWS32_WORKER(rows_q5_0, block_q5_0, act_q8_0, unsigned_q5_0, 16, 0, act_sum_q8_0)
+ROWS32_WORKER(rows_q4_1, block_q4_1, act_q8_1, unsigned_q4_1, 0, 1, act_sum_q8_1)
+ROWS32_WORKER(rows_q5_1, block_q5_1, act_q8_1, unsigned_q5_1, 0, 1, act_sum_q8_1)
+
+#define ROWS32_ENTRIES(T)                                                                       \
+    static void dot_rows_##T(int64_t k, const void *w, size_t ws, int nr, const void *x,       \
+                             size_t xs, int nc, float *y, size_t ys) {                          \
+        DISPATCH_ROWS(rows_##T, k, w, ws, nr, x, xs, nc, y, ys)                                 \
+    }                                                                                           \
+    static void dot_##T(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) { \
+        dot_rows_##T(k, w, 0, 1, x, xs, nc, s, 1);                                              \
+    }
+ROWS32_ENTRIES(q4_0)
+ROWS32_ENTRIES(q5_0)
+ROWS32_ENTRIES(q4_1)
+ROWS32_ENTRIES(q5_1)
 
 /* K-quants against act_q8_K. The integer sum of a super-block stays in 8
  * int32 lanes; its scale (and the min term, from the activation's per-16
@@ -931,6 +1018,10 @@ void li_kernels_fill_avx2(li_kernels *t) {
     SET(Q2_K, q2_K) SET(Q3_K, q3_K) SET(Q4_K, q4_K) SET(Q5_K, q5_K) SET(Q6_K, q6_K);
 #undef SET
     t->dot[LI_TYPE_F32] = dot_f32; /* F32 rows dequantize by memcpy, kept from the scalar table */
+    t->dot_rows[LI_TYPE_Q4_0] = dot_rows_q4_0;
+    t->dot_rows[LI_TYPE_Q5_0] = dot_rows_q5_0;
+    t->dot_rows[LI_TYPE_Q4_1] = dot_rows_q4_1;
+    t->dot_rows[LI_TYPE_Q5_1] = dot_rows_q5_1;
     t->quant_act[LI_ACT_Q8_0] = quant_act_q8_0;
     t->quant_act[LI_ACT_Q8_1] = quant_act_q8_1;
     t->quant_act[LI_ACT_Q8_K] = quant_act_q8_K;
