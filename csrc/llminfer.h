@@ -107,6 +107,22 @@ enum li_rope_mode { LI_ROPE_NORM = 0, LI_ROPE_NEOX = 2 };
 int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,
             const int32_t *pos, float freq_base, float freq_scale, int mode);
 
+/* ---- benchmark and test helpers (bench.c) ---- */
+/* Reads `bytes` of buf (8-byte words) on n_threads threads, each its contiguous
+ * share; returns their sum, so the reads cannot be left out. */
+uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads);
+enum li_vec_op {
+    LI_VEC_DOT_F32 = 0,     /* *result = a . b            (a, b float) */
+    LI_VEC_DOT_F32_F16 = 1, /* *result = a . b            (a float, b f16) */
+    LI_VEC_AXPY_F32 = 2,    /* b += alpha * a             (a, b float) */
+    LI_VEC_AXPY_F16 = 3,    /* b += alpha * a             (a f16, b float) */
+    LI_VEC_SCALE_F32 = 4,   /* b *= alpha                 (b float; a unused but not NULL) */
+    LI_VEC_F32_TO_F16 = 5,  /* b = a                      (a float, b f16) */
+    LI_VEC_F16_TO_F32 = 6   /* b = a                      (a f16, b float) */
+};
+/* One vector kernel of the active level on n elements; the caller sizes the buffers. */
+int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float *result);
+
 #ifdef __cplusplus
 }
 #endif

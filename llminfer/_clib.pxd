@@ -1,5 +1,5 @@
 # Mirrors csrc/llminfer.h: the C core's public interface.
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 cdef extern from "llminfer.h" nogil:
     int LI_OK, LI_E_ARG, LI_E_TYPE, LI_E_SHAPE, LI_E_NOMEM, LI_E_ISA, LI_E_CONTEXT, LI_E_TOKEN
@@ -35,3 +35,9 @@ cdef extern from "llminfer.h" nogil:
     int li_mul(const float *a, const float *b, int64_t n, float *y)
     int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,
                 const int32_t *pos, float freq_base, float freq_scale, int mode)
+
+    # benchmark and test helpers (bench.c)
+    uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads)
+    int LI_VEC_DOT_F32, LI_VEC_DOT_F32_F16, LI_VEC_AXPY_F32, LI_VEC_AXPY_F16
+    int LI_VEC_SCALE_F32, LI_VEC_F32_TO_F16, LI_VEC_F16_TO_F32
+    int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float *result)
