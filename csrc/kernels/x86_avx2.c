@@ -90,6 +90,12 @@ LI_INLINE __m256i mul_sum_ss8(__m256i absq, __m256i q, __m256i a) {
     return mul_sum_us8(absq, _mm256_sign_epi8(a, q));
 }
 
+/* four vectors of 16 int16 lanes summed pairwise twice (wrapping): lanes
+ * 2j, 2j+1 of each 128-bit half hold the sums of p[j]'s 8 lanes there */
+LI_INLINE __m256i fold4_i16(const __m256i p[4]) {
+    return _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
+}
+
 /* int16 lane j of v (a 128-bit lane repeated twice) broadcast to all lanes */
 LI_INLINE __m256i bcast_i16(__m256i v, int j) {
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)((2 * j + 1) << 8 | 2 * j)));
@@ -105,6 +111,25 @@ LI_INLINE void group16_weights(__m256i s, __m256i wts[8]) {
         wts[v] = _mm256_shuffle_epi8(lo, m);
         wts[v + 4] = _mm256_shuffle_epi8(hi, m);
     }
+}
+
+/* For groups of 16 when four vectors are folded (fold4_i16): lanes 2j, 2j+1
+ * of the low half belong to group 2(4g + j), of the high half to group
+ * 2(4g + j) + 1, so the weights are the even groups' scales, doubled, in the
+ * low half and the odd groups' in the high half (g = 0: groups 0-7, 1: 8-15). */
+LI_INLINE void group16_fold_weights(__m256i s, __m256i wts[2]) {
+    const __m256i m = combine128(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13),
+                                 _mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
+    wts[0] = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(s, 0x44), m);
+    wts[1] = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(s, 0xee), m);
+}
+
+/* sum over four vectors of u (unsigned, at most 7) times 128 activation
+ * bytes at a, each 16-bit lane weighted by wts after folding */
+LI_INLINE __m256i fold4_dot(const __m256i u[4], const int8_t *a, __m256i wts) {
+    __m256i p[4];
+    for (int j = 0; j < 4; j++) p[j] = _mm256_maddubs_epi16(u[j], loadu(a + 32 * j));
+    return _mm256_madd_epi16(fold4_i16(p), wts);
 }
 
 /* write 32 floats: scale * q[j] for the 32 signed bytes of q (no rounding
@@ -157,15 +182,18 @@ LI_INLINE void unpack_q2_K(const block_q2_K *b, __m256i u[8], __m256i *sc, __m25
 /* Q3_K: u[v] = q + 4 (0..7); sc the signed 6-bit scales (minus 32) as int16 */
 LI_INLINE void unpack_q3_K(const block_q3_K *b, __m256i u[8], __m256i *sc) {
     const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
-    __m256i hm = loadu(b->hmask); /* bit v of byte l: element 32v + l has its high bit */
+    const __m256i hm = loadu(b->hmask); /* bit v of byte l: element 32v + l has its high bit */
+    /* bit v of each byte moved to bit 2 (the mask keeps only that bit, so the
+     * 16-bit shifts never mix the two bytes of a lane) */
+    const __m256i hb[8] = {
+        _mm256_slli_epi16(hm, 2), _mm256_slli_epi16(hm, 1), hm, _mm256_srli_epi16(hm, 1),
+        _mm256_srli_epi16(hm, 2), _mm256_srli_epi16(hm, 3), _mm256_srli_epi16(hm, 4),
+        _mm256_srli_epi16(hm, 5)};
     for (int h = 0; h < 2; h++) {
         const __m256i x = loadu(b->qs + 32 * h);
         for (int s = 0; s < 4; s++) {
             const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(x, 2 * s), m3);
-            /* bit 0 of each byte of hm to bit 2; then hm moves on one bit */
-            const __m256i hi = _mm256_and_si256(_mm256_slli_epi16(hm, 2), four);
-            u[4 * h + s] = _mm256_or_si256(lo, hi);
-            hm = _mm256_srli_epi16(hm, 1);
+            u[4 * h + s] = _mm256_or_si256(lo, _mm256_and_si256(hb[4 * h + s], four));
         }
     }
     /* low 4 bits of group g in bytes 0-7 (g % 8, nibble g / 8), high 2 bits in
@@ -570,9 +598,6 @@ static void dot_q8_0(int64_t k, const void *w, const void *x, size_t xs, int nc,
  * blocks. Every 16-bit lane ends as a sum of 8 products of at most 31 * 127 in
  * magnitude (16 * 127 once the offset is out), so nothing overflows. */
 
-LI_INLINE __m256i fold4_i16(const __m256i p[4]) {
-    return _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
-}
 
 /* four f16 values at p, p + stride, ... (bytes) as floats */
 LI_INLINE __m128 f16x4(const uint8_t *p, size_t stride) {
@@ -718,15 +743,15 @@ LI_INLINE void dot_q2_K_n(int64_t k, const void *w, const void *x, size_t xs, fl
     __m256 acc[LI_DOT_MAX_NC];
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; i++) {
-        __m256i u[8], sc, mn, wts[8];
+        __m256i u[8], sc, mn, wts[2];
         unpack_q2_K(&b[i], u, &sc, &mn);
-        group16_weights(sc, wts);
+        group16_fold_weights(sc, wts);
         const float d = f16(b[i].d), dmin = f16(b[i].dmin);
         for (int c = 0; c < nc; c++) {
             const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
             __m256i isum = _mm256_setzero_si256();
-            for (int v = 0; v < 8; v++)
-                isum = _mm256_add_epi32(isum, mul_sum_us8_w(u[v], loadu(a->qs + 32 * v), wts[v]));
+            for (int g = 0; g < 2; g++)
+                isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a->qs + 128 * g, wts[g]));
             const __m256i imin = _mm256_madd_epi16(mn, loadu(a->bsums));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), acc[c]);
             acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_set1_ps(dmin * a->d), acc[c]);
@@ -741,15 +766,15 @@ LI_INLINE void dot_q3_K_n(int64_t k, const void *w, const void *x, size_t xs, fl
     __m256 acc[LI_DOT_MAX_NC];
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; i++) {
-        __m256i u[8], sc, wts[8];
+        __m256i u[8], sc, wts[2];
         unpack_q3_K(&b[i], u, &sc);
-        group16_weights(sc, wts);
+        group16_fold_weights(sc, wts);
         const float d = f16(b[i].d);
         for (int c = 0; c < nc; c++) {
             const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
             __m256i isum = _mm256_setzero_si256();
-            for (int v = 0; v < 8; v++)
-                isum = _mm256_add_epi32(isum, mul_sum_us8_w(u[v], loadu(a->qs + 32 * v), wts[v]));
+            for (int g = 0; g < 2; g++)
+                isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a->qs + 128 * g, wts[g]));
             /* u = q + 4: take 4 * sum(sc * group sums) back out */
             const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a->bsums)), 2);
             isum = _mm256_sub_epi32(isum, off);
@@ -759,13 +784,22 @@ LI_INLINE void dot_q3_K_n(int64_t k, const void *w, const void *x, size_t xs, fl
     for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
 }
 
-/* Q4_K and Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and min */
+/* Q4_K and Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and min. The
+ * pair sums of four sub-blocks are folded with vphaddw (each 16-bit lane then
+ * holds 8 products of at most 31 * 127: no overflow), so one vpmaddwd applies
+ * four scales at once: lanes 2j, 2j+1 of each 128-bit half belong to
+ * sub-block j of the four. */
 LI_INLINE void k_groups32_dot(const __m256i u[8], __m128i sc8, __m128i mn8, float d, float dmin,
                               const act_q8_K *a, __m256 *acc) {
-    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8));
+    const __m256i sc2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8)); /* s0 s0 s1 s1 .. s7 s7 */
     __m256i isum = _mm256_setzero_si256();
-    for (int v = 0; v < 8; v++)
-        isum = _mm256_add_epi32(isum, mul_sum_us8_w(u[v], loadu(a->qs + 32 * v), bcast_i16(sc, v)));
+    for (int g = 0; g < 2; g++) {
+        __m256i p[4];
+        for (int j = 0; j < 4; j++)
+            p[j] = _mm256_maddubs_epi16(u[4 * g + j], loadu(a->qs + 32 * (4 * g + j)));
+        const __m256i wts = _mm256_permute4x64_epi64(sc2, g ? 0xee : 0x44);
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(fold4_i16(p), wts));
+    }
     /* min of sub-block v times its two group sums: mins doubled, one per group of 16 */
     const __m256i mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
     const __m256i imin = _mm256_madd_epi16(mn, loadu(a->bsums));
