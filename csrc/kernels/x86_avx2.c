@@ -5,15 +5,18 @@
  * Layout of this file: small helpers; then per weight type an `unpack_*` that
  * turns a block into 32-byte vectors of small unsigned integers (element order
  * kept, 32 elements a vector) plus its scales, shared by the dequantizer and
- * the dot product; then the activation quantizers; then the vector ops.
+ * the dot product; then the dequantizers, the activation quantizers, the dot
+ * products (and dot_rows, several weight rows per call, for Q4_0, Q4_1, Q5_0
+ * and Q5_1), and the vector ops.
  *
  * Dequantizers do the scalar file's float operations in its order (mul then
  * add or sub, never fused), so their results are bit-identical to it and to
  * gguf's numpy code. Activation quantizers round half to even like lrintf,
  * giving the scalar file's bytes. Dot products multiply 8-bit integers with
  * vpmaddubsw (unsigned weight x signed activation) and vpmaddwd, apply the
- * scales per block in float, and reuse one decoded weight block for all the
- * nc activation rows; their float sums are ordered differently from the
+ * scales per block (or per four blocks, after folding their pair sums) in
+ * float, and reuse one decoded weight block for all the nc activation rows;
+ * their float sums are ordered differently from the
  * scalar ones, so they agree within rounding, not bit for bit.
  */
 #include "kernels.h"
