@@ -166,6 +166,22 @@ size_t li_context_kv_bytes(const li_context *c, int il);
 int li_context_forward(li_context *c, const int32_t *tokens, int n, int pos0, int logits_all,
                        float *logits, size_t logits_size, int n_threads);
 
+/* ---- benchmark and test helpers (bench.c) ---- */
+/* Reads `bytes` of buf (8-byte words) on n_threads threads, each its contiguous
+ * share; returns their sum, so the reads cannot be left out. */
+uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads);
+enum li_vec_op {
+    LI_VEC_DOT_F32 = 0,     /* *result = a . b            (a, b float) */
+    LI_VEC_DOT_F32_F16 = 1, /* *result = a . b            (a float, b f16) */
+    LI_VEC_AXPY_F32 = 2,    /* b += alpha * a             (a, b float) */
+    LI_VEC_AXPY_F16 = 3,    /* b += alpha * a             (a f16, b float) */
+    LI_VEC_SCALE_F32 = 4,   /* b *= alpha                 (b float; a unused but not NULL) */
+    LI_VEC_F32_TO_F16 = 5,  /* b = a                      (a float, b f16) */
+    LI_VEC_F16_TO_F32 = 6   /* b = a                      (a f16, b float) */
+};
+/* One vector kernel of the active level on n elements; the caller sizes the buffers. */
+int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float *result);
+
 #ifdef __cplusplus
 }
 #endif

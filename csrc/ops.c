@@ -55,7 +55,9 @@ void li_quantize_acts(int type, const float *x, int64_t x_stride, int64_t n, int
 void li_matmul_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
                  int ith, int nth) {
     const li_dot_fn dot = li_K->dot[w->type];
+    const li_dot_rows_fn dot_rows = li_K->dot_rows[w->type];
     const size_t xs = li_act_row_bytes(li_types[w->type].act_type, w->k);
+    const char *wd = (const char *)w->data;
     int64_t lo, hi;
     li_split(w->rows, ith, nth, &lo, &hi);
     float s[LI_DOT_MAX_NC];
@@ -64,8 +66,15 @@ void li_matmul_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_
         for (int64_t c0 = 0; c0 < n; c0 += LI_DOT_MAX_NC) {
             const int nc = (int)LI_MIN(LI_DOT_MAX_NC, n - c0);
             const char *xc = (const char *)xq + (size_t)c0 * xs;
+            if (dot_rows) {
+                for (int64_t r = r0; r < r1; r += LI_DOT_MAX_NR)
+                    dot_rows(w->k, wd + (size_t)r * w->row_bytes, w->row_bytes,
+                             (int)LI_MIN(LI_DOT_MAX_NR, r1 - r), xc, xs, nc,
+                             y + c0 * y_stride + r, (size_t)y_stride);
+                continue;
+            }
             for (int64_t r = r0; r < r1; r++) {
-                dot(w->k, (const char *)w->data + (size_t)r * w->row_bytes, xc, xs, nc, s);
+                dot(w->k, wd + (size_t)r * w->row_bytes, xc, xs, nc, s);
                 for (int c = 0; c < nc; c++) y[(c0 + c) * y_stride + r] = s[c];
             }
         }

@@ -1,5 +1,5 @@
 # Mirrors csrc/llminfer.h: the C core's public interface.
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 cdef extern from "llminfer.h" nogil:
     int LI_OK, LI_E_ARG, LI_E_TYPE, LI_E_SHAPE, LI_E_NOMEM, LI_E_ISA, LI_E_CONTEXT, LI_E_TOKEN
@@ -80,3 +80,9 @@ cdef extern from "llminfer.h" nogil:
     size_t li_context_kv_bytes(const li_context *c, int il)
     int li_context_forward(li_context *c, const int32_t *tokens, int n, int pos0, int logits_all,
                            float *logits, size_t logits_size, int n_threads)
+
+    # benchmark and test helpers (bench.c)
+    uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads)
+    int LI_VEC_DOT_F32, LI_VEC_DOT_F32_F16, LI_VEC_AXPY_F32, LI_VEC_AXPY_F16
+    int LI_VEC_SCALE_F32, LI_VEC_F32_TO_F16, LI_VEC_F16_TO_F32
+    int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float *result)

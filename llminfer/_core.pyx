@@ -4,7 +4,7 @@ callers in llminfer.ops check shapes and types and name the problem; here
 arrays become pointers, the GIL is released around every kernel, and C
 status codes become llminfer.errors exceptions."""
 
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
 cimport llminfer._clib as C
 
@@ -284,3 +284,40 @@ cdef class Context:
     def __dealloc__(self):
         if self.ctx != NULL:
             C.li_context_free(self.ctx)
+
+# ---- benchmark and test helpers (csrc/bench.c) ----
+
+def bench_read(const uint8_t[::1] buf, int n_threads):
+    """Reads every byte of buf on n_threads threads; returns a checksum."""
+    cdef uint64_t r
+    with nogil:
+        r = C.li_bench_read(&buf[0], buf.shape[0], n_threads)
+    return r
+
+
+# element sizes (bytes) of (a, b) per vector op, for the size checks below
+_VEC_OPS = {
+    "dot_f32": (C.LI_VEC_DOT_F32, 4, 4), "dot_f32_f16": (C.LI_VEC_DOT_F32_F16, 4, 2),
+    "axpy_f32": (C.LI_VEC_AXPY_F32, 4, 4), "axpy_f16": (C.LI_VEC_AXPY_F16, 2, 4),
+    "scale_f32": (C.LI_VEC_SCALE_F32, 4, 4), "f32_to_f16": (C.LI_VEC_F32_TO_F16, 4, 2),
+    "f16_to_f32": (C.LI_VEC_F16_TO_F32, 2, 4),
+}
+
+
+def vec_kernel(str op, float alpha, a, b):
+    """Runs the active level's vector kernel `op` (see li_vec_op) on numpy
+    arrays a (read) and b (read and written, in place); returns the dot
+    product for the dot ops, else None. For tests."""
+    code, sa, sb = _VEC_OPS[op]
+    cdef int64_t n = b.nbytes // sb
+    if a.nbytes != n * sa or b.nbytes != n * sb or not (a.flags.c_contiguous and b.flags.c_contiguous):
+        raise errors.ShapeError(f"{op}: a ({a.dtype}, {a.size}) and b ({b.dtype}, {b.size}) do not pair up")
+    cdef const uint8_t[::1] av = a.reshape(-1).view(np.uint8) if n else np.zeros(1, np.uint8)
+    cdef uint8_t[::1] bv = b.reshape(-1).view(np.uint8) if n else np.zeros(1, np.uint8)
+    cdef float r = 0
+    cdef int st
+    cdef int c = code
+    with nogil:
+        st = C.li_vec_kernel(c, alpha, &av[0], &bv[0], n, &r)
+    check(st, op)
+    return r if op.startswith("dot") else None

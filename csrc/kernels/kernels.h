@@ -35,10 +35,22 @@ typedef void (*li_quant_act_fn)(const float *src, void *dst, int64_t k);
 typedef void (*li_dot_fn)(int64_t k, const void *w, const void *x, size_t x_stride, int nc,
                           float *s);
 
+/* Most weight rows one dot_rows call takes. */
+#define LI_DOT_MAX_NR 4
+/* y[c * y_stride + r] = dot(weight row r, activation row c) for r < nr <= LI_DOT_MAX_NR and
+ * c < nc <= LI_DOT_MAX_NC, where weight row r starts at (const char *)w + r * w_stride.
+ * Several weight rows at once let a level share the per-block activation work
+ * (loads, sums, scales) between rows, which is what decode (nc = 1) is short of.
+ * Optional: where a table's entry is NULL, li_matmul_q calls `dot` row by row,
+ * so `dot` stays the reference and a level may leave this out. */
+typedef void (*li_dot_rows_fn)(int64_t k, const void *w, size_t w_stride, int nr, const void *x,
+                               size_t x_stride, int nc, float *y, size_t y_stride);
+
 typedef struct li_kernels {
     int isa;
     li_dequant_fn dequant[LI_TYPE_COUNT];
     li_dot_fn dot[LI_TYPE_COUNT];
+    li_dot_rows_fn dot_rows[LI_TYPE_COUNT]; /* NULL where the level has none */
     li_quant_act_fn quant_act[LI_ACT_COUNT];
 
     /* y = x * (1/sqrt(mean(x^2)+eps)) * w (w may be NULL) */

@@ -1,14 +1,1124 @@
 /* x86_avx2.c: kernels for x86-64 with AVX2, FMA and F16C (Haswell, Zen and
  * later). Built with -mavx2 -mfma -mf16c (/arch:AVX2); reached only after
- * dispatch.c has seen those features in cpuid. */
+ * dispatch.c has seen those features in cpuid.
+ *
+ * Layout of this file: small helpers; then per weight type an `unpack_*` that
+ * turns a block into 32-byte vectors of small unsigned integers (element order
+ * kept, 32 elements a vector) plus its scales, shared by the dequantizer and
+ * the dot product; then the dequantizers, the activation quantizers, the dot
+ * products (and dot_rows, several weight rows per call, for Q4_0, Q4_1, Q5_0
+ * and Q5_1), and the vector ops.
+ *
+ * Dequantizers do the scalar file's float operations in its order (mul then
+ * add or sub, never fused), so their results are bit-identical to it and to
+ * gguf's numpy code. Activation quantizers round half to even like lrintf,
+ * giving the scalar file's bytes. Dot products multiply 8-bit integers with
+ * vpmaddubsw (unsigned weight x signed activation) and vpmaddwd, apply the
+ * scales per block (or per four blocks, after folding their pair sums) in
+ * float, and reuse one decoded weight block for all the nc activation rows;
+ * their float sums are ordered differently from the
+ * scalar ones, so they agree within rounding, not bit for bit.
+ */
 #include "kernels.h"
 
 #if defined(LI_ARCH_X86) && defined(__AVX2__) && (defined(_MSC_VER) || (defined(__FMA__) && defined(__F16C__)))
 #include <immintrin.h>
+#include <math.h>
+
+#include "../common.h"
+
+/* ---- helpers ---- */
+
+#define ACT_ROW(T, x, c, stride) ((const T *)((const char *)(x) + (size_t)(c) * (stride)))
+
+LI_INLINE float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+LI_INLINE __m256i loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+LI_INLINE float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+LI_INLINE int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+LI_INLINE float hmax_ps(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+LI_INLINE __m256i combine128(__m128i lo, __m128i hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+/* 16 bytes of packed nibbles -> 32 bytes: the low nibbles, then the high ones */
+LI_INLINE __m256i nibbles_lo_hi(const uint8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(combine128(v, _mm_srli_epi16(v, 4)), _mm256_set1_epi8(15));
+}
+
+/* 32 bits -> 32 bytes, byte j all ones where bit j is set */
+LI_INLINE __m256i bits_to_mask(const uint8_t p[4]) {
+    uint32_t h;
+    memcpy(&h, p, 4);
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                             0x0101010101010101LL, 0);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), spread);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(x, bit), bit);
+}
+
+/* 8 lanes of sums of u[j] * s[j] over groups of 4 bytes; u unsigned, s signed,
+ * |u * s| pairs within int16 for every use here */
+LI_INLINE __m256i mul_sum_us8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* the same with each int16 pair product weighted by the int16 lanes of w */
+LI_INLINE __m256i mul_sum_us8_w(__m256i u, __m256i s, __m256i w) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), w);
+}
+
+/* a vector of (q * a) sums for signed q, a: |q| times a with q's sign */
+LI_INLINE __m256i mul_sum_ss8(__m256i absq, __m256i q, __m256i a) {
+    return mul_sum_us8(absq, _mm256_sign_epi8(a, q));
+}
+
+/* four vectors of 16 int16 lanes summed pairwise twice (wrapping): lanes
+ * 2j, 2j+1 of each 128-bit half hold the sums of p[j]'s 8 lanes there */
+LI_INLINE __m256i fold4_i16(const __m256i p[4]) {
+    return _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
+}
+
+/* int16 lane j of v (a 128-bit lane repeated twice) broadcast to all lanes */
+LI_INLINE __m256i bcast_i16(__m256i v, int j) {
+    return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)((2 * j + 1) << 8 | 2 * j)));
+}
+
+/* For groups of 16 (Q2_K, Q3_K, Q6_K): from 16 int16 scales s, the madd weights
+ * of vector v (elements 32v..32v+31): scale 2v in the low lane, 2v+1 in the high */
+LI_INLINE void group16_weights(__m256i s, __m256i wts[8]) {
+    const __m256i lo = _mm256_permute4x64_epi64(s, 0x44), hi = _mm256_permute4x64_epi64(s, 0xee);
+    for (int v = 0; v < 4; v++) {
+        const __m256i m = combine128(_mm_set1_epi16((short)((4 * v + 1) << 8 | 4 * v)),
+                                     _mm_set1_epi16((short)((4 * v + 3) << 8 | (4 * v + 2))));
+        wts[v] = _mm256_shuffle_epi8(lo, m);
+        wts[v + 4] = _mm256_shuffle_epi8(hi, m);
+    }
+}
+
+/* For groups of 16 when four vectors are folded (fold4_i16): lanes 2j, 2j+1
+ * of the low half belong to group 2(4g + j), of the high half to group
+ * 2(4g + j) + 1, so the weights are the even groups' scales, doubled, in the
+ * low half and the odd groups' in the high half (g = 0: groups 0-7, 1: 8-15). */
+LI_INLINE void group16_fold_weights(__m256i s, __m256i wts[2]) {
+    const __m256i m = combine128(_mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13),
+                                 _mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
+    wts[0] = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(s, 0x44), m);
+    wts[1] = _mm256_shuffle_epi8(_mm256_permute4x64_epi64(s, 0xee), m);
+}
+
+/* sum over four vectors of u (unsigned, at most 7) times 128 activation
+ * bytes at a, each 16-bit lane weighted by wts after folding */
+LI_INLINE __m256i fold4_dot(const __m256i u[4], const int8_t *a, __m256i wts) {
+    __m256i p[4];
+    for (int j = 0; j < 4; j++) p[j] = _mm256_maddubs_epi16(u[j], loadu(a + 32 * j));
+    return _mm256_madd_epi16(fold4_i16(p), wts);
+}
+
+/* write 32 floats: scale * q[j] for the 32 signed bytes of q (no rounding
+ * beyond the scalar file's single multiply) */
+LI_INLINE void store_scaled32(float *y, __m256i q, float scale) {
+    const __m256 d = _mm256_set1_ps(scale);
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    _mm256_storeu_ps(y + 0, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
+    _mm256_storeu_ps(y + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
+    _mm256_storeu_ps(y + 16, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
+    _mm256_storeu_ps(y + 24, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
+}
+
+/* n floats (n = 8 or 16) from bytes q: y = d * q - m (mul, then sub) */
+LI_INLINE void store_affine(float *y, __m128i q, int n, float d, float m, int add) {
+    const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+    for (int j = 0; j < n; j += 8) {
+        const __m256 f = _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)));
+        _mm256_storeu_ps(y + j, add ? _mm256_add_ps(f, vm) : _mm256_sub_ps(f, vm));
+        q = _mm_srli_si128(q, 8);
+    }
+}
+
+/* ---- unpacking: blocks to vectors of unsigned bytes, element order kept ---- */
+
+/* Q4_0 / Q4_1: 0..15 */
+LI_INLINE __m256i unpack_q4(const uint8_t qs[16]) { return nibbles_lo_hi(qs); }
+
+/* Q5_0 / Q5_1: 0..31 */
+LI_INLINE __m256i unpack_q5(const uint8_t qh[4], const uint8_t qs[16]) {
+    return _mm256_or_si256(nibbles_lo_hi(qs),
+                           _mm256_and_si256(bits_to_mask(qh), _mm256_set1_epi8(16)));
+}
+
+/* Q2_K: u[v] (0..3) holds elements 32v..32v+31; sc, mn the 4-bit scales and mins as int16 */
+LI_INLINE void unpack_q2_K(const block_q2_K *b, __m256i u[8], __m256i *sc, __m256i *mn) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+    for (int h = 0; h < 2; h++) {
+        const __m256i x = loadu(b->qs + 32 * h);
+        u[4 * h + 0] = _mm256_and_si256(x, m3);
+        u[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 2), m3);
+        u[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16(x, 4), m3);
+        u[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16(x, 6), m3);
+    }
+    const __m128i s = _mm_loadu_si128((const __m128i *)b->scales);
+    *sc = _mm256_cvtepu8_epi16(_mm_and_si128(s, _mm_set1_epi8(15)));
+    *mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(15)));
+}
+
+/* Q3_K: u[v] = q + 4 (0..7); sc the signed 6-bit scales (minus 32) as int16 */
+LI_INLINE void unpack_q3_K(const block_q3_K *b, __m256i u[8], __m256i *sc) {
+    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const __m256i hm = loadu(b->hmask); /* bit v of byte l: element 32v + l has its high bit */
+    /* bit v of each byte moved to bit 2 (the mask keeps only that bit, so the
+     * 16-bit shifts never mix the two bytes of a lane) */
+    const __m256i hb[8] = {
+        _mm256_slli_epi16(hm, 2), _mm256_slli_epi16(hm, 1), hm, _mm256_srli_epi16(hm, 1),
+        _mm256_srli_epi16(hm, 2), _mm256_srli_epi16(hm, 3), _mm256_srli_epi16(hm, 4),
+        _mm256_srli_epi16(hm, 5)};
+    for (int h = 0; h < 2; h++) {
+        const __m256i x = loadu(b->qs + 32 * h);
+        for (int s = 0; s < 4; s++) {
+            const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(x, 2 * s), m3);
+            u[4 * h + s] = _mm256_or_si256(lo, _mm256_and_si256(hb[4 * h + s], four));
+        }
+    }
+    /* low 4 bits of group g in bytes 0-7 (g % 8, nibble g / 8), high 2 bits in
+     * bytes 8-11 (g % 4, bit pair g / 4): four words of four groups each */
+    uint32_t a0, a1, a2;
+    memcpy(&a0, b->scales, 4);
+    memcpy(&a1, b->scales + 4, 4);
+    memcpy(&a2, b->scales + 8, 4);
+    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    const uint32_t w0 = (a0 & m4) | (a2 & m2) << 4;
+    const uint32_t w1 = (a1 & m4) | ((a2 >> 2) & m2) << 4;
+    const uint32_t w2 = ((a0 >> 4) & m4) | ((a2 >> 4) & m2) << 4;
+    const uint32_t w3 = ((a1 >> 4) & m4) | ((a2 >> 6) & m2) << 4;
+    const __m128i s = _mm_sub_epi8(_mm_set_epi32((int)w3, (int)w2, (int)w1, (int)w0),
+                                   _mm_set1_epi8(32));
+    *sc = _mm256_cvtepi8_epi16(s);
+}
+
+/* the 6-bit scales and mins of Q4_K / Q5_K, 8 of each, in the low 8 bytes */
+LI_INLINE void unpack_k_scales(const uint8_t s[K_SCALE_SIZE], __m128i *sc, __m128i *mn) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, s, 4);
+    memcpy(&w1, s + 4, 4);
+    memcpy(&w2, s + 8, 4);
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, top = 0x30303030u;
+    /* groups 0-3: low 6 bits of bytes 0-3 (4-7 for mins); groups 4-7: a
+     * nibble of bytes 8-11 plus the top 2 bits of bytes 0-3 (4-7) */
+    const uint32_t sc_lo = w0 & m6, mn_lo = w1 & m6;
+    const uint32_t sc_hi = (w2 & m4) | ((w0 >> 2) & top);
+    const uint32_t mn_hi = ((w2 >> 4) & m4) | ((w1 >> 2) & top);
+    *sc = _mm_set_epi32(0, 0, (int)sc_hi, (int)sc_lo);
+    *mn = _mm_set_epi32(0, 0, (int)mn_hi, (int)mn_lo);
+}
+
+/* Q4_K: u[v] (0..15) holds sub-block v of 32 */
+LI_INLINE void unpack_q4_K(const block_q4_K *b, __m256i u[8]) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int c = 0; c < 4; c++) {
+        const __m256i x = loadu(b->qs + 32 * c);
+        u[2 * c] = _mm256_and_si256(x, m4);
+        u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+    }
+}
+
+/* Q5_K: u[v] (0..31) */
+LI_INLINE void unpack_q5_K(const block_q5_K *b, __m256i u[8]) {
+    const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(16);
+    __m256i h = loadu(b->qh); /* bit v of byte l: bit 4 of element 32v + l */
+    for (int c = 0; c < 4; c++) {
+        const __m256i x = loadu(b->qs + 32 * c);
+        /* bits 0 and 1 of each byte of h go to bit 4 (the shifts stay inside
+         * each byte for the bits kept by the mask) */
+        u[2 * c] = _mm256_or_si256(_mm256_and_si256(x, m4),
+                                   _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
+        u[2 * c + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 4), m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
+        h = _mm256_srli_epi16(h, 2);
+    }
+}
+
+/* Q6_K: u[v] = q + 32 (0..63) */
+LI_INLINE void unpack_q6_K(const block_q6_K *b, __m256i u[8]) {
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; h++) {
+        const __m256i l0 = loadu(b->ql + 64 * h), l1 = loadu(b->ql + 64 * h + 32);
+        const __m256i qh = loadu(b->qh + 32 * h); /* bit pair s: elements 32s + l of the half */
+        u[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+        u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                       _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+        u[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                       _mm256_and_si256(qh, m2));
+        u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+    }
+}
+
+/* ---- dequantization ---- */
+
+static void dequant_f16(const void *src, float *y, int64_t k) {
+    const uint16_t *x = (const uint16_t *)src;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < k; i++) y[i] = f16(x[i]);
+}
+
+static void dequant_bf16(const void *src, float *y, int64_t k) {
+    const uint16_t *x = (const uint16_t *)src;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
+        _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+    }
+    for (; i < k; i++) y[i] = li_bf16_to_f32(x[i]);
+}
+
+static void dequant_q4_0(const void *src, float *y, int64_t k) {
+    const block_q4_0 *b = (const block_q4_0 *)src;
+    for (int64_t i = 0; i < k / QK4_0; i++, y += QK4_0)
+        store_scaled32(y, _mm256_sub_epi8(unpack_q4(b[i].qs), _mm256_set1_epi8(8)), f16(b[i].d));
+}
+
+static void dequant_q4_1(const void *src, float *y, int64_t k) {
+    const block_q4_1 *b = (const block_q4_1 *)src;
+    for (int64_t i = 0; i < k / QK4_1; i++, y += QK4_1) {
+        const __m256i u = unpack_q4(b[i].qs);
+        const float d = f16(b[i].d), m = f16(b[i].m);
+        store_affine(y, _mm256_castsi256_si128(u), 16, d, m, 1);
+        store_affine(y + 16, _mm256_extracti128_si256(u, 1), 16, d, m, 1);
+    }
+}
+
+static void dequant_q5_0(const void *src, float *y, int64_t k) {
+    const block_q5_0 *b = (const block_q5_0 *)src;
+    for (int64_t i = 0; i < k / QK5_0; i++, y += QK5_0)
+        store_scaled32(y, _mm256_sub_epi8(unpack_q5(b[i].qh, b[i].qs), _mm256_set1_epi8(16)),
+                       f16(b[i].d));
+}
+
+static void dequant_q5_1(const void *src, float *y, int64_t k) {
+    const block_q5_1 *b = (const block_q5_1 *)src;
+    for (int64_t i = 0; i < k / QK5_1; i++, y += QK5_1) {
+        const __m256i u = unpack_q5(b[i].qh, b[i].qs);
+        const float d = f16(b[i].d), m = f16(b[i].m);
+        store_affine(y, _mm256_castsi256_si128(u), 16, d, m, 1);
+        store_affine(y + 16, _mm256_extracti128_si256(u, 1), 16, d, m, 1);
+    }
+}
+
+static void dequant_q8_0(const void *src, float *y, int64_t k) {
+    const block_q8_0 *b = (const block_q8_0 *)src;
+    for (int64_t i = 0; i < k / QK8_0; i++, y += QK8_0)
+        store_scaled32(y, loadu(b[i].qs), f16(b[i].d));
+}
+
+/* groups of 16 with a signed scale and no min: y = (d * sc[g]) * q */
+LI_INLINE void store_groups16(float *y, const __m256i q[8], const int16_t sc[16], float d) {
+    for (int v = 0; v < 8; v++) {
+        const __m128i lo = _mm256_castsi256_si128(q[v]), hi = _mm256_extracti128_si256(q[v], 1);
+        const __m256 d0 = _mm256_set1_ps(d * (float)sc[2 * v]);
+        const __m256 d1 = _mm256_set1_ps(d * (float)sc[2 * v + 1]);
+        float *o = y + 32 * v;
+        _mm256_storeu_ps(o + 0, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
+        _mm256_storeu_ps(o + 8, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
+        _mm256_storeu_ps(o + 16, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
+        _mm256_storeu_ps(o + 24, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
+    }
+}
+
+static void dequant_q2_K(const void *src, float *y, int64_t k) {
+    const block_q2_K *b = (const block_q2_K *)src;
+    __m256i u[8], sc, mn;
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        const float d = f16(b[i].d), dmin = f16(b[i].dmin);
+        unpack_q2_K(&b[i], u, &sc, &mn);
+        for (int v = 0; v < 8; v++) {
+            const int g = 2 * v;
+            const __m128i lo = _mm256_castsi256_si128(u[v]), hi = _mm256_extracti128_si256(u[v], 1);
+            store_affine(y + 32 * v, lo, 16, d * (float)(b[i].scales[g] & 15),
+                         dmin * (float)(b[i].scales[g] >> 4), 0);
+            store_affine(y + 32 * v + 16, hi, 16, d * (float)(b[i].scales[g + 1] & 15),
+                         dmin * (float)(b[i].scales[g + 1] >> 4), 0);
+        }
+    }
+}
+
+static void dequant_q3_K(const void *src, float *y, int64_t k) {
+    const block_q3_K *b = (const block_q3_K *)src;
+    __m256i u[8], sc;
+    int16_t s[16];
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        unpack_q3_K(&b[i], u, &sc);
+        for (int v = 0; v < 8; v++) u[v] = _mm256_sub_epi8(u[v], _mm256_set1_epi8(4));
+        _mm256_storeu_si256((__m256i *)s, sc);
+        store_groups16(y, u, s, f16(b[i].d));
+    }
+}
+
+/* Q4_K / Q5_K: y = (d * sc[v]) * u - (dmin * mn[v]) over sub-blocks of 32 */
+LI_INLINE void store_groups32(float *y, const __m256i u[8], __m128i sc, __m128i mn, float d,
+                              float dmin) {
+    uint8_t s[16], m[16];
+    _mm_storeu_si128((__m128i *)s, sc);
+    _mm_storeu_si128((__m128i *)m, mn);
+    for (int v = 0; v < 8; v++) {
+        const float dl = d * (float)s[v], ml = dmin * (float)m[v];
+        store_affine(y + 32 * v, _mm256_castsi256_si128(u[v]), 16, dl, ml, 0);
+        store_affine(y + 32 * v + 16, _mm256_extracti128_si256(u[v], 1), 16, dl, ml, 0);
+    }
+}
+
+static void dequant_q4_K(const void *src, float *y, int64_t k) {
+    const block_q4_K *b = (const block_q4_K *)src;
+    __m256i u[8];
+    __m128i sc, mn;
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        unpack_q4_K(&b[i], u);
+        unpack_k_scales(b[i].scales, &sc, &mn);
+        store_groups32(y, u, sc, mn, f16(b[i].d), f16(b[i].dmin));
+    }
+}
+
+static void dequant_q5_K(const void *src, float *y, int64_t k) {
+    const block_q5_K *b = (const block_q5_K *)src;
+    __m256i u[8];
+    __m128i sc, mn;
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        unpack_q5_K(&b[i], u);
+        unpack_k_scales(b[i].scales, &sc, &mn);
+        store_groups32(y, u, sc, mn, f16(b[i].d), f16(b[i].dmin));
+    }
+}
+
+static void dequant_q6_K(const void *src, float *y, int64_t k) {
+    const block_q6_K *b = (const block_q6_K *)src;
+    __m256i u[8];
+    int16_t s[16];
+    for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+        unpack_q6_K(&b[i], u);
+        for (int v = 0; v < 8; v++) u[v] = _mm256_sub_epi8(u[v], _mm256_set1_epi8(32));
+        for (int g = 0; g < 16; g++) s[g] = b[i].scales[g];
+        store_groups16(y, u, s, f16(b[i].d));
+    }
+}
+
+/* ---- activation quantization ---- */
+
+LI_INLINE __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+/* 32 floats at x times id, rounded half to even (the MXCSR default, as
+ * lrintf), packed to 32 bytes in order */
+LI_INLINE __m256i round_pack32(const float *x, __m256 id) {
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 0), id));
+    const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id));
+    const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    /* the packs work per 128-bit lane: put the 4-byte pieces back in order */
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+LI_INLINE float absmax_n(const float *x, int n) {
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) m = _mm256_max_ps(m, abs_ps(_mm256_loadu_ps(x + j)));
+    return hmax_ps(m);
+}
+
+/* the sum of 32 signed bytes */
+LI_INLINE int32_t sum_i8(__m256i q) {
+    return hsum_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
+                                        _mm256_set1_epi16(1)));
+}
+
+/* the scalar file's rounding (and llama.cpp's): id = 127/amax, round half to
+ * even, scales kept at float16 precision */
+LI_INLINE float f16_round(float v) { return _cvtsh_ss(_cvtss_sh(v, 0)); }
+
+static void quant_act_q8_0(const float *x, void *dst, int64_t k) {
+    act_q8_0 *y = (act_q8_0 *)dst;
+    for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
+        const float amax = absmax_n(x, QK8_0), id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[i].d = f16_round(amax / 127.0f);
+        _mm256_storeu_si256((__m256i *)y[i].qs, round_pack32(x, _mm256_set1_ps(id)));
+    }
+}
+
+static void quant_act_q8_1(const float *x, void *dst, int64_t k) {
+    act_q8_1 *y = (act_q8_1 *)dst;
+    for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
+        const float amax = absmax_n(x, QK8_0), id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        const float d = amax / 127.0f;
+        const __m256i q = round_pack32(x, _mm256_set1_ps(id));
+        _mm256_storeu_si256((__m256i *)y[i].qs, q);
+        y[i].d = f16_round(d);
+        y[i].s = f16_round(d * (float)sum_i8(q));
+    }
+}
+
+/* the first element of largest magnitude, with its sign */
+LI_INLINE float signed_absmax(const float *x, int n, float amax) {
+    const __m256 va = _mm256_set1_ps(amax);
+    for (int j = 0; j < n; j += 8) {
+        const int m = _mm256_movemask_ps(_mm256_cmp_ps(abs_ps(_mm256_loadu_ps(x + j)), va, _CMP_EQ_OQ));
+        for (int b = 0; m && b < 8; b++)
+            if ((m >> b) & 1) return x[j + b];
+    }
+    return amax;
+}
+
+static void quant_act_q8_K(const float *x, void *dst, int64_t k) {
+    act_q8_K *y = (act_q8_K *)dst;
+    for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+        const float amax = absmax_n(x, QK_K);
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof(y[i]));
+            continue;
+        }
+        /* the element of largest magnitude maps to -127 exactly */
+        const float iscale = -127.0f / signed_absmax(x, QK_K, amax);
+        const __m256 vid = _mm256_set1_ps(iscale);
+        y[i].d = 1.0f / iscale;
+        for (int v = 0; v < QK_K / 32; v++) {
+            const __m256i q = round_pack32(x + 32 * v, vid);
+            _mm256_storeu_si256((__m256i *)(y[i].qs + 32 * v), q);
+            /* 16-bit pair sums, then the two groups of 16: lanes 0-7 and 8-15 */
+            const __m256i p = _mm256_maddubs_epi16(_mm256_set1_epi8(1), q);
+            const __m256i s4 = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+            __m256i s = _mm256_hadd_epi32(s4, s4);
+            s = _mm256_hadd_epi32(s, s); /* lane 0: group 2v four times, lane 1: 2v+1 */
+            y[i].bsums[2 * v] = (int16_t)_mm256_extract_epi32(s, 0);
+            y[i].bsums[2 * v + 1] = (int16_t)_mm256_extract_epi32(s, 4);
+        }
+    }
+}
+
+/* ---- dot products: one weight row against nc <= LI_DOT_MAX_NC activation rows ----
+ * Each type has an inline worker taking nc as a constant; the table entry
+ * switches on nc so every worker is compiled with its loops unrolled. */
+
+#define DISPATCH_NC(worker, k, w, x, xs, nc, s)      \
+    switch (nc) {                                    \
+    case 1: worker(k, w, x, xs, s, 1); break;        \
+    case 2: worker(k, w, x, xs, s, 2); break;        \
+    case 3: worker(k, w, x, xs, s, 3); break;        \
+    default: worker(k, w, x, xs, s, 4); break;       \
+    }
+LI_STATIC_ASSERT(LI_DOT_MAX_NC == 4, "DISPATCH_NC covers nc up to 4");
+
+/* F32 / F16 / BF16 weights: float rows; `load8` gives 8 weights as floats */
+LI_INLINE __m256 load8_f32(const void *w, int64_t i) { return _mm256_loadu_ps((const float *)w + i); }
+LI_INLINE __m256 load8_f16(const void *w, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+}
+LI_INLINE __m256 load8_bf16(const void *w, int64_t i) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+LI_INLINE float scalar_f32(const void *w, int64_t i) { return ((const float *)w)[i]; }
+LI_INLINE float scalar_f16(const void *w, int64_t i) { return f16(((const uint16_t *)w)[i]); }
+LI_INLINE float scalar_bf16(const void *w, int64_t i) { return li_bf16_to_f32(((const uint16_t *)w)[i]); }
+
+#define FLOAT_DOT_WORKER(name, load8, scalar1)                                                  \
+    LI_INLINE void name(int64_t k, const void *w, const void *x, size_t xs, float *s,          \
+                        const int nc) {                                                         \
+        __m256 acc0[LI_DOT_MAX_NC], acc1[LI_DOT_MAX_NC];                                        \
+        for (int c = 0; c < nc; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();                   \
+        int64_t i = 0;                                                                          \
+        for (; i + 16 <= k; i += 16) {                                                          \
+            const __m256 w0 = load8(w, i), w1 = load8(w, i + 8);                                \
+            for (int c = 0; c < nc; c++) {                                                      \
+                const float *a = ACT_ROW(float, x, c, xs) + i;                                  \
+                acc0[c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a), acc0[c]);                     \
+                acc1[c] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a + 8), acc1[c]);                 \
+            }                                                                                   \
+        }                                                                                       \
+        for (int c = 0; c < nc; c++) {                                                          \
+            const float *a = ACT_ROW(float, x, c, xs);                                          \
+            float t = hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));                                 \
+            for (int64_t j = i; j < k; j++) t += scalar1(w, j) * a[j];                          \
+            s[c] = t;                                                                           \
+        }                                                                                       \
+    }
+
+FLOAT_DOT_WORKER(dot_f32_n, load8_f32, scalar_f32)
+FLOAT_DOT_WORKER(dot_f16_n, load8_f16, scalar_f16)
+FLOAT_DOT_WORKER(dot_bf16_n, load8_bf16, scalar_bf16)
+
+static void dot_f32(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    DISPATCH_NC(dot_f32_n, k, w, x, xs, nc, s)
+}
+static void dot_f16(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    DISPATCH_NC(dot_f16_n, k, w, x, xs, nc, s)
+}
+static void dot_bf16(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    DISPATCH_NC(dot_bf16_n, k, w, x, xs, nc, s)
+}
+
+/* 32-element symmetric blocks against act_q8_0: acc += d * dx * sum(q * qx).
+ * Two accumulators per row (even and odd blocks) hide the FMA latency when
+ * nc is 1. `signed_q` gives the block's signed values. */
+#define SYM32_DOT_WORKER(name, BT, signed_q)                                                    \
+    LI_INLINE void name##_step(const BT *b, int64_t i, const void *x, size_t xs, __m256 *acc, \
+                               const int nc) {                                                  \
+        const __m256i q = signed_q(&b[i]);                                                      \
+        const __m256i aq = _mm256_sign_epi8(q, q);                                              \
+        const float d = f16(b[i].d);                                                            \
+        for (int c = 0; c < nc; c++) {                                                          \
+            const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i;                                \
+            const __m256 p = _mm256_cvtepi32_ps(mul_sum_ss8(aq, q, loadu(a->qs)));              \
+            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * a->d), acc[c]);                      \
+        }                                                                                       \
+    }                                                                                           \
+    LI_INLINE void name(int64_t k, const void *w, const void *x, size_t xs, float *s,          \
+                        const int nc) {                                                         \
+        const BT *b = (const BT *)w;                                                            \
+        const int64_t nb = k / 32;                                                              \
+        __m256 acc0[LI_DOT_MAX_NC], acc1[LI_DOT_MAX_NC];                                        \
+        for (int c = 0; c < nc; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();                   \
+        int64_t i = 0;                                                                          \
+        for (; i + 2 <= nb; i += 2) {                                                           \
+            name##_step(b, i, x, xs, acc0, nc);                                                 \
+            name##_step(b, i + 1, x, xs, acc1, nc);                                             \
+        }                                                                                       \
+        if (i < nb) name##_step(b, i, x, xs, acc0, nc);                                         \
+        for (int c = 0; c < nc; c++) s[c] = hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));          \
+    }
+
+LI_INLINE __m256i signed_q8_0(const block_q8_0 *b) { return loadu(b->qs); }
+
+SYM32_DOT_WORKER(dot_q8_0_n, block_q8_0, signed_q8_0)
+
+static void dot_q8_0(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    DISPATCH_NC(dot_q8_0_n, k, w, x, xs, nc, s)
+}
+
+/* Q4_0, Q5_0 (against act_q8_0) and Q4_1, Q5_1 (against act_q8_1): several
+ * weight rows at once, four blocks at a time. Weights stay unsigned (u = q +
+ * off for Q4_0 / Q5_0), so vpmaddubsw takes them as they are and the offset
+ * comes back out as off * sum(qx), computed once per activation block for all
+ * rows. The four blocks' 16-bit pair sums are folded with vphaddw into one
+ * vector (lanes 0-3: first halves of blocks 0-3, lanes 4-7: second halves),
+ * so the widening, the convert and the scale multiply happen once per four
+ * blocks. Every 16-bit lane ends as a sum of 8 products of at most 31 * 127 in
+ * magnitude (16 * 127 once the offset is out), so nothing overflows. */
+
+
+/* four f16 values at p, p + stride, ... (bytes) as floats */
+LI_INLINE __m128 f16x4(const uint8_t *p, size_t stride) {
+    uint16_t h[4];
+    for (int j = 0; j < 4; j++) memcpy(&h[j], p + j * stride, 2);
+    __m128i v = _mm_cvtsi32_si128(h[0]);
+    v = _mm_insert_epi16(v, h[1], 1);
+    v = _mm_insert_epi16(v, h[2], 2);
+    v = _mm_insert_epi16(v, h[3], 3);
+    return _mm_cvtph_ps(v);
+}
+
+LI_INLINE __m256 dup128(__m128 v) { return _mm256_set_m128(v, v); }
+
+LI_INLINE __m256i unsigned_q4_0(const block_q4_0 *b) { return unpack_q4(b->qs); }
+LI_INLINE __m256i unsigned_q5_0(const block_q5_0 *b) { return unpack_q5(b->qh, b->qs); }
+LI_INLINE __m256i unsigned_q4_1(const block_q4_1 *b) { return unpack_q4(b->qs); }
+LI_INLINE __m256i unsigned_q5_1(const block_q5_1 *b) { return unpack_q5(b->qh, b->qs); }
+
+/* Decode reads several rows side by side: short streams a row apart that the
+ * hardware prefetchers pick up only after a while, again for every group of
+ * rows (Zen 4, from DRAM: four rows at once ran at half the speed of one). So
+ * each row asks for the same bytes of the row nr further on, which the next
+ * call will read. Past the matrix end that is harmless: prefetches never fault. */
+
+/* acc[r][c] collects row r x column c; `off` the weight offset (0: a type with a min) */
+#define ROWS32_WORKER(name, BT, AT, unsigned_q, off, has_min, act_sum)                                   \
+    LI_INLINE void name(int64_t k, const void *w, size_t ws, const void *x, size_t xs,         \
+                        float *y, size_t ys, const int nr, const int nc) {                      \
+        const int64_t nb = k / 32;                                                              \
+        const __m256i one = _mm256_set1_epi16(1), voff = _mm256_set1_epi8(off);                 \
+        __m256 acc[LI_DOT_MAX_NR][LI_DOT_MAX_NC];                                               \
+        __m128 macc[LI_DOT_MAX_NR][LI_DOT_MAX_NC];                                              \
+        for (int r = 0; r < nr; r++)                                                            \
+            for (int c = 0; c < nc; c++) {                                                      \
+                acc[r][c] = _mm256_setzero_ps();                                                \
+                macc[r][c] = _mm_setzero_ps();                                                  \
+            }                                                                                   \
+        int64_t i = 0;                                                                          \
+        for (; i + 4 <= nb; i += 4) {                                                           \
+            __m256i corr[LI_DOT_MAX_NC];                                                        \
+            __m128 da[LI_DOT_MAX_NC], sa[LI_DOT_MAX_NC];                                        \
+            for (int c = 0; c < nc; c++) {                                                      \
+                const AT *a = ACT_ROW(AT, x, c, xs) + i;                                        \
+                da[c] = _mm_set_ps(a[3].d, a[2].d, a[1].d, a[0].d);                             \
+                if (has_min) sa[c] = _mm_set_ps(act_sum(&a[3]), act_sum(&a[2]), act_sum(&a[1]), act_sum(&a[0]));                \
+                if (off) {                                                                      \
+                    __m256i p[4];                                                               \
+                    for (int j = 0; j < 4; j++) p[j] = _mm256_maddubs_epi16(voff, loadu(a[j].qs)); \
+                    corr[c] = fold4_i16(p);                                                     \
+                }                                                                               \
+            }                                                                                   \
+            for (int r = 0; r < nr; r++) {                                                      \
+                const BT *b = (const BT *)((const char *)w + (size_t)r * ws) + i;               \
+                if (nc == 1) { /* see the prefetch note above */                                         \
+                    const char *next = (const char *)b + (size_t)nr * ws;                       \
+                    _mm_prefetch(next, _MM_HINT_T0);                                            \
+                    _mm_prefetch(next + 64, _MM_HINT_T0);                                       \
+                }                                                                               \
+                __m256i u[4];                                                                   \
+                for (int j = 0; j < 4; j++) u[j] = unsigned_q(&b[j]);                           \
+                const __m128 dw = f16x4((const uint8_t *)&b[0].d, sizeof(BT));                  \
+                __m128 mw = _mm_setzero_ps();                                                   \
+                if (has_min) mw = f16x4((const uint8_t *)&b[0].d + 2, sizeof(BT));              \
+                for (int c = 0; c < nc; c++) {                                                  \
+                    const AT *a = ACT_ROW(AT, x, c, xs) + i;                                    \
+                    __m256i p[4];                                                               \
+                    for (int j = 0; j < 4; j++) p[j] = _mm256_maddubs_epi16(u[j], loadu(a[j].qs)); \
+                    __m256i h = fold4_i16(p);                                                   \
+                    if (off) h = _mm256_sub_epi16(h, corr[c]);                                  \
+                    h = _mm256_madd_epi16(h, one);                                              \
+                    const __m256 sc = dup128(_mm_mul_ps(dw, da[c]));                            \
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), sc, acc[r][c]);          \
+                    if (has_min) macc[r][c] = _mm_fmadd_ps(mw, sa[c], macc[r][c]);              \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (; i < nb; i++) /* the last k/32 % 4 blocks, one at a time */                       \
+            for (int c = 0; c < nc; c++) {                                                      \
+                const AT *a = ACT_ROW(AT, x, c, xs) + i;                                        \
+                const __m256i aq = loadu(a->qs);                                                \
+                const __m256i cb = _mm256_maddubs_epi16(voff, aq);                              \
+                for (int r = 0; r < nr; r++) {                                                  \
+                    const BT *b = (const BT *)((const char *)w + (size_t)r * ws) + i;           \
+                    __m256i p = _mm256_maddubs_epi16(unsigned_q(b), aq);                        \
+                    if (off) p = _mm256_sub_epi16(p, cb);                                       \
+                    const __m256 sc = _mm256_set1_ps(f16(b->d) * a->d);                         \
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, one)),  \
+                                                sc, acc[r][c]);                                 \
+                    if (has_min) {                                                              \
+                        const float m = f16(((const uint16_t *)&b->d)[1]);                      \
+                        macc[r][c] = _mm_add_ss(macc[r][c], _mm_set_ss(m * act_sum(a)));              \
+                    }                                                                           \
+                }                                                                               \
+            }                                                                                   \
+        for (int r = 0; r < nr; r++)                                                            \
+            for (int c = 0; c < nc; c++) {                                                      \
+                float t = hsum_ps(acc[r][c]);                                                   \
+                if (has_min) t += hsum_ps(_mm256_castps128_ps256(macc[r][c]) /* upper: 0 */);  \
+                y[(size_t)c * ys + r] = t;                                                      \
+            }                                                                                   \
+    }
+
+/* Several columns: four rows at once where there are four (each column's
+ * offset sums and scales then serve four rows; 16 accumulators, a few of
+ * which spill, still measured faster for Q4_0), else rows in pairs. */
+#define DISPATCH_ROWS(worker, k, w, ws, nr, x, xs, nc, y, ys)                                   \
+    if (nc == 1) {                                                                              \
+        switch (nr) {                                                                           \
+        case 1: worker(k, w, ws, x, xs, y, ys, 1, 1); break;                                    \
+        case 2: worker(k, w, ws, x, xs, y, ys, 2, 1); break;                                    \
+        case 3: worker(k, w, ws, x, xs, y, ys, 3, 1); break;                                    \
+        default: worker(k, w, ws, x, xs, y, ys, 4, 1); break;                                   \
+        }                                                                                       \
+    } else if (nr == 4) {                                                                       \
+        switch (nc) {                                                                           \
+        case 2: worker(k, w, ws, x, xs, y, ys, 4, 2); break;                                    \
+        case 3: worker(k, w, ws, x, xs, y, ys, 4, 3); break;                                    \
+        default: worker(k, w, ws, x, xs, y, ys, 4, 4); break;                                   \
+        }                                                                                       \
+    } else {                                                                                    \
+        for (int r = 0; r < nr; r += 2) {                                                       \
+            const void *wr = (const char *)(w) + (size_t)r * (ws);                              \
+            const int pair = nr - r >= 2;                                                       \
+            switch (nc + 4 * pair) {                                                            \
+            case 2: worker(k, wr, ws, x, xs, y + r, ys, 1, 2); break;                           \
+            case 3: worker(k, wr, ws, x, xs, y + r, ys, 1, 3); break;                           \
+            case 4: worker(k, wr, ws, x, xs, y + r, ys, 1, 4); break;                           \
+            case 6: worker(k, wr, ws, x, xs, y + r, ys, 2, 2); break;                           \
+            case 7: worker(k, wr, ws, x, xs, y + r, ys, 2, 3); break;                           \
+            default: worker(k, wr, ws, x, xs, y + r, ys, 2, 4); break;                          \
+            }                                                                                   \
+        }                                                                                       \
+    }
+LI_STATIC_ASSERT(LI_DOT_MAX_NR == 4, "DISPATCH_ROWS covers nr up to 4");
+
+/* d * sum(q) of an activation block: act_q8_1 stores it; act_q8_0 has none (never used) */
+LI_INLINE float act_sum_q8_0(const act_q8_0 *a) { (void)a; return 0.0f; }
+LI_INLINE float act_sum_q8_1(const act_q8_1 *a) { return a->s; }
+
+ROWS32_WORKER(rows_q4_0, block_q4_0, act_q8_0, unsigned_q4_0, 8, 0, act_sum_q8_0)
+ROWS32_WORKER(rows_q5_0, block_q5_0, act_q8_0, unsigned_q5_0, 16, 0, act_sum_q8_0)
+ROWS32_WORKER(rows_q4_1, block_q4_1, act_q8_1, unsigned_q4_1, 0, 1, act_sum_q8_1)
+ROWS32_WORKER(rows_q5_1, block_q5_1, act_q8_1, unsigned_q5_1, 0, 1, act_sum_q8_1)
+
+#define ROWS32_ENTRIES(T)                                                                       \
+    static void dot_rows_##T(int64_t k, const void *w, size_t ws, int nr, const void *x,       \
+                             size_t xs, int nc, float *y, size_t ys) {                          \
+        DISPATCH_ROWS(rows_##T, k, w, ws, nr, x, xs, nc, y, ys)                                 \
+    }                                                                                           \
+    static void dot_##T(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) { \
+        dot_rows_##T(k, w, 0, 1, x, xs, nc, s, 1);                                              \
+    }
+ROWS32_ENTRIES(q4_0)
+ROWS32_ENTRIES(q5_0)
+ROWS32_ENTRIES(q4_1)
+ROWS32_ENTRIES(q5_1)
+
+/* K-quants against act_q8_K. The integer sum of a super-block stays in 8
+ * int32 lanes; its scale (and the min term, from the activation's per-16
+ * sums) is applied once per super-block in float. */
+
+LI_INLINE void dot_q2_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
+                          const int nc) {
+    const block_q2_K *b = (const block_q2_K *)w;
+    __m256 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        __m256i u[8], sc, mn, wts[2];
+        unpack_q2_K(&b[i], u, &sc, &mn);
+        group16_fold_weights(sc, wts);
+        const float d = f16(b[i].d), dmin = f16(b[i].dmin);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
+            __m256i isum = _mm256_setzero_si256();
+            for (int g = 0; g < 2; g++)
+                isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a->qs + 128 * g, wts[g]));
+            const __m256i imin = _mm256_madd_epi16(mn, loadu(a->bsums));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_set1_ps(dmin * a->d), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
+}
+
+LI_INLINE void dot_q3_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
+                          const int nc) {
+    const block_q3_K *b = (const block_q3_K *)w;
+    __m256 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        __m256i u[8], sc, wts[2];
+        unpack_q3_K(&b[i], u, &sc);
+        group16_fold_weights(sc, wts);
+        const float d = f16(b[i].d);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
+            __m256i isum = _mm256_setzero_si256();
+            for (int g = 0; g < 2; g++)
+                isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a->qs + 128 * g, wts[g]));
+            /* u = q + 4: take 4 * sum(sc * group sums) back out */
+            const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a->bsums)), 2);
+            isum = _mm256_sub_epi32(isum, off);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
+}
+
+/* Q4_K and Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and min. The
+ * pair sums of four sub-blocks are folded with vphaddw (each 16-bit lane then
+ * holds 8 products of at most 31 * 127: no overflow), so one vpmaddwd applies
+ * four scales at once: lanes 2j, 2j+1 of each 128-bit half belong to
+ * sub-block j of the four. */
+LI_INLINE void k_groups32_dot(const __m256i u[8], __m128i sc8, __m128i mn8, float d, float dmin,
+                              const act_q8_K *a, __m256 *acc) {
+    const __m256i sc2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8)); /* s0 s0 s1 s1 .. s7 s7 */
+    __m256i isum = _mm256_setzero_si256();
+    for (int g = 0; g < 2; g++) {
+        __m256i p[4];
+        for (int j = 0; j < 4; j++)
+            p[j] = _mm256_maddubs_epi16(u[4 * g + j], loadu(a->qs + 32 * (4 * g + j)));
+        const __m256i wts = _mm256_permute4x64_epi64(sc2, g ? 0xee : 0x44);
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(fold4_i16(p), wts));
+    }
+    /* min of sub-block v times its two group sums: mins doubled, one per group of 16 */
+    const __m256i mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+    const __m256i imin = _mm256_madd_epi16(mn, loadu(a->bsums));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), *acc);
+    *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_set1_ps(dmin * a->d), *acc);
+}
+
+LI_INLINE void dot_q4_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
+                          const int nc) {
+    const block_q4_K *b = (const block_q4_K *)w;
+    __m256 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        __m256i u[8];
+        __m128i sc, mn;
+        unpack_q4_K(&b[i], u);
+        unpack_k_scales(b[i].scales, &sc, &mn);
+        const float d = f16(b[i].d), dmin = f16(b[i].dmin);
+        for (int c = 0; c < nc; c++)
+            k_groups32_dot(u, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i, &acc[c]);
+    }
+    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
+}
+
+LI_INLINE void dot_q5_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
+                          const int nc) {
+    const block_q5_K *b = (const block_q5_K *)w;
+    __m256 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        __m256i u[8];
+        __m128i sc, mn;
+        unpack_q5_K(&b[i], u);
+        unpack_k_scales(b[i].scales, &sc, &mn);
+        const float d = f16(b[i].d), dmin = f16(b[i].dmin);
+        for (int c = 0; c < nc; c++)
+            k_groups32_dot(u, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i, &acc[c]);
+    }
+    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
+}
+
+LI_INLINE void dot_q6_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
+                          const int nc) {
+    const block_q6_K *b = (const block_q6_K *)w;
+    __m256 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        __m256i u[8], wts[8];
+        unpack_q6_K(&b[i], u);
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b[i].scales));
+        group16_weights(sc, wts);
+        const float d = f16(b[i].d);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
+            __m256i isum = _mm256_setzero_si256();
+            for (int v = 0; v < 8; v++)
+                isum = _mm256_add_epi32(isum, mul_sum_us8_w(u[v], loadu(a->qs + 32 * v), wts[v]));
+            /* u = q + 32: take 32 * sum(sc * group sums) back out */
+            const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a->bsums)), 5);
+            isum = _mm256_sub_epi32(isum, off);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
+}
+
+static void dot_q2_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    DISPATCH_NC(dot_q2_K_n, k, w, x, xs, nc, s)
+}
+static void dot_q3_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    DISPATCH_NC(dot_q3_K_n, k, w, x, xs, nc, s)
+}
+static void dot_q4_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    DISPATCH_NC(dot_q4_K_n, k, w, x, xs, nc, s)
+}
+static void dot_q5_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    DISPATCH_NC(dot_q5_K_n, k, w, x, xs, nc, s)
+}
+static void dot_q6_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    DISPATCH_NC(dot_q6_K_n, k, w, x, xs, nc, s)
+}
+
+/* ---- vector ops ---- */
+
+/* e^x for x in float range: x = n ln2 + r, |r| <= ln2/2, e^r by the Cephes
+ * polynomial, then 2^n into the exponent bits. Below -87.3 the result is 0
+ * (where expf would give a subnormal), above 88.7 it saturates. */
+LI_INLINE __m256 exp_ps(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.3762626647949f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+static void rms_norm(const float *x, const float *w, float *y, int64_t k, float eps) {
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+        const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        s0 = _mm256_fmadd_pd(lo, lo, s0);
+        s1 = _mm256_fmadd_pd(hi, hi, s1);
+    }
+    double lanes[4];
+    _mm256_storeu_pd(lanes, _mm256_add_pd(s0, s1));
+    double ss = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    for (; i < k; i++) ss += (double)x[i] * x[i];
+    const float scale = (float)(1.0 / sqrt(ss / (double)k + (double)eps));
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= k; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
+        if (w) v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
+        _mm256_storeu_ps(y + i, v);
+    }
+    for (; i < k; i++) y[i] = w ? x[i] * scale * w[i] : x[i] * scale;
+}
+
+static void softmax(float *x, int64_t k) {
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + i));
+    float mx = hmax_ps(vm);
+    for (; i < k; i++) mx = LI_MAX(mx, x[i]);
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vs = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= k; i += 8) {
+        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
+        _mm256_storeu_ps(x + i, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    double sum = hsum_ps(vs);
+    for (; i < k; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= k; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), vi));
+    for (; i < k; i++) x[i] *= inv;
+}
+
+static void lut_apply(const float *lut, const float *x, const float *u, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+        __m256 v = _mm256_i32gather_ps(lut, _mm256_cvtepu16_epi32(h), 4);
+        if (u) v = _mm256_mul_ps(v, _mm256_loadu_ps(u + i));
+        _mm256_storeu_ps(y + i, v);
+    }
+    for (; i < n; i++) {
+        const float v = lut[li_f32_to_f16(x[i])];
+        y[i] = u ? v * u[i] : v;
+    }
+}
+
+static float dot_f32_f16(const float *a, const uint16_t *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8_f16(b, i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8_f16(b, i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8_f16(b, i), s0);
+    float acc = hsum_ps(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) acc += a[i] * f16(b[i]);
+    return acc;
+}
+
+static void axpy_f16(float a, const uint16_t *x, float *y, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load8_f16(x, i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * f16(x[i]);
+}
+
+static void f32_to_f16(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = li_f32_to_f16(x[i]);
+}
+
+static void f16_to_f32(const uint16_t *x, float *y, int64_t n) { dequant_f16(x, y, n); }
+
+static float vdot_f32(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float acc = hsum_ps(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) acc += a[i] * b[i];
+    return acc;
+}
+
+static void axpy_f32(float a, const float *x, float *y, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static void scale_f32(float *x, float a, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), va));
+    for (; i < n; i++) x[i] *= a;
+}
+
+static void add_f32(const float *a, const float *b, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    for (; i < n; i++) y[i] = a[i] + b[i];
+}
+
+static void mul_f32(const float *a, const float *b, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    for (; i < n; i++) y[i] = a[i] * b[i];
+}
 
 void li_kernels_fill_avx2(li_kernels *t) {
     li_kernels_fill_scalar(t);
     t->isa = LI_ISA_AVX2;
+#define SET(T, name)                          \
+    t->dequant[LI_TYPE_##T] = dequant_##name; \
+    t->dot[LI_TYPE_##T] = dot_##name;
+    SET(F16, f16) SET(BF16, bf16);
+    SET(Q4_0, q4_0) SET(Q4_1, q4_1) SET(Q5_0, q5_0) SET(Q5_1, q5_1) SET(Q8_0, q8_0);
+    SET(Q2_K, q2_K) SET(Q3_K, q3_K) SET(Q4_K, q4_K) SET(Q5_K, q5_K) SET(Q6_K, q6_K);
+#undef SET
+    t->dot[LI_TYPE_F32] = dot_f32; /* F32 rows dequantize by memcpy, kept from the scalar table */
+    t->dot_rows[LI_TYPE_Q4_0] = dot_rows_q4_0;
+    t->dot_rows[LI_TYPE_Q5_0] = dot_rows_q5_0;
+    t->dot_rows[LI_TYPE_Q4_1] = dot_rows_q4_1;
+    t->dot_rows[LI_TYPE_Q5_1] = dot_rows_q5_1;
+    t->quant_act[LI_ACT_Q8_0] = quant_act_q8_0;
+    t->quant_act[LI_ACT_Q8_1] = quant_act_q8_1;
+    t->quant_act[LI_ACT_Q8_K] = quant_act_q8_K;
+    t->rms_norm = rms_norm;
+    t->softmax = softmax;
+    t->lut_apply = lut_apply;
+    t->dot_f32_f16 = dot_f32_f16;
+    t->axpy_f16 = axpy_f16;
+    t->f32_to_f16 = f32_to_f16;
+    t->f16_to_f32 = f16_to_f32;
+    t->dot_f32 = vdot_f32;
+    t->axpy_f32 = axpy_f32;
+    t->scale_f32 = scale_f32;
+    t->add_f32 = add_f32;
+    t->mul_f32 = mul_f32;
 }
 #elif defined(LI_ARCH_X86)
 /* built without the AVX2 flags: the table stays scalar and dispatch skips it */

@@ -1,0 +1,48 @@
+/* bench.c: helpers for bench/kernels.py and the kernel tests, not used by
+ * the library itself: a memory read-bandwidth probe (the yardstick for
+ * memory-bound decode), and a way to run the active level's vector kernels
+ * on raw buffers (the attention helpers have no other public entry). */
+#include "common.h"
+#include "kernels/kernels.h"
+#include "llminfer.h"
+
+uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads) {
+    li_init();
+    const uint64_t *p = (const uint64_t *)buf;
+    const int64_t n = buf ? (int64_t)(bytes / 8) : 0;
+    uint64_t total = 0;
+    (void)n_threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(n_threads > 0 ? n_threads : li_max_threads()) reduction(+ : total)
+#endif
+    {
+        int64_t lo, hi;
+        li_split(n, li_thread_index(), li_thread_count(), &lo, &hi);
+        /* eight independent sums: the loads, not an add chain, set the pace */
+        uint64_t s[8] = {0};
+        int64_t i = lo;
+        for (; i + 8 <= hi; i += 8)
+            for (int j = 0; j < 8; j++) s[j] += p[i + j];
+        for (; i < hi; i++) s[0] += p[i];
+        total += ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    }
+    return total;
+}
+
+int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float *result) {
+    li_init();
+    if (!a || !b || n < 0) return LI_E_ARG;
+    float r = 0.0f;
+    switch (op) {
+    case LI_VEC_DOT_F32: r = li_K->dot_f32((const float *)a, (const float *)b, n); break;
+    case LI_VEC_DOT_F32_F16: r = li_K->dot_f32_f16((const float *)a, (const uint16_t *)b, n); break;
+    case LI_VEC_AXPY_F32: li_K->axpy_f32(alpha, (const float *)a, (float *)b, n); break;
+    case LI_VEC_AXPY_F16: li_K->axpy_f16(alpha, (const uint16_t *)a, (float *)b, n); break;
+    case LI_VEC_SCALE_F32: li_K->scale_f32((float *)b, alpha, n); break;
+    case LI_VEC_F32_TO_F16: li_K->f32_to_f16((const float *)a, (uint16_t *)b, n); break;
+    case LI_VEC_F16_TO_F32: li_K->f16_to_f32((const uint16_t *)a, (float *)b, n); break;
+    default: return LI_E_ARG;
+    }
+    if (result) *result = r;
+    return LI_OK;
+}

@@ -1,0 +1,140 @@
+"""Matrix products x @ W.T for every weight type and kernel level, against
+float64 numpy on the dequantized weights, and each SIMD level against the
+scalar reference.
+
+Tolerances. The weights are exact (we multiply by their dequantized values),
+so the error comes from the activations and from float32 sums:
+- Q-types quantize each activation block of 32 (Q4_0..Q8_0) or 256 (K-quants)
+  to int8 with scale absmax/127, an error of at most half a step, absmax/254,
+  per element, spread about evenly. A row's error is then a sum of
+  independent terms of variance (w_i * h_i)^2 / 3 (h_i that half step); we
+  allow SIGMAS standard deviations of it.
+- F32, F16 and BF16 weights take float activations: only float32 summation,
+  FLOAT_REL of sum |w_i x_i|.
+"""
+
+import numpy as np
+import pytest
+
+from kernel_cases import (ALL_TYPES, FLOAT_TYPES, QUANT_32, at_level, isa, random_weight,
+                          type_id)
+from llminfer import ops, system
+from llminfer.errors import InvalidArgumentError, ShapeError, UnsupportedTypeError
+
+__all__ = ["isa"]
+
+Q8_HALF_STEP = 1 / 254   # largest rounding error of an int8 activation, relative to its block's absmax
+SIGMAS = 6.0             # allowed error, in standard deviations of the summed rounding errors
+FLOAT_REL = 1e-6         # float32 summation error, relative to sum |w_i x_i|
+LEVELS_REL = 1e-5        # two levels, same integer products, different float order
+
+
+def act_block(t):
+    """Elements per activation block: 32 for Q4_0..Q8_0, 256 for the K-quants, None for floats."""
+    if t in FLOAT_TYPES:
+        return None
+    return 32 if t in QUANT_32 else 256
+
+
+def tolerance(t, w, x):
+    """Per-output bound on |ours - float64| for weights w (rows, k), activations x (n, k)."""
+    w, x = w.astype(np.float64), x.astype(np.float64)
+    scale = np.abs(x) @ np.abs(w).T
+    bs = act_block(t)
+    if bs is None:
+        return FLOAT_REL * scale + 1e-30
+    n, k = x.shape
+    h = np.repeat(np.abs(x).reshape(n, k // bs, bs).max(axis=2), bs, axis=1) * Q8_HALF_STEP
+    sigma = np.sqrt((h ** 2) @ (w ** 2).T / 3)
+    return SIGMAS * sigma + FLOAT_REL * scale + 1e-30
+
+
+def k_cases(t):
+    bs = ops.block_sizes(t)[0]
+    if bs == 1:
+        return (1, 17, 256)
+    if bs == 32:
+        return (32, 160, 1024)  # one block, 5 blocks (a tail after groups of 4), many
+    return (256, 768)
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=type_id)
+def test_matches_float64(isa, t):
+    rng = np.random.default_rng(int(t))
+    for k in k_cases(t):
+        for rows in (1, 9):
+            w = random_weight(rng, t, rows, k)
+            wf = ops.dequantize(w, t, (rows, k))
+            for n in (1, 3, 4, 5, 17):
+                x = rng.standard_normal((n, k)).astype(np.float32)
+                got = ops.matmul(w, t, (rows, k), x)
+                want = x.astype(np.float64) @ wf.astype(np.float64).T
+                err = np.abs(got - want)
+                tol = tolerance(t, wf, x)
+                worst = np.unravel_index(np.argmax(err / tol), err.shape)
+                assert np.all(err <= tol), (
+                    f"{t.name} at {isa}: k={k} rows={rows} n={n}: error {err[worst]:.3g} "
+                    f"> tolerance {tol[worst]:.3g} at {worst}")
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=type_id)
+def test_levels_agree(t):
+    """Every level computes the same integer products as the scalar reference;
+    only the order of the float sums differs."""
+    rng = np.random.default_rng(50 + int(t))
+    k = 4 * ops.block_sizes(t)[0] if t not in FLOAT_TYPES else 300
+    rows = 11
+    w = random_weight(rng, t, rows, k)
+    wf = ops.dequantize(w, t, (rows, k)).astype(np.float64)
+    for n in (1, 2, 5):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        ref = at_level("scalar", ops.matmul, w, t, (rows, k), x)
+        bound = LEVELS_REL * (np.abs(x.astype(np.float64)) @ np.abs(wf).T) + 1e-30
+        for level in system.available_isas():
+            got = at_level(level, ops.matmul, w, t, (rows, k), x)
+            assert np.all(np.abs(got - ref) <= bound), f"{t.name} {level} n={n}"
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_threads_split_rows(isa, n_threads):
+    """Row shares that are not multiples of the kernels' row groups."""
+    rng = np.random.default_rng(9)
+    t = "Q4_0"
+    w = random_weight(rng, ops.qtype_of(t), 23, 256)
+    x = rng.standard_normal((6, 256)).astype(np.float32)
+    one = ops.matmul(w, t, (23, 256), x, n_threads=1)
+    assert np.array_equal(ops.matmul(w, t, (23, 256), x, n_threads=n_threads), one)
+
+
+def test_vector_input_gives_vector():
+    rng = np.random.default_rng(2)
+    w = random_weight(rng, ops.qtype_of("Q8_0"), 4, 64)
+    x = rng.standard_normal(64).astype(np.float32)
+    y = ops.matmul(w, "Q8_0", (4, 64), x)
+    assert y.shape == (4,)
+    assert np.array_equal(y, ops.matmul(w, "Q8_0", (4, 64), x[None])[0])
+
+
+def test_errors():
+    w = np.zeros(4 * 2 * 18, np.uint8)  # Q4_0, (4, 64)
+    x = np.ones((2, 64), np.float32)
+    with pytest.raises(ShapeError, match="takes 144 bytes, got 143"):
+        ops.matmul(w[:-1], "Q4_0", (4, 64), x)
+    with pytest.raises(ShapeError, match="x has 32 columns, the weight has k=64"):
+        ops.matmul(w, "Q4_0", (4, 64), np.ones((2, 32), np.float32))
+    with pytest.raises(ShapeError, match="not a multiple of the Q4_0 block size 32"):
+        ops.matmul(w, "Q4_0", (8, 36), np.ones((2, 36), np.float32))
+    with pytest.raises(ShapeError, match=r"weight shape must be \(rows, k\)"):
+        ops.matmul(w, "Q4_0", (2, 2, 64), x)
+    with pytest.raises(ShapeError, match="dimension"):
+        ops.matmul(w, "Q4_0", (4, 64), np.ones((1, 2, 64), np.float32))
+    with pytest.raises(InvalidArgumentError, match="dtype float32"):
+        ops.matmul(w, "Q4_0", (4, 64), x.astype(np.float64))
+    with pytest.raises(InvalidArgumentError, match="C-contiguous"):
+        ops.matmul(w, "Q4_0", (4, 64), np.ones((64, 2), np.float32).T)
+    with pytest.raises(UnsupportedTypeError, match="IQ2_XXS"):
+        ops.matmul(np.zeros(66, np.uint8), "IQ2_XXS", (1, 256), np.ones((1, 256), np.float32))
+    with pytest.raises(UnsupportedTypeError, match="unknown tensor type"):
+        ops.matmul(w, 77, (4, 64), x)
+    with pytest.raises(InvalidArgumentError, match="n_threads"):
+        ops.matmul(w, "Q4_0", (4, 64), x, n_threads=0)

@@ -1,0 +1,52 @@
+"""The attention helpers of the kernel table (dot, axpy, scale, f16
+conversions), reached through _core.vec_kernel, against numpy under every
+kernel level."""
+
+import numpy as np
+import pytest
+
+from kernel_cases import isa
+from llminfer import _core
+from llminfer.errors import ShapeError
+
+__all__ = ["isa"]
+
+SUM_REL = 1e-6  # float32 sums in another order, relative to sum |a b|
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 33, 1000])
+def test_vector_kernels(isa, n):
+    rng = np.random.default_rng(n)
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    h = rng.standard_normal(n).astype(np.float16)
+    a64, b64, h64 = a.astype(np.float64), b.astype(np.float64), h.astype(np.float64)
+
+    got = _core.vec_kernel("dot_f32", 0.0, a, b)
+    assert abs(got - a64 @ b64) <= SUM_REL * (np.abs(a64) @ np.abs(b64)) + 1e-30
+    got = _core.vec_kernel("dot_f32_f16", 0.0, a, h)
+    assert abs(got - a64 @ h64) <= SUM_REL * (np.abs(a64) @ np.abs(h64)) + 1e-30
+
+    y = b.copy()
+    _core.vec_kernel("axpy_f32", 0.75, a, y)
+    np.testing.assert_allclose(y, b64 + 0.75 * a64, rtol=1e-6, atol=1e-6)
+    y = b.copy()
+    _core.vec_kernel("axpy_f16", -1.5, h, y)
+    np.testing.assert_allclose(y, b64 - 1.5 * h64, rtol=1e-6, atol=1e-6)
+    y = b.copy()
+    _core.vec_kernel("scale_f32", 0.3, a, y)
+    assert np.array_equal(y, b * np.float32(0.3))
+
+    out16 = np.empty(n, np.float16)
+    big = (a * 3e4).astype(np.float32)  # past 65504 some round to inf, as numpy does
+    _core.vec_kernel("f32_to_f16", 0.0, big, out16)
+    with np.errstate(over="ignore"):
+        want16 = big.astype(np.float16)
+    assert np.array_equal(out16.view(np.uint16), want16.view(np.uint16))
+    out32 = np.empty(n, np.float32)
+    _core.vec_kernel("f16_to_f32", 0.0, h, out32)
+    assert np.array_equal(out32, h.astype(np.float32))
+
+
+def test_sizes_must_pair():
+    with pytest.raises(ShapeError, match="do not pair up"):
+        _core.vec_kernel("dot_f32", 0.0, np.ones(3, np.float32), np.ones(4, np.float32))
