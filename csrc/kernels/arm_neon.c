@@ -277,11 +277,15 @@ LI_INLINE int8x16_t round16(const float *x, float id) {
     return vcombine_s8(vmovn_s16(lo), vmovn_s16(hi));
 }
 
+/* the scalar file's rounding (and llama.cpp's): id = 127/amax, round half to
+ * even, scales kept at float16 precision */
+LI_INLINE float f16_round(float v) { return li_f16_to_f32(li_f32_to_f16(v)); }
+
 static void quant_act_q8_0(const float *x, void *dst, int64_t k) {
     act_q8_0 *y = (act_q8_0 *)dst;
     for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
-        const float d = absmax16(x, QK8_0) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[i].d = d;
+        const float amax = absmax16(x, QK8_0), id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[i].d = f16_round(amax / 127.0f);
         vst1q_s8(y[i].qs, round16(x, id));
         vst1q_s8(y[i].qs + 16, round16(x + 16, id));
     }
@@ -290,23 +294,35 @@ static void quant_act_q8_0(const float *x, void *dst, int64_t k) {
 static void quant_act_q8_1(const float *x, void *dst, int64_t k) {
     act_q8_1 *y = (act_q8_1 *)dst;
     for (int64_t i = 0; i < k / QK8_0; i++, x += QK8_0) {
-        const float d = absmax16(x, QK8_0) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float amax = absmax16(x, QK8_0), id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        const float d = amax / 127.0f;
         const int8x16_t q0 = round16(x, id), q1 = round16(x + 16, id);
         vst1q_s8(y[i].qs, q0);
         vst1q_s8(y[i].qs + 16, q1);
         const int sum = vaddlvq_s8(q0) + vaddlvq_s8(q1);
-        y[i].d = d;
-        y[i].s = d * (float)sum;
+        y[i].d = f16_round(d);
+        y[i].s = f16_round(d * (float)sum);
     }
 }
 
 static void quant_act_q8_K(const float *x, void *dst, int64_t k) {
     act_q8_K *y = (act_q8_K *)dst;
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
-        const float d = absmax16(x, QK_K) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[i].d = d;
+        const float amax = absmax16(x, QK_K);
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof(y[i]));
+            continue;
+        }
+        float mx = amax; /* the first element of largest magnitude, signed */
+        for (int j = 0; j < QK_K; j++)
+            if (fabsf(x[j]) == amax) {
+                mx = x[j];
+                break;
+            }
+        const float iscale = -127.0f / mx;
+        y[i].d = 1.0f / iscale;
         for (int g = 0; g < QK_K / 16; g++) {
-            const int8x16_t q = round16(x + 16 * g, id);
+            const int8x16_t q = round16(x + 16 * g, iscale);
             vst1q_s8(y[i].qs + 16 * g, q);
             y[i].bsums[g] = vaddlvq_s8(q);
         }

@@ -357,7 +357,9 @@ static void check_dot(const char *lv, const li_kernels *L, const li_kernels *S) 
                         const int exact = fbits(got[c]) == fbits(ref[c]);
                         t.exact += exact;
                         if (err / allowed > t.worst) t.worst = err / allowed;
-                        if (!(err <= allowed) || (strict && is_quantized(type) && !exact))
+                        /* bit-identical passes even when both overflowed (large activations
+                         * can push Q8_1's float16 sum to inf, in ggml as here) */
+                        if (!exact && (!(err <= allowed) || (strict && is_quantized(type))))
                             fail(&t, "k=%lld nc=%d row %d pad %d: %.9g vs scalar %.9g (sum|wx| %.3g)",
                                  (long long)k, nc, c, pad, got[c], ref[c], mag);
                     }
