@@ -46,3 +46,14 @@ int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float 
     if (result) *result = r;
     return LI_OK;
 }
+
+int li_attn_kernel(int accumulate, const float *a, const uint16_t *cache, int64_t n, int64_t d,
+                   size_t stride, float scale, float *out) {
+    li_init();
+    if (!a || !cache || !out || n < 0 || d <= 0 || stride < (size_t)d) return LI_E_ARG;
+    if (accumulate)
+        li_K->attn_accum_f16(a, cache, stride, n, d, out);
+    else
+        li_K->attn_scores_f16(a, cache, stride, n, d, scale, out);
+    return LI_OK;
+}

@@ -4,7 +4,7 @@ callers in llminfer.ops check shapes and types and name the problem; here
 arrays become pointers, the GIL is released around every kernel, and C
 status codes become llminfer.errors exceptions."""
 
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 cimport llminfer._clib as C
 
@@ -321,3 +321,18 @@ def vec_kernel(str op, float alpha, a, b):
         st = C.li_vec_kernel(c, alpha, &av[0], &bv[0], n, &r)
     check(st, op)
     return r if op.startswith("dot") else None
+
+
+def attn_kernel(bint accumulate, const float[::1] a, const uint16_t[:, ::1] cache, int64_t d,
+                float scale, float[::1] out):
+    """The active level's attention kernel over the first d columns of each
+    row of an F16 cache (rows = cache.shape[0], stride = cache.shape[1]):
+    scores into out[:rows], or out[:d] += a @ cache[:, :d]. For tests."""
+    cdef int64_t n = cache.shape[0]
+    if d > cache.shape[1] or (accumulate and (a.shape[0] < n or out.shape[0] < d)) or \
+            (not accumulate and (a.shape[0] < d or out.shape[0] < n)):
+        raise errors.ShapeError("attn_kernel: sizes do not agree")
+    cdef int st
+    with nogil:
+        st = C.li_attn_kernel(accumulate, &a[0], &cache[0, 0], n, d, cache.shape[1], scale, &out[0])
+    check(st, "attn_kernel")

@@ -1089,6 +1089,57 @@ static void mul_f32(const float *a, const float *b, float *y, int64_t n) {
     for (; i < n; i++) y[i] = a[i] * b[i];
 }
 
+/* ---- attention over an F16 cache ---- */
+
+/* four 8-lane sums reduced to one vector of four totals */
+LI_INLINE __m128 hsum4_ps(__m256 a, __m256 b, __m256 c, __m256 d) {
+    const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+    const __m256 abcd = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+/* out[j] = scale * q . k_j, four keys at a time so each slice of q is loaded once */
+static void attn_scores_f16(const float *q, const uint16_t *k, size_t stride, int64_t n, int64_t d,
+                            float scale, float *out) {
+    if (d % 8) {
+        for (int64_t j = 0; j < n; j++) out[j] = scale * dot_f32_f16(q, k + (size_t)j * stride, d);
+        return;
+    }
+    const __m128 vs = _mm_set1_ps(scale);
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const uint16_t *k0 = k + (size_t)j * stride;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (int64_t i = 0; i < d; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + i);
+            s0 = _mm256_fmadd_ps(qv, load8_f16(k0, i), s0);
+            s1 = _mm256_fmadd_ps(qv, load8_f16(k0 + stride, i), s1);
+            s2 = _mm256_fmadd_ps(qv, load8_f16(k0 + 2 * stride, i), s2);
+            s3 = _mm256_fmadd_ps(qv, load8_f16(k0 + 3 * stride, i), s3);
+        }
+        _mm_storeu_ps(out + j, _mm_mul_ps(vs, hsum4_ps(s0, s1, s2, s3)));
+    }
+    for (; j < n; j++) out[j] = scale * dot_f32_f16(q, k + (size_t)j * stride, d);
+}
+
+/* out += sum_j p[j] v_j, 64 outputs at a time held in registers across all j */
+static void attn_accum_f16(const float *p, const uint16_t *v, size_t stride, int64_t n, int64_t d,
+                           float *out) {
+    int64_t i0 = 0;
+    for (; i0 + 64 <= d; i0 += 64) {
+        __m256 acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = _mm256_loadu_ps(out + i0 + 8 * r);
+        for (int64_t j = 0; j < n; j++) {
+            const __m256 pj = _mm256_set1_ps(p[j]);
+            const uint16_t *vj = v + (size_t)j * stride + i0;
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(pj, load8_f16(vj, 8 * r), acc[r]);
+        }
+        for (int r = 0; r < 8; r++) _mm256_storeu_ps(out + i0 + 8 * r, acc[r]);
+    }
+    if (i0 < d)
+        for (int64_t j = 0; j < n; j++) axpy_f16(p[j], v + (size_t)j * stride + i0, out + i0, d - i0);
+}
+
 void li_kernels_fill_avx2(li_kernels *t) {
     li_kernels_fill_scalar(t);
     t->isa = LI_ISA_AVX2;
@@ -1107,6 +1158,8 @@ void li_kernels_fill_avx2(li_kernels *t) {
     t->quant_act[LI_ACT_Q8_0] = quant_act_q8_0;
     t->quant_act[LI_ACT_Q8_1] = quant_act_q8_1;
     t->quant_act[LI_ACT_Q8_K] = quant_act_q8_K;
+    t->attn_scores_f16 = attn_scores_f16;
+    t->attn_accum_f16 = attn_accum_f16;
     t->rms_norm = rms_norm;
     t->softmax = softmax;
     t->lut_apply = lut_apply;
