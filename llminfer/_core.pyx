@@ -336,3 +336,29 @@ def attn_kernel(bint accumulate, const float[::1] a, const uint16_t[:, ::1] cach
     with nogil:
         st = C.li_attn_kernel(accumulate, &a[0], &cache[0, 0], n, d, cache.shape[1], scale, &out[0])
     check(st, "attn_kernel")
+
+
+# ---- GGUF string arrays (llminfer.gguf_file) ----
+
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.string cimport memcpy
+
+
+def read_strings(const uint8_t[::1] buf, Py_ssize_t pos, Py_ssize_t count):
+    """Decode `count` GGUF strings (uint64 length + UTF-8 bytes) starting at
+    byte `pos` of buf. Returns (strings, end position, number read): when the
+    buffer ends early, strings is None and the position and count say where
+    it stopped. Invalid UTF-8 becomes U+FFFD (vocabularies hold byte pieces)."""
+    cdef Py_ssize_t end = buf.shape[0], i
+    cdef uint64_t n
+    out = [None] * count
+    for i in range(count):
+        if end - pos < 8:
+            return None, pos, i
+        memcpy(&n, &buf[pos], 8)
+        pos += 8
+        if n > <uint64_t>(end - pos):
+            return None, pos, i
+        out[i] = PyUnicode_DecodeUTF8(<const char *>&buf[pos], <Py_ssize_t>n, "replace")
+        pos += <Py_ssize_t>n
+    return out, pos, count

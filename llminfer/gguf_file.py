@@ -142,22 +142,12 @@ class _Cursor:
         raise GGUFError(f"{self.path}: array {key!r} has unsupported element type {etype.name}")
 
     def strings(self, count, key):
-        buf, pos, end = self.buf, self.pos, self.end
-        out = [None] * count
-        unpack = struct.Struct("<Q").unpack_from
-        for i in range(count):
-            if pos + 8 > end:
-                self.pos = pos
-                self.need(8, f"string {i} of {key!r}")
-            n = unpack(buf, pos)[0]
-            pos += 8
-            if n > end - pos:
-                self.pos = pos
-                self.need(n, f"string {i} of {key!r}")
-            # vocabularies may hold byte fragments that are not valid UTF-8 alone
-            out[i] = bytes(buf[pos:pos + n]).decode("utf-8", errors="replace")
-            pos += n
+        from llminfer import _core
+
+        out, pos, done = _core.read_strings(self.buf, self.pos, count)
         self.pos = pos
+        if out is None:
+            self.need(self.end - pos + 1, f"string {done} of {key!r}")
         return out
 
 
@@ -184,7 +174,7 @@ class GGUFFile:
             raise
 
     def _parse(self):
-        cur = _Cursor(memoryview(self._map), self.path)
+        cur = _Cursor(self._map, self.path)
         magic = bytes(self._map[:4])
         if magic != GGUF_MAGIC:
             raise GGUFError(f"{self.path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")

@@ -1,0 +1,234 @@
+"""llminfer against llama.cpp (through llama-cpp-python), side by side.
+
+For each model and thread count, each engine runs in a fresh process (so load
+time and peak RSS are its own): load the model, evaluate a 512-token prompt
+(pp512), then generate 128 tokens greedily one at a time (tg128). Runs
+alternate between the engines, at least 3 each, and the table shows medians
+and the ratio llminfer / llama.cpp (above 1 is better for speeds; below 1 is
+better for times and memory).
+
+Both engines are driven through their lowest-overhead paths: llminfer's
+native forward pass, llama.cpp's llama_decode through the low-level API
+(logits read in place), with greedy picks by numpy argmax for both.
+
+For generation the table also shows the bytes read per generated token
+(weights, plus the KV cache at the average position) and the read bandwidth
+that implies, beside the machine's measured read bandwidth.
+
+    PYTHONPATH=. python bench/compare.py                      # the issue's rows
+    PYTHONPATH=. python bench/compare.py -m model.gguf -t 2 -r 5 --json
+Needs llminfer and llama-cpp-python importable by the same Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+N_PROMPT = 512
+N_GEN = 128
+
+
+# ---- workers (run in a child process) ----
+
+def worker_llminfer(path, threads):
+    t0 = time.perf_counter()
+    import llminfer
+
+    llm = llminfer.LLM(path, n_ctx=N_PROMPT + N_GEN + 8, n_threads=threads, n_batch=N_PROMPT)
+    load = time.perf_counter() - t0
+    ids = np.random.default_rng(0).integers(0, llm.n_vocab, N_PROMPT).astype(np.int32)
+    t = time.perf_counter()
+    llm._forward(ids, logits_all=False)
+    tok = np.array([int(np.argmax(llm._last_logits))], dtype=np.int32)
+    ttft = time.perf_counter() - t
+    pp = N_PROMPT / ttft
+    t = time.perf_counter()
+    for _ in range(N_GEN):
+        llm._forward(tok, logits_all=False)
+        tok[0] = int(np.argmax(llm._last_logits))
+    tg = N_GEN / (time.perf_counter() - t)
+    spec = llm.spec
+    kv = kv_bytes_per_token(spec)
+    return {"load": load, "pp": pp, "tg": tg, "ttft": ttft, "weights": spec.weight_bytes(), "kv": kv}
+
+
+def kv_bytes_per_token(spec, kv_elt=2):
+    """KV bytes read for one generated token at the average position of tg128."""
+    pos = N_PROMPT + N_GEN / 2
+    total = 0
+    for L in spec.layers:
+        span = min(pos, L.sliding_window) if L.sliding_window else pos
+        total += span * spec.n_head_kv * (spec.head_dim + spec.head_dim_v) * kv_elt
+    return int(total)
+
+
+def worker_llamacpp(path, threads):
+    t0 = time.perf_counter()
+    import ctypes
+
+    import llama_cpp as L
+
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    model = L.llama_model_load_from_file(path.encode(), mp)
+    cp = L.llama_context_default_params()
+    cp.n_ctx = N_PROMPT + N_GEN + 8
+    cp.n_batch = N_PROMPT
+    cp.n_ubatch = N_PROMPT
+    cp.n_threads = threads
+    cp.n_threads_batch = threads
+    ctx = L.llama_init_from_model(model, cp)
+    vocab = L.llama_model_get_vocab(model)
+    n_vocab = L.llama_vocab_n_tokens(vocab)
+    load = time.perf_counter() - t0
+
+    def logits():
+        ptr = L.llama_get_logits_ith(ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(n_vocab,))
+
+    ids = np.random.default_rng(0).integers(0, n_vocab, N_PROMPT).astype(np.int32)
+    arr = (L.llama_token * N_PROMPT)(*ids.tolist())
+    t = time.perf_counter()
+    if L.llama_decode(ctx, L.llama_batch_get_one(arr, N_PROMPT)) != 0:
+        raise RuntimeError("llama_decode failed")
+    tok = int(np.argmax(logits()))
+    ttft = time.perf_counter() - t
+    pp = N_PROMPT / ttft
+    one = (L.llama_token * 1)()
+    t = time.perf_counter()
+    for _ in range(N_GEN):
+        one[0] = tok
+        if L.llama_decode(ctx, L.llama_batch_get_one(one, 1)) != 0:
+            raise RuntimeError("llama_decode failed")
+        tok = int(np.argmax(logits()))
+    tg = N_GEN / (time.perf_counter() - t)
+    del ctypes
+    return {"load": load, "pp": pp, "tg": tg, "ttft": ttft}
+
+
+def worker_main(engine, path, threads):
+    fn = worker_llminfer if engine == "llminfer" else worker_llamacpp
+    out = fn(path, threads)
+    # ru_maxrss: kilobytes on Linux, bytes on macOS
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out["rss_mb"] = rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
+    print(json.dumps(out))
+
+
+# ---- driver ----
+
+def read_bandwidth(threads):
+    """GB/s reading a 256 MiB buffer with llminfer's probe (median of 5)."""
+    from llminfer import _core
+
+    buf = np.ones(256 << 20, dtype=np.uint8)
+    _core.bench_read(buf, threads)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        _core.bench_read(buf, threads)
+        times.append(time.perf_counter() - t)
+    return buf.nbytes / statistics.median(times) / 1e9
+
+
+def run_worker(python, engine, path, threads, env):
+    cmd = [python, os.path.abspath(__file__), "--worker", engine, str(path), str(threads)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        raise RuntimeError(f"{engine} worker failed on {path}:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def default_models():
+    from llminfer import hub
+
+    smol = hub.pull("smollm2-135m-instruct")
+    qdir = os.path.join(hub.cache_dir(), "models")
+    models = []
+    for preset in ("Q4_0", "Q4_1", "Q8_0", "Q4_K_M"):
+        if preset == "Q4_1":
+            models.append(str(smol))
+            continue
+        out = os.path.join(qdir, f"SmolLM2-135M-Instruct.{preset}.gguf")
+        if not os.path.exists(out):
+            from llminfer.quantize_model import quantize_model
+
+            print(f"making {out} with llminfer's quantizer", file=sys.stderr)
+            quantize_model(smol, out, preset)
+        models.append(out)
+    models.append(str(hub.pull("gemma3-270m")))
+    return models
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worker", nargs=3, metavar=("ENGINE", "MODEL", "THREADS"), help=argparse.SUPPRESS)
+    p.add_argument("-m", "--model", action="append", help="GGUF file (repeatable; default: the issue's rows)")
+    p.add_argument("-t", "--threads", default="1,2", help="comma-separated thread counts")
+    p.add_argument("-r", "--runs", type=int, default=3, help="runs per engine per row (interleaved)")
+    p.add_argument("--peer-python", default=sys.executable, help="Python that has llama-cpp-python")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    if a.worker:
+        worker_main(a.worker[0], a.worker[1], int(a.worker[2]))
+        return 0
+
+    models = a.model or default_models()
+    threads = [int(t) for t in a.threads.split(",")]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    bw = {t: read_bandwidth(t) for t in threads}
+    rows = []
+    for path in models:
+        for t in threads:
+            runs = {"llminfer": [], "llama.cpp": []}
+            for r in range(a.runs):
+                order = ("llminfer", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "llminfer")
+                for engine in order:
+                    python = sys.executable if engine == "llminfer" else a.peer_python
+                    runs[engine].append(run_worker(python, "llminfer" if engine == "llminfer" else "llamacpp",
+                                                   path, t, env))
+            med = {e: {k: statistics.median(r[k] for r in rs) for k in ("load", "pp", "tg", "ttft", "rss_mb")}
+                   for e, rs in runs.items()}
+            ours = runs["llminfer"][0]
+            per_token = ours["weights"] + ours["kv"]
+            rows.append({"model": os.path.basename(path), "threads": t, "ours": med["llminfer"],
+                         "peer": med["llama.cpp"], "bytes_per_token": per_token,
+                         "bandwidth_gbs": bw[t],
+                         "implied_gbs_ours": per_token * med["llminfer"]["tg"] / 1e9,
+                         "implied_gbs_peer": per_token * med["llama.cpp"]["tg"] / 1e9})
+            print_row(rows[-1], header=len(rows) == 1, json_out=a.json)
+    if a.json:
+        print(json.dumps({"runs_per_engine": a.runs, "rows": rows}, indent=2))
+    return 0
+
+
+def print_row(r, header, json_out):
+    if json_out:
+        return
+    if header:
+        print(f"{'model':<34} {'thr':>3} | {'pp512 t/s (ours/peer = x)':>28} | {'tg128 t/s (ours/peer = x)':>27} | "
+              f"{'TTFT ms (ours/peer)':>20} | {'load ms':>13} | {'peak RSS MB':>15} | "
+              f"{'MB/token':>8} {'GB/s ours/peer of bw':>22}")
+    o, q = r["ours"], r["peer"]
+    print(f"{r['model'][:34]:<34} {r['threads']:>3} | "
+          f"{o['pp']:>8.1f} / {q['pp']:>8.1f} = {o['pp'] / q['pp']:>4.2f} | "
+          f"{o['tg']:>7.1f} / {q['tg']:>7.1f} = {o['tg'] / q['tg']:>4.2f} | "
+          f"{o['ttft'] * 1e3:>8.0f} / {q['ttft'] * 1e3:>8.0f} | "
+          f"{o['load'] * 1e3:>5.0f} / {q['load'] * 1e3:>5.0f} | "
+          f"{o['rss_mb']:>6.0f} / {q['rss_mb']:>6.0f} | "
+          f"{r['bytes_per_token'] / 1e6:>8.1f} {r['implied_gbs_ours']:>6.1f} / {r['implied_gbs_peer']:>5.1f} of {r['bandwidth_gbs']:.1f}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
