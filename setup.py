@@ -44,6 +44,7 @@ def target_arch():
 # kernel file -> flags (gcc/clang, msvc), applied only when building for its family
 ISA_FLAGS = {
     "x86_avx2.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
+    "x86_avx2_gemm.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
     "arm_neon_dot.c": ("arm64", ["-march=armv8.2-a+dotprod"], []),
 }
 

@@ -27,6 +27,15 @@ void li_quantize_acts(int type, const float *x, int64_t x_stride, int64_t n, int
 void li_matmul_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
                  int ith, int nth);
 
+/* Prefill over packed panels (gemm.c), for batches of at least LI_GEMM_MIN_N
+ * rows of a type with a panel form at a level with a panel kernel. Each
+ * thread needs li_gemm_scratch_bytes of its own scratch. */
+#define LI_GEMM_MIN_N 4
+int li_gemm_applies(int type, int64_t n);
+size_t li_gemm_scratch_bytes(int type, int64_t k, int64_t n);
+void li_gemm_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
+               void *scratch, int ith, int nth);
+
 /* RoPE: freqs[i] = freq_scale * freq_base^(-2i/n_rot) for i < n_rot/2 (once per model) */
 void li_rope_freqs(int64_t n_rot, float freq_base, float freq_scale, double *freqs);
 /* cs[t, i] = (cos, sin) of pos[t] * freqs[i] (once per batch, shared by all layers and heads) */

@@ -53,6 +53,8 @@ struct li_context {
     void *xq[LI_ACT_COUNT];/* quantized activations, one buffer per format, rows of the widest input */
     size_t xq_row[LI_ACT_COUNT];
     float *scores;         /* [max_threads, n_ctx] attention weights */
+    char *gemm_scratch;    /* [max_threads] regions of gemm_bytes for prefill panels */
+    size_t gemm_bytes;
     int32_t *pos;          /* [n_batch] */
 
     /* RoPE: one frequency table per distinct (base, scale), and per batch a cos/sin table */
@@ -155,6 +157,7 @@ void li_context_free(li_context *c) {
     free_aligned(c->u);
     for (int a = 0; a < LI_ACT_COUNT; a++) free_aligned(c->xq[a]);
     free_aligned(c->scores);
+    free_aligned(c->gemm_scratch);
     free(c->pos);
     free(c->rope_freqs);
     free_aligned(c->rope_cs);
@@ -162,11 +165,14 @@ void li_context_free(li_context *c) {
     free(c);
 }
 
-/* note which activation formats the model's projections need, and how wide */
+/* note which activation formats the model's projections need, how wide, and
+ * how much prefill scratch each thread needs */
 static void need_act(li_context *c, const li_matrix *w) {
     const int a = li_types[w->type].act_type;
     const size_t row = li_act_row_bytes(a, w->k);
     if (row > c->xq_row[a]) c->xq_row[a] = row;
+    const size_t g = li_gemm_scratch_bytes(w->type, w->k, c->n_batch);
+    if (g > c->gemm_bytes) c->gemm_bytes = (g + 63) / 64 * 64;
 }
 
 int li_context_create(const li_model_desc *m, int n_ctx, int n_batch, int kv_type, int max_threads,
@@ -245,10 +251,11 @@ int li_context_create(const li_model_desc *m, int n_ctx, int n_batch, int kv_typ
     c->g = alloc_aligned(nb * (size_t)m->n_ff * sizeof(float));
     c->u = alloc_aligned(nb * (size_t)m->n_ff * sizeof(float));
     c->scores = alloc_aligned((size_t)max_threads * (size_t)n_ctx * sizeof(float));
+    c->gemm_scratch = alloc_aligned((size_t)max_threads * LI_MAX(c->gemm_bytes, 64));
     c->pos = malloc(nb * sizeof(int32_t));
     c->rope_cs = alloc_aligned((size_t)c->n_rope * nb * (size_t)m->n_rot * sizeof(float));
     if (!c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u ||
-        !c->scores || !c->pos || !c->rope_cs)
+        !c->scores || !c->gemm_scratch || !c->pos || !c->rope_cs)
         goto nomem;
     for (int a = 0; a < LI_ACT_COUNT; a++) {
         if (c->xq_row[a] == 0) continue;
@@ -288,7 +295,11 @@ static void quantize_rows_for(li_context *c, const float *src, int64_t k, int64_
 static void matmul(li_context *c, const li_matrix *w, int64_t n, float *y, int64_t y_stride, int ith,
                    int nth) {
     const li_weight wt = {w->data, w->type, w->rows, w->k, w->nbytes / (size_t)w->rows};
-    li_matmul_q(&wt, c->xq[li_types[w->type].act_type], n, y, y_stride, ith, nth);
+    const void *xq = c->xq[li_types[w->type].act_type];
+    if (li_gemm_applies(w->type, n))
+        li_gemm_q(&wt, xq, n, y, y_stride, c->gemm_scratch + (size_t)ith * c->gemm_bytes, ith, nth);
+    else
+        li_matmul_q(&wt, xq, n, y, y_stride, ith, nth);
 }
 
 /* h = act(g) * u over [n, k], then quantized for w; split by activation

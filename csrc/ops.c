@@ -158,20 +158,31 @@ int li_matmul(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, 
     if (n == 0) return LI_OK;
     const int act = li_types[type].act_type;
     if (k % li_act_block_size(act) != 0) return LI_E_SHAPE;
+    const int nt = team_size(n_threads);
+    const int gemm = li_gemm_applies(type, n);
+    const size_t per_thread = gemm ? li_gemm_scratch_bytes(type, k, n) : 0;
     void *xq = malloc(li_act_row_bytes(act, k) * (size_t)n);
-    if (!xq) return LI_E_NOMEM;
+    char *scratch = gemm ? malloc(per_thread * (size_t)nt) : NULL;
+    if (!xq || (gemm && !scratch)) {
+        free(xq);
+        free(scratch);
+        return LI_E_NOMEM;
+    }
     const li_weight wt = {w, type, rows, k, row};
-    (void)n_threads;
 #ifdef _OPENMP
-#pragma omp parallel num_threads(team_size(n_threads))
+#pragma omp parallel num_threads(nt)
 #endif
     {
         const int ith = li_thread_index(), nth = li_thread_count();
         li_quantize_acts(type, x, k, n, k, xq, ith, nth);
         LI_BARRIER();
-        li_matmul_q(&wt, xq, n, y, rows, ith, nth);
+        if (gemm)
+            li_gemm_q(&wt, xq, n, y, rows, scratch + per_thread * (size_t)ith, ith, nth);
+        else
+            li_matmul_q(&wt, xq, n, y, rows, ith, nth);
     }
     free(xq);
+    free(scratch);
     return LI_OK;
 }
 

@@ -21,8 +21,13 @@ from tiny_models import TinyConfig, write_model
 # (about 0.4% per product), compounded over the layers of the tiny models.
 TOL_FLOAT_WEIGHTS = 5e-3
 TOL_QUANT_WEIGHTS = 3e-2
-# Prefill and decode run the same kernels on the same data.
+# Prefill multiplies batches with panel kernels that sum in another order
+# than decode's dot kernels: with float weights and an F32 cache that is the
+# only difference. Quantized weights add 8-bit activations, where a last-bit
+# difference can round a value to the next step (~1/254 of its block), and
+# an F16 cache, which rounds the same way at 1/2048.
 TOL_BATCHING = 1e-4
+TOL_BATCHING_QUANT = 1e-2
 
 FLOAT_TYPES = {"F32", "F16", "BF16"}
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
@@ -46,9 +51,9 @@ def tiny(tmp_path_factory):
     return get
 
 
-def run(path, tokens, step=None, n_ctx=128, n_batch=64, swa_full=False, threads=2):
+def run(path, tokens, step=None, n_ctx=128, n_batch=64, swa_full=False, threads=2, kv_f16=True):
     spec = build_spec(GGUFFile(path))
-    ctx = _core.Context(_core.ModelDesc(spec), n_ctx, n_batch, 1, threads, swa_full)
+    ctx = _core.Context(_core.ModelDesc(spec), n_ctx, n_batch, int(kv_f16), threads, swa_full)
     n = len(tokens)
     out = np.zeros((n, spec.n_vocab), dtype=np.float32)
     step = step or n
@@ -89,14 +94,20 @@ def test_logits_match_numpy_reference(tiny, arch, qtype, isa):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_prefill_and_decode_agree(tiny, arch, isa):
-    path = tiny(arch, "Q4_K")
+@pytest.mark.parametrize("qtype", ["F32", "Q4_0", "Q4_K", "Q8_0"])
+def test_prefill_and_decode_agree(tiny, arch, qtype, isa):
+    path = tiny(arch, qtype)
     toks = tokens_for(7)
-    whole = run(path, toks)
+    exact = qtype == "F32"
+    whole = run(path, toks, kv_f16=not exact)
     scale = np.abs(whole).max()
+    s = np.sort(whole, axis=-1)
+    clear = (s[:, -1] - s[:, -2]) > 0.05 * scale
     for step in (1, 5, 17):
-        part = run(path, toks, step=step)
-        assert np.abs(part - whole).max() / scale < TOL_BATCHING, f"step {step}"
+        part = run(path, toks, step=step, kv_f16=not exact)
+        err = np.abs(part - whole).max() / scale
+        assert err < (TOL_BATCHING if exact else TOL_BATCHING_QUANT), f"step {step}: {err:.2e}"
+        assert np.array_equal(part.argmax(-1)[clear], whole.argmax(-1)[clear])
 
 
 def test_thread_counts_agree(tiny):

@@ -17,6 +17,7 @@
 
 #include "../arch.h"
 #include "../blocks.h"
+#include "../gemm.h"
 #include "../llminfer.h"
 
 /* activation formats (indices into li_kernels.quant_act) */
@@ -77,6 +78,10 @@ typedef struct li_kernels {
     /* out[0..d) += sum over j < n of p[j] * row j of v */
     void (*attn_accum_f16)(const float *p, const uint16_t *v, size_t stride, int64_t n, int64_t d,
                            float *out);
+
+    /* prefill kernels over packed panels (gemm.h), by panel kind; NULL: the
+     * level multiplies batches with its dot kernels */
+    li_gemm_fn gemm[3];
 } li_kernels;
 
 /* per-type facts (qtypes.c) */
@@ -95,6 +100,7 @@ int li_act_block_size(int act);
 void li_kernels_fill_scalar(li_kernels *t);
 #if defined(LI_ARCH_X86)
 void li_kernels_fill_avx2(li_kernels *t);
+void li_gemm_fill_avx2(li_kernels *t); /* x86_avx2_gemm.c */
 #endif
 #if defined(LI_ARCH_ARM64)
 void li_kernels_fill_neon(li_kernels *t);

@@ -1160,6 +1160,7 @@ void li_kernels_fill_avx2(li_kernels *t) {
     t->quant_act[LI_ACT_Q8_K] = quant_act_q8_K;
     t->attn_scores_f16 = attn_scores_f16;
     t->attn_accum_f16 = attn_accum_f16;
+    li_gemm_fill_avx2(t);
     t->rms_norm = rms_norm;
     t->softmax = softmax;
     t->lut_apply = lut_apply;

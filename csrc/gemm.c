@@ -1,0 +1,264 @@
+/* gemm.c: packing weight rows into panels (gemm.h) and the prefill driver.
+ *
+ * Packing is plain C over the unpackers of unpack.h: it runs once per group
+ * of 8 rows and is then reused by every activation row of the batch, so its
+ * cost is a few percent of the products it feeds.
+ */
+#include <string.h>
+
+#include "common.h"
+#include "gemm.h"
+#include "kernels/kernels.h"
+#include "kernels/unpack.h"
+#include "matmul.h"
+
+#define R LI_PANEL_ROWS
+
+int li_panel_kind(int type) {
+    switch (type) {
+    case LI_TYPE_Q4_0: case LI_TYPE_Q4_1: case LI_TYPE_Q5_0: case LI_TYPE_Q5_1: case LI_TYPE_Q8_0:
+        return LI_PANEL_BLK32;
+    case LI_TYPE_Q2_K: case LI_TYPE_Q3_K: case LI_TYPE_Q4_K: case LI_TYPE_Q5_K: case LI_TYPE_Q6_K:
+        return LI_PANEL_KSUPER;
+    default:
+        return LI_PANEL_NONE;
+    }
+}
+
+/* the panel's arrays, carved from one scratch buffer (each 32-byte aligned
+ * when the buffer is) */
+static size_t layout(int kind, int64_t k, int sign, void *base, li_panel *p) {
+    char *at = (char *)base;
+    size_t used = 0;
+#define TAKE(ptr, type, count)                                     \
+    do {                                                           \
+        const size_t bytes_ = ((size_t)(count) * sizeof(type) + 31) & ~(size_t)31; \
+        if (p) p->ptr = (type *)(void *)(at + used);                \
+        used += bytes_;                                            \
+    } while (0)
+    if (kind == LI_PANEL_BLK32) {
+        const int64_t nb = k / 32;
+        TAKE(w, uint8_t, nb * 32 * R);
+        if (sign) TAKE(wa, uint8_t, nb * 32 * R);
+        TAKE(d, float, nb * R);
+        TAKE(m, float, nb * R);
+    } else {
+        const int64_t nb = k / QK_K;
+        TAKE(w, uint8_t, nb * QK_K * R);
+        TAKE(d, float, nb * R);
+        TAKE(m, float, nb * R);
+        TAKE(sc, int16_t, nb * 16 * R * 2);
+        TAKE(mc, int16_t, nb * 8 * R * 2);
+    }
+#undef TAKE
+    return used;
+}
+
+size_t li_panel_bytes(int type, int64_t k) {
+    const int kind = li_panel_kind(type);
+    return kind == LI_PANEL_NONE ? 0 : layout(kind, k, type == LI_TYPE_Q8_0, NULL, NULL);
+}
+
+/* values 4j..4j+3 of a row's block go to chunk j, lane r: scatter n values
+ * of row r starting at dst (the block's first chunk), adding `off` */
+static inline void put_chunks(uint8_t *dst, int r, const int8_t *q, int n, int off) {
+    for (int j = 0; j < n / 4; j++) {
+        uint8_t *c = dst + ((size_t)j * R + (size_t)r) * 4;
+        for (int e = 0; e < 4; e++) c[e] = (uint8_t)(q[4 * j + e] + off);
+    }
+}
+
+static void pack_blk32(int type, const void *w, size_t row_bytes, int nr, int64_t nb, li_panel *p) {
+    int8_t q[32];
+    for (int r = 0; r < nr; r++) {
+        const char *row = (const char *)w + (size_t)r * row_bytes;
+        for (int64_t b = 0; b < nb; b++) {
+            float d = 0.0f, m = 0.0f;
+            switch (type) {
+            case LI_TYPE_Q4_0: {
+                const block_q4_0 *x = (const block_q4_0 *)row + b;
+                unpack_q4_0(x, q);
+                for (int i = 0; i < 32; i++) q[i] = (int8_t)(q[i] + 8); /* 0..15, offset 8 */
+                d = li_f16_to_f32(x->d);
+                break;
+            }
+            case LI_TYPE_Q5_0: {
+                const block_q5_0 *x = (const block_q5_0 *)row + b;
+                unpack_5bit(x->qh, x->qs, q); /* 0..31, offset 16 */
+                d = li_f16_to_f32(x->d);
+                break;
+            }
+            case LI_TYPE_Q4_1: {
+                const block_q4_1 *x = (const block_q4_1 *)row + b;
+                unpack_q4_1(x, q);
+                d = li_f16_to_f32(x->d);
+                m = li_f16_to_f32(x->m);
+                break;
+            }
+            case LI_TYPE_Q5_1: {
+                const block_q5_1 *x = (const block_q5_1 *)row + b;
+                unpack_5bit(x->qh, x->qs, q);
+                d = li_f16_to_f32(x->d);
+                m = li_f16_to_f32(x->m);
+                break;
+            }
+            default: { /* Q8_0 */
+                const block_q8_0 *x = (const block_q8_0 *)row + b;
+                memcpy(q, x->qs, 32);
+                d = li_f16_to_f32(x->d);
+                break;
+            }
+            }
+            put_chunks(p->w + (size_t)b * 32 * R, r, q, 32, 0);
+            if (p->sign) {
+                int8_t a[32];
+                for (int i = 0; i < 32; i++) a[i] = (int8_t)(q[i] < 0 ? -q[i] : q[i]);
+                put_chunks(p->wa + (size_t)b * 32 * R, r, a, 32, 0);
+            }
+            p->d[b * R + r] = d;
+            p->m[b * R + r] = m;
+        }
+    }
+}
+
+/* K-quants: value = d * sc_g * u - m * mc_g for group g of 16, u unsigned */
+static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64_t nb, li_panel *p) {
+    int8_t q[QK_K];
+    int sc[16], mn[16];
+    for (int r = 0; r < nr; r++) {
+        const char *row = (const char *)w + (size_t)r * row_bytes;
+        for (int64_t s = 0; s < nb; s++) {
+            float d, m;
+            int off = 0; /* u = q + off */
+            switch (type) {
+            case LI_TYPE_Q2_K: {
+                const block_q2_K *x = (const block_q2_K *)row + s;
+                unpack_q2_K(x, q, sc, mn);
+                d = li_f16_to_f32(x->d);
+                m = li_f16_to_f32(x->dmin);
+                break;
+            }
+            case LI_TYPE_Q3_K: {
+                const block_q3_K *x = (const block_q3_K *)row + s;
+                unpack_q3_K(x, q, sc);
+                d = m = li_f16_to_f32(x->d);
+                off = 4;
+                for (int g = 0; g < 16; g++) mn[g] = 4 * sc[g];
+                break;
+            }
+            case LI_TYPE_Q6_K: {
+                const block_q6_K *x = (const block_q6_K *)row + s;
+                unpack_q6_K(x, q);
+                d = m = li_f16_to_f32(x->d);
+                off = 32;
+                for (int g = 0; g < 16; g++) {
+                    sc[g] = x->scales[g];
+                    mn[g] = 32 * sc[g];
+                }
+                break;
+            }
+            default: { /* Q4_K, Q5_K: 8 groups of 32 */
+                int sc8[8], mn8[8];
+                if (type == LI_TYPE_Q4_K) {
+                    const block_q4_K *x = (const block_q4_K *)row + s;
+                    unpack_q4_K(x, q, sc8, mn8);
+                    d = li_f16_to_f32(x->d);
+                    m = li_f16_to_f32(x->dmin);
+                } else {
+                    const block_q5_K *x = (const block_q5_K *)row + s;
+                    unpack_q5_K(x, q, sc8, mn8);
+                    d = li_f16_to_f32(x->d);
+                    m = li_f16_to_f32(x->dmin);
+                }
+                for (int g = 0; g < 16; g++) {
+                    sc[g] = sc8[g / 2];
+                    mn[g] = mn8[g / 2];
+                }
+                break;
+            }
+            }
+            put_chunks(p->w + (size_t)s * QK_K * R, r, q, QK_K, off);
+            p->d[s * R + r] = d;
+            p->m[s * R + r] = m;
+            for (int g = 0; g < 16; g++) {
+                int16_t *t = p->sc + (((size_t)s * 16 + (size_t)g) * R + (size_t)r) * 2;
+                t[0] = t[1] = (int16_t)sc[g];
+            }
+            for (int pr = 0; pr < 8; pr++) {
+                int16_t *t = p->mc + (((size_t)s * 8 + (size_t)pr) * R + (size_t)r) * 2;
+                t[0] = (int16_t)mn[2 * pr];
+                t[1] = (int16_t)mn[2 * pr + 1];
+            }
+        }
+    }
+}
+
+void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k, void *scratch,
+                   li_panel *p) {
+    memset(p, 0, sizeof(*p));
+    p->kind = li_panel_kind(type);
+    p->sign = type == LI_TYPE_Q8_0;
+    p->offset = type == LI_TYPE_Q4_0 ? 8 : type == LI_TYPE_Q5_0 ? 16 : 0;
+    p->has_min = type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_1 || p->kind == LI_PANEL_KSUPER;
+    switch (type) {
+    case LI_TYPE_Q2_K: p->bits = 2; break;
+    case LI_TYPE_Q3_K: p->bits = 3; break;
+    case LI_TYPE_Q4_0: case LI_TYPE_Q4_1: case LI_TYPE_Q4_K: p->bits = 4; break;
+    case LI_TYPE_Q5_0: case LI_TYPE_Q5_1: case LI_TYPE_Q5_K: p->bits = 5; break;
+    case LI_TYPE_Q6_K: p->bits = 6; break;
+    default: p->bits = 8; break; /* Q8_0: magnitudes up to 127 */
+    }
+    const size_t bytes = layout(p->kind, k, p->sign, scratch, p);
+    if (nr < R) memset(scratch, 0, bytes); /* rows past nr: zeros, their results unused */
+    if (p->kind == LI_PANEL_BLK32) {
+        p->nb = k / 32;
+        pack_blk32(type, w, row_bytes, nr, p->nb, p);
+    } else {
+        p->nb = k / QK_K;
+        pack_ksuper(type, w, row_bytes, nr, p->nb, p);
+    }
+}
+
+/* ---- the driver ---- */
+
+size_t li_gemm_scratch_bytes(int type, int64_t k, int64_t n) {
+    if (li_panel_kind(type) == LI_PANEL_NONE) return 0;
+    return li_panel_bytes(type, k) + 64 + (size_t)n * (size_t)(k / 32) * sizeof(int32_t);
+}
+
+int li_gemm_applies(int type, int64_t n) {
+    const int kind = li_panel_kind(type);
+    return n >= LI_GEMM_MIN_N && kind != LI_PANEL_NONE && li_K->gemm[kind] != NULL;
+}
+
+void li_gemm_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
+               void *scratch, int ith, int nth) {
+    const int act = li_types[w->type].act_type;
+    const size_t xs = li_act_row_bytes(act, w->k);
+    const li_gemm_fn kernel = li_K->gemm[li_panel_kind(w->type)];
+    char *base = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    int32_t *asum = (int32_t *)(void *)(base + li_panel_bytes(w->type, w->k));
+    const int64_t nb32 = w->k / 32;
+    const int offset = w->type == LI_TYPE_Q4_0 ? 8 : w->type == LI_TYPE_Q5_0 ? 16 : 0;
+    if (offset) {
+        /* each thread sums the activation blocks it will need (all of them),
+         * times the weights' offset */
+        for (int64_t c = 0; c < n; c++) {
+            const act_q8_0 *a = (const act_q8_0 *)(const void *)((const char *)xq + (size_t)c * xs);
+            for (int64_t b = 0; b < nb32; b++) {
+                int32_t s = 0;
+                for (int i = 0; i < 32; i++) s += a[b].qs[i];
+                asum[c * nb32 + b] = offset * s;
+            }
+        }
+    }
+    int64_t lo, hi;
+    li_split(w->rows, ith, nth, &lo, &hi);
+    li_panel p;
+    for (int64_t r0 = lo; r0 < hi; r0 += R) {
+        const int nr = (int)LI_MIN(R, hi - r0);
+        li_panel_pack(w->type, (const char *)w->data + (size_t)r0 * w->row_bytes, w->row_bytes, nr,
+                      w->k, base, &p);
+        kernel(&p, nr, xq, xs, n, asum, y + r0, (size_t)y_stride);
+    }
+}

@@ -1,0 +1,62 @@
+/* gemm.h: prefill matrix products over packed weight panels.
+ *
+ * For a batch of activation rows, each group of LI_PANEL_ROWS weight rows is
+ * first unpacked (plain C, gemm.c) into a panel whose rows are interleaved
+ * four values at a time: chunk j of block b holds values 4j..4j+3 of each of
+ * the 8 rows side by side, 32 bytes. A SIMD kernel then broadcasts 4
+ * activation bytes to all lanes and multiplies them with a chunk, so 32-bit
+ * lane r accumulates row r's integer dot product without any horizontal sum,
+ * and scales apply once per block (per super-block for K-quants, whose
+ * integer sub-scales ride in the multiply-add). The panel stays in L1 while
+ * every activation row passes over it.
+ *
+ * Values are stored unsigned; an offset (Q4_0: q - 8) is taken out as
+ * offset * sum(activation block), and Q8_0's signed values keep their
+ * magnitudes beside them (the kernels multiply |w| by a with w's sign).
+ */
+#ifndef LLMINFER_GEMM_H
+#define LLMINFER_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define LI_PANEL_ROWS 8
+
+enum li_panel_kind {
+    LI_PANEL_NONE = 0,   /* the type has no panel form: use the dot kernels */
+    LI_PANEL_BLK32 = 1,  /* 32-value blocks with a float scale: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 */
+    LI_PANEL_KSUPER = 2  /* 256-value super-blocks with integer sub-scales: Q2_K..Q6_K */
+};
+
+typedef struct li_panel {
+    int kind;
+    int offset;   /* BLK32: value = d * (w - offset) (+ m): the kernel subtracts offset * sum(a) */
+    int sign;     /* BLK32 (Q8_0): w holds signed values and wa their magnitudes */
+    int has_min;  /* BLK32: add m * s of the Q8_1 activation; KSUPER: subtract the mc terms */
+    int bits;     /* the stored values are below 2^bits (bounds the int16 partial sums) */
+    int64_t nb;   /* blocks of 32 (BLK32) or super-blocks of 256 (KSUPER) */
+    uint8_t *w;   /* BLK32 [nb][8][ROWS][4]; KSUPER [nb][64][ROWS][4] */
+    uint8_t *wa;  /* BLK32 with sign: |w| in the same layout */
+    float *d;     /* [nb][ROWS] block (super-block) scale */
+    float *m;     /* BLK32 [nb][ROWS] min; KSUPER [nb][ROWS] the float factor of the mc terms */
+    int16_t *sc;  /* KSUPER [nb][16 groups of 16][ROWS][2]: the group's sub-scale, twice */
+    int16_t *mc;  /* KSUPER [nb][8 pairs of groups][ROWS][2]: (group 2p, group 2p+1) corrections */
+} li_panel;
+
+/* the panel form of a weight type */
+int li_panel_kind(int type);
+/* bytes of scratch one panel of rows of k values takes */
+size_t li_panel_bytes(int type, int64_t k);
+/* unpack nr <= LI_PANEL_ROWS rows (row r at w + r * row_bytes) into scratch;
+ * missing rows are zero */
+void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k, void *scratch,
+                   li_panel *p);
+
+/* y[c * ys + r] = dot(panel row r, activation row c) for r < nr, c < n.
+ * xq: activation rows (stride xs) in the format of the panel's weight type;
+ * asum: for BLK32 panels with an offset, that offset times the sum of each
+ * activation block's values, [n][nb]. */
+typedef void (*li_gemm_fn)(const li_panel *p, int nr, const void *xq, size_t xs, int64_t n,
+                           const int32_t *asum, float *y, size_t ys);
+
+#endif

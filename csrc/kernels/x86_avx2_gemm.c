@@ -1,0 +1,191 @@
+/* x86_avx2_gemm.c: the AVX2 prefill kernels over packed panels (gemm.h).
+ * Built with -mavx2 -mfma -mf16c; filled into the AVX2 table by
+ * li_kernels_fill_avx2.
+ *
+ * A panel interleaves 8 weight rows four values at a time, so one 32-byte
+ * chunk times 4 activation bytes broadcast to every lane gives, after
+ * maddubs and madd, each row's 4-value partial dot product in its own 32-bit
+ * lane. Lanes accumulate in int32 across a block (32 values) or a K-quant
+ * super-block (256 values, the integer sub-scales multiplying in the madd),
+ * then one conversion and one fused multiply-add per block apply the scales
+ * of all 8 rows at once. Four activation rows share each chunk load.
+ */
+#include "kernels.h"
+
+#if defined(LI_ARCH_X86) && defined(__AVX2__) && (defined(_MSC_VER) || (defined(__FMA__) && defined(__F16C__)))
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#define R LI_PANEL_ROWS
+#define NC_MAX 4
+
+/* the loops below have constant trip counts once inlined; ask for them to be
+ * unrolled so every accumulator lives in a register */
+#if defined(__GNUC__)
+#define UNROLL _Pragma("GCC unroll 16")
+#else
+#define UNROLL
+#endif
+
+static inline __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static inline void store_rows(float *y, __m256 v, int nr) {
+    if (nr == R) {
+        _mm256_storeu_ps(y, v);
+        return;
+    }
+    float t[R];
+    _mm256_storeu_ps(t, v);
+    for (int r = 0; r < nr; r++) y[r] = t[r];
+}
+
+/* ---- 32-value blocks: Q4_0, Q5_0 (offset), Q4_1, Q5_1 (min), Q8_0 (signed) ---- */
+
+/* grp chunks' maddubs results are summed in int16 before one madd: 8 for
+ * 4-bit values (8 * 2*15*127 < 2^15), 4 for 5-bit, 1 for Q8_0's 8-bit ones */
+static inline void blk32_cols(const li_panel *p, int nr, const char *x, size_t xs, int64_t c0,
+                              const int nc, const int grp, const int sign, const int32_t *asum,
+                              float *y, size_t ys) {
+    const int64_t nb = p->nb;
+    const int min = p->has_min, offset = p->offset; /* asum holds offset * sum(a) */
+    const size_t ab = min ? sizeof(act_q8_1) : sizeof(act_q8_0);
+    const size_t qo = min ? offsetof(act_q8_1, qs) : offsetof(act_q8_0, qs);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[NC_MAX];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = p->w + (size_t)b * 8 * R * 4;
+        const uint8_t *wab = sign ? p->wa + (size_t)b * 8 * R * 4 : wb;
+        const char *xb[NC_MAX];
+        for (int c = 0; c < nc; c++) xb[c] = x + (size_t)(c0 + c) * xs + (size_t)b * ab;
+        __m256i ia[NC_MAX];
+        for (int c = 0; c < nc; c++) ia[c] = _mm256_setzero_si256();
+        UNROLL for (int j0 = 0; j0 < 8; j0 += grp) {
+            __m256i h[NC_MAX];
+            UNROLL for (int c = 0; c < nc; c++) h[c] = _mm256_setzero_si256();
+            UNROLL for (int j = j0; j < j0 + grp; j++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 32 * j));
+                const __m256i wa = sign ? _mm256_loadu_si256((const __m256i *)(wab + 32 * j)) : w;
+                UNROLL for (int c = 0; c < nc; c++) {
+                    const __m256i a = bcast4((const int8_t *)xb[c] + qo + 4 * j);
+                    h[c] = _mm256_add_epi16(h[c], sign ? _mm256_maddubs_epi16(wa, _mm256_sign_epi8(a, w))
+                                                       : _mm256_maddubs_epi16(w, a));
+                }
+            }
+            UNROLL for (int c = 0; c < nc; c++) ia[c] = _mm256_add_epi32(ia[c], _mm256_madd_epi16(h[c], ones));
+        }
+        const __m256 dw = _mm256_loadu_ps(p->d + b * R);
+        UNROLL for (int c = 0; c < nc; c++) {
+            if (offset) ia[c] = _mm256_sub_epi32(ia[c], _mm256_set1_epi32(asum[(c0 + c) * nb + b]));
+            float dx, sx = 0.0f;
+            memcpy(&dx, xb[c], 4); /* d comes first in both activation formats */
+            if (min) memcpy(&sx, xb[c] + offsetof(act_q8_1, s), 4);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[c]), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc[c]);
+            if (min) acc[c] = _mm256_fmadd_ps(_mm256_loadu_ps(p->m + b * R), _mm256_set1_ps(sx), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) store_rows(y + (size_t)(c0 + c) * ys, acc[c], nr);
+}
+
+#define BLK32_ALL_COLS(grp, sign)                                                               \
+    do {                                                                                        \
+        int64_t c0 = 0;                                                                         \
+        for (; c0 + NC_MAX <= n; c0 += NC_MAX)                                                  \
+            blk32_cols(p, nr, x, xs, c0, NC_MAX, grp, sign, asum, y, ys);                       \
+        switch (n - c0) {                                                                       \
+        case 3: blk32_cols(p, nr, x, xs, c0, 3, grp, sign, asum, y, ys); break;                 \
+        case 2: blk32_cols(p, nr, x, xs, c0, 2, grp, sign, asum, y, ys); break;                 \
+        case 1: blk32_cols(p, nr, x, xs, c0, 1, grp, sign, asum, y, ys); break;                 \
+        default: break;                                                                         \
+        }                                                                                       \
+    } while (0)
+
+static void gemm_blk32(const li_panel *p, int nr, const void *xq, size_t xs, int64_t n,
+                       const int32_t *asum, float *y, size_t ys) {
+    const char *x = (const char *)xq;
+    if (p->sign)
+        BLK32_ALL_COLS(1, 1);
+    else
+        BLK32_ALL_COLS(4, 0);
+}
+
+/* ---- K-quant super-blocks against act_q8_K ---- */
+
+/* within a group of 16 values (4 chunks, one sub-scale) grp chunks' maddubs
+ * results are summed in int16 first: 4 up to 5-bit values, 2 for Q6_K's 6 */
+static inline void ksuper_cols(const li_panel *p, int nr, const char *x, size_t xs, int64_t c0,
+                               const int nc, const int grp, float *y, size_t ys) {
+    const int64_t nb = p->nb;
+    __m256 acc[NC_MAX];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < nb; s++) {
+        const uint8_t *ws = p->w + (size_t)s * 64 * R * 4;
+        const act_q8_K *a[NC_MAX];
+        for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)(c0 + c) * xs) + s;
+        __m256i ia[NC_MAX], im[NC_MAX];
+        for (int c = 0; c < nc; c++) ia[c] = im[c] = _mm256_setzero_si256();
+        for (int g = 0; g < 16; g++) {
+            const __m256i sc = _mm256_loadu_si256((const __m256i *)(p->sc + ((size_t)s * 16 + (size_t)g) * R * 2));
+            UNROLL for (int j0 = 4 * g; j0 < 4 * g + 4; j0 += grp) {
+                __m256i h[NC_MAX];
+                UNROLL for (int c = 0; c < nc; c++) h[c] = _mm256_setzero_si256();
+                UNROLL for (int j = j0; j < j0 + grp; j++) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(ws + 32 * j));
+                    UNROLL for (int c = 0; c < nc; c++)
+                        h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(w, bcast4(a[c]->qs + 4 * j)));
+                }
+                UNROLL for (int c = 0; c < nc; c++) ia[c] = _mm256_add_epi32(ia[c], _mm256_madd_epi16(h[c], sc));
+            }
+        }
+        /* the mins and offsets: sum over groups of mc * (activation sum of the group) */
+        for (int pr = 0; pr < 8; pr++) {
+            const __m256i mc = _mm256_loadu_si256((const __m256i *)(p->mc + ((size_t)s * 8 + (size_t)pr) * R * 2));
+            for (int c = 0; c < nc; c++)
+                im[c] = _mm256_add_epi32(im[c], _mm256_madd_epi16(mc, bcast4((const int8_t *)(a[c]->bsums + 2 * pr))));
+        }
+        const __m256 dw = _mm256_loadu_ps(p->d + s * R), mw = _mm256_loadu_ps(p->m + s * R);
+        for (int c = 0; c < nc; c++) {
+            const __m256 dx = _mm256_set1_ps(a[c]->d);
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[c]), _mm256_mul_ps(dw, dx), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im[c]), _mm256_mul_ps(mw, dx), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) store_rows(y + (size_t)(c0 + c) * ys, acc[c], nr);
+}
+
+#define KSUPER_ALL_COLS(grp)                                                                    \
+    do {                                                                                        \
+        int64_t c0 = 0;                                                                         \
+        for (; c0 + NC_MAX <= n; c0 += NC_MAX) ksuper_cols(p, nr, x, xs, c0, NC_MAX, grp, y, ys); \
+        switch (n - c0) {                                                                       \
+        case 3: ksuper_cols(p, nr, x, xs, c0, 3, grp, y, ys); break;                            \
+        case 2: ksuper_cols(p, nr, x, xs, c0, 2, grp, y, ys); break;                            \
+        case 1: ksuper_cols(p, nr, x, xs, c0, 1, grp, y, ys); break;                            \
+        default: break;                                                                         \
+        }                                                                                       \
+    } while (0)
+
+static void gemm_ksuper(const li_panel *p, int nr, const void *xq, size_t xs, int64_t n,
+                        const int32_t *asum, float *y, size_t ys) {
+    (void)asum;
+    const char *x = (const char *)xq;
+    if (p->bits <= 5)
+        KSUPER_ALL_COLS(4);
+    else
+        KSUPER_ALL_COLS(2);
+}
+
+void li_gemm_fill_avx2(li_kernels *t) {
+    t->gemm[LI_PANEL_BLK32] = gemm_blk32;
+    t->gemm[LI_PANEL_KSUPER] = gemm_ksuper;
+}
+#elif defined(LI_ARCH_X86)
+void li_gemm_fill_avx2(li_kernels *t) { (void)t; } /* built without the AVX2 flags */
+#else
+typedef int li_empty_translation_unit;
+#endif
