@@ -159,6 +159,9 @@ static int cpu_has(int isa) {
     switch (isa) {
     case LI_ISA_SCALAR: return 1;
     case LI_ISA_AVX2: return f->avx2 && f->fma && f->f16c;
+    case LI_ISA_AVX512:
+        return f->avx2 && f->fma && f->f16c && f->avx512f && f->avx512bw && f->avx512vl &&
+               f->avx512dq && f->avx512vnni;
     case LI_ISA_NEON: return f->neon;
     case LI_ISA_NEON_DOT: return f->neon && f->dotprod;
     default: return 0;
@@ -185,6 +188,7 @@ void li_init(void) {
     ready[LI_ISA_SCALAR] = 1;
 #if defined(LI_ARCH_X86)
     if (cpu_has(LI_ISA_AVX2)) li_kernels_fill_avx2(&tables[LI_ISA_AVX2]);
+    if (cpu_has(LI_ISA_AVX512)) li_kernels_fill_avx512(&tables[LI_ISA_AVX512]);
 #endif
 #if defined(LI_ARCH_ARM64)
     if (cpu_has(LI_ISA_NEON)) li_kernels_fill_neon(&tables[LI_ISA_NEON]);

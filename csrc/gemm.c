@@ -198,7 +198,7 @@ void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k,
     memset(p, 0, sizeof(*p));
     p->kind = li_panel_kind(type);
     p->sign = type == LI_TYPE_Q8_0;
-    p->offset = type == LI_TYPE_Q4_0 ? 8 : type == LI_TYPE_Q5_0 ? 16 : 0;
+    p->offset_shift = type == LI_TYPE_Q4_0 ? 3 : type == LI_TYPE_Q5_0 ? 4 : 0;
     p->has_min = type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_1 || p->kind == LI_PANEL_KSUPER;
     switch (type) {
     case LI_TYPE_Q2_K: p->bits = 2; break;
@@ -239,16 +239,14 @@ void li_gemm_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t 
     char *base = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     int32_t *asum = (int32_t *)(void *)(base + li_panel_bytes(w->type, w->k));
     const int64_t nb32 = w->k / 32;
-    const int offset = w->type == LI_TYPE_Q4_0 ? 8 : w->type == LI_TYPE_Q5_0 ? 16 : 0;
-    if (offset) {
-        /* each thread sums the activation blocks it will need (all of them),
-         * times the weights' offset */
+    if (act == LI_ACT_Q8_0) {
+        /* each thread sums the activation blocks it will need: all of them */
         for (int64_t c = 0; c < n; c++) {
             const act_q8_0 *a = (const act_q8_0 *)(const void *)((const char *)xq + (size_t)c * xs);
             for (int64_t b = 0; b < nb32; b++) {
                 int32_t s = 0;
                 for (int i = 0; i < 32; i++) s += a[b].qs[i];
-                asum[c * nb32 + b] = offset * s;
+                asum[c * nb32 + b] = s;
             }
         }
     }

@@ -30,7 +30,8 @@ enum li_panel_kind {
 
 typedef struct li_panel {
     int kind;
-    int offset;   /* BLK32: value = d * (w - offset) (+ m): the kernel subtracts offset * sum(a) */
+    int offset_shift; /* BLK32: value = d * (w - 2^shift) (+ m), 0 for none: the kernel
+                         subtracts sum(a) << shift */
     int sign;     /* BLK32 (Q8_0): w holds signed values and wa their magnitudes */
     int has_min;  /* BLK32: add m * s of the Q8_1 activation; KSUPER: subtract the mc terms */
     int bits;     /* the stored values are below 2^bits (bounds the int16 partial sums) */
@@ -54,8 +55,8 @@ void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k,
 
 /* y[c * ys + r] = dot(panel row r, activation row c) for r < nr, c < n.
  * xq: activation rows (stride xs) in the format of the panel's weight type;
- * asum: for BLK32 panels with an offset, that offset times the sum of each
- * activation block's values, [n][nb]. */
+ * asum: for BLK32 panels whose activations are Q8_0 (Q4_0, Q5_0, Q8_0), the
+ * sum of each activation block's values, [n][nb]. */
 typedef void (*li_gemm_fn)(const li_panel *p, int nr, const void *xq, size_t xs, int64_t n,
                            const int32_t *asum, float *y, size_t ys);
 

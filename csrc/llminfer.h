@@ -56,7 +56,7 @@ const char *li_type_name(int type);
 enum li_isa {
     LI_ISA_SCALAR = 0,
     LI_ISA_AVX2 = 1,       /* x86-64 AVX2 + FMA + F16C */
-    LI_ISA_AVX512 = 2,     /* reserved: AVX-512 kernels are not written yet */
+    LI_ISA_AVX512 = 2,     /* AVX2 level plus AVX-512 F/BW/VL/DQ and VNNI (prefill kernels) */
     LI_ISA_NEON = 3,       /* aarch64 Advanced SIMD */
     LI_ISA_NEON_DOT = 4,   /* NEON plus the SDOT instruction */
     LI_ISA_COUNT = 5

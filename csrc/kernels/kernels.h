@@ -101,6 +101,7 @@ void li_kernels_fill_scalar(li_kernels *t);
 #if defined(LI_ARCH_X86)
 void li_kernels_fill_avx2(li_kernels *t);
 void li_gemm_fill_avx2(li_kernels *t); /* x86_avx2_gemm.c */
+void li_kernels_fill_avx512(li_kernels *t);
 #endif
 #if defined(LI_ARCH_ARM64)
 void li_kernels_fill_neon(li_kernels *t);
