@@ -359,17 +359,23 @@ class LLM:
             pass
         return result
 
-    def generate(self, prompt, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
-                 top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, stop=None,
-                 seed: int | None = None, stream: bool = False, **sampling_kwargs):
+    def generate(self, prompt, max_tokens: int = 128, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+                 repeat_penalty: float | None = None, stop=None, seed: int | None = None,
+                 stream: bool = False, **sampling_kwargs):
         """The completion text of `prompt`; with stream=True an iterator of text
-        pieces. Further sampling parameters (frequency_penalty, presence_penalty,
-        penalty_last_n, logit_bias) and context_shift/n_keep pass through."""
-        extra = {k: sampling_kwargs.pop(k) for k in ("context_shift", "n_keep", "sampling")
-                 if k in sampling_kwargs}
-        out = self.complete(prompt, max_tokens=max_tokens, stop=stop, stream=stream,
-                            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                            repeat_penalty=repeat_penalty, seed=seed, **extra, **sampling_kwargs)
+        pieces. A sampling parameter left at None takes its value from
+        `sampling=` (a SamplingParams) or else SamplingParams' default
+        (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1.0,
+        a fresh seed). Further sampling parameters (frequency_penalty,
+        presence_penalty, penalty_last_n, logit_bias) and context_shift/n_keep
+        pass through."""
+        # Only the parameters the caller named: passing the defaults would
+        # override the fields of a `sampling` object.
+        named = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                     repeat_penalty=repeat_penalty, seed=seed)
+        sampling_kwargs.update({k: v for k, v in named.items() if v is not None})
+        out = self.complete(prompt, max_tokens=max_tokens, stop=stop, stream=stream, **sampling_kwargs)
         return out if stream else out.text
 
     def create_completion(self, prompt, max_tokens: int = 16, stream: bool = False, **kwargs):
