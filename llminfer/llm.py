@@ -84,6 +84,16 @@ def _sampling(params: SamplingParams | None, kwargs: dict) -> SamplingParams:
     return base.replace(**kwargs) if kwargs else base.validate()
 
 
+def _stop_list(stop) -> list:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise InvalidArgumentError(f"stop must be a string or a list of strings, got {stop!r}")
+    return list(stop)
+
+
 class _StopMatcher:
     """Holds back text that might be the start of a stop string, so a partial
     stop string is never emitted; reports when one is complete."""
@@ -259,11 +269,6 @@ class LLM:
     def _token_stream(self, prompt_ids, max_tokens, params: SamplingParams, timings: Timings,
                       context_shift: bool, n_keep: int) -> Iterator[int]:
         t0 = time.perf_counter()
-        if len(prompt_ids) == 0:
-            raise InvalidArgumentError("the prompt is empty (and the vocabulary adds no BOS)")
-        if len(prompt_ids) >= self.n_ctx:
-            raise ContextFullError(f"the prompt has {len(prompt_ids)} tokens, which does not leave room "
-                                   f"for generation in n_ctx={self.n_ctx}")
         keep = self._prefix_to_keep(prompt_ids)
         self.tokens = self.tokens[:keep]
         timings.cached_tokens = keep
@@ -303,15 +308,26 @@ class LLM:
         self.tokens = []
         self._forward(np.array(kept, dtype=np.int32), logits_all=False)
 
+    def _check_run(self, prompt_ids, max_tokens, params: SamplingParams, stop, n_keep) -> list:
+        """Every check on a generation's arguments, made before anything runs,
+        so that a stream raises at the call and the context is left as it was.
+        Returns the stop strings as a list."""
+        if not isinstance(max_tokens, (int, np.integer)) or isinstance(max_tokens, bool) or max_tokens < 0:
+            raise InvalidArgumentError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
+        if not isinstance(n_keep, (int, np.integer)) or isinstance(n_keep, bool) or n_keep < 0:
+            raise InvalidArgumentError(f"n_keep must be a non-negative integer, got {n_keep!r}")
+        stop = _stop_list(stop)
+        params.validate(self.n_vocab)
+        if len(prompt_ids) == 0:
+            raise InvalidArgumentError("the prompt is empty (and the vocabulary adds no BOS)")
+        if len(prompt_ids) >= self.n_ctx:
+            raise ContextFullError(f"the prompt has {len(prompt_ids)} tokens, which does not leave room "
+                                   f"for generation in n_ctx={self.n_ctx}")
+        return stop
+
     def _run(self, prompt_ids, max_tokens, params, stop, context_shift, n_keep,
              result: Completion) -> Iterator[str]:
-        if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 0:
-            raise InvalidArgumentError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
-        if isinstance(stop, str):
-            stop = [stop]
-        if stop is not None and not all(isinstance(s, str) for s in stop):
-            raise InvalidArgumentError("stop must be a string or a list of strings")
-        matcher = _StopMatcher(stop or [])
+        matcher = _StopMatcher(stop)
         decoder = self.tokenizer.stream_decoder()
         result.prompt_tokens = len(prompt_ids)
         result.finish_reason = "length"
@@ -351,6 +367,7 @@ class LLM:
         stream=True an iterator of text pieces whose last step fills `.result`."""
         params = _sampling(sampling, sampling_kwargs)
         ids = self._prompt_ids(prompt)
+        stop = self._check_run(ids, max_tokens, params, stop, n_keep)
         result = Completion(text="")
         pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result)
         if stream:
@@ -411,7 +428,7 @@ class LLM:
     def chat_completion(self, messages, max_tokens: int = 512, stop=None, stream: bool = False,
                         **kwargs):
         """Complete an assistant turn; a Completion (or a stream of pieces)."""
-        stops = list(self.chat_format.stop_texts) + ([stop] if isinstance(stop, str) else list(stop or []))
+        stops = list(self.chat_format.stop_texts) + _stop_list(stop)
         return self.complete(self._chat_prompt(messages), max_tokens=max_tokens, stop=stops,
                              stream=stream, **kwargs)
 
