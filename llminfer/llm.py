@@ -17,6 +17,7 @@ forward pass releases the GIL.
 
 from __future__ import annotations
 
+import codecs
 import threading
 import time
 import warnings
@@ -328,7 +329,10 @@ class LLM:
     def _run(self, prompt_ids, max_tokens, params, stop, context_shift, n_keep,
              result: Completion) -> Iterator[str]:
         matcher = _StopMatcher(stop)
-        decoder = self.tokenizer.stream_decoder()
+        # Not tokenizer.stream_decoder(): that one takes off the space a
+        # SentencePiece encoder puts before a text, and a completion is not the
+        # start of a text, its first "\u2581" is a real space (" Paris").
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         result.prompt_tokens = len(prompt_ids)
         result.finish_reason = "length"
         if max_tokens == 0:
@@ -340,14 +344,14 @@ class LLM:
                     result.finish_reason = "stop"
                     break
                 result.tokens.append(tok)
-                text, stopped = matcher.push(decoder.feed(tok))
+                text, stopped = matcher.push(decoder.decode(self.tokenizer.token_bytes(tok)))
                 if text:
                     result.text += text
                     yield text
                 if stopped:
                     result.finish_reason = "stop"
                     return
-            text, stopped = matcher.push(decoder.flush())
+            text, stopped = matcher.push(decoder.decode(b"", final=True))
             if stopped:
                 result.finish_reason = "stop"
             text += "" if stopped else matcher.flush()
