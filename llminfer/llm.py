@@ -28,7 +28,7 @@ import numpy as np
 
 from llminfer import _core, hub
 from llminfer.chat import ChatFormat, chat_format_for
-from llminfer.errors import ContextFullError, InvalidArgumentError, TokenError
+from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError, TokenError
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import build_spec
 from llminfer.sampling import Sampler, SamplingParams
@@ -168,6 +168,8 @@ class LLM:
             raise
         self.n_ctx = int(n_ctx)
         self.n_batch = self._ctx.n_batch
+        self._n_vocab = self.spec.n_vocab
+        self._arch = self.spec.arch
         self.seed = seed
         self._chat_args = (chat_format, chat_template)
         self._chat_format: ChatFormat | None = None
@@ -178,7 +180,7 @@ class LLM:
 
     @property
     def n_vocab(self) -> int:
-        return self.spec.n_vocab
+        return self._n_vocab
 
     @property
     def metadata(self) -> dict:
@@ -186,10 +188,11 @@ class LLM:
 
     @property
     def architecture(self) -> str:
-        return self.spec.arch
+        return self._arch
 
     def kv_cache_bytes(self) -> list:
         """Bytes of KV cache each layer holds (sliding-window layers hold a ring)."""
+        self._check_open()
         return [self._ctx.kv_bytes(i) for i in range(self.spec.n_layer)]
 
     # ---- tokens ----
@@ -216,6 +219,10 @@ class LLM:
         with self._lock:
             self.tokens = []
 
+    def _check_open(self):
+        if getattr(self, "_ctx", None) is None:
+            raise LLMInferError(f"this LLM ({self.model_path}) is closed; load the model again to use it")
+
     def _check_ids(self, ids) -> np.ndarray:
         arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
         if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
@@ -228,6 +235,7 @@ class LLM:
     def _forward(self, ids: np.ndarray, logits_all: bool) -> np.ndarray | None:
         """Append ids to the context in batches; logits of every id ([n, n_vocab])
         when logits_all, else those of the last one (in self._last_logits)."""
+        self._check_open()
         n = len(ids)
         if len(self.tokens) + n > self.n_ctx:
             raise ContextFullError(f"{len(self.tokens)} tokens in the context plus {n} new ones exceed "
@@ -246,6 +254,7 @@ class LLM:
         """Append ids to the context; return the logits at every one of them,
         float32 [len(ids), n_vocab]."""
         with self._lock:
+            self._check_open()
             arr = self._check_ids(ids)
             if arr.size == 0:
                 return np.empty((0, self.n_vocab), dtype=np.float32)
@@ -369,6 +378,7 @@ class LLM:
                  n_keep: int = 1, **sampling_kwargs):
         """Generate after `prompt` (text, or token ids). Returns a Completion; with
         stream=True an iterator of text pieces whose last step fills `.result`."""
+        self._check_open()
         params = _sampling(sampling, sampling_kwargs)
         ids = self._prompt_ids(prompt)
         stop = self._check_run(ids, max_tokens, params, stop, n_keep)
@@ -480,7 +490,8 @@ class LLM:
         self.close()
 
     def __repr__(self):
-        return f"LLM({str(self.model_path)!r}, arch={self.spec.arch if self.spec else None}, n_ctx={self.n_ctx})"
+        state = "" if getattr(self, "_ctx", None) is not None else ", closed"
+        return f"LLM({str(self.model_path)!r}, arch={self._arch}, n_ctx={self.n_ctx}{state})"
 
 
 class _Stream:
