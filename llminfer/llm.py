@@ -12,7 +12,9 @@ recomputed turn after turn.
 
 Thread safety: calls on one LLM are serialized by a lock (a second thread
 waits); use one LLM per thread to run sequences in parallel. The native
-forward pass releases the GIL.
+forward pass releases the GIL. A stream holds the lock until it is exhausted
+or closed; on its own thread, other calls may run between its pieces, and the
+stream then restores its context (recomputing the tokens that differ).
 """
 
 from __future__ import annotations
@@ -174,6 +176,10 @@ class LLM:
         self._chat_args = (chat_format, chat_template)
         self._chat_format: ChatFormat | None = None
         self.tokens: list[int] = []
+        # The generation whose tokens the context holds, None after eval/reset:
+        # a stream finds out this way that another call used the context while
+        # it waited (on its own thread, since the lock is reentrant).
+        self._owner = None
         self._last_logits = np.zeros(self.spec.n_vocab, dtype=np.float32)
 
     # ---- basic facts ----
@@ -218,6 +224,7 @@ class LLM:
         """Empty the context."""
         with self._lock:
             self.tokens = []
+            self._owner = None
 
     def _check_open(self):
         if getattr(self, "_ctx", None) is None:
@@ -256,6 +263,7 @@ class LLM:
         with self._lock:
             self._check_open()
             arr = self._check_ids(ids)
+            self._owner = None
             if arr.size == 0:
                 return np.empty((0, self.n_vocab), dtype=np.float32)
             return self._forward(arr, logits_all=True)
@@ -279,11 +287,13 @@ class LLM:
     def _token_stream(self, prompt_ids, max_tokens, params: SamplingParams, timings: Timings,
                       context_shift: bool, n_keep: int) -> Iterator[int]:
         t0 = time.perf_counter()
+        owner = self._owner = object()
         keep = self._prefix_to_keep(prompt_ids)
         self.tokens = self.tokens[:keep]
         timings.cached_tokens = keep
         ids = self._check_ids(prompt_ids[keep:])
         self._forward(ids, logits_all=False)
+        mine = list(self.tokens)  # what this generation's context holds
         t1 = time.perf_counter()
         timings.prompt_tokens = len(ids)
         timings.prompt_seconds = t1 - t0
@@ -300,13 +310,22 @@ class LLM:
             if tok in self.tokenizer.eog_ids or i == max_tokens - 1:
                 break
             history.append(tok)
+            if self._owner is not owner:
+                # other calls used the context while this stream waited: put its
+                # tokens back, reusing the prefix they share
+                keep = self._prefix_to_keep(mine + [tok])
+                self.tokens = self.tokens[:keep]
+                self._owner = owner
+                self._forward(np.array(mine[keep:], dtype=np.int32), logits_all=False)
             if len(self.tokens) >= self.n_ctx:
                 if not context_shift:
                     raise ContextFullError(
                         f"the context is full ({self.n_ctx} tokens) after {i + 1} generated tokens; "
                         f"use a larger n_ctx, fewer max_tokens, or context_shift=True")
                 self._shift_context(n_keep)
+                mine = list(self.tokens)
             self._forward(np.array([tok], dtype=np.int32), logits_all=False)
+            mine.append(tok)
             timings.generation_seconds = time.perf_counter() - t_gen
 
     def _shift_context(self, n_keep):
