@@ -17,8 +17,10 @@ does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -78,18 +80,38 @@ def _copy_metadata(src: GGUFFile, w: gguf.GGUFWriter, preset: str):
 
 
 def quantize_model(src_path, dst_path, preset: str, n_threads=None, log=None) -> dict:
-    """Write dst_path; returns {tensor name: type name} of what was written."""
+    """Write dst_path; returns {tensor name: type name} of what was written.
+
+    The file is written beside dst_path under a temporary name and renamed
+    when complete, so a failure leaves no partial model behind."""
     preset = preset.upper()
     if preset not in PRESETS:
         raise InvalidArgumentError(f"unknown quantization {preset!r}; choose from {', '.join(PRESETS)}")
-    src = GGUFFile(src_path)
+    dst = Path(dst_path)
+    if dst.exists() and dst.resolve() == Path(src_path).resolve():
+        # the source is memory-mapped and read while the output is written
+        raise InvalidArgumentError(f"the output {dst} is the input model; write to another file")
+    t0 = time.perf_counter()
+    with GGUFFile(src_path) as src:
+        partial = dst.with_name(dst.name + ".partial")
+        try:
+            written = _write(src, partial, preset, n_threads, log)
+            os.replace(partial, dst)
+        finally:
+            if partial.exists():
+                partial.unlink()
+    if log:
+        log(f"wrote {dst} in {time.perf_counter() - t0:.1f} s")
+    return written
+
+
+def _write(src: GGUFFile, dst_path, preset, n_threads, log) -> dict:
     arch = src.architecture
     n_layer = int(src.metadata.get(f"{arch}.block_count", 0))
     tied = "output.weight" not in src.tensors
     w = gguf.GGUFWriter(str(dst_path), arch)
     _copy_metadata(src, w, preset)
     written = {}
-    t0 = time.perf_counter()
     for i, (name, info) in enumerate(src.tensors.items()):
         qt = T(info.qtype)
         raw = np.ascontiguousarray(src.tensor_bytes(name))
@@ -112,7 +134,4 @@ def quantize_model(src_path, dst_path, preset: str, n_threads=None, log=None) ->
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    src.close()
-    if log:
-        log(f"wrote {dst_path} in {time.perf_counter() - t0:.1f} s")
     return written
