@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+import warnings
 
 from llminfer import hub
 from llminfer.errors import LLMInferError
@@ -343,6 +345,21 @@ def build_parser():
     return p
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    # the user ran a command, not our code: no file, line number or source line
+    _err(f"llminfer: warning: {message}")
+
+
+def _stdout_gone():
+    """The reader of stdout went away (llminfer run ... | head): point stdout
+    at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # stdout is not a file descriptor (captured in a test)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
@@ -353,7 +370,12 @@ def main(argv=None) -> int:
         a.threads = max(a.threads_list)
         a.ctx_size = a.ctx_size or max(512, a.n_prompt + a.n_gen + 1)
     try:
-        return a.func(a)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return a.func(a)
+    except BrokenPipeError:
+        _stdout_gone()
+        return 141  # as a shell reports a process ended by SIGPIPE
     except (LLMInferError, OSError) as e:
         _err(f"llminfer: error: {e}")
         return 1
