@@ -12,7 +12,11 @@ HELP = """commands:
   /help    this text"""
 
 
-def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=input, out=sys.stdout) -> int:
+def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=input, out=None) -> int:
+    """Chat until /exit or end of input; returns the exit status. Replies go
+    to `out` (default: sys.stdout at the time of the call), the banner to
+    sys.stderr."""
+    out = out if out is not None else sys.stdout
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
