@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 
+from llminfer.errors import ContextFullError, LLMInferError
+
 HELP = """commands:
   /reset   forget the conversation (keeps the system message)
   /exit    leave (also Ctrl-D)
@@ -14,8 +16,9 @@ HELP = """commands:
 
 def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=input, out=None) -> int:
     """Chat until /exit or end of input; returns the exit status. Replies go
-    to `out` (default: sys.stdout at the time of the call), the banner to
-    sys.stderr."""
+    to `out` (default: sys.stdout at the time of the call), the banner and
+    errors to sys.stderr. A turn that fails (the conversation no longer fits
+    the context, say) is reported and left out of the history."""
     out = out if out is not None else sys.stdout
     try:
         import readline  # noqa: F401  (line editing and history for input())
@@ -61,6 +64,14 @@ def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=input, out=No
                 out.flush()
         except KeyboardInterrupt:
             out.write(" [interrupted]")
+        except LLMInferError as e:
+            if reply:
+                out.write("\n")
+                out.flush()
+            hint = " (/reset starts a new conversation)" if isinstance(e, ContextFullError) else ""
+            print(f"llminfer: error: {e}{hint}", file=sys.stderr, flush=True)
+            history.pop()
+            continue
         out.write("\n")
         out.flush()
         history.append({"role": "assistant", "content": "".join(reply)})
