@@ -14,12 +14,14 @@ HELP = """commands:
   /help    this text"""
 
 
-def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=input, out=None) -> int:
-    """Chat until /exit or end of input; returns the exit status. Replies go
-    to `out` (default: sys.stdout at the time of the call), the banner and
-    errors to sys.stderr. A turn that fails (the conversation no longer fits
-    the context, say) is reported and left out of the history."""
+def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=None, out=None) -> int:
+    """Chat until /exit or end of input; returns the exit status. Lines come
+    from input_fn (default: input), replies go to `out` (default: sys.stdout),
+    both looked up at the call so that later redirections apply; the banner
+    and errors go to sys.stderr. A turn that fails (the conversation no longer
+    fits the context, say) is reported and left out of the history."""
     out = out if out is not None else sys.stdout
+    input_fn = input_fn if input_fn is not None else input
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
