@@ -68,6 +68,10 @@ def _copy_metadata(src: GGUFFile, w: gguf.GGUFWriter, preset: str):
     for key, value in src.metadata.items():
         if key in ("general.architecture", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"):
             continue
+        if key == "general.alignment":
+            # the writer must pad the tensors to it, not just record the key
+            w.add_custom_alignment(int(value))
+            continue
         vtype, etype = src.metadata_types[key]
         vtype = gguf.GGUFValueType(vtype)
         if key == "general.file_type":
