@@ -81,6 +81,8 @@ def _copy_metadata(src: GGUFFile, w: gguf.GGUFWriter, preset: str):
             w.add_key_value(key, value, vtype, sub_type=gguf.GGUFValueType(etype))
         else:
             w.add_key_value(key, value, vtype)
+    if "general.file_type" not in src.metadata:
+        w.add_file_type(_FILE_TYPES[preset])  # llama-quantize always records it
 
 
 def quantize_model(src_path, dst_path, preset: str, n_threads=None, log=None) -> dict:
