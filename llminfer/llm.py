@@ -563,9 +563,10 @@ def generate(model, prompt, **kwargs):
     key = (str(hub.resolve(model)), tuple(sorted(load.items())))
     with _cache_lock:
         if _cached is None or _cached[0] != key:
-            if _cached is not None:
-                _cached[1].close()
-                _cached = None
+            # Dropped, not closed: another thread may be generating with it,
+            # or a stream it returned may not be read yet. It is freed when the
+            # last of them lets go, here at once if none holds it.
+            _cached = None
             _cached = (key, LLM(model, **load))
         llm = _cached[1]
     return llm.generate(prompt, **kwargs)

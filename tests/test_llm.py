@@ -10,8 +10,10 @@ SmolLM2 with a handful of tokens; @peer tests compare with llama.cpp through
 llama-cpp-python.
 """
 
+import gc
 import math
 import threading
+import weakref
 
 import gguf
 import numpy as np
@@ -631,22 +633,26 @@ def test_module_generate_reuses_the_model(models, monkeypatch):
     class Counting(LLM):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
-            made.append(self)
+            made.append(weakref.ref(self))
 
     monkeypatch.setattr(llm_module, "LLM", Counting)
     monkeypatch.setattr(llm_module, "_cached", None)
     path = models["llama"]
-    a = llminfer.generate(path, PROMPT, max_tokens=5, temperature=0, n_ctx=64, n_threads=1)
-    b = llminfer.generate(path, "a dog", max_tokens=5, temperature=0, n_ctx=64, n_threads=1)
+    with LLM(path, n_ctx=64, n_threads=1) as m:
+        want_a = m.generate(PROMPT, max_tokens=5, temperature=0)
+        want_b = m.generate("a dog", max_tokens=5, temperature=0)
+    assert llminfer.generate(path, PROMPT, max_tokens=5, temperature=0, n_ctx=64, n_threads=1) == want_a
+    assert llminfer.generate(path, "a dog", max_tokens=5, temperature=0, n_ctx=64, n_threads=1) == want_b
     assert len(made) == 1
-    assert a == made[0].generate(PROMPT, max_tokens=5, temperature=0)
-    assert b == made[0].generate("a dog", max_tokens=5, temperature=0)
-    # new load arguments: a new model, and the old one closed
+    # a stream from the loaded model, still unread when new load arguments replace it
+    stream = llminfer.generate(path, PROMPT, max_tokens=5, temperature=0, n_ctx=64, n_threads=1, stream=True)
     c = llminfer.generate(path, PROMPT, max_tokens=5, temperature=0, n_ctx=32, n_threads=1)
-    assert len(made) == 2 and made[1].n_ctx == 32 and c == a
-    with pytest.raises(LLMInferError):
-        made[0].eval([1])
-    made[1].close()
+    assert len(made) == 2 and made[1]().n_ctx == 32 and c == want_a
+    assert "".join(stream) == want_a
+    del stream
+    gc.collect()
+    assert made[0]() is None  # freed once the stream let go of it
+    made[1]().close()
 
 
 # ---------------------------------------------------------------- threads and interleaved streams
