@@ -366,6 +366,7 @@ class LLM:
         if max_tokens == 0:
             return
         with self._lock:
+            self._check_open()  # a stream may be read after close()
             for tok in self._token_stream(prompt_ids, max_tokens, params, result.timings,
                                           context_shift, n_keep):
                 if tok in self.tokenizer.eog_ids:

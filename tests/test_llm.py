@@ -625,6 +625,11 @@ def test_context_manager_closes(models):
         m.eval([1])
     m.close()  # twice is fine
     assert "closed" in repr(m)
+    # a stream made before close() and read after it
+    with LLM(m.model_path, n_ctx=32, n_threads=1) as m:
+        stream = m.generate("hi", max_tokens=2, stream=True)
+    with pytest.raises(LLMInferError, match="closed"):
+        next(stream)
 
 
 def test_module_generate_reuses_the_model(models, monkeypatch):
