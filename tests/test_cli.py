@@ -63,8 +63,7 @@ def assert_one_line_error(err, *words):
 def test_run_streams_text_to_stdout_and_timings_to_stderr(capsys, tiny):
     with LLM(tiny, n_ctx=128, n_threads=1) as m:
         want = m.generate(PROMPT, max_tokens=8, temperature=0)
-    code, out, err = run_main(capsys, "run", "-m", tiny, "-p", PROMPT, "-n", 8, "--temp", 0, "-c", 128,
-                              "-t", 1)
+    code, out, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", PROMPT, "-n", 8, "--temp", 0, "-c", 128)
     assert code == 0
     assert out == want + "\n"
     assert re.search(r"prompt: \d+ tokens .* generation: 8 tokens", err)
@@ -72,24 +71,25 @@ def test_run_streams_text_to_stdout_and_timings_to_stderr(capsys, tiny):
 
 
 def test_run_echo_stop_and_file(capsys, tiny, tmp_path):
-    code, plain, _ = run_main(capsys, "run", "-m", tiny, "-p", PROMPT, "-n", 16, "--temp", 0, "-c", 128)
+    code, plain, _ = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", PROMPT, "-n", 16, "--temp", 0,
+                              "-c", 128)
     assert code == 0
     plain = plain[:-1]
     stop = plain[4:6]
-    code, out, _ = run_main(capsys, "run", "-m", tiny, "-p", PROMPT, "-n", 16, "--temp", 0, "-c", 128,
+    code, out, _ = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", PROMPT, "-n", 16, "--temp", 0, "-c", 128,
                             "--stop", stop, "--echo")
     assert code == 0 and out == PROMPT + plain[:plain.find(stop)] + "\n"
     f = tmp_path / "prompt.txt"
     f.write_text(PROMPT, encoding="utf-8")
-    code, out, _ = run_main(capsys, "run", "-m", tiny, "-f", f, "-n", 16, "--temp", 0, "-c", 128)
+    code, out, _ = run_main(capsys, "run", "-m", tiny, "-t", 1, "-f", f, "-n", 16, "--temp", 0, "-c", 128)
     assert code == 0 and out == plain + "\n"
 
 
 def test_run_sampling_flags_reach_the_sampler(capsys, tiny):
     with LLM(tiny, n_ctx=128, n_threads=1) as m:
         want = m.generate(PROMPT, max_tokens=10, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=7)
-    code, out, _ = run_main(capsys, "run", "-m", tiny, "-p", PROMPT, "-n", 10, "--temp", 1.5, "--top-k", 0,
-                            "--top-p", 1, "--min-p", 0, "-s", 7, "-c", 128)
+    code, out, _ = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", PROMPT, "-n", 10, "--temp", 1.5,
+                            "--top-k", 0, "--top-p", 1, "--min-p", 0, "-s", 7, "-c", 128)
     assert code == 0 and out == want + "\n"
 
 
@@ -156,7 +156,8 @@ def fake_hub(tmp_path, monkeypatch):
     monkeypatch.setenv("LLMINFER_CACHE", str(tmp_path / "cache"))
     content = bytes(range(256)) * 1000
     halves = [content[:100_000], content[100_000:]]
-    parts = tuple(hub.Part(f"fake-model-part{i}", "1.0", f"fake_model_part{i}/fake.gguf.part{i}") for i in range(2))
+    parts = tuple(hub.Part(f"fake-model-part{i}", "1.0", f"fake_model_part{i}/fake.gguf.part{i}")
+                  for i in range(2))
     model = hub.KnownModel("fake-model", "fake.gguf", hashlib.sha256(content).hexdigest(), parts, "a fake")
     monkeypatch.setitem(hub.KNOWN_MODELS, "fake-model", model)
     dirs = []
@@ -216,7 +217,7 @@ def test_perplexity_prints_the_estimate(capsys, tiny, tmp_path):
 def test_perplexity_on_a_too_short_text(capsys, tiny, tmp_path):
     f = tmp_path / "short.txt"
     f.write_text("too short", encoding="utf-8")
-    code, _, err = run_main(capsys, "perplexity", "-m", tiny, "-f", f, "-c", 64)
+    code, _, err = run_main(capsys, "perplexity", "-m", tiny, "-f", f, "-c", 64, "-t", 1)
     assert code == 1
     assert_one_line_error(err, "128")
 
@@ -300,16 +301,16 @@ def test_errors_are_one_line(capsys, tiny, tmp_path):
         assert_one_line_error(err, "bad.gguf", "truncated")
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("café".encode("latin-1"))
-    code, _, err = run_main(capsys, "run", "-m", tiny, "-f", latin1, "-c", 64)
+    code, _, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-f", latin1, "-c", 64)
     assert code == 1
     assert_one_line_error(err, "latin1.txt", "UTF-8")
-    code, _, err = run_main(capsys, "run", "-m", tiny, "-c", 64)
+    code, _, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-c", 64)
     assert code == 1
     assert_one_line_error(err, "-p")
-    code, _, err = run_main(capsys, "run", "-m", tiny, "-p", "the cat sat on the mat", "-c", 4)
+    code, _, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", "the cat sat on the mat", "-c", 4)
     assert code == 1
     assert_one_line_error(err, "n_ctx=4")
-    code, _, err = run_main(capsys, "run", "-m", tiny, "-p", "hi", "-c", 64, "--top-p", 3)
+    code, _, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", "hi", "-c", 64, "--top-p", 3)
     assert code == 1
     assert_one_line_error(err, "top_p")
 

@@ -414,7 +414,7 @@ def test_smollm2_chat_answers_four(smollm2):
 
 
 def test_gemma3_chat_falls_back_to_the_gemma_format(gemma3_path):
-    with LLM(gemma3_path, n_ctx=128, n_threads=2) as m:
+    with LLM(gemma3_path, n_ctx=128, n_threads=1) as m:
         with pytest.warns(ChatFormatWarning, match="gemma"):
             text = m.chat(MATH, max_tokens=6, temperature=0)
         assert m.chat_format.name == "gemma"
