@@ -27,7 +27,6 @@ from llminfer.perplexity import perplexity
 
 from tiny_models import TinyConfig, write_model
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "the cat sat on the mat"
 TEXT = ("the cat sat on the mat and the dog ran in the sun; then it rained, "
         "and they went in to the house, where an old man sat by the fire and told them a tale "
@@ -326,7 +325,8 @@ def test_bad_flags_exit_with_usage(capsys, tiny):
 
 
 def test_python_dash_m(tiny, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # the llminfer this test imported, built in place or installed
+    env = dict(os.environ, PYTHONPATH=str(Path(llminfer.__file__).resolve().parent.parent))
     with LLM(tiny, n_ctx=32, n_threads=1) as m:
         ids = m.tokenize(PROMPT)
     r = subprocess.run([sys.executable, "-m", "llminfer", "tokenize", "-m", tiny, PROMPT],
