@@ -89,7 +89,7 @@ def tiny(models):
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
-    with LLM(smollm2_path, n_ctx=256, n_threads=2) as m:
+    with LLM(smollm2_path, n_ctx=256, n_threads=1) as m:
         yield m
 
 
