@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import sys
 
+from llminfer.errors import ContextFullError, LLMInferError
+
 HELP = """commands:
   /reset   forget the conversation (keeps the system message)
   /exit    leave (also Ctrl-D)
   /help    this text"""
 
 
-def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=input, out=sys.stdout) -> int:
+def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=None, out=None) -> int:
+    """Chat until /exit or end of input; returns the exit status. Lines come
+    from input_fn (default: input), replies go to `out` (default: sys.stdout),
+    both looked up at the call so that later redirections apply; the banner
+    and errors go to sys.stderr. A turn that fails (the conversation no longer
+    fits the context, say) is reported and left out of the history."""
+    out = out if out is not None else sys.stdout
+    input_fn = input_fn if input_fn is not None else input
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
@@ -57,6 +66,14 @@ def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=input, out=sy
                 out.flush()
         except KeyboardInterrupt:
             out.write(" [interrupted]")
+        except LLMInferError as e:
+            if reply:
+                out.write("\n")
+                out.flush()
+            hint = " (/reset starts a new conversation)" if isinstance(e, ContextFullError) else ""
+            print(f"llminfer: error: {e}{hint}", file=sys.stderr, flush=True)
+            history.pop()
+            continue
         out.write("\n")
         out.flush()
         history.append({"role": "assistant", "content": "".join(reply)})

