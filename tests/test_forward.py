@@ -157,3 +157,15 @@ def test_forward_rejects_bad_input(tiny):
         ctx.forward(np.zeros(9, np.int32), 0, False, logits, 1)  # more than n_batch
     with pytest.raises(ValueError):
         ctx.forward(np.zeros(2, np.int32), 0, True, logits[: spec.n_vocab], 1)  # logits too small
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_untied_output_head(tmp_path, arch):
+    """A file with its own output.weight uses it rather than the embedding."""
+    path = write_model(tmp_path / "untied.gguf",
+                       TinyConfig(arch=arch, qtype="Q8_0", tie_output=False,
+                                  sliding_window=8 if arch == "gemma3" else 0))
+    toks = tokens_for(5)
+    ref = ReferenceModel(path).logits(toks)
+    ours = run(path, toks)
+    assert np.abs(ours - ref).max() / np.abs(ref).max() < TOL_QUANT_WEIGHTS

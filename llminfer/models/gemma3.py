@@ -2,7 +2,8 @@
 
 - Norm weights in the GGUF already include Gemma's "+1" (the converter adds
   it), so every norm is a plain RMSNorm times its weight.
-- Token embeddings are scaled by sqrt(n_embd); the output head is tied to them.
+- Token embeddings are scaled by sqrt(n_embd); the output head is tied to them
+  unless the file has its own output.weight.
 - Each block: RMSNorm -> attention -> RMSNorm (post_attention_norm) -> residual;
   RMSNorm (ffn_norm) -> GELU(tanh)-gated feed-forward -> RMSNorm (post_ffw_norm)
   -> residual. Queries and keys get a per-head RMSNorm before RoPE (NeoX layout).
@@ -17,8 +18,8 @@
 import math
 
 from llminfer.gguf_file import GGUFFile
-from llminfer.models.base import (ACT_GELU, ROPE_NEOX, Hparams, ModelSpec, Weights, rope_scale,
-                                  standard_layers, vocab_size)
+from llminfer.models.base import (ACT_GELU, ROPE_NEOX, Hparams, ModelSpec, Weights, output_head,
+                                  rope_scale, standard_layers, vocab_size)
 
 ARCH = "gemma3"
 SWA_PATTERN = 6           # every 6th layer attends globally
@@ -76,6 +77,6 @@ def build(gguf: GGUFFile) -> ModelSpec:
         context_length=hp.int("context_length", 32768),
         tok_embd=tok_embd,
         output_norm=w.vector("output_norm.weight", n_embd),
-        output=tok_embd,
+        output=output_head(w, tok_embd, n_vocab, n_embd),
         layers=layers,
     )
