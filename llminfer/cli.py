@@ -109,7 +109,8 @@ def _read_text(path):
 def _print_timings(t):
     _err(f"\nprompt: {t.prompt_tokens} tokens in {t.prompt_seconds * 1000:.1f} ms "
          f"({t.prompt_tokens_per_second:.1f} tokens/s, {t.cached_tokens} cached) | "
-         f"generation: {t.generated_tokens} tokens, {t.generation_tokens_per_second:.1f} tokens/s | "
+         f"generation: {t.generated_tokens} tokens, {t.generation_tokens_per_second:.1f} tokens/s, "
+         f"{100 * t.python_share:.1f}% outside the native forward pass | "
          f"first token after {t.time_to_first_token * 1000:.1f} ms")
 
 

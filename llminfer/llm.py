@@ -50,6 +50,16 @@ class Timings:
     generation_seconds: float = 0.0
     time_to_first_token: float = 0.0  # from the call to the first token sampled
     cached_tokens: int = 0        # prompt tokens reused from the context
+    native_seconds: float = 0.0   # of generation_seconds, the time spent in the native forward pass
+
+    @property
+    def python_share(self) -> float:
+        """Share of generation time spent outside the native forward pass
+        (sampling, detokenizing, bookkeeping, and whatever the consumer of a
+        stream does between pieces)."""
+        if self.generation_seconds <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.native_seconds / self.generation_seconds)
 
     @property
     def prompt_tokens_per_second(self) -> float:
@@ -181,6 +191,7 @@ class LLM:
         # it waited (on its own thread, since the lock is reentrant).
         self._owner = None
         self._last_logits = np.zeros(self.spec.n_vocab, dtype=np.float32)
+        self._native_seconds = 0.0  # running total of time inside the native forward pass
 
     # ---- basic facts ----
 
@@ -251,7 +262,9 @@ class LLM:
         for i in range(0, n, self.n_batch):
             chunk = ids[i:i + self.n_batch]
             dest = out[i:i + len(chunk)].reshape(-1) if logits_all else self._last_logits
+            t = time.perf_counter()
             self._ctx.forward(chunk, len(self.tokens), logits_all, dest, self.n_threads)
+            self._native_seconds += time.perf_counter() - t
             self.tokens.extend(int(t) for t in chunk)
         if logits_all and n:
             self._last_logits[:] = out[-1]
@@ -305,6 +318,7 @@ class LLM:
             if i == 0:
                 timings.time_to_first_token = time.perf_counter() - t0
                 t_gen = time.perf_counter()
+                native0 = self._native_seconds
             timings.generated_tokens += 1
             yield tok
             if tok in self.tokenizer.eog_ids or i == max_tokens - 1:
@@ -327,6 +341,7 @@ class LLM:
             self._forward(np.array([tok], dtype=np.int32), logits_all=False)
             mine.append(tok)
             timings.generation_seconds = time.perf_counter() - t_gen
+            timings.native_seconds = self._native_seconds - native0
 
     def _shift_context(self, n_keep):
         """Drop the older half of the tokens after the first n_keep and recompute
