@@ -26,6 +26,9 @@
 #define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c11 */
 #include <math.h>
 #include <stdlib.h>
+#if defined(_WIN32)
+#include <malloc.h> /* _aligned_malloc */
+#endif
 
 #include "common.h"
 #include "kernels/kernels.h"

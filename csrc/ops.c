@@ -124,11 +124,12 @@ int li_dequantize(int type, const void *src, size_t src_bytes, int64_t rows, int
     const size_t row = li_row_bytes(type, k);
     if (row == 0 || src_bytes != row * (size_t)rows) return LI_E_SHAPE;
     const li_dequant_fn f = li_K->dequant[type];
+    int64_t r; /* declared outside the loop: MSVC's OpenMP 2.0 wants it so in C */
     (void)n_threads;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(team_size(n_threads)) schedule(static)
 #endif
-    for (int64_t r = 0; r < rows; r++) f((const char *)src + (size_t)r * row, dst + r * k, k);
+    for (r = 0; r < rows; r++) f((const char *)src + (size_t)r * row, dst + r * k, k);
     return LI_OK;
 }
 
@@ -140,11 +141,12 @@ int li_quantize(int type, const float *src, int64_t rows, int64_t k, void *dst, 
     if (!f) return LI_E_TYPE;
     const size_t row = li_row_bytes(type, k);
     if (row == 0 || dst_bytes != row * (size_t)rows) return LI_E_SHAPE;
+    int64_t r; /* declared outside the loop: MSVC's OpenMP 2.0 wants it so in C */
     (void)n_threads;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(team_size(n_threads)) schedule(dynamic, 16)
 #endif
-    for (int64_t r = 0; r < rows; r++) f(src + r * k, (char *)dst + (size_t)r * row, k);
+    for (r = 0; r < rows; r++) f(src + r * k, (char *)dst + (size_t)r * row, k);
     return LI_OK;
 }
 
@@ -190,11 +192,12 @@ int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float e
                 int n_threads) {
     li_init();
     if (!x || !y || rows < 0 || k <= 0 || !(eps >= 0.0f)) return LI_E_ARG;
+    int64_t r; /* declared outside the loop: MSVC's OpenMP 2.0 wants it so in C */
     (void)n_threads;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(team_size(n_threads)) schedule(static)
 #endif
-    for (int64_t r = 0; r < rows; r++) li_K->rms_norm(x + r * k, w, y + r * k, k, eps);
+    for (r = 0; r < rows; r++) li_K->rms_norm(x + r * k, w, y + r * k, k, eps);
     return LI_OK;
 }
 

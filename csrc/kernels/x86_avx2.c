@@ -845,7 +845,8 @@ LI_INLINE void k_groups32_dot(const __m256i u[8], __m128i sc8, __m128i mn8, floa
         __m256i p[4];
         for (int j = 0; j < 4; j++)
             p[j] = _mm256_maddubs_epi16(u[4 * g + j], loadu(a->qs + 32 * (4 * g + j)));
-        const __m256i wts = _mm256_permute4x64_epi64(sc2, g ? 0xee : 0x44);
+        /* two calls, not one with g ? 0xee : 0x44: clang and MSVC want a constant immediate */
+        const __m256i wts = g ? _mm256_permute4x64_epi64(sc2, 0xee) : _mm256_permute4x64_epi64(sc2, 0x44);
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(fold4_i16(p), wts));
     }
     /* min of sub-block v times its two group sums: mins doubled, one per group of 16 */
