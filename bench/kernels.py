@@ -68,7 +68,8 @@ def main(argv=None):
     p.add_argument("--types", default=",".join(ALL), help="comma-separated type names")
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     p.add_argument("--k", type=int, default=4096, help="row length of the decode matrices")
-    p.add_argument("--mib", type=float, default=64, help="size of each decode matrix (MiB)")
+    p.add_argument("--mib", type=float, default=256,
+                   help="size of each decode matrix and of the bandwidth probe (MiB); well above the L3")
     p.add_argument("--prefill-rows", type=int, default=2048)
     p.add_argument("--prefill-k", type=int, default=2048)
     p.add_argument("--prefill-n", type=int, default=512)

@@ -7,6 +7,14 @@
     print(llminfer.system_info())                        # CPU features, kernel level, threads
 """
 
+try:
+    from llminfer import _core  # noqa: F401  (the compiled core; everything below needs it)
+except ImportError as e:  # e.g. the source folder shadowing an installed package
+    raise ImportError(
+        f"llminfer's compiled core (llminfer._core) cannot be imported from {__path__[0]}: {e}. "
+        "Install the package (pip install .) and run from outside the source folder, or build "
+        "it in place (python setup.py build_ext --inplace).") from e
+
 from llminfer import errors, ops
 from llminfer.hub import pull
 from llminfer.llm import LLM, Completion, Timings, generate
