@@ -115,12 +115,24 @@ def worker_llamacpp(path, threads):
     return {"load": load, "pp": pp, "tg": tg, "ttft": ttft}
 
 
+def peak_rss_mb():
+    """This process's peak resident memory. On Linux VmHWM, which exec resets;
+    ru_maxrss would also count the parent's peak from before the fork."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS, KiB elsewhere
+    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
+
+
 def worker_main(engine, path, threads):
     fn = worker_llminfer if engine == "llminfer" else worker_llamacpp
     out = fn(path, threads)
-    # ru_maxrss: kilobytes on Linux, bytes on macOS
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out["rss_mb"] = rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
+    out["rss_mb"] = peak_rss_mb()
     print(json.dumps(out))
 
 

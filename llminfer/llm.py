@@ -29,7 +29,6 @@ from typing import Iterator
 import numpy as np
 
 from llminfer import _core, hub
-from llminfer.chat import ChatFormat, chat_format_for
 from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError, TokenError
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import build_spec
@@ -184,7 +183,7 @@ class LLM:
         self._arch = self.spec.arch
         self.seed = seed
         self._chat_args = (chat_format, chat_template)
-        self._chat_format: ChatFormat | None = None
+        self._chat_format = None  # llminfer.chat.ChatFormat, made on first use
         self.tokens: list[int] = []
         # The generation whose tokens the context holds, None after eval/reset:
         # a stream finds out this way that another call used the context while
@@ -463,7 +462,11 @@ class LLM:
     # ---- chat ----
 
     @property
-    def chat_format(self) -> ChatFormat:
+    def chat_format(self):
+        """The llminfer.chat.ChatFormat that renders this model's chat prompts
+        (jinja2 is imported only when a chat is rendered)."""
+        from llminfer.chat import chat_format_for
+
         if self._chat_format is None:
             fmt, template = self._chat_args
             self._chat_format = chat_format_for(self.metadata, chat_format=fmt, chat_template=template)

@@ -198,10 +198,8 @@ class _Vocab:
         if not isinstance(pieces, list) or not pieces or not all(isinstance(p, str) for p in pieces[:1]):
             raise TokenizerError(f"metadata has no vocabulary ({Keys.Tokenizer.LIST} missing or empty)")
         n = len(pieces)
-        pieces = list(pieces)
-        for i, p in enumerate(pieces):
-            if not p:  # llama.cpp names empty pieces so they stay distinct
-                pieces[i] = f"[EMPTY_{i}]"
+        if not all(pieces):  # llama.cpp names empty pieces so they stay distinct
+            pieces = [p or f"[EMPTY_{i}]" for i, p in enumerate(pieces)]
         self.pieces = pieces
         self.n_vocab = n
         self.ids = dict(zip(pieces, range(n)))
@@ -512,10 +510,27 @@ _SP_MODEL_BPE = 2
 
 def _sentencepiece_proto(pieces, scores, sp_types, unk_id, byte_fallback):
     """Serialize a SentencePiece ModelProto. The pieces are the bulk (262k for
-    Gemma), so their records are laid out with numpy rather than one by one:
+    Gemma), so their records are laid out with numpy rather than one by one,
+    a slice of the vocabulary at a time to keep the temporaries small:
 
         0x0A len(B) | B = 0x0A len(piece) piece  0x15 score(f32)  0x18 type
     """
+    step = 1 << 15
+    records = b"".join(_piece_records(pieces[i:i + step], scores[i:i + step], sp_types[i:i + step])
+                       for i in range(0, len(pieces), step))
+    n = len(pieces)
+    trainer = b"".join((
+        _field(3, 0, _SP_MODEL_BPE), _field(4, 0, n), _field(35, 0, int(byte_fallback)),
+        _field(40, 0, unk_id), _field(41, 0, -1), _field(42, 0, -1), _field(43, 0, -1),
+    ))
+    normalizer = b"".join((
+        _field(1, 2, b"identity"), _field(3, 0, 0), _field(4, 0, 0), _field(5, 0, 0),
+    ))
+    return records + _field(2, 2, trainer) + _field(3, 2, normalizer)
+
+
+def _piece_records(pieces, scores, sp_types):
+    """The serialized piece records of a slice of the vocabulary."""
     raw = [p.encode("utf-8") for p in pieces]
     n = len(raw)
     lens = np.fromiter(map(len, raw), dtype=np.int64, count=n)
@@ -544,15 +559,7 @@ def _sentencepiece_proto(pieces, scores, sp_types, unk_id, byte_fallback):
     buf[(s_key + 1)[:, None] + np.arange(4)] = f32
     buf[s_key + 5] = 0x18
     buf[s_key + 6] = sp_types
-
-    trainer = b"".join((
-        _field(3, 0, _SP_MODEL_BPE), _field(4, 0, n), _field(35, 0, int(byte_fallback)),
-        _field(40, 0, unk_id), _field(41, 0, -1), _field(42, 0, -1), _field(43, 0, -1),
-    ))
-    normalizer = b"".join((
-        _field(1, 2, b"identity"), _field(3, 0, 0), _field(4, 0, 0), _field(5, 0, 0),
-    ))
-    return buf.tobytes() + _field(2, 2, trainer) + _field(3, 2, normalizer)
+    return buf.tobytes()
 
 
 class _SPMModel:
