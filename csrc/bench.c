@@ -47,13 +47,13 @@ int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float 
     return LI_OK;
 }
 
-int li_attn_kernel(int accumulate, const float *a, const uint16_t *cache, int64_t n, int64_t d,
-                   size_t stride, float scale, float *out) {
+int li_attn_kernel(int accumulate, const float *a, size_t a_ld, int nh, const uint16_t *cache,
+                   int64_t n, int64_t d, size_t stride, float scale, float *out, size_t out_ld) {
     li_init();
-    if (!a || !cache || !out || n < 0 || d <= 0 || stride < (size_t)d) return LI_E_ARG;
+    if (!a || !cache || !out || n < 0 || d <= 0 || nh <= 0 || stride < (size_t)d) return LI_E_ARG;
     if (accumulate)
-        li_K->attn_accum_f16(a, cache, stride, n, d, out);
+        li_K->attn_accum_f16(a, a_ld, nh, cache, stride, n, d, out, out_ld);
     else
-        li_K->attn_scores_f16(a, cache, stride, n, d, scale, out);
+        li_K->attn_scores_f16(a, a_ld, nh, cache, stride, n, d, scale, out, out_ld);
     return LI_OK;
 }

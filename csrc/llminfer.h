@@ -182,10 +182,11 @@ enum li_vec_op {
 /* One vector kernel of the active level on n elements; the caller sizes the buffers. */
 int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float *result);
 /* The attention kernels over an F16 cache of n rows of d values, row j at
- * cache + j*stride (stride >= d): accumulate = 0: out[j] = scale * a . row j;
- * accumulate = 1: out[0..d) += sum_j a[j] * row j. */
-int li_attn_kernel(int accumulate, const float *a, const uint16_t *cache, int64_t n, int64_t d,
-                   size_t stride, float scale, float *out);
+ * cache + j*stride (stride >= d), for nh query heads (rows of a, a_ld apart):
+ * accumulate = 0: out[h*out_ld + j] = scale * a_h . row j;
+ * accumulate = 1: out[h*out_ld .. + d) += sum_j a[h*a_ld + j] * row j. */
+int li_attn_kernel(int accumulate, const float *a, size_t a_ld, int nh, const uint16_t *cache,
+                   int64_t n, int64_t d, size_t stride, float scale, float *out, size_t out_ld);
 
 #ifdef __cplusplus
 }

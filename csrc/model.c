@@ -35,6 +35,8 @@
 #include "matmul.h"
 
 #define MAX_ROPE_TABLES 4
+#define MAX_ATTN_CHUNKS 32 /* a decoded token's visible positions split at most this many ways */
+#define MIN_ATTN_CHUNK 32  /* positions: below this a chunk is not worth a thread */
 
 struct li_context {
     const li_model_desc *m;
@@ -55,7 +57,8 @@ struct li_context {
     float *g, *u;          /* [n_batch, n_ff] */
     void *xq[LI_ACT_COUNT];/* quantized activations, one buffer per format, rows of the widest input */
     size_t xq_row[LI_ACT_COUNT];
-    float *scores;         /* [max_threads, n_ctx] attention weights */
+    float *scores;         /* [max_threads, heads per kv head, n_ctx] attention weights */
+    float *attn_part;      /* [n_head, MAX_ATTN_CHUNKS, 2 + head_dim_v] a decoded token's chunk results */
     char *gemm_scratch;    /* [max_threads] regions of gemm_bytes for prefill panels */
     size_t gemm_bytes;
     int32_t *pos;          /* [n_batch] */
@@ -111,7 +114,7 @@ int li_model_check(const li_model_desc *m) {
     if (m->n_vocab <= 0 || m->n_embd <= 0 || m->n_layer <= 0 || m->n_head <= 0 ||
         m->n_head_kv <= 0 || m->head_dim <= 0 || m->head_dim_v <= 0 || m->n_ff <= 0)
         return LI_E_SHAPE;
-    if (m->n_head % m->n_head_kv != 0) return LI_E_SHAPE;
+    if (m->n_head % m->n_head_kv != 0 || m->n_head / m->n_head_kv > 64) return LI_E_SHAPE;
     if (m->n_rot <= 0 || m->n_rot % 2 != 0 || m->n_rot > m->head_dim) return LI_E_SHAPE;
     if (m->rope_mode != LI_ROPE_NORM && m->rope_mode != LI_ROPE_NEOX) return LI_E_ARG;
     if (m->act != LI_ACT_SILU && m->act != LI_ACT_GELU) return LI_E_ARG;
@@ -160,6 +163,7 @@ void li_context_free(li_context *c) {
     free_aligned(c->u);
     for (int a = 0; a < LI_ACT_COUNT; a++) free_aligned(c->xq[a]);
     free_aligned(c->scores);
+    free_aligned(c->attn_part);
     free_aligned(c->gemm_scratch);
     free(c->pos);
     free(c->rope_freqs);
@@ -253,12 +257,14 @@ int li_context_create(const li_model_desc *m, int n_ctx, int n_batch, int kv_typ
     c->o = alloc_aligned(nb * (size_t)m->n_embd * sizeof(float));
     c->g = alloc_aligned(nb * (size_t)m->n_ff * sizeof(float));
     c->u = alloc_aligned(nb * (size_t)m->n_ff * sizeof(float));
-    c->scores = alloc_aligned((size_t)max_threads * (size_t)n_ctx * sizeof(float));
+    c->scores = alloc_aligned((size_t)max_threads * (size_t)(m->n_head / m->n_head_kv) * (size_t)n_ctx *
+                              sizeof(float));
+    c->attn_part = alloc_aligned((size_t)m->n_head * MAX_ATTN_CHUNKS * (size_t)(m->head_dim_v + 2) * sizeof(float));
     c->gemm_scratch = alloc_aligned((size_t)max_threads * LI_MAX(c->gemm_bytes, 64));
     c->pos = malloc(nb * sizeof(int32_t));
     c->rope_cs = alloc_aligned((size_t)c->n_rope * nb * (size_t)m->n_rot * sizeof(float));
     if (!c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u ||
-        !c->scores || !c->gemm_scratch || !c->pos || !c->rope_cs)
+        !c->scores || !c->attn_part || !c->gemm_scratch || !c->pos || !c->rope_cs)
         goto nomem;
     for (int a = 0; a < LI_ACT_COUNT; a++) {
         if (c->xq_row[a] == 0) continue;
@@ -373,50 +379,138 @@ static void prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t 
     }
 }
 
-/* scores / accumulation over cache slots [s0, s0 + n) of one kv head */
-static void cache_scores(li_context *c, int il, int kvh, const float *q, int64_t s0, int64_t n, float *out) {
+/* ---- attention ----
+ * Work items are (token, kv head, chunk of the visible positions). All the
+ * query heads of a kv head (grouped-query attention) are done together, so
+ * each cached row is read and converted once for them. A prompt has enough
+ * tokens to keep every thread busy with one chunk per item; a single decoded
+ * token splits its positions into chunks so that the team shares them: each
+ * chunk then leaves its softmax unnormalized with its max and sum, and a
+ * second step combines the chunks. */
+
+
+/* the visible positions [first, pos] of a token at pos in layer L */
+static int first_visible(const li_layer_desc *L, int pos) {
+    return L->sliding_window > 0 ? LI_MAX(0, pos - L->sliding_window + 1) : 0;
+}
+
+/* scores of the group's heads against cache slots [s0, s0 + n) into out (row ld) */
+static void group_scores(li_context *c, int il, int kvh, const float *q, int nh, int64_t s0, int64_t n,
+                         float *out, size_t ld) {
     const li_model_desc *m = c->m;
     const size_t stride = (size_t)m->n_head_kv * (size_t)m->head_dim;
     const size_t off = (size_t)s0 * stride + (size_t)kvh * (size_t)m->head_dim;
     if (c->kv_type == LI_KV_F16) {
-        li_K->attn_scores_f16(q, (const uint16_t *)c->k_cache[il] + off, stride, n, m->head_dim,
-                              m->attn_scale, out);
-    } else {
-        const float *k = (const float *)c->k_cache[il] + off;
-        for (int64_t j = 0; j < n; j++) out[j] = m->attn_scale * li_K->dot_f32(q, k + (size_t)j * stride, m->head_dim);
+        li_K->attn_scores_f16(q, (size_t)m->head_dim, nh, (const uint16_t *)c->k_cache[il] + off, stride, n,
+                              m->head_dim, m->attn_scale, out, ld);
+        return;
     }
+    const float *k = (const float *)c->k_cache[il] + off;
+    for (int h = 0; h < nh; h++)
+        for (int64_t j = 0; j < n; j++)
+            out[(size_t)h * ld + (size_t)j] =
+                m->attn_scale * li_K->dot_f32(q + (size_t)h * (size_t)m->head_dim, k + (size_t)j * stride, m->head_dim);
 }
 
-static void cache_accum(li_context *c, int il, int kvh, const float *p, int64_t s0, int64_t n, float *out) {
+/* out_h += p_h . values of slots [s0, s0 + n) for the group's heads */
+static void group_accum(li_context *c, int il, int kvh, const float *p, size_t ld, int nh, int64_t s0,
+                        int64_t n, float *out) {
     const li_model_desc *m = c->m;
     const size_t stride = (size_t)m->n_head_kv * (size_t)m->head_dim_v;
     const size_t off = (size_t)s0 * stride + (size_t)kvh * (size_t)m->head_dim_v;
     if (c->kv_type == LI_KV_F16) {
-        li_K->attn_accum_f16(p, (const uint16_t *)c->v_cache[il] + off, stride, n, m->head_dim_v, out);
-    } else {
-        const float *v = (const float *)c->v_cache[il] + off;
-        for (int64_t j = 0; j < n; j++) li_K->axpy_f32(p[j], v + (size_t)j * stride, out, m->head_dim_v);
+        li_K->attn_accum_f16(p, ld, nh, (const uint16_t *)c->v_cache[il] + off, stride, n, m->head_dim_v, out,
+                             (size_t)m->head_dim_v);
+        return;
+    }
+    const float *v = (const float *)c->v_cache[il] + off;
+    for (int h = 0; h < nh; h++)
+        for (int64_t j = 0; j < n; j++)
+            li_K->axpy_f32(p[(size_t)h * ld + (size_t)j], v + (size_t)j * stride, out + (size_t)h * (size_t)m->head_dim_v,
+                           m->head_dim_v);
+}
+
+/* Attention of the heads of kv head kvh for token t over positions [p0, p1).
+ * With part == NULL the chunk is the whole visible range: the result is
+ * normalized into att. Otherwise the unnormalized output goes to part (per
+ * head: max, sum, then head_dim_v values). */
+static void attend_chunk(li_context *c, int il, int64_t t, int kvh, int p0, int p1, float *scores, float *part,
+                         size_t part_stride) {
+    const li_model_desc *m = c->m;
+    const int nh = m->n_head / m->n_head_kv;
+    const int64_t n = p1 - p0, ns = c->n_slots[il];
+    const int64_t s0 = p0 % ns, run1 = LI_MIN(n, ns - s0), run2 = n - run1; /* a ring wraps at most once */
+    const float *q = c->q + (t * m->n_head + (int64_t)kvh * nh) * m->head_dim;
+    group_scores(c, il, kvh, q, nh, s0, run1, scores, (size_t)n);
+    if (run2 > 0) group_scores(c, il, kvh, q, nh, 0, run2, scores + run1, (size_t)n);
+    float mx[64], sum[64]; /* heads per group: checked in li_model_check */
+    for (int h = 0; h < nh; h++) {
+        float *row = scores + (size_t)h * (size_t)n, best = row[0];
+        for (int64_t j = 1; j < n; j++) best = LI_MAX(best, row[j]);
+        mx[h] = best;
+        sum[h] = li_K->exp_sum(row, n, best);
+    }
+    float *out = part ? part + 2 : c->att + (t * m->n_head + (int64_t)kvh * nh) * m->head_dim_v;
+    const size_t out_stride = part ? part_stride : (size_t)m->head_dim_v;
+    for (int h = 0; h < nh; h++) memset(out + (size_t)h * out_stride, 0, (size_t)m->head_dim_v * sizeof(float));
+    if (!part) {
+        group_accum(c, il, kvh, scores, (size_t)n, nh, s0, run1, out);
+        if (run2 > 0) group_accum(c, il, kvh, scores + run1, (size_t)n, nh, 0, run2, out);
+        for (int h = 0; h < nh; h++) li_K->scale_f32(out + (size_t)h * out_stride, 1.0f / sum[h], m->head_dim_v);
+        return;
+    }
+    /* partial rows are spaced part_stride apart: accumulate head by head */
+    for (int h = 0; h < nh; h++) {
+        float *o = part + (size_t)h * part_stride;
+        group_accum(c, il, kvh, scores + (size_t)h * (size_t)n, (size_t)n, 1, s0, run1, o + 2);
+        if (run2 > 0) group_accum(c, il, kvh, scores + (size_t)h * (size_t)n + run1, (size_t)n, 1, 0, run2, o + 2);
+        o[0] = mx[h];
+        o[1] = sum[h];
     }
 }
 
-/* attention of query head h of token t (at position pos) over its visible
- * positions, which occupy at most two runs of ring slots */
-static void attend(li_context *c, const li_layer_desc *L, int il, int64_t t, int h, int pos, float *scores) {
-    const li_model_desc *m = c->m;
-    const int kvh = h / (m->n_head / m->n_head_kv);
-    const int first = L->sliding_window > 0 ? LI_MAX(0, pos - L->sliding_window + 1) : 0;
-    const int64_t count = pos - first + 1, ns = c->n_slots[il];
-    const int64_t s0 = first % ns, run1 = LI_MIN(count, ns - s0), run2 = count - run1;
-    const float *qh = c->q + (t * m->n_head + h) * m->head_dim;
-    float *out = c->att + (t * m->n_head + h) * m->head_dim_v;
+/* chunks of the visible range a decoded token's attention is split into */
+static int attn_chunks(const li_context *c, int64_t n, int count, int nth) {
+    if (n > 1 || nth <= 1) return 1;
+    const int want = (4 * nth + c->m->n_head_kv - 1) / c->m->n_head_kv;
+    return LI_MAX(1, LI_MIN(LI_MIN(want, MAX_ATTN_CHUNKS), count / MIN_ATTN_CHUNK));
+}
 
-    cache_scores(c, il, kvh, qh, s0, run1, scores);
-    if (run2 > 0) cache_scores(c, il, kvh, qh, 0, run2, scores + run1);
-    li_K->softmax(scores, count);
-    if (c->kv_type == LI_KV_F16) round_to_f16(scores, count);
-    memset(out, 0, (size_t)m->head_dim_v * sizeof(float));
-    cache_accum(c, il, kvh, scores, s0, run1, out);
-    if (run2 > 0) cache_accum(c, il, kvh, scores + run1, 0, run2, out);
+static void attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
+    const li_model_desc *m = c->m;
+    const int nh = m->n_head / m->n_head_kv, last = c->pos[n - 1];
+    const int chunks = attn_chunks(c, n, last - first_visible(L, last) + 1, nth);
+    float *scores = c->scores + (size_t)ith * (size_t)nh * (size_t)c->n_ctx;
+    const size_t part_stride = (size_t)m->head_dim_v + 2;
+    int64_t lo, hi;
+    li_split(n * m->n_head_kv * chunks, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        const int64_t t = i / ((int64_t)m->n_head_kv * chunks);
+        const int kvh = (int)(i / chunks % m->n_head_kv), ch = (int)(i % chunks);
+        const int pos = c->pos[t], first = first_visible(L, pos), count = pos - first + 1;
+        const int p0 = first + (int)((int64_t)count * ch / chunks), p1 = first + (int)((int64_t)count * (ch + 1) / chunks);
+        float *part = chunks > 1 ? c->attn_part + ((size_t)kvh * (size_t)nh * MAX_ATTN_CHUNKS + (size_t)ch) * part_stride
+                                 : NULL;
+        attend_chunk(c, il, t, kvh, p0, p1, scores, part, part_stride * MAX_ATTN_CHUNKS);
+    }
+    if (chunks == 1) return;
+    LI_BARRIER();
+    /* combine each head's chunks: weights exp(max_c - max) on outputs and sums */
+    li_split(m->n_head, ith, nth, &lo, &hi);
+    for (int64_t h = lo; h < hi; h++) {
+        const float *p = c->attn_part + (size_t)h * MAX_ATTN_CHUNKS * part_stride;
+        float best = p[0];
+        for (int ch = 1; ch < chunks; ch++) best = LI_MAX(best, p[(size_t)ch * part_stride]);
+        float *out = c->att + h * m->head_dim_v;
+        memset(out, 0, (size_t)m->head_dim_v * sizeof(float));
+        float total = 0.0f;
+        for (int ch = 0; ch < chunks; ch++) {
+            const float *q = p + (size_t)ch * part_stride, w = expf(q[0] - best);
+            total += w * q[1];
+            li_K->axpy_f32(w, q + 2, out, m->head_dim_v);
+        }
+        li_K->scale_f32(out, 1.0f / total, m->head_dim_v);
+    }
 }
 
 static void forward_layer(li_context *c, int il, int64_t n, int ith, int nth) {
@@ -448,12 +542,7 @@ static void forward_layer(li_context *c, int il, int64_t n, int ith, int nth) {
     }
     LI_BARRIER();
 
-    float *scores = c->scores + (size_t)ith * (size_t)c->n_ctx;
-    li_split(n * m->n_head, ith, nth, &lo, &hi);
-    for (int64_t i = lo; i < hi; i++) {
-        const int64_t t = i / m->n_head;
-        attend(c, L, il, t, (int)(i % m->n_head), c->pos[t], scores);
-    }
+    attention(c, L, il, n, ith, nth);
     LI_BARRIER();
 
     gated_quantize(c, c->att, NULL, n, na, &L->wo, 0, ith, nth);

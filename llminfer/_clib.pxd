@@ -86,5 +86,5 @@ cdef extern from "llminfer.h" nogil:
     int LI_VEC_DOT_F32, LI_VEC_DOT_F32_F16, LI_VEC_AXPY_F32, LI_VEC_AXPY_F16
     int LI_VEC_SCALE_F32, LI_VEC_F32_TO_F16, LI_VEC_F16_TO_F32
     int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float *result)
-    int li_attn_kernel(int accumulate, const float *a, const uint16_t *cache, int64_t n, int64_t d,
-                       size_t stride, float scale, float *out)
+    int li_attn_kernel(int accumulate, const float *a, size_t a_ld, int nh, const uint16_t *cache,
+                       int64_t n, int64_t d, size_t stride, float scale, float *out, size_t out_ld)

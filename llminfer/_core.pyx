@@ -323,18 +323,22 @@ def vec_kernel(str op, float alpha, a, b):
     return r if op.startswith("dot") else None
 
 
-def attn_kernel(bint accumulate, const float[::1] a, const uint16_t[:, ::1] cache, int64_t d,
-                float scale, float[::1] out):
-    """The active level's attention kernel over the first d columns of each
-    row of an F16 cache (rows = cache.shape[0], stride = cache.shape[1]):
-    scores into out[:rows], or out[:d] += a @ cache[:, :d]. For tests."""
+def attn_kernel(bint accumulate, const float[:, ::1] a, const uint16_t[:, ::1] cache, int64_t d,
+                float scale, float[:, ::1] out):
+    """The active level's attention kernel for a.shape[0] query heads over the
+    first d columns of each row of an F16 cache (rows = cache.shape[0],
+    stride = cache.shape[1]): scores into out[h, :rows], or
+    out[h, :d] += a[h, :rows] @ cache[:, :d]. For tests."""
     cdef int64_t n = cache.shape[0]
-    if d > cache.shape[1] or (accumulate and (a.shape[0] < n or out.shape[0] < d)) or \
-            (not accumulate and (a.shape[0] < d or out.shape[0] < n)):
+    cdef int nh = a.shape[0]
+    if nh == 0 or d > cache.shape[1] or out.shape[0] < nh or \
+            (accumulate and (a.shape[1] < n or out.shape[1] < d)) or \
+            (not accumulate and (a.shape[1] < d or out.shape[1] < n)):
         raise errors.ShapeError("attn_kernel: sizes do not agree")
     cdef int st
     with nogil:
-        st = C.li_attn_kernel(accumulate, &a[0], &cache[0, 0], n, d, cache.shape[1], scale, &out[0])
+        st = C.li_attn_kernel(accumulate, &a[0, 0], a.shape[1], nh, &cache[0, 0], n, d, cache.shape[1],
+                              scale, &out[0, 0], out.shape[1])
     check(st, "attn_kernel")
 
 

@@ -54,24 +54,26 @@ def test_sizes_must_pair():
 
 @pytest.mark.parametrize("d", [32, 40, 64, 96, 128, 256])
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 17])
-def test_attention_kernels_match_numpy(isa, d, n):
-    """Scores q.k_j and the weighted sum of values over an F16 cache whose
-    rows are wider than d (the other heads' columns sit in between)."""
-    rng = np.random.default_rng(d * 100 + n)
+@pytest.mark.parametrize("nh", [1, 2, 3, 4, 7])
+def test_attention_kernels_match_numpy(isa, d, n, nh):
+    """Scores of nh query heads against rows of an F16 cache whose rows are
+    wider than d (the other heads' columns sit in between), and the weighted
+    sums of those rows."""
+    rng = np.random.default_rng(d * 1000 + n * 10 + nh)
     stride = d + 24
     cache = rng.standard_normal((n, stride)).astype(np.float16)
-    ref_rows = cache[:, :d].astype(np.float64)
-    q = rng.standard_normal(d).astype(np.float32)
-    scores = np.full(n + 3, 7.0, dtype=np.float32)
+    rows = cache[:, :d].astype(np.float64)
+    q = rng.standard_normal((nh, d + 3)).astype(np.float32)
+    scores = np.full((nh, n + 3), 7.0, dtype=np.float32)
     _core.attn_kernel(False, q, cache.view(np.uint16), d, 0.125, scores)
-    want = 0.125 * ref_rows @ q.astype(np.float64)
-    assert np.allclose(scores[:n], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    assert np.all(scores[n:] == 7.0)  # nothing written past the n scores
+    want = 0.125 * q[:, :d].astype(np.float64) @ rows.T
+    assert np.allclose(scores[:, :n], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert np.all(scores[:, n:] == 7.0)  # nothing written past each head's n scores
 
-    p = rng.random(n).astype(np.float32)
-    out = rng.standard_normal(d + 5).astype(np.float32)
+    p = rng.random((nh, n + 2)).astype(np.float32)
+    out = rng.standard_normal((nh, d + 5)).astype(np.float32)
     before = out.copy()
     _core.attn_kernel(True, p, cache.view(np.uint16), d, 1.0, out)
-    want = before[:d] + p.astype(np.float64) @ ref_rows
-    assert np.allclose(out[:d], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    assert np.array_equal(out[d:], before[d:])
+    want = before[:, :d] + p[:, :n].astype(np.float64) @ rows
+    assert np.allclose(out[:, :d], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert np.array_equal(out[:, d:], before[:, d:])

@@ -71,13 +71,16 @@ typedef struct li_kernels {
     void (*add_f32)(const float *a, const float *b, float *y, int64_t n);
     void (*mul_f32)(const float *a, const float *b, float *y, int64_t n);
 
-    /* attention over n cached rows of d float16 values, row j at k + j*stride:
-     * out[j] = scale * dot(q, row j) */
-    void (*attn_scores_f16)(const float *q, const uint16_t *k, size_t stride, int64_t n, int64_t d,
-                            float scale, float *out);
-    /* out[0..d) += sum over j < n of p[j] * row j of v */
-    void (*attn_accum_f16)(const float *p, const uint16_t *v, size_t stride, int64_t n, int64_t d,
-                           float *out);
+    /* attention over n cached rows of d float16 values, row j at k + j*stride,
+     * for the nh query heads that share them (grouped-query attention):
+     * out[h*out_ld + j] = scale * dot(q + h*q_stride, row j) */
+    void (*attn_scores_f16)(const float *q, size_t q_stride, int nh, const uint16_t *k, size_t stride,
+                            int64_t n, int64_t d, float scale, float *out, size_t out_ld);
+    /* out + h*out_stride [0..d) += sum over j < n of p[h*p_ld + j] * row j of v, for h < nh */
+    void (*attn_accum_f16)(const float *p, size_t p_ld, int nh, const uint16_t *v, size_t stride,
+                           int64_t n, int64_t d, float *out, size_t out_stride);
+    /* x[i] = exp(x[i] - mx) in place; returns their sum */
+    float (*exp_sum)(float *x, int64_t n, float mx);
 
     /* prefill kernels over packed panels (gemm.h), by panel kind; NULL: the
      * level multiplies batches with its dot kernels */

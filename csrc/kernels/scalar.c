@@ -501,14 +501,28 @@ static void mul_f32(const float *a, const float *b, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i];
 }
 
-static void attn_scores_f16(const float *q, const uint16_t *k, size_t stride, int64_t n, int64_t d,
-                            float scale, float *out) {
-    for (int64_t j = 0; j < n; j++) out[j] = scale * dot_f32_f16(q, k + (size_t)j * stride, d);
+static void attn_scores_f16(const float *q, size_t q_stride, int nh, const uint16_t *k, size_t stride,
+                            int64_t n, int64_t d, float scale, float *out, size_t out_ld) {
+    for (int h = 0; h < nh; h++)
+        for (int64_t j = 0; j < n; j++)
+            out[(size_t)h * out_ld + (size_t)j] =
+                scale * dot_f32_f16(q + (size_t)h * q_stride, k + (size_t)j * stride, d);
 }
 
-static void attn_accum_f16(const float *p, const uint16_t *v, size_t stride, int64_t n, int64_t d,
-                           float *out) {
-    for (int64_t j = 0; j < n; j++) axpy_f16(p[j], v + (size_t)j * stride, out, d);
+static void attn_accum_f16(const float *p, size_t p_ld, int nh, const uint16_t *v, size_t stride,
+                           int64_t n, int64_t d, float *out, size_t out_stride) {
+    for (int h = 0; h < nh; h++)
+        for (int64_t j = 0; j < n; j++)
+            axpy_f16(p[(size_t)h * p_ld + (size_t)j], v + (size_t)j * stride, out + (size_t)h * out_stride, d);
+}
+
+static float exp_sum(float *x, int64_t n, float mx) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    return (float)sum;
 }
 
 void li_kernels_fill_scalar(li_kernels *t) {
@@ -539,4 +553,5 @@ void li_kernels_fill_scalar(li_kernels *t) {
     t->mul_f32 = mul_f32;
     t->attn_scores_f16 = attn_scores_f16;
     t->attn_accum_f16 = attn_accum_f16;
+    t->exp_sum = exp_sum;
 }

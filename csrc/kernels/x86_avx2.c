@@ -1090,7 +1090,9 @@ static void mul_f32(const float *a, const float *b, float *y, int64_t n) {
     for (; i < n; i++) y[i] = a[i] * b[i];
 }
 
-/* ---- attention over an F16 cache ---- */
+/* ---- attention over an F16 cache ----
+ * The heads of a group (grouped-query attention) share each cached row: it
+ * is converted from F16 once and used for all of them. */
 
 /* four 8-lane sums reduced to one vector of four totals */
 LI_INLINE __m128 hsum4_ps(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -1099,46 +1101,114 @@ LI_INLINE __m128 hsum4_ps(__m256 a, __m256 b, __m256 c, __m256 d) {
     return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-/* out[j] = scale * q . k_j, four keys at a time so each slice of q is loaded once */
-static void attn_scores_f16(const float *q, const uint16_t *k, size_t stride, int64_t n, int64_t d,
-                            float scale, float *out) {
-    if (d % 8) {
-        for (int64_t j = 0; j < n; j++) out[j] = scale * dot_f32_f16(q, k + (size_t)j * stride, d);
-        return;
-    }
-    const __m128 vs = _mm_set1_ps(scale);
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const uint16_t *k0 = k + (size_t)j * stride;
-        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-        for (int64_t i = 0; i < d; i += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + i);
-            s0 = _mm256_fmadd_ps(qv, load8_f16(k0, i), s0);
-            s1 = _mm256_fmadd_ps(qv, load8_f16(k0 + stride, i), s1);
-            s2 = _mm256_fmadd_ps(qv, load8_f16(k0 + 2 * stride, i), s2);
-            s3 = _mm256_fmadd_ps(qv, load8_f16(k0 + 3 * stride, i), s3);
+/* scores of g <= 4 heads against rows j, j+1 (d a multiple of 8): each
+ * 8-value slice of the two rows is converted once for all g heads */
+LI_INLINE void scores_gx2(const float *q, size_t q_stride, const int g, const uint16_t *k0,
+                          const uint16_t *k1, int64_t d, float scale, float *out, size_t out_ld, int64_t j) {
+    __m256 a[4][2];
+    for (int h = 0; h < g; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) {
+        const __m256 x0 = load8_f16(k0, i), x1 = load8_f16(k1, i);
+        for (int h = 0; h < g; h++) {
+            const __m256 qh = _mm256_loadu_ps(q + (size_t)h * q_stride + i);
+            a[h][0] = _mm256_fmadd_ps(qh, x0, a[h][0]);
+            a[h][1] = _mm256_fmadd_ps(qh, x1, a[h][1]);
         }
-        _mm_storeu_ps(out + j, _mm_mul_ps(vs, hsum4_ps(s0, s1, s2, s3)));
     }
-    for (; j < n; j++) out[j] = scale * dot_f32_f16(q, k + (size_t)j * stride, d);
+    const __m256 zero = _mm256_setzero_ps();
+    for (int h = 0; h < g; h += 2) {
+        float t[4];
+        _mm_storeu_ps(t, _mm_mul_ps(hsum4_ps(a[h][0], a[h][1], h + 1 < g ? a[h + 1][0] : zero,
+                                             h + 1 < g ? a[h + 1][1] : zero),
+                                    _mm_set1_ps(scale)));
+        out[(size_t)h * out_ld + (size_t)j] = t[0];
+        out[(size_t)h * out_ld + (size_t)j + 1] = t[1];
+        if (h + 1 < g) {
+            out[(size_t)(h + 1) * out_ld + (size_t)j] = t[2];
+            out[(size_t)(h + 1) * out_ld + (size_t)j + 1] = t[3];
+        }
+    }
 }
 
-/* out += sum_j p[j] v_j, 64 outputs at a time held in registers across all j */
-static void attn_accum_f16(const float *p, const uint16_t *v, size_t stride, int64_t n, int64_t d,
-                           float *out) {
-    int64_t i0 = 0;
-    for (; i0 + 64 <= d; i0 += 64) {
-        __m256 acc[8];
-        for (int r = 0; r < 8; r++) acc[r] = _mm256_loadu_ps(out + i0 + 8 * r);
-        for (int64_t j = 0; j < n; j++) {
-            const __m256 pj = _mm256_set1_ps(p[j]);
-            const uint16_t *vj = v + (size_t)j * stride + i0;
-            for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(pj, load8_f16(vj, 8 * r), acc[r]);
-        }
-        for (int r = 0; r < 8; r++) _mm256_storeu_ps(out + i0 + 8 * r, acc[r]);
+static void attn_scores_f16(const float *q, size_t q_stride, int nh, const uint16_t *k, size_t stride,
+                            int64_t n, int64_t d, float scale, float *out, size_t out_ld) {
+    for (int h0 = 0; h0 < nh; h0 += 4) {
+        const int g = LI_MIN(4, nh - h0);
+        const float *qg = q + (size_t)h0 * q_stride;
+        float *og = out + (size_t)h0 * out_ld;
+        int64_t j = 0;
+        if (d % 8 == 0)
+            for (; j + 2 <= n; j += 2) {
+                const uint16_t *k0 = k + (size_t)j * stride, *k1 = k0 + stride;
+                /* rows a few steps ahead when other heads' columns sit between
+                 * rows (a strided read); contiguous rows stream by themselves */
+                if (stride != (size_t)d)
+                    for (int64_t b = 0; b < d * 2; b += 64) {
+                        _mm_prefetch((const char *)(k0 + 8 * stride) + b, _MM_HINT_T0);
+                        _mm_prefetch((const char *)(k1 + 8 * stride) + b, _MM_HINT_T0);
+                    }
+                switch (g) {
+                case 4: scores_gx2(qg, q_stride, 4, k0, k1, d, scale, og, out_ld, j); break;
+                case 3: scores_gx2(qg, q_stride, 3, k0, k1, d, scale, og, out_ld, j); break;
+                case 2: scores_gx2(qg, q_stride, 2, k0, k1, d, scale, og, out_ld, j); break;
+                default: scores_gx2(qg, q_stride, 1, k0, k1, d, scale, og, out_ld, j); break;
+                }
+            }
+        for (; j < n; j++)
+            for (int h = 0; h < g; h++)
+                og[(size_t)h * out_ld + (size_t)j] = scale * dot_f32_f16(qg + (size_t)h * q_stride, k + (size_t)j * stride, d);
     }
-    if (i0 < d)
-        for (int64_t j = 0; j < n; j++) axpy_f16(p[j], v + (size_t)j * stride + i0, out + i0, d - i0);
+}
+
+/* out_h += sum_j p_h[j] v_j over 32 columns at a time, up to 3 heads held in
+ * 12 registers while each row is converted once */
+static void attn_accum_f16(const float *p, size_t p_ld, int nh, const uint16_t *v, size_t stride,
+                           int64_t n, int64_t d, float *out, size_t out_stride) {
+    for (int h0 = 0; h0 < nh; h0 += 3) {
+        const int g = LI_MIN(3, nh - h0);
+        int64_t i0 = 0;
+        for (; i0 + 32 <= d; i0 += 32) {
+            __m256 acc[3][4];
+            for (int h = 0; h < g; h++)
+                for (int r = 0; r < 4; r++) acc[h][r] = _mm256_loadu_ps(out + (size_t)(h0 + h) * out_stride + i0 + 8 * r);
+            for (int64_t j = 0; j < n; j++) {
+                const uint16_t *vj = v + (size_t)j * stride + i0;
+                if (stride != (size_t)d) _mm_prefetch((const char *)(vj + 8 * stride), _MM_HINT_T0);
+                const __m256 x0 = load8_f16(vj, 0), x1 = load8_f16(vj, 8), x2 = load8_f16(vj, 16), x3 = load8_f16(vj, 24);
+                for (int h = 0; h < g; h++) {
+                    const __m256 pj = _mm256_set1_ps(p[(size_t)(h0 + h) * p_ld + (size_t)j]);
+                    acc[h][0] = _mm256_fmadd_ps(pj, x0, acc[h][0]);
+                    acc[h][1] = _mm256_fmadd_ps(pj, x1, acc[h][1]);
+                    acc[h][2] = _mm256_fmadd_ps(pj, x2, acc[h][2]);
+                    acc[h][3] = _mm256_fmadd_ps(pj, x3, acc[h][3]);
+                }
+            }
+            for (int h = 0; h < g; h++)
+                for (int r = 0; r < 4; r++) _mm256_storeu_ps(out + (size_t)(h0 + h) * out_stride + i0 + 8 * r, acc[h][r]);
+        }
+        if (i0 < d)
+            for (int h = 0; h < g; h++)
+                for (int64_t j = 0; j < n; j++)
+                    axpy_f16(p[(size_t)(h0 + h) * p_ld + (size_t)j], v + (size_t)j * stride + i0,
+                             out + (size_t)(h0 + h) * out_stride + i0, d - i0);
+    }
+}
+
+static float exp_sum(float *x, int64_t n, float mx) {
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vs = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx));
+        _mm256_storeu_ps(x + i, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    double sum = hsum_ps(vs);
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    return (float)sum;
 }
 
 void li_kernels_fill_avx2(li_kernels *t) {
@@ -1161,6 +1231,7 @@ void li_kernels_fill_avx2(li_kernels *t) {
     t->quant_act[LI_ACT_Q8_K] = quant_act_q8_K;
     t->attn_scores_f16 = attn_scores_f16;
     t->attn_accum_f16 = attn_accum_f16;
+    t->exp_sum = exp_sum;
     li_gemm_fill_avx2(t);
     t->rms_norm = rms_norm;
     t->softmax = softmax;
