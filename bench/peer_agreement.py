@@ -8,6 +8,9 @@ where llama.cpp's top logit leads its second by at least --margin (0.25):
 nearer ties flip legitimately between correct engines, even between
 llama.cpp's own attention paths.
 
+For scale, the table also shows how often llama.cpp's own batched evaluation
+of the same sequence disagrees with its step-by-step logits.
+
 Run with a Python that has both packages, e.g.
     PYTHONPATH=. /path/to/peer-venv/bin/python bench/peer_agreement.py MODEL.gguf [...]
 """
@@ -60,12 +63,16 @@ def compare(model_path, n_gen=48, margin=0.25, threads=2, prompts=PROMPTS):
                            n_threads=threads, verbose=False)
     ours = llminfer.LLM(model_path, n_ctx=1024, n_threads=threads)
     total = agree = decisive = decisive_agree = 0
+    self_decisive = self_disagree = 0  # llama.cpp batched against its own step-by-step logits
     worst = []
     for prompt in prompts:
         ids = peer.tokenize(prompt.encode(), add_bos=True, special=False)
         cont, ref = peer_continuation(peer, ids, n_gen)
         ours.reset()
         logits = ours.eval(ids + cont)[len(ids) - 1:len(ids) - 1 + n_gen]
+        peer.reset()
+        peer.eval(ids + cont)
+        batched = np.array(peer.scores[len(ids) - 1:len(ids) - 1 + n_gen], dtype=np.float32)
         top_ref, top = ref.argmax(-1), logits.argmax(-1)
         s = np.sort(ref, axis=-1)
         lead = s[:, -1] - s[:, -2]
@@ -77,11 +84,15 @@ def compare(model_path, n_gen=48, margin=0.25, threads=2, prompts=PROMPTS):
         decisive_agree += int(same[d].sum())
         for j in np.flatnonzero(~same):
             worst.append((float(lead[j]), prompt[:30], int(j)))
+        own = batched.argmax(-1) == top_ref
+        self_disagree += int((~own).sum())
+        self_decisive += int((~own & d).sum())
     ours.close()
     return {
         "model": str(model_path), "positions": total, "top1_agree": agree,
         "decisive_positions": decisive, "decisive_agree": decisive_agree,
         "disagreements": sorted(worst, reverse=True)[:10],
+        "peer_self_disagree": self_disagree, "peer_self_decisive_disagree": self_decisive,
     }
 
 
@@ -97,12 +108,14 @@ def main():
     if a.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"{'model':<44} {'agree':>12} {'decisive (lead>=%.2f)' % a.margin:>26}  largest lead of a disagreement")
+    print(f"{'model':<34} {'agree':>11} {'decisive (lead>=%.2f)' % a.margin:>22} {'max lead':>9} "
+          f"| llama.cpp batched vs itself: {'disagree':>8} {'decisive':>8}")
     for r in results:
-        name = r["model"].rsplit("/", 1)[-1][:44]
+        name = r["model"].rsplit("/", 1)[-1][:34]
         lead = f"{r['disagreements'][0][0]:.3f}" if r["disagreements"] else "-"
-        print(f"{name:<44} {r['top1_agree']:>5}/{r['positions']:<6} "
-              f"{r['decisive_agree']:>11}/{r['decisive_positions']:<14} {lead}")
+        print(f"{name:<34} {r['top1_agree']:>5}/{r['positions']:<5} "
+              f"{r['decisive_agree']:>13}/{r['decisive_positions']:<8} {lead:>9} "
+              f"| {'':>29}{r['peer_self_disagree']:>8} {r['peer_self_decisive_disagree']:>8}")
     ok = all(r["decisive_agree"] == r["decisive_positions"] for r in results)
     return 0 if ok else 1
 

@@ -454,9 +454,15 @@ static void attend_chunk(li_context *c, int il, int64_t t, int kvh, int p0, int 
     const size_t out_stride = part ? part_stride : (size_t)m->head_dim_v;
     for (int h = 0; h < nh; h++) memset(out + (size_t)h * out_stride, 0, (size_t)m->head_dim_v * sizeof(float));
     if (!part) {
+        /* the weights normalized first and, with an F16 cache, rounded to f16 as
+         * llama.cpp's V x softmax product takes them */
+        for (int h = 0; h < nh; h++) {
+            float *row = scores + (size_t)h * (size_t)n;
+            li_K->scale_f32(row, 1.0f / sum[h], n);
+            if (c->kv_type == LI_KV_F16) round_to_f16(row, n);
+        }
         group_accum(c, il, kvh, scores, (size_t)n, nh, s0, run1, out);
         if (run2 > 0) group_accum(c, il, kvh, scores + run1, (size_t)n, nh, 0, run2, out);
-        for (int h = 0; h < nh; h++) li_K->scale_f32(out + (size_t)h * out_stride, 1.0f / sum[h], m->head_dim_v);
         return;
     }
     /* partial rows are spaced part_stride apart: accumulate head by head */
