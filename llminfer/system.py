@@ -2,7 +2,7 @@
 level (instruction set) in use, OpenMP, threads.
 
 The level is chosen at import from what the CPU reports. LLMINFER_ISA
-(scalar, avx2, neon, neon_dot) forces a level no better than the best one
+(scalar, avx2, avx512, neon, neon_dot) forces a level no better than the best one
 available, so tests can run every kernel path on one machine.
 """
 
