@@ -489,8 +489,10 @@ static void attention(li_context *c, const li_layer_desc *L, int il, int64_t n, 
     float *scores = c->scores + (size_t)ith * (size_t)nh * (size_t)c->n_ctx;
     const size_t part_stride = (size_t)m->head_dim_v + 2;
     int64_t lo, hi;
-    li_split(n * m->n_head_kv * chunks, ith, nth, &lo, &hi);
-    for (int64_t i = lo; i < hi; i++) {
+    /* items dealt round-robin: a token's attention grows with its position,
+     * so contiguous shares of a prompt would leave the first thread idle */
+    const int64_t items = n * m->n_head_kv * chunks;
+    for (int64_t i = ith; i < items; i += nth) {
         const int64_t t = i / ((int64_t)m->n_head_kv * chunks);
         const int kvh = (int)(i / chunks % m->n_head_kv), ch = (int)(i % chunks);
         const int pos = c->pos[t], first = first_visible(L, pos), count = pos - first + 1;
