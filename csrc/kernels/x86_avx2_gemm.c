@@ -13,26 +13,14 @@
 #include "kernels.h"
 
 #if defined(LI_ARCH_X86) && defined(__AVX2__) && (defined(_MSC_VER) || (defined(__FMA__) && defined(__F16C__)))
-#include <immintrin.h>
 #include <stddef.h>
-#include <string.h>
+
+#include "x86_gemm.h"
 
 #define R LI_PANEL_ROWS
 #define NC_MAX 4
 
-/* the loops below have constant trip counts once inlined; ask for them to be
- * unrolled so every accumulator lives in a register */
-#if defined(__GNUC__)
-#define UNROLL _Pragma("GCC unroll 16")
-#else
-#define UNROLL
-#endif
 
-static inline __m256i bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
 
 static inline void store_rows(float *y, __m256 v, int nr) {
     if (nr == R) {

@@ -15,24 +15,14 @@
 
 #if defined(LI_ARCH_X86) && defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512BW__) && \
     defined(__AVX512VNNI__)
-#include <immintrin.h>
 #include <stddef.h>
-#include <string.h>
+
+#include "x86_gemm.h"
 
 #define R LI_PANEL_ROWS
 #define NC_MAX 8
 
-#if defined(__GNUC__)
-#define UNROLL _Pragma("GCC unroll 16")
-#else
-#define UNROLL
-#endif
 
-static inline __m256i bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
 
 static inline void store_rows(float *y, __m256 v, int nr) {
     if (nr == R) {

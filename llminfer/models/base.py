@@ -200,11 +200,35 @@ def rope_scale(hp: Hparams) -> float:
     raise UnsupportedModelError(f"{hp.path}: RoPE scaling {kind!r} is not supported (only linear)")
 
 
-def standard_layers(hp: Hparams, w: Weights, n_layer, n_embd, n_head, n_head_kv, head_dim,
-                    head_dim_v, n_ff, rope_base, scale, biases=False) -> list:
+@dataclass(frozen=True)
+class Shape:
+    """The sizes every decoder-only architecture here reads the same way."""
+
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    head_dim_v: int
+    n_ff: int
+
+
+def read_shape(hp: Hparams) -> Shape:
+    n_embd = hp.int("embedding_length")
+    n_head = hp.int("attention.head_count")
+    head_dim = hp.int("attention.key_length", n_embd // n_head)
+    return Shape(n_embd=n_embd, n_layer=hp.int("block_count"), n_head=n_head,
+                 n_head_kv=hp.int("attention.head_count_kv", n_head), head_dim=head_dim,
+                 head_dim_v=hp.int("attention.value_length", head_dim),
+                 n_ff=hp.int("feed_forward_length"))
+
+
+def standard_layers(w: Weights, sh: Shape, rope_base, scale, biases=False) -> list:
     """Layers of the Llama shape: norm, q/k/v/o, norm, gate/up/down."""
+    n_embd, n_head, n_head_kv, n_ff = sh.n_embd, sh.n_head, sh.n_head_kv, sh.n_ff
+    head_dim, head_dim_v = sh.head_dim, sh.head_dim_v
     layers = []
-    for i in range(n_layer):
+    for i in range(sh.n_layer):
         p = f"blk.{i}."
         L = LayerSpec(
             attn_norm=w.vector(p + "attn_norm.weight", n_embd),

@@ -19,7 +19,7 @@ import math
 
 from llminfer.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_GELU, ROPE_NEOX, Hparams, ModelSpec, Weights, output_head,
-                                  rope_scale, standard_layers, vocab_size)
+                                  read_shape, rope_scale, standard_layers, vocab_size)
 
 ARCH = "gemma3"
 SWA_PATTERN = 6           # every 6th layer attends globally
@@ -32,21 +32,15 @@ def is_global(layer: int, pattern: int = SWA_PATTERN) -> bool:
 
 def build(gguf: GGUFFile) -> ModelSpec:
     hp = Hparams(gguf, ARCH)
-    n_embd = hp.int("embedding_length")
-    n_layer = hp.int("block_count")
-    n_head = hp.int("attention.head_count")
-    n_head_kv = hp.int("attention.head_count_kv", n_head)
-    head_dim = hp.int("attention.key_length", n_embd // n_head)
-    head_dim_v = hp.int("attention.value_length", head_dim)
-    n_ff = hp.int("feed_forward_length")
+    sh = read_shape(hp)
+    n_embd, n_head, head_dim = sh.n_embd, sh.n_head, sh.head_dim
     window = hp.int("attention.sliding_window", 0)
     pattern = hp.int("attention.sliding_window_pattern", SWA_PATTERN)
     n_vocab = vocab_size(gguf, hp)
     w = Weights(gguf)
     tok_embd = w.matrix("token_embd.weight", n_vocab, n_embd)
 
-    layers = standard_layers(hp, w, n_layer, n_embd, n_head, n_head_kv, head_dim, head_dim_v, n_ff,
-                             hp.float("rope.freq_base", 1000000.0), rope_scale(hp))
+    layers = standard_layers(w, sh, hp.float("rope.freq_base", 1000000.0), rope_scale(hp))
     for i, L in enumerate(layers):
         p = f"blk.{i}."
         L.q_norm = w.vector(p + "attn_q_norm.weight", head_dim)
@@ -58,16 +52,16 @@ def build(gguf: GGUFFile) -> ModelSpec:
             L.rope_base = LOCAL_ROPE_BASE
             L.rope_scale = 1.0
 
-    big = n_layer == 62  # Gemma 3 27B scales by the model width per head instead
+    big = sh.n_layer == 62  # Gemma 3 27B scales by the model width per head instead
     return ModelSpec(
         arch=ARCH,
         n_vocab=n_vocab,
         n_embd=n_embd,
         n_head=n_head,
-        n_head_kv=n_head_kv,
+        n_head_kv=sh.n_head_kv,
         head_dim=head_dim,
-        head_dim_v=head_dim_v,
-        n_ff=n_ff,
+        head_dim_v=sh.head_dim_v,
+        n_ff=sh.n_ff,
         n_rot=hp.int("rope.dimension_count", head_dim),
         rope_mode=ROPE_NEOX,
         act=ACT_GELU,

@@ -7,22 +7,17 @@ absent; Llama 3.1's per-frequency RoPE factors from rope_freqs.weight."""
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_SILU, ROPE_NORM, Hparams, ModelSpec, Weights,
-                                  attn_scale_default, output_head, rope_scale, standard_layers,
-                                  vocab_size)
+                                  attn_scale_default, output_head, read_shape, rope_scale,
+                                  standard_layers, vocab_size)
 
 ARCH = "llama"
 
 
 def build(gguf: GGUFFile, arch: str = ARCH, rope_mode: int = ROPE_NORM, biases: bool = False) -> ModelSpec:
     hp = Hparams(gguf, arch)
-    n_embd = hp.int("embedding_length")
-    n_layer = hp.int("block_count")
-    n_head = hp.int("attention.head_count")
-    n_head_kv = hp.int("attention.head_count_kv", n_head)
-    head_dim = hp.int("attention.key_length", n_embd // n_head)
-    head_dim_v = hp.int("attention.value_length", head_dim)
-    n_ff = hp.int("feed_forward_length")
-    n_rot = hp.int("rope.dimension_count", head_dim)
+    sh = read_shape(hp)
+    n_embd = sh.n_embd
+    n_rot = hp.int("rope.dimension_count", sh.head_dim)
     if hp.int("attention.sliding_window", 0) > 0:
         raise UnsupportedModelError(f"{gguf.path}: sliding-window attention is not supported for {arch}")
     n_vocab = vocab_size(gguf, hp)
@@ -32,23 +27,22 @@ def build(gguf: GGUFFile, arch: str = ARCH, rope_mode: int = ROPE_NORM, biases: 
         arch=arch,
         n_vocab=n_vocab,
         n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim=head_dim,
-        head_dim_v=head_dim_v,
-        n_ff=n_ff,
+        n_head=sh.n_head,
+        n_head_kv=sh.n_head_kv,
+        head_dim=sh.head_dim,
+        head_dim_v=sh.head_dim_v,
+        n_ff=sh.n_ff,
         n_rot=n_rot,
         rope_mode=rope_mode,
         act=ACT_SILU,
         norm_eps=hp.float("attention.layer_norm_rms_epsilon", 1e-5),
         embd_scale=1.0,
-        attn_scale=attn_scale_default(head_dim),
+        attn_scale=attn_scale_default(sh.head_dim),
         context_length=hp.int("context_length", 2048),
         tok_embd=tok_embd,
         output_norm=w.vector("output_norm.weight", n_embd),
         output=output_head(w, tok_embd, n_vocab, n_embd),
-        layers=standard_layers(hp, w, n_layer, n_embd, n_head, n_head_kv, head_dim, head_dim_v,
-                               n_ff, hp.float("rope.freq_base", 10000.0), rope_scale(hp),
+        layers=standard_layers(w, sh, hp.float("rope.freq_base", 10000.0), rope_scale(hp),
                                biases=biases),
         rope_factors=w.vector("rope_freqs.weight", n_rot // 2, optional=True),
     )
