@@ -36,6 +36,24 @@ PROMPTS = [
     "Dear hiring manager,\n\nI am writing to apply for",
     "A haiku about autumn leaves:\n",
     "The quick brown fox jumps over the lazy dog. This sentence is famous because",
+    "To install the package, first open a terminal and",
+    "The French Revolution began in 1789 when",
+    "In mathematics, a prime number is",
+    "My favourite way to spend a Sunday afternoon is",
+    "The stock market fell sharply on Monday after",
+    "import numpy as np\n\ndef normalize(x):\n",
+    "Water boils at 100 degrees Celsius at sea level, but",
+    "The main character of the novel is a young woman who",
+    "Here are five tips for better sleep:\n1.",
+    "The difference between weather and climate is",
+    "Dear Sir or Madam,\nI am writing to complain about",
+    "The mitochondria is the powerhouse of the cell because",
+    "SELECT name, age FROM users WHERE",
+    "A good password should be",
+    "The history of the Roman Empire can be divided into",
+    "Translate to French: 'Good morning, how are you?'\n",
+    "The recipe calls for two cups of flour, one egg and",
+    "Electric cars are becoming more popular because",
 ]
 
 
@@ -102,9 +120,11 @@ def main():
     p.add_argument("-n", type=int, default=48)
     p.add_argument("--margin", type=float, default=0.25)
     p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=len(PROMPTS),
+                   help=f"use the first N of the {len(PROMPTS)} built-in prompts")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    results = [compare(m, a.n, a.margin, a.threads) for m in a.models]
+    results = [compare(m, a.n, a.margin, a.threads, PROMPTS[:a.prompts]) for m in a.models]
     if a.json:
         print(json.dumps(results, indent=2))
         return 0

@@ -318,13 +318,12 @@ static void gated_quantize(li_context *c, float *src, const float *up, int64_t n
     const int a = li_types[w->type].act_type;
     const int64_t bs = li_act_block_size(a), per_row = k / bs;
     const size_t blk = li_act_row_bytes(a, bs), row = li_act_row_bytes(a, k);
-    const float *lut = act == LI_ACT_GELU ? li_lut_gelu : li_lut_silu;
     int64_t lo, hi;
     li_split(n * per_row, ith, nth, &lo, &hi);
     for (int64_t b = lo; b < hi; b++) {
         const int64_t t = b / per_row, j = (b % per_row) * bs;
         float *x = src + t * k + j;
-        if (up) li_K->lut_apply(lut, x, up + t * k + j, x, bs);
+        if (up) li_K->act_apply(act, x, up + t * k + j, x, bs);
         li_K->quant_act[a](x, (char *)c->xq[a] + (size_t)t * row + (size_t)(b % per_row) * blk, bs);
     }
 }

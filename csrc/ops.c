@@ -14,11 +14,19 @@
 #include "quantize.h"
 
 float li_lut_silu[65536];
+float li_lut_silu_slope[65536];
 float li_lut_gelu[65536];
 
 static double silu_ref(double x) {
     if (isinf(x)) return x > 0 ? x : 0.0;
     return x / (1.0 + exp(-x));
+}
+
+/* d/dx x*sigmoid(x) = sigmoid(x) * (1 + x * (1 - sigmoid(x))) */
+static double silu_slope(double x) {
+    if (!isfinite(x)) return 0.0;
+    const double s = 1.0 / (1.0 + exp(-x));
+    return s * (1.0 + x * (1.0 - s));
 }
 
 /* GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
@@ -32,7 +40,8 @@ void li_ops_init(void) {
     for (uint32_t h = 0; h < 65536; h++) {
         const double x = li_f16_to_f32((uint16_t)h);
         li_lut_silu[h] = (float)silu_ref(x);
-        li_lut_gelu[h] = (float)gelu_ref(x);
+        li_lut_silu_slope[h] = (float)silu_slope(x);
+        li_lut_gelu[h] = li_f16_to_f32(li_f32_to_f16((float)gelu_ref(x))); /* ggml keeps it in f16 */
     }
 }
 
@@ -201,23 +210,17 @@ int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float e
     return LI_OK;
 }
 
-static const float *activation_lut(int act) {
-    return act == LI_ACT_SILU ? li_lut_silu : act == LI_ACT_GELU ? li_lut_gelu : NULL;
-}
-
 int li_activation(int act, const float *x, int64_t n, float *y) {
     li_init();
-    const float *lut = activation_lut(act);
-    if (!lut || !x || !y || n < 0) return LI_E_ARG;
-    li_K->lut_apply(lut, x, NULL, y, n);
+    if ((act != LI_ACT_SILU && act != LI_ACT_GELU) || !x || !y || n < 0) return LI_E_ARG;
+    li_K->act_apply(act, x, NULL, y, n);
     return LI_OK;
 }
 
 int li_gated_activation(int act, const float *g, const float *u, int64_t n, float *y) {
     li_init();
-    const float *lut = activation_lut(act);
-    if (!lut || !g || !u || !y || n < 0) return LI_E_ARG;
-    li_K->lut_apply(lut, g, u, y, n);
+    if ((act != LI_ACT_SILU && act != LI_ACT_GELU) || !g || !u || !y || n < 0) return LI_E_ARG;
+    li_K->act_apply(act, g, u, y, n);
     return LI_OK;
 }
 

@@ -532,26 +532,6 @@ static void softmax(float *x, int64_t k) {
 
 /* The F16 index of each x goes through the conversion unit; the table reads
  * are scalar (NEON has no gather). */
-static void lut_apply(const float *lut, const float *x, const float *u, float *y, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint16_t h[8];
-        float v[8];
-        vst1q_u16(h, f32x8_to_f16(vld1q_f32(x + i), vld1q_f32(x + i + 4)));
-        for (int j = 0; j < 8; j++) v[j] = lut[h[j]];
-        float32x4_t v0 = vld1q_f32(v), v1 = vld1q_f32(v + 4);
-        if (u) {
-            v0 = vmulq_f32(v0, vld1q_f32(u + i));
-            v1 = vmulq_f32(v1, vld1q_f32(u + i + 4));
-        }
-        vst1q_f32(y + i, v0);
-        vst1q_f32(y + i + 4, v1);
-    }
-    for (; i < n; i++) {
-        const float v = lut[li_f32_to_f16(x[i])];
-        y[i] = u ? v * u[i] : v;
-    }
-}
 
 void li_kernels_fill_neon(li_kernels *t) {
     li_kernels_fill_scalar(t);
@@ -576,7 +556,6 @@ void li_kernels_fill_neon(li_kernels *t) {
     t->quant_act[LI_ACT_Q8_K] = quant_act_q8_K;
     t->rms_norm = rms_norm;
     t->softmax = softmax;
-    t->lut_apply = lut_apply;
     t->dot_f32_f16 = dot_f32_f16;
     t->axpy_f16 = axpy_f16;
     t->f32_to_f16 = f32_to_f16;

@@ -59,7 +59,11 @@ typedef struct li_kernels {
     /* in place, numerically stable */
     void (*softmax)(float *x, int64_t k);
     /* y[i] = lut(x[i]) (* u[i] when u is not NULL), lut a 65536-entry F16-indexed table */
-    void (*lut_apply)(const float *lut, const float *x, const float *u, float *y, int64_t n);
+    /* y[i] = act(x[i]) (* u[i] when u is not NULL) through the F16-indexed
+     * tables of ops.c: SiLU interpolates between table points with the
+     * tabulated slope (to float accuracy, as ggml computes SiLU exactly);
+     * GELU takes ggml's table, values rounded to f16, exact beyond +-10 */
+    void (*act_apply)(int act, const float *x, const float *u, float *y, int64_t n);
     /* attention over an F16 cache */
     float (*dot_f32_f16)(const float *a, const uint16_t *b, int64_t n);
     void (*axpy_f16)(float a, const uint16_t *x, float *y, int64_t n); /* y += a*x */
@@ -99,6 +103,9 @@ extern const li_type_traits li_types[LI_TYPE_COUNT];
 size_t li_act_row_bytes(int act, int64_t k);
 int li_act_block_size(int act);
 
+/* the scalar activation (SIMD levels hand it the elements past their last full vector) */
+void li_act_apply_scalar(int act, const float *x, const float *u, float *y, int64_t n);
+
 /* the tables, filled once by dispatch.c */
 void li_kernels_fill_scalar(li_kernels *t);
 #if defined(LI_ARCH_X86)
@@ -117,6 +124,12 @@ void li_init(void);
 
 /* the F16-indexed activation tables (ops.c) */
 extern float li_lut_silu[65536];
+extern float li_lut_silu_slope[65536];
 extern float li_lut_gelu[65536];
+/* where the tables are not consulted: SiLU(x) = x above, 0 below; GELU likewise */
+#define LI_SILU_HI 16.0f
+#define LI_SILU_LO (-64.0f)
+#define LI_GELU_HI 10.0f
+#define LI_GELU_LO (-10.0f)
 
 #endif

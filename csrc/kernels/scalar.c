@@ -454,9 +454,21 @@ static void softmax(float *x, int64_t k) {
     for (int64_t i = 0; i < k; i++) x[i] *= inv;
 }
 
-static void lut_apply(const float *lut, const float *x, const float *u, float *y, int64_t n) {
+static float act_one(int act, float x) {
+    if (act == LI_ACT_SILU) {
+        if (x >= LI_SILU_HI) return x;
+        if (x <= LI_SILU_LO) return 0.0f;
+        const uint16_t h = li_f32_to_f16(x);
+        return li_lut_silu[h] + li_lut_silu_slope[h] * (x - li_f16_to_f32(h));
+    }
+    if (x >= LI_GELU_HI) return x;
+    if (x <= LI_GELU_LO) return 0.0f;
+    return li_lut_gelu[li_f32_to_f16(x)];
+}
+
+void li_act_apply_scalar(int act, const float *x, const float *u, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        const float v = lut[li_f32_to_f16(x[i])];
+        const float v = act_one(act, x[i]);
         y[i] = u ? v * u[i] : v;
     }
 }
@@ -541,7 +553,7 @@ void li_kernels_fill_scalar(li_kernels *t) {
     t->quant_act[LI_ACT_Q8_K] = quant_act_q8_K;
     t->rms_norm = rms_norm;
     t->softmax = softmax;
-    t->lut_apply = lut_apply;
+    t->act_apply = li_act_apply_scalar;
     t->dot_f32_f16 = dot_f32_f16;
     t->axpy_f16 = axpy_f16;
     t->f32_to_f16 = f32_to_f16;

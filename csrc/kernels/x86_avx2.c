@@ -1003,18 +1003,29 @@ static void softmax(float *x, int64_t k) {
     for (; i < k; i++) x[i] *= inv;
 }
 
-static void lut_apply(const float *lut, const float *x, const float *u, float *y, int64_t n) {
+static void act_apply(int act, const float *x, const float *u, float *y, int64_t n) {
+    const int silu = act == LI_ACT_SILU;
+    const __m256 hi = _mm256_set1_ps(silu ? LI_SILU_HI : LI_GELU_HI);
+    const __m256 lo = _mm256_set1_ps(silu ? LI_SILU_LO : LI_GELU_LO);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
-        __m256 v = _mm256_i32gather_ps(lut, _mm256_cvtepu16_epi32(h), 4);
+        const __m256 xv = _mm256_loadu_ps(x + i);
+        const __m128i h = _mm256_cvtps_ph(xv, _MM_FROUND_TO_NEAREST_INT);
+        const __m256i idx = _mm256_cvtepu16_epi32(h);
+        __m256 v;
+        if (silu) {
+            const __m256 d = _mm256_sub_ps(xv, _mm256_cvtph_ps(h));
+            v = _mm256_fmadd_ps(_mm256_i32gather_ps(li_lut_silu_slope, idx, 4), d,
+                                _mm256_i32gather_ps(li_lut_silu, idx, 4));
+        } else {
+            v = _mm256_i32gather_ps(li_lut_gelu, idx, 4);
+        }
+        v = _mm256_blendv_ps(v, xv, _mm256_cmp_ps(xv, hi, _CMP_GE_OQ));
+        v = _mm256_blendv_ps(v, _mm256_setzero_ps(), _mm256_cmp_ps(xv, lo, _CMP_LE_OQ));
         if (u) v = _mm256_mul_ps(v, _mm256_loadu_ps(u + i));
         _mm256_storeu_ps(y + i, v);
     }
-    for (; i < n; i++) {
-        const float v = lut[li_f32_to_f16(x[i])];
-        y[i] = u ? v * u[i] : v;
-    }
+    if (i < n) li_act_apply_scalar(act, x + i, u ? u + i : NULL, y + i, n - i);
 }
 
 static float dot_f32_f16(const float *a, const uint16_t *b, int64_t n) {
@@ -1235,7 +1246,7 @@ void li_kernels_fill_avx2(li_kernels *t) {
     li_gemm_fill_avx2(t);
     t->rms_norm = rms_norm;
     t->softmax = softmax;
-    t->lut_apply = lut_apply;
+    t->act_apply = act_apply;
     t->dot_f32_f16 = dot_f32_f16;
     t->axpy_f16 = axpy_f16;
     t->f32_to_f16 = f32_to_f16;

@@ -369,7 +369,6 @@ static void check_dot(const char *lv, const li_kernels *L, const li_kernels *S) 
     }
 }
 
-static float lut[65536];
 
 /* random floats for the element-wise ops: mostly gaussian, some any bits */
 static void op_floats(float *x, int64_t n, int wild) {
@@ -454,9 +453,9 @@ static void check_vector_ops(const char *lv, const li_kernels *L, const li_kerne
         }
     finish(&t, "", L->softmax != S->softmax);
 
-    t = start(lv, "vec", "lut_apply");
+    t = start(lv, "vec", "act_apply");
     for (int li = 0; li < nl; li++)
-        for (int withu = 0; withu < 2; withu++) {
+        for (int withu = 0; withu < 4; withu++) { /* bit 0: with u; bit 1: GELU, else SiLU */
             const int64_t n = lens[li];
             float *x = gmalloc((size_t)n * 4), *u = gmalloc((size_t)n * 4);
             float *y0 = gmalloc((size_t)n * 4), *y1 = gmalloc((size_t)n * 4);
@@ -465,12 +464,13 @@ static void check_vector_ops(const char *lv, const li_kernels *L, const li_kerne
                 if (rnd_below(4) == 0) /* halfway between two halfs, or near the f16 limits */
                     x[i] = li_bits_f32((fbits(x[i]) & ~0x1fffu) | (rnd_below(2) ? 0x1000u : 0x0fffu));
             op_floats(u, n, 0);
-            S->lut_apply(lut, x, withu ? u : NULL, y0, n);
-            L->lut_apply(lut, x, withu ? u : NULL, y1, n);
-            expect_same(&t, y1, y0, (size_t)n * 4, n, withu ? "with u" : "no u");
+            const int act = (withu & 2) ? LI_ACT_GELU : LI_ACT_SILU;
+            S->act_apply(act, x, (withu & 1) ? u : NULL, y0, n);
+            L->act_apply(act, x, (withu & 1) ? u : NULL, y1, n);
+            expect_same(&t, y1, y0, (size_t)n * 4, n, (withu & 1) ? "with u" : "no u");
             gfree_all();
         }
-    finish(&t, "", L->lut_apply != S->lut_apply);
+    finish(&t, "", L->act_apply != S->act_apply);
 
     t = start(lv, "vec", "dot_f32_f16");
     for (int li = 0; li < nl; li++) {
@@ -655,7 +655,6 @@ int main(int argc, char **argv) {
     signal(SIGSEGV, on_fault);
     signal(SIGBUS, on_fault);
     signal(SIGILL, on_fault);
-    for (int i = 0; i < 65536; i++) lut[i] = gauss();
 
     char feats[256];
     li_cpu_features(feats, sizeof(feats));
