@@ -36,10 +36,19 @@ size_t li_gemm_scratch_bytes(int type, int64_t k, int64_t n);
 void li_gemm_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
                void *scratch, int ith, int nth);
 
-/* RoPE: freqs[i] = freq_scale * freq_base^(-2i/n_rot) for i < n_rot/2 (once per model) */
-void li_rope_freqs(int64_t n_rot, float freq_base, float freq_scale, double *freqs);
-/* cs[t, i] = (cos, sin) of pos[t] * freqs[i] (once per batch, shared by all layers and heads) */
-void li_rope_cache(const int32_t *pos, int64_t n_tok, int64_t n_rot, const double *freqs, float *cs);
+/* RoPE angles computed the way ggml computes them, so that positions rotate
+ * as in llama.cpp to the last bit: theta_i = p * theta_scale^i by repeated
+ * float products, theta_scale = powf(freq_base, -2/n_rot), and the angle is
+ * freq_scale * theta_i / factors[i] (factors: Llama 3.1's, or NULL). */
+typedef struct {
+    float theta_scale, freq_scale;
+    const float *factors; /* [n_rot/2] or NULL */
+} li_rope_params;
+void li_rope_params_init(li_rope_params *r, int64_t n_rot, float freq_base, float freq_scale,
+                         const float *factors);
+/* cs[t, i] = (cos, sin) of token t's angle i, i < n_rot/2 (once per batch,
+ * shared by all layers and heads) */
+void li_rope_cache(const int32_t *pos, int64_t n_tok, int64_t n_rot, const li_rope_params *r, float *cs);
 /* rotate one head vector in place with its token's row of the cache */
 void li_rope_head(float *x, const float *cs, int64_t n_rot, int mode);
 

@@ -65,7 +65,7 @@ struct li_context {
 
     /* RoPE: one frequency table per distinct (base, scale), and per batch a cos/sin table */
     int n_rope;
-    double *rope_freqs;    /* [n_rope, n_rot / 2] */
+    li_rope_params rope[MAX_ROPE_TABLES];
     float *rope_cs;        /* [n_rope, n_batch, n_rot] */
     int *layer_rope;       /* [n_layer] -> table */
 };
@@ -166,7 +166,6 @@ void li_context_free(li_context *c) {
     free_aligned(c->attn_part);
     free_aligned(c->gemm_scratch);
     free(c->pos);
-    free(c->rope_freqs);
     free_aligned(c->rope_cs);
     free(c->layer_rope);
     free(c);
@@ -207,9 +206,8 @@ int li_context_create(const li_model_desc *m, int n_ctx, int n_batch, int kv_typ
     c->k_cache = calloc((size_t)L, sizeof(void *));
     c->v_cache = calloc((size_t)L, sizeof(void *));
     c->layer_rope = calloc((size_t)L, sizeof(int));
-    c->rope_freqs = calloc((size_t)MAX_ROPE_TABLES * (size_t)(m->n_rot / 2), sizeof(double));
     float rope_keys[MAX_ROPE_TABLES][2];
-    if (!c->n_slots || !c->k_cache || !c->v_cache || !c->layer_rope || !c->rope_freqs) goto nomem;
+    if (!c->n_slots || !c->k_cache || !c->v_cache || !c->layer_rope) goto nomem;
 
     for (int il = 0; il < L; il++) {
         const li_layer_desc *ly = &m->layers[il];
@@ -230,10 +228,7 @@ int li_context_create(const li_model_desc *m, int n_ctx, int n_batch, int kv_typ
             }
             rope_keys[t][0] = ly->rope_base;
             rope_keys[t][1] = ly->rope_scale;
-            double *freqs = c->rope_freqs + (size_t)t * (size_t)(m->n_rot / 2);
-            li_rope_freqs(m->n_rot, ly->rope_base, ly->rope_scale, freqs);
-            if (m->rope_factors)
-                for (int i = 0; i < m->n_rot / 2; i++) freqs[i] /= (double)m->rope_factors[i];
+            li_rope_params_init(&c->rope[t], m->n_rot, ly->rope_base, ly->rope_scale, m->rope_factors);
             c->n_rope++;
         }
         c->layer_rope[il] = t;
@@ -633,7 +628,7 @@ int li_context_forward(li_context *c, const int32_t *tokens, int n, int pos0, in
 
     for (int t = 0; t < n; t++) c->pos[t] = pos0 + t;
     for (int r = 0; r < c->n_rope; r++)
-        li_rope_cache(c->pos, n, m->n_rot, c->rope_freqs + (size_t)r * (size_t)(m->n_rot / 2),
+        li_rope_cache(c->pos, n, m->n_rot, &c->rope[r],
                       c->rope_cs + (size_t)r * (size_t)c->n_batch * (size_t)m->n_rot);
     (void)nt;
 #ifdef _OPENMP

@@ -90,19 +90,24 @@ void li_matmul_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_
     }
 }
 
-void li_rope_freqs(int64_t n_rot, float freq_base, float freq_scale, double *freqs) {
-    for (int64_t i = 0; i < n_rot / 2; i++)
-        freqs[i] = (double)freq_scale * pow((double)freq_base, -2.0 * (double)i / (double)n_rot);
+void li_rope_params_init(li_rope_params *r, int64_t n_rot, float freq_base, float freq_scale,
+                         const float *factors) {
+    r->theta_scale = powf(freq_base, -2.0f / (float)n_rot);
+    r->freq_scale = freq_scale;
+    r->factors = factors;
 }
 
-void li_rope_cache(const int32_t *pos, int64_t n_tok, int64_t n_rot, const double *freqs, float *cs) {
+void li_rope_cache(const int32_t *pos, int64_t n_tok, int64_t n_rot, const li_rope_params *r, float *cs) {
     const int64_t half = n_rot / 2;
-    for (int64_t t = 0; t < n_tok; t++)
+    for (int64_t t = 0; t < n_tok; t++) {
+        float theta = (float)pos[t];
         for (int64_t i = 0; i < half; i++) {
-            const double theta = (double)pos[t] * freqs[i];
-            cs[(t * half + i) * 2] = (float)cos(theta);
-            cs[(t * half + i) * 2 + 1] = (float)sin(theta);
+            const float angle = r->freq_scale * (r->factors ? theta / r->factors[i] : theta);
+            cs[(t * half + i) * 2] = cosf(angle);
+            cs[(t * half + i) * 2 + 1] = sinf(angle);
+            theta *= r->theta_scale;
         }
+    }
 }
 
 void li_rope_head(float *x, const float *cs, int64_t n_rot, int mode) {
@@ -254,15 +259,10 @@ int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n
     if (mode != LI_ROPE_NORM && mode != LI_ROPE_NEOX) return LI_E_ARG;
     if (!(freq_base > 0.0f) || !(freq_scale > 0.0f)) return LI_E_ARG;
     float *cs = malloc(sizeof(float) * (size_t)(n_tok * n_rot) + 1);
-    double *freqs = malloc(sizeof(double) * (size_t)(n_rot / 2));
-    if (!cs || !freqs) {
-        free(cs);
-        free(freqs);
-        return LI_E_NOMEM;
-    }
-    li_rope_freqs(n_rot, freq_base, freq_scale, freqs);
-    li_rope_cache(pos, n_tok, n_rot, freqs, cs);
-    free(freqs);
+    if (!cs) return LI_E_NOMEM;
+    li_rope_params r;
+    li_rope_params_init(&r, n_rot, freq_base, freq_scale, NULL);
+    li_rope_cache(pos, n_tok, n_rot, &r, cs);
     for (int64_t t = 0; t < n_tok; t++)
         for (int64_t h = 0; h < n_head; h++)
             li_rope_head(x + (t * n_head + h) * head_dim, cs + t * n_rot, n_rot, mode);

@@ -31,10 +31,30 @@ def test_rms_norm(isa, k):
     np.testing.assert_allclose(ops.rms_norm(x[0], eps=1e-5), x64[0] * inv[0], rtol=F32_REL, atol=0)
 
 
-def rope_ref(x, pos, n_rot, base, scale, mode):
+def rope_angles_exact(pos, n_rot, base, scale):
+    half = n_rot // 2
+    return (pos[:, None] * scale) * base ** (-2.0 * np.arange(half) / n_rot)  # (n_tok, half)
+
+
+def rope_angles_ggml(pos, n_rot, base, scale):
+    """The angles as ggml (and llminfer) compute them: float32 throughout,
+    theta_i = p * theta_scale^i by repeated products."""
+    f = np.float32
+    # powf(base, -2/n_rot), correctly rounded (numpy's float32 power can be an ulp off)
+    theta_scale = f(np.float64(base) ** np.float64(f(-2.0) / f(n_rot)))
+    out = np.zeros((len(pos), n_rot // 2))
+    for t, p in enumerate(pos):
+        theta = f(p)
+        for i in range(n_rot // 2):
+            out[t, i] = f(scale) * theta
+            theta = f(theta * theta_scale)
+    return out
+
+
+def rope_ref(x, pos, n_rot, base, scale, mode, angles=rope_angles_exact):
     y = x.astype(np.float64).copy()
     half = n_rot // 2
-    theta = (pos[:, None] * scale) * base ** (-2.0 * np.arange(half) / n_rot)  # (n_tok, half)
+    theta = angles(pos, n_rot, base, scale)
     c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     if mode == "norm":
         a, b = x[..., 0:n_rot:2].astype(np.float64), x[..., 1:n_rot:2].astype(np.float64)
@@ -51,8 +71,14 @@ def test_rope(isa, mode, n_rot):
     x = rng_x(3, 5, 4, 64)
     pos = np.array([0, 1, 7, 300, 4095], dtype=np.int32)
     got = ops.rope(x, pos, n_rot=n_rot, freq_base=10000.0, freq_scale=0.5, mode=mode)
-    want = rope_ref(x, pos, n_rot, 10000.0, 0.5, mode)
+    # the rotation itself, given ggml's float32 angles
+    want = rope_ref(x, pos, n_rot, 10000.0, 0.5, mode, angles=rope_angles_ggml)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    # and against exact angles: float32 products drift by about an ulp of the
+    # angle per step, which grows with the position
+    exact = rope_ref(x, pos, n_rot, 10000.0, 0.5, mode)
+    drift = (pos[:, None, None] * 0.5 + 1) * (n_rot // 2) * 2.0 ** -23
+    assert np.all(np.abs(got - exact) <= 2 * np.abs(x).max() * drift + 1e-5)
     assert np.array_equal(got[..., n_rot:], x[..., n_rot:]), "dims past n_rot stay"
 
 
