@@ -73,8 +73,6 @@ def kv_bytes_per_token(spec, kv_elt=2):
 
 def worker_llamacpp(path, threads):
     t0 = time.perf_counter()
-    import ctypes
-
     import llama_cpp as L
 
     L.llama_backend_init()
@@ -111,7 +109,6 @@ def worker_llamacpp(path, threads):
             raise RuntimeError("llama_decode failed")
         tok = int(np.argmax(logits()))
     tg = N_GEN / (time.perf_counter() - t)
-    del ctypes
     return {"load": load, "pp": pp, "tg": tg, "ttft": ttft}
 
 

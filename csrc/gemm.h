@@ -11,8 +11,9 @@
  * every activation row passes over it.
  *
  * Values are stored unsigned; an offset (Q4_0: q - 8) is taken out as
- * offset * sum(activation block), and Q8_0's signed values keep their
- * magnitudes beside them (the kernels multiply |w| by a with w's sign).
+ * offset * sum(activation block). Q8_0's signed values keep their
+ * magnitudes beside them: the AVX2 kernel multiplies |w| by a with w's sign,
+ * the VNNI kernel flips the sign bit (w + 128) and takes out 128 * sum(a).
  */
 #ifndef LLMINFER_GEMM_H
 #define LLMINFER_GEMM_H

@@ -18,7 +18,6 @@ does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
