@@ -26,6 +26,7 @@ extern "C" {
 #define LI_E_ISA (-5)      /* instruction set not available on this CPU or build */
 #define LI_E_CONTEXT (-6)  /* position outside the context / KV cache */
 #define LI_E_TOKEN (-7)    /* token id outside the vocabulary */
+#define LI_E_KV (-8)       /* a block table entry outside its pool, or a position outside its table */
 const char *li_status_name(int status);
 
 /* ---- tensor types: the GGML type numbers ---- */
@@ -150,21 +151,74 @@ typedef struct li_model_desc {
 int li_model_check(const li_model_desc *m);
 
 typedef struct li_context li_context;
-enum li_kv_type { LI_KV_F16 = 1, LI_KV_F32 = 0 };
-/* A context holds the KV cache for n_ctx positions and the scratch for batches
- * of up to n_batch tokens, for up to max_threads threads. Sliding-window layers
- * keep a ring of window + n_batch positions unless swa_full is set. The model
- * description must outlive the context. */
-int li_context_create(const li_model_desc *m, int n_ctx, int n_batch, int kv_type, int max_threads,
-                      int swa_full, li_context **out);
+
+/* ---- the paged KV cache ----
+ * Keys and values live in blocks of block_size positions taken from pools
+ * sized at start-up. Layers that attend to the whole context share one pool
+ * (group LI_KV_FULL); sliding-window layers share another (LI_KV_SWA), so a
+ * sequence can give back its window's old blocks while keeping the rest. A
+ * block id is the same in every layer of its group. The caller (the Python
+ * layer) owns the block tables and the free lists; the C core only reads
+ * and writes through the tables it is handed. Within a block, position p of
+ * the block (p = pos % block_size) holds for each kv head one row of
+ * head_dim values in kv_type: F32, F16, Q8_0 or Q4_0 (the last two in blocks
+ * of 32 along the head, read directly by the attention kernels). */
+enum li_kv_group { LI_KV_FULL = 0, LI_KV_SWA = 1, LI_KV_GROUPS = 2 };
+typedef struct li_kv_config {
+    int kv_type;                 /* LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_Q8_0 or LI_TYPE_Q4_0 */
+    int block_size;              /* positions per block, a power of two from 1 to 1024 */
+    int n_blocks[LI_KV_GROUPS];  /* blocks in each group's pool; 0 for a group no layer uses */
+} li_kv_config;
+
+/* What one sequence sees: per group, its block table, block[i] holding
+ * positions [i * block_size, (i + 1) * block_size). An entry of -1 is a block
+ * that is not there (freed out of a sliding window, or dropped by a context
+ * shift): its positions are masked out of attention. */
+typedef struct li_seq_view {
+    const int32_t *blocks[LI_KV_GROUPS];
+    int n_blocks[LI_KV_GROUPS];
+} li_seq_view;
+
+/* A batch, in the spirit of llama.cpp's llama_batch: n tokens, each with its
+ * input (a token id, or a row of embd), its position, the sequence (an index
+ * into the views passed beside the batch) and whether its logits are wanted.
+ * Tokens of one sequence are given in position order; a token sees the
+ * positions at or before its own that are in its table, those written by
+ * this batch included. */
+typedef struct li_batch {
+    int n;
+    const int32_t *token;  /* [n] token ids; NULL when embd is given */
+    const float *embd;     /* [n, n_embd] input rows instead of token ids, or NULL */
+    const int32_t *pos;    /* [n] */
+    const int32_t *seq;    /* [n] index into the views */
+    const int8_t *logits;  /* [n] nonzero: this row's logits are returned; NULL: only the last row's */
+} li_batch;
+
+/* Which group layer il's keys and values live in. */
+int li_layer_kv_group(const li_model_desc *m, int il);
+/* Bytes one block takes in one layer of the group (keys and values). */
+size_t li_kv_block_bytes(const li_model_desc *m, int kv_type, int block_size, int il);
+
+/* A context holds the KV pools and the scratch for batches of up to n_batch
+ * tokens, for up to max_threads threads. The model description must outlive
+ * the context. */
+int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
+                      li_context **out);
 void li_context_free(li_context *c);
-/* Bytes of KV cache held for layer `il` (both K and V). */
+/* Bytes of KV pool held for layer `il` (both K and V). */
 size_t li_context_kv_bytes(const li_context *c, int il);
-/* Run n tokens at positions pos0..pos0+n-1 (n <= n_batch, pos0+n <= n_ctx),
- * appending their keys and values to the cache. Writes logits for the last
- * token (logits_all = 0: n_vocab floats) or for every token (n * n_vocab). */
-int li_context_forward(li_context *c, const int32_t *tokens, int n, int pos0, int logits_all,
-                       float *logits, size_t logits_size, int n_threads);
+/* Copy block src to block dst in every layer of a group (copy-on-write of a
+ * shared block that a sequence is about to write). */
+int li_kv_copy_block(li_context *c, int group, int src, int dst);
+/* Run a batch through every layer, writing each token's keys and values at
+ * its position in its sequence's tables, and the logits of the rows asked for
+ * into logits ([rows asked for, n_vocab], in batch order). The result of a
+ * row depends only on its sequence's inputs, never on what else is in the
+ * batch nor on n_threads. */
+int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views, int n_views,
+                      float *logits, size_t logits_size, int n_threads);
+/* The message of the last error on this thread (which tensor, which size), or "". */
+const char *li_last_error(void);
 
 /* ---- benchmark and test helpers (bench.c) ---- */
 /* Reads `bytes` of buf (8-byte words) on n_threads threads, each its contiguous

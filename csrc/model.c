@@ -1,74 +1,42 @@
 /* model.c: the forward pass of a decoder-only transformer (Llama, Qwen2,
- * Gemma 3 and their kin), the KV cache, and the scratch it runs in.
+ * Gemma 3 and their kin) over a batch of tokens from many sequences, the
+ * context that holds its KV pools and scratch, and the checks on what the
+ * Python layer hands in.
  *
  * The Python layer describes a model (li_model_desc: shapes, options, and
- * pointers to weights in the memory-mapped file) and asks for batches of
- * tokens to be run. One call runs the whole batch through every layer inside
- * a single OpenMP parallel region: each step is split among the team and
- * steps are separated by barriers, so nothing is forked, joined or allocated
- * per token, and the GIL is not needed.
+ * pointers to weights in the memory-mapped file), owns the block tables of
+ * the paged KV cache, and asks for batches (li_batch) to be run. One call
+ * runs the whole batch through every layer inside a single OpenMP parallel
+ * region: each step is split among the team and steps are separated by
+ * barriers, so nothing is forked, joined or allocated per token, and the GIL
+ * is not needed.
  *
- * Per layer, for a batch of n tokens (x is the residual stream [n, n_embd]):
- *   xb = rmsnorm(x) * attn_norm            -> quantized for wq/wk/wv
- *   q, k, v = xb Wq^T, xb Wk^T, xb Wv^T    (+ biases; per-head q/k norms; RoPE)
- *   k, v appended to the cache; att = softmax(q k^T * scale) v per head
- *   o = att Wo^T (rmsnorm * post_attn_norm); x += o
- *   xb = rmsnorm(x) * ffn_norm             -> quantized for gate/up
- *   h = act(xb Wg^T) * (xb Wu^T)           -> quantized for down
- *   o = h Wd^T (rmsnorm * post_ffn_norm);  x += o
+ * The graph, per layer, for a batch of n tokens (x is the residual stream
+ * [n, n_embd]); each step names what it reads and writes:
+ *   attention half:   xb = rmsnorm(x) * attn_norm -> xq
+ *                     q, k, v = xq Wq^T, xq Wk^T, xq Wv^T  (+ biases; q/k norms; RoPE)
+ *                     k, v -> the cache; att = softmax(q k^T * scale) v -> xq
+ *                     o = xq Wo^T (rmsnorm * post_attn_norm); x += o
+ *   feed-forward half: xb = rmsnorm(x) * ffn_norm -> xq
+ *                     h = act(xq Wg^T) * (xq Wu^T) -> xq
+ *                     o = xq Wd^T (rmsnorm * post_ffn_norm); x += o
  * then logits = (rmsnorm(x) * output_norm) Wout^T for the rows asked for.
- *
- * KV cache: per layer K and V of [n_slots, n_head_kv * head_dim] in F16 (or
- * F32). Position p lives in slot p % n_slots. Full-attention layers have
- * n_slots = n_ctx; sliding-window layers keep a ring of window + n_batch
- * slots, enough for every query of a batch to see its whole window.
+ * Each row's arithmetic is the same whatever the batch holds: the products
+ * give a row's outputs bitwise the same for any batch size (kernels.h), and
+ * attention splits a token's positions by position only (attention.c).
  */
 #define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c11 */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #if defined(_WIN32)
 #include <malloc.h> /* _aligned_malloc */
 #endif
 
 #include "common.h"
+#include "context.h"
 #include "kernels/kernels.h"
 #include "matmul.h"
-
-#define MAX_ROPE_TABLES 4
-#define MAX_ATTN_CHUNKS 32 /* a decoded token's visible positions split at most this many ways */
-#define MIN_ATTN_CHUNK 32  /* positions: below this a chunk is not worth a thread */
-
-struct li_context {
-    const li_model_desc *m;
-    int n_ctx, n_batch, kv_type, max_threads;
-    int *n_slots;          /* [n_layer] */
-    void **k_cache;        /* [n_layer] -> [n_slots, n_head_kv * head_dim] */
-    void **v_cache;        /* [n_layer] -> [n_slots, n_head_kv * head_dim_v] */
-    size_t kv_elt;         /* bytes per cached value */
-
-    /* scratch for one batch */
-    float *x;              /* [n_batch, n_embd] residual stream */
-    float *xb;             /* [n_batch, n_embd] normed input of a projection */
-    float *q;              /* [n_batch, n_head * head_dim] */
-    float *k;              /* [n_batch, n_head_kv * head_dim] */
-    float *v;              /* [n_batch, n_head_kv * head_dim_v] */
-    float *att;            /* [n_batch, n_head * head_dim_v] */
-    float *o;              /* [n_batch, n_embd] */
-    float *g, *u;          /* [n_batch, n_ff] */
-    void *xq[LI_ACT_COUNT];/* quantized activations, one buffer per format, rows of the widest input */
-    size_t xq_row[LI_ACT_COUNT];
-    float *scores;         /* [max_threads, heads per kv head, n_ctx] attention weights */
-    float *attn_part;      /* [n_head, MAX_ATTN_CHUNKS, 2 + head_dim_v] a decoded token's chunk results */
-    char *gemm_scratch;    /* [max_threads] regions of gemm_bytes for prefill panels */
-    size_t gemm_bytes;
-    int32_t *pos;          /* [n_batch] */
-
-    /* RoPE: one frequency table per distinct (base, scale), and per batch a cos/sin table */
-    int n_rope;
-    li_rope_params rope[MAX_ROPE_TABLES];
-    float *rope_cs;        /* [n_rope, n_batch, n_rot] */
-    int *layer_rope;       /* [n_layer] -> table */
-};
 
 /* ---- memory ---- */
 
@@ -93,13 +61,25 @@ static void free_aligned(void *p) {
 
 /* ---- checking a description ---- */
 
-static int check_matrix(const li_matrix *w, int64_t rows, int64_t k) {
-    if (!w->data) return LI_E_ARG;
-    if (li_type_sizes(w->type, NULL, NULL) != LI_OK) return LI_E_TYPE;
-    if (w->rows != rows || w->k != k) return LI_E_SHAPE;
+static int check_matrix(const li_matrix *w, const char *name, int il, int64_t rows, int64_t k) {
+    char where[48];
+    if (il >= 0)
+        snprintf(where, sizeof(where), "layer %d's %s", il, name);
+    else
+        snprintf(where, sizeof(where), "%s", name);
+    if (!w->data) return li_fail(LI_E_ARG, "%s has no data", where);
+    if (li_type_sizes(w->type, NULL, NULL) != LI_OK)
+        return li_fail(LI_E_TYPE, "%s has type %d, which is not supported", where, w->type);
+    if (w->rows != rows || w->k != k)
+        return li_fail(LI_E_SHAPE, "%s is [%lld, %lld], expected [%lld, %lld]", where, (long long)w->rows,
+                       (long long)w->k, (long long)rows, (long long)k);
     const size_t row = li_row_bytes(w->type, k);
-    if (row == 0 || w->nbytes != row * (size_t)rows) return LI_E_SHAPE;
-    if (k % li_act_block_size(li_types[w->type].act_type) != 0) return LI_E_SHAPE;
+    if (row == 0 || w->nbytes != row * (size_t)rows)
+        return li_fail(LI_E_SHAPE, "%s holds %zu bytes, expected %zu for [%lld, %lld] in %s", where, w->nbytes,
+                       row * (size_t)rows, (long long)rows, (long long)k, li_type_name(w->type));
+    if (k % li_act_block_size(li_types[w->type].act_type) != 0)
+        return li_fail(LI_E_SHAPE, "%s has rows of %lld values, not a multiple of its activation block", where,
+                       (long long)k);
     return LI_OK;
 }
 
@@ -110,63 +90,83 @@ static int check_matrix(const li_matrix *w, int64_t rows, int64_t k) {
     } while (0)
 
 int li_model_check(const li_model_desc *m) {
-    if (!m || !m->layers) return LI_E_ARG;
-    if (m->n_vocab <= 0 || m->n_embd <= 0 || m->n_layer <= 0 || m->n_head <= 0 ||
-        m->n_head_kv <= 0 || m->head_dim <= 0 || m->head_dim_v <= 0 || m->n_ff <= 0)
-        return LI_E_SHAPE;
-    if (m->n_head % m->n_head_kv != 0 || m->n_head / m->n_head_kv > 64) return LI_E_SHAPE;
-    if (m->n_rot <= 0 || m->n_rot % 2 != 0 || m->n_rot > m->head_dim) return LI_E_SHAPE;
-    if (m->rope_mode != LI_ROPE_NORM && m->rope_mode != LI_ROPE_NEOX) return LI_E_ARG;
-    if (m->act != LI_ACT_SILU && m->act != LI_ACT_GELU) return LI_E_ARG;
-    if (!(m->norm_eps >= 0.0f) || !(m->attn_scale > 0.0f) || !(m->embd_scale > 0.0f)) return LI_E_ARG;
-    if (!m->output_norm) return LI_E_ARG;
-    CHECK(check_matrix(&m->tok_embd, m->n_vocab, m->n_embd));
-    CHECK(check_matrix(&m->output, m->n_vocab, m->n_embd));
+    li_fail(LI_OK, "%s", "");
+    if (!m || !m->layers) return li_fail(LI_E_ARG, "no model description or no layers");
+    if (m->n_vocab <= 0 || m->n_embd <= 0 || m->n_layer <= 0 || m->n_head <= 0 || m->n_head_kv <= 0 ||
+        m->head_dim <= 0 || m->head_dim_v <= 0 || m->n_ff <= 0)
+        return li_fail(LI_E_SHAPE, "a model size is not positive (n_vocab %d, n_embd %d, n_layer %d, n_head %d, "
+                       "n_head_kv %d, head_dim %d, head_dim_v %d, n_ff %d)", m->n_vocab, m->n_embd, m->n_layer,
+                       m->n_head, m->n_head_kv, m->head_dim, m->head_dim_v, m->n_ff);
+    if (m->n_head % m->n_head_kv != 0 || m->n_head / m->n_head_kv > 64)
+        return li_fail(LI_E_SHAPE, "n_head %d is not a multiple (at most 64 times) of n_head_kv %d", m->n_head,
+                       m->n_head_kv);
+    if (m->n_rot <= 0 || m->n_rot % 2 != 0 || m->n_rot > m->head_dim)
+        return li_fail(LI_E_SHAPE, "n_rot %d must be even and within head_dim %d", m->n_rot, m->head_dim);
+    if (m->rope_mode != LI_ROPE_NORM && m->rope_mode != LI_ROPE_NEOX)
+        return li_fail(LI_E_ARG, "unknown RoPE mode %d", m->rope_mode);
+    if (m->act != LI_ACT_SILU && m->act != LI_ACT_GELU)
+        return li_fail(LI_E_ARG, "unknown activation function %d", m->act);
+    if (!(m->norm_eps >= 0.0f) || !(m->attn_scale > 0.0f) || !(m->embd_scale > 0.0f))
+        return li_fail(LI_E_ARG, "norm_eps %g, attn_scale %g or embd_scale %g out of range", (double)m->norm_eps,
+                       (double)m->attn_scale, (double)m->embd_scale);
+    if (!m->output_norm) return li_fail(LI_E_ARG, "output_norm is missing");
+    CHECK(check_matrix(&m->tok_embd, "token_embd", -1, m->n_vocab, m->n_embd));
+    CHECK(check_matrix(&m->output, "output", -1, m->n_vocab, m->n_embd));
     const int64_t nq = (int64_t)m->n_head * m->head_dim, nk = (int64_t)m->n_head_kv * m->head_dim;
     const int64_t nv = (int64_t)m->n_head_kv * m->head_dim_v, na = (int64_t)m->n_head * m->head_dim_v;
     for (int il = 0; il < m->n_layer; il++) {
         const li_layer_desc *L = &m->layers[il];
-        if (!L->attn_norm || !L->ffn_norm) return LI_E_ARG;
-        CHECK(check_matrix(&L->wq, nq, m->n_embd));
-        CHECK(check_matrix(&L->wk, nk, m->n_embd));
-        CHECK(check_matrix(&L->wv, nv, m->n_embd));
-        CHECK(check_matrix(&L->wo, m->n_embd, na));
-        CHECK(check_matrix(&L->w_gate, m->n_ff, m->n_embd));
-        CHECK(check_matrix(&L->w_up, m->n_ff, m->n_embd));
-        CHECK(check_matrix(&L->w_down, m->n_embd, m->n_ff));
+        if (!L->attn_norm || !L->ffn_norm) return li_fail(LI_E_ARG, "layer %d lacks a norm weight", il);
+        CHECK(check_matrix(&L->wq, "attn_q", il, nq, m->n_embd));
+        CHECK(check_matrix(&L->wk, "attn_k", il, nk, m->n_embd));
+        CHECK(check_matrix(&L->wv, "attn_v", il, nv, m->n_embd));
+        CHECK(check_matrix(&L->wo, "attn_output", il, m->n_embd, na));
+        CHECK(check_matrix(&L->w_gate, "ffn_gate", il, m->n_ff, m->n_embd));
+        CHECK(check_matrix(&L->w_up, "ffn_up", il, m->n_ff, m->n_embd));
+        CHECK(check_matrix(&L->w_down, "ffn_down", il, m->n_embd, m->n_ff));
         if (!(L->rope_base > 0.0f) || !(L->rope_scale > 0.0f) || L->sliding_window < 0)
-            return LI_E_ARG;
+            return li_fail(LI_E_ARG, "layer %d: RoPE base %g, scale %g or window %d out of range", il,
+                           (double)L->rope_base, (double)L->rope_scale, L->sliding_window);
     }
     return LI_OK;
+}
+
+int li_layer_kv_group(const li_model_desc *m, int il) {
+    if (!m || il < 0 || il >= m->n_layer) return LI_E_ARG;
+    return m->layers[il].sliding_window > 0 ? LI_KV_SWA : LI_KV_FULL;
+}
+
+static int kv_type_ok(int t) {
+    return t == LI_TYPE_F32 || t == LI_TYPE_F16 || t == LI_TYPE_Q8_0 || t == LI_TYPE_Q4_0;
+}
+
+size_t li_kv_block_bytes(const li_model_desc *m, int kv_type, int block_size, int il) {
+    if (!m || il < 0 || il >= m->n_layer || !kv_type_ok(kv_type) || block_size <= 0) return 0;
+    const size_t k = li_row_bytes(kv_type, m->head_dim), v = li_row_bytes(kv_type, m->head_dim_v);
+    return (size_t)block_size * (size_t)m->n_head_kv * (k + v);
 }
 
 /* ---- context ---- */
 
 void li_context_free(li_context *c) {
     if (!c) return;
-    if (c->k_cache)
-        for (int il = 0; il < c->m->n_layer; il++) {
-            free_aligned(c->k_cache[il]);
-            free_aligned(c->v_cache[il]);
-        }
-    free(c->k_cache);
-    free(c->v_cache);
-    free(c->n_slots);
-    free_aligned(c->x);
-    free_aligned(c->xb);
-    free_aligned(c->q);
-    free_aligned(c->k);
-    free_aligned(c->v);
-    free_aligned(c->att);
-    free_aligned(c->o);
-    free_aligned(c->g);
-    free_aligned(c->u);
+    for (int il = 0; il < c->m->n_layer; il++) {
+        if (c->k_pool) free_aligned(c->k_pool[il]);
+        if (c->v_pool) free_aligned(c->v_pool[il]);
+    }
+    free(c->k_pool);
+    free(c->v_pool);
+    free(c->group);
+    float *bufs[] = {c->x, c->xb, c->q, c->k, c->v, c->att, c->o, c->g, c->u, c->scores, c->vrow, c->parts,
+                     c->tparts, c->rope_cs};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free_aligned(bufs[i]);
     for (int a = 0; a < LI_ACT_COUNT; a++) free_aligned(c->xq[a]);
-    free_aligned(c->scores);
-    free_aligned(c->attn_part);
+    free_aligned(c->qq);
     free_aligned(c->gemm_scratch);
     free(c->pos);
-    free_aligned(c->rope_cs);
+    for (int g = 0; g < LI_KV_GROUPS; g++) free(c->kv_row[g]);
+    free(c->out_rows);
+    free(c->n_spans);
     free(c->layer_rope);
     free(c);
 }
@@ -181,68 +181,84 @@ static void need_act(li_context *c, const li_matrix *w) {
     if (g > c->gemm_bytes) c->gemm_bytes = (g + 63) / 64 * 64;
 }
 
-int li_context_create(const li_model_desc *m, int n_ctx, int n_batch, int kv_type, int max_threads,
-                      int swa_full, li_context **out) {
+/* one RoPE table per distinct (base, scale) */
+static int rope_table(li_context *c, float keys[][2], const li_layer_desc *ly) {
+    for (int t = 0; t < c->n_rope; t++)
+        if (keys[t][0] == ly->rope_base && keys[t][1] == ly->rope_scale) return t;
+    if (c->n_rope == MAX_ROPE_TABLES) return -1;
+    const int t = c->n_rope++;
+    keys[t][0] = ly->rope_base;
+    keys[t][1] = ly->rope_scale;
+    li_rope_params_init(&c->rope[t], c->m->n_rot, ly->rope_base, ly->rope_scale, c->m->rope_factors);
+    return t;
+}
+
+int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
+                      li_context **out) {
     li_init();
-    if (!out) return LI_E_ARG;
+    if (!out || !kv) return li_fail(LI_E_ARG, "no output pointer or no KV configuration");
     *out = NULL;
     CHECK(li_model_check(m));
-    if (n_ctx <= 0 || n_batch <= 0 || max_threads <= 0) return LI_E_ARG;
-    if (kv_type != LI_KV_F16 && kv_type != LI_KV_F32) return LI_E_ARG;
-    if (n_batch > n_ctx) n_batch = n_ctx;
+    if (n_batch <= 0 || max_threads <= 0)
+        return li_fail(LI_E_ARG, "n_batch %d and max_threads %d must be positive", n_batch, max_threads);
+    if (!kv_type_ok(kv->kv_type))
+        return li_fail(LI_E_TYPE, "KV cache type %s is not one of f32, f16, q8_0, q4_0", li_type_name(kv->kv_type));
+    if (kv->kv_type != LI_TYPE_F32 && kv->kv_type != LI_TYPE_F16 && (m->head_dim % 32 || m->head_dim_v % 32))
+        return li_fail(LI_E_SHAPE, "a %s KV cache needs head sizes that are multiples of 32, not %d and %d",
+                       li_type_name(kv->kv_type), m->head_dim, m->head_dim_v);
+    if (kv->block_size < 1 || kv->block_size > 1024 || (kv->block_size & (kv->block_size - 1)))
+        return li_fail(LI_E_ARG, "KV block size %d is not a power of two from 1 to 1024", kv->block_size);
+    for (int g = 0; g < LI_KV_GROUPS; g++)
+        if (kv->n_blocks[g] < 0 || (int64_t)kv->n_blocks[g] * kv->block_size > INT32_MAX)
+            return li_fail(LI_E_ARG, "KV pool %d of %d blocks is out of range", g, kv->n_blocks[g]);
+    for (int il = 0; il < m->n_layer; il++)
+        if (kv->n_blocks[li_layer_kv_group(m, il)] == 0)
+            return li_fail(LI_E_ARG, "layer %d's KV pool (%s) has no blocks", il,
+                           li_layer_kv_group(m, il) == LI_KV_SWA ? "sliding-window" : "full");
 
     li_context *c = calloc(1, sizeof(*c));
-    if (!c) return LI_E_NOMEM;
+    if (!c) return li_fail(LI_E_NOMEM, "no memory for a context");
     c->m = m;
-    c->n_ctx = n_ctx;
+    c->kv = *kv;
     c->n_batch = n_batch;
-    c->kv_type = kv_type;
     c->max_threads = max_threads;
-    c->kv_elt = kv_type == LI_KV_F16 ? 2 : 4;
+    c->span = LI_MAX(LI_ATTN_SPAN, kv->block_size);
+    c->k_row = li_row_bytes(kv->kv_type, m->head_dim);
+    c->v_row = li_row_bytes(kv->kv_type, m->head_dim_v);
+    {
+        int64_t most = 0; /* positions of the largest pool: a token sees no more keys */
+        for (int g = 0; g < LI_KV_GROUPS; g++) most = LI_MAX(most, (int64_t)kv->n_blocks[g] * kv->block_size);
+        c->max_chunks = (int)((most + c->span - 1) / c->span) + 1;
+    }
 
     const int L = m->n_layer;
-    const size_t nb = (size_t)n_batch;
-    c->n_slots = calloc((size_t)L, sizeof(int));
-    c->k_cache = calloc((size_t)L, sizeof(void *));
-    c->v_cache = calloc((size_t)L, sizeof(void *));
+    const size_t nb = (size_t)n_batch, nth = (size_t)max_threads, nh = (size_t)(m->n_head / m->n_head_kv);
+    c->k_pool = calloc((size_t)L, sizeof(char *));
+    c->v_pool = calloc((size_t)L, sizeof(char *));
+    c->group = calloc((size_t)L, sizeof(int));
     c->layer_rope = calloc((size_t)L, sizeof(int));
     float rope_keys[MAX_ROPE_TABLES][2];
-    if (!c->n_slots || !c->k_cache || !c->v_cache || !c->layer_rope) goto nomem;
+    if (!c->k_pool || !c->v_pool || !c->group || !c->layer_rope) goto nomem;
 
     for (int il = 0; il < L; il++) {
         const li_layer_desc *ly = &m->layers[il];
-        const int w = ly->sliding_window;
-        /* pages are only touched as positions are used, so resident memory grows with the text */
-        c->n_slots[il] = (w > 0 && !swa_full) ? LI_MIN(n_ctx, w + n_batch) : n_ctx;
-        const size_t slots = (size_t)c->n_slots[il];
-        c->k_cache[il] = alloc_aligned(slots * (size_t)m->n_head_kv * (size_t)m->head_dim * c->kv_elt);
-        c->v_cache[il] = alloc_aligned(slots * (size_t)m->n_head_kv * (size_t)m->head_dim_v * c->kv_elt);
-        if (!c->k_cache[il] || !c->v_cache[il]) goto nomem;
-
-        int t = 0;
-        while (t < c->n_rope && !(rope_keys[t][0] == ly->rope_base && rope_keys[t][1] == ly->rope_scale)) t++;
-        if (t == c->n_rope) {
-            if (t == MAX_ROPE_TABLES) {
-                li_context_free(c);
-                return LI_E_ARG; /* more distinct RoPE settings than any model uses */
-            }
-            rope_keys[t][0] = ly->rope_base;
-            rope_keys[t][1] = ly->rope_scale;
-            li_rope_params_init(&c->rope[t], m->n_rot, ly->rope_base, ly->rope_scale, m->rope_factors);
-            c->n_rope++;
+        c->group[il] = li_layer_kv_group(m, il);
+        /* pages are only touched as blocks are used, so resident memory grows with the text */
+        const size_t rows = (size_t)kv->n_blocks[c->group[il]] * (size_t)kv->block_size * (size_t)m->n_head_kv;
+        c->k_pool[il] = alloc_aligned(rows * c->k_row);
+        c->v_pool[il] = alloc_aligned(rows * c->v_row);
+        if (!c->k_pool[il] || !c->v_pool[il]) goto nomem;
+        c->layer_rope[il] = rope_table(c, rope_keys, ly);
+        if (c->layer_rope[il] < 0) {
+            li_context_free(c);
+            return li_fail(LI_E_ARG, "more than %d distinct RoPE settings", MAX_ROPE_TABLES);
         }
-        c->layer_rope[il] = t;
-
-        need_act(c, &ly->wq);
-        need_act(c, &ly->wk);
-        need_act(c, &ly->wv);
-        need_act(c, &ly->wo);
-        need_act(c, &ly->w_gate);
-        need_act(c, &ly->w_up);
-        need_act(c, &ly->w_down);
+        const li_matrix *ws[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) need_act(c, ws[i]);
     }
     need_act(c, &m->output);
 
+    const size_t ps = (size_t)m->head_dim_v + 2;
     c->x = alloc_aligned(nb * (size_t)m->n_embd * sizeof(float));
     c->xb = alloc_aligned(nb * (size_t)m->n_embd * sizeof(float));
     c->q = alloc_aligned(nb * (size_t)m->n_head * (size_t)m->head_dim * sizeof(float));
@@ -252,32 +268,59 @@ int li_context_create(const li_model_desc *m, int n_ctx, int n_batch, int kv_typ
     c->o = alloc_aligned(nb * (size_t)m->n_embd * sizeof(float));
     c->g = alloc_aligned(nb * (size_t)m->n_ff * sizeof(float));
     c->u = alloc_aligned(nb * (size_t)m->n_ff * sizeof(float));
-    c->scores = alloc_aligned((size_t)max_threads * (size_t)(m->n_head / m->n_head_kv) * (size_t)n_ctx *
-                              sizeof(float));
-    c->attn_part = alloc_aligned((size_t)m->n_head * MAX_ATTN_CHUNKS * (size_t)(m->head_dim_v + 2) * sizeof(float));
-    c->gemm_scratch = alloc_aligned((size_t)max_threads * LI_MAX(c->gemm_bytes, 64));
+    c->scores = alloc_aligned(nth * nh * (size_t)c->span * sizeof(float));
+    c->vrow = alloc_aligned(nth * (size_t)m->head_dim_v * sizeof(float));
+    c->parts = alloc_aligned((size_t)LI_ATTN_SPLIT_TOKENS * (size_t)m->n_head * (size_t)c->max_chunks * ps *
+                             sizeof(float));
+    c->tparts = alloc_aligned(nth * nh * (size_t)c->max_chunks * ps * sizeof(float));
+    c->gemm_scratch = alloc_aligned(nth * LI_MAX(c->gemm_bytes, 64));
     c->pos = malloc(nb * sizeof(int32_t));
+    for (int g = 0; g < LI_KV_GROUPS; g++) c->kv_row[g] = malloc(nb * sizeof(int32_t));
+    c->out_rows = malloc(nb * sizeof(int32_t));
+    c->n_spans = malloc(nb * 2 * sizeof(int32_t));
     c->rope_cs = alloc_aligned((size_t)c->n_rope * nb * (size_t)m->n_rot * sizeof(float));
-    if (!c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u ||
-        !c->scores || !c->attn_part || !c->gemm_scratch || !c->pos || !c->rope_cs)
+    if (!c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u || !c->scores ||
+        !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->pos || !c->kv_row[0] || !c->kv_row[1] ||
+        !c->out_rows || !c->n_spans || !c->rope_cs)
         goto nomem;
     for (int a = 0; a < LI_ACT_COUNT; a++) {
         if (c->xq_row[a] == 0) continue;
         c->xq[a] = alloc_aligned(nb * c->xq_row[a]);
         if (!c->xq[a]) goto nomem;
     }
+    if (kv->kv_type != LI_TYPE_F32 && kv->kv_type != LI_TYPE_F16) {
+        c->qq_row = li_act_row_bytes(li_types[kv->kv_type].act_type, m->head_dim);
+        c->qq = alloc_aligned(nb * (size_t)m->n_head * c->qq_row);
+        if (!c->qq) goto nomem;
+    }
     *out = c;
     return LI_OK;
 nomem:
     li_context_free(c);
-    return LI_E_NOMEM;
+    return li_fail(LI_E_NOMEM, "no memory for the KV pools and scratch (%d + %d blocks of %d positions)",
+                   kv->n_blocks[0], kv->n_blocks[1], kv->block_size);
 }
 
 size_t li_context_kv_bytes(const li_context *c, int il) {
     if (!c || il < 0 || il >= c->m->n_layer) return 0;
-    const li_model_desc *m = c->m;
-    return (size_t)c->n_slots[il] * (size_t)m->n_head_kv * (size_t)(m->head_dim + m->head_dim_v) *
-           c->kv_elt;
+    return (size_t)c->kv.n_blocks[c->group[il]] * li_kv_block_bytes(c->m, c->kv.kv_type, c->kv.block_size, il);
+}
+
+int li_kv_copy_block(li_context *c, int group, int src, int dst) {
+    if (!c || group < 0 || group >= LI_KV_GROUPS) return li_fail(LI_E_ARG, "no context or bad KV group %d", group);
+    const int nb = c->kv.n_blocks[group];
+    if (src < 0 || src >= nb || dst < 0 || dst >= nb)
+        return li_fail(LI_E_KV, "block %d or %d is outside the pool of %d blocks", src, dst, nb);
+    if (src == dst) return LI_OK;
+    const size_t rows = (size_t)c->kv.block_size * (size_t)c->m->n_head_kv;
+    for (int il = 0; il < c->m->n_layer; il++) {
+        if (c->group[il] != group) continue;
+        memcpy(c->k_pool[il] + (size_t)dst * rows * c->k_row, c->k_pool[il] + (size_t)src * rows * c->k_row,
+               rows * c->k_row);
+        memcpy(c->v_pool[il] + (size_t)dst * rows * c->v_row, c->v_pool[il] + (size_t)src * rows * c->v_row,
+               rows * c->v_row);
+    }
+    return LI_OK;
 }
 
 /* ---- forward steps (each called by every thread with its ith of nth) ---- */
@@ -296,20 +339,24 @@ static void quantize_rows_for(li_context *c, const float *src, int64_t k, int64_
     }
 }
 
-static void matmul(li_context *c, const li_matrix *w, int64_t n, float *y, int64_t y_stride, int ith,
+/* the activations a weight reads: xq in its format, as quantize_rows_for or gated_quantize left them */
+static const void *acts_for(const li_context *c, const li_matrix *w) { return c->xq[li_types[w->type].act_type]; }
+
+/* y[n, rows] = xq . W^T, xq already in W's activation format */
+static void matmul(li_context *c, const li_matrix *w, const void *xq, int64_t n, float *y, int64_t y_stride, int ith,
                    int nth) {
     const li_weight wt = {w->data, w->type, w->rows, w->k, w->nbytes / (size_t)w->rows};
-    const void *xq = c->xq[li_types[w->type].act_type];
     if (li_gemm_applies(w->type, n))
         li_gemm_q(&wt, xq, n, y, y_stride, c->gemm_scratch + (size_t)ith * c->gemm_bytes, ith, nth);
     else
         li_matmul_q(&wt, xq, n, y, y_stride, ith, nth);
 }
 
-/* h = act(g) * u over [n, k], then quantized for w; split by activation
- * blocks so a single token's row is shared by the whole team */
-static void gated_quantize(li_context *c, float *src, const float *up, int64_t n, int64_t k,
-                           const li_matrix *w, int act, int ith, int nth) {
+/* h = act(g) * u over [n, k] (or src alone when up is NULL), then quantized
+ * for w; split by activation blocks so a single token's row is shared by the
+ * whole team */
+static void gated_quantize(li_context *c, float *src, const float *up, int64_t n, int64_t k, const li_matrix *w,
+                           int act, int ith, int nth) {
     const int a = li_types[w->type].act_type;
     const int64_t bs = li_act_block_size(a), per_row = k / bs;
     const size_t blk = li_act_row_bytes(a, bs), row = li_act_row_bytes(a, k);
@@ -323,271 +370,85 @@ static void gated_quantize(li_context *c, float *src, const float *up, int64_t n
     }
 }
 
-static void norm_row(const float *x, const float *w, float *y, int64_t k, float eps) {
-    li_K->rms_norm(x, w, y, k, eps);
-}
-
-/* With an F16 cache, queries and attention weights are rounded to float16
- * too, as llama.cpp does (its K.Q and V.softmax products take both operands
- * in F16). The error is far below that of the 8-bit activations, and keeping
- * the same roundings keeps our logits within reach of llama.cpp's. */
-static void round_to_f16(float *x, int64_t n) {
-    uint16_t tmp[256];
-    for (int64_t i = 0; i < n; i += 256) {
-        const int64_t m = LI_MIN(256, n - i);
-        li_K->f32_to_f16(x + i, tmp, m);
-        li_K->f16_to_f32(tmp, x + i, m);
+/* x += norm(o) (o normed by post_norm when the model has one), rows [lo, hi) */
+static void residual(const li_model_desc *m, float *x, float *o, const float *post_norm, int64_t lo, int64_t hi) {
+    const int64_t E = m->n_embd;
+    for (int64_t t = lo; t < hi; t++) {
+        if (post_norm) li_K->rms_norm(o + t * E, post_norm, o + t * E, E, m->norm_eps);
+        li_K->add_f32(x + t * E, o + t * E, x + t * E, E);
     }
 }
 
-/* biases, per-head norms, RoPE and the cache write for token t, head item h
- * (h < n_head: a query head; else key/value head h - n_head) */
-static void prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t t, int h, int pos) {
+/* The attention half: reads x, adds the attention output to it. */
+static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
     const li_model_desc *m = c->m;
-    const int64_t hd = m->head_dim, hdv = m->head_dim_v;
-    const float *cs = c->rope_cs + ((size_t)c->layer_rope[il] * (size_t)c->n_batch + (size_t)t) * (size_t)m->n_rot;
-    if (h < m->n_head) {
-        float *qh = c->q + (t * m->n_head + h) * hd;
-        if (L->bq) li_K->add_f32(qh, L->bq + h * hd, qh, hd);
-        if (L->q_norm) norm_row(qh, L->q_norm, qh, hd, m->norm_eps);
-        li_rope_head(qh, cs, m->n_rot, m->rope_mode);
-        if (c->kv_type == LI_KV_F16) round_to_f16(qh, hd);
-        return;
-    }
-    h -= m->n_head;
-    float *kh = c->k + (t * m->n_head_kv + h) * hd;
-    float *vh = c->v + (t * m->n_head_kv + h) * hdv;
-    if (L->bk) li_K->add_f32(kh, L->bk + h * hd, kh, hd);
-    if (L->bv) li_K->add_f32(vh, L->bv + h * hdv, vh, hdv);
-    if (L->k_norm) norm_row(kh, L->k_norm, kh, hd, m->norm_eps);
-    li_rope_head(kh, cs, m->n_rot, m->rope_mode);
-    const size_t slot = (size_t)(pos % c->n_slots[il]);
-    const size_t koff = (slot * (size_t)m->n_head_kv + (size_t)h) * (size_t)hd;
-    const size_t voff = (slot * (size_t)m->n_head_kv + (size_t)h) * (size_t)hdv;
-    if (c->kv_type == LI_KV_F16) {
-        li_K->f32_to_f16(kh, (uint16_t *)c->k_cache[il] + koff, hd);
-        li_K->f32_to_f16(vh, (uint16_t *)c->v_cache[il] + voff, hdv);
-    } else {
-        memcpy((float *)c->k_cache[il] + koff, kh, (size_t)hd * sizeof(float));
-        memcpy((float *)c->v_cache[il] + voff, vh, (size_t)hdv * sizeof(float));
-    }
-}
-
-/* ---- attention ----
- * Work items are (token, kv head, chunk of the visible positions). All the
- * query heads of a kv head (grouped-query attention) are done together, so
- * each cached row is read and converted once for them. A prompt has enough
- * tokens to keep every thread busy with one chunk per item; a single decoded
- * token splits its positions into chunks so that the team shares them: each
- * chunk then leaves its softmax unnormalized with its max and sum, and a
- * second step combines the chunks. */
-
-
-/* the visible positions [first, pos] of a token at pos in layer L */
-static int first_visible(const li_layer_desc *L, int pos) {
-    return L->sliding_window > 0 ? LI_MAX(0, pos - L->sliding_window + 1) : 0;
-}
-
-/* scores of the group's heads against cache slots [s0, s0 + n) into out (row ld) */
-static void group_scores(li_context *c, int il, int kvh, const float *q, int nh, int64_t s0, int64_t n,
-                         float *out, size_t ld) {
-    const li_model_desc *m = c->m;
-    const size_t stride = (size_t)m->n_head_kv * (size_t)m->head_dim;
-    const size_t off = (size_t)s0 * stride + (size_t)kvh * (size_t)m->head_dim;
-    if (c->kv_type == LI_KV_F16) {
-        li_K->attn_scores_f16(q, (size_t)m->head_dim, nh, (const uint16_t *)c->k_cache[il] + off, stride, n,
-                              m->head_dim, m->attn_scale, out, ld);
-        return;
-    }
-    const float *k = (const float *)c->k_cache[il] + off;
-    for (int h = 0; h < nh; h++)
-        for (int64_t j = 0; j < n; j++)
-            out[(size_t)h * ld + (size_t)j] =
-                m->attn_scale * li_K->dot_f32(q + (size_t)h * (size_t)m->head_dim, k + (size_t)j * stride, m->head_dim);
-}
-
-/* out_h += p_h . values of slots [s0, s0 + n) for the group's heads */
-static void group_accum(li_context *c, int il, int kvh, const float *p, size_t ld, int nh, int64_t s0,
-                        int64_t n, float *out) {
-    const li_model_desc *m = c->m;
-    const size_t stride = (size_t)m->n_head_kv * (size_t)m->head_dim_v;
-    const size_t off = (size_t)s0 * stride + (size_t)kvh * (size_t)m->head_dim_v;
-    if (c->kv_type == LI_KV_F16) {
-        li_K->attn_accum_f16(p, ld, nh, (const uint16_t *)c->v_cache[il] + off, stride, n, m->head_dim_v, out,
-                             (size_t)m->head_dim_v);
-        return;
-    }
-    const float *v = (const float *)c->v_cache[il] + off;
-    for (int h = 0; h < nh; h++)
-        for (int64_t j = 0; j < n; j++)
-            li_K->axpy_f32(p[(size_t)h * ld + (size_t)j], v + (size_t)j * stride, out + (size_t)h * (size_t)m->head_dim_v,
-                           m->head_dim_v);
-}
-
-/* Attention of the heads of kv head kvh for token t over positions [p0, p1).
- * With part == NULL the chunk is the whole visible range: the result is
- * normalized into att. Otherwise the unnormalized output goes to part (per
- * head: max, sum, then head_dim_v values). */
-static void attend_chunk(li_context *c, int il, int64_t t, int kvh, int p0, int p1, float *scores, float *part,
-                         size_t part_stride) {
-    const li_model_desc *m = c->m;
-    const int nh = m->n_head / m->n_head_kv;
-    const int64_t n = p1 - p0, ns = c->n_slots[il];
-    const int64_t s0 = p0 % ns, run1 = LI_MIN(n, ns - s0), run2 = n - run1; /* a ring wraps at most once */
-    const float *q = c->q + (t * m->n_head + (int64_t)kvh * nh) * m->head_dim;
-    group_scores(c, il, kvh, q, nh, s0, run1, scores, (size_t)n);
-    if (run2 > 0) group_scores(c, il, kvh, q, nh, 0, run2, scores + run1, (size_t)n);
-    float mx[64], sum[64]; /* heads per group: checked in li_model_check */
-    for (int h = 0; h < nh; h++) {
-        float *row = scores + (size_t)h * (size_t)n, best = row[0];
-        for (int64_t j = 1; j < n; j++) best = LI_MAX(best, row[j]);
-        mx[h] = best;
-        sum[h] = li_K->exp_sum(row, n, best);
-    }
-    float *out = part ? part + 2 : c->att + (t * m->n_head + (int64_t)kvh * nh) * m->head_dim_v;
-    const size_t out_stride = part ? part_stride : (size_t)m->head_dim_v;
-    for (int h = 0; h < nh; h++) memset(out + (size_t)h * out_stride, 0, (size_t)m->head_dim_v * sizeof(float));
-    if (!part) {
-        /* the weights normalized first and, with an F16 cache, rounded to f16 as
-         * llama.cpp's V x softmax product takes them */
-        for (int h = 0; h < nh; h++) {
-            float *row = scores + (size_t)h * (size_t)n;
-            li_K->scale_f32(row, 1.0f / sum[h], n);
-            if (c->kv_type == LI_KV_F16) round_to_f16(row, n);
-        }
-        group_accum(c, il, kvh, scores, (size_t)n, nh, s0, run1, out);
-        if (run2 > 0) group_accum(c, il, kvh, scores + run1, (size_t)n, nh, 0, run2, out);
-        return;
-    }
-    /* partial rows are spaced part_stride apart: accumulate head by head */
-    for (int h = 0; h < nh; h++) {
-        float *o = part + (size_t)h * part_stride;
-        group_accum(c, il, kvh, scores + (size_t)h * (size_t)n, (size_t)n, 1, s0, run1, o + 2);
-        if (run2 > 0) group_accum(c, il, kvh, scores + (size_t)h * (size_t)n + run1, (size_t)n, 1, 0, run2, o + 2);
-        o[0] = mx[h];
-        o[1] = sum[h];
-    }
-}
-
-/* chunks of the visible range a decoded token's attention is split into */
-static int attn_chunks(const li_context *c, int64_t n, int count, int nth) {
-    if (n > 1 || nth <= 1) return 1;
-    const int want = (4 * nth + c->m->n_head_kv - 1) / c->m->n_head_kv;
-    return LI_MAX(1, LI_MIN(LI_MIN(want, MAX_ATTN_CHUNKS), count / MIN_ATTN_CHUNK));
-}
-
-static void attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
-    const li_model_desc *m = c->m;
-    const int nh = m->n_head / m->n_head_kv, last = c->pos[n - 1];
-    const int chunks = attn_chunks(c, n, last - first_visible(L, last) + 1, nth);
-    float *scores = c->scores + (size_t)ith * (size_t)nh * (size_t)c->n_ctx;
-    const size_t part_stride = (size_t)m->head_dim_v + 2;
-    int64_t lo, hi;
-    /* items dealt round-robin: a token's attention grows with its position,
-     * so contiguous shares of a prompt would leave the first thread idle */
-    const int64_t items = n * m->n_head_kv * chunks;
-    for (int64_t i = ith; i < items; i += nth) {
-        const int64_t t = i / ((int64_t)m->n_head_kv * chunks);
-        const int kvh = (int)(i / chunks % m->n_head_kv), ch = (int)(i % chunks);
-        const int pos = c->pos[t], first = first_visible(L, pos), count = pos - first + 1;
-        const int p0 = first + (int)((int64_t)count * ch / chunks), p1 = first + (int)((int64_t)count * (ch + 1) / chunks);
-        float *part = chunks > 1 ? c->attn_part + ((size_t)kvh * (size_t)nh * MAX_ATTN_CHUNKS + (size_t)ch) * part_stride
-                                 : NULL;
-        attend_chunk(c, il, t, kvh, p0, p1, scores, part, part_stride * MAX_ATTN_CHUNKS);
-    }
-    if (chunks == 1) return;
-    LI_BARRIER();
-    /* combine each head's chunks: weights exp(max_c - max) on outputs and sums */
-    li_split(m->n_head, ith, nth, &lo, &hi);
-    for (int64_t h = lo; h < hi; h++) {
-        const float *p = c->attn_part + (size_t)h * MAX_ATTN_CHUNKS * part_stride;
-        float best = p[0];
-        for (int ch = 1; ch < chunks; ch++) best = LI_MAX(best, p[(size_t)ch * part_stride]);
-        float *out = c->att + h * m->head_dim_v;
-        memset(out, 0, (size_t)m->head_dim_v * sizeof(float));
-        float total = 0.0f;
-        for (int ch = 0; ch < chunks; ch++) {
-            const float *q = p + (size_t)ch * part_stride, w = expf(q[0] - best);
-            total += w * q[1];
-            li_K->axpy_f32(w, q + 2, out, m->head_dim_v);
-        }
-        li_K->scale_f32(out, 1.0f / total, m->head_dim_v);
-    }
-}
-
-static void forward_layer(li_context *c, int il, int64_t n, int ith, int nth) {
-    const li_model_desc *m = c->m;
-    const li_layer_desc *L = &m->layers[il];
-    const int64_t E = m->n_embd, F = m->n_ff;
+    const int64_t E = m->n_embd;
     const int64_t nq = (int64_t)m->n_head * m->head_dim, nk = (int64_t)m->n_head_kv * m->head_dim;
     const int64_t nv = (int64_t)m->n_head_kv * m->head_dim_v, na = (int64_t)m->n_head * m->head_dim_v;
     int64_t lo, hi;
 
-    /* attention input: norm and quantize (rows) */
     li_split(n, ith, nth, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) norm_row(c->x + t * E, L->attn_norm, c->xb + t * E, E, m->norm_eps);
+    for (int64_t t = lo; t < hi; t++) li_K->rms_norm(c->x + t * E, L->attn_norm, c->xb + t * E, E, m->norm_eps);
     const li_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv};
     quantize_rows_for(c, c->xb, E, lo, hi, qkv, 3);
     LI_BARRIER();
 
-    matmul(c, &L->wq, n, c->q, nq, ith, nth);
-    matmul(c, &L->wk, n, c->k, nk, ith, nth);
-    matmul(c, &L->wv, n, c->v, nv, ith, nth);
+    matmul(c, &L->wq, acts_for(c, &L->wq), n, c->q, nq, ith, nth);
+    matmul(c, &L->wk, acts_for(c, &L->wk), n, c->k, nk, ith, nth);
+    matmul(c, &L->wv, acts_for(c, &L->wv), n, c->v, nv, ith, nth);
     LI_BARRIER();
 
     /* per (token, head): biases, norms, RoPE, cache write */
     const int heads = m->n_head + m->n_head_kv;
     li_split(n * heads, ith, nth, &lo, &hi);
-    for (int64_t i = lo; i < hi; i++) {
-        const int64_t t = i / heads;
-        prepare_head(c, L, il, t, (int)(i % heads), c->pos[t]);
-    }
+    for (int64_t i = lo; i < hi; i++) li_prepare_head(c, L, il, i / heads, (int)(i % heads));
     LI_BARRIER();
 
-    attention(c, L, il, n, ith, nth);
+    li_attention(c, L, il, n, ith, nth);
     LI_BARRIER();
 
     gated_quantize(c, c->att, NULL, n, na, &L->wo, 0, ith, nth);
     LI_BARRIER();
 
-    matmul(c, &L->wo, n, c->o, E, ith, nth);
+    matmul(c, &L->wo, acts_for(c, &L->wo), n, c->o, E, ith, nth);
     LI_BARRIER();
 
-    /* residual, then the feed-forward input (rows) */
     li_split(n, ith, nth, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) {
-        float *o = c->o + t * E, *x = c->x + t * E;
-        if (L->post_attn_norm) norm_row(o, L->post_attn_norm, o, E, m->norm_eps);
-        li_K->add_f32(x, o, x, E);
-        norm_row(x, L->ffn_norm, c->xb + t * E, E, m->norm_eps);
-    }
+    residual(m, c->x, c->o, L->post_attn_norm, lo, hi);
+}
+
+/* The feed-forward half (gated: act(x Wg^T) * (x Wu^T), then Wd): reads x,
+ * adds its output to it. Rows are split as the attention half splits them,
+ * so the two need no barrier between them. */
+static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, int nth) {
+    const li_model_desc *m = c->m;
+    const int64_t E = m->n_embd, F = m->n_ff;
+    int64_t lo, hi;
+
+    li_split(n, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) li_K->rms_norm(c->x + t * E, L->ffn_norm, c->xb + t * E, E, m->norm_eps);
     const li_matrix *gu[2] = {&L->w_gate, &L->w_up};
     quantize_rows_for(c, c->xb, E, lo, hi, gu, 2);
     LI_BARRIER();
 
-    matmul(c, &L->w_gate, n, c->g, F, ith, nth);
-    matmul(c, &L->w_up, n, c->u, F, ith, nth);
+    matmul(c, &L->w_gate, acts_for(c, &L->w_gate), n, c->g, F, ith, nth);
+    matmul(c, &L->w_up, acts_for(c, &L->w_up), n, c->u, F, ith, nth);
     LI_BARRIER();
 
     gated_quantize(c, c->g, c->u, n, F, &L->w_down, m->act, ith, nth);
     LI_BARRIER();
 
-    matmul(c, &L->w_down, n, c->o, E, ith, nth);
+    matmul(c, &L->w_down, acts_for(c, &L->w_down), n, c->o, E, ith, nth);
     LI_BARRIER();
 
     li_split(n, ith, nth, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) {
-        float *o = c->o + t * E, *x = c->x + t * E;
-        if (L->post_ffn_norm) norm_row(o, L->post_ffn_norm, o, E, m->norm_eps);
-        li_K->add_f32(x, o, x, E);
-    }
-    /* the next step splits rows the same way, so it needs no barrier here */
+    residual(m, c->x, c->o, L->post_ffn_norm, lo, hi);
 }
 
-static void forward_team(li_context *c, const int32_t *tokens, int64_t n, int logits_all, float *logits) {
+static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float *logits) {
     const li_model_desc *m = c->m;
     const int ith = li_thread_index(), nth = li_thread_count();
-    const int64_t E = m->n_embd;
+    const int64_t E = m->n_embd, n = b->n;
     int64_t lo, hi;
 
     li_split(n, ith, nth, &lo, &hi);
@@ -595,45 +456,119 @@ static void forward_team(li_context *c, const int32_t *tokens, int64_t n, int lo
     const size_t emb_row = emb->nbytes / (size_t)emb->rows;
     for (int64_t t = lo; t < hi; t++) {
         float *x = c->x + t * E;
-        li_K->dequant[emb->type]((const char *)emb->data + (size_t)tokens[t] * emb_row, x, E);
+        if (b->embd) {
+            memcpy(x, b->embd + t * E, (size_t)E * sizeof(float));
+            continue;
+        }
+        li_K->dequant[emb->type]((const char *)emb->data + (size_t)b->token[t] * emb_row, x, E);
         if (m->embd_scale != 1.0f) li_K->scale_f32(x, m->embd_scale, E);
     }
 
-    /* the embedding rows and each layer's first and last steps are split the
-     * same way, so consecutive layers need no barrier between them */
-    for (int il = 0; il < m->n_layer; il++) forward_layer(c, il, n, ith, nth);
+    /* the embedding rows and each half's first and last steps are split the
+     * same way, so consecutive steps need no barrier between them */
+    for (int il = 0; il < m->n_layer; il++) {
+        attention_half(c, &m->layers[il], il, n, ith, nth);
+        ffn_half(c, &m->layers[il], n, ith, nth);
+    }
     LI_BARRIER();
 
-    /* logits for the rows asked for; those rows' normed inputs go to xb from row 0 */
-    const int64_t r0 = logits_all ? 0 : n - 1, n_out = n - r0;
+    /* logits for the rows asked for; their normed inputs go to xb from row 0 */
     li_split(n_out, ith, nth, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) norm_row(c->x + (r0 + t) * E, m->output_norm, c->xb + t * E, E, m->norm_eps);
+    for (int64_t i = lo; i < hi; i++)
+        li_K->rms_norm(c->x + (int64_t)c->out_rows[i] * E, m->output_norm, c->xb + i * E, E, m->norm_eps);
     const li_matrix *out[1] = {&m->output};
     quantize_rows_for(c, c->xb, E, lo, hi, out, 1);
     LI_BARRIER();
-    matmul(c, &m->output, n_out, logits, m->n_vocab, ith, nth);
+    matmul(c, &m->output, acts_for(c, &m->output), n_out, logits, m->n_vocab, ith, nth);
 }
 
-int li_context_forward(li_context *c, const int32_t *tokens, int n, int pos0, int logits_all,
-                       float *logits, size_t logits_size, int n_threads) {
-    if (!c || !tokens || !logits) return LI_E_ARG;
+/* Check a batch against its views and fill the per-batch fields: each token's
+ * pool rows, its spans, and the rows whose logits are returned. */
+static int prepare_batch(li_context *c, const li_batch *b, const li_seq_view *views, int n_views, int64_t *n_out) {
     const li_model_desc *m = c->m;
-    if (n <= 0 || n > c->n_batch) return LI_E_ARG;
-    if (pos0 < 0 || (int64_t)pos0 + n > c->n_ctx) return LI_E_CONTEXT;
-    const size_t need = (size_t)(logits_all ? n : 1) * (size_t)m->n_vocab;
-    if (logits_size < need) return LI_E_SHAPE;
-    for (int t = 0; t < n; t++)
-        if (tokens[t] < 0 || tokens[t] >= m->n_vocab) return LI_E_TOKEN;
-    int nt = n_threads <= 0 ? 1 : LI_MIN(n_threads, c->max_threads);
+    const int bs = c->kv.block_size;
+    int used[LI_KV_GROUPS] = {0, 0};
+    for (int il = 0; il < m->n_layer; il++) used[c->group[il]] = 1;
+    /* a layer of each group, for its window */
+    const li_layer_desc *rep[LI_KV_GROUPS] = {NULL, NULL};
+    for (int il = 0; il < m->n_layer; il++)
+        if (!rep[c->group[il]] || m->layers[il].sliding_window > rep[c->group[il]]->sliding_window)
+            rep[c->group[il]] = &m->layers[il];
+    int max_spans = 0;
+    *n_out = 0;
+    for (int t = 0; t < b->n; t++) {
+        if (b->token && (b->token[t] < 0 || b->token[t] >= m->n_vocab))
+            return li_fail(LI_E_TOKEN, "batch row %d: token id %d is outside the vocabulary [0, %d)", t, b->token[t],
+                           m->n_vocab);
+        const int s = b->seq[t], pos = b->pos[t];
+        if (s < 0 || s >= n_views)
+            return li_fail(LI_E_ARG, "batch row %d: sequence index %d, but %d views were given", t, s, n_views);
+        if (pos < 0) return li_fail(LI_E_CONTEXT, "batch row %d: negative position %d", t, pos);
+        c->pos[t] = pos;
+        for (int g = 0; g < LI_KV_GROUPS; g++) {
+            c->n_spans[t * 2 + g] = 0;
+            c->kv_row[g][t] = 0;
+            if (!used[g]) continue;
+            const li_seq_view *v = &views[s];
+            const int nb = v->n_blocks[g], pool = c->kv.n_blocks[g];
+            if (nb < 0 || (nb > 0 && !v->blocks[g]))
+                return li_fail(LI_E_ARG, "sequence %d: group %d's table is missing", s, g);
+            if (pos / bs >= nb)
+                return li_fail(LI_E_KV, "batch row %d: position %d is beyond sequence %d's %d blocks of %d "
+                               "(group %d)", t, pos, s, nb, bs, g);
+            const int32_t own = v->blocks[g][pos / bs];
+            if (own < 0 || own >= pool)
+                return li_fail(LI_E_KV, "batch row %d: position %d's block %d is not in the pool of %d blocks "
+                               "(group %d)", t, pos, own, pool, g);
+            c->kv_row[g][t] = own * bs + pos % bs;
+            const int first = li_first_visible(rep[g], pos);
+            for (int blk = first / bs; blk < pos / bs; blk++) {
+                const int32_t id = v->blocks[g][blk];
+                if (id < -1 || id >= pool)
+                    return li_fail(LI_E_KV, "sequence %d: table entry %d is block %d, outside the pool of %d "
+                                   "(group %d)", s, blk, id, pool, g);
+            }
+            c->n_spans[t * 2 + g] = li_count_spans(c, rep[g], v->blocks[g], nb, pos);
+            if (c->n_spans[t * 2 + g] > c->max_chunks)
+                return li_fail(LI_E_KV, "sequence %d: its table reaches more spans (%d) than the pools hold", s,
+                               c->n_spans[t * 2 + g]);
+            /* split mode indexes every span of the range, empty or not */
+            max_spans = LI_MAX(max_spans, pos / c->span - first / c->span + 1);
+        }
+        if (b->logits ? b->logits[t] != 0 : t == b->n - 1) c->out_rows[(*n_out)++] = t;
+    }
+    c->split = b->n <= LI_ATTN_SPLIT_TOKENS && max_spans <= c->max_chunks;
+    return LI_OK;
+}
 
-    for (int t = 0; t < n; t++) c->pos[t] = pos0 + t;
+int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views, int n_views, float *logits,
+                      size_t logits_size, int n_threads) {
+    li_fail(LI_OK, "%s", "");
+    if (!c || !b || !views || (!b->token && !b->embd) || !b->pos || !b->seq)
+        return li_fail(LI_E_ARG, "a batch needs tokens (or embeddings), positions, sequences and views");
+    const li_model_desc *m = c->m;
+    if (b->n <= 0 || b->n > c->n_batch)
+        return li_fail(LI_E_ARG, "a batch of %d tokens; this context takes 1 to %d", b->n, c->n_batch);
+    int64_t n_out = 0;
+    CHECK(prepare_batch(c, b, views, n_views, &n_out));
+    if (n_out > 0 && !logits) return li_fail(LI_E_ARG, "no logits buffer for %lld rows", (long long)n_out);
+    if (logits_size < (size_t)n_out * (size_t)m->n_vocab)
+        return li_fail(LI_E_SHAPE, "the logits buffer holds %zu floats, %lld rows of %d need more", logits_size,
+                       (long long)n_out, m->n_vocab);
+    const int nt = n_threads <= 0 ? 1 : LI_MIN(n_threads, c->max_threads);
+    c->views = views;
+    c->seq = b->seq;
+    /* with few tokens, each thread's share of a span split is decided only by
+     * the number of threads, never what is computed */
+    if (c->split && (int64_t)b->n * m->n_head_kv >= 2 * nt) c->split = 0;
     for (int r = 0; r < c->n_rope; r++)
-        li_rope_cache(c->pos, n, m->n_rot, &c->rope[r],
-                      c->rope_cs + (size_t)r * (size_t)c->n_batch * (size_t)m->n_rot);
+        li_rope_cache(c->pos, b->n, m->n_rot, &c->rope[r], c->rope_cs + (size_t)r * (size_t)c->n_batch * (size_t)m->n_rot);
     (void)nt;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
-    forward_team(c, tokens, n, logits_all, logits);
+    forward_team(c, b, n_out, logits);
+    c->views = NULL;
+    c->seq = NULL;
     return LI_OK;
 }

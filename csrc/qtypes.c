@@ -63,6 +63,7 @@ const char *li_status_name(int status) {
     case LI_E_ISA: return "instruction set not available";
     case LI_E_CONTEXT: return "position outside the context";
     case LI_E_TOKEN: return "token id outside the vocabulary";
+    case LI_E_KV: return "KV block table out of range";
     default: return "unknown error";
     }
 }

@@ -2,7 +2,7 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 cdef extern from "llminfer.h" nogil:
-    int LI_OK, LI_E_ARG, LI_E_TYPE, LI_E_SHAPE, LI_E_NOMEM, LI_E_ISA, LI_E_CONTEXT, LI_E_TOKEN
+    int LI_OK, LI_E_ARG, LI_E_TYPE, LI_E_SHAPE, LI_E_NOMEM, LI_E_ISA, LI_E_CONTEXT, LI_E_TOKEN, LI_E_KV
     const char *li_status_name(int status)
 
     int LI_TYPE_COUNT
@@ -74,12 +74,31 @@ cdef extern from "llminfer.h" nogil:
 
     ctypedef struct li_context:
         pass
-    int li_context_create(const li_model_desc *m, int n_ctx, int n_batch, int kv_type,
-                          int max_threads, int swa_full, li_context **out)
+    int LI_KV_FULL, LI_KV_SWA, LI_KV_GROUPS
+    ctypedef struct li_kv_config:
+        int kv_type
+        int block_size
+        int n_blocks[2]
+    ctypedef struct li_seq_view:
+        const int32_t *blocks[2]
+        int n_blocks[2]
+    ctypedef struct li_batch:
+        int n
+        const int32_t *token
+        const float *embd
+        const int32_t *pos
+        const int32_t *seq
+        const signed char *logits
+    int li_layer_kv_group(const li_model_desc *m, int il)
+    size_t li_kv_block_bytes(const li_model_desc *m, int kv_type, int block_size, int il)
+    int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
+                          li_context **out)
     void li_context_free(li_context *c)
     size_t li_context_kv_bytes(const li_context *c, int il)
-    int li_context_forward(li_context *c, const int32_t *tokens, int n, int pos0, int logits_all,
-                           float *logits, size_t logits_size, int n_threads)
+    int li_kv_copy_block(li_context *c, int group, int src, int dst)
+    int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views, int n_views,
+                          float *logits, size_t logits_size, int n_threads)
+    const char *li_last_error()
 
     # benchmark and test helpers (bench.c)
     uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads)

@@ -15,7 +15,9 @@ from llminfer import errors
 
 cdef int check(int status, str what) except -1:
     if status != C.LI_OK:
-        raise errors.from_status(status, C.li_status_name(status).decode(), what)
+        detail = C.li_last_error().decode(errors="replace")
+        name = C.li_status_name(status).decode()
+        raise errors.from_status(status, f"{name}: {detail}" if detail else name, what)
     return 0
 
 
@@ -242,36 +244,97 @@ cdef class ModelDesc:
 
 
 cdef class Context:
-    """A KV cache and scratch for one sequence (li_context)."""
+    """The KV pools and the scratch of a model (li_context), for batches of
+    tokens from many sequences. The block tables live in Python
+    (llminfer.kv_cache); each call hands them in."""
 
     cdef C.li_context *ctx
     cdef readonly ModelDesc model
-    cdef readonly int n_ctx, n_batch, max_threads, n_vocab
+    cdef readonly int n_batch, max_threads, n_vocab, n_embd, kv_type, block_size
+    cdef readonly tuple n_blocks
 
-    def __cinit__(self, ModelDesc model, int n_ctx, int n_batch, int kv_type, int max_threads,
-                  bint swa_full=False):
+    def __cinit__(self, ModelDesc model, int kv_type, int block_size, n_blocks, int n_batch,
+                  int max_threads):
+        cdef C.li_kv_config kv
+        kv.kv_type = kv_type
+        kv.block_size = block_size
+        kv.n_blocks[0] = n_blocks[0]
+        kv.n_blocks[1] = n_blocks[1]
         self.model = model
-        check(C.li_context_create(&model.desc, n_ctx, n_batch, kv_type, max_threads, swa_full,
-                                  &self.ctx), "creating the context")
-        self.n_ctx = n_ctx
-        self.n_batch = min(n_batch, n_ctx)
+        check(C.li_context_create(&model.desc, &kv, n_batch, max_threads, &self.ctx),
+              "creating the context")
+        self.n_batch = n_batch
         self.max_threads = max_threads
         self.n_vocab = model.desc.n_vocab
+        self.n_embd = model.desc.n_embd
+        self.kv_type = kv_type
+        self.block_size = block_size
+        self.n_blocks = (int(n_blocks[0]), int(n_blocks[1]))
 
-    def forward(self, const int32_t[::1] tokens, int pos0, bint logits_all, float[::1] logits,
-                int n_threads):
-        """Run tokens (at most n_batch) at positions pos0...; logits receives the
-        last row (logits_all False) or every row, flat."""
+    def decode(self, tokens, embd, const int32_t[::1] pos, const int32_t[::1] seq,
+               const signed char[::1] want, list tables, float[::1] logits, int n_threads):
+        """Run one batch. tokens: int32 [n] (or None with embd: float32 [n, n_embd]);
+        pos, seq: int32 [n]; want: int8 [n], nonzero where logits are wanted;
+        tables: per sequence index, (full-group table, sliding-window table),
+        each an int32 array (or None). logits: float32, filled with the rows
+        asked for in batch order."""
         if self.ctx == NULL:
-            raise ValueError("the context is closed")
+            raise errors.LLMInferError("the context is closed")
+        cdef int n = pos.shape[0]
+        if seq.shape[0] != n or want.shape[0] != n:
+            raise errors.ShapeError(f"batch arrays disagree: {n} positions, {seq.shape[0]} sequences, "
+                                    f"{want.shape[0]} logit flags")
+        cdef const int32_t[::1] tok
+        cdef const float[:, ::1] emb
+        cdef C.li_batch b
+        b.n = n
+        b.token = NULL
+        b.embd = NULL
+        if tokens is not None:
+            tok = tokens
+            if tok.shape[0] != n:
+                raise errors.ShapeError(f"{tok.shape[0]} tokens for {n} positions")
+            b.token = &tok[0] if n else NULL
+        elif embd is not None:
+            emb = embd
+            if emb.shape[0] != n or emb.shape[1] != self.n_embd:
+                raise errors.ShapeError(f"embeddings of shape {tuple(embd.shape)}, expected ({n}, {self.n_embd})")
+            b.embd = &emb[0, 0] if n else NULL
+        else:
+            raise errors.InvalidArgumentError("a batch needs tokens or embeddings")
+        b.pos = &pos[0] if n else NULL
+        b.seq = &seq[0] if n else NULL
+        b.logits = &want[0] if n else NULL
+        cdef int nv = len(tables)
+        cdef C.li_seq_view *views = <C.li_seq_view *>calloc(max(1, nv), sizeof(C.li_seq_view))
+        if views == NULL:
+            raise MemoryError()
+        cdef const int32_t[::1] t
+        cdef int i, g
         cdef int st
-        cdef int n = tokens.shape[0]
-        if n == 0:
-            return
-        with nogil:
-            st = C.li_context_forward(self.ctx, &tokens[0], n, pos0, logits_all, &logits[0],
-                                      logits.shape[0], n_threads)
+        cdef float *out = &logits[0] if logits.shape[0] else NULL
+        keep = []
+        try:
+            for i in range(nv):
+                for g in range(2):
+                    arr = tables[i][g]
+                    if arr is None or len(arr) == 0:
+                        continue
+                    t = arr
+                    keep.append(arr)
+                    views[i].blocks[g] = &t[0]
+                    views[i].n_blocks[g] = t.shape[0]
+            with nogil:
+                st = C.li_context_decode(self.ctx, &b, views, nv, out, logits.shape[0], n_threads)
+        finally:
+            free(views)
         check(st, "forward pass")
+
+    def copy_block(self, int group, int src, int dst):
+        """Copy a block's keys and values in every layer of a group."""
+        if self.ctx == NULL:
+            raise errors.LLMInferError("the context is closed")
+        check(C.li_kv_copy_block(self.ctx, group, src, dst), "copying a KV block")
 
     def kv_bytes(self, int layer):
         return C.li_context_kv_bytes(self.ctx, layer) if self.ctx != NULL else 0
@@ -284,6 +347,16 @@ cdef class Context:
     def __dealloc__(self):
         if self.ctx != NULL:
             C.li_context_free(self.ctx)
+
+
+def layer_kv_group(ModelDesc model, int layer):
+    """0 when layer's keys live in the full-attention pool, 1 in the sliding-window pool."""
+    return C.li_layer_kv_group(&model.desc, layer)
+
+
+def kv_block_bytes(ModelDesc model, int kv_type, int block_size, int layer):
+    """Bytes one block of block_size positions takes in a layer (keys and values)."""
+    return C.li_kv_block_bytes(&model.desc, kv_type, block_size, layer)
 
 # ---- benchmark and test helpers (csrc/bench.c) ----
 

@@ -30,6 +30,10 @@ class ContextFullError(LLMInferError):
     """The tokens do not fit in the model's context window (n_ctx)."""
 
 
+class KVCacheFullError(ContextFullError):
+    """The KV cache's pool of blocks has none left for the tokens asked for."""
+
+
 class TokenError(LLMInferError, ValueError):
     """A token id outside the vocabulary."""
 
@@ -62,6 +66,7 @@ _BY_STATUS = {
     -5: UnsupportedISAError,
     -6: ContextFullError,
     -7: TokenError,
+    -8: InvalidArgumentError,
 }
 
 

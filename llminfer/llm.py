@@ -28,15 +28,10 @@ from typing import Iterator
 
 import numpy as np
 
-from llminfer import _core, hub
-from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError, TokenError
-from llminfer.gguf_file import GGUFFile
-from llminfer.models import build_spec
+from llminfer import hub
+from llminfer.engine import KV_TYPES, Engine, check_positive_int
+from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError
 from llminfer.sampling import Sampler, SamplingParams
-from llminfer.system import default_threads
-from llminfer.tokenizer import Tokenizer
-
-_KV_TYPES = {"f16": 1, "f32": 0}
 
 
 @dataclass
@@ -153,44 +148,51 @@ class LLM:
 
     def __init__(self, model, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
                  seed: int | None = None, kv_type: str = "f16", chat_format: str | None = None,
-                 chat_template: str | None = None):
-        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
-                raise InvalidArgumentError(f"{name} must be a positive integer, got {v!r}")
-        if n_threads is not None and (not isinstance(n_threads, (int, np.integer)) or n_threads <= 0):
-            raise InvalidArgumentError(f"n_threads must be a positive integer or None, got {n_threads!r}")
-        if kv_type not in _KV_TYPES:
-            raise InvalidArgumentError(f"kv_type must be one of {sorted(_KV_TYPES)}, got {kv_type!r}")
+                 chat_template: str | None = None, kv_pool_tokens: int | None = None):
+        check_positive_int("n_ctx", n_ctx)
+        check_positive_int("n_batch", n_batch)
+        if kv_type not in KV_TYPES:
+            raise InvalidArgumentError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         self._lock = threading.RLock()
-        self.model_path = hub.resolve(model)
-        self._gguf = GGUFFile(self.model_path)
-        try:
-            self.spec = build_spec(self._gguf)
-            self.tokenizer = Tokenizer.from_metadata(self._gguf.metadata)
-            if n_ctx > self.spec.context_length:
-                warnings.warn(f"n_ctx={n_ctx} exceeds the {self.spec.context_length} tokens the model "
-                              f"was trained on; quality may degrade past that", stacklevel=2)
-            self.n_threads = int(n_threads) if n_threads else default_threads()
-            self._desc = _core.ModelDesc(self.spec)
-            self._ctx = _core.Context(self._desc, int(n_ctx), int(n_batch), _KV_TYPES[kv_type],
-                                      self.n_threads)
-        except Exception:
-            self._gguf.close()
-            raise
-        self.n_ctx = int(n_ctx)
-        self.n_batch = self._ctx.n_batch
+        self._engine = Engine(model, n_ctx=int(n_ctx), kv_pool_tokens=kv_pool_tokens, n_batch=int(n_batch),
+                              n_threads=n_threads, kv_type=kv_type)
+        eng = self._engine
+        self.model_path = eng.model_path
+        self._gguf = eng.gguf
+        self.spec = eng.spec
+        self.tokenizer = eng.tokenizer
+        if n_ctx > self.spec.context_length:
+            warnings.warn(f"n_ctx={n_ctx} exceeds the {self.spec.context_length} tokens the model "
+                          f"was trained on; quality may degrade past that", stacklevel=2)
+        self.n_threads = eng.n_threads
+        self.n_ctx = eng.n_ctx
+        self.n_batch = eng.n_batch
         self._n_vocab = self.spec.n_vocab
         self._arch = self.spec.arch
         self.seed = seed
         self._chat_args = (chat_format, chat_template)
         self._chat_format = None  # llminfer.chat.ChatFormat, made on first use
-        self.tokens: list[int] = []
+        self._seq = eng.new_sequence()  # the one sequence this front holds
         # The generation whose tokens the context holds, None after eval/reset:
         # a stream finds out this way that another call used the context while
         # it waited (on its own thread, since the lock is reentrant).
         self._owner = None
         self._last_logits = np.zeros(self.spec.n_vocab, dtype=np.float32)
-        self._native_seconds = 0.0  # running total of time inside the native forward pass
+
+    @property
+    def engine(self) -> Engine:
+        """The many-sequence engine under this LLM (llminfer.engine)."""
+        self._check_open()
+        return self._engine
+
+    @property
+    def tokens(self) -> list:
+        """The tokens the context holds (a copy)."""
+        return list(self._seq.tokens)
+
+    @property
+    def _native_seconds(self) -> float:
+        return self._engine.native_seconds
 
     # ---- basic facts ----
 
@@ -207,9 +209,9 @@ class LLM:
         return self._arch
 
     def kv_cache_bytes(self) -> list:
-        """Bytes of KV cache each layer holds (sliding-window layers hold a ring)."""
+        """Bytes of KV pool each layer holds (its blocks are touched as they are used)."""
         self._check_open()
-        return [self._ctx.kv_bytes(i) for i in range(self.spec.n_layer)]
+        return self._engine.kv_cache_bytes()
 
     # ---- tokens ----
 
@@ -233,41 +235,30 @@ class LLM:
     def reset(self):
         """Empty the context."""
         with self._lock:
-            self.tokens = []
+            self._check_open()
+            self._engine.truncate(self._seq, 0)
             self._owner = None
 
     def _check_open(self):
-        if getattr(self, "_ctx", None) is None:
+        if getattr(self, "_engine", None) is None:
             raise LLMInferError(f"this LLM ({self.model_path}) is closed; load the model again to use it")
 
     def _check_ids(self, ids) -> np.ndarray:
-        arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
-        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-            raise InvalidArgumentError("token ids must be a flat sequence of integers")
-        if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
-            bad = int(arr[(arr < 0) | (arr >= self.n_vocab)][0])
-            raise TokenError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
-        return np.ascontiguousarray(arr, dtype=np.int32)
+        return self._engine.check_ids(ids)
 
     def _forward(self, ids: np.ndarray, logits_all: bool) -> np.ndarray | None:
-        """Append ids to the context in batches; logits of every id ([n, n_vocab])
-        when logits_all, else those of the last one (in self._last_logits)."""
+        """Append ids to the context; logits of every id ([n, n_vocab]) when
+        logits_all, else those of the last one (in self._last_logits)."""
         self._check_open()
         n = len(ids)
-        if len(self.tokens) + n > self.n_ctx:
-            raise ContextFullError(f"{len(self.tokens)} tokens in the context plus {n} new ones exceed "
+        if len(self._seq.tokens) + n > self.n_ctx:
+            raise ContextFullError(f"{len(self._seq.tokens)} tokens in the context plus {n} new ones exceed "
                                    f"n_ctx={self.n_ctx}")
-        out = np.empty((n, self.n_vocab), dtype=np.float32) if logits_all else None
-        for i in range(0, n, self.n_batch):
-            chunk = ids[i:i + self.n_batch]
-            dest = out[i:i + len(chunk)].reshape(-1) if logits_all else self._last_logits
-            t = time.perf_counter()
-            self._ctx.forward(chunk, len(self.tokens), logits_all, dest, self.n_threads)
-            self._native_seconds += time.perf_counter() - t
-            self.tokens.extend(int(t) for t in chunk)
-        if logits_all and n:
-            self._last_logits[:] = out[-1]
-        return out
+        if n == 0:
+            return np.empty((0, self.n_vocab), np.float32) if logits_all else None
+        (out,) = self._engine.decode([(self._seq, ids, "all" if logits_all else "last")])
+        self._last_logits[:] = out[-1] if logits_all else out
+        return out if logits_all else None
 
     def eval(self, ids) -> np.ndarray:
         """Append ids to the context; return the logits at every one of them,
@@ -283,16 +274,21 @@ class LLM:
     def _prefix_to_keep(self, ids) -> int:
         """How many of `ids` the context already holds (at least one is always
         re-run, since its logits are needed)."""
+        held = self._seq.tokens
         n = 0
-        limit = min(len(self.tokens), len(ids) - 1)
-        while n < limit and self.tokens[n] == ids[n]:
+        limit = min(len(held), len(ids) - 1)
+        while n < limit and held[n] == ids[n]:
             n += 1
-        # Sliding-window layers keep a ring of window + n_batch positions: going
-        # back further than n_batch may find slots already overwritten.
-        if n < len(self.tokens) and any(L.sliding_window for L in self.spec.layers):
-            if len(self.tokens) - n > self.n_batch:
-                n = 0
+        # after a context shift the tokens are no longer at positions 0..n-1
+        if n and self._seq.positions[n - 1] != n - 1:
+            n = 0
+        # sliding-window layers give back positions the text has moved past
+        if not self._engine.kv.can_truncate(self._seq, n):
+            n = 0
         return n
+
+    def _keep(self, n):
+        self._engine.truncate(self._seq, n)
 
     # ---- generation ----
 
@@ -301,11 +297,11 @@ class LLM:
         t0 = time.perf_counter()
         owner = self._owner = object()
         keep = self._prefix_to_keep(prompt_ids)
-        self.tokens = self.tokens[:keep]
+        self._keep(keep)
         timings.cached_tokens = keep
         ids = self._check_ids(prompt_ids[keep:])
         self._forward(ids, logits_all=False)
-        mine = list(self.tokens)  # what this generation's context holds
+        mine = list(self._seq.tokens)  # what this generation's context holds
         t1 = time.perf_counter()
         timings.prompt_tokens = len(ids)
         timings.prompt_seconds = t1 - t0
@@ -327,28 +323,35 @@ class LLM:
                 # other calls used the context while this stream waited: put its
                 # tokens back, reusing the prefix they share
                 keep = self._prefix_to_keep(mine + [tok])
-                self.tokens = self.tokens[:keep]
+                self._keep(keep)
                 self._owner = owner
                 self._forward(np.array(mine[keep:], dtype=np.int32), logits_all=False)
-            if len(self.tokens) >= self.n_ctx:
+            if len(self._seq.tokens) >= self.n_ctx:
                 if not context_shift:
                     raise ContextFullError(
                         f"the context is full ({self.n_ctx} tokens) after {i + 1} generated tokens; "
                         f"use a larger n_ctx, fewer max_tokens, or context_shift=True")
                 self._shift_context(n_keep)
-                mine = list(self.tokens)
+                mine = list(self._seq.tokens)
             self._forward(np.array([tok], dtype=np.int32), logits_all=False)
             mine.append(tok)
             timings.generation_seconds = time.perf_counter() - t_gen
             timings.native_seconds = self._native_seconds - native0
 
     def _shift_context(self, n_keep):
-        """Drop the older half of the tokens after the first n_keep and recompute
-        the rest (keys carry their positions, so they cannot simply be moved)."""
+        """Drop the older half of the tokens after the first n_keep. The blocks
+        that hold only dropped tokens are given back and masked out; the
+        tokens kept keep their keys (and positions), so nothing is recomputed.
+        When that frees nothing (a block is larger than what would go), the
+        kept tokens are recomputed instead."""
         n_keep = max(0, min(n_keep, self.n_ctx // 2))
-        rest = self.tokens[n_keep:]
-        kept = self.tokens[:n_keep] + rest[len(rest) // 2:]
-        self.tokens = []
+        held = len(self._seq.tokens)
+        rest = held - n_keep
+        if rest >= 2 and self._engine.drop(self._seq, n_keep, n_keep + rest // 2) > 0:
+            return
+        toks = self._seq.tokens
+        kept = toks[:n_keep] + toks[n_keep + rest // 2:]
+        self._keep(0)
         self._forward(np.array(kept, dtype=np.int32), logits_all=False)
 
     def _check_run(self, prompt_ids, max_tokens, params: SamplingParams, stop, n_keep) -> list:
@@ -511,15 +514,11 @@ class LLM:
     def close(self):
         """Free the KV cache and unmap the file. The object is unusable afterwards."""
         with self._lock:
-            ctx = getattr(self, "_ctx", None)
-            if ctx is not None:
-                ctx.close()
-            self._ctx = None
-            self._desc = None
+            eng = getattr(self, "_engine", None)
+            if eng is not None:
+                eng.close()
+            self._engine = None
             self.spec = None
-            g = getattr(self, "_gguf", None)
-            if g is not None:
-                g.close()
 
     def __enter__(self):
         return self
@@ -528,7 +527,7 @@ class LLM:
         self.close()
 
     def __repr__(self):
-        state = "" if getattr(self, "_ctx", None) is not None else ", closed"
+        state = "" if getattr(self, "_engine", None) is not None else ", closed"
         return f"LLM({str(self.model_path)!r}, arch={self._arch}, n_ctx={self.n_ctx}{state})"
 
 

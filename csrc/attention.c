@@ -1,0 +1,364 @@
+/* attention.c: the KV cache write and attention over the paged cache.
+ *
+ * A token at pos in a layer sees the positions [first, pos] (first = 0, or
+ * pos - window + 1 in a sliding-window layer) whose blocks are in its
+ * sequence's table. Those positions are cut at multiples of c->span into
+ * spans. A token whose keys all lie in one span takes the plain path:
+ * scores, softmax, weights normalized (and rounded to f16 with an F16 cache,
+ * as llama.cpp's V x softmax product takes them), then the weighted sum of
+ * values. A token whose keys lie in several spans computes each span's
+ * unnormalized result (its max, its sum, its weighted values) and combines
+ * them in span order. Both depend on the positions and the table alone, so a
+ * token's output is bitwise the same whatever batch it is in, however its
+ * prompt was split, and at any thread count: the team only decides which
+ * thread computes a span, never how.
+ *
+ * Work items are (token, kv head): all the query heads of a kv head
+ * (grouped-query attention) are done together, so each cached row is read
+ * and converted once for them. A small batch (a decoded token) has too few
+ * items for the team, so its spans become items of their own, written to
+ * c->parts and combined after a barrier.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "common.h"
+#include "context.h"
+#include "quantize.h"
+
+int li_first_visible(const li_layer_desc *L, int pos) {
+    return L->sliding_window > 0 ? LI_MAX(0, pos - L->sliding_window + 1) : 0;
+}
+
+/* With an F16 cache, queries and attention weights are rounded to float16
+ * too, as llama.cpp does (its K.Q and V.softmax products take both operands
+ * in F16). The error is far below that of the 8-bit activations, and keeping
+ * the same roundings keeps our logits within reach of llama.cpp's. */
+void li_round_to_f16(float *x, int64_t n) {
+    uint16_t tmp[256];
+    for (int64_t i = 0; i < n; i += 256) {
+        const int64_t m = LI_MIN(256, n - i);
+        li_K->f32_to_f16(x + i, tmp, m);
+        li_K->f16_to_f32(tmp, x + i, m);
+    }
+}
+
+static int kv_quantized(const li_context *c) {
+    return c->kv.kv_type != LI_TYPE_F16 && c->kv.kv_type != LI_TYPE_F32;
+}
+
+/* the row of kv head h at pool row r (block * block_size + slot) */
+static char *k_at(const li_context *c, int il, int64_t r, int h) {
+    return c->k_pool[il] + ((size_t)r * (size_t)c->m->n_head_kv + (size_t)h) * c->k_row;
+}
+static char *v_at(const li_context *c, int il, int64_t r, int h) {
+    return c->v_pool[il] + ((size_t)r * (size_t)c->m->n_head_kv + (size_t)h) * c->v_row;
+}
+
+static void store_row(const li_context *c, const float *x, char *dst, int64_t n) {
+    switch (c->kv.kv_type) {
+    case LI_TYPE_F16: li_K->f32_to_f16(x, (uint16_t *)(void *)dst, n); return;
+    case LI_TYPE_F32: memcpy(dst, x, (size_t)n * sizeof(float)); return;
+    case LI_TYPE_Q8_0:
+    case LI_TYPE_Q4_0: li_weight_quantizer(c->kv.kv_type)(x, dst, n); return;
+    default: return; /* refused by li_context_create */
+    }
+}
+
+void li_prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t t, int h) {
+    const li_model_desc *m = c->m;
+    const int64_t hd = m->head_dim, hdv = m->head_dim_v;
+    const float *cs = c->rope_cs + ((size_t)c->layer_rope[il] * (size_t)c->n_batch + (size_t)t) * (size_t)m->n_rot;
+    if (h < m->n_head) {
+        float *qh = c->q + (t * m->n_head + h) * hd;
+        if (L->bq) li_K->add_f32(qh, L->bq + h * hd, qh, hd);
+        if (L->q_norm) li_K->rms_norm(qh, L->q_norm, qh, hd, m->norm_eps);
+        li_rope_head(qh, cs, m->n_rot, m->rope_mode);
+        if (c->kv.kv_type == LI_TYPE_F16) li_round_to_f16(qh, hd);
+        if (kv_quantized(c)) {
+            const int a = li_types[c->kv.kv_type].act_type;
+            li_K->quant_act[a](qh, (char *)c->qq + ((size_t)t * (size_t)m->n_head + (size_t)h) * c->qq_row, hd);
+        }
+        return;
+    }
+    h -= m->n_head;
+    float *kh = c->k + (t * m->n_head_kv + h) * hd;
+    float *vh = c->v + (t * m->n_head_kv + h) * hdv;
+    if (L->bk) li_K->add_f32(kh, L->bk + h * hd, kh, hd);
+    if (L->bv) li_K->add_f32(vh, L->bv + h * hdv, vh, hdv);
+    if (L->k_norm) li_K->rms_norm(kh, L->k_norm, kh, hd, m->norm_eps);
+    li_rope_head(kh, cs, m->n_rot, m->rope_mode);
+    const int64_t r = c->kv_row[c->group[il]][t];
+    store_row(c, kh, k_at(c, il, r, h), hd);
+    store_row(c, vh, v_at(c, il, r, h), hdv);
+}
+
+/* ---- one span ---- */
+
+/* A run of consecutive pool rows [r0, r0 + n) holding consecutive positions. */
+typedef struct {
+    int64_t r0, n;
+} row_run;
+
+/* The runs of pool rows that hold the present positions of [p0, p1). */
+static int span_runs(const li_context *c, const int32_t *blocks, int n_blocks, int p0, int p1, row_run *runs) {
+    const int bs = c->kv.block_size;
+    int nr = 0;
+    for (int p = p0; p < p1;) {
+        const int b = p / bs, end = LI_MIN(p1, (b + 1) * bs);
+        const int32_t id = b < n_blocks ? blocks[b] : -1;
+        if (id >= 0) {
+            runs[nr].r0 = (int64_t)id * bs + p % bs;
+            runs[nr].n = end - p;
+            nr++;
+        }
+        p = end;
+    }
+    return nr;
+}
+
+/* scores of the group's nh heads (queries q, or qq quantized) against rows
+ * [r0, r0 + n) into out (row ld) */
+static void run_scores(li_context *c, int il, int kvh, const float *q, const char *qq, int nh, int64_t r0, int64_t n,
+                       float *out, size_t ld) {
+    const li_model_desc *m = c->m;
+    const int64_t hd = m->head_dim;
+    const size_t stride = (size_t)m->n_head_kv * c->k_row; /* bytes between a head's rows */
+    const char *k0 = k_at(c, il, r0, kvh);
+    switch (c->kv.kv_type) {
+    case LI_TYPE_F16:
+        li_K->attn_scores_f16(q, (size_t)hd, nh, (const uint16_t *)(const void *)k0, stride / 2, n, hd,
+                              m->attn_scale, out, ld);
+        return;
+    case LI_TYPE_F32:
+        for (int h = 0; h < nh; h++)
+            for (int64_t j = 0; j < n; j++)
+                out[(size_t)h * ld + (size_t)j] =
+                    m->attn_scale * li_K->dot_f32(q + (size_t)h * (size_t)hd,
+                                                  (const float *)(const void *)(k0 + (size_t)j * stride), hd);
+        return;
+    default: {
+        /* the K row is a one-row weight of kv_type; the queries its activations */
+        const li_dot_fn dot = li_K->dot[c->kv.kv_type];
+        float s[LI_DOT_MAX_NC];
+        for (int64_t j = 0; j < n; j++)
+            for (int h0 = 0; h0 < nh; h0 += LI_DOT_MAX_NC) {
+                const int nc = LI_MIN(LI_DOT_MAX_NC, nh - h0);
+                dot(hd, k0 + (size_t)j * stride, qq + (size_t)h0 * c->qq_row, c->qq_row, nc, s);
+                for (int h = 0; h < nc; h++) out[(size_t)(h0 + h) * ld + (size_t)j] = m->attn_scale * s[h];
+            }
+        return;
+    }
+    }
+}
+
+/* out_h (out_stride apart) += p_h . value rows [r0, r0 + n), for the group's nh heads */
+static void run_accum(li_context *c, int il, int kvh, const float *p, size_t ld, int nh, int64_t r0, int64_t n,
+                      float *out, size_t out_stride, float *vrow) {
+    const li_model_desc *m = c->m;
+    const int64_t hdv = m->head_dim_v;
+    const size_t stride = (size_t)m->n_head_kv * c->v_row;
+    const char *v0 = v_at(c, il, r0, kvh);
+    switch (c->kv.kv_type) {
+    case LI_TYPE_F16:
+        li_K->attn_accum_f16(p, ld, nh, (const uint16_t *)(const void *)v0, stride / 2, n, hdv, out, out_stride);
+        return;
+    case LI_TYPE_F32:
+        for (int h = 0; h < nh; h++)
+            for (int64_t j = 0; j < n; j++)
+                li_K->axpy_f32(p[(size_t)h * ld + (size_t)j], (const float *)(const void *)(v0 + (size_t)j * stride),
+                               out + (size_t)h * out_stride, hdv);
+        return;
+    default:
+        /* one row dequantized at a time into the thread's scratch, shared by the heads */
+        for (int64_t j = 0; j < n; j++) {
+            li_K->dequant[c->kv.kv_type](v0 + (size_t)j * stride, vrow, hdv);
+            for (int h = 0; h < nh; h++) li_K->axpy_f32(p[(size_t)h * ld + (size_t)j], vrow, out + (size_t)h * out_stride, hdv);
+        }
+        return;
+    }
+}
+
+/* Attention of the nh heads of kv head kvh for token t over the present
+ * positions of [p0, p1). With part == NULL they are all the token sees: the
+ * result is normalized into att. Otherwise the unnormalized result goes to
+ * part, per head (part_stride apart): max, sum, then head_dim_v values; a span
+ * with no present position is marked by sum 0. */
+static void attend_span(li_context *c, int il, int64_t t, int kvh, const int32_t *blocks, int n_blocks, int p0,
+                        int p1, float *part, size_t part_stride, int ith) {
+    const li_model_desc *m = c->m;
+    const int nh = m->n_head / m->n_head_kv;
+    const int64_t hdv = m->head_dim_v;
+    row_run runs[LI_ATTN_SPAN + 1];
+    const int nr = span_runs(c, blocks, n_blocks, p0, p1, runs);
+    int64_t n = 0;
+    for (int i = 0; i < nr; i++) n += runs[i].n;
+    if (n == 0) {
+        for (int h = 0; part && h < nh; h++) {
+            part[(size_t)h * part_stride] = -INFINITY;
+            part[(size_t)h * part_stride + 1] = 0.0f;
+        }
+        return;
+    }
+    float *scores = c->scores + (size_t)ith * (size_t)nh * (size_t)c->span;
+    float *vrow = c->vrow + (size_t)ith * (size_t)hdv;
+    const size_t ld = (size_t)n;
+    const float *q = c->q + (t * m->n_head + (int64_t)kvh * nh) * m->head_dim;
+    const char *qq = kv_quantized(c) ? (const char *)c->qq + ((size_t)t * (size_t)m->n_head + (size_t)kvh * (size_t)nh) * c->qq_row
+                                     : NULL;
+    for (int i = 0, off = 0; i < nr; off += (int)runs[i].n, i++)
+        run_scores(c, il, kvh, q, qq, nh, runs[i].r0, runs[i].n, scores + off, ld);
+    float mx[64], sum[64]; /* heads per group: checked in li_model_check */
+    for (int h = 0; h < nh; h++) {
+        float *row = scores + (size_t)h * ld, best = row[0];
+        for (int64_t j = 1; j < n; j++) best = LI_MAX(best, row[j]);
+        mx[h] = best;
+        sum[h] = li_K->exp_sum(row, n, best);
+        if (!part) li_K->scale_f32(row, 1.0f / sum[h], n);
+        if (c->kv.kv_type == LI_TYPE_F16) li_round_to_f16(row, n);
+    }
+    float *out = part ? part + 2 : c->att + (t * m->n_head + (int64_t)kvh * nh) * hdv;
+    const size_t out_stride = part ? part_stride : (size_t)hdv;
+    for (int h = 0; h < nh; h++) memset(out + (size_t)h * out_stride, 0, (size_t)hdv * sizeof(float));
+    for (int i = 0, off = 0; i < nr; off += (int)runs[i].n, i++)
+        run_accum(c, il, kvh, scores + off, ld, nh, runs[i].r0, runs[i].n, out, out_stride, vrow);
+    for (int h = 0; part && h < nh; h++) {
+        part[(size_t)h * part_stride] = mx[h];
+        part[(size_t)h * part_stride + 1] = sum[h];
+    }
+}
+
+/* out = the spans' results combined, in span order: weights exp(max_s - max) */
+static void combine_spans(const float *part, size_t chunk_stride, int nchunks, int64_t hdv, float *out) {
+    float best = -INFINITY;
+    for (int s = 0; s < nchunks; s++)
+        if (part[(size_t)s * chunk_stride + 1] > 0.0f) best = LI_MAX(best, part[(size_t)s * chunk_stride]);
+    memset(out, 0, (size_t)hdv * sizeof(float));
+    float total = 0.0f;
+    for (int s = 0; s < nchunks; s++) {
+        const float *p = part + (size_t)s * chunk_stride;
+        if (!(p[1] > 0.0f)) continue;
+        const float w = expf(p[0] - best);
+        total += w * p[1];
+        li_K->axpy_f32(w, p + 2, out, hdv);
+    }
+    li_K->scale_f32(out, 1.0f / total, hdv);
+}
+
+int li_count_spans(const li_context *c, const li_layer_desc *L, const int32_t *blocks, int n_blocks, int pos) {
+    const int bs = c->kv.block_size, span = c->span;
+    const int first = li_first_visible(L, pos);
+    int count = 0, last_span = -1;
+    for (int b = first / bs; b <= pos / bs; b++) {
+        if (b >= n_blocks || blocks[b] < 0) continue;
+        const int s = b * bs / span; /* a block lies within one span: span is a multiple of bs */
+        if (s != last_span) count++;
+        last_span = s;
+    }
+    return count;
+}
+
+/* the positions [*p0, *p1) of the first span holding keys visible at pos */
+static void first_span(const li_context *c, const li_layer_desc *L, const int32_t *blocks, int n_blocks, int pos,
+                       int *p0, int *p1) {
+    const int bs = c->kv.block_size, span = c->span, first = li_first_visible(L, pos);
+    int b = first / bs;
+    while (b < pos / bs && (b >= n_blocks || blocks[b] < 0)) b++;
+    const int s = b * bs / span;
+    *p0 = LI_MAX(first, s * span);
+    *p1 = LI_MIN(pos + 1, (s + 1) * span);
+}
+
+/* attention of a token whose keys lie in one span: normalized into att */
+static void attend_single(li_context *c, int il, const li_layer_desc *L, int64_t t, int kvh, const int32_t *blocks,
+                          int n_blocks, int ith) {
+    int p0, p1;
+    first_span(c, L, blocks, n_blocks, c->pos[t], &p0, &p1);
+    attend_span(c, il, t, kvh, blocks, n_blocks, p0, p1, NULL, 0, ith);
+}
+
+/* the token's table in layer il's group */
+static void token_table(const li_context *c, int il, int64_t t, const int32_t **blocks, int *n_blocks) {
+    const li_seq_view *v = &c->views[c->seq[t]];
+    *blocks = v->blocks[c->group[il]];
+    *n_blocks = v->n_blocks[c->group[il]];
+}
+
+/* every span of token t's visible range, results compacted into part (the
+ * empty ones too, marked); returns how many */
+static int token_spans(li_context *c, int il, const li_layer_desc *L, int64_t t, int kvh, float *part,
+                       size_t chunk_stride, size_t part_stride, int ith) {
+    const int pos = c->pos[t], first = li_first_visible(L, pos), span = c->span;
+    const int32_t *blocks;
+    int n_blocks;
+    token_table(c, il, t, &blocks, &n_blocks);
+    int k = 0;
+    for (int s = first / span; s <= pos / span; s++) {
+        const int p0 = LI_MAX(first, s * span), p1 = LI_MIN(pos + 1, (s + 1) * span);
+        attend_span(c, il, t, kvh, blocks, n_blocks, p0, p1, part + (size_t)k * chunk_stride, part_stride, ith);
+        if (part[(size_t)k * chunk_stride + 1] > 0.0f) k++; /* keep only spans with keys */
+    }
+    return k;
+}
+
+void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
+    const li_model_desc *m = c->m;
+    const int nh = m->n_head / m->n_head_kv, g = c->group[il];
+    const int64_t hdv = m->head_dim_v;
+    const size_t ps = (size_t)hdv + 2;
+    if (!c->split) {
+        /* one item per (token, kv head); several spans go through the thread's own parts */
+        float *tp = c->tparts + (size_t)ith * (size_t)nh * (size_t)c->max_chunks * ps;
+        const size_t chunk_stride = ps, head_stride = (size_t)c->max_chunks * ps;
+        const int64_t items = n * m->n_head_kv;
+        for (int64_t i = ith; i < items; i += nth) { /* dealt round-robin: later tokens see more */
+            const int64_t t = i / m->n_head_kv;
+            const int kvh = (int)(i % m->n_head_kv);
+            if (c->n_spans[t * 2 + g] <= 1) {
+                const int32_t *blocks;
+                int n_blocks;
+                token_table(c, il, t, &blocks, &n_blocks);
+                attend_single(c, il, L, t, kvh, blocks, n_blocks, ith);
+                continue;
+            }
+            const int k = token_spans(c, il, L, t, kvh, tp, chunk_stride, head_stride, ith);
+            for (int h = 0; h < nh; h++)
+                combine_spans(tp + (size_t)h * head_stride, chunk_stride, k, hdv,
+                              c->att + (t * m->n_head + (int64_t)kvh * nh + h) * hdv);
+        }
+        return;
+    }
+    /* split: items (token, kv head, span); the parts of head h of token t are
+     * at parts + ((t * n_head + h) * max_chunks + span index) * ps */
+    const size_t head_stride = (size_t)c->max_chunks * ps;
+    int64_t total = 0;
+    for (int64_t t = 0; t < n; t++) total += (int64_t)m->n_head_kv * c->max_chunks;
+    for (int64_t i = ith; i < total; i += nth) {
+        const int64_t t = i / ((int64_t)m->n_head_kv * c->max_chunks);
+        const int kvh = (int)(i / c->max_chunks % m->n_head_kv), s_idx = (int)(i % c->max_chunks);
+        const int pos = c->pos[t], first = li_first_visible(L, pos), span = c->span;
+        const int s = first / span + s_idx;
+        if (s > pos / span) continue;
+        const int32_t *blocks;
+        int n_blocks;
+        token_table(c, il, t, &blocks, &n_blocks);
+        if (c->n_spans[t * 2 + g] <= 1) {
+            if (s_idx == 0) attend_single(c, il, L, t, kvh, blocks, n_blocks, ith);
+            continue;
+        }
+        const int p0 = LI_MAX(first, s * span), p1 = LI_MIN(pos + 1, (s + 1) * span);
+        float *part = c->parts + ((size_t)t * (size_t)m->n_head + (size_t)kvh * (size_t)nh) * head_stride +
+                      (size_t)s_idx * ps;
+        attend_span(c, il, t, kvh, blocks, n_blocks, p0, p1, part, head_stride, ith);
+    }
+    LI_BARRIER();
+    int64_t lo, hi;
+    li_split(n * m->n_head, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        const int64_t t = i / m->n_head;
+        if (c->n_spans[t * 2 + g] <= 1) continue;
+        const int pos = c->pos[t], first = li_first_visible(L, pos);
+        const int spans = pos / c->span - first / c->span + 1;
+        combine_spans(c->parts + (size_t)i * head_stride, ps, spans, hdv, c->att + i * hdv);
+    }
+}

@@ -1,0 +1,97 @@
+/* context.h: the state a context holds (model.c builds it, attention.c and
+ * model.c use it), and the error message helper every file reports through.
+ *
+ * Lifetimes, as llama2.c splits them: the model description (weights in the
+ * memory-mapped file) outlives the context; the KV pools live as long as the
+ * context; the scratch is rewritten by every batch; the per-batch fields
+ * (views, seq, kv_row) point at what the current li_context_decode call was
+ * handed and are meaningless outside it.
+ */
+#ifndef LLMINFER_CONTEXT_H
+#define LLMINFER_CONTEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+#include "llminfer.h"
+#include "matmul.h"
+
+#define MAX_ROPE_TABLES 4
+/* Attention splits a token's visible positions at multiples of this span
+ * (or of the block size, if larger). The split depends on positions only, so
+ * a token's result is the same however it is batched or threaded. */
+#define LI_ATTN_SPAN 256
+/* At most this many tokens in a batch split their attention spans across
+ * the team (decode); larger batches have enough (token, kv head) items. */
+#define LI_ATTN_SPLIT_TOKENS 4
+
+struct li_context {
+    const li_model_desc *m;
+    li_kv_config kv;
+    int n_batch, max_threads;
+    int span;              /* attention span: max(LI_ATTN_SPAN, block_size) */
+    int max_chunks;        /* spans with keys a token can see (bounded by the pools) */
+
+    /* KV pools, per layer, in its group's pool of blocks:
+     * [n_blocks[group], block_size, n_head_kv] rows of k_row / v_row bytes */
+    char **k_pool, **v_pool;  /* [n_layer] */
+    size_t k_row, v_row;      /* bytes of one head's keys (head_dim) / values (head_dim_v) */
+    int *group;               /* [n_layer] LI_KV_FULL or LI_KV_SWA */
+
+    /* scratch for one batch */
+    float *x;              /* [n_batch, n_embd] residual stream */
+    float *xb;             /* [n_batch, n_embd] normed input of a projection */
+    float *q;              /* [n_batch, n_head * head_dim] */
+    float *k;              /* [n_batch, n_head_kv * head_dim] */
+    float *v;              /* [n_batch, n_head_kv * head_dim_v] */
+    float *att;            /* [n_batch, n_head * head_dim_v] */
+    float *o;              /* [n_batch, n_embd] */
+    float *g, *u;          /* [n_batch, n_ff] */
+    void *xq[LI_ACT_COUNT];/* quantized activations, one buffer per format, rows of the widest input */
+    size_t xq_row[LI_ACT_COUNT];
+    void *qq;              /* [n_batch, n_head] queries in the activation format of a quantized K */
+    size_t qq_row;
+    float *scores;         /* [max_threads, heads per kv head, span] attention weights of one span */
+    float *vrow;           /* [max_threads, head_dim_v] one dequantized value row */
+    float *parts;          /* [LI_ATTN_SPLIT_TOKENS, n_head, max_chunks, 2 + head_dim_v] split spans */
+    float *tparts;         /* [max_threads, heads per kv head, max_chunks, 2 + head_dim_v] */
+    char *gemm_scratch;    /* [max_threads] regions of gemm_bytes for prefill panels */
+    size_t gemm_bytes;
+
+    /* per batch */
+    int32_t *pos;          /* [n_batch] */
+    int32_t *kv_row[LI_KV_GROUPS]; /* [n_batch] pool row (block * block_size + slot) a token writes */
+    int32_t *out_rows;     /* [n_batch] batch rows whose logits are returned */
+    int32_t *n_spans;      /* [n_batch] spans with keys per token and group: [t * 2 + group] */
+    const int32_t *seq;    /* the batch's sequence indices */
+    const li_seq_view *views;
+    int split;             /* this batch splits spans across the team */
+
+    /* RoPE: one frequency table per distinct (base, scale), and per batch a cos/sin table */
+    int n_rope;
+    li_rope_params rope[MAX_ROPE_TABLES];
+    float *rope_cs;        /* [n_rope, n_batch, n_rot] */
+    int *layer_rope;       /* [n_layer] -> table */
+};
+
+/* attention.c */
+/* biases, per-head norms, RoPE and the cache write for token t, head item h
+ * (h < n_head: a query head; else key/value head h - n_head) */
+void li_prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t t, int h);
+/* att = softmax(q k^T * scale) v for every token and head of the batch */
+void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth);
+/* spans holding at least one key visible to a token at pos with this table */
+int li_count_spans(const li_context *c, const li_layer_desc *L, const int32_t *blocks, int n_blocks, int pos);
+/* the first position a token at pos sees in layer L */
+int li_first_visible(const li_layer_desc *L, int pos);
+void li_round_to_f16(float *x, int64_t n);
+
+/* errors.c: record a message for li_last_error and return status */
+int li_fail(int status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+#endif

@@ -1,0 +1,232 @@
+"""The engine: one model, one paged KV cache, many sequences.
+
+    eng = Engine("smollm2-135m-instruct", kv_pool_tokens=16384)
+    a, b = eng.new_sequence(), eng.new_sequence()
+    la, lb = eng.decode([(a, ids_a), (b, ids_b)])      # both prompts in one pass
+    c = eng.fork(a)                                    # shares a's blocks
+    eng.free(b)
+
+`decode` takes work for several sequences and runs it as flat batches of
+(token, position, sequence) through the C core, at most n_batch tokens a
+pass, a long prompt spread over several passes. A sequence's logits are the
+same, bit for bit, whatever else shares its batches and however its prompt
+was split: the C core's arithmetic per row does not depend on the batch
+(csrc/model.c), so scheduling is free to batch as it likes.
+
+The engine does not sample. `generate_batch` runs several prompts to
+completion together, one Sampler per sequence; llminfer.LLM is a
+single-sequence front over an engine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from llminfer import _core, hub
+from llminfer.errors import ContextFullError, InvalidArgumentError, TokenError
+from llminfer.gguf_file import GGUFFile
+from llminfer.kv_cache import FULL, SWA, KVCache, Sequence
+from llminfer.models import build_spec
+from llminfer.system import default_threads
+from llminfer.tokenizer import Tokenizer
+
+# KV cache types: the GGML type numbers the C core takes
+KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
+MAX_THREADS = 512  # OpenMP teams beyond this are refused, not attempted
+
+
+def check_positive_int(name, v, allow_none=False):
+    if v is None and allow_none:
+        return None
+    if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
+        raise InvalidArgumentError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {v!r}")
+    return int(v)
+
+
+class Engine:
+    """A model loaded with a paged KV cache for many sequences.
+
+    model: a .gguf path or a known model name (llminfer.hub). n_ctx: most
+    tokens one sequence may hold. kv_pool_tokens: positions the KV pool holds
+    for all sequences together (default n_ctx). n_batch: most tokens per
+    forward pass. kv_type: "f16" (default), "f32", "q8_0" or "q4_0".
+    block_size: positions per KV block."""
+
+    def __init__(self, model, n_ctx: int = 4096, kv_pool_tokens: int | None = None, n_batch: int = 512,
+                 n_threads: int | None = None, kv_type: str = "f16", block_size: int = 32):
+        n_ctx = check_positive_int("n_ctx", n_ctx)
+        n_batch = check_positive_int("n_batch", n_batch)
+        pool = check_positive_int("kv_pool_tokens", kv_pool_tokens, allow_none=True) or n_ctx
+        n_threads = check_positive_int("n_threads", n_threads, allow_none=True)
+        if n_threads is not None and n_threads > MAX_THREADS:
+            raise InvalidArgumentError(f"n_threads={n_threads} is more than the {MAX_THREADS} threads the engine runs")
+        if kv_type not in KV_TYPES:
+            raise InvalidArgumentError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+        block_size = check_positive_int("block_size", block_size)
+        if block_size & (block_size - 1) or block_size > 1024:
+            raise InvalidArgumentError(f"block_size must be a power of two up to 1024, got {block_size}")
+        self.model_path = hub.resolve(model)
+        self.gguf = GGUFFile(self.model_path)
+        try:
+            self.spec = build_spec(self.gguf)
+            self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
+            self.n_threads = n_threads or default_threads()
+            self.desc = _core.ModelDesc(self.spec)
+            groups = [_core.layer_kv_group(self.desc, i) for i in range(self.spec.n_layer)]
+            used = [FULL in groups, SWA in groups]
+            window = max((L.sliding_window for L in self.spec.layers), default=0)
+            # two blocks of slack: after a context shift a sequence's tokens need not start a block
+            n_full = -(-pool // block_size) + 2 if used[FULL] else 0
+            # The sliding-window pool never holds more than the full pool plus
+            # one partly filled block per sequence; it is mapped, not touched,
+            # and hands out its lowest blocks first, so the memory a text uses
+            # is what its window needs.
+            n_swa = -(-pool // block_size) + 256 if used[SWA] else 0
+            self.n_blocks = (n_full, n_swa)
+            self.ctx = _core.Context(self.desc, KV_TYPES[kv_type], block_size, self.n_blocks, n_batch,
+                                     self.n_threads)
+        except Exception:
+            self.gguf.close()
+            raise
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.kv_type = kv_type
+        self.block_size = block_size
+        self.n_vocab = self.spec.n_vocab
+        self.kv = KVCache(self.n_blocks, block_size, used, window, self.ctx.copy_block)
+        self.native_seconds = 0.0  # running total of time inside the native forward pass
+
+    # ---- sequences ----
+
+    def new_sequence(self) -> Sequence:
+        return self.kv.new_sequence()
+
+    def fork(self, seq: Sequence) -> Sequence:
+        """A copy of seq that shares its KV blocks (copy-on-write)."""
+        return self.kv.fork(seq)
+
+    def free(self, seq: Sequence):
+        self.kv.free(seq)
+
+    def truncate(self, seq: Sequence, n: int):
+        """Keep the first n tokens of seq."""
+        self.kv.truncate(seq, n)
+
+    def drop(self, seq: Sequence, first: int, last: int) -> int:
+        """Drop tokens [first, last) of seq, whole blocks only, without
+        recomputing the rest (a context shift); returns how many went."""
+        return self.kv.drop(seq, first, last)
+
+    def kv_usage(self) -> dict:
+        return self.kv.usage()
+
+    def kv_cache_bytes(self) -> list:
+        """Bytes of KV pool each layer holds."""
+        return [self.ctx.kv_bytes(i) for i in range(self.spec.n_layer)]
+
+    # ---- running ----
+
+    def check_ids(self, ids) -> np.ndarray:
+        arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise InvalidArgumentError("token ids must be a flat sequence of integers")
+        if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
+            bad = int(arr[(arr < 0) | (arr >= self.n_vocab)][0])
+            raise TokenError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
+        return np.ascontiguousarray(arr, dtype=np.int32)
+
+    def decode(self, work, n_threads: int | None = None) -> list:
+        """Append tokens to sequences and return their logits.
+
+        work: a list of (seq, ids) or (seq, ids, logits) with logits "last"
+        (default: the logits after the last id, float32 [n_vocab]), "all"
+        ([len(ids), n_vocab]) or None. Returns one entry per item, in order.
+        The tokens of all items run together, n_batch at a time."""
+        items = []
+        for w in work:
+            seq, ids = w[0], self.check_ids(w[1])
+            want = w[2] if len(w) > 2 else "last"
+            if want not in ("last", "all", None):
+                raise InvalidArgumentError(f"logits must be 'last', 'all' or None, got {want!r}")
+            if len(seq.tokens) + len(ids) > self.n_ctx:
+                raise ContextFullError(f"{len(seq.tokens)} tokens in the sequence plus {len(ids)} new ones exceed "
+                                       f"n_ctx={self.n_ctx}")
+            items.append((seq, ids, want))
+        if len({id(s) for s, _, _ in items}) != len(items):
+            raise InvalidArgumentError("a sequence appears twice in one decode call")
+        out = [np.empty((len(ids), self.n_vocab), np.float32) if want == "all" else
+               (np.empty(self.n_vocab, np.float32) if want == "last" and len(ids) else None)
+               for _, ids, want in items]
+        nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
+        # flat batches: each item's tokens in order, items one after another
+        done = [0] * len(items)
+        pending = [i for i, (_, ids, _) in enumerate(items) if len(ids)]
+        while pending:
+            budget = self.n_batch
+            parts = []  # (item index, start, count)
+            for i in pending:
+                if budget == 0:
+                    break
+                n = min(budget, len(items[i][1]) - done[i])
+                parts.append((i, done[i], n))
+                budget -= n
+            self._run(items, parts, out, nt)
+            for i, start, n in parts:
+                done[i] = start + n
+            pending = [i for i in pending if done[i] < len(items[i][1])]
+        return out
+
+    def _run(self, items, parts, out, n_threads):
+        """One pass of the C core over the tokens of `parts`."""
+        views, view_of = [], {}
+        for i, start, n in parts:
+            seq = items[i][0]
+            self.kv.reserve(seq, n)
+            view_of[i] = len(views)
+            views.append(self.kv.table_arrays(seq))
+        total = sum(n for _, _, n in parts)
+        tokens = np.empty(total, np.int32)
+        pos = np.empty(total, np.int32)
+        seq_idx = np.empty(total, np.int32)
+        want = np.zeros(total, np.int8)
+        dest = []  # (item, row in its output or -1 for "last") per logits row
+        r = 0
+        for i, start, n in parts:
+            seq, ids, kind = items[i]
+            tokens[r:r + n] = ids[start:start + n]
+            pos[r:r + n] = np.arange(seq.next_pos, seq.next_pos + n, dtype=np.int32)
+            seq_idx[r:r + n] = view_of[i]
+            if kind == "all":
+                want[r:r + n] = 1
+                dest.extend((i, start + j) for j in range(n))
+            elif kind == "last" and start + n == len(ids):
+                want[r + n - 1] = 1
+                dest.append((i, -1))
+            r += n
+        logits = np.empty(len(dest) * self.n_vocab, np.float32)
+        t = time.perf_counter()
+        self.ctx.decode(tokens, None, pos, seq_idx, want, views, logits, n_threads)
+        self.native_seconds += time.perf_counter() - t
+        rows = logits.reshape(len(dest), self.n_vocab)
+        for k, (i, row) in enumerate(dest):
+            if row < 0:
+                out[i][:] = rows[k]
+            else:
+                out[i][row] = rows[k]
+        for i, start, n in parts:
+            seq, ids, _ = items[i]
+            self.kv.commit(seq, ids[start:start + n])
+
+    # ---- lifetime ----
+
+    def close(self):
+        ctx = getattr(self, "ctx", None)
+        if ctx is not None:
+            ctx.close()
+        self.ctx = None
+        self.desc = None
+        g = getattr(self, "gguf", None)
+        if g is not None:
+            g.close()

@@ -1,0 +1,235 @@
+"""The paged KV cache's bookkeeping: pools of blocks, and each sequence's
+block tables.
+
+The C core holds the keys and values (csrc/model.c: one pool per group of
+layers, blocks of `block_size` positions); this module decides which block
+holds what. A sequence's table maps its logical block i (positions
+[i * block_size, (i + 1) * block_size)) to a block of the pool, or to -1 when
+those positions are not there (out of a sliding window, or dropped by a
+context shift: the C core masks them out of attention).
+
+Blocks are reference-counted: a fork shares its parent's blocks, and a
+sequence about to write into a block it shares first copies it
+(copy-on-write), so the other sequence never sees the write.
+
+Two groups: layers that attend to the whole context (FULL) and
+sliding-window layers (SWA). A sliding-window group gives back the blocks
+that fall out of the window as the sequence grows, so its memory stays
+bounded by the window whatever the length of the text.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from llminfer.errors import InvalidArgumentError, KVCacheFullError
+
+FULL, SWA = 0, 1
+GROUP_NAMES = ("full-attention", "sliding-window")
+
+
+class BlockPool:
+    """The blocks of one group: reference counts and a free list that hands
+    out the lowest free block first (so the pages touched stay compact)."""
+
+    def __init__(self, n_blocks: int, block_size: int, name: str):
+        self.n_blocks = n_blocks
+        self.block_size = block_size
+        self.name = name
+        self.refs = np.zeros(n_blocks, dtype=np.int32)
+        self._free = list(range(n_blocks))  # a heap
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.n_blocks - len(self._free)
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise KVCacheFullError(
+                f"the {self.name} KV pool is out of blocks: all {self.n_blocks} blocks of {self.block_size} "
+                f"positions are in use; free sequences, or create the engine with a larger kv_pool_tokens")
+        b = heapq.heappop(self._free)
+        self.refs[b] = 1
+        return b
+
+    def share(self, b: int):
+        self.refs[b] += 1
+
+    def release(self, b: int):
+        self.refs[b] -= 1
+        if self.refs[b] == 0:
+            heapq.heappush(self._free, b)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sequence in the cache: its tokens, the position each sits at, and
+    its block table per group. `next_pos` is where the next token goes."""
+
+    seq_id: int
+    tokens: list = field(default_factory=list)
+    positions: list = field(default_factory=list)
+    tables: list = field(default_factory=lambda: [[], []])
+    next_pos: int = 0
+    # the earliest position still held by the sliding-window group: positions
+    # before it were given back, so the sequence cannot go back before it
+    swa_floor: int = 0
+
+    def __len__(self):
+        return len(self.tokens)
+
+
+class KVCache:
+    """Tables and pools of the paged cache. `copy_block(group, src, dst)` is
+    the C core's block copy (llminfer._core.Context.copy_block)."""
+
+    def __init__(self, n_blocks, block_size: int, groups_used, window: int, copy_block):
+        self.block_size = block_size
+        self.pools = [BlockPool(n, block_size, GROUP_NAMES[g]) for g, n in enumerate(n_blocks)]
+        self.groups = [g for g in (FULL, SWA) if groups_used[g]]
+        self.window = window  # the largest sliding window (SWA group)
+        self._copy_block = copy_block
+        self._next_id = 0
+        self.sequences: dict[int, Sequence] = {}
+
+    # ---- sequences ----
+
+    def new_sequence(self) -> Sequence:
+        s = Sequence(self._next_id)
+        self._next_id += 1
+        self.sequences[s.seq_id] = s
+        return s
+
+    def free(self, s: Sequence):
+        """Give back every block of s; s is empty afterwards (and may be reused)."""
+        self.truncate(s, 0)
+        self.sequences.pop(s.seq_id, None)
+
+    def fork(self, s: Sequence) -> Sequence:
+        """A new sequence holding what s holds, sharing its blocks; whichever
+        of the two writes first into a shared block copies it first."""
+        child = self.new_sequence()
+        child.tokens = list(s.tokens)
+        child.positions = list(s.positions)
+        child.next_pos = s.next_pos
+        child.swa_floor = s.swa_floor
+        for g in self.groups:
+            child.tables[g] = list(s.tables[g])
+            for b in child.tables[g]:
+                if b >= 0:
+                    self.pools[g].share(b)
+        return child
+
+    def can_truncate(self, s: Sequence, n: int) -> bool:
+        """Whether s can go back to its first n tokens and go on from there
+        (the sliding-window layers may have given back what it would see)."""
+        if n <= 0 or SWA not in self.groups:
+            return True
+        return s.positions[n - 1] + 1 - self.window + 1 >= s.swa_floor
+
+    def truncate(self, s: Sequence, n: int):
+        """Keep the first n tokens of s; blocks past them are given back."""
+        if n < 0 or n > len(s.tokens):
+            raise InvalidArgumentError(f"cannot truncate a sequence of {len(s.tokens)} tokens to {n}")
+        if n == len(s.tokens):
+            return
+        next_pos = s.positions[n - 1] + 1 if n else 0
+        if not self.can_truncate(s, n):
+            raise InvalidArgumentError(
+                f"cannot go back to {n} tokens: the sliding-window layers gave back the positions before "
+                f"{s.swa_floor}, which the next token would see")
+        del s.tokens[n:]
+        del s.positions[n:]
+        s.next_pos = next_pos
+        keep = -(-next_pos // self.block_size)  # blocks holding positions < next_pos
+        for g in self.groups:
+            for b in s.tables[g][keep:]:
+                if b >= 0:
+                    self.pools[g].release(b)
+            del s.tables[g][keep:]
+        if n == 0:
+            s.swa_floor = 0
+
+    def drop(self, s: Sequence, first: int, last: int):
+        """Drop tokens [first, last) of s (a context shift): the blocks that
+        hold only those tokens are given back and masked; the tokens around
+        them keep their positions, so their keys stay valid. Returns how many
+        tokens were dropped (whole blocks only)."""
+        bs = self.block_size
+        p0, p1 = s.positions[first], s.positions[last - 1] + 1
+        b0, b1 = -(-p0 // bs), p1 // bs  # blocks wholly inside [p0, p1)
+        if b1 <= b0:
+            return 0
+        for g in self.groups:
+            t = s.tables[g]
+            for i in range(b0, min(b1, len(t))):
+                if t[i] >= 0:
+                    self.pools[g].release(t[i])
+                    t[i] = -1
+        lo, hi = b0 * bs, b1 * bs
+        keep = [i for i, p in enumerate(s.positions) if not lo <= p < hi]
+        dropped = len(s.positions) - len(keep)
+        s.tokens = [s.tokens[i] for i in keep]
+        s.positions = [s.positions[i] for i in keep]
+        return dropped
+
+    # ---- writing ----
+
+    def reserve(self, s: Sequence, n: int):
+        """Make blocks ready for the positions next_pos .. next_pos + n - 1:
+        new blocks from the pools, shared blocks copied before they are written."""
+        bs = self.block_size
+        first, last = s.next_pos, s.next_pos + n - 1
+        for g in self.groups:
+            t, pool = s.tables[g], self.pools[g]
+            for i in range(first // bs, last // bs + 1):
+                while len(t) <= i:
+                    t.append(-1)
+                b = t[i]
+                if b < 0:
+                    t[i] = pool.alloc()
+                elif pool.refs[b] > 1:  # copy-on-write
+                    nb = pool.alloc()
+                    self._copy_block(g, b, nb)
+                    pool.release(b)
+                    t[i] = nb
+
+    def commit(self, s: Sequence, tokens):
+        """Record tokens written at next_pos onwards; the sliding-window group
+        gives back the blocks its next token can no longer see."""
+        n = len(tokens)
+        s.tokens.extend(int(t) for t in tokens)
+        s.positions.extend(range(s.next_pos, s.next_pos + n))
+        s.next_pos += n
+        if SWA in self.groups:
+            bs = self.block_size
+            # the next token sees [next_pos - window + 1, next_pos]; a block of
+            # slack is kept so that a short step back (a rejected draft) works
+            floor = max(0, s.next_pos - self.window + 1 - bs)
+            t = s.tables[SWA]
+            for i in range(s.swa_floor // bs, min(floor // bs, len(t))):
+                if t[i] >= 0:
+                    self.pools[SWA].release(t[i])
+                    t[i] = -1
+            s.swa_floor = max(s.swa_floor, floor // bs * bs)
+
+    def table_arrays(self, s: Sequence):
+        """(full table, sliding-window table) as int32 arrays, for the C core."""
+        return tuple(np.asarray(s.tables[g], dtype=np.int32) if g in self.groups else None for g in (FULL, SWA))
+
+    # ---- accounting ----
+
+    def usage(self) -> dict:
+        """Blocks used and free per group, and positions held."""
+        out = {"block_size": self.block_size}
+        for g in self.groups:
+            p = self.pools[g]
+            out[GROUP_NAMES[g]] = {"blocks": p.n_blocks, "used": p.used_blocks, "free": p.free_blocks}
+        return out

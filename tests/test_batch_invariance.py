@@ -1,0 +1,125 @@
+"""Batch invariance: a sequence's logits are bitwise the same whatever else is
+in its batch, however its prompt is split into passes, whether its prefix
+came from a fork, wherever its blocks lie in the pool, and at any thread
+count; for every weight type at every kernel level this machine has."""
+
+import numpy as np
+import pytest
+
+from llminfer.engine import Engine
+from llminfer.system import available_isas, current_isa, select_isa
+
+from tiny_models import TinyConfig, write_model
+
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+N_PROMPT = 40
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inv")
+    cache = {}
+
+    def get(qtype, arch="llama"):
+        if (qtype, arch) not in cache:
+            cfg = TinyConfig(arch=arch, qtype=qtype, sliding_window=8 if arch == "gemma3" else 0)
+            cache[qtype, arch] = write_model(root / f"{arch}_{qtype}.gguf", cfg)
+        return cache[qtype, arch]
+
+    return get
+
+
+@pytest.fixture(params=available_isas())
+def isa(request):
+    before = current_isa()
+    select_isa(request.param)
+    yield request.param
+    select_isa(before)
+
+
+def toks(seed, n):
+    return np.random.default_rng(seed).integers(0, 268, n).astype(np.int32)
+
+
+def engine(path, threads=2, n_batch=64):
+    return Engine(path, n_ctx=256, kv_pool_tokens=4096, n_batch=n_batch, n_threads=threads, block_size=8)
+
+
+def alone(path, prompt, threads=2):
+    eng = engine(path, threads)
+    try:
+        return eng.decode([(eng.new_sequence(), prompt, "all")])[0]
+    finally:
+        eng.close()
+
+
+def ways(path, prompt, threads):
+    """The target prompt's logits computed in every other way, by name."""
+    out = {}
+    eng = engine(path, threads)
+    try:
+        for k in (1, 3, 15):
+            s = eng.new_sequence()
+            others = [(eng.new_sequence(), toks(100 + k + j, 5 + 7 * j), "all" if j % 2 else "last")
+                      for j in range(k)]
+            res = eng.decode([others[0], (s, prompt, "all")] + others[1:])
+            out[f"with {k} others"] = res[1]
+            for seq in [s] + [o[0] for o in others]:
+                eng.free(seq)
+        s = eng.new_sequence()
+        out["chunks of 7"] = np.concatenate([eng.decode([(s, prompt[i:i + 7], "all")])[0]
+                                             for i in range(0, len(prompt), 7)])
+        # one token at a time, interleaved with another sequence decoding too,
+        # so the two sequences' blocks alternate in the pool
+        s, other = eng.new_sequence(), eng.new_sequence()
+        rows = []
+        for i in range(len(prompt)):
+            r = eng.decode([(other, toks(7 + i, 1), None), (s, prompt[i:i + 1], "all")])
+            rows.append(r[1])
+        out["one at a time, interleaved"] = np.concatenate(rows)
+        # the first 20 from a parent, the rest in a fork (a shared partial block
+        # is copied on write)
+        parent = eng.new_sequence()
+        head = eng.decode([(parent, prompt[:20], "all")])[0]
+        child = eng.fork(parent)
+        eng.decode([(parent, toks(99, 3), None)])  # the parent moves on in its own blocks
+        tail = eng.decode([(child, prompt[20:], "all")])[0]
+        out["forked at 20"] = np.concatenate([head, tail])
+    finally:
+        eng.close()
+    # passes of 5 tokens: a prompt spread over many forward passes with others
+    eng = engine(path, threads, n_batch=5)
+    try:
+        s = eng.new_sequence()
+        res = eng.decode([(eng.new_sequence(), toks(5, 9), "all"), (s, prompt, "all")])
+        out["passes of 5"] = res[1]
+    finally:
+        eng.close()
+    return out
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_logits_do_not_depend_on_the_batch(models, qtype, isa):
+    path = models(qtype)
+    prompt = toks(1, N_PROMPT)
+    ref = alone(path, prompt)
+    for threads in (1, 2):
+        got = {"alone": alone(path, prompt, threads)} | ways(path, prompt, threads)
+        for name, logits in got.items():
+            assert np.array_equal(logits, ref), f"{name}, {threads} thread(s): differs by {np.abs(logits - ref).max()}"
+
+
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
+def test_sliding_window_and_quantized_cache_keep_invariance(models, kv_type):
+    path = models("Q4_K", arch="gemma3")
+    prompt = toks(2, N_PROMPT)
+    a = Engine(path, n_ctx=256, n_threads=2, block_size=4, kv_type=kv_type)
+    b = Engine(path, n_ctx=256, n_threads=1, block_size=4, kv_type=kv_type, n_batch=3)
+    try:
+        whole = a.decode([(a.new_sequence(), prompt, "all")])[0]
+        s = b.new_sequence()
+        parts = np.concatenate([b.decode([(s, prompt[i:i + 1], "all")])[0] for i in range(N_PROMPT)])
+        assert np.array_equal(parts, whole)
+    finally:
+        a.close()
+        b.close()
