@@ -414,8 +414,15 @@ class LLM:
                  sampling: SamplingParams | None = None, context_shift: bool = False,
                  n_keep: int = 1, **sampling_kwargs):
         """Generate after `prompt` (text, or token ids). Returns a Completion; with
-        stream=True an iterator of text pieces whose last step fills `.result`."""
+        stream=True an iterator of text pieces whose last step fills `.result`.
+        A list of prompts (texts, or lists of ids) runs them together as one
+        batch and returns a list of Completions; `sampling` may then be a list
+        too, one SamplingParams per prompt."""
         self._check_open()
+        if _is_prompt_list(prompt):
+            if stream:
+                raise InvalidArgumentError("stream=True takes one prompt, not a list")
+            return self._complete_many(list(prompt), max_tokens, stop, sampling, sampling_kwargs)
         params = _sampling(sampling, sampling_kwargs)
         ids = self._prompt_ids(prompt)
         stop = self._check_run(ids, max_tokens, params, stop, n_keep)
@@ -427,12 +434,66 @@ class LLM:
             pass
         return result
 
+    def _complete_many(self, prompts, max_tokens, stop, sampling, sampling_kwargs) -> list:
+        """Every prompt in its own sequence of the engine, all decoded together:
+        one forward pass per step for the whole batch, each sequence sampled
+        with its own parameters and seed. The LLM's own context is untouched."""
+        if isinstance(sampling, (list, tuple)):
+            if len(sampling) != len(prompts):
+                raise InvalidArgumentError(f"{len(sampling)} sampling parameter sets for {len(prompts)} prompts")
+            params = [_sampling(p, sampling_kwargs) for p in sampling]
+        else:
+            params = [_sampling(sampling, sampling_kwargs)] * len(prompts)
+        ids = [self._prompt_ids(p) for p in prompts]
+        stops = [self._check_run(x, max_tokens, p, stop, 1) for x, p in zip(ids, params)]
+        results = [Completion(text="", prompt_tokens=len(x)) for x in ids]
+        if max_tokens == 0 or not prompts:
+            return results
+        with self._lock:
+            self._check_open()
+            eng = self._engine
+            seqs = []
+            try:
+                seqs = [eng.new_sequence() for _ in prompts]
+                t0 = time.perf_counter()
+                logits = eng.decode([(s, x) for s, x in zip(seqs, ids)])
+                t1 = time.perf_counter()
+                native0 = eng.native_seconds
+                runs = [_SequenceRun(self, x, p if p.seed is not None or self.seed is None else
+                                     p.replace(seed=self.seed), st, r)
+                        for x, p, st, r in zip(ids, params, stops, results)]
+                active = list(range(len(prompts)))
+                for step in range(max_tokens):
+                    work, going = [], []
+                    for i in active:
+                        tok = runs[i].step(logits[i], last=step == max_tokens - 1)
+                        if tok is not None:
+                            work.append((seqs[i], [tok]))
+                            going.append(i)
+                    active = going
+                    if not work:
+                        break
+                    for i, lg in zip(going, eng.decode(work)):
+                        logits[i] = lg
+                t2 = time.perf_counter()
+                for r in results:
+                    r.timings.prompt_tokens = r.prompt_tokens
+                    r.timings.prompt_seconds = t1 - t0
+                    r.timings.generated_tokens = len(r.tokens) + (r.finish_reason == "stop")
+                    r.timings.generation_seconds = t2 - t1
+                    r.timings.native_seconds = eng.native_seconds - native0
+            finally:
+                for s in seqs:
+                    eng.free(s)
+        return results
+
     def generate(self, prompt, max_tokens: int = 128, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
                  repeat_penalty: float | None = None, stop=None, seed: int | None = None,
                  stream: bool = False, **sampling_kwargs):
         """The completion text of `prompt`; with stream=True an iterator of text
-        pieces. A sampling parameter left at None takes its value from
+        pieces. A list of prompts runs as one batch and gives a list of texts
+        (`sampling=` may be a list with one SamplingParams per prompt). A sampling parameter left at None takes its value from
         `sampling=` (a SamplingParams) or else SamplingParams' default
         (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1.0,
         a fresh seed). Further sampling parameters (frequency_penalty,
@@ -444,6 +505,8 @@ class LLM:
                      repeat_penalty=repeat_penalty, seed=seed)
         sampling_kwargs.update({k: v for k, v in named.items() if v is not None})
         out = self.complete(prompt, max_tokens=max_tokens, stop=stop, stream=stream, **sampling_kwargs)
+        if isinstance(out, list):
+            return [c.text for c in out]
         return out if stream else out.text
 
     def create_completion(self, prompt, max_tokens: int = 16, stream: bool = False, **kwargs):
@@ -529,6 +592,54 @@ class LLM:
     def __repr__(self):
         state = "" if getattr(self, "_engine", None) is not None else ", closed"
         return f"LLM({str(self.model_path)!r}, arch={self._arch}, n_ctx={self.n_ctx}{state})"
+
+
+def _is_prompt_list(prompt) -> bool:
+    """A list of prompts (texts or id lists), as opposed to one prompt of ids."""
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and \
+        all(isinstance(p, (str, list, tuple, np.ndarray)) for p in prompt)
+
+
+class _SequenceRun:
+    """One sequence of a batched generation: its sampler, the text so far and
+    its stop conditions."""
+
+    def __init__(self, llm, prompt_ids, params, stops, result: Completion):
+        self.llm = llm
+        self.sampler = Sampler(params, llm.n_vocab)
+        self.history = list(prompt_ids)
+        self.matcher = _StopMatcher(stops)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.result = result
+        result.finish_reason = "length"
+
+    def step(self, logits, last: bool):
+        """Sample the next token; returns it, or None when the sequence ends."""
+        tok = self.sampler.sample(logits, self.history)
+        r = self.result
+        if tok in self.llm.tokenizer.eog_ids:
+            r.finish_reason = "stop"
+            self._finish(False)
+            return None
+        r.tokens.append(tok)
+        self.history.append(tok)
+        text, stopped = self.matcher.push(self.decoder.decode(self.llm.tokenizer.token_bytes(tok)))
+        r.text += text
+        if stopped:
+            r.finish_reason = "stop"
+            return None
+        if last:
+            self._finish(False)
+            return None
+        return tok
+
+    def _finish(self, stopped):
+        text, stopped = self.matcher.push(self.decoder.decode(b"", final=True))
+        if stopped:
+            self.result.finish_reason = "stop"
+        else:
+            text += self.matcher.flush()
+        self.result.text += text
 
 
 class _Stream:

@@ -29,7 +29,9 @@ class ReferenceModel:
     def hp(self, key, default=None):
         return self.meta.get(f"{self.arch}.{key}", default)
 
-    def logits(self, tokens) -> np.ndarray:
+    def logits(self, tokens, positions=None) -> np.ndarray:
+        """Logits at every token; `positions` (default 0, 1, ...) give each
+        token's position, increasing, for a context with gaps (a context shift)."""
         a = self.arch
         E = self.hp("embedding_length")
         n_head = self.hp("attention.head_count")
@@ -44,7 +46,7 @@ class ReferenceModel:
         pattern = self.hp("attention.sliding_window_pattern", 6)
         tokens = np.asarray(tokens)
         n = len(tokens)
-        pos = np.arange(n)
+        pos = np.arange(n) if positions is None else np.asarray(positions)
 
         def norm(x, w):
             return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w

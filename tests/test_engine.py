@@ -1,0 +1,135 @@
+"""The engine's sequences over the paged KV cache: fork, truncate, free,
+context shift, block accounting and a pool that runs out; and LLM.generate
+on a list of prompts."""
+
+import numpy as np
+import pytest
+
+from llminfer import LLM, SamplingParams
+from llminfer.engine import Engine
+from llminfer.errors import InvalidArgumentError, KVCacheFullError
+
+from reference import ReferenceModel
+from tiny_models import TinyConfig, write_model
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("eng") / "llama.gguf", TinyConfig(arch="llama", qtype="Q8_0"))
+
+
+@pytest.fixture
+def eng(path):
+    e = Engine(path, n_ctx=256, kv_pool_tokens=512, n_threads=1, block_size=8)
+    yield e
+    e.close()
+
+
+def toks(seed, n):
+    return np.random.default_rng(seed).integers(0, 268, n).astype(np.int32)
+
+
+def used(e):
+    return e.kv_usage()["full-attention"]["used"]
+
+
+def test_blocks_follow_the_tokens(eng):
+    s = eng.new_sequence()
+    eng.decode([(s, toks(0, 20), None)])
+    assert used(eng) == 3 and len(s) == 20 and s.next_pos == 20
+    eng.decode([(s, toks(1, 4), None)])
+    assert used(eng) == 3
+    eng.decode([(s, toks(2, 1), None)])
+    assert used(eng) == 4
+    eng.truncate(s, 9)
+    assert used(eng) == 2 and s.tokens == list(toks(0, 20)[:9])
+    eng.free(s)
+    assert used(eng) == 0
+    assert eng.kv_usage()["full-attention"]["free"] == eng.kv_usage()["full-attention"]["blocks"]
+
+
+def test_truncate_then_continue_equals_a_fresh_run(eng):
+    a = toks(3, 30)
+    s = eng.new_sequence()
+    eng.decode([(s, a, None)])
+    eng.truncate(s, 13)  # back into the middle of a block
+    got = eng.decode([(s, toks(4, 10), "all")])[0]
+    fresh = eng.new_sequence()
+    want = eng.decode([(fresh, np.concatenate([a[:13], toks(4, 10)]), "all")])[0][13:]
+    assert np.array_equal(got, want)
+
+
+def test_fork_shares_full_blocks_and_copies_the_partial_one(eng):
+    parent = eng.new_sequence()
+    eng.decode([(parent, toks(5, 20), None)])  # blocks 0, 1 full, 2 holds 4 positions
+    child = eng.fork(parent)
+    assert used(eng) == 3 and child.tables[0] == parent.tables[0]
+    c_logits = eng.decode([(child, toks(6, 3), "all")])[0]
+    # the child wrote into the shared partial block: it got its own copy
+    assert used(eng) == 4
+    assert child.tables[0][:2] == parent.tables[0][:2] and child.tables[0][2] != parent.tables[0][2]
+    # the parent's own continuation is unaffected by the child's write
+    p_logits = eng.decode([(parent, toks(7, 3), "all")])[0]
+    fresh = eng.new_sequence()
+    want_p = eng.decode([(fresh, np.concatenate([toks(5, 20), toks(7, 3)]), "all")])[0][20:]
+    want_c = eng.decode([(eng.new_sequence(), np.concatenate([toks(5, 20), toks(6, 3)]), "all")])[0][20:]
+    assert np.array_equal(p_logits, want_p) and np.array_equal(c_logits, want_c)
+    eng.free(parent)
+    eng.free(child)
+    eng.free(fresh)
+
+
+def test_pool_running_out_names_the_pool(path):
+    e = Engine(path, n_ctx=256, kv_pool_tokens=64, n_threads=1, block_size=8)
+    try:
+        a, b = e.new_sequence(), e.new_sequence()
+        e.decode([(a, toks(8, 60), None)])
+        with pytest.raises(KVCacheFullError, match="full-attention KV pool is out of blocks"):
+            e.decode([(b, toks(9, 60), None)])
+        e.free(a)
+        e.free(b)
+        e.decode([(e.new_sequence(), toks(9, 60), None)])  # usable again once freed
+    finally:
+        e.close()
+
+
+def test_context_shift_drops_blocks_without_recomputing(eng, path):
+    """Dropping whole blocks from the middle masks their positions: the
+    following tokens see exactly the reference's attention over the tokens
+    kept, at their original positions."""
+    s = eng.new_sequence()
+    a = toks(10, 40)
+    eng.decode([(s, a, None)])
+    dropped = eng.drop(s, 4, 30)  # blocks 1, 2 (positions 8..23) go
+    assert dropped == 16 and len(s) == 24 and used(eng) == 3
+    assert s.positions == list(range(8)) + list(range(24, 40))
+    nxt = toks(11, 3)
+    got = eng.decode([(s, nxt, "all")])[0]
+    kept = np.concatenate([a[:8], a[24:], nxt])
+    pos = np.concatenate([np.arange(8), np.arange(24, 43)])
+    ref = ReferenceModel(path).logits(kept, positions=pos)[-3:]
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 3e-2
+
+
+def test_same_sequence_twice_in_one_call_is_refused(eng):
+    s = eng.new_sequence()
+    with pytest.raises(InvalidArgumentError, match="twice"):
+        eng.decode([(s, [1]), (s, [2])])
+
+
+def test_generate_on_a_list_of_prompts(path):
+    """Each prompt of a batch gets the text it gets alone, with its own
+    sampling parameters and seed."""
+    llm = LLM(path, n_ctx=256, n_threads=2)
+    prompts = ["the cat", "a dog and", "in the", "on an island the"]
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.9, seed=4),
+              SamplingParams(temperature=0.7, top_k=5, seed=9), SamplingParams(temperature=0)]
+    batch = llm.complete(prompts, max_tokens=12, sampling=params)
+    for p, sp, c in zip(prompts, params, batch):
+        single = LLM(path, n_ctx=256, n_threads=1).complete(p, max_tokens=12, sampling=sp)
+        assert (c.tokens, c.text, c.finish_reason) == (single.tokens, single.text, single.finish_reason)
+    assert llm.generate(prompts[:2], max_tokens=5, temperature=0) == \
+        [llm.generate(p, max_tokens=5, temperature=0) for p in prompts[:2]]
+    assert llm.engine.kv_usage()["full-attention"]["used"] <= 2  # the batch's sequences were freed
+    with pytest.raises(InvalidArgumentError):
+        llm.complete(prompts, stream=True)
