@@ -20,12 +20,14 @@ single-sequence front over an engine.
 
 from __future__ import annotations
 
+import threading
 import time
+from functools import wraps
 
 import numpy as np
 
 from llminfer import _core, hub
-from llminfer.errors import ContextFullError, InvalidArgumentError, TokenError
+from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError, TokenError
 from llminfer.gguf_file import GGUFFile
 from llminfer.kv_cache import FULL, SWA, KVCache, Sequence
 from llminfer.models import build_spec
@@ -43,6 +45,16 @@ def check_positive_int(name, v, allow_none=False):
     if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
         raise InvalidArgumentError(f"{name} must be a positive integer{' or None' if allow_none else ''}, got {v!r}")
     return int(v)
+
+
+def _locked(method):
+    @wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            if self.ctx is None:
+                raise LLMInferError(f"this engine ({self.model_path}) is closed")
+            return method(self, *args, **kwargs)
+    return run
 
 
 class Engine:
@@ -67,6 +79,8 @@ class Engine:
         block_size = check_positive_int("block_size", block_size)
         if block_size & (block_size - 1) or block_size > 1024:
             raise InvalidArgumentError(f"block_size must be a power of two up to 1024, got {block_size}")
+        self._lock = threading.RLock()  # calls on one engine run one at a time
+        self.ctx = None
         self.model_path = hub.resolve(model)
         self.gguf = GGUFFile(self.model_path)
         try:
@@ -100,28 +114,35 @@ class Engine:
 
     # ---- sequences ----
 
+    @_locked
     def new_sequence(self) -> Sequence:
         return self.kv.new_sequence()
 
+    @_locked
     def fork(self, seq: Sequence) -> Sequence:
         """A copy of seq that shares its KV blocks (copy-on-write)."""
         return self.kv.fork(seq)
 
+    @_locked
     def free(self, seq: Sequence):
         self.kv.free(seq)
 
+    @_locked
     def truncate(self, seq: Sequence, n: int):
         """Keep the first n tokens of seq."""
         self.kv.truncate(seq, n)
 
+    @_locked
     def drop(self, seq: Sequence, first: int, last: int) -> int:
         """Drop tokens [first, last) of seq, whole blocks only, without
         recomputing the rest (a context shift); returns how many went."""
         return self.kv.drop(seq, first, last)
 
+    @_locked
     def kv_usage(self) -> dict:
         return self.kv.usage()
 
+    @_locked
     def kv_cache_bytes(self) -> list:
         """Bytes of KV pool each layer holds."""
         return [self.ctx.kv_bytes(i) for i in range(self.spec.n_layer)]
@@ -137,6 +158,7 @@ class Engine:
             raise TokenError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
         return np.ascontiguousarray(arr, dtype=np.int32)
 
+    @_locked
     def decode(self, work, n_threads: int | None = None) -> list:
         """Append tokens to sequences and return their logits.
 
@@ -222,6 +244,10 @@ class Engine:
     # ---- lifetime ----
 
     def close(self):
+        with self._lock:
+            self._close()
+
+    def _close(self):
         ctx = getattr(self, "ctx", None)
         if ctx is not None:
             ctx.close()
