@@ -323,6 +323,7 @@ def build_parser():
     b.add_argument("-r", "--repetitions", type=_positive_int, default=3)
     b.add_argument("-c", "--ctx-size", type=_positive_int, default=None)
     b.add_argument("-b", "--batch-size", type=_positive_int, default=512)
+    b.add_argument("-ctk", "--kv-type", default="f16", choices=["f16", "f32", "q8_0", "q4_0"], help="KV cache type")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=cmd_bench)
 
