@@ -6,24 +6,26 @@
  * turns a block into 32-byte vectors of small unsigned integers (element order
  * kept, 32 elements a vector) plus its scales, shared by the dequantizer and
  * the dot product; then the dequantizers, the activation quantizers, the dot
- * products (and dot_rows, several weight rows per call, for Q4_0, Q4_1, Q5_0
- * and Q5_1), and the vector ops.
+ * products (and dot_rows, several weight rows per call, for Q4_0, Q4_1, Q5_0,
+ * Q5_1 and Q8_0), and the vector ops.
  *
  * Dequantizers do the scalar file's float operations in its order (mul then
  * add or sub, never fused), so their results are bit-identical to it and to
  * gguf's numpy code. Activation quantizers round half to even like lrintf,
  * giving the scalar file's bytes. Dot products multiply 8-bit integers with
- * vpmaddubsw (unsigned weight x signed activation) and vpmaddwd, apply the
- * scales per block (or per four blocks, after folding their pair sums) in
- * float, and reuse one decoded weight block for all the nc activation rows;
- * their float sums are ordered differently from the
- * scalar ones, so they agree within rounding, not bit for bit.
+ * vpmaddubsw (unsigned weight x signed activation) and vpmaddwd, and reuse
+ * one decoded weight block for all the nc activation rows. For the quantized
+ * types they give scalar.c's results to the bit: each block's integer sum is
+ * exact, and the float steps per block are scalar.c's fused multiply-adds,
+ * in its order (see scalar.c on the dot products). Float weights keep 8-lane
+ * partial sums, the same operations for every column.
  */
 #include "kernels.h"
 
 #if defined(LI_ARCH_X86) && defined(__AVX2__) && (defined(_MSC_VER) || (defined(__FMA__) && defined(__F16C__)))
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 
 #include "../common.h"
 
@@ -575,221 +577,188 @@ static void dot_bf16(int64_t k, const void *w, const void *x, size_t xs, int nc,
     DISPATCH_NC(dot_bf16_n, k, w, x, xs, nc, s)
 }
 
-/* 32-element symmetric blocks against act_q8_0: acc += d * dx * sum(q * qx).
- * Two accumulators per row (even and odd blocks) hide the FMA latency when
- * nc is 1. `signed_q` gives the block's signed values. */
-#define SYM32_DOT_WORKER(name, BT, signed_q)                                                    \
-    LI_INLINE void name##_step(const BT *b, int64_t i, const void *x, size_t xs, __m256 *acc, \
-                               const int nc) {                                                  \
-        const __m256i q = signed_q(&b[i]);                                                      \
-        const __m256i aq = _mm256_sign_epi8(q, q);                                              \
-        const float d = f16(b[i].d);                                                            \
-        for (int c = 0; c < nc; c++) {                                                          \
-            const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i;                                \
-            const __m256 p = _mm256_cvtepi32_ps(mul_sum_ss8(aq, q, loadu(a->qs)));              \
-            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * a->d), acc[c]);                      \
-        }                                                                                       \
-    }                                                                                           \
-    LI_INLINE void name(int64_t k, const void *w, const void *x, size_t xs, float *s,          \
-                        const int nc) {                                                         \
-        const BT *b = (const BT *)w;                                                            \
-        const int64_t nb = k / 32;                                                              \
-        __m256 acc0[LI_DOT_MAX_NC], acc1[LI_DOT_MAX_NC];                                        \
-        for (int c = 0; c < nc; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();                   \
-        int64_t i = 0;                                                                          \
-        for (; i + 2 <= nb; i += 2) {                                                           \
-            name##_step(b, i, x, xs, acc0, nc);                                                 \
-            name##_step(b, i + 1, x, xs, acc1, nc);                                             \
-        }                                                                                       \
-        if (i < nb) name##_step(b, i, x, xs, acc0, nc);                                         \
-        for (int c = 0; c < nc; c++) s[c] = hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));          \
-    }
-
-LI_INLINE __m256i signed_q8_0(const block_q8_0 *b) { return loadu(b->qs); }
-
-SYM32_DOT_WORKER(dot_q8_0_n, block_q8_0, signed_q8_0)
-
-static void dot_q8_0(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q8_0_n, k, w, x, xs, nc, s)
-}
-
-/* Q4_0, Q5_0 (against act_q8_0) and Q4_1, Q5_1 (against act_q8_1): several
- * weight rows at once, four blocks at a time. Weights stay unsigned (u = q +
- * off for Q4_0 / Q5_0), so vpmaddubsw takes them as they are and the offset
- * comes back out as off * sum(qx), computed once per activation block for all
- * rows. The four blocks' 16-bit pair sums are folded with vphaddw into one
- * vector (lanes 0-3: first halves of blocks 0-3, lanes 4-7: second halves),
- * so the widening, the convert and the scale multiply happen once per four
- * blocks. Every 16-bit lane ends as a sum of 8 products of at most 31 * 127 in
- * magnitude (16 * 127 once the offset is out), so nothing overflows. */
-
-
-/* four f16 values at p, p + stride, ... (bytes) as floats */
-LI_INLINE __m128 f16x4(const uint8_t *p, size_t stride) {
-    uint16_t h[4];
-    for (int j = 0; j < 4; j++) memcpy(&h[j], p + j * stride, 2);
-    __m128i v = _mm_cvtsi32_si128(h[0]);
-    v = _mm_insert_epi16(v, h[1], 1);
-    v = _mm_insert_epi16(v, h[2], 2);
-    v = _mm_insert_epi16(v, h[3], 3);
-    return _mm_cvtph_ps(v);
-}
-
-LI_INLINE __m256 dup128(__m128 v) { return _mm256_set_m128(v, v); }
-
-LI_INLINE __m256i unsigned_q4_0(const block_q4_0 *b) { return unpack_q4(b->qs); }
-LI_INLINE __m256i unsigned_q5_0(const block_q5_0 *b) { return unpack_q5(b->qh, b->qs); }
-LI_INLINE __m256i unsigned_q4_1(const block_q4_1 *b) { return unpack_q4(b->qs); }
-LI_INLINE __m256i unsigned_q5_1(const block_q5_1 *b) { return unpack_q5(b->qh, b->qs); }
-
 /* Decode reads several rows side by side: short streams a row apart that the
  * hardware prefetchers pick up only after a while, again for every group of
  * rows (Zen 4, from DRAM: four rows at once ran at half the speed of one). So
  * each row asks for the same bytes of the row nr further on, which the next
  * call will read. Past the matrix end that is harmless: prefetches never fault. */
 
-/* acc[r][c] collects row r x column c; `off` the weight offset (0: a type with a min) */
-#define ROWS32_WORKER(name, BT, AT, unsigned_q, off, has_min, act_sum)                                   \
-    LI_INLINE void name(int64_t k, const void *w, size_t ws, const void *x, size_t xs,         \
-                        float *y, size_t ys, const int nr, const int nc) {                      \
-        const int64_t nb = k / 32;                                                              \
-        const __m256i one = _mm256_set1_epi16(1), voff = _mm256_set1_epi8(off);                 \
-        __m256 acc[LI_DOT_MAX_NR][LI_DOT_MAX_NC];                                               \
-        __m128 macc[LI_DOT_MAX_NR][LI_DOT_MAX_NC];                                              \
-        for (int r = 0; r < nr; r++)                                                            \
-            for (int c = 0; c < nc; c++) {                                                      \
-                acc[r][c] = _mm256_setzero_ps();                                                \
-                macc[r][c] = _mm_setzero_ps();                                                  \
-            }                                                                                   \
-        int64_t i = 0;                                                                          \
-        for (; i + 4 <= nb; i += 4) {                                                           \
-            __m256i corr[LI_DOT_MAX_NC];                                                        \
-            __m128 da[LI_DOT_MAX_NC], sa[LI_DOT_MAX_NC];                                        \
-            for (int c = 0; c < nc; c++) {                                                      \
-                const AT *a = ACT_ROW(AT, x, c, xs) + i;                                        \
-                da[c] = _mm_set_ps(a[3].d, a[2].d, a[1].d, a[0].d);                             \
-                if (has_min) sa[c] = _mm_set_ps(act_sum(&a[3]), act_sum(&a[2]), act_sum(&a[1]), act_sum(&a[0]));                \
-                if (off) {                                                                      \
-                    __m256i p[4];                                                               \
-                    for (int j = 0; j < 4; j++) p[j] = _mm256_maddubs_epi16(voff, loadu(a[j].qs)); \
-                    corr[c] = fold4_i16(p);                                                     \
-                }                                                                               \
-            }                                                                                   \
-            for (int r = 0; r < nr; r++) {                                                      \
-                const BT *b = (const BT *)((const char *)w + (size_t)r * ws) + i;               \
-                if (nc == 1) { /* see the prefetch note above */                                         \
-                    const char *next = (const char *)b + (size_t)nr * ws;                       \
-                    _mm_prefetch(next, _MM_HINT_T0);                                            \
-                    _mm_prefetch(next + 64, _MM_HINT_T0);                                       \
-                }                                                                               \
-                __m256i u[4];                                                                   \
-                for (int j = 0; j < 4; j++) u[j] = unsigned_q(&b[j]);                           \
-                const __m128 dw = f16x4((const uint8_t *)&b[0].d, sizeof(BT));                  \
-                __m128 mw = _mm_setzero_ps();                                                   \
-                if (has_min) mw = f16x4((const uint8_t *)&b[0].d + 2, sizeof(BT));              \
-                for (int c = 0; c < nc; c++) {                                                  \
-                    const AT *a = ACT_ROW(AT, x, c, xs) + i;                                    \
-                    __m256i p[4];                                                               \
-                    for (int j = 0; j < 4; j++) p[j] = _mm256_maddubs_epi16(u[j], loadu(a[j].qs)); \
-                    __m256i h = fold4_i16(p);                                                   \
-                    if (off) h = _mm256_sub_epi16(h, corr[c]);                                  \
-                    h = _mm256_madd_epi16(h, one);                                              \
-                    const __m256 sc = dup128(_mm_mul_ps(dw, da[c]));                            \
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), sc, acc[r][c]);          \
-                    if (has_min) macc[r][c] = _mm_fmadd_ps(mw, sa[c], macc[r][c]);              \
-                }                                                                               \
-            }                                                                                   \
-        }                                                                                       \
-        for (; i < nb; i++) /* the last k/32 % 4 blocks, one at a time */                       \
-            for (int c = 0; c < nc; c++) {                                                      \
-                const AT *a = ACT_ROW(AT, x, c, xs) + i;                                        \
-                const __m256i aq = loadu(a->qs);                                                \
-                const __m256i cb = _mm256_maddubs_epi16(voff, aq);                              \
-                for (int r = 0; r < nr; r++) {                                                  \
-                    const BT *b = (const BT *)((const char *)w + (size_t)r * ws) + i;           \
-                    __m256i p = _mm256_maddubs_epi16(unsigned_q(b), aq);                        \
-                    if (off) p = _mm256_sub_epi16(p, cb);                                       \
-                    const __m256 sc = _mm256_set1_ps(f16(b->d) * a->d);                         \
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, one)),  \
-                                                sc, acc[r][c]);                                 \
-                    if (has_min) {                                                              \
-                        const float m = f16(((const uint16_t *)&b->d)[1]);                      \
-                        macc[r][c] = _mm_add_ss(macc[r][c], _mm_set_ss(m * act_sum(a)));              \
-                    }                                                                           \
-                }                                                                               \
-            }                                                                                   \
-        for (int r = 0; r < nr; r++)                                                            \
-            for (int c = 0; c < nc; c++) {                                                      \
-                float t = hsum_ps(acc[r][c]);                                                   \
-                if (has_min) t += hsum_ps(_mm256_castps128_ps256(macc[r][c]) /* upper: 0 */);  \
-                y[(size_t)c * ys + r] = t;                                                      \
-            }                                                                                   \
-    }
+/* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: up to four weight rows at once, one row per
+ * lane of a float vector, so each lane repeats scalar.c's steps for its row:
+ * per block an exact integer sum, then acc = fma(isum, d * dx, acc) (and
+ * acc = fma(m, sx, acc) for the types with a min), blocks in order. That is
+ * also what the prefill panels (x86_avx2_gemm.c, x86_avx512.c) do for each
+ * of their 8 rows, so a row's result is the same whatever path it takes.
+ *
+ * Weights stay unsigned for vpmaddubsw (u = q + off for Q4_0 / Q5_0; Q8_0
+ * multiplies |q| by the activation with q's sign). The four rows' pair sums
+ * are folded with vphaddw into 16-bit lanes (2r, 2r+1: row r, in each
+ * 128-bit half), then widened and the two halves added: one vector of the
+ * four rows' block sums. The offset comes out of each row's pair sums
+ * before the fold, as off * (pair sums of qx), computed once for all rows;
+ * a folded lane then holds 8 products of at most 16 * 127 (31 * 127 for the
+ * types with a min): no overflow. Q8_0's pair sums (up to 2 * 128 * 127)
+ * take no folding in int16: they widen first and fold with vphaddd. */
 
-/* Several columns: four rows at once where there are four (each column's
- * offset sums and scales then serve four rows; 16 accumulators, a few of
- * which spill, still measured faster for Q4_0), else rows in pairs. */
-#define DISPATCH_ROWS(worker, k, w, ws, nr, x, xs, nc, y, ys)                                   \
-    if (nc == 1) {                                                                              \
-        switch (nr) {                                                                           \
-        case 1: worker(k, w, ws, x, xs, y, ys, 1, 1); break;                                    \
-        case 2: worker(k, w, ws, x, xs, y, ys, 2, 1); break;                                    \
-        case 3: worker(k, w, ws, x, xs, y, ys, 3, 1); break;                                    \
-        default: worker(k, w, ws, x, xs, y, ys, 4, 1); break;                                   \
-        }                                                                                       \
-    } else if (nr == 4) {                                                                       \
+/* bytes of one weight block */
+LI_INLINE size_t blk32_bytes(const int type) {
+    switch (type) {
+    case LI_TYPE_Q4_0: return sizeof(block_q4_0);
+    case LI_TYPE_Q4_1: return sizeof(block_q4_1);
+    case LI_TYPE_Q5_0: return sizeof(block_q5_0);
+    case LI_TYPE_Q5_1: return sizeof(block_q5_1);
+    default: return sizeof(block_q8_0);
+    }
+}
+
+/* the block at p as 32 unsigned bytes: q + off, or Q8_0's signed q itself */
+LI_INLINE __m256i blk32_values(const int type, const char *p) {
+    switch (type) {
+    case LI_TYPE_Q4_0: return unpack_q4(((const block_q4_0 *)(const void *)p)->qs);
+    case LI_TYPE_Q4_1: return unpack_q4(((const block_q4_1 *)(const void *)p)->qs);
+    case LI_TYPE_Q5_0: {
+        const block_q5_0 *b = (const block_q5_0 *)(const void *)p;
+        return unpack_q5(b->qh, b->qs);
+    }
+    case LI_TYPE_Q5_1: {
+        const block_q5_1 *b = (const block_q5_1 *)(const void *)p;
+        return unpack_q5(b->qh, b->qs);
+    }
+    default: return loadu(((const block_q8_0 *)(const void *)p)->qs);
+    }
+}
+
+/* the f16 at byte `at` of four rows' blocks, as floats (lane r: row r) */
+LI_INLINE __m128 f16_rows(const char *const row[4], size_t at) {
+    uint16_t h[4];
+    for (int r = 0; r < 4; r++) memcpy(&h[r], row[r] + at, 2);
+    return _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+}
+
+/* lane r: the sum of the 8 int32 lanes of v[r] */
+LI_INLINE __m128i hsum8x4_epi32(const __m256i v[4]) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* y[c * ys + r] for r < nr (1..4), c < nc; rows past nr repeat row nr - 1,
+ * their lanes computed and dropped */
+LI_INLINE void rows32(const int type, int64_t k, const void *w, size_t ws, int nr, const void *x,
+                      size_t xs, float *y, size_t ys, const int nc) {
+    const int min = type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_1, sign = type == LI_TYPE_Q8_0;
+    const int off = type == LI_TYPE_Q4_0 ? 8 : type == LI_TYPE_Q5_0 ? 16 : 0;
+    const size_t bb = blk32_bytes(type), ab = min ? sizeof(act_q8_1) : sizeof(act_q8_0);
+    const size_t qo = min ? offsetof(act_q8_1, qs) : offsetof(act_q8_0, qs);
+    const __m256i one = _mm256_set1_epi16(1), voff = _mm256_set1_epi8((char)off);
+    const char *row[4];
+    for (int r = 0; r < 4; r++) row[r] = (const char *)w + (size_t)LI_MIN(r, nr - 1) * ws;
+    __m128 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
+    const int64_t nb = k / 32;
+    for (int64_t i = 0; i < nb; i++) {
+        const size_t at = (size_t)i * bb;
+        if (nc == 1 && (i & 3) == 0) /* see the prefetch note above */
+            for (int r = 0; r < nr; r++) {
+                const char *next = row[r] + at + (size_t)nr * ws;
+                _mm_prefetch(next, _MM_HINT_T0);
+                _mm_prefetch(next + 64, _MM_HINT_T0);
+            }
+        __m256i u[4], q[4];
+        for (int r = 0; r < 4; r++) {
+            q[r] = blk32_values(type, row[r] + at);
+            u[r] = sign ? _mm256_sign_epi8(q[r], q[r]) : q[r];
+        }
+        const __m128 dw = f16_rows(row, at);
+        const __m128 mw = min ? f16_rows(row, at + 2) : _mm_setzero_ps();
+        for (int c = 0; c < nc; c++) {
+            const char *xb = (const char *)x + (size_t)c * xs + (size_t)i * ab;
+            const __m256i a = loadu(xb + qo);
+            __m256i p[4];
+            __m128i isum;
+            if (sign) {
+                for (int r = 0; r < 4; r++) p[r] = mul_sum_ss8(u[r], q[r], a);
+                isum = hsum8x4_epi32(p);
+            } else {
+                const __m256i corr = _mm256_maddubs_epi16(voff, a);
+                for (int r = 0; r < 4; r++) {
+                    p[r] = _mm256_maddubs_epi16(u[r], a);
+                    if (off) p[r] = _mm256_sub_epi16(p[r], corr);
+                }
+                const __m256i s = _mm256_madd_epi16(fold4_i16(p), one);
+                isum = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            }
+            float dx;
+            memcpy(&dx, xb, 4); /* d comes first in both activation formats */
+            acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(dx)), acc[c]);
+            if (min) {
+                float sx;
+                memcpy(&sx, xb + offsetof(act_q8_1, s), 4);
+                acc[c] = _mm_fmadd_ps(mw, _mm_set1_ps(sx), acc[c]);
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        float t[4];
+        _mm_storeu_ps(t, acc[c]);
+        for (int r = 0; r < nr; r++) y[(size_t)c * ys + (size_t)r] = t[r];
+    }
+}
+
+#define ROWS32_ENTRIES(name, T)                                                                 \
+    static void dot_rows_##name(int64_t k, const void *w, size_t ws, int nr, const void *x,    \
+                                size_t xs, int nc, float *y, size_t ys) {                       \
         switch (nc) {                                                                           \
-        case 2: worker(k, w, ws, x, xs, y, ys, 4, 2); break;                                    \
-        case 3: worker(k, w, ws, x, xs, y, ys, 4, 3); break;                                    \
-        default: worker(k, w, ws, x, xs, y, ys, 4, 4); break;                                   \
+        case 1: rows32(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 1); break;                      \
+        case 2: rows32(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 2); break;                      \
+        case 3: rows32(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 3); break;                      \
+        default: rows32(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 4); break;                     \
         }                                                                                       \
-    } else {                                                                                    \
-        for (int r = 0; r < nr; r += 2) {                                                       \
-            const void *wr = (const char *)(w) + (size_t)r * (ws);                              \
-            const int pair = nr - r >= 2;                                                       \
-            switch (nc + 4 * pair) {                                                            \
-            case 2: worker(k, wr, ws, x, xs, y + r, ys, 1, 2); break;                           \
-            case 3: worker(k, wr, ws, x, xs, y + r, ys, 1, 3); break;                           \
-            case 4: worker(k, wr, ws, x, xs, y + r, ys, 1, 4); break;                           \
-            case 6: worker(k, wr, ws, x, xs, y + r, ys, 2, 2); break;                           \
-            case 7: worker(k, wr, ws, x, xs, y + r, ys, 2, 3); break;                           \
-            default: worker(k, wr, ws, x, xs, y + r, ys, 2, 4); break;                          \
-            }                                                                                   \
-        }                                                                                       \
-    }
-LI_STATIC_ASSERT(LI_DOT_MAX_NR == 4, "DISPATCH_ROWS covers nr up to 4");
-
-/* d * sum(q) of an activation block: act_q8_1 stores it; act_q8_0 has none (never used) */
-LI_INLINE float act_sum_q8_0(const act_q8_0 *a) { (void)a; return 0.0f; }
-LI_INLINE float act_sum_q8_1(const act_q8_1 *a) { return a->s; }
-
-ROWS32_WORKER(rows_q4_0, block_q4_0, act_q8_0, unsigned_q4_0, 8, 0, act_sum_q8_0)
-ROWS32_WORKER(rows_q5_0, block_q5_0, act_q8_0, unsigned_q5_0, 16, 0, act_sum_q8_0)
-ROWS32_WORKER(rows_q4_1, block_q4_1, act_q8_1, unsigned_q4_1, 0, 1, act_sum_q8_1)
-ROWS32_WORKER(rows_q5_1, block_q5_1, act_q8_1, unsigned_q5_1, 0, 1, act_sum_q8_1)
-
-#define ROWS32_ENTRIES(T)                                                                       \
-    static void dot_rows_##T(int64_t k, const void *w, size_t ws, int nr, const void *x,       \
-                             size_t xs, int nc, float *y, size_t ys) {                          \
-        DISPATCH_ROWS(rows_##T, k, w, ws, nr, x, xs, nc, y, ys)                                 \
     }                                                                                           \
-    static void dot_##T(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) { \
-        dot_rows_##T(k, w, 0, 1, x, xs, nc, s, 1);                                              \
+    static void dot_##name(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) { \
+        dot_rows_##name(k, w, 0, 1, x, xs, nc, s, 1);                                           \
     }
-ROWS32_ENTRIES(q4_0)
-ROWS32_ENTRIES(q5_0)
-ROWS32_ENTRIES(q4_1)
-ROWS32_ENTRIES(q5_1)
+LI_STATIC_ASSERT(LI_DOT_MAX_NC == 4 && LI_DOT_MAX_NR == 4, "rows32 takes up to 4 rows and 4 columns");
+ROWS32_ENTRIES(q4_0, Q4_0)
+ROWS32_ENTRIES(q5_0, Q5_0)
+ROWS32_ENTRIES(q4_1, Q4_1)
+ROWS32_ENTRIES(q5_1, Q5_1)
+ROWS32_ENTRIES(q8_0, Q8_0)
+#undef ROWS32_ENTRIES
 
-/* K-quants against act_q8_K. The integer sum of a super-block stays in 8
- * int32 lanes; its scale (and the min term, from the activation's per-16
- * sums) is applied once per super-block in float. */
+/* K-quants against act_q8_K: scalar.c's steps. A super-block's integer sums
+ * (isum, and imin from the mins and the activation's per-16 sums) are added
+ * up exactly across their int32 lanes, then applied with one fused
+ * multiply-add each: acc = fma(isum, d * dx, acc), acc = fma(-imin, dmin * dx,
+ * acc). acc[c] holds column c's sum in lane 0. */
+
+/* the totals of the int32 lanes of a and of b, as floats in lanes 0 and 1 */
+LI_INLINE __m128 hsum2_epi32_ps(__m256i a, __m256i b) {
+    const __m256i h = _mm256_hadd_epi32(a, b); /* each half: a a b b */
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    return _mm_cvtepi32_ps(_mm_hadd_epi32(s, s));
+}
+
+/* acc = fma(isum, d * dx, acc) then fma(-imin, dmin * dx, acc), in lane 0 */
+LI_INLINE __m128 k_step_min(__m128 acc, __m256i isum, __m256i imin, float d, float dmin, float dx) {
+    const __m128 f = hsum2_epi32_ps(isum, imin);
+    acc = _mm_fmadd_ss(f, _mm_set_ss(d * dx), acc);
+    return _mm_fnmadd_ss(_mm_movehdup_ps(f), _mm_set_ss(dmin * dx), acc);
+}
+
+/* acc = fma(isum, d * dx, acc), in lane 0 */
+LI_INLINE __m128 k_step(__m128 acc, __m256i isum, float d, float dx) {
+    return _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), hsum_epi32(isum)), _mm_set_ss(d * dx), acc);
+}
+
+LI_INLINE void store_k(float *s, const __m128 acc[LI_DOT_MAX_NC], const int nc) {
+    for (int c = 0; c < nc; c++) s[c] = _mm_cvtss_f32(acc[c]);
+}
 
 LI_INLINE void dot_q2_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
                           const int nc) {
     const block_q2_K *b = (const block_q2_K *)w;
-    __m256 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    __m128 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; i++) {
         __m256i u[8], sc, mn, wts[2];
         unpack_q2_K(&b[i], u, &sc, &mn);
@@ -801,18 +770,17 @@ LI_INLINE void dot_q2_K_n(int64_t k, const void *w, const void *x, size_t xs, fl
             for (int g = 0; g < 2; g++)
                 isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a->qs + 128 * g, wts[g]));
             const __m256i imin = _mm256_madd_epi16(mn, loadu(a->bsums));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_set1_ps(dmin * a->d), acc[c]);
+            acc[c] = k_step_min(acc[c], isum, imin, d, dmin, a->d);
         }
     }
-    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
+    store_k(s, acc, nc);
 }
 
 LI_INLINE void dot_q3_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
                           const int nc) {
     const block_q3_K *b = (const block_q3_K *)w;
-    __m256 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    __m128 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; i++) {
         __m256i u[8], sc, wts[2];
         unpack_q3_K(&b[i], u, &sc);
@@ -825,11 +793,10 @@ LI_INLINE void dot_q3_K_n(int64_t k, const void *w, const void *x, size_t xs, fl
                 isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a->qs + 128 * g, wts[g]));
             /* u = q + 4: take 4 * sum(sc * group sums) back out */
             const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a->bsums)), 2);
-            isum = _mm256_sub_epi32(isum, off);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), acc[c]);
+            acc[c] = k_step(acc[c], _mm256_sub_epi32(isum, off), d, a->d);
         }
     }
-    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
+    store_k(s, acc, nc);
 }
 
 /* Q4_K and Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and min. The
@@ -838,7 +805,7 @@ LI_INLINE void dot_q3_K_n(int64_t k, const void *w, const void *x, size_t xs, fl
  * four scales at once: lanes 2j, 2j+1 of each 128-bit half belong to
  * sub-block j of the four. */
 LI_INLINE void k_groups32_dot(const __m256i u[8], __m128i sc8, __m128i mn8, float d, float dmin,
-                              const act_q8_K *a, __m256 *acc) {
+                              const act_q8_K *a, __m128 *acc) {
     const __m256i sc2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8)); /* s0 s0 s1 s1 .. s7 s7 */
     __m256i isum = _mm256_setzero_si256();
     for (int g = 0; g < 2; g++) {
@@ -852,15 +819,14 @@ LI_INLINE void k_groups32_dot(const __m256i u[8], __m128i sc8, __m128i mn8, floa
     /* min of sub-block v times its two group sums: mins doubled, one per group of 16 */
     const __m256i mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
     const __m256i imin = _mm256_madd_epi16(mn, loadu(a->bsums));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), *acc);
-    *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_set1_ps(dmin * a->d), *acc);
+    *acc = k_step_min(*acc, isum, imin, d, dmin, a->d);
 }
 
 LI_INLINE void dot_q4_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
                           const int nc) {
     const block_q4_K *b = (const block_q4_K *)w;
-    __m256 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    __m128 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; i++) {
         __m256i u[8];
         __m128i sc, mn;
@@ -870,14 +836,14 @@ LI_INLINE void dot_q4_K_n(int64_t k, const void *w, const void *x, size_t xs, fl
         for (int c = 0; c < nc; c++)
             k_groups32_dot(u, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i, &acc[c]);
     }
-    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
+    store_k(s, acc, nc);
 }
 
 LI_INLINE void dot_q5_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
                           const int nc) {
     const block_q5_K *b = (const block_q5_K *)w;
-    __m256 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    __m128 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; i++) {
         __m256i u[8];
         __m128i sc, mn;
@@ -887,14 +853,14 @@ LI_INLINE void dot_q5_K_n(int64_t k, const void *w, const void *x, size_t xs, fl
         for (int c = 0; c < nc; c++)
             k_groups32_dot(u, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i, &acc[c]);
     }
-    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
+    store_k(s, acc, nc);
 }
 
 LI_INLINE void dot_q6_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
                           const int nc) {
     const block_q6_K *b = (const block_q6_K *)w;
-    __m256 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    __m128 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
     for (int64_t i = 0; i < k / QK_K; i++) {
         __m256i u[8], wts[8];
         unpack_q6_K(&b[i], u);
@@ -908,11 +874,10 @@ LI_INLINE void dot_q6_K_n(int64_t k, const void *w, const void *x, size_t xs, fl
                 isum = _mm256_add_epi32(isum, mul_sum_us8_w(u[v], loadu(a->qs + 32 * v), wts[v]));
             /* u = q + 32: take 32 * sum(sc * group sums) back out */
             const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a->bsums)), 5);
-            isum = _mm256_sub_epi32(isum, off);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), acc[c]);
+            acc[c] = k_step(acc[c], _mm256_sub_epi32(isum, off), d, a->d);
         }
     }
-    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
+    store_k(s, acc, nc);
 }
 
 static void dot_q2_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
@@ -1237,6 +1202,7 @@ void li_kernels_fill_avx2(li_kernels *t) {
     t->dot_rows[LI_TYPE_Q5_0] = dot_rows_q5_0;
     t->dot_rows[LI_TYPE_Q4_1] = dot_rows_q4_1;
     t->dot_rows[LI_TYPE_Q5_1] = dot_rows_q5_1;
+    t->dot_rows[LI_TYPE_Q8_0] = dot_rows_q8_0;
     t->quant_act[LI_ACT_Q8_0] = quant_act_q8_0;
     t->quant_act[LI_ACT_Q8_1] = quant_act_q8_1;
     t->quant_act[LI_ACT_Q8_K] = quant_act_q8_K;
