@@ -725,78 +725,43 @@ ROWS32_ENTRIES(q5_1, Q5_1)
 ROWS32_ENTRIES(q8_0, Q8_0)
 #undef ROWS32_ENTRIES
 
-/* K-quants against act_q8_K: scalar.c's steps. A super-block's integer sums
- * (isum, and imin from the mins and the activation's per-16 sums) are added
- * up exactly across their int32 lanes, then applied with one fused
- * multiply-add each: acc = fma(isum, d * dx, acc), acc = fma(-imin, dmin * dx,
- * acc). acc[c] holds column c's sum in lane 0. */
+/* K-quants against act_q8_K: scalar.c's steps, up to four weight rows at
+ * once, one row per lane, as for the 32-value blocks above. A super-block's
+ * integer sums (isum, and imin from the mins and the activation's per-16
+ * sums) stay in 8 int32 lanes per row until the four rows' are added up
+ * together (vphaddd), exactly; then acc = fma(isum, d * dx, acc) and
+ * acc = fma(-imin, dmin * dx, acc) for the four rows at once. Q3_K's and
+ * Q6_K's offsets come out of isum in integer. */
 
-/* the totals of the int32 lanes of a and of b, as floats in lanes 0 and 1 */
-LI_INLINE __m128 hsum2_epi32_ps(__m256i a, __m256i b) {
-    const __m256i h = _mm256_hadd_epi32(a, b); /* each half: a a b b */
-    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    return _mm_cvtepi32_ps(_mm_hadd_epi32(s, s));
+LI_INLINE int k_has_min(const int type) {
+    return type == LI_TYPE_Q2_K || type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K;
 }
 
-/* acc = fma(isum, d * dx, acc) then fma(-imin, dmin * dx, acc), in lane 0 */
-LI_INLINE __m128 k_step_min(__m128 acc, __m256i isum, __m256i imin, float d, float dmin, float dx) {
-    const __m128 f = hsum2_epi32_ps(isum, imin);
-    acc = _mm_fmadd_ss(f, _mm_set_ss(d * dx), acc);
-    return _mm_fnmadd_ss(_mm_movehdup_ps(f), _mm_set_ss(dmin * dx), acc);
-}
-
-/* acc = fma(isum, d * dx, acc), in lane 0 */
-LI_INLINE __m128 k_step(__m128 acc, __m256i isum, float d, float dx) {
-    return _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), hsum_epi32(isum)), _mm_set_ss(d * dx), acc);
-}
-
-LI_INLINE void store_k(float *s, const __m128 acc[LI_DOT_MAX_NC], const int nc) {
-    for (int c = 0; c < nc; c++) s[c] = _mm_cvtss_f32(acc[c]);
-}
-
-LI_INLINE void dot_q2_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
-                          const int nc) {
-    const block_q2_K *b = (const block_q2_K *)w;
-    __m128 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        __m256i u[8], sc, mn, wts[2];
-        unpack_q2_K(&b[i], u, &sc, &mn);
-        group16_fold_weights(sc, wts);
-        const float d = f16(b[i].d), dmin = f16(b[i].dmin);
-        for (int c = 0; c < nc; c++) {
-            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
-            __m256i isum = _mm256_setzero_si256();
-            for (int g = 0; g < 2; g++)
-                isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a->qs + 128 * g, wts[g]));
-            const __m256i imin = _mm256_madd_epi16(mn, loadu(a->bsums));
-            acc[c] = k_step_min(acc[c], isum, imin, d, dmin, a->d);
-        }
+/* bytes of a block; where its f16 d and dmin sit */
+LI_INLINE size_t k_bytes(const int type) {
+    switch (type) {
+    case LI_TYPE_Q2_K: return sizeof(block_q2_K);
+    case LI_TYPE_Q3_K: return sizeof(block_q3_K);
+    case LI_TYPE_Q4_K: return sizeof(block_q4_K);
+    case LI_TYPE_Q5_K: return sizeof(block_q5_K);
+    default: return sizeof(block_q6_K);
     }
-    store_k(s, acc, nc);
 }
-
-LI_INLINE void dot_q3_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
-                          const int nc) {
-    const block_q3_K *b = (const block_q3_K *)w;
-    __m128 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        __m256i u[8], sc, wts[2];
-        unpack_q3_K(&b[i], u, &sc);
-        group16_fold_weights(sc, wts);
-        const float d = f16(b[i].d);
-        for (int c = 0; c < nc; c++) {
-            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
-            __m256i isum = _mm256_setzero_si256();
-            for (int g = 0; g < 2; g++)
-                isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a->qs + 128 * g, wts[g]));
-            /* u = q + 4: take 4 * sum(sc * group sums) back out */
-            const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a->bsums)), 2);
-            acc[c] = k_step(acc[c], _mm256_sub_epi32(isum, off), d, a->d);
-        }
+LI_INLINE size_t k_d_at(const int type) {
+    switch (type) {
+    case LI_TYPE_Q2_K: return offsetof(block_q2_K, d);
+    case LI_TYPE_Q3_K: return offsetof(block_q3_K, d);
+    case LI_TYPE_Q4_K: return offsetof(block_q4_K, d);
+    case LI_TYPE_Q5_K: return offsetof(block_q5_K, d);
+    default: return offsetof(block_q6_K, d);
     }
-    store_k(s, acc, nc);
+}
+LI_INLINE size_t k_dmin_at(const int type) {
+    switch (type) {
+    case LI_TYPE_Q2_K: return offsetof(block_q2_K, dmin);
+    case LI_TYPE_Q4_K: return offsetof(block_q4_K, dmin);
+    default: return offsetof(block_q5_K, dmin);
+    }
 }
 
 /* Q4_K and Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and min. The
@@ -804,9 +769,7 @@ LI_INLINE void dot_q3_K_n(int64_t k, const void *w, const void *x, size_t xs, fl
  * holds 8 products of at most 31 * 127: no overflow), so one vpmaddwd applies
  * four scales at once: lanes 2j, 2j+1 of each 128-bit half belong to
  * sub-block j of the four. */
-LI_INLINE void k_groups32_dot(const __m256i u[8], __m128i sc8, __m128i mn8, float d, float dmin,
-                              const act_q8_K *a, __m128 *acc) {
-    const __m256i sc2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8)); /* s0 s0 s1 s1 .. s7 s7 */
+LI_INLINE __m256i k_groups32_isum(const __m256i u[8], __m256i sc2, const act_q8_K *a) {
     __m256i isum = _mm256_setzero_si256();
     for (int g = 0; g < 2; g++) {
         __m256i p[4];
@@ -816,85 +779,141 @@ LI_INLINE void k_groups32_dot(const __m256i u[8], __m128i sc8, __m128i mn8, floa
         const __m256i wts = g ? _mm256_permute4x64_epi64(sc2, 0xee) : _mm256_permute4x64_epi64(sc2, 0x44);
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(fold4_i16(p), wts));
     }
-    /* min of sub-block v times its two group sums: mins doubled, one per group of 16 */
-    const __m256i mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
-    const __m256i imin = _mm256_madd_epi16(mn, loadu(a->bsums));
-    *acc = k_step_min(*acc, isum, imin, d, dmin, a->d);
+    return isum;
 }
 
-LI_INLINE void dot_q4_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
-                          const int nc) {
-    const block_q4_K *b = (const block_q4_K *)w;
-    __m128 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        __m256i u[8];
-        __m128i sc, mn;
-        unpack_q4_K(&b[i], u);
-        unpack_k_scales(b[i].scales, &sc, &mn);
-        const float d = f16(b[i].d), dmin = f16(b[i].dmin);
-        for (int c = 0; c < nc; c++)
-            k_groups32_dot(u, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i, &acc[c]);
-    }
-    store_k(s, acc, nc);
-}
-
-LI_INLINE void dot_q5_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
-                          const int nc) {
-    const block_q5_K *b = (const block_q5_K *)w;
-    __m128 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        __m256i u[8];
-        __m128i sc, mn;
-        unpack_q5_K(&b[i], u);
-        unpack_k_scales(b[i].scales, &sc, &mn);
-        const float d = f16(b[i].d), dmin = f16(b[i].dmin);
-        for (int c = 0; c < nc; c++)
-            k_groups32_dot(u, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i, &acc[c]);
-    }
-    store_k(s, acc, nc);
-}
-
-LI_INLINE void dot_q6_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
-                          const int nc) {
-    const block_q6_K *b = (const block_q6_K *)w;
-    __m128 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        __m256i u[8], wts[8];
-        unpack_q6_K(&b[i], u);
-        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b[i].scales));
-        group16_weights(sc, wts);
-        const float d = f16(b[i].d);
+/* one row's super-block at p against the nc activation blocks a[c]: v[c] =
+ * vphaddd(isum, imin) for the types with a min (each half: isum, isum, imin,
+ * imin partial sums), else isum with the offset taken out */
+LI_INLINE void k_row_sums(const int type, const char *p, const act_q8_K *const a[LI_DOT_MAX_NC],
+                          const int nc, __m256i v[LI_DOT_MAX_NC]) {
+    __m256i u[8];
+    switch (type) {
+    case LI_TYPE_Q2_K: {
+        __m256i sc, mn, wts[2];
+        unpack_q2_K((const block_q2_K *)(const void *)p, u, &sc, &mn);
+        group16_fold_weights(sc, wts);
         for (int c = 0; c < nc; c++) {
-            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
             __m256i isum = _mm256_setzero_si256();
-            for (int v = 0; v < 8; v++)
-                isum = _mm256_add_epi32(isum, mul_sum_us8_w(u[v], loadu(a->qs + 32 * v), wts[v]));
+            for (int g = 0; g < 2; g++)
+                isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a[c]->qs + 128 * g, wts[g]));
+            v[c] = _mm256_hadd_epi32(isum, _mm256_madd_epi16(mn, loadu(a[c]->bsums)));
+        }
+        break;
+    }
+    case LI_TYPE_Q3_K: {
+        __m256i sc, wts[2];
+        unpack_q3_K((const block_q3_K *)(const void *)p, u, &sc);
+        group16_fold_weights(sc, wts);
+        for (int c = 0; c < nc; c++) {
+            __m256i isum = _mm256_setzero_si256();
+            for (int g = 0; g < 2; g++)
+                isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a[c]->qs + 128 * g, wts[g]));
+            /* u = q + 4: take 4 * sum(sc * group sums) back out */
+            v[c] = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a[c]->bsums)), 2));
+        }
+        break;
+    }
+    case LI_TYPE_Q4_K:
+    case LI_TYPE_Q5_K: {
+        __m128i sc8, mn8;
+        if (type == LI_TYPE_Q4_K) {
+            const block_q4_K *b = (const block_q4_K *)(const void *)p;
+            unpack_q4_K(b, u);
+            unpack_k_scales(b->scales, &sc8, &mn8);
+        } else {
+            const block_q5_K *b = (const block_q5_K *)(const void *)p;
+            unpack_q5_K(b, u);
+            unpack_k_scales(b->scales, &sc8, &mn8);
+        }
+        const __m256i sc2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8)); /* s0 s0 s1 s1 .. s7 s7 */
+        /* min of sub-block v times its two group sums: mins doubled, one per group of 16 */
+        const __m256i mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+        for (int c = 0; c < nc; c++)
+            v[c] = _mm256_hadd_epi32(k_groups32_isum(u, sc2, a[c]), _mm256_madd_epi16(mn, loadu(a[c]->bsums)));
+        break;
+    }
+    default: { /* Q6_K */
+        const block_q6_K *b = (const block_q6_K *)(const void *)p;
+        __m256i wts[8];
+        unpack_q6_K(b, u);
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+        group16_weights(sc, wts);
+        for (int c = 0; c < nc; c++) {
+            __m256i isum = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++)
+                isum = _mm256_add_epi32(isum, mul_sum_us8_w(u[j], loadu(a[c]->qs + 32 * j), wts[j]));
             /* u = q + 32: take 32 * sum(sc * group sums) back out */
-            const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a->bsums)), 5);
-            acc[c] = k_step(acc[c], _mm256_sub_epi32(isum, off), d, a->d);
+            v[c] = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a[c]->bsums)), 5));
+        }
+        break;
+    }
+    }
+}
+
+/* y[c * ys + r] for r < nr (1..4), c < nc; rows past nr repeat row nr - 1 */
+LI_INLINE void rows_k(const int type, int64_t k, const void *w, size_t ws, int nr, const void *x,
+                      size_t xs, float *y, size_t ys, const int nc) {
+    const int min = k_has_min(type);
+    const size_t bb = k_bytes(type);
+    const char *row[4];
+    for (int r = 0; r < 4; r++) row[r] = (const char *)w + (size_t)LI_MIN(r, nr - 1) * ws;
+    __m128 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const size_t at = (size_t)i * bb;
+        if (nc == 1) /* see the prefetch note above */
+            for (int r = 0; r < nr; r++)
+                for (size_t o = 0; o < bb; o += 64) _mm_prefetch(row[r] + at + (size_t)nr * ws + o, _MM_HINT_T0);
+        const act_q8_K *a[LI_DOT_MAX_NC];
+        for (int c = 0; c < nc; c++) a[c] = ACT_ROW(act_q8_K, x, c, xs) + i;
+        __m256i v[4][LI_DOT_MAX_NC];
+        for (int r = 0; r < 4; r++) k_row_sums(type, row[r] + at, a, nc, v[r]);
+        const __m128 dw = f16_rows(row, at + k_d_at(type));
+        const __m128 mw = min ? f16_rows(row, at + k_dmin_at(type)) : _mm_setzero_ps();
+        for (int c = 0; c < nc; c++) {
+            const __m128 dx = _mm_set1_ps(a[c]->d);
+            if (min) {
+                /* each half: (isum, imin) of rows 0, 1, then of rows 2, 3 */
+                const __m256i h01 = _mm256_hadd_epi32(v[0][c], v[1][c]), h23 = _mm256_hadd_epi32(v[2][c], v[3][c]);
+                const __m128 f01 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h01), _mm256_extracti128_si256(h01, 1)));
+                const __m128 f23 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h23), _mm256_extracti128_si256(h23, 1)));
+                const __m128 fs = _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0));
+                const __m128 fm = _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1));
+                acc[c] = _mm_fmadd_ps(fs, _mm_mul_ps(dw, dx), acc[c]);
+                acc[c] = _mm_fnmadd_ps(fm, _mm_mul_ps(mw, dx), acc[c]);
+            } else {
+                const __m256i vc[4] = {v[0][c], v[1][c], v[2][c], v[3][c]};
+                acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum8x4_epi32(vc)), _mm_mul_ps(dw, dx), acc[c]);
+            }
         }
     }
-    store_k(s, acc, nc);
+    for (int c = 0; c < nc; c++) {
+        float t[4];
+        _mm_storeu_ps(t, acc[c]);
+        for (int r = 0; r < nr; r++) y[(size_t)c * ys + (size_t)r] = t[r];
+    }
 }
 
-static void dot_q2_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q2_K_n, k, w, x, xs, nc, s)
-}
-static void dot_q3_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q3_K_n, k, w, x, xs, nc, s)
-}
-static void dot_q4_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q4_K_n, k, w, x, xs, nc, s)
-}
-static void dot_q5_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q5_K_n, k, w, x, xs, nc, s)
-}
-static void dot_q6_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q6_K_n, k, w, x, xs, nc, s)
-}
+#define ROWS_K_ENTRIES(name, T)                                                                 \
+    static void dot_rows_##name(int64_t k, const void *w, size_t ws, int nr, const void *x,    \
+                                size_t xs, int nc, float *y, size_t ys) {                       \
+        switch (nc) {                                                                           \
+        case 1: rows_k(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 1); break;                      \
+        case 2: rows_k(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 2); break;                      \
+        case 3: rows_k(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 3); break;                      \
+        default: rows_k(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 4); break;                     \
+        }                                                                                       \
+    }                                                                                           \
+    static void dot_##name(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) { \
+        dot_rows_##name(k, w, 0, 1, x, xs, nc, s, 1);                                           \
+    }
+ROWS_K_ENTRIES(q2_K, Q2_K)
+ROWS_K_ENTRIES(q3_K, Q3_K)
+ROWS_K_ENTRIES(q4_K, Q4_K)
+ROWS_K_ENTRIES(q5_K, Q5_K)
+ROWS_K_ENTRIES(q6_K, Q6_K)
+#undef ROWS_K_ENTRIES
 
 /* ---- vector ops ---- */
 
@@ -1203,6 +1222,11 @@ void li_kernels_fill_avx2(li_kernels *t) {
     t->dot_rows[LI_TYPE_Q4_1] = dot_rows_q4_1;
     t->dot_rows[LI_TYPE_Q5_1] = dot_rows_q5_1;
     t->dot_rows[LI_TYPE_Q8_0] = dot_rows_q8_0;
+    t->dot_rows[LI_TYPE_Q2_K] = dot_rows_q2_K;
+    t->dot_rows[LI_TYPE_Q3_K] = dot_rows_q3_K;
+    t->dot_rows[LI_TYPE_Q4_K] = dot_rows_q4_K;
+    t->dot_rows[LI_TYPE_Q5_K] = dot_rows_q5_K;
+    t->dot_rows[LI_TYPE_Q6_K] = dot_rows_q6_K;
     t->quant_act[LI_ACT_Q8_0] = quant_act_q8_0;
     t->quant_act[LI_ACT_Q8_1] = quant_act_q8_1;
     t->quant_act[LI_ACT_Q8_K] = quant_act_q8_K;
