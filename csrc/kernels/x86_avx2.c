@@ -628,11 +628,16 @@ LI_INLINE __m256i blk32_values(const int type, const char *p) {
     }
 }
 
-/* the f16 at byte `at` of four rows' blocks, as floats (lane r: row r) */
-LI_INLINE __m128 f16_rows(const char *const row[4], size_t at) {
-    uint16_t h[4];
-    for (int r = 0; r < 4; r++) memcpy(&h[r], row[r] + at, 2);
-    return _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+/* the two f16 at byte `at` of four rows' blocks, as floats (lane r: row r):
+ * the first in *lo, the second in *hi (one 32-bit load a row) */
+LI_INLINE void f16x2_rows(const char *const row[4], size_t at, __m128 *lo, __m128 *hi) {
+    int32_t v[4];
+    for (int r = 0; r < 4; r++) memcpy(&v[r], row[r] + at, 4);
+    const __m128i h = _mm_shuffle_epi8(_mm_setr_epi32(v[0], v[1], v[2], v[3]),
+                                       _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+    const __m256 f = _mm256_cvtph_ps(h);
+    *lo = _mm256_castps256_ps128(f);
+    *hi = _mm256_extractf128_ps(f, 1);
 }
 
 /* lane r: the sum of the 8 int32 lanes of v[r] */
@@ -668,8 +673,8 @@ LI_INLINE void rows32(const int type, int64_t k, const void *w, size_t ws, int n
             q[r] = blk32_values(type, row[r] + at);
             u[r] = sign ? _mm256_sign_epi8(q[r], q[r]) : q[r];
         }
-        const __m128 dw = f16_rows(row, at);
-        const __m128 mw = min ? f16_rows(row, at + 2) : _mm_setzero_ps();
+        __m128 dw, mw; /* d and (Q4_1, Q5_1) m lead every block */
+        f16x2_rows(row, at, &dw, &mw);
         for (int c = 0; c < nc; c++) {
             const char *xb = (const char *)x + (size_t)c * xs + (size_t)i * ab;
             const __m256i a = loadu(xb + qo);
@@ -737,7 +742,7 @@ LI_INLINE int k_has_min(const int type) {
     return type == LI_TYPE_Q2_K || type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K;
 }
 
-/* bytes of a block; where its f16 d and dmin sit */
+/* bytes of a block; where its f16 d sits (dmin, where there is one, follows) */
 LI_INLINE size_t k_bytes(const int type) {
     switch (type) {
     case LI_TYPE_Q2_K: return sizeof(block_q2_K);
@@ -756,13 +761,9 @@ LI_INLINE size_t k_d_at(const int type) {
     default: return offsetof(block_q6_K, d);
     }
 }
-LI_INLINE size_t k_dmin_at(const int type) {
-    switch (type) {
-    case LI_TYPE_Q2_K: return offsetof(block_q2_K, dmin);
-    case LI_TYPE_Q4_K: return offsetof(block_q4_K, dmin);
-    default: return offsetof(block_q5_K, dmin);
-    }
-}
+LI_STATIC_ASSERT(offsetof(block_q2_K, dmin) == offsetof(block_q2_K, d) + 2 &&
+                     offsetof(block_q4_K, dmin) == 2 && offsetof(block_q5_K, dmin) == 2,
+                 "dmin follows d");
 
 /* Q4_K and Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and min. The
  * pair sums of four sub-blocks are folded with vphaddw (each 16-bit lane then
@@ -869,8 +870,11 @@ LI_INLINE void rows_k(const int type, int64_t k, const void *w, size_t ws, int n
         for (int c = 0; c < nc; c++) a[c] = ACT_ROW(act_q8_K, x, c, xs) + i;
         __m256i v[4][LI_DOT_MAX_NC];
         for (int r = 0; r < 4; r++) k_row_sums(type, row[r] + at, a, nc, v[r]);
-        const __m128 dw = f16_rows(row, at + k_d_at(type));
-        const __m128 mw = min ? f16_rows(row, at + k_dmin_at(type)) : _mm_setzero_ps();
+        __m128 dw, mw; /* d then dmin; Q3_K's and Q6_K's d ends the block: read it as a second half */
+        if (min)
+            f16x2_rows(row, at + k_d_at(type), &dw, &mw);
+        else
+            f16x2_rows(row, at + k_d_at(type) - 2, &mw, &dw);
         for (int c = 0; c < nc; c++) {
             const __m128 dx = _mm_set1_ps(a[c]->d);
             if (min) {
