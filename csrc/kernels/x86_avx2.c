@@ -577,28 +577,49 @@ static void dot_bf16(int64_t k, const void *w, const void *x, size_t xs, int nc,
     DISPATCH_NC(dot_bf16_n, k, w, x, xs, nc, s)
 }
 
-/* Decode reads several rows side by side: short streams a row apart that the
- * hardware prefetchers pick up only after a while, again for every group of
- * rows (Zen 4, from DRAM: four rows at once ran at half the speed of one). So
- * each row asks for the same bytes of the row nr further on, which the next
- * call will read. Past the matrix end that is harmless: prefetches never fault. */
-
-/* Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: up to four weight rows at once, one row per
- * lane of a float vector, so each lane repeats scalar.c's steps for its row:
- * per block an exact integer sum, then acc = fma(isum, d * dx, acc) (and
- * acc = fma(m, sx, acc) for the types with a min), blocks in order. That is
- * also what the prefill panels (x86_avx2_gemm.c, x86_avx512.c) do for each
- * of their 8 rows, so a row's result is the same whatever path it takes.
+/* ---- decode and small batches of the quantized types: scalar.c's formula ----
+ * Up to four weight rows against up to four activation rows per call. Each
+ * row gets exactly scalar.c's operations: per block an exact integer sum,
+ * then its fused multiply-adds in block order (the same as the prefill
+ * panels of x86_avx2_gemm.c and x86_avx512.c do), whatever the call, so a
+ * row's result does not depend on its batch. How the work is laid out
+ * follows what ran fastest here, decode (one activation row) first:
  *
- * Weights stay unsigned for vpmaddubsw (u = q + off for Q4_0 / Q5_0; Q8_0
- * multiplies |q| by the activation with q's sign). The four rows' pair sums
- * are folded with vphaddw into 16-bit lanes (2r, 2r+1: row r, in each
- * 128-bit half), then widened and the two halves added: one vector of the
- * four rows' block sums. The offset comes out of each row's pair sums
- * before the fold, as off * (pair sums of qx), computed once for all rows;
- * a folded lane then holds 8 products of at most 16 * 127 (31 * 127 for the
- * types with a min): no overflow. Q8_0's pair sums (up to 2 * 128 * 127)
- * take no folding in int16: they widen first and fold with vphaddd. */
+ * - Q4_0, Q4_1, Q5_0, Q5_1 (rows32): one pass, the four rows side by side,
+ *   a block of each in turn; the four rows' pair sums fold with vphaddw
+ *   into one vector of block sums (lane r: row r), and the scales apply to
+ *   the four rows at once.
+ * - Q8_0 in decode (row_q8_0): one row at a time, a single stream from
+ *   memory; four blocks' sums in one vector, applied lane by lane (with
+ *   more than one activation row, rows32 as above).
+ * - K-quants (rows_k), in two passes over chunks of PASS_BLOCKS
+ *   super-blocks: an integer pass reads one weight row at a time, front to
+ *   back, and keeps each super-block's exact sums (as floats: scalar.c's
+ *   conversion) and scales in a small buffer; a float pass transposes four
+ *   super-blocks of it at a time (lane r: row r) and applies the scales to
+ *   the four rows at once.
+ *
+ * Reading rows side by side (a short stream per row) was what cost most:
+ * from DRAM it ran Q8_0 and the K-quants at about half their one-row speed
+ * on the machine this was tuned on, prefetching or not; the narrow 32-value
+ * blocks lost little, and the one-pass fold does less work per block. */
+
+#define PASS_BLOCKS 128 /* super-blocks in a chunk: 32768 values */
+
+typedef struct {
+    float isum[LI_DOT_MAX_NC][4][PASS_BLOCKS]; /* [column][row][block] exact integer sums */
+    float imin[LI_DOT_MAX_NC][4][PASS_BLOCKS]; /* K-quants with a min */
+    float d[4][PASS_BLOCKS], m[4][PASS_BLOCKS]; /* [row][block]: d, and m or dmin */
+} pass_buf;
+
+/* four rows of 4 floats at p[0..3] transposed: t[j] lane r = p[r][j] */
+LI_INLINE void load_t4(const float *p0, const float *p1, const float *p2, const float *p3, __m128 t[4]) {
+    t[0] = _mm_loadu_ps(p0);
+    t[1] = _mm_loadu_ps(p1);
+    t[2] = _mm_loadu_ps(p2);
+    t[3] = _mm_loadu_ps(p3);
+    _MM_TRANSPOSE4_PS(t[0], t[1], t[2], t[3]);
+}
 
 /* bytes of one weight block */
 LI_INLINE size_t blk32_bytes(const int type) {
@@ -645,98 +666,6 @@ LI_INLINE __m128i hsum8x4_epi32(const __m256i v[4]) {
     const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
-
-/* y[c * ys + r] for r < nr (1..4), c < nc; rows past nr repeat row nr - 1,
- * their lanes computed and dropped */
-LI_INLINE void rows32(const int type, int64_t k, const void *w, size_t ws, int nr, const void *x,
-                      size_t xs, float *y, size_t ys, const int nc) {
-    const int min = type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_1, sign = type == LI_TYPE_Q8_0;
-    const int off = type == LI_TYPE_Q4_0 ? 8 : type == LI_TYPE_Q5_0 ? 16 : 0;
-    const size_t bb = blk32_bytes(type), ab = min ? sizeof(act_q8_1) : sizeof(act_q8_0);
-    const size_t qo = min ? offsetof(act_q8_1, qs) : offsetof(act_q8_0, qs);
-    const __m256i one = _mm256_set1_epi16(1), voff = _mm256_set1_epi8((char)off);
-    const char *row[4];
-    for (int r = 0; r < 4; r++) row[r] = (const char *)w + (size_t)LI_MIN(r, nr - 1) * ws;
-    __m128 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
-    const int64_t nb = k / 32;
-    for (int64_t i = 0; i < nb; i++) {
-        const size_t at = (size_t)i * bb;
-        if (nc == 1 && (i & 3) == 0) /* see the prefetch note above */
-            for (int r = 0; r < nr; r++) {
-                const char *next = row[r] + at + (size_t)nr * ws;
-                _mm_prefetch(next, _MM_HINT_T0);
-                _mm_prefetch(next + 64, _MM_HINT_T0);
-            }
-        __m256i u[4], q[4];
-        for (int r = 0; r < 4; r++) {
-            q[r] = blk32_values(type, row[r] + at);
-            u[r] = sign ? _mm256_sign_epi8(q[r], q[r]) : q[r];
-        }
-        __m128 dw, mw; /* d and (Q4_1, Q5_1) m lead every block */
-        f16x2_rows(row, at, &dw, &mw);
-        for (int c = 0; c < nc; c++) {
-            const char *xb = (const char *)x + (size_t)c * xs + (size_t)i * ab;
-            const __m256i a = loadu(xb + qo);
-            __m256i p[4];
-            __m128i isum;
-            if (sign) {
-                for (int r = 0; r < 4; r++) p[r] = mul_sum_ss8(u[r], q[r], a);
-                isum = hsum8x4_epi32(p);
-            } else {
-                const __m256i corr = _mm256_maddubs_epi16(voff, a);
-                for (int r = 0; r < 4; r++) {
-                    p[r] = _mm256_maddubs_epi16(u[r], a);
-                    if (off) p[r] = _mm256_sub_epi16(p[r], corr);
-                }
-                const __m256i s = _mm256_madd_epi16(fold4_i16(p), one);
-                isum = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            }
-            float dx;
-            memcpy(&dx, xb, 4); /* d comes first in both activation formats */
-            acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(dx)), acc[c]);
-            if (min) {
-                float sx;
-                memcpy(&sx, xb + offsetof(act_q8_1, s), 4);
-                acc[c] = _mm_fmadd_ps(mw, _mm_set1_ps(sx), acc[c]);
-            }
-        }
-    }
-    for (int c = 0; c < nc; c++) {
-        float t[4];
-        _mm_storeu_ps(t, acc[c]);
-        for (int r = 0; r < nr; r++) y[(size_t)c * ys + (size_t)r] = t[r];
-    }
-}
-
-#define ROWS32_ENTRIES(name, T)                                                                 \
-    static void dot_rows_##name(int64_t k, const void *w, size_t ws, int nr, const void *x,    \
-                                size_t xs, int nc, float *y, size_t ys) {                       \
-        switch (nc) {                                                                           \
-        case 1: rows32(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 1); break;                      \
-        case 2: rows32(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 2); break;                      \
-        case 3: rows32(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 3); break;                      \
-        default: rows32(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 4); break;                     \
-        }                                                                                       \
-    }                                                                                           \
-    static void dot_##name(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) { \
-        dot_rows_##name(k, w, 0, 1, x, xs, nc, s, 1);                                           \
-    }
-LI_STATIC_ASSERT(LI_DOT_MAX_NC == 4 && LI_DOT_MAX_NR == 4, "rows32 takes up to 4 rows and 4 columns");
-ROWS32_ENTRIES(q4_0, Q4_0)
-ROWS32_ENTRIES(q5_0, Q5_0)
-ROWS32_ENTRIES(q4_1, Q4_1)
-ROWS32_ENTRIES(q5_1, Q5_1)
-ROWS32_ENTRIES(q8_0, Q8_0)
-#undef ROWS32_ENTRIES
-
-/* K-quants against act_q8_K: scalar.c's steps, up to four weight rows at
- * once, one row per lane, as for the 32-value blocks above. A super-block's
- * integer sums (isum, and imin from the mins and the activation's per-16
- * sums) stay in 8 int32 lanes per row until the four rows' are added up
- * together (vphaddd), exactly; then acc = fma(isum, d * dx, acc) and
- * acc = fma(-imin, dmin * dx, acc) for the four rows at once. Q3_K's and
- * Q6_K's offsets come out of isum in integer. */
 
 LI_INLINE int k_has_min(const int type) {
     return type == LI_TYPE_Q2_K || type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K;
@@ -852,43 +781,69 @@ LI_INLINE void k_row_sums(const int type, const char *p, const act_q8_K *const a
     }
 }
 
-/* y[c * ys + r] for r < nr (1..4), c < nc; rows past nr repeat row nr - 1 */
-LI_INLINE void rows_k(const int type, int64_t k, const void *w, size_t ws, int nr, const void *x,
+
+/* Q4_0, Q4_1, Q5_0, Q5_1 (and Q8_0 with several activation rows): the four
+ * rows side by side. Weights stay unsigned for vpmaddubsw (u = q + off for
+ * Q4_0 / Q5_0, whose offset comes out of each row's pair sums before the
+ * fold as off * (pair sums of qx), computed once for all rows; Q8_0
+ * multiplies |q| by qx with q's sign). The four rows' pair sums fold with
+ * vphaddw into 16-bit lanes 2r, 2r + 1 of each 128-bit half (8 products of
+ * at most 16 * 127, or 31 * 127 for the types with a min: no overflow), widen,
+ * and the two halves add: one vector of the rows' block sums. Q8_0's pair
+ * sums (up to 2 * 128 * 127) widen first and fold with vphaddd. Four streams
+ * a row apart are what the prefetchers pick up late, so each row asks for
+ * the same bytes of the row nr further on, which the next call will read
+ * (past the matrix end that is harmless: prefetches never fault).
+ * y[c * ys + r] for r < nr (1..4), c < nc; rows past nr repeat row nr - 1,
+ * their lanes computed and dropped */
+LI_INLINE void rows32(const int type, int64_t k, const void *w, size_t ws, int nr, const void *x,
                       size_t xs, float *y, size_t ys, const int nc) {
-    const int min = k_has_min(type);
-    const size_t bb = k_bytes(type);
+    const int min = type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_1, sign = type == LI_TYPE_Q8_0;
+    const int off = type == LI_TYPE_Q4_0 ? 8 : type == LI_TYPE_Q5_0 ? 16 : 0;
+    const size_t bb = blk32_bytes(type), ab = min ? sizeof(act_q8_1) : sizeof(act_q8_0);
+    const size_t qo = min ? offsetof(act_q8_1, qs) : offsetof(act_q8_0, qs);
+    const __m256i one = _mm256_set1_epi16(1), voff = _mm256_set1_epi8((char)off);
     const char *row[4];
     for (int r = 0; r < 4; r++) row[r] = (const char *)w + (size_t)LI_MIN(r, nr - 1) * ws;
     __m128 acc[LI_DOT_MAX_NC];
     for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
-    for (int64_t i = 0; i < k / QK_K; i++) {
+    const int64_t nb = k / 32;
+    for (int64_t i = 0; i < nb; i++) {
         const size_t at = (size_t)i * bb;
-        if (nc == 1) /* see the prefetch note above */
+        if (nc == 1 && (i & 3) == 0) /* the next four blocks of the rows the next call reads */
             for (int r = 0; r < nr; r++)
-                for (size_t o = 0; o < bb; o += 64) _mm_prefetch(row[r] + at + (size_t)nr * ws + o, _MM_HINT_T0);
-        const act_q8_K *a[LI_DOT_MAX_NC];
-        for (int c = 0; c < nc; c++) a[c] = ACT_ROW(act_q8_K, x, c, xs) + i;
-        __m256i v[4][LI_DOT_MAX_NC];
-        for (int r = 0; r < 4; r++) k_row_sums(type, row[r] + at, a, nc, v[r]);
-        __m128 dw, mw; /* d then dmin; Q3_K's and Q6_K's d ends the block: read it as a second half */
-        if (min)
-            f16x2_rows(row, at + k_d_at(type), &dw, &mw);
-        else
-            f16x2_rows(row, at + k_d_at(type) - 2, &mw, &dw);
+                for (size_t o = 0; o < 4 * bb; o += 64) _mm_prefetch(row[r] + at + (size_t)nr * ws + o, _MM_HINT_T0);
+        __m256i u[4], q[4];
+        for (int r = 0; r < 4; r++) {
+            q[r] = blk32_values(type, row[r] + at);
+            u[r] = sign ? _mm256_sign_epi8(q[r], q[r]) : q[r];
+        }
+        __m128 dw, mw; /* d and (Q4_1, Q5_1) m lead every block */
+        f16x2_rows(row, at, &dw, &mw);
         for (int c = 0; c < nc; c++) {
-            const __m128 dx = _mm_set1_ps(a[c]->d);
-            if (min) {
-                /* each half: (isum, imin) of rows 0, 1, then of rows 2, 3 */
-                const __m256i h01 = _mm256_hadd_epi32(v[0][c], v[1][c]), h23 = _mm256_hadd_epi32(v[2][c], v[3][c]);
-                const __m128 f01 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h01), _mm256_extracti128_si256(h01, 1)));
-                const __m128 f23 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h23), _mm256_extracti128_si256(h23, 1)));
-                const __m128 fs = _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0));
-                const __m128 fm = _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1));
-                acc[c] = _mm_fmadd_ps(fs, _mm_mul_ps(dw, dx), acc[c]);
-                acc[c] = _mm_fnmadd_ps(fm, _mm_mul_ps(mw, dx), acc[c]);
+            const char *xb = (const char *)x + (size_t)c * xs + (size_t)i * ab;
+            const __m256i a = loadu(xb + qo);
+            __m256i p[4];
+            __m128i isum;
+            if (sign) {
+                for (int r = 0; r < 4; r++) p[r] = mul_sum_ss8(u[r], q[r], a);
+                isum = hsum8x4_epi32(p);
             } else {
-                const __m256i vc[4] = {v[0][c], v[1][c], v[2][c], v[3][c]};
-                acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum8x4_epi32(vc)), _mm_mul_ps(dw, dx), acc[c]);
+                const __m256i corr = _mm256_maddubs_epi16(voff, a);
+                for (int r = 0; r < 4; r++) {
+                    p[r] = _mm256_maddubs_epi16(u[r], a);
+                    if (off) p[r] = _mm256_sub_epi16(p[r], corr);
+                }
+                const __m256i s = _mm256_madd_epi16(fold4_i16(p), one);
+                isum = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            }
+            float dx;
+            memcpy(&dx, xb, 4); /* d comes first in both activation formats */
+            acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(dx)), acc[c]);
+            if (min) {
+                float sx;
+                memcpy(&sx, xb + offsetof(act_q8_1, s), 4);
+                acc[c] = _mm_fmadd_ps(mw, _mm_set1_ps(sx), acc[c]);
             }
         }
     }
@@ -899,25 +854,171 @@ LI_INLINE void rows_k(const int type, int64_t k, const void *w, size_t ws, int n
     }
 }
 
-#define ROWS_K_ENTRIES(name, T)                                                                 \
+/* the integer pass of a K-quant over super-blocks i0 .. i0+n of one row */
+LI_INLINE void int_pass_k(const int type, const char *row, int r, int64_t i0, int n, const void *x,
+                          size_t xs, const int nc, pass_buf *pb) {
+    const int min = k_has_min(type);
+    const size_t bb = k_bytes(type);
+    for (int j = 0; j < n; j += 4) {
+        const char *blk[4];
+        __m256i v[4][LI_DOT_MAX_NC];
+        for (int t = 0; t < 4; t++) {
+            const int64_t i = i0 + LI_MIN(j + t, n - 1);
+            const act_q8_K *a[LI_DOT_MAX_NC];
+            for (int c = 0; c < nc; c++) a[c] = ACT_ROW(act_q8_K, x, c, xs) + i;
+            blk[t] = row + (size_t)i * bb;
+            k_row_sums(type, blk[t], a, nc, v[t]);
+        }
+        __m128 dw, mw; /* d then dmin; Q3_K's and Q6_K's d ends the block: read it as a second half */
+        if (min)
+            f16x2_rows(blk, k_d_at(type), &dw, &mw);
+        else
+            f16x2_rows(blk, k_d_at(type) - 2, &mw, &dw);
+        _mm_storeu_ps(pb->d[r] + j, dw);
+        if (min) _mm_storeu_ps(pb->m[r] + j, mw);
+        for (int c = 0; c < nc; c++) {
+            if (min) {
+                /* each half: (isum, imin) of super-blocks 0, 1, then of 2, 3 */
+                const __m256i h01 = _mm256_hadd_epi32(v[0][c], v[1][c]), h23 = _mm256_hadd_epi32(v[2][c], v[3][c]);
+                const __m128 f01 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h01), _mm256_extracti128_si256(h01, 1)));
+                const __m128 f23 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h23), _mm256_extracti128_si256(h23, 1)));
+                _mm_storeu_ps(pb->isum[c][r] + j, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0)));
+                _mm_storeu_ps(pb->imin[c][r] + j, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1)));
+            } else {
+                const __m256i vc[4] = {v[0][c], v[1][c], v[2][c], v[3][c]};
+                _mm_storeu_ps(pb->isum[c][r] + j, _mm_cvtepi32_ps(hsum8x4_epi32(vc)));
+            }
+        }
+    }
+}
+
+/* the float pass over the n super-blocks of a chunk starting at i0: scalar.c's
+ * steps for four rows at once; kmin: a type with a min */
+LI_INLINE void float_pass(const int kmin, const pass_buf *pb, int64_t i0, int n, const void *x,
+                          size_t xs, const int nc, __m128 acc[LI_DOT_MAX_NC]) {
+    for (int j = 0; j < n; j += 4) {
+        const int cnt = LI_MIN(4, n - j);
+        __m128 D[4], M[4];
+        load_t4(pb->d[0] + j, pb->d[1] + j, pb->d[2] + j, pb->d[3] + j, D);
+        if (kmin) load_t4(pb->m[0] + j, pb->m[1] + j, pb->m[2] + j, pb->m[3] + j, M);
+        for (int c = 0; c < nc; c++) {
+            __m128 I[4], IM[4];
+            load_t4(pb->isum[c][0] + j, pb->isum[c][1] + j, pb->isum[c][2] + j, pb->isum[c][3] + j, I);
+            if (kmin) load_t4(pb->imin[c][0] + j, pb->imin[c][1] + j, pb->imin[c][2] + j, pb->imin[c][3] + j, IM);
+            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i0 + j;
+            for (int t = 0; t < 4; t++) {
+                if (t == cnt) break;
+                const __m128 dx = _mm_set1_ps(a[t].d);
+                acc[c] = _mm_fmadd_ps(I[t], _mm_mul_ps(D[t], dx), acc[c]);
+                if (kmin) acc[c] = _mm_fnmadd_ps(IM[t], _mm_mul_ps(M[t], dx), acc[c]);
+            }
+        }
+    }
+}
+
+/* K-quants: y[c * ys + r] = dot(weight row r, activation row c), r < nr (1..4), c < nc */
+LI_INLINE void rows_k(const int type, int64_t k, const void *w, size_t ws, int nr, const void *x,
+                      size_t xs, float *y, size_t ys, const int nc) {
+    const int64_t nb = k / QK_K;
+    pass_buf pb;
+    /* lanes of missing rows: zeros, computed and dropped */
+    for (int r = nr; r < 4; r++) {
+        memset(pb.d[r], 0, sizeof(pb.d[r]));
+        memset(pb.m[r], 0, sizeof(pb.m[r]));
+        for (int c = 0; c < nc; c++) {
+            memset(pb.isum[c][r], 0, sizeof(pb.isum[c][r]));
+            memset(pb.imin[c][r], 0, sizeof(pb.imin[c][r]));
+        }
+    }
+    __m128 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
+    for (int64_t i0 = 0; i0 < nb; i0 += PASS_BLOCKS) {
+        const int n = (int)LI_MIN(PASS_BLOCKS, nb - i0);
+        for (int r = 0; r < nr; r++) int_pass_k(type, (const char *)w + (size_t)r * ws, r, i0, n, x, xs, nc, &pb);
+        float_pass(k_has_min(type), &pb, i0, n, x, xs, nc, acc);
+    }
+    for (int c = 0; c < nc; c++) {
+        float t[4];
+        _mm_storeu_ps(t, acc[c]);
+        for (int r = 0; r < nr; r++) y[(size_t)c * ys + (size_t)r] = t[r];
+    }
+}
+
+#define ROWS_Q_ENTRIES(name, T, worker)                                                        \
     static void dot_rows_##name(int64_t k, const void *w, size_t ws, int nr, const void *x,    \
                                 size_t xs, int nc, float *y, size_t ys) {                       \
         switch (nc) {                                                                           \
-        case 1: rows_k(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 1); break;                      \
-        case 2: rows_k(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 2); break;                      \
-        case 3: rows_k(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 3); break;                      \
-        default: rows_k(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 4); break;                     \
+        case 1: worker(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 1); break;                      \
+        case 2: worker(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 2); break;                      \
+        case 3: worker(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 3); break;                      \
+        default: worker(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 4); break;                     \
         }                                                                                       \
     }                                                                                           \
     static void dot_##name(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) { \
         dot_rows_##name(k, w, 0, 1, x, xs, nc, s, 1);                                           \
     }
-ROWS_K_ENTRIES(q2_K, Q2_K)
-ROWS_K_ENTRIES(q3_K, Q3_K)
-ROWS_K_ENTRIES(q4_K, Q4_K)
-ROWS_K_ENTRIES(q5_K, Q5_K)
-ROWS_K_ENTRIES(q6_K, Q6_K)
-#undef ROWS_K_ENTRIES
+LI_STATIC_ASSERT(LI_DOT_MAX_NC == 4 && LI_DOT_MAX_NR == 4, "rows32 and rows_k take up to 4 rows and 4 columns");
+ROWS_Q_ENTRIES(q4_0, Q4_0, rows32)
+ROWS_Q_ENTRIES(q5_0, Q5_0, rows32)
+ROWS_Q_ENTRIES(q4_1, Q4_1, rows32)
+ROWS_Q_ENTRIES(q5_1, Q5_1, rows32)
+ROWS_Q_ENTRIES(q2_K, Q2_K, rows_k)
+ROWS_Q_ENTRIES(q3_K, Q3_K, rows_k)
+ROWS_Q_ENTRIES(q4_K, Q4_K, rows_k)
+ROWS_Q_ENTRIES(q5_K, Q5_K, rows_k)
+ROWS_Q_ENTRIES(q6_K, Q6_K, rows_k)
+#undef ROWS_Q_ENTRIES
+
+/* Q8_0 in decode (one activation row): one weight row at a time, a single
+ * stream from memory (reading four rows side by side, or even two, ran
+ * Q8_0, the widest 32-value block, at half speed or less from DRAM). Four blocks' exact sums come out
+ * of one vphaddd tree, one block per lane; the fused multiply-adds then take
+ * the lanes in block order, scalar.c's chain exactly (its latency, one fma a
+ * block, is about what memory allows at one thread anyway). */
+LI_INLINE float row_q8_0(int64_t k, const block_q8_0 *b, const act_q8_0 *a) {
+    const int64_t nb = k / 32;
+    __m128 acc = _mm_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        __m256i p[4];
+        for (int t = 0; t < 4; t++) {
+            const __m256i q = loadu(b[i + t].qs);
+            p[t] = mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[i + t].qs));
+        }
+        const __m128 f = _mm_cvtepi32_ps(hsum8x4_epi32(p));
+        const __m128i h = _mm_setr_epi16((short)b[i].d, (short)b[i + 1].d, (short)b[i + 2].d, (short)b[i + 3].d, 0, 0, 0, 0);
+        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(h), _mm_setr_ps(a[i].d, a[i + 1].d, a[i + 2].d, a[i + 3].d));
+        acc = _mm_fmadd_ss(f, dd, acc);
+        acc = _mm_fmadd_ss(_mm_movehdup_ps(f), _mm_movehdup_ps(dd), acc);
+        acc = _mm_fmadd_ss(_mm_movehl_ps(f, f), _mm_movehl_ps(dd, dd), acc);
+        acc = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 3), _mm_shuffle_ps(dd, dd, 3), acc);
+    }
+    for (; i < nb; i++) {
+        const __m256i q = loadu(b[i].qs);
+        const int32_t s = hsum_epi32(mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[i].qs)));
+        acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), s), _mm_set_ss(f16(b[i].d) * a[i].d), acc);
+    }
+    return _mm_cvtss_f32(acc);
+}
+
+static void dot_rows_q8_0(int64_t k, const void *w, size_t ws, int nr, const void *x, size_t xs,
+                          int nc, float *y, size_t ys) {
+    if (nc == 1) {
+        for (int r = 0; r < nr; r++)
+            y[r] = row_q8_0(k, (const block_q8_0 *)(const void *)((const char *)w + (size_t)r * ws),
+                            (const act_q8_0 *)x);
+        return;
+    }
+    switch (nc) {
+    case 2: rows32(LI_TYPE_Q8_0, k, w, ws, nr, x, xs, y, ys, 2); break;
+    case 3: rows32(LI_TYPE_Q8_0, k, w, ws, nr, x, xs, y, ys, 3); break;
+    default: rows32(LI_TYPE_Q8_0, k, w, ws, nr, x, xs, y, ys, 4); break;
+    }
+}
+
+static void dot_q8_0(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    dot_rows_q8_0(k, w, 0, 1, x, xs, nc, s, 1);
+}
 
 /* ---- vector ops ---- */
 
