@@ -854,21 +854,37 @@ LI_INLINE void rows32(const int type, int64_t k, const void *w, size_t ws, int n
     }
 }
 
+/* h[c] = vphaddd of the sums (k_row_sums) of super-blocks i0 at p0 and i1 at p1 */
+LI_INLINE void k_pair_sums(const int type, const char *p0, const char *p1, int64_t i0, int64_t i1,
+                           const void *x, size_t xs, const int nc, __m256i h[LI_DOT_MAX_NC]) {
+    const act_q8_K *a[LI_DOT_MAX_NC];
+    __m256i v0[LI_DOT_MAX_NC], v1[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) a[c] = ACT_ROW(act_q8_K, x, c, xs) + i0;
+    k_row_sums(type, p0, a, nc, v0);
+    for (int c = 0; c < nc; c++) a[c] = ACT_ROW(act_q8_K, x, c, xs) + i1;
+    k_row_sums(type, p1, a, nc, v1);
+    for (int c = 0; c < nc; c++) h[c] = _mm256_hadd_epi32(v0[c], v1[c]);
+}
+
 /* the integer pass of a K-quant over super-blocks i0 .. i0+n of one row */
 LI_INLINE void int_pass_k(const int type, const char *row, int r, int64_t i0, int n, const void *x,
                           size_t xs, const int nc, pass_buf *pb) {
     const int min = k_has_min(type);
     const size_t bb = k_bytes(type);
     for (int j = 0; j < n; j += 4) {
+        /* past the chunk's end, the last super-block again (its sums land past n, unused) */
+        int64_t idx[4];
+        if (j + 4 <= n)
+            for (int t = 0; t < 4; t++) idx[t] = i0 + j + t;
+        else
+            for (int t = 0; t < 4; t++) idx[t] = i0 + LI_MIN(j + t, n - 1);
         const char *blk[4];
-        __m256i v[4][LI_DOT_MAX_NC];
-        for (int t = 0; t < 4; t++) {
-            const int64_t i = i0 + LI_MIN(j + t, n - 1);
-            const act_q8_K *a[LI_DOT_MAX_NC];
-            for (int c = 0; c < nc; c++) a[c] = ACT_ROW(act_q8_K, x, c, xs) + i;
-            blk[t] = row + (size_t)i * bb;
-            k_row_sums(type, blk[t], a, nc, v[t]);
-        }
+        for (int t = 0; t < 4; t++) blk[t] = row + (size_t)idx[t] * bb;
+        /* h[0]: vphaddd of super-blocks 0 and 1's sums, h[1]: of 2 and 3 (folded
+         * as they come, so that few vectors stay live) */
+        __m256i h[2][LI_DOT_MAX_NC];
+        k_pair_sums(type, blk[0], blk[1], idx[0], idx[1], x, xs, nc, h[0]);
+        k_pair_sums(type, blk[2], blk[3], idx[2], idx[3], x, xs, nc, h[1]);
         __m128 dw, mw; /* d then dmin; Q3_K's and Q6_K's d ends the block: read it as a second half */
         if (min)
             f16x2_rows(blk, k_d_at(type), &dw, &mw);
@@ -879,14 +895,15 @@ LI_INLINE void int_pass_k(const int type, const char *row, int r, int64_t i0, in
         for (int c = 0; c < nc; c++) {
             if (min) {
                 /* each half: (isum, imin) of super-blocks 0, 1, then of 2, 3 */
-                const __m256i h01 = _mm256_hadd_epi32(v[0][c], v[1][c]), h23 = _mm256_hadd_epi32(v[2][c], v[3][c]);
+                const __m256i h01 = h[0][c], h23 = h[1][c];
                 const __m128 f01 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h01), _mm256_extracti128_si256(h01, 1)));
                 const __m128 f23 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h23), _mm256_extracti128_si256(h23, 1)));
                 _mm_storeu_ps(pb->isum[c][r] + j, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0)));
                 _mm_storeu_ps(pb->imin[c][r] + j, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1)));
             } else {
-                const __m256i vc[4] = {v[0][c], v[1][c], v[2][c], v[3][c]};
-                _mm_storeu_ps(pb->isum[c][r] + j, _mm_cvtepi32_ps(hsum8x4_epi32(vc)));
+                const __m256i hh = _mm256_hadd_epi32(h[0][c], h[1][c]); /* each half: super-blocks 0-3 */
+                const __m128i is = _mm_add_epi32(_mm256_castsi256_si128(hh), _mm256_extracti128_si256(hh, 1));
+                _mm_storeu_ps(pb->isum[c][r] + j, _mm_cvtepi32_ps(is));
             }
         }
     }
@@ -986,12 +1003,10 @@ LI_INLINE float row_q8_0(int64_t k, const block_q8_0 *b, const act_q8_0 *a) {
             p[t] = mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[i + t].qs));
         }
         const __m128 f = _mm_cvtepi32_ps(hsum8x4_epi32(p));
-        const __m128i h = _mm_setr_epi16((short)b[i].d, (short)b[i + 1].d, (short)b[i + 2].d, (short)b[i + 3].d, 0, 0, 0, 0);
-        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(h), _mm_setr_ps(a[i].d, a[i + 1].d, a[i + 2].d, a[i + 3].d));
-        acc = _mm_fmadd_ss(f, dd, acc);
-        acc = _mm_fmadd_ss(_mm_movehdup_ps(f), _mm_movehdup_ps(dd), acc);
-        acc = _mm_fmadd_ss(_mm_movehl_ps(f, f), _mm_movehl_ps(dd, dd), acc);
-        acc = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 3), _mm_shuffle_ps(dd, dd, 3), acc);
+        acc = _mm_fmadd_ss(f, _mm_set_ss(f16(b[i].d) * a[i].d), acc);
+        acc = _mm_fmadd_ss(_mm_movehdup_ps(f), _mm_set_ss(f16(b[i + 1].d) * a[i + 1].d), acc);
+        acc = _mm_fmadd_ss(_mm_movehl_ps(f, f), _mm_set_ss(f16(b[i + 2].d) * a[i + 2].d), acc);
+        acc = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 3), _mm_set_ss(f16(b[i + 3].d) * a[i + 3].d), acc);
     }
     for (; i < nb; i++) {
         const __m256i q = loadu(b[i].qs);
