@@ -121,7 +121,9 @@ static void pack_blk32(int type, const void *w, size_t row_bytes, int nr, int64_
     }
 }
 
-/* K-quants: value = d * sc_g * u - m * mc_g for group g of 16, u unsigned */
+/* K-quants: value = d * sc_g * u - m * mc_g for group g of 16, u unsigned.
+ * Q3_K and Q6_K have no min, only an offset (u = q + off): mc_g = off * sc_g,
+ * and m = d, unused (the kernels take the offset out in integer) */
 static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64_t nb, li_panel *p) {
     int8_t q[QK_K];
     int sc[16], mn[16];
@@ -199,7 +201,8 @@ void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k,
     p->kind = li_panel_kind(type);
     p->sign = type == LI_TYPE_Q8_0;
     p->offset_shift = type == LI_TYPE_Q4_0 ? 3 : type == LI_TYPE_Q5_0 ? 4 : 0;
-    p->has_min = type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_1 || p->kind == LI_PANEL_KSUPER;
+    p->has_min = type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_1 || type == LI_TYPE_Q2_K ||
+                 type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K;
     switch (type) {
     case LI_TYPE_Q2_K: p->bits = 2; break;
     case LI_TYPE_Q3_K: p->bits = 3; break;

@@ -14,6 +14,12 @@
  * offset * sum(activation block). Q8_0's signed values keep their
  * magnitudes beside them: the AVX2 kernel multiplies |w| by a with w's sign,
  * the VNNI kernel flips the sign bit (w + 128) and takes out 128 * sum(a).
+ *
+ * Per row, a kernel does what scalar.c's dot product does, to the bit: the
+ * block's (super-block's) exact integer sum, then acc = fma(isum, d * dx,
+ * acc), and acc = fma(m, sx, acc) (BLK32 with a min) or acc = fma(-imin,
+ * m * dx, acc) (KSUPER with a min), blocks in order. So a row's result does
+ * not depend on whether it went through a panel or through the dot kernels.
  */
 #ifndef LLMINFER_GEMM_H
 #define LLMINFER_GEMM_H
@@ -34,7 +40,9 @@ typedef struct li_panel {
     int offset_shift; /* BLK32: value = d * (w - 2^shift) (+ m), 0 for none: the kernel
                          subtracts sum(a) << shift */
     int sign;     /* BLK32 (Q8_0): w holds signed values and wa their magnitudes */
-    int has_min;  /* BLK32: add m * s of the Q8_1 activation; KSUPER: subtract the mc terms */
+    int has_min;  /* BLK32: add m * s of the Q8_1 activation; KSUPER: subtract the mc terms
+                     in float, scaled by m (Q2_K, Q4_K, Q5_K); 0: they are Q3_K's or Q6_K's
+                     offsets, taken out of the integer sum */
     int bits;     /* the stored values are below 2^bits (bounds the int16 partial sums) */
     int64_t nb;   /* blocks of 32 (BLK32) or super-blocks of 256 (KSUPER) */
     uint8_t *w;   /* BLK32 [nb][8][ROWS][4]; KSUPER [nb][64][ROWS][4] */

@@ -16,8 +16,8 @@ so the error comes from the activations and from float32 sums:
 import numpy as np
 import pytest
 
-from kernel_cases import (ALL_TYPES, FLOAT_TYPES, QUANT_32, at_level, isa, random_weight,
-                          type_id)
+from kernel_cases import (ALL_TYPES, FLOAT_TYPES, QUANT_32, QUANT_TYPES, at_level, isa,
+                          random_weight, type_id)
 from llminfer import ops, system
 from llminfer.errors import InvalidArgumentError, ShapeError, UnsupportedTypeError
 
@@ -93,6 +93,60 @@ def test_levels_agree(t):
         for level in system.available_isas():
             got = at_level(level, ops.matmul, w, t, (rows, k), x)
             assert np.all(np.abs(got - ref) <= bound), f"{t.name} {level} n={n}"
+
+
+# Batch invariance: a row's products must not depend on what else is in its
+# batch. Batches of 1 take the decode kernels, 2-3 the small-batch dot
+# kernels, 4 and more the prefill panels (in column groups of 4 or 8 and a
+# remainder); 37 weight rows make panels and row groups with a short last one.
+INVARIANCE_NS = (1, 2, 3, 4, 5, 7, 8, 16, 33)
+INVARIANCE_ROWS = 37
+INVARIANCE_POOL = 40
+
+
+def invariance_k(t):
+    """A few blocks: 5 of 32 (a tail after groups of 4), 2 super-blocks, or
+    100 floats (a tail after vectors of 8 and 16)."""
+    if t in FLOAT_TYPES:
+        return 100
+    return 5 * 32 if t in QUANT_32 else 2 * 256
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=type_id)
+def test_batch_invariance(isa, t):
+    """Every row of every batch, at 1 and 2 threads, is bitwise the product of
+    that row alone, wherever it sits in the batch."""
+    rng = np.random.default_rng(70 + int(t))
+    k, rows = invariance_k(t), INVARIANCE_ROWS
+    w = random_weight(rng, t, rows, k)
+    pool = rng.standard_normal((INVARIANCE_POOL, k)).astype(np.float32)
+    alone = np.stack([ops.matmul(w, t, (rows, k), pool[i:i + 1], n_threads=1)[0]
+                      for i in range(INVARIANCE_POOL)])
+    for n in INVARIANCE_NS:
+        for n_threads in (1, 2):
+            pick = rng.choice(INVARIANCE_POOL, size=n, replace=False)
+            got = ops.matmul(w, t, (rows, k), pool[pick], n_threads=n_threads)
+            for j, i in enumerate(pick):
+                assert np.array_equal(got[j], alone[i]), (
+                    f"{t.name} at {isa}: pool row {i} at index {j} of a batch of {n}, "
+                    f"{n_threads} threads: differs from its product alone in weight rows "
+                    f"{np.flatnonzero(got[j] != alone[i]).tolist()}")
+
+
+@pytest.mark.parametrize("t", QUANT_TYPES, ids=type_id)
+def test_levels_bitwise_equal_for_quantized_types(t):
+    """scalar.c specifies the quantized products to the bit (exact integer
+    block sums, then its fused multiply-adds in block order); every level
+    repeats them."""
+    rng = np.random.default_rng(90 + int(t))
+    k, rows = invariance_k(t), INVARIANCE_ROWS
+    w = random_weight(rng, t, rows, k)
+    for n in (1, 3, 9):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        ref = at_level("scalar", ops.matmul, w, t, (rows, k), x)
+        for level in system.available_isas():
+            got = at_level(level, ops.matmul, w, t, (rows, k), x, n_threads=2)
+            assert np.array_equal(got, ref), f"{t.name} {level} n={n}"
 
 
 @pytest.mark.parametrize("n_threads", [1, 2, 3])

@@ -16,7 +16,9 @@
  * are exact whatever the order, and its float step is scalar.c's expression,
  * evaluated lane-wise with one activation row per lane of a float32x4 (lane c
  * is row c), so each row sees the same float operations in the same order.
- * That needs -ffp-contract=off, as setup.py builds, so nothing is fused.
+ * The fused multiply-adds of that expression are explicit (vfmaq_f32,
+ * vfmsq_f32, as scalar.c's fmaf); nothing else may be fused, which needs
+ * -ffp-contract=off, as setup.py builds.
  *
  * Ranges the integer code relies on: activations from quant_act lie in
  * [-127, 127]; a weight byte (at worst -128) times one fits int16 twice
@@ -309,7 +311,7 @@ LI_INLINE void k_scales(const uint8_t s[K_SCALE_SIZE], uint8_t sc[8], uint8_t mn
     }
 
 /* One block of Q4_0 / Q5_0 / Q8_0 (values q, scale d) against block i of
- * act_q8_0 rows: acc[c] += d * a->d * dot(q, a->qs) */
+ * act_q8_0 rows: acc[c] = fma(dot(q, a->qs), d * a->d, acc[c]) */
 LI_INLINE float32x4_t step_q8_0(float32x4_t acc, const int8x16_t q[2], float d, const void *x,
                                 size_t xs, int64_t i, const int nc) {
     int32x4_t p[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
@@ -320,10 +322,11 @@ LI_INLINE float32x4_t step_q8_0(float32x4_t acc, const int8x16_t q[2], float d, 
         p[c] = dot32(q, a->qs);
     }
     const float32x4_t dd = vmulq_f32(vdupq_n_f32(d), row_scales(ad, nc));
-    return vaddq_f32(acc, vmulq_f32(dd, vcvtq_f32_s32(sum_rows(p, nc))));
+    return vfmaq_f32(acc, vcvtq_f32_s32(sum_rows(p, nc)), dd);
 }
 
-/* Q4_1 / Q5_1 against act_q8_1: acc[c] += d * a->d * dot(q, a->qs) + m * a->s */
+/* Q4_1 / Q5_1 against act_q8_1: acc[c] = fma(dot(q, a->qs), d * a->d, acc[c]), then
+ * acc[c] = fma(m, a->s, acc[c]) */
 LI_INLINE float32x4_t step_q8_1(float32x4_t acc, const int8x16_t q[2], float d, float m,
                                 const void *x, size_t xs, int64_t i, const int nc) {
     int32x4_t p[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
@@ -335,9 +338,8 @@ LI_INLINE float32x4_t step_q8_1(float32x4_t acc, const int8x16_t q[2], float d, 
         p[c] = dot32(q, a->qs);
     }
     const float32x4_t dd = vmulq_f32(vdupq_n_f32(d), row_scales(ad, nc));
-    const float32x4_t t = vaddq_f32(vmulq_f32(dd, vcvtq_f32_s32(sum_rows(p, nc))),
-                                    vmulq_f32(vdupq_n_f32(m), row_scales(as, nc)));
-    return vaddq_f32(acc, t);
+    acc = vfmaq_f32(acc, vcvtq_f32_s32(sum_rows(p, nc)), dd);
+    return vfmaq_f32(acc, vdupq_n_f32(m), row_scales(as, nc));
 }
 
 LI_INLINE void dot_q4_0_rows(int64_t k, const void *w, const void *x, size_t xs, const int nc,
@@ -435,19 +437,19 @@ LI_INLINE int32x4_t mins_g32(int16x8_t mn, const int16_t *bsums) {
 }
 
 /* the float step shared by Q2_K, Q4_K, Q5_K:
- * acc[c] += a->d * (d * isum - dmin * imin) */
+ * acc[c] = fma(isum, d * a->d, acc[c]), then acc[c] = fma(-imin, dmin * a->d, acc[c]) */
 LI_INLINE float32x4_t step_k_min(float32x4_t acc, const float ad[4], float d, float dmin,
                                  const int32x4_t isum[4], const int32x4_t imin[4], const int nc) {
     const float32x4_t fs = vcvtq_f32_s32(sum_rows(isum, nc)), fm = vcvtq_f32_s32(sum_rows(imin, nc));
-    const float32x4_t t = vsubq_f32(vmulq_f32(vdupq_n_f32(d), fs), vmulq_f32(vdupq_n_f32(dmin), fm));
-    return vaddq_f32(acc, vmulq_f32(row_scales(ad, nc), t));
+    acc = vfmaq_f32(acc, fs, vmulq_f32(vdupq_n_f32(d), row_scales(ad, nc)));
+    return vfmsq_f32(acc, fm, vmulq_f32(vdupq_n_f32(dmin), row_scales(ad, nc)));
 }
 
-/* Q3_K, Q6_K: acc[c] += a->d * d * isum */
+/* Q3_K, Q6_K: acc[c] = fma(isum, d * a->d, acc[c]) */
 LI_INLINE float32x4_t step_k(float32x4_t acc, const float ad[4], float d, const int32x4_t isum[4],
                              const int nc) {
-    const float32x4_t dd = vmulq_f32(row_scales(ad, nc), vdupq_n_f32(d));
-    return vaddq_f32(acc, vmulq_f32(dd, vcvtq_f32_s32(sum_rows(isum, nc))));
+    const float32x4_t dd = vmulq_f32(vdupq_n_f32(d), row_scales(ad, nc));
+    return vfmaq_f32(acc, vcvtq_f32_s32(sum_rows(isum, nc)), dd);
 }
 
 #define ZERO4_S32 {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)}

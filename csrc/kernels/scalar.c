@@ -218,7 +218,28 @@ static void quant_act_q8_K(const float *x, void *dst, int64_t k) {
     }
 }
 
-/* ---- dot products: one weight row against nc activation rows ---- */
+/* ---- dot products: one weight row against nc activation rows ----
+ *
+ * The quantized products are specified here, and every level computes the
+ * same thing to the bit, so that a row's result never depends on which
+ * kernel (decode, small batch, prefill panel), which column group, thread
+ * or row group it went through. Per block (32 values; a 256-value
+ * super-block for the K-quants) an exact integer dot product, then one fused
+ * multiply-add per block into the row's float sum, blocks in order:
+ *
+ *   Q4_0, Q5_0, Q8_0, Q3_K, Q6_K  acc = fmaf(isum, d * dx, acc)
+ *   Q4_1, Q5_1                    acc = fmaf(isum, d * dx, acc); acc = fmaf(m, sx, acc)
+ *   Q2_K, Q4_K, Q5_K              acc = fmaf(isum, d * dx, acc); acc = fmaf(-imin, dmin * dx, acc)
+ *
+ * isum: sum of q * qx over the block, q the signed value (Q4_0's q - 8,
+ * Q3_K's and Q6_K's offsets included), times the integer sub-scales for
+ * K-quants; imin: sum of the integer mins times the activation's group sums.
+ * Both are exact in int32 (at most 256 * 63 * 127 * 128 < 2^31), so the
+ * order in which a SIMD kernel adds them does not matter; the float steps
+ * it must repeat exactly. fmaf is explicit (this file is built with
+ * -ffp-contract=off): the SIMD levels have fused multiply-adds and use them.
+ * Float weights (F32, F16, BF16) have one kernel per level, with the same
+ * operations for every column, and may differ between levels. */
 
 static int32_t idot(const int8_t *a, const int8_t *b, int n) {
     int32_t s = 0;
@@ -267,7 +288,7 @@ static void dot_q4_0(int64_t k, const void *w, const void *x, size_t xs, int nc,
         unpack_q4_0(&b[i], q);
         for (int c = 0; c < nc; c++) {
             const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i;
-            acc[c] += d * a->d * (float)idot(q, a->qs, QK4_0);
+            acc[c] = fmaf((float)idot(q, a->qs, QK4_0), d * a->d, acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) s[c] = acc[c];
@@ -283,7 +304,7 @@ static void dot_q5_0(int64_t k, const void *w, const void *x, size_t xs, int nc,
         for (int j = 0; j < QK5_0; j++) q[j] = (int8_t)(q[j] - 16);
         for (int c = 0; c < nc; c++) {
             const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i;
-            acc[c] += d * a->d * (float)idot(q, a->qs, QK5_0);
+            acc[c] = fmaf((float)idot(q, a->qs, QK5_0), d * a->d, acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) s[c] = acc[c];
@@ -296,13 +317,13 @@ static void dot_q8_0(int64_t k, const void *w, const void *x, size_t xs, int nc,
         const float d = li_f16_to_f32(b[i].d);
         for (int c = 0; c < nc; c++) {
             const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i;
-            acc[c] += d * a->d * (float)idot(b[i].qs, a->qs, QK8_0);
+            acc[c] = fmaf((float)idot(b[i].qs, a->qs, QK8_0), d * a->d, acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) s[c] = acc[c];
 }
 
-/* 32-element blocks with a min: q4_1, q5_1 against act_q8_1: sum = d*dx*sum(q*qx) + m*sx */
+/* 32-element blocks with a min: q4_1, q5_1 against act_q8_1: d*dx*sum(q*qx) + m*sx */
 static void dot_q4_1(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
     const block_q4_1 *b = (const block_q4_1 *)w;
     float acc[LI_DOT_MAX_NC] = {0};
@@ -312,7 +333,8 @@ static void dot_q4_1(int64_t k, const void *w, const void *x, size_t xs, int nc,
         unpack_q4_1(&b[i], q);
         for (int c = 0; c < nc; c++) {
             const act_q8_1 *a = ACT_ROW(act_q8_1, x, c, xs) + i;
-            acc[c] += d * a->d * (float)idot(q, a->qs, QK4_1) + m * a->s;
+            acc[c] = fmaf((float)idot(q, a->qs, QK4_1), d * a->d, acc[c]);
+            acc[c] = fmaf(m, a->s, acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) s[c] = acc[c];
@@ -327,7 +349,8 @@ static void dot_q5_1(int64_t k, const void *w, const void *x, size_t xs, int nc,
         unpack_5bit(b[i].qh, b[i].qs, q);
         for (int c = 0; c < nc; c++) {
             const act_q8_1 *a = ACT_ROW(act_q8_1, x, c, xs) + i;
-            acc[c] += d * a->d * (float)idot(q, a->qs, QK5_1) + m * a->s;
+            acc[c] = fmaf((float)idot(q, a->qs, QK5_1), d * a->d, acc[c]);
+            acc[c] = fmaf(m, a->s, acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) s[c] = acc[c];
@@ -350,7 +373,8 @@ static void dot_q2_K(int64_t k, const void *w, const void *x, size_t xs, int nc,
                 isum += sc[g] * idot(q + 16 * g, a->qs + 16 * g, 16);
                 imin += mn[g] * a->bsums[g];
             }
-            acc[c] += a->d * (d * (float)isum - dmin * (float)imin);
+            acc[c] = fmaf((float)isum, d * a->d, acc[c]);
+            acc[c] = fmaf(-(float)imin, dmin * a->d, acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) s[c] = acc[c];
@@ -368,20 +392,21 @@ static void dot_q3_K(int64_t k, const void *w, const void *x, size_t xs, int nc,
             const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
             int32_t isum = 0;
             for (int g = 0; g < 16; g++) isum += sc[g] * idot(q + 16 * g, a->qs + 16 * g, 16);
-            acc[c] += a->d * d * (float)isum;
+            acc[c] = fmaf((float)isum, d * a->d, acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) s[c] = acc[c];
 }
 
 static float dot_k_groups32(const int8_t q[QK_K], const int sc[8], const int mn[8], float d,
-                            float dmin, const act_q8_K *a) {
+                            float dmin, const act_q8_K *a, float acc) {
     int32_t isum = 0, imin = 0;
     for (int j = 0; j < 8; j++) {
         isum += sc[j] * idot(q + 32 * j, a->qs + 32 * j, 32);
         imin += mn[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
     }
-    return a->d * (d * (float)isum - dmin * (float)imin);
+    acc = fmaf((float)isum, d * a->d, acc);
+    return fmaf(-(float)imin, dmin * a->d, acc);
 }
 
 static void dot_q4_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
@@ -393,7 +418,7 @@ static void dot_q4_K(int64_t k, const void *w, const void *x, size_t xs, int nc,
         const float d = li_f16_to_f32(b[i].d), dmin = li_f16_to_f32(b[i].dmin);
         unpack_q4_K(&b[i], q, sc, mn);
         for (int c = 0; c < nc; c++)
-            acc[c] += dot_k_groups32(q, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i);
+            acc[c] = dot_k_groups32(q, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i, acc[c]);
     }
     for (int c = 0; c < nc; c++) s[c] = acc[c];
 }
@@ -407,7 +432,7 @@ static void dot_q5_K(int64_t k, const void *w, const void *x, size_t xs, int nc,
         const float d = li_f16_to_f32(b[i].d), dmin = li_f16_to_f32(b[i].dmin);
         unpack_q5_K(&b[i], q, sc, mn);
         for (int c = 0; c < nc; c++)
-            acc[c] += dot_k_groups32(q, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i);
+            acc[c] = dot_k_groups32(q, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i, acc[c]);
     }
     for (int c = 0; c < nc; c++) s[c] = acc[c];
 }
@@ -424,7 +449,7 @@ static void dot_q6_K(int64_t k, const void *w, const void *x, size_t xs, int nc,
             int32_t isum = 0;
             for (int g = 0; g < 16; g++)
                 isum += b[i].scales[g] * idot(q + 16 * g, a->qs + 16 * g, 16);
-            acc[c] += a->d * d * (float)isum;
+            acc[c] = fmaf((float)isum, d * a->d, acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) s[c] = acc[c];

@@ -6,24 +6,26 @@
  * turns a block into 32-byte vectors of small unsigned integers (element order
  * kept, 32 elements a vector) plus its scales, shared by the dequantizer and
  * the dot product; then the dequantizers, the activation quantizers, the dot
- * products (and dot_rows, several weight rows per call, for Q4_0, Q4_1, Q5_0
- * and Q5_1), and the vector ops.
+ * products (and dot_rows, several weight rows per call, for Q4_0, Q4_1, Q5_0,
+ * Q5_1 and Q8_0), and the vector ops.
  *
  * Dequantizers do the scalar file's float operations in its order (mul then
  * add or sub, never fused), so their results are bit-identical to it and to
  * gguf's numpy code. Activation quantizers round half to even like lrintf,
  * giving the scalar file's bytes. Dot products multiply 8-bit integers with
- * vpmaddubsw (unsigned weight x signed activation) and vpmaddwd, apply the
- * scales per block (or per four blocks, after folding their pair sums) in
- * float, and reuse one decoded weight block for all the nc activation rows;
- * their float sums are ordered differently from the
- * scalar ones, so they agree within rounding, not bit for bit.
+ * vpmaddubsw (unsigned weight x signed activation) and vpmaddwd, and reuse
+ * one decoded weight block for all the nc activation rows. For the quantized
+ * types they give scalar.c's results to the bit: each block's integer sum is
+ * exact, and the float steps per block are scalar.c's fused multiply-adds,
+ * in its order (see scalar.c on the dot products). Float weights keep 8-lane
+ * partial sums, the same operations for every column.
  */
 #include "kernels.h"
 
 #if defined(LI_ARCH_X86) && defined(__AVX2__) && (defined(_MSC_VER) || (defined(__FMA__) && defined(__F16C__)))
 #include <immintrin.h>
 #include <math.h>
+#include <stddef.h>
 
 #include "../common.h"
 
@@ -575,271 +577,129 @@ static void dot_bf16(int64_t k, const void *w, const void *x, size_t xs, int nc,
     DISPATCH_NC(dot_bf16_n, k, w, x, xs, nc, s)
 }
 
-/* 32-element symmetric blocks against act_q8_0: acc += d * dx * sum(q * qx).
- * Two accumulators per row (even and odd blocks) hide the FMA latency when
- * nc is 1. `signed_q` gives the block's signed values. */
-#define SYM32_DOT_WORKER(name, BT, signed_q)                                                    \
-    LI_INLINE void name##_step(const BT *b, int64_t i, const void *x, size_t xs, __m256 *acc, \
-                               const int nc) {                                                  \
-        const __m256i q = signed_q(&b[i]);                                                      \
-        const __m256i aq = _mm256_sign_epi8(q, q);                                              \
-        const float d = f16(b[i].d);                                                            \
-        for (int c = 0; c < nc; c++) {                                                          \
-            const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i;                                \
-            const __m256 p = _mm256_cvtepi32_ps(mul_sum_ss8(aq, q, loadu(a->qs)));              \
-            acc[c] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * a->d), acc[c]);                      \
-        }                                                                                       \
-    }                                                                                           \
-    LI_INLINE void name(int64_t k, const void *w, const void *x, size_t xs, float *s,          \
-                        const int nc) {                                                         \
-        const BT *b = (const BT *)w;                                                            \
-        const int64_t nb = k / 32;                                                              \
-        __m256 acc0[LI_DOT_MAX_NC], acc1[LI_DOT_MAX_NC];                                        \
-        for (int c = 0; c < nc; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();                   \
-        int64_t i = 0;                                                                          \
-        for (; i + 2 <= nb; i += 2) {                                                           \
-            name##_step(b, i, x, xs, acc0, nc);                                                 \
-            name##_step(b, i + 1, x, xs, acc1, nc);                                             \
-        }                                                                                       \
-        if (i < nb) name##_step(b, i, x, xs, acc0, nc);                                         \
-        for (int c = 0; c < nc; c++) s[c] = hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));          \
-    }
+/* ---- decode and small batches of the quantized types: scalar.c's formula ----
+ * Up to four weight rows against up to four activation rows per call. Each
+ * row gets exactly scalar.c's operations: per block an exact integer sum,
+ * then its fused multiply-adds in block order (the same as the prefill
+ * panels of x86_avx2_gemm.c and x86_avx512.c do), whatever the call, so a
+ * row's result does not depend on its batch. How the work is laid out
+ * follows what ran fastest here, decode (one activation row) first:
+ *
+ * - Q4_0, Q4_1, Q5_0, Q5_1 (rows32): one pass, the four rows side by side,
+ *   a block of each in turn; the four rows' pair sums fold with vphaddw
+ *   into one vector of block sums (lane r: row r), and the scales apply to
+ *   the four rows at once.
+ * - Q8_0 in decode (row_q8_0): one row at a time, a single stream from
+ *   memory; four blocks' sums in one vector, applied lane by lane (with
+ *   more than one activation row, rows32 as above).
+ * - K-quants (rows_k), in two passes over chunks of PASS_BLOCKS
+ *   super-blocks: an integer pass reads one weight row at a time, front to
+ *   back, and keeps each super-block's exact sums (as floats: scalar.c's
+ *   conversion) and scales in a small buffer; a float pass transposes four
+ *   super-blocks of it at a time (lane r: row r) and applies the scales to
+ *   the four rows at once.
+ *
+ * Reading rows side by side (a short stream per row) was what cost most:
+ * from DRAM it ran Q8_0 and the K-quants at about half their one-row speed
+ * on the machine this was tuned on, prefetching or not; the narrow 32-value
+ * blocks lost little, and the one-pass fold does less work per block. */
 
-LI_INLINE __m256i signed_q8_0(const block_q8_0 *b) { return loadu(b->qs); }
+#define PASS_BLOCKS 128 /* super-blocks in a chunk: 32768 values */
 
-SYM32_DOT_WORKER(dot_q8_0_n, block_q8_0, signed_q8_0)
+typedef struct {
+    float isum[LI_DOT_MAX_NC][4][PASS_BLOCKS]; /* [column][row][block] exact integer sums */
+    float imin[LI_DOT_MAX_NC][4][PASS_BLOCKS]; /* K-quants with a min */
+    float d[4][PASS_BLOCKS], m[4][PASS_BLOCKS]; /* [row][block]: d, and m or dmin */
+} pass_buf;
 
-static void dot_q8_0(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q8_0_n, k, w, x, xs, nc, s)
+/* four rows of 4 floats at p[0..3] transposed: t[j] lane r = p[r][j] */
+LI_INLINE void load_t4(const float *p0, const float *p1, const float *p2, const float *p3, __m128 t[4]) {
+    t[0] = _mm_loadu_ps(p0);
+    t[1] = _mm_loadu_ps(p1);
+    t[2] = _mm_loadu_ps(p2);
+    t[3] = _mm_loadu_ps(p3);
+    _MM_TRANSPOSE4_PS(t[0], t[1], t[2], t[3]);
 }
 
-/* Q4_0, Q5_0 (against act_q8_0) and Q4_1, Q5_1 (against act_q8_1): several
- * weight rows at once, four blocks at a time. Weights stay unsigned (u = q +
- * off for Q4_0 / Q5_0), so vpmaddubsw takes them as they are and the offset
- * comes back out as off * sum(qx), computed once per activation block for all
- * rows. The four blocks' 16-bit pair sums are folded with vphaddw into one
- * vector (lanes 0-3: first halves of blocks 0-3, lanes 4-7: second halves),
- * so the widening, the convert and the scale multiply happen once per four
- * blocks. Every 16-bit lane ends as a sum of 8 products of at most 31 * 127 in
- * magnitude (16 * 127 once the offset is out), so nothing overflows. */
-
-
-/* four f16 values at p, p + stride, ... (bytes) as floats */
-LI_INLINE __m128 f16x4(const uint8_t *p, size_t stride) {
-    uint16_t h[4];
-    for (int j = 0; j < 4; j++) memcpy(&h[j], p + j * stride, 2);
-    __m128i v = _mm_cvtsi32_si128(h[0]);
-    v = _mm_insert_epi16(v, h[1], 1);
-    v = _mm_insert_epi16(v, h[2], 2);
-    v = _mm_insert_epi16(v, h[3], 3);
-    return _mm_cvtph_ps(v);
+/* bytes of one weight block */
+LI_INLINE size_t blk32_bytes(const int type) {
+    switch (type) {
+    case LI_TYPE_Q4_0: return sizeof(block_q4_0);
+    case LI_TYPE_Q4_1: return sizeof(block_q4_1);
+    case LI_TYPE_Q5_0: return sizeof(block_q5_0);
+    case LI_TYPE_Q5_1: return sizeof(block_q5_1);
+    default: return sizeof(block_q8_0);
+    }
 }
 
-LI_INLINE __m256 dup128(__m128 v) { return _mm256_set_m128(v, v); }
-
-LI_INLINE __m256i unsigned_q4_0(const block_q4_0 *b) { return unpack_q4(b->qs); }
-LI_INLINE __m256i unsigned_q5_0(const block_q5_0 *b) { return unpack_q5(b->qh, b->qs); }
-LI_INLINE __m256i unsigned_q4_1(const block_q4_1 *b) { return unpack_q4(b->qs); }
-LI_INLINE __m256i unsigned_q5_1(const block_q5_1 *b) { return unpack_q5(b->qh, b->qs); }
-
-/* Decode reads several rows side by side: short streams a row apart that the
- * hardware prefetchers pick up only after a while, again for every group of
- * rows (Zen 4, from DRAM: four rows at once ran at half the speed of one). So
- * each row asks for the same bytes of the row nr further on, which the next
- * call will read. Past the matrix end that is harmless: prefetches never fault. */
-
-/* acc[r][c] collects row r x column c; `off` the weight offset (0: a type with a min) */
-#define ROWS32_WORKER(name, BT, AT, unsigned_q, off, has_min, act_sum)                                   \
-    LI_INLINE void name(int64_t k, const void *w, size_t ws, const void *x, size_t xs,         \
-                        float *y, size_t ys, const int nr, const int nc) {                      \
-        const int64_t nb = k / 32;                                                              \
-        const __m256i one = _mm256_set1_epi16(1), voff = _mm256_set1_epi8(off);                 \
-        __m256 acc[LI_DOT_MAX_NR][LI_DOT_MAX_NC];                                               \
-        __m128 macc[LI_DOT_MAX_NR][LI_DOT_MAX_NC];                                              \
-        for (int r = 0; r < nr; r++)                                                            \
-            for (int c = 0; c < nc; c++) {                                                      \
-                acc[r][c] = _mm256_setzero_ps();                                                \
-                macc[r][c] = _mm_setzero_ps();                                                  \
-            }                                                                                   \
-        int64_t i = 0;                                                                          \
-        for (; i + 4 <= nb; i += 4) {                                                           \
-            __m256i corr[LI_DOT_MAX_NC];                                                        \
-            __m128 da[LI_DOT_MAX_NC], sa[LI_DOT_MAX_NC];                                        \
-            for (int c = 0; c < nc; c++) {                                                      \
-                const AT *a = ACT_ROW(AT, x, c, xs) + i;                                        \
-                da[c] = _mm_set_ps(a[3].d, a[2].d, a[1].d, a[0].d);                             \
-                if (has_min) sa[c] = _mm_set_ps(act_sum(&a[3]), act_sum(&a[2]), act_sum(&a[1]), act_sum(&a[0]));                \
-                if (off) {                                                                      \
-                    __m256i p[4];                                                               \
-                    for (int j = 0; j < 4; j++) p[j] = _mm256_maddubs_epi16(voff, loadu(a[j].qs)); \
-                    corr[c] = fold4_i16(p);                                                     \
-                }                                                                               \
-            }                                                                                   \
-            for (int r = 0; r < nr; r++) {                                                      \
-                const BT *b = (const BT *)((const char *)w + (size_t)r * ws) + i;               \
-                if (nc == 1) { /* see the prefetch note above */                                         \
-                    const char *next = (const char *)b + (size_t)nr * ws;                       \
-                    _mm_prefetch(next, _MM_HINT_T0);                                            \
-                    _mm_prefetch(next + 64, _MM_HINT_T0);                                       \
-                }                                                                               \
-                __m256i u[4];                                                                   \
-                for (int j = 0; j < 4; j++) u[j] = unsigned_q(&b[j]);                           \
-                const __m128 dw = f16x4((const uint8_t *)&b[0].d, sizeof(BT));                  \
-                __m128 mw = _mm_setzero_ps();                                                   \
-                if (has_min) mw = f16x4((const uint8_t *)&b[0].d + 2, sizeof(BT));              \
-                for (int c = 0; c < nc; c++) {                                                  \
-                    const AT *a = ACT_ROW(AT, x, c, xs) + i;                                    \
-                    __m256i p[4];                                                               \
-                    for (int j = 0; j < 4; j++) p[j] = _mm256_maddubs_epi16(u[j], loadu(a[j].qs)); \
-                    __m256i h = fold4_i16(p);                                                   \
-                    if (off) h = _mm256_sub_epi16(h, corr[c]);                                  \
-                    h = _mm256_madd_epi16(h, one);                                              \
-                    const __m256 sc = dup128(_mm_mul_ps(dw, da[c]));                            \
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), sc, acc[r][c]);          \
-                    if (has_min) macc[r][c] = _mm_fmadd_ps(mw, sa[c], macc[r][c]);              \
-                }                                                                               \
-            }                                                                                   \
-        }                                                                                       \
-        for (; i < nb; i++) /* the last k/32 % 4 blocks, one at a time */                       \
-            for (int c = 0; c < nc; c++) {                                                      \
-                const AT *a = ACT_ROW(AT, x, c, xs) + i;                                        \
-                const __m256i aq = loadu(a->qs);                                                \
-                const __m256i cb = _mm256_maddubs_epi16(voff, aq);                              \
-                for (int r = 0; r < nr; r++) {                                                  \
-                    const BT *b = (const BT *)((const char *)w + (size_t)r * ws) + i;           \
-                    __m256i p = _mm256_maddubs_epi16(unsigned_q(b), aq);                        \
-                    if (off) p = _mm256_sub_epi16(p, cb);                                       \
-                    const __m256 sc = _mm256_set1_ps(f16(b->d) * a->d);                         \
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, one)),  \
-                                                sc, acc[r][c]);                                 \
-                    if (has_min) {                                                              \
-                        const float m = f16(((const uint16_t *)&b->d)[1]);                      \
-                        macc[r][c] = _mm_add_ss(macc[r][c], _mm_set_ss(m * act_sum(a)));              \
-                    }                                                                           \
-                }                                                                               \
-            }                                                                                   \
-        for (int r = 0; r < nr; r++)                                                            \
-            for (int c = 0; c < nc; c++) {                                                      \
-                float t = hsum_ps(acc[r][c]);                                                   \
-                if (has_min) t += hsum_ps(_mm256_castps128_ps256(macc[r][c]) /* upper: 0 */);  \
-                y[(size_t)c * ys + r] = t;                                                      \
-            }                                                                                   \
+/* the block at p as 32 unsigned bytes: q + off, or Q8_0's signed q itself */
+LI_INLINE __m256i blk32_values(const int type, const char *p) {
+    switch (type) {
+    case LI_TYPE_Q4_0: return unpack_q4(((const block_q4_0 *)(const void *)p)->qs);
+    case LI_TYPE_Q4_1: return unpack_q4(((const block_q4_1 *)(const void *)p)->qs);
+    case LI_TYPE_Q5_0: {
+        const block_q5_0 *b = (const block_q5_0 *)(const void *)p;
+        return unpack_q5(b->qh, b->qs);
     }
-
-/* Several columns: four rows at once where there are four (each column's
- * offset sums and scales then serve four rows; 16 accumulators, a few of
- * which spill, still measured faster for Q4_0), else rows in pairs. */
-#define DISPATCH_ROWS(worker, k, w, ws, nr, x, xs, nc, y, ys)                                   \
-    if (nc == 1) {                                                                              \
-        switch (nr) {                                                                           \
-        case 1: worker(k, w, ws, x, xs, y, ys, 1, 1); break;                                    \
-        case 2: worker(k, w, ws, x, xs, y, ys, 2, 1); break;                                    \
-        case 3: worker(k, w, ws, x, xs, y, ys, 3, 1); break;                                    \
-        default: worker(k, w, ws, x, xs, y, ys, 4, 1); break;                                   \
-        }                                                                                       \
-    } else if (nr == 4) {                                                                       \
-        switch (nc) {                                                                           \
-        case 2: worker(k, w, ws, x, xs, y, ys, 4, 2); break;                                    \
-        case 3: worker(k, w, ws, x, xs, y, ys, 4, 3); break;                                    \
-        default: worker(k, w, ws, x, xs, y, ys, 4, 4); break;                                   \
-        }                                                                                       \
-    } else {                                                                                    \
-        for (int r = 0; r < nr; r += 2) {                                                       \
-            const void *wr = (const char *)(w) + (size_t)r * (ws);                              \
-            const int pair = nr - r >= 2;                                                       \
-            switch (nc + 4 * pair) {                                                            \
-            case 2: worker(k, wr, ws, x, xs, y + r, ys, 1, 2); break;                           \
-            case 3: worker(k, wr, ws, x, xs, y + r, ys, 1, 3); break;                           \
-            case 4: worker(k, wr, ws, x, xs, y + r, ys, 1, 4); break;                           \
-            case 6: worker(k, wr, ws, x, xs, y + r, ys, 2, 2); break;                           \
-            case 7: worker(k, wr, ws, x, xs, y + r, ys, 2, 3); break;                           \
-            default: worker(k, wr, ws, x, xs, y + r, ys, 2, 4); break;                          \
-            }                                                                                   \
-        }                                                                                       \
+    case LI_TYPE_Q5_1: {
+        const block_q5_1 *b = (const block_q5_1 *)(const void *)p;
+        return unpack_q5(b->qh, b->qs);
     }
-LI_STATIC_ASSERT(LI_DOT_MAX_NR == 4, "DISPATCH_ROWS covers nr up to 4");
-
-/* d * sum(q) of an activation block: act_q8_1 stores it; act_q8_0 has none (never used) */
-LI_INLINE float act_sum_q8_0(const act_q8_0 *a) { (void)a; return 0.0f; }
-LI_INLINE float act_sum_q8_1(const act_q8_1 *a) { return a->s; }
-
-ROWS32_WORKER(rows_q4_0, block_q4_0, act_q8_0, unsigned_q4_0, 8, 0, act_sum_q8_0)
-ROWS32_WORKER(rows_q5_0, block_q5_0, act_q8_0, unsigned_q5_0, 16, 0, act_sum_q8_0)
-ROWS32_WORKER(rows_q4_1, block_q4_1, act_q8_1, unsigned_q4_1, 0, 1, act_sum_q8_1)
-ROWS32_WORKER(rows_q5_1, block_q5_1, act_q8_1, unsigned_q5_1, 0, 1, act_sum_q8_1)
-
-#define ROWS32_ENTRIES(T)                                                                       \
-    static void dot_rows_##T(int64_t k, const void *w, size_t ws, int nr, const void *x,       \
-                             size_t xs, int nc, float *y, size_t ys) {                          \
-        DISPATCH_ROWS(rows_##T, k, w, ws, nr, x, xs, nc, y, ys)                                 \
-    }                                                                                           \
-    static void dot_##T(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) { \
-        dot_rows_##T(k, w, 0, 1, x, xs, nc, s, 1);                                              \
+    default: return loadu(((const block_q8_0 *)(const void *)p)->qs);
     }
-ROWS32_ENTRIES(q4_0)
-ROWS32_ENTRIES(q5_0)
-ROWS32_ENTRIES(q4_1)
-ROWS32_ENTRIES(q5_1)
-
-/* K-quants against act_q8_K. The integer sum of a super-block stays in 8
- * int32 lanes; its scale (and the min term, from the activation's per-16
- * sums) is applied once per super-block in float. */
-
-LI_INLINE void dot_q2_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
-                          const int nc) {
-    const block_q2_K *b = (const block_q2_K *)w;
-    __m256 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        __m256i u[8], sc, mn, wts[2];
-        unpack_q2_K(&b[i], u, &sc, &mn);
-        group16_fold_weights(sc, wts);
-        const float d = f16(b[i].d), dmin = f16(b[i].dmin);
-        for (int c = 0; c < nc; c++) {
-            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
-            __m256i isum = _mm256_setzero_si256();
-            for (int g = 0; g < 2; g++)
-                isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a->qs + 128 * g, wts[g]));
-            const __m256i imin = _mm256_madd_epi16(mn, loadu(a->bsums));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_set1_ps(dmin * a->d), acc[c]);
-        }
-    }
-    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
 }
 
-LI_INLINE void dot_q3_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
-                          const int nc) {
-    const block_q3_K *b = (const block_q3_K *)w;
-    __m256 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        __m256i u[8], sc, wts[2];
-        unpack_q3_K(&b[i], u, &sc);
-        group16_fold_weights(sc, wts);
-        const float d = f16(b[i].d);
-        for (int c = 0; c < nc; c++) {
-            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
-            __m256i isum = _mm256_setzero_si256();
-            for (int g = 0; g < 2; g++)
-                isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a->qs + 128 * g, wts[g]));
-            /* u = q + 4: take 4 * sum(sc * group sums) back out */
-            const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a->bsums)), 2);
-            isum = _mm256_sub_epi32(isum, off);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), acc[c]);
-        }
-    }
-    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
+/* the two f16 at byte `at` of four rows' blocks, as floats (lane r: row r):
+ * the first in *lo, the second in *hi (one 32-bit load a row) */
+LI_INLINE void f16x2_rows(const char *const row[4], size_t at, __m128 *lo, __m128 *hi) {
+    int32_t v[4];
+    for (int r = 0; r < 4; r++) memcpy(&v[r], row[r] + at, 4);
+    const __m128i h = _mm_shuffle_epi8(_mm_setr_epi32(v[0], v[1], v[2], v[3]),
+                                       _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+    const __m256 f = _mm256_cvtph_ps(h);
+    *lo = _mm256_castps256_ps128(f);
+    *hi = _mm256_extractf128_ps(f, 1);
 }
+
+/* lane r: the sum of the 8 int32 lanes of v[r] */
+LI_INLINE __m128i hsum8x4_epi32(const __m256i v[4]) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+LI_INLINE int k_has_min(const int type) {
+    return type == LI_TYPE_Q2_K || type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K;
+}
+
+/* bytes of a block; where its f16 d sits (dmin, where there is one, follows) */
+LI_INLINE size_t k_bytes(const int type) {
+    switch (type) {
+    case LI_TYPE_Q2_K: return sizeof(block_q2_K);
+    case LI_TYPE_Q3_K: return sizeof(block_q3_K);
+    case LI_TYPE_Q4_K: return sizeof(block_q4_K);
+    case LI_TYPE_Q5_K: return sizeof(block_q5_K);
+    default: return sizeof(block_q6_K);
+    }
+}
+LI_INLINE size_t k_d_at(const int type) {
+    switch (type) {
+    case LI_TYPE_Q2_K: return offsetof(block_q2_K, d);
+    case LI_TYPE_Q3_K: return offsetof(block_q3_K, d);
+    case LI_TYPE_Q4_K: return offsetof(block_q4_K, d);
+    case LI_TYPE_Q5_K: return offsetof(block_q5_K, d);
+    default: return offsetof(block_q6_K, d);
+    }
+}
+LI_STATIC_ASSERT(offsetof(block_q2_K, dmin) == offsetof(block_q2_K, d) + 2 &&
+                     offsetof(block_q4_K, dmin) == 2 && offsetof(block_q5_K, dmin) == 2,
+                 "dmin follows d");
 
 /* Q4_K and Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and min. The
  * pair sums of four sub-blocks are folded with vphaddw (each 16-bit lane then
  * holds 8 products of at most 31 * 127: no overflow), so one vpmaddwd applies
  * four scales at once: lanes 2j, 2j+1 of each 128-bit half belong to
  * sub-block j of the four. */
-LI_INLINE void k_groups32_dot(const __m256i u[8], __m128i sc8, __m128i mn8, float d, float dmin,
-                              const act_q8_K *a, __m256 *acc) {
-    const __m256i sc2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8)); /* s0 s0 s1 s1 .. s7 s7 */
+LI_INLINE __m256i k_groups32_isum(const __m256i u[8], __m256i sc2, const act_q8_K *a) {
     __m256i isum = _mm256_setzero_si256();
     for (int g = 0; g < 2; g++) {
         __m256i p[4];
@@ -849,86 +709,330 @@ LI_INLINE void k_groups32_dot(const __m256i u[8], __m128i sc8, __m128i mn8, floa
         const __m256i wts = g ? _mm256_permute4x64_epi64(sc2, 0xee) : _mm256_permute4x64_epi64(sc2, 0x44);
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(fold4_i16(p), wts));
     }
-    /* min of sub-block v times its two group sums: mins doubled, one per group of 16 */
-    const __m256i mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
-    const __m256i imin = _mm256_madd_epi16(mn, loadu(a->bsums));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), *acc);
-    *acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_set1_ps(dmin * a->d), *acc);
+    return isum;
 }
 
-LI_INLINE void dot_q4_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
-                          const int nc) {
-    const block_q4_K *b = (const block_q4_K *)w;
-    __m256 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        __m256i u[8];
-        __m128i sc, mn;
-        unpack_q4_K(&b[i], u);
-        unpack_k_scales(b[i].scales, &sc, &mn);
-        const float d = f16(b[i].d), dmin = f16(b[i].dmin);
-        for (int c = 0; c < nc; c++)
-            k_groups32_dot(u, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i, &acc[c]);
-    }
-    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
-}
-
-LI_INLINE void dot_q5_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
-                          const int nc) {
-    const block_q5_K *b = (const block_q5_K *)w;
-    __m256 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        __m256i u[8];
-        __m128i sc, mn;
-        unpack_q5_K(&b[i], u);
-        unpack_k_scales(b[i].scales, &sc, &mn);
-        const float d = f16(b[i].d), dmin = f16(b[i].dmin);
-        for (int c = 0; c < nc; c++)
-            k_groups32_dot(u, sc, mn, d, dmin, ACT_ROW(act_q8_K, x, c, xs) + i, &acc[c]);
-    }
-    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
-}
-
-LI_INLINE void dot_q6_K_n(int64_t k, const void *w, const void *x, size_t xs, float *s,
-                          const int nc) {
-    const block_q6_K *b = (const block_q6_K *)w;
-    __m256 acc[LI_DOT_MAX_NC];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        __m256i u[8], wts[8];
-        unpack_q6_K(&b[i], u);
-        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b[i].scales));
-        group16_weights(sc, wts);
-        const float d = f16(b[i].d);
+/* one row's super-block at p against the nc activation blocks a[c]: v[c] =
+ * vphaddd(isum, imin) for the types with a min (each half: isum, isum, imin,
+ * imin partial sums), else isum with the offset taken out */
+LI_INLINE void k_row_sums(const int type, const char *p, const act_q8_K *const a[LI_DOT_MAX_NC],
+                          const int nc, __m256i v[LI_DOT_MAX_NC]) {
+    __m256i u[8];
+    switch (type) {
+    case LI_TYPE_Q2_K: {
+        __m256i sc, mn, wts[2];
+        unpack_q2_K((const block_q2_K *)(const void *)p, u, &sc, &mn);
+        group16_fold_weights(sc, wts);
         for (int c = 0; c < nc; c++) {
-            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
             __m256i isum = _mm256_setzero_si256();
-            for (int v = 0; v < 8; v++)
-                isum = _mm256_add_epi32(isum, mul_sum_us8_w(u[v], loadu(a->qs + 32 * v), wts[v]));
+            for (int g = 0; g < 2; g++)
+                isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a[c]->qs + 128 * g, wts[g]));
+            v[c] = _mm256_hadd_epi32(isum, _mm256_madd_epi16(mn, loadu(a[c]->bsums)));
+        }
+        break;
+    }
+    case LI_TYPE_Q3_K: {
+        __m256i sc, wts[2];
+        unpack_q3_K((const block_q3_K *)(const void *)p, u, &sc);
+        group16_fold_weights(sc, wts);
+        for (int c = 0; c < nc; c++) {
+            __m256i isum = _mm256_setzero_si256();
+            for (int g = 0; g < 2; g++)
+                isum = _mm256_add_epi32(isum, fold4_dot(u + 4 * g, a[c]->qs + 128 * g, wts[g]));
+            /* u = q + 4: take 4 * sum(sc * group sums) back out */
+            v[c] = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a[c]->bsums)), 2));
+        }
+        break;
+    }
+    case LI_TYPE_Q4_K:
+    case LI_TYPE_Q5_K: {
+        __m128i sc8, mn8;
+        if (type == LI_TYPE_Q4_K) {
+            const block_q4_K *b = (const block_q4_K *)(const void *)p;
+            unpack_q4_K(b, u);
+            unpack_k_scales(b->scales, &sc8, &mn8);
+        } else {
+            const block_q5_K *b = (const block_q5_K *)(const void *)p;
+            unpack_q5_K(b, u);
+            unpack_k_scales(b->scales, &sc8, &mn8);
+        }
+        const __m256i sc2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8)); /* s0 s0 s1 s1 .. s7 s7 */
+        /* min of sub-block v times its two group sums: mins doubled, one per group of 16 */
+        const __m256i mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+        for (int c = 0; c < nc; c++)
+            v[c] = _mm256_hadd_epi32(k_groups32_isum(u, sc2, a[c]), _mm256_madd_epi16(mn, loadu(a[c]->bsums)));
+        break;
+    }
+    default: { /* Q6_K */
+        const block_q6_K *b = (const block_q6_K *)(const void *)p;
+        __m256i wts[8];
+        unpack_q6_K(b, u);
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+        group16_weights(sc, wts);
+        for (int c = 0; c < nc; c++) {
+            __m256i isum = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++)
+                isum = _mm256_add_epi32(isum, mul_sum_us8_w(u[j], loadu(a[c]->qs + 32 * j), wts[j]));
             /* u = q + 32: take 32 * sum(sc * group sums) back out */
-            const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a->bsums)), 5);
-            isum = _mm256_sub_epi32(isum, off);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * a->d), acc[c]);
+            v[c] = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a[c]->bsums)), 5));
+        }
+        break;
+    }
+    }
+}
+
+
+/* Q4_0, Q4_1, Q5_0, Q5_1 (and Q8_0 with several activation rows): the four
+ * rows side by side. Weights stay unsigned for vpmaddubsw (u = q + off for
+ * Q4_0 / Q5_0, whose offset comes out of each row's pair sums before the
+ * fold as off * (pair sums of qx), computed once for all rows; Q8_0
+ * multiplies |q| by qx with q's sign). The four rows' pair sums fold with
+ * vphaddw into 16-bit lanes 2r, 2r + 1 of each 128-bit half (8 products of
+ * at most 16 * 127, or 31 * 127 for the types with a min: no overflow), widen,
+ * and the two halves add: one vector of the rows' block sums. Q8_0's pair
+ * sums (up to 2 * 128 * 127) widen first and fold with vphaddd. Four streams
+ * a row apart are what the prefetchers pick up late, so each row asks for
+ * the same bytes of the row nr further on, which the next call will read
+ * (past the matrix end that is harmless: prefetches never fault).
+ * y[c * ys + r] for r < nr (1..4), c < nc; rows past nr repeat row nr - 1,
+ * their lanes computed and dropped */
+LI_INLINE void rows32(const int type, int64_t k, const void *w, size_t ws, int nr, const void *x,
+                      size_t xs, float *y, size_t ys, const int nc) {
+    const int min = type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_1, sign = type == LI_TYPE_Q8_0;
+    const int off = type == LI_TYPE_Q4_0 ? 8 : type == LI_TYPE_Q5_0 ? 16 : 0;
+    const size_t bb = blk32_bytes(type), ab = min ? sizeof(act_q8_1) : sizeof(act_q8_0);
+    const size_t qo = min ? offsetof(act_q8_1, qs) : offsetof(act_q8_0, qs);
+    const __m256i one = _mm256_set1_epi16(1), voff = _mm256_set1_epi8((char)off);
+    const char *row[4];
+    for (int r = 0; r < 4; r++) row[r] = (const char *)w + (size_t)LI_MIN(r, nr - 1) * ws;
+    __m128 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
+    const int64_t nb = k / 32;
+    for (int64_t i = 0; i < nb; i++) {
+        const size_t at = (size_t)i * bb;
+        if (nc == 1 && (i & 3) == 0) /* the next four blocks of the rows the next call reads */
+            for (int r = 0; r < nr; r++)
+                for (size_t o = 0; o < 4 * bb; o += 64) _mm_prefetch(row[r] + at + (size_t)nr * ws + o, _MM_HINT_T0);
+        __m256i u[4], q[4];
+        for (int r = 0; r < 4; r++) {
+            q[r] = blk32_values(type, row[r] + at);
+            u[r] = sign ? _mm256_sign_epi8(q[r], q[r]) : q[r];
+        }
+        __m128 dw, mw; /* d and (Q4_1, Q5_1) m lead every block */
+        f16x2_rows(row, at, &dw, &mw);
+        for (int c = 0; c < nc; c++) {
+            const char *xb = (const char *)x + (size_t)c * xs + (size_t)i * ab;
+            const __m256i a = loadu(xb + qo);
+            __m256i p[4];
+            __m128i isum;
+            if (sign) {
+                for (int r = 0; r < 4; r++) p[r] = mul_sum_ss8(u[r], q[r], a);
+                isum = hsum8x4_epi32(p);
+            } else {
+                const __m256i corr = _mm256_maddubs_epi16(voff, a);
+                for (int r = 0; r < 4; r++) {
+                    p[r] = _mm256_maddubs_epi16(u[r], a);
+                    if (off) p[r] = _mm256_sub_epi16(p[r], corr);
+                }
+                const __m256i s = _mm256_madd_epi16(fold4_i16(p), one);
+                isum = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            }
+            float dx;
+            memcpy(&dx, xb, 4); /* d comes first in both activation formats */
+            acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(dx)), acc[c]);
+            if (min) {
+                float sx;
+                memcpy(&sx, xb + offsetof(act_q8_1, s), 4);
+                acc[c] = _mm_fmadd_ps(mw, _mm_set1_ps(sx), acc[c]);
+            }
         }
     }
-    for (int c = 0; c < nc; c++) s[c] = hsum_ps(acc[c]);
+    for (int c = 0; c < nc; c++) {
+        float t[4];
+        _mm_storeu_ps(t, acc[c]);
+        for (int r = 0; r < nr; r++) y[(size_t)c * ys + (size_t)r] = t[r];
+    }
 }
 
-static void dot_q2_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q2_K_n, k, w, x, xs, nc, s)
+/* h[c] = vphaddd of the sums (k_row_sums) of super-blocks i0 at p0 and i1 at p1 */
+LI_INLINE void k_pair_sums(const int type, const char *p0, const char *p1, int64_t i0, int64_t i1,
+                           const void *x, size_t xs, const int nc, __m256i h[LI_DOT_MAX_NC]) {
+    const act_q8_K *a[LI_DOT_MAX_NC];
+    __m256i v0[LI_DOT_MAX_NC], v1[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) a[c] = ACT_ROW(act_q8_K, x, c, xs) + i0;
+    k_row_sums(type, p0, a, nc, v0);
+    for (int c = 0; c < nc; c++) a[c] = ACT_ROW(act_q8_K, x, c, xs) + i1;
+    k_row_sums(type, p1, a, nc, v1);
+    for (int c = 0; c < nc; c++) h[c] = _mm256_hadd_epi32(v0[c], v1[c]);
 }
-static void dot_q3_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q3_K_n, k, w, x, xs, nc, s)
+
+/* the integer pass of a K-quant over super-blocks i0 .. i0+n of one row */
+LI_INLINE void int_pass_k(const int type, const char *row, int r, int64_t i0, int n, const void *x,
+                          size_t xs, const int nc, pass_buf *pb) {
+    const int min = k_has_min(type);
+    const size_t bb = k_bytes(type);
+    for (int j = 0; j < n; j += 4) {
+        /* past the chunk's end, the last super-block again (its sums land past n, unused) */
+        int64_t idx[4];
+        if (j + 4 <= n)
+            for (int t = 0; t < 4; t++) idx[t] = i0 + j + t;
+        else
+            for (int t = 0; t < 4; t++) idx[t] = i0 + LI_MIN(j + t, n - 1);
+        const char *blk[4];
+        for (int t = 0; t < 4; t++) blk[t] = row + (size_t)idx[t] * bb;
+        /* h[0]: vphaddd of super-blocks 0 and 1's sums, h[1]: of 2 and 3 (folded
+         * as they come, so that few vectors stay live) */
+        __m256i h[2][LI_DOT_MAX_NC];
+        k_pair_sums(type, blk[0], blk[1], idx[0], idx[1], x, xs, nc, h[0]);
+        k_pair_sums(type, blk[2], blk[3], idx[2], idx[3], x, xs, nc, h[1]);
+        __m128 dw, mw; /* d then dmin; Q3_K's and Q6_K's d ends the block: read it as a second half */
+        if (min)
+            f16x2_rows(blk, k_d_at(type), &dw, &mw);
+        else
+            f16x2_rows(blk, k_d_at(type) - 2, &mw, &dw);
+        _mm_storeu_ps(pb->d[r] + j, dw);
+        if (min) _mm_storeu_ps(pb->m[r] + j, mw);
+        for (int c = 0; c < nc; c++) {
+            if (min) {
+                /* each half: (isum, imin) of super-blocks 0, 1, then of 2, 3 */
+                const __m256i h01 = h[0][c], h23 = h[1][c];
+                const __m128 f01 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h01), _mm256_extracti128_si256(h01, 1)));
+                const __m128 f23 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h23), _mm256_extracti128_si256(h23, 1)));
+                _mm_storeu_ps(pb->isum[c][r] + j, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0)));
+                _mm_storeu_ps(pb->imin[c][r] + j, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1)));
+            } else {
+                const __m256i hh = _mm256_hadd_epi32(h[0][c], h[1][c]); /* each half: super-blocks 0-3 */
+                const __m128i is = _mm_add_epi32(_mm256_castsi256_si128(hh), _mm256_extracti128_si256(hh, 1));
+                _mm_storeu_ps(pb->isum[c][r] + j, _mm_cvtepi32_ps(is));
+            }
+        }
+    }
 }
-static void dot_q4_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q4_K_n, k, w, x, xs, nc, s)
+
+/* the float pass over the n super-blocks of a chunk starting at i0: scalar.c's
+ * steps for four rows at once; kmin: a type with a min */
+LI_INLINE void float_pass(const int kmin, const pass_buf *pb, int64_t i0, int n, const void *x,
+                          size_t xs, const int nc, __m128 acc[LI_DOT_MAX_NC]) {
+    for (int j = 0; j < n; j += 4) {
+        const int cnt = LI_MIN(4, n - j);
+        __m128 D[4], M[4];
+        load_t4(pb->d[0] + j, pb->d[1] + j, pb->d[2] + j, pb->d[3] + j, D);
+        if (kmin) load_t4(pb->m[0] + j, pb->m[1] + j, pb->m[2] + j, pb->m[3] + j, M);
+        for (int c = 0; c < nc; c++) {
+            __m128 I[4], IM[4];
+            load_t4(pb->isum[c][0] + j, pb->isum[c][1] + j, pb->isum[c][2] + j, pb->isum[c][3] + j, I);
+            if (kmin) load_t4(pb->imin[c][0] + j, pb->imin[c][1] + j, pb->imin[c][2] + j, pb->imin[c][3] + j, IM);
+            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i0 + j;
+            for (int t = 0; t < 4; t++) {
+                if (t == cnt) break;
+                const __m128 dx = _mm_set1_ps(a[t].d);
+                acc[c] = _mm_fmadd_ps(I[t], _mm_mul_ps(D[t], dx), acc[c]);
+                if (kmin) acc[c] = _mm_fnmadd_ps(IM[t], _mm_mul_ps(M[t], dx), acc[c]);
+            }
+        }
+    }
 }
-static void dot_q5_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q5_K_n, k, w, x, xs, nc, s)
+
+/* K-quants: y[c * ys + r] = dot(weight row r, activation row c), r < nr (1..4), c < nc */
+LI_INLINE void rows_k(const int type, int64_t k, const void *w, size_t ws, int nr, const void *x,
+                      size_t xs, float *y, size_t ys, const int nc) {
+    const int64_t nb = k / QK_K;
+    pass_buf pb;
+    /* lanes of missing rows: zeros, computed and dropped */
+    for (int r = nr; r < 4; r++) {
+        memset(pb.d[r], 0, sizeof(pb.d[r]));
+        memset(pb.m[r], 0, sizeof(pb.m[r]));
+        for (int c = 0; c < nc; c++) {
+            memset(pb.isum[c][r], 0, sizeof(pb.isum[c][r]));
+            memset(pb.imin[c][r], 0, sizeof(pb.imin[c][r]));
+        }
+    }
+    __m128 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
+    for (int64_t i0 = 0; i0 < nb; i0 += PASS_BLOCKS) {
+        const int n = (int)LI_MIN(PASS_BLOCKS, nb - i0);
+        for (int r = 0; r < nr; r++) int_pass_k(type, (const char *)w + (size_t)r * ws, r, i0, n, x, xs, nc, &pb);
+        float_pass(k_has_min(type), &pb, i0, n, x, xs, nc, acc);
+    }
+    for (int c = 0; c < nc; c++) {
+        float t[4];
+        _mm_storeu_ps(t, acc[c]);
+        for (int r = 0; r < nr; r++) y[(size_t)c * ys + (size_t)r] = t[r];
+    }
 }
-static void dot_q6_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    DISPATCH_NC(dot_q6_K_n, k, w, x, xs, nc, s)
+
+#define ROWS_Q_ENTRIES(name, T, worker)                                                        \
+    static void dot_rows_##name(int64_t k, const void *w, size_t ws, int nr, const void *x,    \
+                                size_t xs, int nc, float *y, size_t ys) {                       \
+        switch (nc) {                                                                           \
+        case 1: worker(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 1); break;                      \
+        case 2: worker(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 2); break;                      \
+        case 3: worker(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 3); break;                      \
+        default: worker(LI_TYPE_##T, k, w, ws, nr, x, xs, y, ys, 4); break;                     \
+        }                                                                                       \
+    }                                                                                           \
+    static void dot_##name(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) { \
+        dot_rows_##name(k, w, 0, 1, x, xs, nc, s, 1);                                           \
+    }
+LI_STATIC_ASSERT(LI_DOT_MAX_NC == 4 && LI_DOT_MAX_NR == 4, "rows32 and rows_k take up to 4 rows and 4 columns");
+ROWS_Q_ENTRIES(q4_0, Q4_0, rows32)
+ROWS_Q_ENTRIES(q5_0, Q5_0, rows32)
+ROWS_Q_ENTRIES(q4_1, Q4_1, rows32)
+ROWS_Q_ENTRIES(q5_1, Q5_1, rows32)
+ROWS_Q_ENTRIES(q2_K, Q2_K, rows_k)
+ROWS_Q_ENTRIES(q3_K, Q3_K, rows_k)
+ROWS_Q_ENTRIES(q4_K, Q4_K, rows_k)
+ROWS_Q_ENTRIES(q5_K, Q5_K, rows_k)
+ROWS_Q_ENTRIES(q6_K, Q6_K, rows_k)
+#undef ROWS_Q_ENTRIES
+
+/* Q8_0 in decode (one activation row): one weight row at a time, a single
+ * stream from memory (reading four rows side by side, or even two, ran
+ * Q8_0, the widest 32-value block, at half speed or less from DRAM). Four blocks' exact sums come out
+ * of one vphaddd tree, one block per lane; the fused multiply-adds then take
+ * the lanes in block order, scalar.c's chain exactly (its latency, one fma a
+ * block, is about what memory allows at one thread anyway). */
+LI_INLINE float row_q8_0(int64_t k, const block_q8_0 *b, const act_q8_0 *a) {
+    const int64_t nb = k / 32;
+    __m128 acc = _mm_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        __m256i p[4];
+        for (int t = 0; t < 4; t++) {
+            const __m256i q = loadu(b[i + t].qs);
+            p[t] = mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[i + t].qs));
+        }
+        const __m128 f = _mm_cvtepi32_ps(hsum8x4_epi32(p));
+        acc = _mm_fmadd_ss(f, _mm_set_ss(f16(b[i].d) * a[i].d), acc);
+        acc = _mm_fmadd_ss(_mm_movehdup_ps(f), _mm_set_ss(f16(b[i + 1].d) * a[i + 1].d), acc);
+        acc = _mm_fmadd_ss(_mm_movehl_ps(f, f), _mm_set_ss(f16(b[i + 2].d) * a[i + 2].d), acc);
+        acc = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 3), _mm_set_ss(f16(b[i + 3].d) * a[i + 3].d), acc);
+    }
+    for (; i < nb; i++) {
+        const __m256i q = loadu(b[i].qs);
+        const int32_t s = hsum_epi32(mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[i].qs)));
+        acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), s), _mm_set_ss(f16(b[i].d) * a[i].d), acc);
+    }
+    return _mm_cvtss_f32(acc);
+}
+
+static void dot_rows_q8_0(int64_t k, const void *w, size_t ws, int nr, const void *x, size_t xs,
+                          int nc, float *y, size_t ys) {
+    if (nc == 1) {
+        for (int r = 0; r < nr; r++)
+            y[r] = row_q8_0(k, (const block_q8_0 *)(const void *)((const char *)w + (size_t)r * ws),
+                            (const act_q8_0 *)x);
+        return;
+    }
+    switch (nc) {
+    case 2: rows32(LI_TYPE_Q8_0, k, w, ws, nr, x, xs, y, ys, 2); break;
+    case 3: rows32(LI_TYPE_Q8_0, k, w, ws, nr, x, xs, y, ys, 3); break;
+    default: rows32(LI_TYPE_Q8_0, k, w, ws, nr, x, xs, y, ys, 4); break;
+    }
+}
+
+static void dot_q8_0(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    dot_rows_q8_0(k, w, 0, 1, x, xs, nc, s, 1);
 }
 
 /* ---- vector ops ---- */
@@ -1237,6 +1341,12 @@ void li_kernels_fill_avx2(li_kernels *t) {
     t->dot_rows[LI_TYPE_Q5_0] = dot_rows_q5_0;
     t->dot_rows[LI_TYPE_Q4_1] = dot_rows_q4_1;
     t->dot_rows[LI_TYPE_Q5_1] = dot_rows_q5_1;
+    t->dot_rows[LI_TYPE_Q8_0] = dot_rows_q8_0;
+    t->dot_rows[LI_TYPE_Q2_K] = dot_rows_q2_K;
+    t->dot_rows[LI_TYPE_Q3_K] = dot_rows_q3_K;
+    t->dot_rows[LI_TYPE_Q4_K] = dot_rows_q4_K;
+    t->dot_rows[LI_TYPE_Q5_K] = dot_rows_q5_K;
+    t->dot_rows[LI_TYPE_Q6_K] = dot_rows_q6_K;
     t->quant_act[LI_ACT_Q8_0] = quant_act_q8_0;
     t->quant_act[LI_ACT_Q8_1] = quant_act_q8_1;
     t->quant_act[LI_ACT_Q8_K] = quant_act_q8_K;

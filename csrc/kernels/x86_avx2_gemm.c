@@ -109,6 +109,7 @@ static void gemm_blk32(const li_panel *p, int nr, const void *xq, size_t xs, int
 static inline void ksuper_cols(const li_panel *p, int nr, const char *x, size_t xs, int64_t c0,
                                const int nc, const int grp, float *y, size_t ys) {
     const int64_t nb = p->nb;
+    const int min = p->has_min;
     __m256 acc[NC_MAX];
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
@@ -139,8 +140,13 @@ static inline void ksuper_cols(const li_panel *p, int nr, const char *x, size_t 
         const __m256 dw = _mm256_loadu_ps(p->d + s * R), mw = _mm256_loadu_ps(p->m + s * R);
         for (int c = 0; c < nc; c++) {
             const __m256 dx = _mm256_set1_ps(a[c]->d);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[c]), _mm256_mul_ps(dw, dx), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im[c]), _mm256_mul_ps(mw, dx), acc[c]);
+            if (min) {
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[c]), _mm256_mul_ps(dw, dx), acc[c]);
+                acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im[c]), _mm256_mul_ps(mw, dx), acc[c]);
+            } else { /* Q3_K, Q6_K: the offsets come out of the integer sum, as in scalar.c */
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(ia[c], im[c])),
+                                         _mm256_mul_ps(dw, dx), acc[c]);
+            }
         }
     }
     for (int c = 0; c < nc; c++) store_rows(y + (size_t)(c0 + c) * ys, acc[c], nr);

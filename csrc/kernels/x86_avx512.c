@@ -69,6 +69,7 @@ static inline void blk32_cols(const li_panel *p, int nr, const char *x, size_t x
 static inline void ksuper_cols(const li_panel *p, int nr, const char *x, size_t xs, int64_t c0,
                                const int nc, float *y, size_t ys) {
     const int64_t nb = p->nb;
+    const int min = p->has_min;
     __m256 acc[NC_MAX];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
@@ -97,8 +98,13 @@ static inline void ksuper_cols(const li_panel *p, int nr, const char *x, size_t 
         const __m256 dw = _mm256_loadu_ps(p->d + s * R), mw = _mm256_loadu_ps(p->m + s * R);
         UNROLL for (int c = 0; c < nc; c++) {
             const __m256 dx = _mm256_set1_ps(a[c]->d);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[c]), _mm256_mul_ps(dw, dx), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im[c]), _mm256_mul_ps(mw, dx), acc[c]);
+            if (min) {
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[c]), _mm256_mul_ps(dw, dx), acc[c]);
+                acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im[c]), _mm256_mul_ps(mw, dx), acc[c]);
+            } else { /* Q3_K, Q6_K: the offsets come out of the integer sum, as in scalar.c */
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(ia[c], im[c])),
+                                         _mm256_mul_ps(dw, dx), acc[c]);
+            }
         }
     }
     UNROLL for (int c = 0; c < nc; c++) store_rows(y + (size_t)(c0 + c) * ys, acc[c], nr);
@@ -151,135 +157,6 @@ void li_kernels_fill_avx512(li_kernels *t) {
 }
 #elif defined(LI_ARCH_X86)
 /* built without the AVX-512 flags: the table stays scalar and dispatch skips it */
-/* ---- decode: up to 4 weight rows against up to 4 activation rows ----
- * Each 32-value block of a row becomes 32 unsigned bytes (Q5's fifth bit
- * added under a mask, Q8_0's sign flipped) and meets the activation block in
- * one vpdpbusd; offsets come out as sum(a) << shift, mins as m * s. */
-
-static inline __m256i u_nibbles(const uint8_t qs[16]) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1),
-                            _mm256_set1_epi8(15));
-}
-
-static inline __m256i u_fifth_bit(__m256i u, const uint8_t qh[4]) {
-    uint32_t h;
-    memcpy(&h, qh, 4);
-    return _mm256_mask_add_epi8(u, (__mmask32)h, u, _mm256_set1_epi8(16));
-}
-
-/* row r's block b as unsigned bytes, with its scale and min */
-static inline __m256i blk32_unpack(const int type, const char *row, int64_t b, float *d, float *m) {
-    switch (type) {
-    case LI_TYPE_Q4_0: {
-        const block_q4_0 *x = (const block_q4_0 *)(const void *)row + b;
-        *d = _cvtsh_ss(x->d);
-        return u_nibbles(x->qs);
-    }
-    case LI_TYPE_Q4_1: {
-        const block_q4_1 *x = (const block_q4_1 *)(const void *)row + b;
-        *d = _cvtsh_ss(x->d);
-        *m = _cvtsh_ss(x->m);
-        return u_nibbles(x->qs);
-    }
-    case LI_TYPE_Q5_0: {
-        const block_q5_0 *x = (const block_q5_0 *)(const void *)row + b;
-        *d = _cvtsh_ss(x->d);
-        return u_fifth_bit(u_nibbles(x->qs), x->qh);
-    }
-    case LI_TYPE_Q5_1: {
-        const block_q5_1 *x = (const block_q5_1 *)(const void *)row + b;
-        *d = _cvtsh_ss(x->d);
-        *m = _cvtsh_ss(x->m);
-        return u_fifth_bit(u_nibbles(x->qs), x->qh);
-    }
-    default: { /* Q8_0 */
-        const block_q8_0 *x = (const block_q8_0 *)(const void *)row + b;
-        *d = _cvtsh_ss(x->d);
-        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x->qs), _mm256_set1_epi8((char)0x80));
-    }
-    }
-}
-
-static inline void rows_blk32(const int type, int64_t k, const void *w, size_t ws, const int nr,
-                              const void *x, size_t xs, const int nc, float *y, size_t ys) {
-    const int min = type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_1;
-    const int shift = type == LI_TYPE_Q4_0 ? 3 : type == LI_TYPE_Q5_0 ? 4 : type == LI_TYPE_Q8_0 ? 7 : 0;
-    const size_t ab = min ? sizeof(act_q8_1) : sizeof(act_q8_0);
-    const size_t qo = min ? offsetof(act_q8_1, qs) : offsetof(act_q8_0, qs);
-    const size_t bb = type == LI_TYPE_Q4_0 ? sizeof(block_q4_0) : type == LI_TYPE_Q4_1 ? sizeof(block_q4_1)
-                    : type == LI_TYPE_Q5_0 ? sizeof(block_q5_0) : type == LI_TYPE_Q5_1 ? sizeof(block_q5_1)
-                    : sizeof(block_q8_0);
-    const int64_t nb = k / 32;
-    const __m256i ones = _mm256_set1_epi8(1);
-    __m256 acc[4][4];
-    float macc[4][4];
-    UNROLL for (int r = 0; r < nr; r++) UNROLL for (int c = 0; c < nc; c++) {
-        acc[r][c] = _mm256_setzero_ps();
-        macc[r][c] = 0.0f;
-    }
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i a[4], sa[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                               _mm256_setzero_si256()};
-        float dx[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        UNROLL for (int c = 0; c < nc; c++) {
-            const char *xb = (const char *)x + (size_t)c * xs + (size_t)b * ab;
-            a[c] = _mm256_loadu_si256((const __m256i *)(xb + qo));
-            memcpy(&dx[c], xb, 4);
-            if (min) memcpy(&sx[c], xb + offsetof(act_q8_1, s), 4);
-            if (shift) sa[c] = _mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, a[c]), shift);
-        }
-        UNROLL for (int r = 0; r < nr; r++) {
-            const char *row = (const char *)w + (size_t)r * ws;
-            if (nc == 1) /* the rows the next call will read: streams the prefetcher has not seen */
-                _mm_prefetch(row + (size_t)nr * ws + (size_t)b * bb, _MM_HINT_T0);
-            float d, m = 0.0f;
-            const __m256i u = blk32_unpack(type, row, b, &d, &m);
-            UNROLL for (int c = 0; c < nc; c++) {
-                __m256i i = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, a[c]);
-                if (shift) i = _mm256_sub_epi32(i, sa[c]);
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(d * dx[c]), acc[r][c]);
-                if (min) macc[r][c] += m * sx[c];
-            }
-        }
-    }
-    UNROLL for (int r = 0; r < nr; r++) UNROLL for (int c = 0; c < nc; c++) {
-        const __m256 v = acc[r][c];
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        y[(size_t)c * ys + (size_t)r] = _mm_cvtss_f32(h) + macc[r][c];
-    }
-}
-
-#define ROWS_DISPATCH(type)                                                                      \
-    static void dot_rows_##type(int64_t k, const void *w, size_t ws, int nr, const void *x,      \
-                                size_t xs, int nc, float *y, size_t ys) {                        \
-        if (nc == 1) {                                                                           \
-            switch (nr) {                                                                        \
-            case 4: rows_blk32(LI_TYPE_##type, k, w, ws, 4, x, xs, 1, y, ys); return;            \
-            case 3: rows_blk32(LI_TYPE_##type, k, w, ws, 3, x, xs, 1, y, ys); return;            \
-            case 2: rows_blk32(LI_TYPE_##type, k, w, ws, 2, x, xs, 1, y, ys); return;            \
-            default: rows_blk32(LI_TYPE_##type, k, w, ws, 1, x, xs, 1, y, ys); return;           \
-            }                                                                                    \
-        }                                                                                        \
-        for (int r = 0; r < nr; r++) /* small batches: one row at a time, every column */       \
-            switch (nc) {                                                                        \
-            case 4: rows_blk32(LI_TYPE_##type, k, (const char *)w + (size_t)r * ws, ws, 1, x, xs, 4, y + r, ys); break; \
-            case 3: rows_blk32(LI_TYPE_##type, k, (const char *)w + (size_t)r * ws, ws, 1, x, xs, 3, y + r, ys); break; \
-            default: rows_blk32(LI_TYPE_##type, k, (const char *)w + (size_t)r * ws, ws, 1, x, xs, 2, y + r, ys); break; \
-            }                                                                                    \
-    }                                                                                            \
-    static void dot_##type(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) { \
-        dot_rows_##type(k, w, 0, 1, x, xs, nc, s, 1);                                            \
-    }
-ROWS_DISPATCH(Q4_0)
-ROWS_DISPATCH(Q4_1)
-ROWS_DISPATCH(Q5_0)
-ROWS_DISPATCH(Q5_1)
-ROWS_DISPATCH(Q8_0)
-#undef ROWS_DISPATCH
-
 void li_kernels_fill_avx512(li_kernels *t) { li_kernels_fill_scalar(t); }
 #else
 typedef int li_empty_translation_unit;
