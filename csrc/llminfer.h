@@ -91,11 +91,13 @@ int li_matmul(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k,
 /* y[rows, k] = x / sqrt(mean(x^2) + eps) * w  (w may be NULL: no scaling) */
 int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps, float *y,
                 int n_threads);
-enum li_act { LI_ACT_SILU = 0, LI_ACT_GELU = 1 };
+/* The function that gates a feed-forward (the *function*; the formats a
+ * matmul quantizes its activations to are li_act_type, kernels.h). */
+enum li_gate_fn { LI_FN_SILU = 0, LI_FN_GELU = 1 };
 /* y = act(x) through the F16 lookup tables */
-int li_activation(int act, const float *x, int64_t n, float *y);
+int li_activation(int fn, const float *x, int64_t n, float *y);
 /* y = act(g) * u */
-int li_gated_activation(int act, const float *g, const float *u, int64_t n, float *y);
+int li_gated_activation(int fn, const float *g, const float *u, int64_t n, float *y);
 /* row-wise softmax, numerically stable */
 int li_softmax(const float *x, int64_t rows, int64_t k, float *y);
 int li_add(const float *a, const float *b, int64_t n, float *y);
@@ -136,7 +138,7 @@ typedef struct li_layer_desc {
 typedef struct li_model_desc {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot;
     int rope_mode;               /* LI_ROPE_NORM or LI_ROPE_NEOX */
-    int act;                     /* LI_ACT_SILU or LI_ACT_GELU, gating the feed-forward */
+    int gate_fn;                 /* LI_FN_SILU or LI_FN_GELU, gating the feed-forward */
     float norm_eps;
     float embd_scale;            /* token embeddings are multiplied by this (gemma: sqrt(n_embd)) */
     float attn_scale;            /* scores are q.k * attn_scale */

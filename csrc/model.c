@@ -104,8 +104,8 @@ int li_model_check(const li_model_desc *m) {
         return li_fail(LI_E_SHAPE, "n_rot %d must be even and within head_dim %d", m->n_rot, m->head_dim);
     if (m->rope_mode != LI_ROPE_NORM && m->rope_mode != LI_ROPE_NEOX)
         return li_fail(LI_E_ARG, "unknown RoPE mode %d", m->rope_mode);
-    if (m->act != LI_ACT_SILU && m->act != LI_ACT_GELU)
-        return li_fail(LI_E_ARG, "unknown activation function %d", m->act);
+    if (m->gate_fn != LI_FN_SILU && m->gate_fn != LI_FN_GELU)
+        return li_fail(LI_E_ARG, "unknown gate function %d", m->gate_fn);
     if (!(m->norm_eps >= 0.0f) || !(m->attn_scale > 0.0f) || !(m->embd_scale > 0.0f))
         return li_fail(LI_E_ARG, "norm_eps %g, attn_scale %g or embd_scale %g out of range", (double)m->norm_eps,
                        (double)m->attn_scale, (double)m->embd_scale);
@@ -352,11 +352,11 @@ static void matmul(li_context *c, const li_matrix *w, const void *xq, int64_t n,
         li_matmul_q(&wt, xq, n, y, y_stride, ith, nth);
 }
 
-/* h = act(g) * u over [n, k] (or src alone when up is NULL), then quantized
+/* h = fn(g) * u over [n, k] (or src alone when up is NULL), then quantized
  * for w; split by activation blocks so a single token's row is shared by the
  * whole team */
 static void gated_quantize(li_context *c, float *src, const float *up, int64_t n, int64_t k, const li_matrix *w,
-                           int act, int ith, int nth) {
+                           int fn, int ith, int nth) {
     const int a = li_types[w->type].act_type;
     const int64_t bs = li_act_block_size(a), per_row = k / bs;
     const size_t blk = li_act_row_bytes(a, bs), row = li_act_row_bytes(a, k);
@@ -365,7 +365,7 @@ static void gated_quantize(li_context *c, float *src, const float *up, int64_t n
     for (int64_t b = lo; b < hi; b++) {
         const int64_t t = b / per_row, j = (b % per_row) * bs;
         float *x = src + t * k + j;
-        if (up) li_K->act_apply(act, x, up + t * k + j, x, bs);
+        if (up) li_K->act_apply(fn, x, up + t * k + j, x, bs);
         li_K->quant_act[a](x, (char *)c->xq[a] + (size_t)t * row + (size_t)(b % per_row) * blk, bs);
     }
 }
@@ -435,7 +435,7 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     matmul(c, &L->w_up, acts_for(c, &L->w_up), n, c->u, F, ith, nth);
     LI_BARRIER();
 
-    gated_quantize(c, c->g, c->u, n, F, &L->w_down, m->act, ith, nth);
+    gated_quantize(c, c->g, c->u, n, F, &L->w_down, m->gate_fn, ith, nth);
     LI_BARRIER();
 
     matmul(c, &L->w_down, acts_for(c, &L->w_down), n, c->o, E, ith, nth);

@@ -215,17 +215,17 @@ int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float e
     return LI_OK;
 }
 
-int li_activation(int act, const float *x, int64_t n, float *y) {
+int li_activation(int fn, const float *x, int64_t n, float *y) {
     li_init();
-    if ((act != LI_ACT_SILU && act != LI_ACT_GELU) || !x || !y || n < 0) return LI_E_ARG;
-    li_K->act_apply(act, x, NULL, y, n);
+    if ((fn != LI_FN_SILU && fn != LI_FN_GELU) || !x || !y || n < 0) return LI_E_ARG;
+    li_K->act_apply(fn, x, NULL, y, n);
     return LI_OK;
 }
 
-int li_gated_activation(int act, const float *g, const float *u, int64_t n, float *y) {
+int li_gated_activation(int fn, const float *g, const float *u, int64_t n, float *y) {
     li_init();
-    if ((act != LI_ACT_SILU && act != LI_ACT_GELU) || !g || !u || !y || n < 0) return LI_E_ARG;
-    li_K->act_apply(act, g, u, y, n);
+    if ((fn != LI_FN_SILU && fn != LI_FN_GELU) || !g || !u || !y || n < 0) return LI_E_ARG;
+    li_K->act_apply(fn, g, u, y, n);
     return LI_OK;
 }
 

@@ -28,8 +28,8 @@ cdef extern from "llminfer.h" nogil:
                   const float *x, int64_t n, float *y, int n_threads)
     int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps,
                     float *y, int n_threads)
-    int li_activation(int act, const float *x, int64_t n, float *y)
-    int li_gated_activation(int act, const float *g, const float *u, int64_t n, float *y)
+    int li_activation(int fn, const float *x, int64_t n, float *y)
+    int li_gated_activation(int fn, const float *g, const float *u, int64_t n, float *y)
     int li_softmax(const float *x, int64_t rows, int64_t k, float *y)
     int li_add(const float *a, const float *b, int64_t n, float *y)
     int li_mul(const float *a, const float *b, int64_t n, float *y)
@@ -60,7 +60,7 @@ cdef extern from "llminfer.h" nogil:
     ctypedef struct li_model_desc:
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot
         int rope_mode
-        int act
+        int gate_fn
         float norm_eps
         float embd_scale
         float attn_scale

@@ -189,7 +189,7 @@ cdef class ModelDesc:
         d.n_ff = spec.n_ff
         d.n_rot = spec.n_rot
         d.rope_mode = spec.rope_mode
-        d.act = spec.act
+        d.gate_fn = spec.act
         d.norm_eps = spec.norm_eps
         d.embd_scale = spec.embd_scale
         d.attn_scale = spec.attn_scale

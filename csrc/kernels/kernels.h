@@ -63,7 +63,7 @@ typedef struct li_kernels {
      * tables of ops.c: SiLU interpolates between table points with the
      * tabulated slope (to float accuracy, as ggml computes SiLU exactly);
      * GELU takes ggml's table, values rounded to f16, exact beyond +-10 */
-    void (*act_apply)(int act, const float *x, const float *u, float *y, int64_t n);
+    void (*act_apply)(int fn, const float *x, const float *u, float *y, int64_t n);
     /* attention over an F16 cache */
     float (*dot_f32_f16)(const float *a, const uint16_t *b, int64_t n);
     void (*axpy_f16)(float a, const uint16_t *x, float *y, int64_t n); /* y += a*x */
@@ -104,7 +104,7 @@ size_t li_act_row_bytes(int act, int64_t k);
 int li_act_block_size(int act);
 
 /* the scalar activation (SIMD levels hand it the elements past their last full vector) */
-void li_act_apply_scalar(int act, const float *x, const float *u, float *y, int64_t n);
+void li_act_apply_scalar(int fn, const float *x, const float *u, float *y, int64_t n);
 
 /* the tables, filled once by dispatch.c */
 void li_kernels_fill_scalar(li_kernels *t);

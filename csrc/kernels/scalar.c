@@ -479,8 +479,8 @@ static void softmax(float *x, int64_t k) {
     for (int64_t i = 0; i < k; i++) x[i] *= inv;
 }
 
-static float act_one(int act, float x) {
-    if (act == LI_ACT_SILU) {
+static float act_one(int fn, float x) {
+    if (fn == LI_FN_SILU) {
         if (x >= LI_SILU_HI) return x;
         if (x <= LI_SILU_LO) return 0.0f;
         const uint16_t h = li_f32_to_f16(x);
@@ -491,9 +491,9 @@ static float act_one(int act, float x) {
     return li_lut_gelu[li_f32_to_f16(x)];
 }
 
-void li_act_apply_scalar(int act, const float *x, const float *u, float *y, int64_t n) {
+void li_act_apply_scalar(int fn, const float *x, const float *u, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        const float v = act_one(act, x[i]);
+        const float v = act_one(fn, x[i]);
         y[i] = u ? v * u[i] : v;
     }
 }

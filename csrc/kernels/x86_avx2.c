@@ -1107,8 +1107,8 @@ static void softmax(float *x, int64_t k) {
     for (; i < k; i++) x[i] *= inv;
 }
 
-static void act_apply(int act, const float *x, const float *u, float *y, int64_t n) {
-    const int silu = act == LI_ACT_SILU;
+static void act_apply(int fn, const float *x, const float *u, float *y, int64_t n) {
+    const int silu = fn == LI_FN_SILU;
     const __m256 hi = _mm256_set1_ps(silu ? LI_SILU_HI : LI_GELU_HI);
     const __m256 lo = _mm256_set1_ps(silu ? LI_SILU_LO : LI_GELU_LO);
     int64_t i = 0;
@@ -1129,7 +1129,7 @@ static void act_apply(int act, const float *x, const float *u, float *y, int64_t
         if (u) v = _mm256_mul_ps(v, _mm256_loadu_ps(u + i));
         _mm256_storeu_ps(y + i, v);
     }
-    if (i < n) li_act_apply_scalar(act, x + i, u ? u + i : NULL, y + i, n - i);
+    if (i < n) li_act_apply_scalar(fn, x + i, u ? u + i : NULL, y + i, n - i);
 }
 
 static float dot_f32_f16(const float *a, const uint16_t *b, int64_t n) {
