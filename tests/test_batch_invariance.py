@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from llminfer.engine import Engine
-from llminfer.system import available_isas, current_isa, select_isa
 
+from kernel_cases import isa  # noqa: F401 (a fixture: every kernel level)
+from tiny_models import WEIGHT_TYPES as TYPES
 from tiny_models import TinyConfig, write_model
 
-TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 N_PROMPT = 40
 
 
@@ -27,14 +27,6 @@ def models(tmp_path_factory):
         return cache[qtype, arch]
 
     return get
-
-
-@pytest.fixture(params=available_isas())
-def isa(request):
-    before = current_isa()
-    select_isa(request.param)
-    yield request.param
-    select_isa(before)
 
 
 def toks(seed, n):

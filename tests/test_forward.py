@@ -9,10 +9,10 @@ import pytest
 from llminfer import _core
 from llminfer.engine import Engine
 from llminfer.errors import ContextFullError, InvalidArgumentError, TokenError
-from llminfer.system import available_isas, current_isa, select_isa
 
 from reference import ReferenceModel
-from tiny_models import TinyConfig, write_model
+from kernel_cases import isa  # noqa: F401 (a fixture: every kernel level)
+from tiny_models import WEIGHT_TYPES, TinyConfig, write_model
 
 # Largest |ours - reference| over the largest |reference logit|. Float weights
 # differ from float64 only by float32 accumulation and the float16 KV cache;
@@ -26,7 +26,7 @@ TOL_QUANT_WEIGHTS = 3e-2
 TOL_KV = {"q8_0": 2e-2, "q4_0": 1.5e-1, "f32": 5e-3}
 
 FLOAT_TYPES = {"F32", "F16", "BF16"}
-TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+TYPES = WEIGHT_TYPES
 N_TOKENS = 40
 
 
@@ -62,14 +62,6 @@ def run(path, tokens, step=None, n_ctx=1024, n_batch=64, threads=2, kv_type="f16
 
 def tokens_for(seed, n=N_TOKENS, vocab=268):
     return np.random.default_rng(seed).integers(0, vocab, n).astype(np.int32)
-
-
-@pytest.fixture(params=available_isas())
-def isa(request):
-    before = current_isa()
-    select_isa(request.param)
-    yield request.param
-    select_isa(before)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])

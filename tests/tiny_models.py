@@ -29,6 +29,9 @@ def byte_symbols():
     return [out[b] for b in range(256)]
 
 
+# every weight type a tiny model can be written in
+WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "e n", "a n"]
 
 
