@@ -98,15 +98,22 @@ def gguf_bytes(kvs: list, tensors: list = (), alignment: int = 32, version: int 
     return bytes(out)
 
 
+def _key_of(kv_bytes) -> str:
+    n = struct.unpack_from("<Q", kv_bytes)[0]
+    return kv_bytes[8:8 + n].decode("utf-8")
+
+
 # ---- a tiny llama, F32 throughout: the fuzzers' seed and the loader tests' base ----
 
 TINY_VOCAB = ["<s>", "</s>"] + [chr(c) for c in range(ord("a"), ord("a") + 30)]
 
 
-def tiny_llama(n_embd=32, n_layer=1, n_head=2, n_head_kv=1, n_ff=64, extra_kvs=(), drop=(),
-               extra_tensors=(), alignment=32, seed=0, arch="llama") -> bytes:
+def tiny_llama(n_embd=32, n_layer=1, n_head=2, n_head_kv=1, n_ff=64, replace=None, drop=(),
+               extra_tensors=(), alignment=32, seed=0, arch="llama", tensor_layers=None) -> bytes:
     """A loadable llama (SentencePiece-style vocabulary of single letters):
-    a few kilobytes, every tensor F32 so any width works."""
+    a few kilobytes, every tensor F32 so any width works. replace: {key:
+    kv(...) bytes, or None to drop the key} (a new key is appended); drop:
+    tensor names left out; tensor_layers: blocks written (default n_layer)."""
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_head
     n_vocab = len(TINY_VOCAB)
@@ -120,7 +127,9 @@ def tiny_llama(n_embd=32, n_layer=1, n_head=2, n_head_kv=1, n_ff=64, extra_kvs=(
            kv("tokenizer.ggml.scores", [0.0] * n_vocab, etype=GGUFValueType.FLOAT32),
            kv("tokenizer.ggml.token_type", [3, 3] + [1] * (n_vocab - 2), etype=GGUFValueType.INT32),
            kv("tokenizer.ggml.bos_token_id", 0), kv("tokenizer.ggml.eos_token_id", 1)]
-    kvs += list(extra_kvs)
+    replace = dict(replace or {})
+    kvs = [replace.pop(_key_of(b), b) for b in kvs]
+    kvs = [b for b in kvs if b is not None] + [b for b in replace.values() if b is not None]
     F32 = GGMLQuantizationType.F32
 
     def t(name, *shape, around=0.0, spread=None):
@@ -130,7 +139,7 @@ def tiny_llama(n_embd=32, n_layer=1, n_head=2, n_head_kv=1, n_ff=64, extra_kvs=(
 
     ts = [t("token_embd.weight", n_vocab, n_embd, spread=1.0),
           t("output_norm.weight", n_embd, around=1.0, spread=0.1)]
-    for i in range(n_layer):
+    for i in range(n_layer if tensor_layers is None else tensor_layers):
         p = f"blk.{i}."
         ts += [t(p + "attn_norm.weight", n_embd, around=1.0, spread=0.1),
                t(p + "attn_q.weight", n_head * head_dim, n_embd),
