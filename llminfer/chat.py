@@ -318,6 +318,21 @@ def _guess(metadata):
     return "chatml", why
 
 
+def check_chat_args(chat_format=None, chat_template=None) -> None:
+    """Validate LLM(chat_format=, chat_template=) when they are given, before
+    any model is read, so a typo fails at the call that made it rather than
+    at the first chat: chat_format must be "gguf" or a BUILTIN_FORMATS name,
+    chat_template a non-empty string that compiles."""
+    if chat_format is not None and (not isinstance(chat_format, str)
+                                    or (chat_format != "gguf" and chat_format not in _BUILTINS)):
+        raise InvalidArgumentError(f"unknown chat_format {_short(chat_format)}: "
+                                   f"choose from {', '.join(('gguf',) + BUILTIN_FORMATS)}")
+    if chat_template is not None:
+        if not isinstance(chat_template, str) or not chat_template.strip():
+            raise InvalidArgumentError(f"chat_template must be a non-empty jinja string, got {_short(chat_template)}")
+        ChatFormat("custom", chat_template)  # raises ChatTemplateError if it does not compile
+
+
 def chat_format_for(metadata: dict, chat_format: str | None = None, chat_template: str | None = None) -> ChatFormat:
     """The chat format for a model, from its GGUF metadata.
 

@@ -631,3 +631,19 @@ def _render_error(template):
     except ChatTemplateError as e:
         return str(e)
     return None
+
+
+def test_chat_arguments_checked_up_front():
+    from llminfer.chat import check_chat_args
+
+    check_chat_args()
+    check_chat_args("chatml")
+    check_chat_args("gguf", "{{ messages[0].content }}")
+    for bad in ("nope", 3, ["chatml"]):
+        with pytest.raises(InvalidArgumentError, match="unknown chat_format"):
+            check_chat_args(chat_format=bad)
+    for bad in ("", "  ", b"{{ x }}", 5):
+        with pytest.raises(InvalidArgumentError, match="chat_template must be a non-empty jinja string"):
+            check_chat_args(chat_template=bad)
+    with pytest.raises(ChatTemplateError, match="does not parse"):
+        check_chat_args(chat_template="{% for %}")
