@@ -388,6 +388,17 @@ class GGUFFile:
             self._fd = None
             os.close(fd)
 
+    def __del__(self):
+        # a GGUFFile dropped without close() (GGUFFile(p).metadata) must not
+        # keep its descriptor; the map goes with its last view
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            self._fd = None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
     def __enter__(self):
         return self
 

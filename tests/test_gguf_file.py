@@ -276,3 +276,20 @@ def test_private_copy_equals_the_map(model_path):
             assert np.array_equal(a.tensor_bytes(name), b.tensor_bytes(name))
     with pytest.raises(InvalidArgumentError):
         GGUFFile(model_path, mmap="no")
+
+
+def test_no_descriptor_left_open(model_path):
+    """The reader holds a descriptor for check_unchanged(); close() and a
+    dropped object both give it back."""
+    import gc
+    import os
+    fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc/self/fd")
+    before = fds()
+    for _ in range(20):
+        GGUFFile(model_path).close()
+        GGUFFile(model_path).metadata  # dropped without close()
+        GGUFFile(model_path, mmap=False)
+    gc.collect()
+    assert fds() == before
