@@ -1,7 +1,6 @@
 """llminfer.numerics: logits checked after a forward pass, and the weight
 scan behind `llminfer info --check`."""
 
-import gguf
 import numpy as np
 import pytest
 
