@@ -12,6 +12,8 @@ The level is chosen at import from what the CPU reports. LLMINFER_ISA
 available, so tests can run every kernel path on one machine.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 import warnings
@@ -88,22 +90,23 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def check_threads(n_threads, name: str = "n_threads") -> int:
+def check_threads(n_threads, name: str = "n_threads", limit: int | None = None) -> int:
     """The thread count to use for a requested `n_threads`: None gives
-    default_threads(); a positive integer is kept, capped at cpu_count() with
-    a ThreadCountWarning (more threads than CPUs only slows the kernels, and a
-    huge OpenMP team crashes the runtime). Anything else, bool included,
-    raises InvalidArgumentError."""
+    default_threads(); a positive integer is kept, capped at `limit` (default
+    cpu_count()) with a ThreadCountWarning (more threads than CPUs only slows
+    the kernels, and a huge OpenMP team crashes the runtime). Anything else,
+    bool included, raises InvalidArgumentError."""
     if n_threads is None:
         return default_threads()
     if not isinstance(n_threads, (int, np.integer)) or isinstance(n_threads, (bool, np.bool_)) or n_threads <= 0:
         raise InvalidArgumentError(f"{name} must be a positive integer or None, got {n_threads!r}")
     n = int(n_threads)
-    cap = cpu_count() if _core.openmp_enabled() else 1
+    if not _core.openmp_enabled():
+        return 1
+    cap = cpu_count() if limit is None else max(1, int(limit))
     if n > cap:
-        if _core.openmp_enabled():
-            warnings.warn(f"{name}={n} is more than the {cap} CPUs this process can use; using {cap}",
-                          ThreadCountWarning, stacklevel=2)
+        warnings.warn(f"{name}={n} is more than the {cap} {'CPUs this process can use' if limit is None else 'allowed'}"
+                      f"; using {cap}", ThreadCountWarning, stacklevel=2)
         return cap
     return n
 

@@ -61,3 +61,16 @@ def test_kv_cache_estimate_matches_the_allocation(tmp_path, cfg, kv_type, kv_byt
         spec = build_spec(g)
     with llminfer.LLM(p, n_ctx=256, n_batch=64, kv_type=kv_type) as llm:
         assert spec.kv_cache_bytes(256, kv_bytes, n_batch=64) == sum(llm.kv_cache_bytes())
+
+
+def test_kernels_cap_a_huge_team():
+    """ops.* took n_threads as given; 100000 crashed inside OpenMP."""
+    from llminfer import ops
+    x = np.ones((2, 64), dtype=np.float32)
+    w = ops.quantize(np.ones((4, 64), dtype=np.float32), "Q8_0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ThreadCountWarning)
+        got = ops.matmul(w, "Q8_0", (4, 64), x, n_threads=100000)
+    np.testing.assert_allclose(got, np.full((2, 4), 64.0), rtol=1e-2)
+    with pytest.raises(InvalidArgumentError):
+        ops.matmul(w, "Q8_0", (4, 64), x, n_threads=True)
