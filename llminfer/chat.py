@@ -12,7 +12,10 @@ from the vocabulary.
 A template inside a downloaded file is code that runs on the user's machine, so
 it runs in jinja2's immutable sandbox: no underscore attributes, no mutating
 the caller's messages, bounded range(). Here an unsafe attribute raises at once,
-where plain jinja2 would hand back an undefined that renders as "".
+where plain jinja2 would hand back an undefined that renders as "", and a
+render is bounded in steps, time and the size of what it builds
+(llminfer.chat_sandbox); a template that goes past a bound raises
+ChatTemplateError.
 
 The rendered text is meant to be tokenized with special tokens recognised, so
 "<start_of_turn>" becomes one token. ChatFormat.adds_bos says whether the text
@@ -27,12 +30,13 @@ from datetime import datetime
 from functools import cached_property
 
 from jinja2 import TemplateSyntaxError, ext
-from jinja2.exceptions import SecurityError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from llminfer import chat_sandbox
+from llminfer.chat_sandbox import DEFAULT_LIMITS, GenerationTag, Sandbox, TemplateLimits
 from llminfer.errors import ChatTemplateError, InvalidArgumentError
 
 GGUF_TEMPLATE_KEY = "tokenizer.chat_template"
+MAX_TEMPLATE_CHARS = 1 << 20  # the longest published templates (tool calling) are about 20 KB
 
 
 class ChatFormatWarning(UserWarning):
@@ -118,24 +122,6 @@ _CHATML_PIECES = ("<|im_start|>", "<|im_end|>")
 # ---------------------------------------------------------------------------
 # The jinja environment: transformers' settings, with a stricter sandbox.
 
-class _Sandbox(ImmutableSandboxedEnvironment):
-    def unsafe_undefined(self, obj, attribute):
-        # jinja2 returns an Undefined that renders as "" and only fails when used
-        # further; a template that reaches for __class__ is hostile, say so now.
-        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
-
-
-class _GenerationTag(ext.Extension):
-    """{% generation %}...{% endgeneration %}: transformers marks the assistant's
-    tokens with it for training masks; when rendering a prompt it is a no-op."""
-
-    tags = {"generation"}
-
-    def parse(self, parser):
-        next(parser.stream)  # the tag name
-        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
 def _raise_exception(message):
     raise ChatTemplateError(str(message))
 
@@ -151,7 +137,7 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
 
 
 def _environment():
-    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols, _GenerationTag])
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols, GenerationTag])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -212,18 +198,29 @@ class ChatFormat:
     """
 
     def __init__(self, name: str, template: str, *, bos_token: str = "", eos_token: str = "",
-                 stop_texts: tuple[str, ...] = ()):
+                 stop_texts: tuple[str, ...] = (), limits: TemplateLimits = DEFAULT_LIMITS):
         if not isinstance(template, str):
             raise InvalidArgumentError(f"chat template must be a str, got {type(template).__name__}")
+        if not isinstance(limits, TemplateLimits):
+            raise InvalidArgumentError(f"limits must be a TemplateLimits, got {type(limits).__name__}")
+        if len(template) > MAX_TEMPLATE_CHARS:
+            raise ChatTemplateError(f"chat template {name!r} has {len(template)} characters, more than "
+                                    f"{MAX_TEMPLATE_CHARS}: not a chat template")
+        self.limits = limits
         self.name = name
         self.template = template
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
         self.stop_texts = tuple(dict.fromkeys(s for s in stop_texts if s))  # ordered, unique, non-empty
         try:
-            self._compiled = _ENV.from_string(template)
+            self._compiled = chat_sandbox.compile_template(_ENV, template, name, limits)
         except TemplateSyntaxError as e:
             raise ChatTemplateError(f"chat template {name!r} does not parse: {e.message} (line {e.lineno})") from e
+        except (RecursionError, MemoryError, SyntaxError, ValueError, OverflowError) as e:
+            # nesting deeper than the parser's or Python's compiler's stack,
+            # or code the compiler refuses
+            raise ChatTemplateError(f"chat template {name!r} cannot be compiled: {type(e).__name__}: "
+                                    f"{str(e)[:200]}") from None
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         """The prompt text for a conversation. With add_generation_prompt the text
@@ -240,7 +237,7 @@ class ChatFormat:
         }
         variables.update(extra)
         try:
-            return self._compiled.render(variables)
+            return chat_sandbox.render(self._compiled, variables, self.name, self.limits)
         except ChatTemplateError:
             raise  # the template's own raise_exception: its message is for the user as written
         except Exception as e:  # anything a template can do wrong: undefined, TypeError, sandbox refusal
@@ -319,6 +316,21 @@ def _guess(metadata):
     if not _has_pieces(metadata, _CHATML_PIECES):
         why += " (and the vocabulary has no <|im_start|>/<|im_end|> tokens, so the model may not follow it)"
     return "chatml", why
+
+
+def check_chat_args(chat_format=None, chat_template=None) -> None:
+    """Validate LLM(chat_format=, chat_template=) when they are given, before
+    any model is read, so a typo fails at the call that made it rather than
+    at the first chat: chat_format must be "gguf" or a BUILTIN_FORMATS name,
+    chat_template a non-empty string that compiles."""
+    if chat_format is not None and (not isinstance(chat_format, str)
+                                    or (chat_format != "gguf" and chat_format not in _BUILTINS)):
+        raise InvalidArgumentError(f"unknown chat_format {_short(chat_format)}: "
+                                   f"choose from {', '.join(('gguf',) + BUILTIN_FORMATS)}")
+    if chat_template is not None:
+        if not isinstance(chat_template, str) or not chat_template.strip():
+            raise InvalidArgumentError(f"chat_template must be a non-empty jinja string, got {_short(chat_template)}")
+        ChatFormat("custom", chat_template)  # raises ChatTemplateError if it does not compile
 
 
 def chat_format_for(metadata: dict, chat_format: str | None = None, chat_template: str | None = None) -> ChatFormat:

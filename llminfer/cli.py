@@ -250,7 +250,37 @@ def cmd_info(a):
         if a.tensors:
             for t in g.tensors.values():
                 print(f"  {t.name:<40} {t.type_name:<6} {str(t.shape):<16} {t.nbytes:>12}")
+        if a.check:
+            return _check_weights(g)
     return 0
+
+
+def _check_weights(g) -> int:
+    """info --check: dequantize every tensor looking for NaN/inf; 1 if any."""
+    from llminfer.numerics import scan_weights
+
+    shown = [-1]
+
+    def progress(done, total):
+        if not sys.stderr.isatty():
+            return
+        pct = 100 * done // max(1, total)
+        if pct != shown[0]:
+            shown[0] = pct
+            bar = "#" * (pct // 4)
+            sys.stderr.write(f"\rchecking weights [{bar:<25}] {pct:3d}%")
+            sys.stderr.flush()
+
+    bad, skipped = scan_weights(g, progress)
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    for name in skipped:
+        print(f"  not checked: {name} (a type llminfer cannot dequantize)")
+    for b in bad:
+        print(f"  NON-FINITE: {b.name} ({b.type_name}): {b.n_bad} values, first in row {b.first_row}")
+    print(f"check: {len(g.tensors) - len(skipped)} tensors read, "
+          f"{'no NaN or infinite values' if not bad else f'{len(bad)} with NaN or infinite values'}")
+    return 1 if bad else 0
 
 
 def cmd_pull(a):
@@ -330,6 +360,8 @@ def build_parser():
     i = sub.add_parser("info", help="metadata and tensor types of a model")
     i.add_argument("-m", "--model", default=hub.DEFAULT_MODEL)
     i.add_argument("--tensors", action="store_true", help="list every tensor")
+    i.add_argument("--check", action="store_true",
+                   help="read every weight looking for NaN or infinite values (exit status 1 if any)")
     i.set_defaults(func=cmd_info)
 
     from llminfer.quantize_model import PRESETS

@@ -58,11 +58,23 @@ class ModelNotFoundError(LLMInferError, FileNotFoundError):
     """A model path that does not exist, or a model name we do not know."""
 
 
+class NumericalError(LLMInferError, ArithmeticError):
+    """The model's computation went wrong: NaN or infinite logits, or logits
+    all equal (nothing to choose between). The fault of the model file or of
+    the numerics, not of the caller's arguments; `llminfer info --check`
+    scans a file's weights for non-finite values."""
+
+
+class OutOfMemoryError(LLMInferError, MemoryError):
+    """An allocation failed, or would need more memory than the machine has
+    available (a KV cache for a huge n_ctx, say)."""
+
+
 _BY_STATUS = {
     -1: InvalidArgumentError,
     -2: UnsupportedTypeError,
     -3: ShapeError,
-    -4: MemoryError,
+    -4: OutOfMemoryError,
     -5: UnsupportedISAError,
     -6: ContextFullError,
     -7: TokenError,

@@ -11,6 +11,19 @@ milliseconds. Constants (value types, tensor types) come from the gguf package.
 Format (little-endian): magic "GGUF", uint32 version (2 or 3), uint64 tensor
 count, uint64 metadata count; metadata key/value pairs; tensor infos (name,
 n_dims, dims fastest-first, type, offset); padding to general.alignment; data.
+
+A file is untrusted input. Everything ggml's own reader (gguf.cpp) refuses is
+refused here too, with the key or tensor and the byte offset: duplicate keys
+and tensor names, nested arrays, an alignment that is not a power of two of at
+least 8, unknown tensor types, element counts past int64, and tensor offsets
+that are not exactly where the previous tensor ended (padded to the
+alignment), which is what rules out overlapping tensors.
+
+The data stays on disk behind a memory map unless mmap=False. A mapped file
+that is truncated while in use makes the next read of a lost page fail with
+SIGBUS, which no Python code can catch: mmap=False copies the file into
+memory instead (what llama.cpp's --no-mmap does), and check_unchanged() is the
+cheap test (one fstat) to run before each use of a mapped file.
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from llminfer.errors import GGUFError
+from llminfer.errors import GGUFError, InvalidArgumentError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -45,7 +58,12 @@ _SCALARS = {
 # sanity bounds: far above any real model, low enough to refuse garbage early
 _MAX_TENSORS = 1 << 20
 _MAX_KV = 1 << 20
-_MAX_DIMS = 4
+_MAX_DIMS = 4         # GGML_MAX_DIMS
+_MAX_NAME = 64        # GGML_MAX_NAME, terminating zero included
+_MIN_ALIGNMENT = 8    # the GGUF spec: general.alignment is a multiple of 8
+_INT64_MAX = (1 << 63) - 1
+_INTEGER_TYPES = (GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
+                  GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64)
 
 
 @dataclass(frozen=True)
@@ -138,7 +156,10 @@ class _Cursor:
             self.need(count * 8, f"array {key!r}")
             return self.strings(count, key)
         if etype == GGUFValueType.ARRAY:
-            return [self.array(f"{key}[{i}]") for i in range(count)]
+            # ggml has no arrays of arrays; allowing them would also let a file
+            # nest thousands deep and exhaust Python's stack
+            raise GGUFError(f"{self.path}: array {key!r} at offset {self.pos - 12} holds arrays, "
+                            f"which GGUF readers do not support")
         raise GGUFError(f"{self.path}: array {key!r} has unsupported element type {etype.name}")
 
     def strings(self, count, key):
@@ -151,25 +172,65 @@ class _Cursor:
         return out
 
 
+def _short(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _read_whole(fd, size, path) -> np.ndarray:
+    """The file's bytes in anonymous memory (read-only), for mmap=False."""
+    buf = np.empty(size, dtype=np.uint8)
+    view, done = memoryview(buf), 0
+    os.lseek(fd, 0, os.SEEK_SET)
+    while done < size:
+        n = os.readv(fd, [view[done:]]) if hasattr(os, "readv") else _read_into(fd, view[done:])
+        if n == 0:
+            raise GGUFError(f"{path}: file is truncated: it ended at byte {done} while being read "
+                            f"({size} expected)")
+        done += n
+    buf.flags.writeable = False
+    return buf
+
+
+def _read_into(fd, view):
+    data = os.read(fd, min(len(view), 1 << 26))
+    view[:len(data)] = data
+    return len(data)
+
+
 class GGUFFile:
     """An open GGUF file: `metadata` (dict), `tensors` (dict name -> TensorInfo),
     and tensor bytes through `tensor_bytes(name)` (a read-only uint8 view of the
-    memory map). Usable as a context manager; close() drops the map."""
+    memory map). Usable as a context manager; close() drops the map.
+    mmap=False reads the whole file into memory instead of mapping it: more
+    memory and a slower load, but immune to the file changing on disk."""
 
-    def __init__(self, path):
+    def __init__(self, path, mmap: bool = True):
         self.path = os.fspath(path)
         if not os.path.exists(self.path):
             from llminfer.errors import ModelNotFoundError
             raise ModelNotFoundError(f"no such file: {self.path}")
         if os.path.isdir(self.path):
             raise GGUFError(f"{self.path} is a directory, not a GGUF file")
-        self.file_size = os.path.getsize(self.path)
-        if self.file_size < 24:
-            raise GGUFError(f"{self.path}: not a GGUF file (only {self.file_size} bytes)")
-        self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        if not isinstance(mmap, bool):
+            raise InvalidArgumentError(f"mmap must be True or False, got {mmap!r}")
+        self.mmap = mmap
+        # Held open for check_unchanged(): fstat on it sees this file even
+        # after the path is renamed over, and sees it shrink when truncated.
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        self._map = None
         try:
+            st = os.fstat(self._fd)
+            self.file_size = st.st_size
+            self._stamp = (st.st_size, st.st_mtime_ns)
+            if self.file_size < 24:
+                raise GGUFError(f"{self.path}: not a GGUF file (only {self.file_size} bytes)")
+            if mmap:
+                self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+            else:
+                self._map = _read_whole(self._fd, self.file_size, self.path)
             self._parse()
-        except Exception:
+        except BaseException:
             self.close()
             raise
 
@@ -192,7 +253,12 @@ class GGUFFile:
         self.metadata = {}
         self.metadata_types = {}  # key -> (GGUF value type, element type of an array or None)
         for i in range(n_kv):
+            at = cur.pos
             key = cur.string(f"metadata key {i}")
+            if key in self.metadata:
+                # ggml refuses these; a reader that lets the last one win loads
+                # a model other tools see differently
+                raise GGUFError(f"{self.path}: metadata key {key!r} appears twice (again at offset {at})")
             vtype = cur.u32(f"value type of {key!r}")
             etype = None
             if vtype == GGUFValueType.ARRAY and cur.pos + 4 <= cur.end:
@@ -200,54 +266,78 @@ class GGUFFile:
             self.metadata[key] = cur.value(vtype, key)
             self.metadata_types[key] = (vtype, etype)
 
-        self.alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        if self.alignment <= 0 or self.alignment & (self.alignment - 1):
-            raise GGUFError(f"{self.path}: general.alignment {self.alignment} is not a power of two")
+        self.alignment = self._alignment()
 
         infos = []
         for i in range(n_tensors):
+            at = cur.pos
             name = cur.string(f"name of tensor {i}")
+            if len(name.encode("utf-8")) >= _MAX_NAME:
+                raise GGUFError(f"{self.path}: tensor {i} at offset {at} has a name of "
+                                f"{len(name.encode('utf-8'))} bytes (at most {_MAX_NAME - 1}): {name[:80]!r}")
             n_dims = cur.u32(f"dimension count of {name!r}")
             if not 1 <= n_dims <= _MAX_DIMS:
-                raise GGUFError(f"{self.path}: tensor {name!r} has {n_dims} dimensions")
+                raise GGUFError(f"{self.path}: tensor {name!r} at offset {at} has {n_dims} dimensions "
+                                f"(1 to {_MAX_DIMS} are allowed)")
             dims = [cur.u64(f"dimension {d} of {name!r}") for d in range(n_dims)]
             qtype = cur.u32(f"type of {name!r}")
             offset = cur.u64(f"offset of {name!r}")
-            infos.append((name, dims, qtype, offset))
+            infos.append((name, dims, qtype, offset, at))
 
         start = cur.pos
         self.data_offset = (start + self.alignment - 1) // self.alignment * self.alignment
         self.tensors = {}
-        for name, dims, qtype, offset in infos:
+        expected = 0  # where the next tensor must start, relative to data_offset
+        for name, dims, qtype, offset, at in infos:
             if name in self.tensors:
-                raise GGUFError(f"{self.path}: tensor {name!r} appears twice")
+                raise GGUFError(f"{self.path}: tensor {name!r} appears twice (again at offset {at})")
             if any(d <= 0 for d in dims):
                 raise GGUFError(f"{self.path}: tensor {name!r} has a zero dimension {dims}")
             nbytes = self._tensor_nbytes(name, dims, qtype)
+            if offset != expected:
+                # As ggml: tensors lie in order, each padded to the alignment, so
+                # no two overlap and none starts at a misaligned address.
+                raise GGUFError(f"{self.path}: tensor {name!r} has data offset {offset}, expected "
+                                f"{expected} (tensors must follow one another in order, each padded "
+                                f"to {self.alignment} bytes)")
             absolute = self.data_offset + offset
-            if offset % self.alignment:
-                raise GGUFError(f"{self.path}: tensor {name!r} offset {offset} is not aligned "
-                                f"to {self.alignment}")
-            if nbytes is not None and absolute + nbytes > self.file_size:
+            if absolute + nbytes > self.file_size:
                 raise GGUFError(f"{self.path}: file is truncated: tensor {name!r} ends at byte "
                                 f"{absolute + nbytes}, the file has {self.file_size}")
+            expected += (nbytes + self.alignment - 1) // self.alignment * self.alignment
             self.tensors[name] = TensorInfo(name, qtype, tuple(int(d) for d in reversed(dims)),
-                                            absolute, -1 if nbytes is None else nbytes)
+                                            absolute, nbytes)
+
+    def _alignment(self):
+        if "general.alignment" not in self.metadata:
+            return DEFAULT_ALIGNMENT
+        vtype, _ = self.metadata_types["general.alignment"]
+        value = self.metadata["general.alignment"]
+        if vtype not in _INTEGER_TYPES:
+            raise GGUFError(f"{self.path}: general.alignment must be an integer, got "
+                            f"{GGUFValueType(vtype).name} {_short(value)}")
+        if value < _MIN_ALIGNMENT or value & (value - 1):
+            raise GGUFError(f"{self.path}: general.alignment {value} is not a power of two of at "
+                            f"least {_MIN_ALIGNMENT}")
+        return int(value)
 
     def _tensor_nbytes(self, name, dims, qtype):
-        """Bytes of the tensor, or None for a type we do not know (checked at use)."""
+        """Bytes of the tensor; refuses types ggml does not know, as ggml does."""
         try:
             t = GGMLQuantizationType(qtype)
-        except ValueError:
-            return None
-        block, size = GGML_QUANT_SIZES[t]
+            block, size = GGML_QUANT_SIZES[t]
+        except (ValueError, KeyError):
+            raise GGUFError(f"{self.path}: tensor {name!r} has unknown type {qtype}") from None
         if dims[0] % block:
             raise GGUFError(f"{self.path}: tensor {name!r} row length {dims[0]} is not a multiple "
                             f"of the {t.name} block size {block}")
-        rows = 1
-        for d in dims[1:]:
-            rows *= d
-        return rows * (dims[0] // block) * size
+        n = 1
+        for d in dims:
+            n *= d
+        if n > _INT64_MAX:
+            raise GGUFError(f"{self.path}: tensor {name!r} has {n} elements {dims}, more than ggml's "
+                            f"int64 element count can hold")
+        return n // block * size
 
     # ---- access ----
 
@@ -259,11 +349,29 @@ class GGUFFile:
         return arch
 
     def tensor_bytes(self, name) -> np.ndarray:
-        """The stored bytes of tensor `name`: a read-only uint8 view of the map."""
+        """The stored bytes of tensor `name`: a read-only uint8 view of the map
+        (or of the in-memory copy with mmap=False)."""
         info = self.tensors[name]
-        if info.nbytes < 0:
-            raise GGUFError(f"{self.path}: tensor {name!r} has unknown type {info.qtype}")
+        if self._map is None:
+            raise GGUFError(f"{self.path}: the file is closed")
         return self._map[info.offset:info.offset + info.nbytes]
+
+    def check_unchanged(self):
+        """Raise GGUFError if the file was truncated or rewritten since it was
+        opened. One fstat on the open descriptor, so cheap enough to run
+        before every forward pass: a mapped file that shrank would otherwise
+        kill the process with SIGBUS at the first page it lost. A file
+        replaced by rename is not a change (the old one stays mapped). With
+        mmap=False the data is a private copy and nothing can change it."""
+        if not self.mmap:
+            return
+        if self._fd is None:
+            raise GGUFError(f"{self.path}: the file is closed")
+        st = os.fstat(self._fd)
+        if (st.st_size, st.st_mtime_ns) != self._stamp:
+            raise GGUFError(f"{self.path}: the file changed on disk while loaded (size {st.st_size}, "
+                            f"was {self._stamp[0]}); its mapped data can no longer be read safely. "
+                            f"Load it again, or load with mmap=False to keep a private copy")
 
     def close(self):
         m = getattr(self, "_map", None)
@@ -275,6 +383,21 @@ class GGUFFile:
                     mm.close()
                 except (BufferError, ValueError):
                     pass  # views still alive: the map is freed when they go
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            self._fd = None
+            os.close(fd)
+
+    def __del__(self):
+        # a GGUFFile dropped without close() (GGUFFile(p).metadata) must not
+        # keep its descriptor; the map goes with its last view
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            self._fd = None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def __enter__(self):
         return self

@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType
 
 from llminfer import _core
 from llminfer.errors import InvalidArgumentError, ShapeError, UnsupportedTypeError
-from llminfer.system import default_threads
+from llminfer.system import check_threads, cpu_count
 
 __all__ = [
     "qtype_of", "block_sizes", "quantize", "dequantize", "matmul", "rms_norm", "rope",
@@ -55,11 +55,9 @@ def block_sizes(qtype) -> tuple[int, int]:
 
 
 def _threads(n_threads):
-    if n_threads is None:
-        return default_threads()
-    if not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
-        raise InvalidArgumentError(f"n_threads must be a positive integer, got {n_threads!r}")
-    return int(n_threads)
+    # A few more threads than CPUs are allowed here, so tests can split rows
+    # any way on a small machine; a huge OpenMP team crashes the runtime.
+    return check_threads(n_threads, limit=max(16, 4 * cpu_count()))
 
 
 def _require(a, name, dtype, ndim=None):

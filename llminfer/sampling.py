@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llminfer.errors import InvalidArgumentError, ShapeError, TokenError
+from llminfer.errors import InvalidArgumentError, NumericalError, ShapeError, TokenError
 
 __all__ = ["SamplingParams", "Sampler"]
 
@@ -482,7 +482,9 @@ class Sampler:
             raise ShapeError(f"logits must have shape ({self.n_vocab},), got {logits.shape}")
         top = logits.max()
         if np.isnan(top):   # max propagates NaN: one pass finds any
-            raise InvalidArgumentError("logits contain NaN")
+            first = int(np.flatnonzero(np.isnan(logits))[0])
+            raise NumericalError(f"logits contain NaN (first at token id {first}): the model's "
+                                 f"computation produced it, not the sampling parameters")
 
         window = self._window(history) if self.params.penalties_on else None
         if not self._bias_ids.size and (window is None or not window.size):

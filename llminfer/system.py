@@ -1,15 +1,31 @@
 """What the machine offers and what llminfer chose: CPU features, the kernel
-level (instruction set) in use, OpenMP, threads.
+level (instruction set) in use, OpenMP, threads, memory.
+
+check_threads() and check_memory() are the limits the engine applies when a
+model is loaded: a thread team larger than the CPUs (n_threads=100000 used to
+crash inside the OpenMP runtime) is capped with a warning, and a KV cache
+larger than the memory available (n_ctx=10**7 reserves hundreds of GB, and
+the OS kills the process only when the pages are touched) is refused.
 
 The level is chosen at import from what the CPU reports. LLMINFER_ISA
 (scalar, avx2, avx512, neon, neon_dot) forces a level no better than the best one
 available, so tests can run every kernel path on one machine.
 """
 
+from __future__ import annotations
+
 import os
+import sys
+import warnings
+
+import numpy as np
 
 from llminfer import _core
-from llminfer.errors import UnsupportedISAError
+from llminfer.errors import InvalidArgumentError, OutOfMemoryError, UnsupportedISAError
+
+
+class ThreadCountWarning(UserWarning):
+    """More threads were asked for than this process has CPUs; capped."""
 
 ISA_NAMES = tuple(_core.isa_name(i) for i in range(_core.isa_count()))
 
@@ -63,6 +79,96 @@ def default_threads():
     if env.isdigit() and int(env) > 0:
         n = min(n, int(env))
     return n
+
+
+def cpu_count() -> int:
+    """Logical CPUs this process may run on (its affinity mask where the OS
+    has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def check_threads(n_threads, name: str = "n_threads", limit: int | None = None) -> int:
+    """The thread count to use for a requested `n_threads`: None gives
+    default_threads(); a positive integer is kept, capped at `limit` (default
+    cpu_count()) with a ThreadCountWarning (more threads than CPUs only slows
+    the kernels, and a huge OpenMP team crashes the runtime). Anything else,
+    bool included, raises InvalidArgumentError."""
+    if n_threads is None:
+        return default_threads()
+    if not isinstance(n_threads, (int, np.integer)) or isinstance(n_threads, (bool, np.bool_)) or n_threads <= 0:
+        raise InvalidArgumentError(f"{name} must be a positive integer or None, got {n_threads!r}")
+    n = int(n_threads)
+    if not _core.openmp_enabled():
+        return 1
+    cap = cpu_count() if limit is None else max(1, int(limit))
+    if n > cap:
+        warnings.warn(f"{name}={n} is more than the {cap} {'CPUs this process can use' if limit is None else 'allowed'}"
+                      f"; using {cap}", ThreadCountWarning, stacklevel=2)
+        return cap
+    return n
+
+
+def available_memory():
+    """Bytes of memory a new allocation can have without swapping, or None
+    when the OS does not say: MemAvailable on Linux (and the cgroup's
+    limit when lower), the physical memory elsewhere."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    try:  # a container's own limit (cgroup v2)
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            room = max(0, int(limit) - used)
+            avail = room if avail is None else min(avail, room)
+    except (OSError, ValueError):
+        pass
+    if avail is None and sys.platform == "win32":
+        avail = _windows_available()
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            pass
+    return avail
+
+
+def _windows_available():
+    import ctypes
+
+    class MemoryStatus(ctypes.Structure):
+        _fields_ = [("dwLength", ctypes.c_ulong), ("dwMemoryLoad", ctypes.c_ulong),
+                    ("ullTotalPhys", ctypes.c_ulonglong), ("ullAvailPhys", ctypes.c_ulonglong),
+                    ("ullTotalPageFile", ctypes.c_ulonglong), ("ullAvailPageFile", ctypes.c_ulonglong),
+                    ("ullTotalVirtual", ctypes.c_ulonglong), ("ullAvailVirtual", ctypes.c_ulonglong),
+                    ("ullAvailExtendedVirtual", ctypes.c_ulonglong)]
+
+    st = MemoryStatus()
+    st.dwLength = ctypes.sizeof(st)
+    if ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(st)):
+        return int(st.ullAvailPhys)
+    return None
+
+
+def check_memory(nbytes: int, what: str, available=None) -> None:
+    """Raise OutOfMemoryError if `nbytes` is more than the memory available
+    (available_memory(), or `available` when given). `what` names the
+    allocation and how to make it smaller ("a KV cache of n_ctx=... ")."""
+    avail = available_memory() if available is None else available
+    if avail is not None and nbytes > avail:
+        raise OutOfMemoryError(f"{what} needs {nbytes / 2**30:.2f} GiB, but only {avail / 2**30:.2f} GiB "
+                               f"of memory is available")
 
 
 def system_info():

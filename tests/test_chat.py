@@ -395,7 +395,7 @@ def test_sandbox_keeps_messages_immutable(template):
 
 
 def test_sandbox_bounds_range():
-    with pytest.raises(ChatTemplateError, match="OverflowError"):
+    with pytest.raises(ChatTemplateError, match=r"stopped: safe_range\(\) was given 1000000000"):
         custom("{% for i in range(10**9) %}x{% endfor %}").render([USER1])
 
 
@@ -504,3 +504,146 @@ def test_block_tags_on_their_own_lines_leave_no_blank_lines():
     got = custom(template, eos_token="</s>").render(messages)
     assert got == reference(template, messages, True, "", "</s>")
     assert "\n\n" not in got and "    " not in got
+
+
+# ------------------------------------------------------------------ bounds on a render
+
+from llminfer.chat_sandbox import TemplateLimits  # noqa: E402
+
+
+@pytest.mark.parametrize("template, what", [
+    ("{{ 'ab' * 400000000 }}", r"a repetition \(\*\) would hold 800000000 items"),
+    ("{{ ['ab'] * 400000000 }}", r"a repetition \(\*\) would hold 400000000 items"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+     r"a concatenation \(~\) would hold"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
+     r"a concatenation \(\+\) would hold"),
+    ("{% set ns = namespace(x=['a']) %}{% for i in range(60) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}"
+     "{{ ns.x|tojson }}", "the tojson filter would write a value of more than"),
+    ("{% set ns = namespace(x=['a']) %}{% for i in range(60) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}"
+     "{{ ns.x }}", "an output would write a value of more than"),
+    ("{% set ns = namespace(x=['a']) %}{% for i in range(60) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}"
+     "{{ 'x' ~ ns.x }}", r"a concatenation \(~\) would write"),
+    ("{{ 'x'.center(10**9) }}", r"center\(\) was given 1000000000"),
+    ("{{ 'x'|center(10**9) }}", "the center filter was given 1000000000"),
+    ("{{ '{:>999999999}'.format(1) }}", "a format field '>999999999' asks for a width"),
+    ("{{ '%0999999999d' % 1 }}", "a %-format field width or precision '999999999'"),
+    ("{{ '%*d' % (999999999, 1) }}", r"a %-format field width or precision '\*'"),
+    ("{{ '%d'|format(1) ~ '%0999999999d'|format(1) }}", "a %-format field width"),
+    ("{% set s = 'a' * 100000 %}{{ s|replace('', 'b' * 100000) }}", "the replace filter would hold"),
+    ("{% set s = 'a' * 100000 %}{{ s.replace('', 'b' * 100000) }}", r"replace\(\) would hold"),
+    ("{% set s = ['a' * 100000] * 100000 %}{{ s|join }}", "the join filter would hold"),
+    ("{% set s = ['a' * 100000] * 100000 %}{{ ''.join(s) }}", r"join\(\) would hold"),
+    ("{{ 2 ** 100000000 }}", r"a power \(2 \*\* 100000000\) is too large"),
+    ("{% set ns = namespace(n=3) %}{% for i in range(40) %}{% set ns.n = ns.n * ns.n %}{% endfor %}{{ ns.n }}",
+     "a multiplication gave an integer too large"),
+])
+def test_sandbox_bounds_what_a_template_builds(template, what):
+    """Each of these used to build gigabytes (or hang on huge integers)
+    before any check could see it; now it stops before the operation."""
+    with pytest.raises(ChatTemplateError, match=rf"chat template 'test' stopped: {what}"):
+        custom(template).render([USER1])
+
+
+def test_a_template_from_the_file_or_the_caller_is_bounded():
+    fmt = chat_format_for({}, chat_template="{{ 'ab' * 400000000 }}")
+    with pytest.raises(ChatTemplateError, match="stopped"):
+        fmt.render([USER1])
+    fmt = chat_format_for({"tokenizer.chat_template": "{{ 'ab' * 400000000 }}"})
+    with pytest.raises(ChatTemplateError, match="stopped"):
+        fmt.render([USER1])
+
+
+@pytest.mark.parametrize("template", [
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",     # empty body
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% if j < 0 %}x{% endif %}{% endfor %}{% endfor %}",
+    "{% set s = 'a' * 100000 %}{% for a in s %}{% for b in s %}{% endfor %}{% endfor %}",  # not range()
+    "{% macro f(n) %}{% for i in range(100000) %}{% endfor %}{{ f(n) if n < 10**6 }}{% endmacro %}{{ f(0) }}",
+])
+def test_sandbox_bounds_the_total_work(template):
+    fmt = custom(template, limits=TemplateLimits(max_steps=20_000))
+    with pytest.raises(ChatTemplateError, match="stopped: it ran more than 20000 steps"):
+        fmt.render([USER1])
+
+
+def test_sandbox_has_a_wall_clock_timeout():
+    fmt = custom("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                 limits=TemplateLimits(max_steps=10**12, timeout=0.05))
+    with pytest.raises(ChatTemplateError, match="stopped: it ran longer than 0.05 s"):
+        fmt.render([USER1])
+
+
+def test_default_limits_stop_nested_loops():
+    with pytest.raises(ChatTemplateError, match="stopped"):
+        custom("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}").render([USER1])
+
+
+def test_runaway_recursion_and_nesting():
+    with pytest.raises(ChatTemplateError, match="RecursionError"):
+        custom("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").render([USER1])
+    with pytest.raises(ChatTemplateError, match="cannot be compiled: RecursionError"):
+        custom("{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}")
+    with pytest.raises(ChatTemplateError, match="more than 1048576"):
+        custom("x" * (1 << 20 | 1))
+
+
+def test_a_long_conversation_is_not_refused():
+    """The output bound grows with the caller's own text."""
+    messages = [{"role": ("user", "assistant")[i % 2], "content": "word " * 200} for i in range(5000)]
+    text = chat_format_for({}, chat_format="chatml").render(messages)
+    assert len(text) > TemplateLimits().max_chars  # 5 MB of prompt
+    assert text.count("<|im_start|>") == 5001
+
+
+def test_render_leaves_the_trace_function_as_it_found_it():
+    """Steps are counted by a trace function; a debugger's or coverage's
+    own stays installed and still sees the template run."""
+    import sys
+    import threading
+
+    seen = []
+
+    def tracer(frame, event, arg):
+        seen.append(frame.f_code.co_filename)
+        return None
+
+    old = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        assert custom("{% for m in messages %}{{ m.content }}{% endfor %}").render([USER1, BOT1]) \
+            == USER1["content"] + BOT1["content"]
+        assert sys.gettrace() is tracer
+    finally:
+        sys.settrace(old)
+    assert "<template>" in seen
+
+    # and a render on another thread is bounded too
+    errors = []
+    t = threading.Thread(target=lambda: errors.append(_render_error("{{ 'ab' * 400000000 }}")))
+    t.start()
+    t.join()
+    assert errors and "stopped" in errors[0]
+
+
+def _render_error(template):
+    try:
+        custom(template).render([USER1])
+    except ChatTemplateError as e:
+        return str(e)
+    return None
+
+
+def test_chat_arguments_checked_up_front():
+    from llminfer.chat import check_chat_args
+
+    check_chat_args()
+    check_chat_args("chatml")
+    check_chat_args("gguf", "{{ messages[0].content }}")
+    for bad in ("nope", 3, ["chatml"]):
+        with pytest.raises(InvalidArgumentError, match="unknown chat_format"):
+            check_chat_args(chat_format=bad)
+    for bad in ("", "  ", b"{{ x }}", 5):
+        with pytest.raises(InvalidArgumentError, match="chat_template must be a non-empty jinja string"):
+            check_chat_args(chat_template=bad)
+    with pytest.raises(ChatTemplateError, match="does not parse"):
+        check_chat_args(chat_template="{% for %}")

@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 
-from llminfer.errors import GGUFError, ModelNotFoundError, UnsupportedModelError
+from llminfer.errors import GGUFError, InvalidArgumentError, ModelNotFoundError, UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import build_spec
 
@@ -138,3 +138,158 @@ def test_unsupported_tensor_type(tmp_path):
     p = write_custom(tmp_path / "m.gguf", qtype="blk.0.ffn_gate.weight")
     with pytest.raises(UnsupportedModelError, match=r"IQ2_XXS, which llminfer cannot compute with"):
         build_spec(GGUFFile(p))
+
+
+# ---- what ggml's reader refuses, refused here with the key or tensor named ----
+
+from gguf import GGMLQuantizationType, GGUFValueType  # noqa: E402
+
+from gguf_bytes import Tensor, gguf_bytes, kv, tiny_llama  # noqa: E402
+
+F32 = GGMLQuantizationType.F32
+VEC = np.arange(8, dtype=np.float32).tobytes()
+
+
+def test_duplicate_metadata_key(tmp_path):
+    data = gguf_bytes([kv("general.architecture", "llama"), kv("llama.block_count", 2),
+                       kv("llama.block_count", 30)])
+    with pytest.raises(GGUFError, match=r"metadata key 'llama.block_count' appears twice \(again at offset \d+\)"):
+        GGUFFile(corrupt(tmp_path, data))
+
+
+def test_duplicate_tensor_name(tmp_path):
+    data = gguf_bytes([kv("a", 1)], [Tensor("w", (8,), F32, VEC), Tensor("w", (8,), F32, VEC)])
+    with pytest.raises(GGUFError, match=r"tensor 'w' appears twice"):
+        GGUFFile(corrupt(tmp_path, data))
+
+
+@pytest.mark.parametrize("offset, why", [(0, "overlaps the first"), (64, "leaves a gap"), (8, "misaligned")])
+def test_tensor_offsets_must_follow_in_order(tmp_path, offset, why):
+    data = gguf_bytes([kv("a", 1)], [Tensor("first", (8,), F32, VEC), Tensor("second", (8,), F32, VEC, offset)])
+    with pytest.raises(GGUFError, match=rf"tensor 'second' has data offset {offset}, expected 32"):
+        GGUFFile(corrupt(tmp_path, data))
+    # laid out as ggml expects, the same tensors load
+    ok = GGUFFile(corrupt(tmp_path, gguf_bytes([kv("a", 1)], [Tensor("first", (8,), F32, VEC),
+                                                             Tensor("second", (8,), F32, VEC)]), "ok.gguf"))
+    assert ok.tensors["second"].offset - ok.tensors["first"].offset == 32
+
+
+@pytest.mark.parametrize("alignment", [0, 1, 2, 4, 12, 48])
+def test_alignment_must_be_a_power_of_two_of_at_least_8(tmp_path, alignment):
+    data = gguf_bytes([kv("general.alignment", alignment)], [Tensor("w", (8,), F32, VEC)], alignment=max(alignment, 1))
+    with pytest.raises(GGUFError, match=rf"general.alignment {alignment} is not a power of two of at least 8"):
+        GGUFFile(corrupt(tmp_path, data))
+
+
+def test_alignment_of_the_wrong_type(tmp_path):
+    for value, vtype in (("32", GGUFValueType.STRING), (32.0, GGUFValueType.FLOAT32), ([32], GGUFValueType.ARRAY)):
+        data = gguf_bytes([kv("general.alignment", value, vtype)], [Tensor("w", (8,), F32, VEC)])
+        with pytest.raises(GGUFError, match="general.alignment must be an integer"):
+            GGUFFile(corrupt(tmp_path, data))
+
+
+def test_larger_alignment_is_honoured(tmp_path):
+    data = gguf_bytes([kv("general.alignment", 64)], [Tensor("a", (8,), F32, VEC), Tensor("b", (8,), F32, VEC)],
+                      alignment=64)
+    f = GGUFFile(corrupt(tmp_path, data))
+    assert f.alignment == 64 and f.data_offset % 64 == 0
+    assert f.tensors["b"].offset - f.tensors["a"].offset == 64
+    assert np.array_equal(f.tensor_bytes("b").view(np.float32), np.arange(8))
+
+
+@pytest.mark.parametrize("qtype", [4, 5, 99, 2**31 + 5, 2**32 - 1])
+def test_unknown_tensor_type(tmp_path, qtype):
+    data = gguf_bytes([kv("a", 1)], [Tensor("w", (8,), F32, VEC)])
+    info = struct.pack("<IQI", 1, 8, F32)
+    assert data.count(info) == 1
+    data = data.replace(info, struct.pack("<IQI", 1, 8, qtype))
+    with pytest.raises(GGUFError, match=rf"tensor 'w' has unknown type {qtype}"):
+        GGUFFile(corrupt(tmp_path, data))
+
+
+def test_element_count_past_int64(tmp_path):
+    big = Tensor("w", (1 << 40, 1 << 40), F32, b"")
+    with pytest.raises(GGUFError, match=r"tensor 'w' has \d+ elements .* int64"):
+        GGUFFile(corrupt(tmp_path, gguf_bytes([kv("a", 1)], [big])))
+
+
+def test_nested_arrays_are_refused(tmp_path):
+    nested = kv("deep", [[1, 2], [3]], GGUFValueType.ARRAY, etype=GGUFValueType.ARRAY)
+    with pytest.raises(GGUFError, match=r"array 'deep' at offset \d+ holds arrays"):
+        GGUFFile(corrupt(tmp_path, gguf_bytes([nested])))
+
+
+def test_tensor_name_too_long(tmp_path):
+    data = gguf_bytes([kv("a", 1)], [Tensor("x" * 64, (8,), F32, VEC)])
+    with pytest.raises(GGUFError, match="has a name of 64 bytes"):
+        GGUFFile(corrupt(tmp_path, data))
+
+
+# ---- a file that changes on disk while loaded ----
+
+def test_check_unchanged_sees_truncation(tmp_path):
+    p = corrupt(tmp_path, tiny_llama())
+    f = GGUFFile(p)
+    f.check_unchanged()  # untouched: fine
+    with open(p, "r+b") as fh:
+        fh.truncate(f.data_offset)
+    with pytest.raises(GGUFError, match="changed on disk while loaded"):
+        f.check_unchanged()
+    f.close()
+
+
+def test_check_unchanged_ignores_a_file_renamed_over(tmp_path):
+    p = corrupt(tmp_path, tiny_llama())
+    f = GGUFFile(p)
+    corrupt(tmp_path, b"new contents", "other")
+    (tmp_path / "other").replace(p)  # the mapped inode lives on
+    f.check_unchanged()
+    assert f.tensor_bytes("output_norm.weight").view(np.float32).size == 32
+    f.close()
+
+
+def test_private_copy_survives_truncation(tmp_path):
+    """mmap=False reads the file into memory: truncating it afterwards cannot
+    kill the process (a mapped file would die with SIGBUS on the next read,
+    hence a child process)."""
+    import subprocess
+    import sys
+    p = corrupt(tmp_path, tiny_llama())
+    code = (
+        "import sys, numpy as np\n"
+        "from llminfer.gguf_file import GGUFFile\n"
+        "f = GGUFFile(sys.argv[1], mmap=False)\n"
+        "before = f.tensor_bytes('blk.0.ffn_down.weight').sum()\n"
+        "open(sys.argv[1], 'r+b').truncate(100)\n"
+        "f.check_unchanged()\n"
+        "assert f.tensor_bytes('blk.0.ffn_down.weight').sum() == before\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert p.stat().st_size == 100
+
+
+def test_private_copy_equals_the_map(model_path):
+    with GGUFFile(model_path) as a, GGUFFile(model_path, mmap=False) as b:
+        assert a.metadata.keys() == b.metadata.keys()
+        for name in a.tensors:
+            assert np.array_equal(a.tensor_bytes(name), b.tensor_bytes(name))
+    with pytest.raises(InvalidArgumentError):
+        GGUFFile(model_path, mmap="no")
+
+
+def test_no_descriptor_left_open(model_path):
+    """The reader holds a descriptor for check_unchanged(); close() and a
+    dropped object both give it back."""
+    import gc
+    import os
+    fds = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc/self/fd")
+    before = fds()
+    for _ in range(20):
+        GGUFFile(model_path).close()
+        GGUFFile(model_path).metadata  # dropped without close()
+        GGUFFile(model_path, mmap=False)
+    gc.collect()
+    assert fds() == before

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llminfer import sampling
-from llminfer.errors import InvalidArgumentError, LLMInferError, ShapeError, TokenError
+from llminfer.errors import InvalidArgumentError, LLMInferError, NumericalError, ShapeError, TokenError
 from llminfer.sampling import Sampler, SamplingParams
 
 # Keeps only what a stage under test does: no filtering, temperature 1.
@@ -468,8 +468,9 @@ def test_bad_logits_raise():
         sampler.sample(np.zeros(5, dtype=np.float32))
     with pytest.raises(ShapeError):
         sampler.sample(np.zeros((1, 4), dtype=np.float32))
-    with pytest.raises(InvalidArgumentError, match="NaN"):
+    with pytest.raises(NumericalError, match=r"NaN \(first at token id 1\): the model's computation") as e:
         sampler.sample(f32([0.0, np.nan, 1.0, 2.0]))
+    assert not isinstance(e.value, InvalidArgumentError)  # the model's fault, not the caller's
     with pytest.raises(InvalidArgumentError, match="numpy array"):
         sampler.sample([0.0, 1.0, 2.0, 3.0])
     with pytest.raises(InvalidArgumentError, match="-inf"):

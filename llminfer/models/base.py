@@ -9,6 +9,7 @@ and tensors out of a GGUFFile with errors that name what is wrong.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,6 +95,17 @@ class ModelSpec:
             mats += [L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down]
         return sum(m.rows * m.k for m in mats)
 
+    def kv_cache_bytes(self, n_ctx: int, kv_bytes: int, n_batch: int = 512) -> int:
+        """Bytes of KV cache for n_ctx positions of kv_bytes per value (2 for
+        F16, 4 for F32): every layer holds n_ctx positions, a sliding-window
+        layer a ring of at most window + n_batch (as csrc/model.c allocates)."""
+        per_position = self.n_head_kv * (self.head_dim + self.head_dim_v) * kv_bytes
+        total = 0
+        for L in self.layers:
+            slots = min(n_ctx, L.sliding_window + n_batch) if L.sliding_window > 0 else n_ctx
+            total += slots * per_position
+        return total
+
     def weight_bytes(self) -> int:
         """Bytes of weights one token's forward pass reads (the embedding row aside)."""
         mats = [self.output]
@@ -102,8 +114,34 @@ class ModelSpec:
         return sum(m.data.nbytes for m in mats)
 
 
+# What a model can use, per hyperparameter: (low, high, whether low itself is
+# excluded). Far beyond any released model; a value outside is corrupt or
+# hostile, and would overflow a C int, divide by zero or turn every logit into
+# the same number (layer_norm_rms_epsilon=1e300 makes each norm output zero).
+_INT32_MAX = (1 << 31) - 1
+_RANGES = {
+    "block_count": (1, 1 << 12, False),
+    "context_length": (1, _INT32_MAX, False),
+    "embedding_length": (1, 1 << 20, False),
+    "feed_forward_length": (1, 1 << 22, False),
+    "attention.head_count": (1, 1 << 12, False),
+    "attention.head_count_kv": (1, 1 << 12, False),
+    "attention.key_length": (1, 1 << 14, False),
+    "attention.value_length": (1, 1 << 14, False),
+    "rope.dimension_count": (2, 1 << 14, False),
+    "attention.sliding_window": (0, 1 << 24, False),
+    "attention.sliding_window_pattern": (0, 1 << 12, False),
+    "vocab_size": (0, _INT32_MAX, False),
+    "attention.layer_norm_rms_epsilon": (0.0, 1e-2, True),
+    "rope.freq_base": (1.0, 1e12, True),
+    "rope.scaling.factor": (0.0, 1e6, False),
+}
+
+
 class Hparams:
-    """Reads `{arch}.*` metadata with errors that name the missing or bad key."""
+    """Reads `{arch}.*` metadata with errors that name the missing or bad key.
+    Integers must be stored as integers, floats as numbers, and both must lie
+    in the key's _RANGES."""
 
     def __init__(self, gguf: GGUFFile, arch: str):
         self.meta = gguf.metadata
@@ -122,17 +160,27 @@ class Hparams:
                 v = v.flat[0]  # a per-layer array with one value
             else:
                 raise UnsupportedModelError(f"{self.path}: per-layer values of {full!r} are not supported")
-        try:
-            out = kind(v)
-        except (TypeError, ValueError):
-            raise UnsupportedModelError(f"{self.path}: metadata {full!r} has an invalid value {v!r}") from None
+        if kind is int:
+            ok = isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+        else:
+            ok = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+        if not ok:
+            want = "an integer" if kind is int else "a number"
+            raise UnsupportedModelError(f"{self.path}: metadata {full!r} must be {want}, "
+                                        f"got {type(v).__name__} {_short(v)}")
+        out = kind(v)
+        if key in _RANGES:
+            lo, hi, open_lo = _RANGES[key]
+            if not (math.isfinite(out) and (out > lo if open_lo else out >= lo) and out <= hi):
+                interval = f"{'(' if open_lo else '['}{lo:g}, {hi:g}]"
+                raise UnsupportedModelError(f"{self.path}: metadata {full!r} is {out!r}, outside the range "
+                                            f"{interval} a model can use")
         return out
 
-    def int(self, key, default=None):
-        v = self._get(key, _REQUIRED if default is None else default, int)
-        return v
+    def int(self, key, default=None) -> int:
+        return self._get(key, _REQUIRED if default is None else default, int)
 
-    def float(self, key, default=None):
+    def float(self, key, default=None) -> float:
         return self._get(key, _REQUIRED if default is None else default, float)
 
     def str(self, key, default=""):
@@ -140,7 +188,13 @@ class Hparams:
         return v if isinstance(v, str) else default
 
 
+def _short(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 _REQUIRED = object()
+_BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
 class Weights:
@@ -172,14 +226,41 @@ class Weights:
             raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} has shape {info.shape}, "
                                         f"expected {n} values")
         raw = self.gguf.tensor_bytes(name)
-        t = GGMLQuantizationType(info.qtype) if info.nbytes >= 0 else None
+        t = GGMLQuantizationType(info.qtype)
         if t == GGMLQuantizationType.F32:
-            return raw.view(np.float32)
-        if t in (GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+            out = raw.view(np.float32)
+        elif t in (GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
             from llminfer import ops
-            return ops.dequantize(np.ascontiguousarray(raw), t, (n,))
-        raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} has type {info.type_name}; "
-                                    f"norm and bias vectors must be F32, F16 or BF16")
+            out = ops.dequantize(np.ascontiguousarray(raw), t, (n,))
+        else:
+            raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} has type {info.type_name}; "
+                                        f"norm and bias vectors must be F32, F16 or BF16")
+        # Small, so checked here: a NaN in a norm weight would make every
+        # logit NaN. Matrices are checked by `llminfer info --check`.
+        bad = np.flatnonzero(~np.isfinite(out))
+        if bad.size:
+            raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} holds {bad.size} non-finite "
+                                        f"value(s), the first {out[bad[0]]} at index {bad[0]}")
+        return out
+
+    def check_all_used(self, n_layer: int, arch: str):
+        """Refuse a file with tensors the architecture did not read: they are
+        weights the model was meant to run with (a bias, another block), and
+        ignoring them gives wrong text without a word. llama.cpp refuses
+        these files too ("wrong number of tensors")."""
+        unused = sorted(set(self.gguf.tensors) - self.used)
+        if not unused:
+            return
+        blocks = sorted({int(m.group(1)) for m in map(_BLOCK.match, self.gguf.tensors) if m})
+        beyond = [b for b in blocks if b >= n_layer]
+        if beyond:
+            raise UnsupportedModelError(
+                f"{self.gguf.path}: {arch}.block_count is {n_layer}, but the file has tensors for "
+                f"{len(blocks)} blocks (blk.{beyond[0]}. to blk.{blocks[-1]}.); the metadata does not "
+                f"match the weights")
+        shown = ", ".join(unused[:8]) + (f", ... ({len(unused)} in all)" if len(unused) > 8 else "")
+        raise UnsupportedModelError(f"{self.gguf.path}: tensors that the {arch} architecture does not use: "
+                                    f"{shown}; running without them would not be the model the file holds")
 
     def _info(self, name):
         info = self.gguf.tensors.get(name)
@@ -192,7 +273,7 @@ class Weights:
 def rope_scale(hp: Hparams) -> float:
     """The linear position scale from rope.scaling.* metadata (1.0 when none)."""
     kind = hp.str("rope.scaling.type", "none").lower()
-    factor = hp.float("rope.scaling.factor", 0.0)
+    factor = hp.float("rope.scaling.factor", 0.0)  # 0: none, as 1
     if kind in ("", "none") or factor in (0.0, 1.0):
         return 1.0
     if kind == "linear":
@@ -216,11 +297,30 @@ class Shape:
 def read_shape(hp: Hparams) -> Shape:
     n_embd = hp.int("embedding_length")
     n_head = hp.int("attention.head_count")
+    if f"{hp.arch}.attention.key_length" not in hp.meta and n_embd % n_head:
+        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.embedding_length {n_embd} is not a multiple of "
+                                    f"attention.head_count {n_head}, and no attention.key_length says the "
+                                    f"head size")
     head_dim = hp.int("attention.key_length", n_embd // n_head)
+    n_head_kv = hp.int("attention.head_count_kv", n_head)
+    if n_head % n_head_kv:
+        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.attention.head_count {n_head} is not a multiple "
+                                    f"of attention.head_count_kv {n_head_kv} (each KV head serves a whole "
+                                    f"group of query heads)")
     return Shape(n_embd=n_embd, n_layer=hp.int("block_count"), n_head=n_head,
-                 n_head_kv=hp.int("attention.head_count_kv", n_head), head_dim=head_dim,
+                 n_head_kv=n_head_kv, head_dim=head_dim,
                  head_dim_v=hp.int("attention.value_length", head_dim),
                  n_ff=hp.int("feed_forward_length"))
+
+
+def rope_dims(hp: Hparams, head_dim: int) -> int:
+    """rope.dimension_count: the leading dimensions of each head that RoPE
+    rotates, in pairs, so an even number no larger than the head."""
+    n_rot = hp.int("rope.dimension_count", head_dim)
+    if n_rot % 2 or n_rot > head_dim:
+        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.rope.dimension_count {n_rot} must be even and at "
+                                    f"most the head size {head_dim}")
+    return n_rot
 
 
 def standard_layers(w: Weights, sh: Shape, rope_base, scale, biases=False) -> list:
@@ -259,6 +359,11 @@ def vocab_size(gguf: GGUFFile, hp: Hparams) -> int:
         if info is None:
             raise UnsupportedModelError(f"{gguf.path}: cannot tell the vocabulary size")
         n = info.shape[0]
+    if tokens is not None and len(tokens) != n:
+        # ids past the shorter one would be tokens without embeddings or
+        # embeddings no text can reach; llama.cpp refuses this too
+        raise UnsupportedModelError(f"{gguf.path}: the vocabulary (tokenizer.ggml.tokens) has {len(tokens)} "
+                                    f"tokens, but the model has {n} ({hp.arch}.vocab_size or the embedding)")
     return n
 
 

@@ -19,7 +19,7 @@ import math
 
 from llminfer.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_GELU, ROPE_NEOX, Hparams, ModelSpec, Weights, output_head,
-                                  read_shape, rope_scale, standard_layers, vocab_size)
+                                  read_shape, rope_dims, rope_scale, standard_layers, vocab_size)
 
 ARCH = "gemma3"
 SWA_PATTERN = 6           # every 6th layer attends globally
@@ -52,8 +52,9 @@ def build(gguf: GGUFFile) -> ModelSpec:
             L.rope_base = LOCAL_ROPE_BASE
             L.rope_scale = 1.0
 
+    n_rot = rope_dims(hp, head_dim)
     big = sh.n_layer == 62  # Gemma 3 27B scales by the model width per head instead
-    return ModelSpec(
+    spec = ModelSpec(
         arch=ARCH,
         n_vocab=n_vocab,
         n_embd=n_embd,
@@ -62,7 +63,7 @@ def build(gguf: GGUFFile) -> ModelSpec:
         head_dim=head_dim,
         head_dim_v=sh.head_dim_v,
         n_ff=sh.n_ff,
-        n_rot=hp.int("rope.dimension_count", head_dim),
+        n_rot=n_rot,
         rope_mode=ROPE_NEOX,
         act=ACT_GELU,
         norm_eps=hp.float("attention.layer_norm_rms_epsilon", 1e-6),
@@ -74,3 +75,5 @@ def build(gguf: GGUFFile) -> ModelSpec:
         output=output_head(w, tok_embd, n_vocab, n_embd),
         layers=layers,
     )
+    w.check_all_used(sh.n_layer, ARCH)
+    return spec

@@ -7,7 +7,7 @@ absent; Llama 3.1's per-frequency RoPE factors from rope_freqs.weight."""
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_SILU, ROPE_NORM, Hparams, ModelSpec, Weights,
-                                  attn_scale_default, output_head, read_shape, rope_scale,
+                                  attn_scale_default, output_head, read_shape, rope_dims, rope_scale,
                                   standard_layers, vocab_size)
 
 ARCH = "llama"
@@ -17,7 +17,7 @@ def build(gguf: GGUFFile, arch: str = ARCH, rope_mode: int = ROPE_NORM, biases: 
     hp = Hparams(gguf, arch)
     sh = read_shape(hp)
     n_embd = sh.n_embd
-    n_rot = hp.int("rope.dimension_count", sh.head_dim)
+    n_rot = rope_dims(hp, sh.head_dim)
     if hp.int("attention.sliding_window", 0) > 0:
         raise UnsupportedModelError(f"{gguf.path}: sliding-window attention is not supported for {arch}")
     n_vocab = vocab_size(gguf, hp)
@@ -46,4 +46,5 @@ def build(gguf: GGUFFile, arch: str = ARCH, rope_mode: int = ROPE_NORM, biases: 
                                biases=biases),
         rope_factors=w.vector("rope_freqs.weight", n_rot // 2, optional=True),
     )
+    w.check_all_used(sh.n_layer, arch)
     return spec
