@@ -31,12 +31,13 @@ from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferErro
 from llminfer.gguf_file import GGUFFile
 from llminfer.kv_cache import FULL, SWA, KVCache, Sequence
 from llminfer.models import build_spec
-from llminfer.system import default_threads
+from llminfer.numerics import check_logits
+from llminfer.system import check_memory, check_threads
 from llminfer.tokenizer import Tokenizer
 
 # KV cache types: the GGML type numbers the C core takes
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
-MAX_THREADS = 512  # OpenMP teams beyond this are refused, not attempted
+MAX_POSITIONS = 2**31 - 1
 
 
 def check_positive_int(name, v, allow_none=False):
@@ -67,14 +68,15 @@ class Engine:
     block_size: positions per KV block."""
 
     def __init__(self, model, n_ctx: int = 4096, kv_pool_tokens: int | None = None, n_batch: int = 512,
-                 n_threads: int | None = None, kv_type: str = "f16", block_size: int = 32):
+                 n_threads: int | None = None, kv_type: str = "f16", block_size: int = 32, mmap: bool = True):
         n_ctx = check_positive_int("n_ctx", n_ctx)
         n_batch = check_positive_int("n_batch", n_batch)
         pool = check_positive_int("kv_pool_tokens", kv_pool_tokens, allow_none=True) or n_ctx
-        n_threads = check_positive_int("n_threads", n_threads, allow_none=True)
-        if n_threads is not None and n_threads > MAX_THREADS:
-            raise InvalidArgumentError(f"n_threads={n_threads} is more than the {MAX_THREADS} threads the engine runs")
-        if kv_type not in KV_TYPES:
+        for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("kv_pool_tokens", pool)):
+            if v > MAX_POSITIONS:
+                raise InvalidArgumentError(f"{name}={v} is more than the {MAX_POSITIONS} positions the engine indexes")
+        n_threads = check_threads(n_threads)  # a team larger than the CPUs is capped, with a warning
+        if not isinstance(kv_type, str) or kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         block_size = check_positive_int("block_size", block_size)
         if block_size & (block_size - 1) or block_size > 1024:
@@ -82,11 +84,11 @@ class Engine:
         self._lock = threading.RLock()  # calls on one engine run one at a time
         self.ctx = None
         self.model_path = hub.resolve(model)
-        self.gguf = GGUFFile(self.model_path)
+        self.gguf = GGUFFile(self.model_path, mmap=mmap)
         try:
             self.spec = build_spec(self.gguf)
             self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
-            self.n_threads = n_threads or default_threads()
+            self.n_threads = n_threads
             self.desc = _core.ModelDesc(self.spec)
             groups = [_core.layer_kv_group(self.desc, i) for i in range(self.spec.n_layer)]
             used = [FULL in groups, SWA in groups]
@@ -99,6 +101,10 @@ class Engine:
             # is what its window needs.
             n_swa = -(-pool // block_size) + 256 if used[SWA] else 0
             self.n_blocks = (n_full, n_swa)
+            self.kv_pool_bytes = sum(self.n_blocks[g] * _core.kv_block_bytes(self.desc, KV_TYPES[kv_type], block_size, i)
+                                     for i, g in enumerate(groups))
+            check_memory(self.kv_pool_bytes, f"a KV pool of {pool} positions ({kv_type}); "
+                                             f"use a smaller n_ctx or kv_pool_tokens, or kv_type='q8_0'")
             self.ctx = _core.Context(self.desc, KV_TYPES[kv_type], block_size, self.n_blocks, n_batch,
                                      self.n_threads)
         except Exception:
@@ -228,10 +234,13 @@ class Engine:
                 dest.append((i, -1))
             r += n
         logits = np.empty(len(dest) * self.n_vocab, np.float32)
+        self.gguf.check_unchanged()  # a file truncated under its mapping would be a SIGBUS
         t = time.perf_counter()
         self.ctx.decode(tokens, None, pos, seq_idx, want, views, logits, n_threads)
         self.native_seconds += time.perf_counter() - t
         rows = logits.reshape(len(dest), self.n_vocab)
+        if len(dest):
+            check_logits(rows, f"a batch of {total} tokens (positions {int(pos.min())}..{int(pos.max())})")
         for k, (i, row) in enumerate(dest):
             if row < 0:
                 out[i][:] = rows[k]

@@ -148,14 +148,20 @@ class LLM:
 
     def __init__(self, model, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
                  seed: int | None = None, kv_type: str = "f16", chat_format: str | None = None,
-                 chat_template: str | None = None, kv_pool_tokens: int | None = None):
+                 chat_template: str | None = None, kv_pool_tokens: int | None = None, mmap: bool = True):
         check_positive_int("n_ctx", n_ctx)
         check_positive_int("n_batch", n_batch)
-        if kv_type not in KV_TYPES:
+        if not isinstance(kv_type, str) or kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+        if seed is not None:
+            SamplingParams(seed=seed)  # raises on a seed that is not an integer
+        if chat_format is not None or chat_template is not None:
+            from llminfer.chat import check_chat_args  # jinja2 only when a chat is asked for
+
+            check_chat_args(chat_format, chat_template)
         self._lock = threading.RLock()
         self._engine = Engine(model, n_ctx=int(n_ctx), kv_pool_tokens=kv_pool_tokens, n_batch=int(n_batch),
-                              n_threads=n_threads, kv_type=kv_type)
+                              n_threads=n_threads, kv_type=kv_type, mmap=mmap)
         eng = self._engine
         self.model_path = eng.model_path
         self._gguf = eng.gguf
@@ -260,7 +266,7 @@ class LLM:
         self._last_logits[:] = out[-1] if logits_all else out
         return out if logits_all else None
 
-    def eval(self, ids) -> np.ndarray:
+    def eval(self, ids) -> np.ndarray:  # noqa: A003
         """Append ids to the context; return the logits at every one of them,
         float32 [len(ids), n_vocab]."""
         with self._lock:
@@ -382,10 +388,18 @@ class LLM:
         result.finish_reason = "length"
         if max_tokens == 0:
             return
-        with self._lock:
-            self._check_open()  # a stream may be read after close()
-            for tok in self._token_stream(prompt_ids, max_tokens, params, result.timings,
-                                          context_shift, n_keep):
+        # The lock is held for each step of the stream, not across its yields:
+        # a stream half read on one thread must not block every other call on
+        # the object. A call that runs in between takes the context; the
+        # stream's next step finds it gone and restores its own tokens.
+        tokens = self._token_stream(prompt_ids, max_tokens, params, result.timings, context_shift, n_keep)
+        try:
+            while True:
+                with self._lock:
+                    self._check_open()  # a stream may be read after close()
+                    tok = next(tokens, None)
+                if tok is None:
+                    break
                 if tok in self.tokenizer.eog_ids:
                     result.finish_reason = "stop"
                     break
@@ -397,13 +411,16 @@ class LLM:
                 if stopped:
                     result.finish_reason = "stop"
                     return
-            text, stopped = matcher.push(decoder.decode(b"", final=True))
-            if stopped:
-                result.finish_reason = "stop"
-            text += "" if stopped else matcher.flush()
-            if text:
-                result.text += text
-                yield text
+        finally:
+            with self._lock:
+                tokens.close()
+        text, stopped = matcher.push(decoder.decode(b"", final=True))
+        if stopped:
+            result.finish_reason = "stop"
+        text += "" if stopped else matcher.flush()
+        if text:
+            result.text += text
+            yield text
 
     def _prompt_ids(self, prompt) -> list:
         if isinstance(prompt, (list, tuple, np.ndarray)):
@@ -419,6 +436,12 @@ class LLM:
         batch and returns a list of Completions; `sampling` may then be a list
         too, one SamplingParams per prompt."""
         self._check_open()
+        for name, v in (("stream", stream), ("context_shift", context_shift)):
+            if not isinstance(v, bool):
+                raise InvalidArgumentError(f"{name} must be True or False, got {v!r}")
+        if sampling is not None and not isinstance(sampling, (SamplingParams, list, tuple)):
+            raise InvalidArgumentError(f"sampling must be a SamplingParams (or a list of them), got "
+                                       f"{type(sampling).__name__}")
         if _is_prompt_list(prompt):
             if stream:
                 raise InvalidArgumentError("stream=True takes one prompt, not a list")

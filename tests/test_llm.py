@@ -12,6 +12,7 @@ llama-cpp-python.
 
 import gc
 import math
+import os
 import threading
 import weakref
 
@@ -711,3 +712,38 @@ def test_interleaved_streams_on_one_thread(tiny, arch):
                 del live[i]
     assert "".join(got[0]) == want_a
     assert "".join(got[1]) == want_b
+
+
+# ---------------------------------------------------------------- hardening wired in
+
+def test_a_half_read_stream_does_not_block_other_threads(tiny):
+    """A stream holds the lock only for each step: another thread's call
+    runs between two pieces, and the stream then goes on with its own text."""
+    ids = tiny.tokenize(PROMPT)
+    want = tiny.new().complete(ids, max_tokens=10, temperature=0)
+    stream = tiny.complete(ids, max_tokens=10, temperature=0, stream=True)
+    first = next(stream)
+    done = []
+    t = threading.Thread(target=lambda: done.append(tiny.generate("a different prompt", max_tokens=5, temperature=0)))
+    t.start()
+    t.join(timeout=60)
+    assert done, "the other thread's call waited on the half-read stream"
+    rest = "".join(stream)
+    assert first + rest == want.text
+
+
+def test_load_arguments_are_checked(models):
+    with pytest.raises(InvalidArgumentError):
+        LLM(models["llama"], seed=1.5)
+    with pytest.raises(InvalidArgumentError):
+        LLM(models["llama"], kv_type=["f16"])
+    with pytest.raises(InvalidArgumentError):
+        LLM(models["llama"], n_ctx=2**31)
+    with pytest.warns(UserWarning, match="more than the"):
+        llm = LLM(models["llama"], n_threads=100000, n_ctx=64)
+    assert llm.n_threads <= os.cpu_count()
+    with pytest.raises(InvalidArgumentError, match="stream"):
+        llm.complete("x", stream="yes")
+    with pytest.raises(InvalidArgumentError, match="sampling"):
+        llm.complete("x", sampling="greedy")
+    llm.close()

@@ -60,7 +60,11 @@ def test_kv_cache_estimate_matches_the_allocation(tmp_path, cfg, kv_type, kv_byt
     with GGUFFile(p) as g:
         spec = build_spec(g)
     with llminfer.LLM(p, n_ctx=256, n_batch=64, kv_type=kv_type) as llm:
-        assert spec.kv_cache_bytes(256, kv_bytes, n_batch=64) == sum(llm.kv_cache_bytes())
+        eng = llm.engine
+        assert eng.kv_pool_bytes == sum(llm.kv_cache_bytes())
+        per_position = spec.n_head_kv * (spec.head_dim + spec.head_dim_v) * kv_bytes
+        assert eng.kv_pool_bytes == sum(eng.n_blocks[_core.layer_kv_group(eng.desc, i)] * eng.block_size * per_position
+                                        for i in range(spec.n_layer))
 
 
 def test_kernels_cap_a_huge_team():

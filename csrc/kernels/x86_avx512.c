@@ -55,7 +55,7 @@ static inline void blk32_cols(const li_panel *p, int nr, const char *x, size_t x
         }
         const __m256 dw = _mm256_loadu_ps(p->d + b * R);
         UNROLL for (int c = 0; c < nc; c++) {
-            if (shift) ia[c] = _mm256_sub_epi32(ia[c], _mm256_set1_epi32(asum[(c0 + c) * nb + b] << shift));
+            if (shift) ia[c] = _mm256_sub_epi32(ia[c], _mm256_set1_epi32(asum[(c0 + c) * nb + b] * (1 << shift)) /* a product: asum may be negative */);
             float dx, sx = 0.0f;
             memcpy(&dx, xb[c], 4); /* d comes first in both activation formats */
             if (min) memcpy(&sx, xb[c] + offsetof(act_q8_1, s), 4);

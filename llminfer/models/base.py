@@ -95,17 +95,6 @@ class ModelSpec:
             mats += [L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down]
         return sum(m.rows * m.k for m in mats)
 
-    def kv_cache_bytes(self, n_ctx: int, kv_bytes: int, n_batch: int = 512) -> int:
-        """Bytes of KV cache for n_ctx positions of kv_bytes per value (2 for
-        F16, 4 for F32): every layer holds n_ctx positions, a sliding-window
-        layer a ring of at most window + n_batch (as csrc/model.c allocates)."""
-        per_position = self.n_head_kv * (self.head_dim + self.head_dim_v) * kv_bytes
-        total = 0
-        for L in self.layers:
-            slots = min(n_ctx, L.sliding_window + n_batch) if L.sliding_window > 0 else n_ctx
-            total += slots * per_position
-        return total
-
     def weight_bytes(self) -> int:
         """Bytes of weights one token's forward pass reads (the embedding row aside)."""
         mats = [self.output]
