@@ -29,9 +29,11 @@ class ReferenceModel:
     def hp(self, key, default=None):
         return self.meta.get(f"{self.arch}.{key}", default)
 
-    def logits(self, tokens, positions=None) -> np.ndarray:
+    def logits(self, tokens, positions=None, kv_type=None) -> np.ndarray:
         """Logits at every token; `positions` (default 0, 1, ...) give each
-        token's position, increasing, for a context with gaps (a context shift)."""
+        token's position, increasing, for a context with gaps (a context shift).
+        kv_type "q8_0" or "q4_0": keys and values rounded to that type per
+        head row, and queries to Q8_0, as a quantized KV cache stores them."""
         a = self.arch
         E = self.hp("embedding_length")
         n_head = self.hp("attention.head_count")
@@ -83,6 +85,8 @@ class ReferenceModel:
             if gemma:
                 q, k = norm(q, T("attn_q_norm.weight")), norm(k, T("attn_k_norm.weight"))
             q, k = rope(q, b), rope(k, b)
+            if kv_type is not None:
+                q, k, v = _rounded(q, "Q8_0"), _rounded(k, kv_type.upper()), _rounded(v, kv_type.upper())
             group = n_head // n_kv
             att = np.zeros((n, n_head, hd))
             visible = pos[None, :] <= pos[:, None]
@@ -110,3 +114,12 @@ class ReferenceModel:
             x = x + d
         out = self.t.get("output.weight", self.t["token_embd.weight"])
         return norm(x, self.t["output_norm.weight"]) @ out.T
+
+
+def _rounded(x, type_name):
+    """x with its last axis quantized to a GGML type and back (gguf's numpy code)."""
+    from gguf import GGMLQuantizationType, quants
+
+    t = GGMLQuantizationType[type_name]
+    rows = x.reshape(-1, x.shape[-1]).astype(np.float32)
+    return quants.dequantize(quants.quantize(rows, t), t).reshape(x.shape).astype(np.float64)

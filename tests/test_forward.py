@@ -121,6 +121,22 @@ def test_kv_types_against_f16(tiny, arch, kv_type):
     assert err < TOL_KV[kv_type], err
 
 
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_quantized_cache_is_exactly_the_rounded_attention(tiny, arch, kv_type):
+    """With F32 weights, the quantized cache's logits equal (to float32
+    accumulation) a reference whose keys and values are rounded to kv_type
+    and queries to Q8_0 by the gguf package: the cache stores and reads what
+    it should, and the rest of its distance to F16 is the rounding itself
+    (the tiny models' Q8_0 embedding and output head add their 8-bit
+    activations: the float-weights tolerance)."""
+    path = tiny(arch, "F32")
+    toks = tokens_for(23, n=40)
+    ours = run(path, toks, step=9, kv_type=kv_type)
+    ref = ReferenceModel(path).logits(toks, kv_type=kv_type)
+    assert np.abs(ours - ref).max() / np.abs(ref).max() < TOL_FLOAT_WEIGHTS
+
+
 def test_kv_type_memory(tiny):
     """Bytes per layer: q8_0 takes 34/64 of f16, q4_0 18/64."""
     path = tiny("llama", "Q8_0")
