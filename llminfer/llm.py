@@ -262,7 +262,7 @@ class LLM:
                                    f"n_ctx={self.n_ctx}")
         if n == 0:
             return np.empty((0, self.n_vocab), np.float32) if logits_all else None
-        (out,) = self._engine.decode([(self._seq, ids, "all" if logits_all else "last")])
+        (out,) = self._engine.decode([(self._seq, ids, "all" if logits_all else "last")], n_threads=self.n_threads)
         self._last_logits[:] = out[-1] if logits_all else out
         return out if logits_all else None
 
