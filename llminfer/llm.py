@@ -479,7 +479,7 @@ class LLM:
             try:
                 seqs = [eng.new_sequence() for _ in prompts]
                 t0 = time.perf_counter()
-                logits = eng.decode([(s, x) for s, x in zip(seqs, ids)])
+                logits = eng.decode([(s, x) for s, x in zip(seqs, ids)], n_threads=self.n_threads)
                 t1 = time.perf_counter()
                 native0 = eng.native_seconds
                 runs = [_SequenceRun(self, x, p if p.seed is not None or self.seed is None else
@@ -496,7 +496,7 @@ class LLM:
                     active = going
                     if not work:
                         break
-                    for i, lg in zip(going, eng.decode(work)):
+                    for i, lg in zip(going, eng.decode(work, n_threads=self.n_threads)):
                         logits[i] = lg
                 t2 = time.perf_counter()
                 for r in results:
