@@ -6,8 +6,9 @@ count, and the medians of the rounds are printed with the ratios.
         --after /path/venv/bin/python --llama-bench /path/llama-bench \\
         -m model1.gguf -m model2.gguf -t 1,2 -r 3
 
-Each llminfer figure is `llminfer bench -p 512 -n 128 -r 1` in a fresh
-process (the median of its runs); llama-bench runs `-p 512 -n 128 -r 1`.
+Each llminfer figure is `llminfer bench -p 512 -n 128 -r 3` in a fresh
+process (the median of its runs); llama-bench runs `-p 512 -n 128 -r 3`
+(its mean).
 Nothing else should run on the machine meanwhile.
 """
 
@@ -18,17 +19,20 @@ import json
 import statistics
 import subprocess
 
+IN_PROCESS = 3  # runs per llminfer process (its median is taken), as llama-bench's -r
+
 
 def llminfer_bench(python, model, threads):
     out = subprocess.run([python, "-m", "llminfer", "bench", "-m", model, "-t", str(threads), "-p", "512",
-                          "-n", "128", "-r", "1", "-c", "700", "--json"], capture_output=True, text=True, check=True,
+                          "-n", "128", "-r", str(IN_PROCESS), "-c", "700", "--json"], capture_output=True, text=True, check=True,
                          cwd="/")
     rows = json.loads(out.stdout)["results"]
     return {r["test"]: r["tokens_per_second"] for r in rows}
 
 
 def llama_bench(exe, model, threads):
-    out = subprocess.run([exe, "-m", model, "-t", str(threads), "-p", "512", "-n", "128", "-r", "1", "-o", "json"],
+    out = subprocess.run([exe, "-m", model, "-t", str(threads), "-p", "512", "-n", "128", "-r", str(IN_PROCESS),
+                          "-o", "json"],
                          capture_output=True, text=True, check=True)
     rows = json.loads(out.stdout)
     res = {}
