@@ -264,7 +264,9 @@ def test_private_copy_survives_truncation(tmp_path):
         "f.check_unchanged()\n"
         "assert f.tensor_bytes('blk.0.ffn_down.weight').sum() == before\n"
         "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=120)
+    # from tmp_path: run from the checkout, "-c" would import the uncompiled sources
+    out = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
     assert p.stat().st_size == 100
 
