@@ -8,6 +8,8 @@ import pytest
 
 from llminfer import hub
 
+from kernel_cases import isa  # noqa: F401 (the fixture that runs a test at every kernel level)
+
 
 def _model(name):
     try:

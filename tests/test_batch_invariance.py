@@ -8,7 +8,6 @@ import pytest
 
 from llminfer.engine import Engine
 
-from kernel_cases import isa  # noqa: F401 (a fixture: every kernel level)
 from tiny_models import WEIGHT_TYPES as TYPES
 from tiny_models import TinyConfig, write_model
 

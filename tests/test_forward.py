@@ -11,7 +11,6 @@ from llminfer.engine import Engine
 from llminfer.errors import ContextFullError, InvalidArgumentError, TokenError
 
 from reference import ReferenceModel
-from kernel_cases import isa  # noqa: F401 (a fixture: every kernel level)
 from tiny_models import WEIGHT_TYPES, TinyConfig, write_model
 
 # Largest |ours - reference| over the largest |reference logit|. Float weights
