@@ -331,8 +331,7 @@ void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int 
     /* split: items (token, kv head, span); the parts of head h of token t are
      * at parts + ((t * n_head + h) * max_chunks + span index) * ps */
     const size_t head_stride = (size_t)c->max_chunks * ps;
-    int64_t total = 0;
-    for (int64_t t = 0; t < n; t++) total += (int64_t)m->n_head_kv * c->max_chunks;
+    const int64_t total = n * m->n_head_kv * c->max_chunks;
     for (int64_t i = ith; i < total; i += nth) {
         const int64_t t = i / ((int64_t)m->n_head_kv * c->max_chunks);
         const int kvh = (int)(i / c->max_chunks % m->n_head_kv), s_idx = (int)(i % c->max_chunks);

@@ -46,6 +46,11 @@ def pxd_functions():
     return out
 
 
+def _field_names(decl):
+    """The names a declaration declares: "const float *a, b[2]" -> ["a", "b"]."""
+    return [re.sub(r"\[.*?\]", "", n).strip(" *").split()[-1].lstrip("*") for n in decl.split(",")]
+
+
 def header_structs():
     text = _strip_c_comments(HEADER.read_text())
     out = {}
@@ -55,8 +60,7 @@ def header_structs():
             decl = decl.strip()
             if not decl:
                 continue
-            names = [re.sub(r"\[.*?\]", "", n).strip(" *") for n in decl.split(",")]
-            fields += [n.split()[-1].lstrip("*") for n in names]
+            fields += _field_names(decl)
         out[m.group(1)] = fields
     return out
 
@@ -70,8 +74,7 @@ def pxd_structs():
             line = line.strip()
             if not line or line == "pass":
                 continue
-            names = [re.sub(r"\[.*?\]", "", n).strip(" *") for n in line.split(",")]
-            fields += [n.split()[-1].lstrip("*") for n in names]
+            fields += _field_names(line)
         out[m.group(1)] = fields
     return out
 

@@ -96,16 +96,7 @@ static inline void ksuper_cols(const li_panel *p, int nr, const char *x, size_t 
                 im[c] = _mm256_dpwssd_epi32(im[c], mc, bcast4((const int8_t *)(a[c]->bsums + 2 * pr)));
         }
         const __m256 dw = _mm256_loadu_ps(p->d + s * R), mw = _mm256_loadu_ps(p->m + s * R);
-        UNROLL for (int c = 0; c < nc; c++) {
-            const __m256 dx = _mm256_set1_ps(a[c]->d);
-            if (min) {
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[c]), _mm256_mul_ps(dw, dx), acc[c]);
-                acc[c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im[c]), _mm256_mul_ps(mw, dx), acc[c]);
-            } else { /* Q3_K, Q6_K: the offsets come out of the integer sum, as in scalar.c */
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(ia[c], im[c])),
-                                         _mm256_mul_ps(dw, dx), acc[c]);
-            }
-        }
+        UNROLL for (int c = 0; c < nc; c++) acc[c] = ksuper_accumulate(acc[c], ia[c], im[c], dw, mw, a[c]->d, min);
     }
     UNROLL for (int c = 0; c < nc; c++) store_rows(y + (size_t)(c0 + c) * ys, acc[c], nr);
 }
