@@ -73,6 +73,12 @@ struct li_context {
     li_rope_params rope[MAX_ROPE_TABLES];
     float *rope_cs;        /* [n_rope, n_batch, n_rot] */
     int *layer_rope;       /* [n_layer] -> table */
+
+    /* a backend holding layers [0, be_layers) (and the head, with be_output);
+     * those layers have no CPU pools (k_pool[il] NULL) */
+    const li_backend_ops *be_ops;
+    void *be;
+    int be_layers, be_output;
 };
 
 /* attention.c */

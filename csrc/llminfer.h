@@ -27,6 +27,7 @@ extern "C" {
 #define LI_E_CONTEXT (-6)  /* position outside the context / KV cache */
 #define LI_E_TOKEN (-7)    /* token id outside the vocabulary */
 #define LI_E_KV (-8)       /* a block table entry outside its pool, or a position outside its table */
+#define LI_E_DEVICE (-9)   /* a GPU backend failed: no device, out of device memory, a kernel error */
 const char *li_status_name(int status);
 
 /* ---- tensor types: the GGML type numbers ---- */
@@ -207,6 +208,15 @@ size_t li_kv_block_bytes(const li_model_desc *m, int kv_type, int block_size, in
 int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
                       li_context **out);
 void li_context_free(li_context *c);
+/* A context whose layers [0, n_layers) (and the output head when
+ * with_output, which needs n_layers == n_layer) run on a backend (backend.h:
+ * a GPU) on device `device`, the rest on the CPU. ops NULL or n_layers 0 is
+ * li_context_create. A backend's failure is LI_E_DEVICE (or LI_E_TYPE for a
+ * weight type it cannot run) with its reason in li_last_error. */
+typedef struct li_backend_ops li_backend_ops;
+int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
+                              const li_backend_ops *ops, int n_layers, int with_output, int device,
+                              li_context **out);
 /* Bytes of KV pool held for layer `il` (both K and V). */
 size_t li_context_kv_bytes(const li_context *c, int il);
 /* Copy block src to block dst in every layer of a group (copy-on-write of a

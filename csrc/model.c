@@ -24,6 +24,12 @@
  * Each row's arithmetic is the same whatever the batch holds: the products
  * give a row's outputs bitwise the same for any batch size (kernels.h), and
  * attention splits a token's positions by position only (attention.c).
+ *
+ * With a backend (backend.h), layers [0, be_layers) run there: the team
+ * embeds the batch, the backend takes the residual stream through its layers
+ * (and the head, with be_output), and the team runs the remaining layers and
+ * the head. Without one the whole pass is one parallel region, as it always
+ * was.
  */
 #define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c11 */
 #include <math.h>
@@ -33,6 +39,7 @@
 #include <malloc.h> /* _aligned_malloc */
 #endif
 
+#include "backend.h"
 #include "common.h"
 #include "context.h"
 #include "kernels/kernels.h"
@@ -150,6 +157,7 @@ size_t li_kv_block_bytes(const li_model_desc *m, int kv_type, int block_size, in
 
 void li_context_free(li_context *c) {
     if (!c) return;
+    if (c->be) c->be_ops->destroy(c->be);
     for (int il = 0; il < c->m->n_layer; il++) {
         if (c->k_pool) free_aligned(c->k_pool[il]);
         if (c->v_pool) free_aligned(c->v_pool[il]);
@@ -195,10 +203,23 @@ static int rope_table(li_context *c, float keys[][2], const li_layer_desc *ly) {
 
 int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
                       li_context **out) {
+    return li_context_create_offload(m, kv, n_batch, max_threads, NULL, 0, 0, 0, out);
+}
+
+int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
+                              const li_backend_ops *ops, int n_be_layers, int be_output, int device,
+                              li_context **out) {
     li_init();
     if (!out || !kv) return li_fail(LI_E_ARG, "no output pointer or no KV configuration");
     *out = NULL;
     CHECK(li_model_check(m));
+    if (!ops) n_be_layers = be_output = 0;
+    if (n_be_layers < 0 || n_be_layers > m->n_layer || (be_output && n_be_layers != m->n_layer))
+        return li_fail(LI_E_ARG, "a backend takes layers [0, %d) of %d%s: the head only goes with every layer",
+                       n_be_layers, m->n_layer, be_output ? " and the head" : "");
+    if (n_be_layers > 0 && ops->abi != LI_BACKEND_ABI)
+        return li_fail(LI_E_DEVICE, "the %s backend was built for interface %d, this core has %d: rebuild both",
+                       ops->name ? ops->name : "GPU", ops->abi, LI_BACKEND_ABI);
     if (n_batch <= 0 || max_threads <= 0)
         return li_fail(LI_E_ARG, "n_batch %d and max_threads %d must be positive", n_batch, max_threads);
     if (!kv_type_ok(kv->kv_type))
@@ -245,9 +266,11 @@ int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batc
         c->group[il] = li_layer_kv_group(m, il);
         /* pages are only touched as blocks are used, so resident memory grows with the text */
         const size_t rows = (size_t)kv->n_blocks[c->group[il]] * (size_t)kv->block_size * (size_t)m->n_head_kv;
-        c->k_pool[il] = alloc_aligned(rows * c->k_row);
-        c->v_pool[il] = alloc_aligned(rows * c->v_row);
-        if (!c->k_pool[il] || !c->v_pool[il]) goto nomem;
+        if (il >= n_be_layers) { /* a backend's layers keep their keys and values in its memory */
+            c->k_pool[il] = alloc_aligned(rows * c->k_row);
+            c->v_pool[il] = alloc_aligned(rows * c->v_row);
+            if (!c->k_pool[il] || !c->v_pool[il]) goto nomem;
+        }
         c->layer_rope[il] = rope_table(c, rope_keys, ly);
         if (c->layer_rope[il] < 0) {
             li_context_free(c);
@@ -293,6 +316,18 @@ int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batc
         c->qq = alloc_aligned(nb * (size_t)m->n_head * c->qq_row);
         if (!c->qq) goto nomem;
     }
+    if (n_be_layers > 0) {
+        char err[400] = "";
+        const int st = ops->create(m, kv, n_batch, 0, n_be_layers, be_output, device, &c->be, err, sizeof(err));
+        if (st != LI_OK) {
+            c->be = NULL;
+            li_context_free(c);
+            return li_fail(st, "%s backend: %s", ops->name, err);
+        }
+        c->be_ops = ops;
+        c->be_layers = n_be_layers;
+        c->be_output = be_output;
+    }
     *out = c;
     return LI_OK;
 nomem:
@@ -303,6 +338,7 @@ nomem:
 
 size_t li_context_kv_bytes(const li_context *c, int il) {
     if (!c || il < 0 || il >= c->m->n_layer) return 0;
+    if (il < c->be_layers) return c->be_ops->kv_bytes(c->be, il);
     return (size_t)c->kv.n_blocks[c->group[il]] * li_kv_block_bytes(c->m, c->kv.kv_type, c->kv.block_size, il);
 }
 
@@ -313,7 +349,12 @@ int li_kv_copy_block(li_context *c, int group, int src, int dst) {
         return li_fail(LI_E_KV, "block %d or %d is outside the pool of %d blocks", src, dst, nb);
     if (src == dst) return LI_OK;
     const size_t rows = (size_t)c->kv.block_size * (size_t)c->m->n_head_kv;
-    for (int il = 0; il < c->m->n_layer; il++) {
+    if (c->be) {
+        char err[400] = "";
+        const int st = c->be_ops->copy_block(c->be, group, src, dst, err, sizeof(err));
+        if (st != LI_OK) return li_fail(st, "%s backend: %s", c->be_ops->name, err);
+    }
+    for (int il = c->be_layers; il < c->m->n_layer; il++) {
         if (c->group[il] != group) continue;
         memcpy(c->k_pool[il] + (size_t)dst * rows * c->k_row, c->k_pool[il] + (size_t)src * rows * c->k_row,
                rows * c->k_row);
@@ -445,7 +486,10 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     residual(m, c->x, c->o, L->post_ffn_norm, lo, hi);
 }
 
-static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float *logits) {
+/* The team's share of a pass: the embedding (embed), layers [l0, l1), then
+ * the head (head). The CPU-only pass is all three in one region. */
+static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float *logits, int embed, int l0, int l1,
+                         int head) {
     const li_model_desc *m = c->m;
     const int ith = li_thread_index(), nth = li_thread_count();
     const int64_t E = m->n_embd, n = b->n;
@@ -454,7 +498,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     li_split(n, ith, nth, &lo, &hi);
     const li_matrix *emb = &m->tok_embd;
     const size_t emb_row = emb->nbytes / (size_t)emb->rows;
-    for (int64_t t = lo; t < hi; t++) {
+    for (int64_t t = lo; t < hi && embed; t++) {
         float *x = c->x + t * E;
         if (b->embd) {
             memcpy(x, b->embd + t * E, (size_t)E * sizeof(float));
@@ -466,10 +510,11 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
 
     /* the embedding rows and each half's first and last steps are split the
      * same way, so consecutive steps need no barrier between them */
-    for (int il = 0; il < m->n_layer; il++) {
+    for (int il = l0; il < l1; il++) {
         attention_half(c, &m->layers[il], il, n, ith, nth);
         ffn_half(c, &m->layers[il], n, ith, nth);
     }
+    if (!head) return;
     LI_BARRIER();
 
     /* logits for the rows asked for; their normed inputs go to xb from row 0 */
@@ -541,6 +586,40 @@ static int prepare_batch(li_context *c, const li_batch *b, const li_seq_view *vi
     return LI_OK;
 }
 
+/* A pass with layers [0, be_layers) on the backend: embed on the CPU, the
+ * backend's layers (and maybe the head), then the CPU's layers and head. */
+static int offload_pass(li_context *c, const li_batch *b, const li_seq_view *views, int n_views, int64_t n_out,
+                        float *logits, size_t logits_size, int nt) {
+    const li_model_desc *m = c->m;
+    (void)nt;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+    forward_team(c, b, n_out, logits, 1, 0, 0, 0);
+    li_range_batch rb;
+    rb.n = b->n;
+    rb.pos = c->pos;
+    rb.seq = b->seq;
+    for (int g = 0; g < LI_KV_GROUPS; g++) rb.kv_row[g] = c->kv_row[g];
+    rb.views = views;
+    rb.n_views = n_views;
+    rb.rope_cs = c->rope_cs;
+    rb.rope_stride = c->n_batch;
+    rb.layer_rope = c->layer_rope;
+    rb.n_out = (int)n_out;
+    rb.out_rows = c->out_rows;
+    char err[400] = "";
+    const int st = c->be_ops->run(c->be, &rb, c->x, c->be_output ? logits : NULL, c->be_output ? logits_size : 0,
+                                  err, sizeof(err));
+    if (st != LI_OK) return li_fail(st, "%s backend: %s", c->be_ops->name, err);
+    if (c->be_output) return LI_OK;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+    forward_team(c, b, n_out, logits, 0, c->be_layers, m->n_layer, 1);
+    return LI_OK;
+}
+
 int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views, int n_views, float *logits,
                       size_t logits_size, int n_threads) {
     li_fail(LI_OK, "%s", "");
@@ -564,10 +643,19 @@ int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views
     for (int r = 0; r < c->n_rope; r++)
         li_rope_cache(c->pos, b->n, m->n_rot, &c->rope[r], c->rope_cs + (size_t)r * (size_t)c->n_batch * (size_t)m->n_rot);
     (void)nt;
+    if (!c->be) {
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
-    forward_team(c, b, n_out, logits);
+        forward_team(c, b, n_out, logits, 1, 0, m->n_layer, 1);
+    } else {
+        const int st = offload_pass(c, b, views, n_views, n_out, logits, logits_size, nt);
+        if (st != LI_OK) {
+            c->views = NULL;
+            c->seq = NULL;
+            return st;
+        }
+    }
     c->views = NULL;
     c->seq = NULL;
     return LI_OK;

@@ -2,7 +2,7 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 cdef extern from "llminfer.h" nogil:
-    int LI_OK, LI_E_ARG, LI_E_TYPE, LI_E_SHAPE, LI_E_NOMEM, LI_E_ISA, LI_E_CONTEXT, LI_E_TOKEN, LI_E_KV
+    int LI_OK, LI_E_ARG, LI_E_TYPE, LI_E_SHAPE, LI_E_NOMEM, LI_E_ISA, LI_E_CONTEXT, LI_E_TOKEN, LI_E_KV, LI_E_DEVICE
     const char *li_status_name(int status)
 
     int LI_TYPE_COUNT
@@ -94,6 +94,11 @@ cdef extern from "llminfer.h" nogil:
     int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
                           li_context **out)
     void li_context_free(li_context *c)
+    ctypedef struct li_backend_ops:
+        pass
+    int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
+                                  const li_backend_ops *ops, int n_layers, int with_output, int device,
+                                  li_context **out)
     size_t li_context_kv_bytes(const li_context *c, int il)
     int li_kv_copy_block(li_context *c, int group, int src, int dst)
     int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views, int n_views,

@@ -161,6 +161,7 @@ def rope(float[:, :, ::1] x, const int32_t[::1] pos, int64_t n_rot, float freq_b
 # ---- models ----
 
 from libc.stdlib cimport calloc, free
+from cpython.pycapsule cimport PyCapsule_GetPointer
 
 
 cdef class ModelDesc:
@@ -254,15 +255,25 @@ cdef class Context:
     cdef readonly tuple n_blocks
 
     def __cinit__(self, ModelDesc model, int kv_type, int block_size, n_blocks, int n_batch,
-                  int max_threads):
+                  int max_threads, backend=None, int n_backend_layers=0, bint backend_output=False,
+                  int device=0):
+        """backend: a capsule holding a li_backend_ops table (llminfer.gpu),
+        running layers [0, n_backend_layers) (and the output head when
+        backend_output) on `device`; None: every layer on the CPU."""
         cdef C.li_kv_config kv
         kv.kv_type = kv_type
         kv.block_size = block_size
         kv.n_blocks[0] = n_blocks[0]
         kv.n_blocks[1] = n_blocks[1]
         self.model = model
-        check(C.li_context_create(&model.desc, &kv, n_batch, max_threads, &self.ctx),
-              "creating the context")
+        cdef const C.li_backend_ops *ops = NULL
+        if backend is not None:
+            ops = <const C.li_backend_ops *>PyCapsule_GetPointer(backend, b"llminfer.li_backend_ops")
+        cdef int st
+        with nogil:  # a backend uploads the weights here: seconds, not worth holding the GIL
+            st = C.li_context_create_offload(&model.desc, &kv, n_batch, max_threads, ops, n_backend_layers,
+                                             backend_output, device, &self.ctx)
+        check(st, "creating the context")
         self.n_batch = n_batch
         self.max_threads = max_threads
         self.n_vocab = model.desc.n_vocab
