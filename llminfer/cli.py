@@ -66,6 +66,9 @@ def _add_model(p, ctx_default=4096):
     p.add_argument("-b", "--batch-size", type=_positive_int, default=512, help="prompt batch size")
     p.add_argument("-ctk", "--kv-type", default="f16", choices=["f16", "f32", "q8_0", "q4_0"],
                    help="KV cache type (default f16; q8_0 and q4_0 take 53%% and 28%% of its memory)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
+                   help="layers to run on the GPU: the first N, -1 for all and the output head (default 0; "
+                        "needs a GPU build, see docs/gpu.md)")
 
 
 def _add_sampling(p):
@@ -90,6 +93,7 @@ def _sampling_kwargs(a):
 def _load(a, **kw):
     from llminfer.llm import LLM
 
+    kw.setdefault("n_gpu_layers", getattr(a, "n_gpu_layers", 0))
     return LLM(a.model, n_ctx=a.ctx_size, n_threads=a.threads, n_batch=a.batch_size, kv_type=a.kv_type, **kw)
 
 
