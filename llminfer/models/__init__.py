@@ -3,13 +3,14 @@ Each file's build(gguf) reads hyperparameters and tensors into a ModelSpec."""
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models import gemma3, llama, qwen2
+from llminfer.models import gemma3, llama, qwen2, qwen3
 from llminfer.models.base import ModelSpec
 
 ARCHITECTURES = {
     llama.ARCH: llama.build,
     qwen2.ARCH: qwen2.build,
     gemma3.ARCH: gemma3.build,
+    qwen3.ARCH: qwen3.build,
 }
 
 
