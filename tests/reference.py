@@ -75,6 +75,7 @@ class ReferenceModel:
         neox = a in NEOX
         tokens = np.asarray(tokens)
         n = len(tokens)
+        self.route_gap = None  # MoE: per token, the smallest margin of its expert choice over the layers
         pos = np.arange(n) if positions is None else np.asarray(positions)
 
         scale = 1.0 / math.sqrt(hd)
@@ -197,6 +198,11 @@ class ReferenceModel:
         prob /= prob.sum(axis=1, keepdims=True)
         gate, up, down = (self.t[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
         out = np.zeros_like(h)
+        # how near each token came to choosing other experts: a quantized
+        # engine may choose otherwise where this is small
+        srt = -np.sort(-prob, axis=1)
+        gap = srt[:, k - 1] - (srt[:, k] if prob.shape[1] > k else 0.0)
+        self.route_gap = gap if self.route_gap is None else np.minimum(self.route_gap, gap)
         for t in range(h.shape[0]):
             chosen = np.argsort(-prob[t], kind="stable")[:k]
             w = prob[t, chosen] / prob[t, chosen].sum()

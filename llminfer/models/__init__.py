@@ -1,9 +1,13 @@
 """Model architectures, one file each, named after GGUF's general.architecture.
-Each file's build(gguf) reads hyperparameters and tensors into a ModelSpec."""
+Each file's build(gguf) reads hyperparameters and tensors into a ModelSpec;
+a build that also takes n_ctx (phi3: LongRoPE's factors depend on the
+context length) is given the context the model will run with."""
+
+import inspect
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models import gemma3, llama, qwen2, qwen3
+from llminfer.models import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3, qwen3moe, smollm3
 from llminfer.models.base import ModelSpec
 
 ARCHITECTURES = {
@@ -11,15 +15,23 @@ ARCHITECTURES = {
     qwen2.ARCH: qwen2.build,
     gemma3.ARCH: gemma3.build,
     qwen3.ARCH: qwen3.build,
+    qwen3moe.ARCH: qwen3moe.build,
+    gemma2.ARCH: gemma2.build,
+    phi3.ARCH: phi3.build,
+    granite.ARCH: granite.build,
+    olmo2.ARCH: olmo2.build,
+    smollm3.ARCH: smollm3.build,
 }
 
 
-def build_spec(gguf: GGUFFile) -> ModelSpec:
+def build_spec(gguf: GGUFFile, n_ctx: int | None = None) -> ModelSpec:
     arch = gguf.architecture
     builder = ARCHITECTURES.get(arch)
     if builder is None:
         raise UnsupportedModelError(f"{gguf.path}: architecture {arch!r} is not supported; "
                                     f"supported: {', '.join(sorted(ARCHITECTURES))}")
+    if "n_ctx" in inspect.signature(builder).parameters:
+        return builder(gguf, n_ctx=n_ctx)
     return builder(gguf)
 
 

@@ -54,9 +54,10 @@ def build(gguf: GGUFFile, arch: str = ARCH, rope_mode: int = ROPE_NORM, biases: 
                 standard_layers(w, sh, hp.float("rope.freq_base", 10000.0), rope_scale(hp), biases=biases)),
         rope_factors=w.vector("rope_freqs.weight", n_rot // 2, optional=True),
     )
-    window = hp.int("attention.sliding_window", 0)
-    for L in spec.layers:
-        L.sliding_window = window
+    if make_layers is None:
+        window = hp.int("attention.sliding_window", 0)
+        for L in spec.layers:
+            L.sliding_window = window
     if customize is not None:
         customize(spec, w, hp, sh)
     w.check_all_used(sh.n_layer, arch)
