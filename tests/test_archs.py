@@ -27,6 +27,8 @@ def config(arch, **kw):
     defaults = dict(arch=arch, tie_output=arch not in ("olmo2", "qwen2"))
     if arch == "gemma2":
         defaults["sliding_window"] = 8
+    if arch == "smollm3":
+        defaults["n_layer"] = 4  # layer 3 is the first without RoPE
     defaults.update(kw)
     return TinyConfig(**defaults)
 

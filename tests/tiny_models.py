@@ -67,6 +67,7 @@ class TinyConfig:
     n_expert: int = 8
     n_expert_used: int = 3
     n_ff_exp: int = 256
+    pre: str = "gpt2"             # tokenizer.ggml.pre ("default" for llama.cpp, which no longer knows "gpt2")
 
 
 # What each architecture adds to (or takes from) the Llama block in a tiny model
@@ -121,7 +122,7 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None) -> 
         w.add_uint32(f"{arch}.expert_used_count", cfg.n_expert_used)
         w.add_uint32(f"{arch}.expert_feed_forward_length", cfg.n_ff_exp)
     w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "gpt2")
+    w.add_string("tokenizer.ggml.pre", cfg.pre)
     w.add_array("tokenizer.ggml.tokens", tokens)
     w.add_array("tokenizer.ggml.token_type", types)
     w.add_array("tokenizer.ggml.merges", MERGES)
