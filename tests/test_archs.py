@@ -5,6 +5,8 @@ random-weight GGUF written as llama.cpp's converter writes that architecture
 whole prompts, prompts fed in pieces, and several sequences batched
 together, which must give each sequence the logits it gets alone."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -189,3 +191,27 @@ def test_bad_metadata_is_refused(tmp_path, arch, key, value, match):
     with pytest.raises(UnsupportedModelError, match=match):
         with GGUFFile(tmp_path / "b.gguf") as g:
             build_spec(g)
+
+
+@pytest.mark.parametrize("arch, declared, want", [
+    ("qwen3moe", None, r"loads as qwen3moe: 2 layers, .*8 experts of which 3 per token"),
+    ("gemma2", None, r"loads as gemma2: .*1 sliding-window layers"),
+    ("qwen3", "deepseek2", r"cannot load: architecture 'deepseek2' is not supported; supported: .*qwen3moe"),
+])
+def test_info_says_whether_and_why(tmp_path, capsys, arch, declared, want):
+    from llminfer import cli
+
+    path = write_model(tmp_path / "m.gguf", config(arch), declared_arch=declared)
+    assert cli.main(["info", "-m", path]) == 0
+    assert re.search(want, capsys.readouterr().out)
+
+
+def test_info_names_a_tensor_it_cannot_use(tmp_path, capsys):
+    from llminfer import cli
+
+    def drop_norm(name, data, qtype):
+        return None if name == "blk.1.attn_q_norm.weight" else (data, qtype)
+
+    path = write_model(tmp_path / "m.gguf", config("qwen3"), tensor_hook=drop_norm)
+    assert cli.main(["info", "-m", path]) == 0
+    assert "cannot load: tensor 'blk.1.attn_q_norm.weight' is missing" in capsys.readouterr().out

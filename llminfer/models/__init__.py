@@ -35,4 +35,22 @@ def build_spec(gguf: GGUFFile, n_ctx: int | None = None) -> ModelSpec:
     return builder(gguf)
 
 
-__all__ = ["ARCHITECTURES", "ModelSpec", "build_spec"]
+def support_line(gguf: GGUFFile) -> str:
+    """One line for `llminfer info`: what llminfer would run, or what in the
+    file it cannot load and why (the architecture, a tensor type, a shape or
+    a metadata value, as build_spec's error names it)."""
+    try:
+        spec = build_spec(gguf)
+    except UnsupportedModelError as e:
+        why = str(e)
+        prefix = f"{gguf.path}: "
+        return f"llminfer: cannot load: {why[len(prefix):] if why.startswith(prefix) else why}"
+    moe = (f", {spec.n_expert} experts of which {spec.n_expert_used} per token"
+           if spec.n_expert else "")
+    windows = sum(1 for L in spec.layers if L.sliding_window)
+    swa = f", {windows} sliding-window layers" if windows else ""
+    return (f"llminfer: loads as {spec.arch}: {spec.n_layer} layers, {spec.n_params() / 1e6:.1f}M parameters"
+            f"{moe}{swa}, {spec.weight_bytes() / 1e6:.1f} MB of weights read per token")
+
+
+__all__ = ["ARCHITECTURES", "ModelSpec", "build_spec", "support_line"]
