@@ -134,6 +134,12 @@ typedef struct li_layer_desc {
     const float *post_ffn_norm;  /* [n_embd] */
     float rope_base, rope_scale; /* this layer's RoPE frequency base and linear scale (1/factor) */
     int sliding_window;          /* 0: attends to the whole context; else to the last W positions */
+    int no_rope;                 /* nonzero: this layer's queries and keys are not rotated (smollm3) */
+    /* Mixture of experts (router.data non-NULL; w_gate, w_up, w_down then unused and NULL):
+     * the experts' weights one after another, as GGUF stores its 3-D ffn_*_exps tensors */
+    li_matrix router;            /* [n_expert, n_embd] (ffn_gate_inp) */
+    li_matrix gate_exps, up_exps;/* [n_expert * n_ff_exp, n_embd] */
+    li_matrix down_exps;         /* [n_expert * n_embd, n_ff_exp] */
 } li_layer_desc;
 
 typedef struct li_model_desc {
@@ -148,6 +154,14 @@ typedef struct li_model_desc {
     li_matrix output;            /* [n_vocab, n_embd]; may alias tok_embd */
     const float *rope_factors;   /* [n_rot/2] dividing each RoPE frequency (Llama 3.1), or NULL */
     const li_layer_desc *layers; /* [n_layer] */
+    float residual_scale;        /* each half's output is multiplied by this before the residual add (granite; else 1) */
+    float logit_scale;           /* logits are multiplied by this (granite: 1/logit_scale; else 1) */
+    float attn_softcap;          /* > 0: attention scores become cap * tanh(score / cap) (gemma2); 0: none */
+    float final_softcap;         /* > 0: logits become cap * tanh(logit / cap) (gemma2); 0: none */
+    int qk_norm_whole;           /* q_norm/k_norm span the whole projection [n_head(_kv) * head_dim] (olmo2),
+                                  * not one head */
+    int n_expert, n_expert_used; /* experts per MoE layer and how many each token is routed to (0, 0: dense) */
+    int n_ff_exp;                /* feed-forward width of one expert */
 } li_model_desc;
 
 /* Check a description for consistency: shapes, types, sizes. */

@@ -56,6 +56,10 @@ cdef extern from "llminfer.h" nogil:
         const float *post_ffn_norm
         float rope_base, rope_scale
         int sliding_window
+        int no_rope
+        li_matrix router
+        li_matrix gate_exps, up_exps
+        li_matrix down_exps
 
     ctypedef struct li_model_desc:
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot
@@ -69,6 +73,13 @@ cdef extern from "llminfer.h" nogil:
         li_matrix output
         const float *rope_factors
         const li_layer_desc *layers
+        float residual_scale
+        float logit_scale
+        float attn_softcap
+        float final_softcap
+        int qk_norm_whole
+        int n_expert, n_expert_used
+        int n_ff_exp
 
     int li_model_check(const li_model_desc *m)
 

@@ -198,6 +198,14 @@ cdef class ModelDesc:
         d.output_norm = self._vector(spec.output_norm)
         self._matrix(&d.output, spec.output)
         d.rope_factors = self._vector(spec.rope_factors)
+        d.residual_scale = spec.residual_scale
+        d.logit_scale = spec.logit_scale
+        d.attn_softcap = spec.attn_softcap
+        d.final_softcap = spec.final_softcap
+        d.qk_norm_whole = 1 if spec.qk_norm_whole else 0
+        d.n_expert = spec.n_expert
+        d.n_expert_used = spec.n_expert_used
+        d.n_ff_exp = spec.n_ff_exp
         cdef C.li_layer_desc *L
         for i, ls in enumerate(spec.layers):
             L = &self.layers[i]
@@ -213,13 +221,20 @@ cdef class ModelDesc:
             L.k_norm = self._vector(ls.k_norm)
             L.post_attn_norm = self._vector(ls.post_attn_norm)
             L.ffn_norm = self._vector(ls.ffn_norm)
-            self._matrix(&L.w_gate, ls.w_gate)
-            self._matrix(&L.w_up, ls.w_up)
-            self._matrix(&L.w_down, ls.w_down)
+            if ls.moe is None:
+                self._matrix(&L.w_gate, ls.w_gate)
+                self._matrix(&L.w_up, ls.w_up)
+                self._matrix(&L.w_down, ls.w_down)
+            else:
+                self._matrix(&L.router, ls.moe.router)
+                self._matrix(&L.gate_exps, ls.moe.gate_exps)
+                self._matrix(&L.up_exps, ls.moe.up_exps)
+                self._matrix(&L.down_exps, ls.moe.down_exps)
             L.post_ffn_norm = self._vector(ls.post_ffn_norm)
             L.rope_base = ls.rope_base
             L.rope_scale = ls.rope_scale
             L.sliding_window = ls.sliding_window
+            L.no_rope = 0 if ls.use_rope else 1
         d.layers = self.layers
         check(C.li_model_check(d), "model description")
 

@@ -251,6 +251,8 @@ def cmd_info(a):
         for t in g.tensors.values():
             counts[t.type_name] = counts.get(t.type_name, 0) + 1
         print(f"tensors: {len(g.tensors)} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))})")
+        from llminfer.models import support_line
+        print(support_line(g))
         if a.tensors:
             for t in g.tensors.values():
                 print(f"  {t.name:<40} {t.type_name:<6} {str(t.shape):<16} {t.nbytes:>12}")

@@ -89,7 +89,7 @@ class Engine:
         self.model_path = hub.resolve(model)
         self.gguf = GGUFFile(self.model_path, mmap=mmap)
         try:
-            self.spec = build_spec(self.gguf)
+            self.spec = build_spec(self.gguf, n_ctx=n_ctx)
             self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
             self.n_threads = n_threads
             self.desc = _core.ModelDesc(self.spec)

@@ -179,6 +179,16 @@ static int gpu_create_into(gpu_backend *be, const li_model_desc *m, const li_kv_
         FAIL(LI_E_TYPE, "the GPU keeps its layers' KV cache in f16; kv_type %s is not supported with offloaded layers",
              type_label(kv->kv_type));
     if (m->head_dim > 1024 || m->head_dim_v > 1024) FAIL(LI_E_SHAPE, "head sizes above 1024 are not supported");
+    /* what the CPU graph learned for gemma2, granite, olmo2, smollm3 and the
+     * MoE models, the GPU kernels do not compute yet: refuse, never approximate */
+    if (m->n_expert > 0) FAIL(LI_E_TYPE, "mixture-of-experts layers do not run on the GPU backend yet");
+    if (m->attn_softcap != 0.0f || m->final_softcap != 0.0f || m->residual_scale != 1.0f || m->logit_scale != 1.0f ||
+        m->qk_norm_whole)
+        FAIL(LI_E_TYPE, "soft-capping, residual or logit scales and whole-projection q/k norms do not run on the "
+                        "GPU backend yet");
+    for (int il = first; il < last; il++)
+        if (m->layers[il].no_rope || !m->layers[il].attn_norm || !m->layers[il].ffn_norm)
+            FAIL(LI_E_TYPE, "layer %d (without RoPE or without a pre-norm) does not run on the GPU backend yet", il);
     CK(cudaStreamCreate(&be->stream), "creating a stream");
     be->block_size = kv->block_size;
     be->span = kv->block_size > LI_GPU_SPAN ? kv->block_size : LI_GPU_SPAN;
