@@ -507,3 +507,22 @@ def test_real_models_greedy_spec_is_plain(real_model):
             b = llm.complete(text, max_tokens=20, temperature=0)
             assert b.tokens == want
             assert b.timings.spec_accepted == b.timings.spec_drafted > 0
+
+
+def test_cli_spec_flags(models, capsys):
+    from llminfer.cli import main
+
+    p = "the cat sat on the mat, the cat sat on the mat, the cat"
+    base = ["run", "-m", models["llama"], "-p", p, "-n", "24", "--temp", "0", "-t", "1", "-c", "128"]
+    assert main(base) == 0
+    plain = capsys.readouterr().out
+    assert main(base + ["--spec", "ngram", "--draft-max", "4"]) == 0
+    out = capsys.readouterr()
+    assert out.out == plain
+    assert main(base + ["--draft-model", models["llama_q4"]]) == 0
+    out = capsys.readouterr()
+    assert out.out == plain  # (the tiny draft is rarely sure enough, p_min 0.75, to draft)
+    assert main(base + ["--draft-max", "4"]) == 1
+    assert "--draft-max" in capsys.readouterr().err
+    assert main(base + ["--spec", "draft"]) == 1
+    assert "draft model" in capsys.readouterr().err
