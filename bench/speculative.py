@@ -102,8 +102,9 @@ STORY = "Write a short story about a lighthouse keeper who finds an old map in a
 
 def tasks(code_lines: int) -> dict:
     return {
-        "code": "Rename the variable `total_count` to `n_items` everywhere in this Python file. "
-                "Reply with the complete updated file only.\n\n```python\n" + code_file(code_lines) + "\n```",
+        "code": "Here is a Python file.\n\n```python\n" + code_file(code_lines) + "\n```\n\n"
+                "Rename the variable `total_count` to `n_items` everywhere in this file and keep every "
+                "other line exactly as it is. Reply with the complete updated file only.",
         "summary": "Summarise this article in a few paragraphs. Quote every person's key sentence "
                    "word for word.\n\n" + ARTICLE,
         "story": STORY,
