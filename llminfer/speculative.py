@@ -46,8 +46,8 @@ step's time) tokens. When the running mean gain of drafting steps drops
 below zero, drafting pauses for 16 steps, then 32, ... up to 512 while it
 keeps failing, so text that does not repeat (a story) pays for a few probes
 only. The draft length adapts too: it doubles (up to draft_max) after a
-fully accepted draft and drops to one past the accepted count after a
-rejection.
+fully accepted draft, drops to one past the accepted count after a
+rejection, and to 2 when drafting pauses (so that probes are cheap).
 
 Interface for a scheduler. One Speculator per sequence; per step:
 
@@ -447,6 +447,8 @@ class Speculator:
         if self.config.adaptive:
             dt = seconds if seconds is not None else time.perf_counter() - t0
             self.ledger.record(dt, len(out), bool(drafts))
+            if self.ledger.pause > 0:
+                self.cap = min(2, self.config.draft_max)  # the probe after a pause stays cheap
         return out
 
     def _accept_sampled(self, rows, drafts, qs, hist) -> list:
