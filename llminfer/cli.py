@@ -1,6 +1,7 @@
 """The `llminfer` command: llama.cpp-style flags over the Python API.
 
     llminfer run -m smollm2-135m-instruct -p "Once upon a time" -n 64
+    llminfer run -m MODEL -f code.txt --spec ngram --temp 0     (speculative decoding)
     llminfer chat -m smollm2-135m-instruct --system "Be brief."
     llminfer tokenize -m MODEL "Hello world"
     llminfer perplexity -m MODEL -f text.txt -c 512
@@ -83,6 +84,17 @@ def _add_sampling(p):
     p.add_argument("-s", "--seed", type=int, default=None, help="random seed (default: random)")
 
 
+def _add_spec(p):
+    p.add_argument("--spec", choices=["ngram", "draft", "off"], default=None,
+                   help="speculative decoding (same output, more tokens per pass): ngram drafts from "
+                        "the prompt and text so far; draft uses --draft-model (default: draft when "
+                        "--draft-model is given, else off)")
+    p.add_argument("--draft-model", default=None,
+                   help="a smaller GGUF model (path or known name) with the same vocabulary, to draft tokens")
+    p.add_argument("--draft-max", type=_positive_int, default=None,
+                   help="most tokens drafted per pass (1..32; default 16)")
+
+
 def _sampling_kwargs(a):
     return dict(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
                 repeat_penalty=a.repeat_penalty, penalty_last_n=a.repeat_last_n,
@@ -94,6 +106,10 @@ def _load(a, **kw):
     from llminfer.llm import LLM
 
     kw.setdefault("n_gpu_layers", getattr(a, "n_gpu_layers", 0))
+    if getattr(a, "spec", None) is not None or getattr(a, "draft_model", None) is not None:
+        kw.update(spec=a.spec, draft_model=a.draft_model, draft_max=a.draft_max)
+    elif getattr(a, "draft_max", None) is not None:
+        raise LLMInferError("--draft-max needs --spec ngram or --draft-model")
     return LLM(a.model, n_ctx=a.ctx_size, n_threads=a.threads, n_batch=a.batch_size, kv_type=a.kv_type, **kw)
 
 
@@ -118,6 +134,9 @@ def _print_timings(t):
          f"generation: {t.generated_tokens} tokens, {t.generation_tokens_per_second:.1f} tokens/s, "
          f"{100 * t.python_share:.1f}% outside the native forward pass | "
          f"first token after {t.time_to_first_token * 1000:.1f} ms")
+    if t.spec_drafted:
+        _err(f"speculative: {t.spec_drafted} tokens drafted, {t.spec_accepted} accepted "
+             f"({100 * t.acceptance_rate:.1f}%), in {t.spec_steps} verifying passes")
 
 
 # ---- commands ----
@@ -326,6 +345,7 @@ def build_parser():
     r.add_argument("--stop", action="append", help="stop string (repeatable)")
     r.add_argument("--echo", action="store_true", help="print the prompt before the completion")
     _add_sampling(r)
+    _add_spec(r)
     r.set_defaults(func=cmd_run)
 
     c = sub.add_parser("chat", help="interactive chat in the terminal")
@@ -334,6 +354,7 @@ def build_parser():
     c.add_argument("--chat-format", help="force a chat format (chatml, gemma, llama3)")
     c.add_argument("-n", "--n-predict", type=_non_negative_int, default=512, help="most tokens per reply")
     _add_sampling(c)
+    _add_spec(c)
     c.set_defaults(func=cmd_chat)
 
     t = sub.add_parser("tokenize", help="print the token ids of a text")

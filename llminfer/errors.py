@@ -65,6 +65,11 @@ class NumericalError(LLMInferError, ArithmeticError):
     scans a file's weights for non-finite values."""
 
 
+class VocabularyMismatchError(LLMInferError, ValueError):
+    """Two models that must share a vocabulary (a draft model and its
+    target, for speculative decoding) do not."""
+
+
 class OutOfMemoryError(LLMInferError, MemoryError):
     """An allocation failed, or would need more memory than the machine has
     available (a KV cache for a huge n_ctx, say)."""

@@ -132,7 +132,9 @@ class KVCache:
         (the sliding-window layers may have given back what it would see)."""
         if n <= 0 or SWA not in self.groups:
             return True
-        return s.positions[n - 1] + 1 - self.window + 1 >= s.swa_floor
+        # the next token, at positions[n - 1] + 1, sees back to the window's
+        # start, which is never before position 0
+        return max(0, s.positions[n - 1] + 1 - self.window + 1) >= s.swa_floor
 
     def truncate(self, s: Sequence, n: int):
         """Keep the first n tokens of s; blocks past them are given back."""

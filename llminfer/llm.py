@@ -20,6 +20,7 @@ stream then restores its context (recomputing the tokens that differ).
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import threading
 import time
 import warnings
@@ -45,6 +46,24 @@ class Timings:
     time_to_first_token: float = 0.0  # from the call to the first token sampled
     cached_tokens: int = 0        # prompt tokens reused from the context
     native_seconds: float = 0.0   # of generation_seconds, the time spent in the native forward pass
+    # speculative decoding (llminfer.speculative): tokens drafted, drafts the
+    # model accepted, and forward passes that verified drafts
+    spec_drafted: int = 0
+    spec_accepted: int = 0
+    spec_steps: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of drafted tokens accepted (0 without speculation)."""
+        return self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0
+
+    def as_dict(self) -> dict:
+        """Every figure, the derived ones included, as a plain dict."""
+        out = dataclasses.asdict(self)
+        for name in ("python_share", "prompt_tokens_per_second", "generation_tokens_per_second",
+                     "acceptance_rate"):
+            out[name] = getattr(self, name)
+        return out
 
     @property
     def python_share(self) -> float:
@@ -147,12 +166,20 @@ class LLM:
     chat_template: override the chat prompt format (see llminfer.chat).
     n_gpu_layers: the first N layers run on the GPU (-1: every layer and the
     output head; 0, the default: none), on device main_gpu; needs a GPU
-    build (docs/gpu.md), else GPUUnavailableError says what is missing."""
+    build (docs/gpu.md), else GPUUnavailableError says what is missing.
+
+    Speculative decoding (llminfer.speculative; the output is unchanged):
+    spec="ngram" drafts from n-grams of the prompt and text so far;
+    draft_model (a path or name of a smaller model with the same vocabulary)
+    drafts with that model (spec="draft", the default when it is given);
+    draft_max caps the tokens drafted per pass; a SpecConfig for full control.
+    A call may override it with spec= ("ngram", "draft", "off")."""
 
     def __init__(self, model, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
                  seed: int | None = None, kv_type: str = "f16", chat_format: str | None = None,
                  chat_template: str | None = None, kv_pool_tokens: int | None = None, mmap: bool = True,
-                 n_gpu_layers: int = 0, main_gpu: int = 0):
+                 n_gpu_layers: int = 0, main_gpu: int = 0, draft_model=None, spec=None,
+                 draft_max: int | None = None):
         check_positive_int("n_ctx", n_ctx)
         check_positive_int("n_batch", n_batch)
         if not isinstance(kv_type, str) or kv_type not in KV_TYPES:
@@ -189,6 +216,20 @@ class LLM:
         # it waited (on its own thread, since the lock is reentrant).
         self._owner = None
         self._last_logits = np.zeros(self.spec.n_vocab, dtype=np.float32)
+        self._draft = None
+        try:
+            if draft_model is not None:
+                from llminfer.speculative import DraftModel
+
+                self._draft = DraftModel(draft_model, eng, n_ctx=self.n_ctx, n_threads=n_threads,
+                                         n_batch=self.n_batch, kv_type=kv_type)
+            self._spec_config = _spec_config(spec, self._draft, draft_max=draft_max)
+            if draft_max is not None and self._spec_config is None:
+                raise InvalidArgumentError("draft_max is given but speculative decoding is off: "
+                                           "pass spec='ngram' or a draft_model")
+        except Exception:
+            self.close()
+            raise
 
     @property
     def engine(self) -> Engine:
@@ -304,7 +345,7 @@ class LLM:
     # ---- generation ----
 
     def _token_stream(self, prompt_ids, max_tokens, params: SamplingParams, timings: Timings,
-                      context_shift: bool, n_keep: int) -> Iterator[int]:
+                      context_shift: bool, n_keep: int, spec=None) -> Iterator[int]:
         t0 = time.perf_counter()
         owner = self._owner = object()
         keep = self._prefix_to_keep(prompt_ids)
@@ -313,14 +354,18 @@ class LLM:
         ids = self._check_ids(prompt_ids[keep:])
         self._forward(ids, logits_all=False)
         mine = list(self._seq.tokens)  # what this generation's context holds
+        sampler = Sampler(params if params.seed is not None or self.seed is None
+                          else params.replace(seed=self.seed), self.n_vocab)
+        spec = self._speculator(spec, sampler, prompt_ids)
         t1 = time.perf_counter()
         timings.prompt_tokens = len(ids)
         timings.prompt_seconds = t1 - t0
-        sampler = Sampler(params if params.seed is not None or self.seed is None
-                          else params.replace(seed=self.seed), self.n_vocab)
         history = list(prompt_ids)
+        # tokens sampled and not yet yielded; all but the last are already in
+        # the context (drafts the target accepted)
+        queue = [sampler.sample(self._last_logits, history)]
         for i in range(max_tokens):
-            tok = sampler.sample(self._last_logits, history)
+            tok = queue.pop(0)
             if i == 0:
                 timings.time_to_first_token = time.perf_counter() - t0
                 t_gen = time.perf_counter()
@@ -330,6 +375,8 @@ class LLM:
             if tok in self.tokenizer.eog_ids or i == max_tokens - 1:
                 break
             history.append(tok)
+            if queue:
+                continue
             if self._owner is not owner:
                 # other calls used the context while this stream waited: put its
                 # tokens back, reusing the prefix they share
@@ -344,10 +391,38 @@ class LLM:
                         f"use a larger n_ctx, fewer max_tokens, or context_shift=True")
                 self._shift_context(n_keep)
                 mine = list(self._seq.tokens)
-            self._forward(np.array([tok], dtype=np.int32), logits_all=False)
-            mine.append(tok)
+            if spec is None:
+                self._forward(np.array([tok], dtype=np.int32), logits_all=False)
+                mine.append(tok)
+                queue.append(sampler.sample(self._last_logits, history))
+            else:
+                # drafts fit in what is still wanted, in the context, and in
+                # one KV block (the most a sliding window can roll back)
+                room = min(max_tokens - i - 2, self.n_ctx - len(self._seq.tokens) - 1, self._engine.block_size)
+                drafts = spec.propose(history, room)
+                rows = self._forward(np.array([tok] + drafts, dtype=np.int32), logits_all=True)
+                queue = spec.accept(rows, history)
+                self._keep(len(self._seq.tokens) - (len(drafts) + 1 - len(queue)))
+                mine.append(tok)
+                mine.extend(queue[:-1])
+                timings.spec_drafted = spec.stats.drafted
+                timings.spec_accepted = spec.stats.accepted
+                timings.spec_steps = spec.stats.draft_steps
             timings.generation_seconds = time.perf_counter() - t_gen
             timings.native_seconds = self._native_seconds - native0
+
+    def _speculator(self, config, sampler, prompt_ids):
+        """The Speculator of one generation (None when config is None),
+        started on the prompt."""
+        if config is None:
+            return None
+        from llminfer.speculative import Speculator
+
+        if self._draft is not None:
+            self._draft.n_threads = self.n_threads
+        s = Speculator(config, sampler, self._draft)
+        s.start(list(prompt_ids))
+        return s
 
     def _shift_context(self, n_keep):
         """Drop the older half of the tokens after the first n_keep. The blocks
@@ -383,7 +458,7 @@ class LLM:
         return stop
 
     def _run(self, prompt_ids, max_tokens, params, stop, context_shift, n_keep,
-             result: Completion) -> Iterator[str]:
+             result: Completion, spec=None) -> Iterator[str]:
         matcher = _StopMatcher(stop)
         # Not tokenizer.stream_decoder(): that one takes off the space a
         # SentencePiece encoder puts before a text, and a completion is not the
@@ -397,7 +472,7 @@ class LLM:
         # a stream half read on one thread must not block every other call on
         # the object. A call that runs in between takes the context; the
         # stream's next step finds it gone and restores its own tokens.
-        tokens = self._token_stream(prompt_ids, max_tokens, params, result.timings, context_shift, n_keep)
+        tokens = self._token_stream(prompt_ids, max_tokens, params, result.timings, context_shift, n_keep, spec)
         try:
             while True:
                 with self._lock:
@@ -434,12 +509,13 @@ class LLM:
 
     def complete(self, prompt, max_tokens: int = 128, stop=None, stream: bool = False,
                  sampling: SamplingParams | None = None, context_shift: bool = False,
-                 n_keep: int = 1, **sampling_kwargs):
+                 n_keep: int = 1, spec=None, **sampling_kwargs):
         """Generate after `prompt` (text, or token ids). Returns a Completion; with
         stream=True an iterator of text pieces whose last step fills `.result`.
         A list of prompts (texts, or lists of ids) runs them together as one
         batch and returns a list of Completions; `sampling` may then be a list
-        too, one SamplingParams per prompt."""
+        too, one SamplingParams per prompt. spec ("ngram", "draft", "off" or a
+        SpecConfig) overrides the LLM's speculative decoding for this call."""
         self._check_open()
         for name, v in (("stream", stream), ("context_shift", context_shift)):
             if not isinstance(v, bool):
@@ -450,12 +526,15 @@ class LLM:
         if _is_prompt_list(prompt):
             if stream:
                 raise InvalidArgumentError("stream=True takes one prompt, not a list")
+            if spec is not None and spec != "off":
+                raise InvalidArgumentError("speculative decoding runs one prompt at a time, not a list")
             return self._complete_many(list(prompt), max_tokens, stop, sampling, sampling_kwargs)
         params = _sampling(sampling, sampling_kwargs)
         ids = self._prompt_ids(prompt)
         stop = self._check_run(ids, max_tokens, params, stop, n_keep)
+        config = self._spec_config if spec is None else _spec_config(spec, self._draft, self._spec_config)
         result = Completion(text="")
-        pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result)
+        pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result, config)
         if stream:
             return _Stream(pieces, result)
         for _ in pieces:
@@ -608,6 +687,10 @@ class LLM:
             eng = getattr(self, "_engine", None)
             if eng is not None:
                 eng.close()
+            draft = getattr(self, "_draft", None)
+            if draft is not None:
+                draft.close()
+            self._draft = None
             self._engine = None
             self.spec = None
 
@@ -620,6 +703,23 @@ class LLM:
     def __repr__(self):
         state = "" if getattr(self, "_engine", None) is not None else ", closed"
         return f"LLM({str(self.model_path)!r}, arch={self._arch}, n_ctx={self.n_ctx}{state})"
+
+
+def _spec_config(spec, draft, base=None, draft_max=None):
+    """The SpecConfig that spec= asks for (None: off). spec: None (draft
+    speculation when there is a draft model, else off), "ngram", "draft",
+    "off", or a SpecConfig. base: the LLM's own, kept when the mode matches."""
+    from llminfer.speculative import SpecConfig, parse_mode
+
+    if isinstance(spec, SpecConfig):
+        parse_mode(spec.mode, draft)  # "draft" without a draft model fails here
+        return spec
+    mode = parse_mode(spec, draft)
+    if mode is None:
+        return None
+    if base is not None and base.mode == mode:
+        return base
+    return SpecConfig(mode=mode) if draft_max is None else SpecConfig(mode=mode, draft_max=draft_max)
 
 
 def _is_prompt_list(prompt) -> bool:

@@ -375,6 +375,17 @@ class Sampler:
         out[ids] = w
         return out
 
+    def uniform(self) -> float:
+        """The next number of the random stream, uniform on [0, 1)
+        (speculative sampling's acceptance test draws it)."""
+        return float(self._rng.random())
+
+    def draw(self, weights: np.ndarray) -> int:
+        """An index drawn with probability weights[i] / sum(weights), taking one
+        number from the random stream (speculative sampling draws from a
+        residual distribution this way). weights: float64 [n], >= 0, not all 0."""
+        return _pick(weights, self._rng.random())
+
     # -- the chain --------------------------------------------------------
 
     def _kept(self, logits, history):
