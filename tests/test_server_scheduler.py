@@ -253,3 +253,18 @@ def test_finished_event_once_and_metrics_count(path):
         assert h.metrics.generation_tokens == 20
         assert h.metrics.ttft.count == 4 and h.metrics.itl.count == 16
         assert h.metrics.finished["length"] == 4
+
+
+def test_sliding_window_model_batches_and_preempts(tmp_path):
+    """gemma3's sliding-window layers give blocks back as a text moves on:
+    no prefix cache there, but batching and preemption still give each
+    request its solo tokens."""
+    path = write_model(tmp_path / "gemma3.gguf", TinyConfig(arch="gemma3", qtype="Q8_0", sliding_window=16))
+    ps = prompts(5, length=20, seed=14)
+    want = alone(path, ps)
+    with Harness(path, n_ctx=64, pool=64) as h:
+        assert h.sched.cache is None
+        got = h.run(make_requests(ps))
+        assert [t for t, _ in got] == want
+        assert h.metrics.preemptions > 0
+        assert all(p.used_blocks == 0 for p in h.engine.kv.pools)
