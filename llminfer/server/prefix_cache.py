@@ -83,9 +83,12 @@ class PrefixCache:
             blocks.append(e.block)
         for k in keys:
             self.entries.move_to_end(k)
-        self.queries += len(tokens)
-        self.hits += len(blocks) * self.bs
         return keys, blocks
+
+    def count(self, queried: int, found: int):
+        """Record a lookup that was used: tokens looked up, tokens found."""
+        self.queries += queried
+        self.hits += found
 
     def insert(self, seq: Sequence, keys: list) -> list:
         """Name the full blocks of seq that `keys` (its chain so far) does not

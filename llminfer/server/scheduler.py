@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import codecs
 import itertools
+import logging
 import math
 import threading
 import time
@@ -51,6 +52,7 @@ from llminfer.server.metrics import Metrics
 from llminfer.server.prefix_cache import PrefixCache
 
 _ids = itertools.count()
+log = logging.getLogger("llminfer.server")
 
 
 @dataclass
@@ -218,10 +220,17 @@ class Scheduler:
                     self._finish(r, "abort", events)
                 self._step(events)
             except Exception as e:  # noqa: BLE001 - the engine thread must outlive any one request
-                self._fail_all(e, events)
-            self.stats = self._stats()
-            if events:
-                self.deliver(events)
+                log.exception("engine step failed; failing the requests in flight")
+                try:
+                    self._fail_all(e, events)
+                except Exception:  # noqa: BLE001
+                    log.exception("could not fail the requests in flight")
+            try:
+                self.stats = self._stats()
+                if events:
+                    self.deliver(events)
+            except Exception:  # noqa: BLE001
+                log.exception("could not deliver a step's events")
         events = []
         for r in list(self.running) + list(self.waiting) + list(self._inbox):
             self._finish(r, "abort", events)
@@ -348,6 +357,8 @@ class Scheduler:
         planned[FULL] += need[FULL]
         planned[SWA] += need[SWA]
         work[req] = n
+        if self.cache is not None:
+            self.cache.count(len(req.prompt) + len(req.output), len(req.seq.tokens))
         self.waiting.popleft()
         self.running.append(req)
         self.running.sort(key=lambda r: r.arrival)
@@ -373,6 +384,7 @@ class Scheduler:
         try:
             logits = self.engine.decode(items)
         except Exception as e:  # noqa: BLE001 - the step's requests fail; the server goes on
+            log.exception("a forward pass of %d requests failed", len(work))
             for req in list(work):
                 self._finish(req, "error", events, e)
             return
@@ -460,4 +472,11 @@ class Scheduler:
         """A fault outside any one request: fail every request in flight, so
         their blocks go back and their clients hear of it."""
         for r in list(self.running) + list(self.waiting):
-            self._finish(r, "error", events, exc)
+            try:
+                self._finish(r, "error", events, exc)
+            except Exception:  # noqa: BLE001 - the others still go
+                log.exception("could not end request %d", r.rid)
+                r.done = True
+                for q in (self.running, self.waiting):
+                    if r in q:
+                        q.remove(r)
