@@ -5,6 +5,7 @@ bound and Prometheus metrics."""
 
 import json
 import math
+import signal
 import socket
 import threading
 import time
@@ -403,3 +404,46 @@ def test_queue_bound_answers_429(guarded):
     wait_idle(guarded.url)
     ok = httpx.post(guarded.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=headers)
     assert ok.status_code == 200
+
+
+# ---- the command ----
+
+def test_serve_command_starts_and_stops(smollm2_path, tmp_path):
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "llminfer", "serve", "-m", str(smollm2_path), "-t", "1",
+                             "-c", "256", "--port", str(port), "--api-key", "k", "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                       headers={"Authorization": "Bearer k"}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    finally:
+        proc.terminate()
+        rc = proc.wait(30)
+    # uvicorn shuts down cleanly on SIGTERM, then dies of it as a process would by default
+    out = proc.stdout.read().decode()
+    assert rc in (0, -signal.SIGTERM) and "Traceback" not in out, out
+
+
+def test_serve_command_refuses_bad_arguments(tmp_path, capsys):
+    from llminfer.cli import main
+
+    assert main(["serve", "-m", str(tmp_path / "missing.gguf")]) == 1
+    assert "missing.gguf" in capsys.readouterr().err
+    assert main(["serve", "-c", "1024", "--kv-pool-tokens", "512"]) == 1
+    assert "--kv-pool-tokens 512 is less than --ctx-size 1024" in capsys.readouterr().err
