@@ -293,7 +293,8 @@ BAD = [
 def test_bad_completion_requests(server, model, body, status, param):
     if isinstance(body, dict):
         body = json.dumps({"model": model, **body}).encode()
-    r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=60)
+    r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"},
+                   timeout=60)
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["message"] and err["type"]
@@ -303,6 +304,8 @@ def test_bad_completion_requests(server, model, body, status, param):
 def test_bad_chat_requests_and_limits(server, client, model):
     for body in ({"messages": []}, {"messages": "hi"}, {"messages": [{"content": "no role"}]},
                  {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+                 {"messages": [{"role": "user", "content": ["not a part"]}]},
+                 {"messages": [{"role": "user", "content": 5}]}, {"messages": ["hi"]},
                  {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3},
                  {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}):
         r = httpx.post(server.url + "/v1/chat/completions", json={"model": model, **body})
@@ -344,6 +347,18 @@ def test_odd_values_in_every_field_never_break_the_server(server, model):
                     assert r.json()["error"]["message"]
                 else:
                     r.read()
+        chat = {"model": model, "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
+        for field in ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools"):
+            for v in ODD_VALUES:
+                if field == "max_completion_tokens" and isinstance(v, float) and v > 4:
+                    continue
+                r = c.post(server.url + "/v1/chat/completions", json={**chat, field: v})
+                assert r.status_code in (200, 400), (field, v, r.status_code, r.text[:200])
+        for v in ODD_VALUES + [[None], ["x"], [{"type": "text"}]]:
+            for body in ({**chat, "messages": [{"role": "user", "content": v}]},
+                         {**chat, "messages": [{"role": v, "content": "Hi"}]}, {**chat, "messages": [v]}):
+                r = c.post(server.url + "/v1/chat/completions", json=body)
+                assert r.status_code in (200, 400), (body, r.status_code, r.text[:200])
     assert {200, 400} <= statuses
     wait_idle(server.url)
 

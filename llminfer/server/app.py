@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import math
 import time
 import uuid
@@ -41,6 +42,8 @@ from llminfer.sampling import SamplingParams
 from llminfer.server.args import ServeArgs
 from llminfer.server.metrics import Metrics
 from llminfer.server.scheduler import FinishEvent, Request, Scheduler, TokenEvent
+
+log = logging.getLogger("llminfer.server")
 
 MAX_N = 16              # choices per request
 MAX_STOPS = 16
@@ -317,7 +320,8 @@ class _Server:
             elif isinstance(content, list):
                 parts = []
                 for part in content:
-                    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    ok = isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                    if not ok:
                         raise _bad(f"messages[{i}].content: only text parts are supported", "messages")
                     parts.append(part["text"])
                 content = "".join(parts)
@@ -626,6 +630,9 @@ def _endpoint(server: _Server, fn, auth=True):
             return e.response()
         except (InvalidArgumentError, ValueError) as e:
             return _bad(str(e)).response()
+        except Exception as e:  # noqa: BLE001 - a bug here is a 500 in OpenAI's shape, not a dropped connection
+            log.exception("%s %s failed", request.method, request.url.path)
+            return APIError(500, f"internal error: {type(e).__name__}").response()
     return handle
 
 
