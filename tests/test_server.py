@@ -191,6 +191,26 @@ def test_n_choices_with_a_seed_are_reproducible(client, model):
     assert 0 < a.usage.completion_tokens <= 30 and a.usage.prompt_tokens == b.usage.prompt_tokens < 10
 
 
+def test_several_prompts_and_streamed_choices(server, client, model):
+    many = client.completions.create(model=model, prompt=["Red is", "Blue is"], max_tokens=6, temperature=0)
+    assert [c.index for c in many.choices] == [0, 1]
+    for c, p in zip(many.choices, ["Red is", "Blue is"]):
+        assert c.text == client.completions.create(model=model, prompt=p, max_tokens=6, temperature=0).choices[0].text
+    body = {"model": model, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 6,
+            "temperature": 1.0, "seed": 3, "n": 2}
+    whole = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        events = sse(r)
+    texts = {0: "", 1: ""}
+    for e in events:
+        for ch in e["choices"]:
+            texts[ch["index"]] += ch["delta"].get("content") or ""
+    assert texts == {c["index"]: c["message"]["content"] for c in whole["choices"]}
+    for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert events[-1]["usage"][k] == whole["usage"][k]
+    assert events[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 32  # the same prompt, one block
+
+
 # ---- cancellation, prefix cache ----
 
 def test_cancel_mid_stream_frees_its_blocks(server, model):
