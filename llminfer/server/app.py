@@ -47,6 +47,8 @@ log = logging.getLogger("llminfer.server")
 
 MAX_N = 16              # choices per request
 MAX_STOPS = 16
+MAX_STOP_CHARS = 1024   # per stop string: each is searched for after every token
+MAX_PROMPTS = 64        # prompts x n choices in one request
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024   # entries
 
@@ -121,6 +123,8 @@ def _stops(body) -> list:
         raise _bad("stop must be a string or a list of strings", "stop")
     if len(v) > MAX_STOPS:
         raise _bad(f"stop takes at most {MAX_STOPS} strings, got {len(v)}", "stop")
+    if any(len(x) > MAX_STOP_CHARS for x in v):
+        raise _bad(f"a stop string may have at most {MAX_STOP_CHARS} characters", "stop")
     return [s for s in v if s]
 
 
@@ -288,6 +292,8 @@ class _Server:
     def prompt_ids(self, body) -> list:
         """Completions' prompt: a string, a list of ids, or a list of either (several prompts)."""
         p = body.get("prompt")
+        if isinstance(p, list) and p and not isinstance(p[0], int) and len(p) > MAX_PROMPTS:
+            raise _bad(f"at most {MAX_PROMPTS} prompts in one request, got {len(p)}", "prompt")
         if isinstance(p, str):
             return [self.tokenize(p)]
         if isinstance(p, list) and p:
@@ -480,8 +486,8 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
         stops = chat_stops + stops
     else:
         prompts = await run_in_threadpool(server.prompt_ids, body)
-    if len(prompts) * n > MAX_N * 4:
-        raise _bad(f"{len(prompts)} prompts x n={n} choices is more than {MAX_N * 4} generations", "n")
+    if len(prompts) * n > MAX_PROMPTS:
+        raise _bad(f"{len(prompts)} prompts x n={n} choices is more than {MAX_PROMPTS} generations", "n")
     limits = [server.check_length(p, max_tokens) for p in prompts]
     job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs)
     job.submit()
