@@ -324,8 +324,8 @@ def cmd_serve(a):
     if a.kv_pool_tokens is not None and a.kv_pool_tokens < a.ctx_size:
         raise LLMInferError(f"--kv-pool-tokens {a.kv_pool_tokens} is less than --ctx-size {a.ctx_size}")
     args = ServeArgs(model=a.model, n_ctx=a.ctx_size, n_threads=a.threads, kv_pool_tokens=a.kv_pool_tokens,
-                     kv_type=a.kv_type, max_batch_tokens=a.max_batch_tokens, max_running=a.max_running,
-                     max_waiting=a.max_queue, prefix_caching=not a.no_prefix_cache,
+                     kv_type=a.kv_type, n_gpu_layers=a.n_gpu_layers, max_batch_tokens=a.max_batch_tokens,
+                     max_running=a.max_running, max_waiting=a.max_queue, prefix_caching=not a.no_prefix_cache,
                      api_key=a.api_key or os.environ.get("LLMINFER_API_KEY") or None,
                      chat_template=template, chat_format=a.chat_format, served_model_name=a.served_model_name)
     serve(args, host=a.host, port=a.port, log_level=a.log_level)
@@ -411,6 +411,8 @@ def build_parser():
     v.add_argument("--kv-pool-tokens", type=_positive_int, default=None,
                    help="KV cache positions for all requests together (default: 4 x ctx-size)")
     v.add_argument("-ctk", "--kv-type", default="f16", choices=["f16", "f32", "q8_0", "q4_0"], help="KV cache type")
+    v.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
+                   help="layers to run on the GPU (-1: all; needs a GPU build, see docs/gpu.md)")
     v.add_argument("--max-batch-tokens", type=_positive_int, default=512,
                    help="most tokens per engine step, prompt chunks and generated tokens together (default 512)")
     v.add_argument("--max-running", type=_positive_int, default=64, help="most requests generating at once")

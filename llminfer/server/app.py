@@ -138,7 +138,7 @@ class _Server:
             raise InvalidArgumentError(f"kv_pool_tokens={pool} is less than n_ctx={args.n_ctx}: one request "
                                        f"of the full context would never fit")
         self.engine = Engine(args.model, n_ctx=args.n_ctx, kv_pool_tokens=pool, n_batch=args.max_batch_tokens,
-                             n_threads=args.n_threads, kv_type=args.kv_type)
+                             n_threads=args.n_threads, kv_type=args.kv_type, n_gpu_layers=args.n_gpu_layers)
         self.tokenizer = self.engine.tokenizer
         self.n_ctx = self.engine.n_ctx
         self.n_vocab = self.engine.n_vocab

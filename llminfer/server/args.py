@@ -23,6 +23,7 @@ class ServeArgs:
     n_threads: int | None = None
     kv_pool_tokens: int | None = None
     kv_type: str = "f16"
+    n_gpu_layers: int = 0  # layers on the GPU (a GPU build; docs/gpu.md)
     max_batch_tokens: int = 512
     max_running: int = 64
     max_waiting: int = 256
