@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from llminfer.engine import Engine
+from llminfer.errors import InvalidArgumentError, TokenError
 from llminfer.kv_cache import FULL
 from llminfer.sampling import SamplingParams
 from llminfer.server.metrics import Metrics
@@ -210,6 +211,18 @@ def test_stop_strings_and_eos(path):
         r = Request(p, SamplingParams(temperature=0.0, logit_bias={eos: float("inf")}), 10)
         (toks3, fin3), = h.run([r])
         assert fin3.reason == "stop" and toks3 == [] and fin3.completion_tokens == 0
+
+
+def test_requests_that_could_never_run_are_refused_at_submit(path):
+    with Harness(path, n_ctx=64) as h:
+        for prompt, max_tokens, err in (([], 4, InvalidArgumentError), ([1] * 64, 4, InvalidArgumentError),
+                                        ([1, 268], 4, TokenError), ([1, -1], 4, TokenError),
+                                        ([1, 2], 0, InvalidArgumentError)):
+            with pytest.raises(err):
+                h.sched.submit(Request(prompt, SamplingParams(), max_tokens))
+        assert h.sched._in_flight == 0
+        (toks, fin), = h.run([greedy([1, 2, 3], max_tokens=3)])
+        assert len(toks) == 3 and fin.reason == "length"
 
 
 def test_queue_bound(path):

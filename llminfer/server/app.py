@@ -512,7 +512,11 @@ async def _collect(server, request, job: _Job, meta, chat) -> Response:
             else:
                 texts[req.index].append(ev.text)
 
-    done = await _until_disconnect(gather(), request)
+    try:
+        done = await _until_disconnect(gather(), request)
+    except BaseException:  # cancelled (the server shutting down) or failed: the requests stop too
+        job.cancel()
+        raise
     if not done:
         job.cancel()
         return Response(status_code=499)

@@ -181,7 +181,15 @@ class Scheduler:
         return self._thread is not None and self._thread.is_alive() and not self._stop
 
     def submit(self, req: Request) -> bool:
-        """Queue a request; False when the queue is full (the caller answers 429)."""
+        """Queue a request; False when the queue is full (the caller answers 429).
+        A request that could never run raises here, before it can reach a
+        batch it would fail with the others in it."""
+        n_ctx = self.engine.n_ctx
+        if not req.prompt or len(req.prompt) >= n_ctx:
+            raise InvalidArgumentError(f"a prompt must have 1 to {n_ctx - 1} tokens, got {len(req.prompt)}")
+        if not isinstance(req.max_tokens, int) or req.max_tokens < 1:
+            raise InvalidArgumentError(f"max_tokens must be a positive integer, got {req.max_tokens!r}")
+        req.prompt = [int(t) for t in self.engine.check_ids(req.prompt)]
         with self._cond:
             if self._in_flight >= self.max_waiting + self.max_running:
                 return False
