@@ -5,6 +5,8 @@ import struct
 
 import gguf
 import numpy as np
+import re
+
 import pytest
 
 from llminfer.errors import GGUFError, InvalidArgumentError, ModelNotFoundError, UnsupportedModelError
@@ -118,7 +120,11 @@ def write_custom(path, arch=None, drop=None, shape_override=None, qtype=None):
 
 def test_unsupported_architecture_lists_supported(tmp_path):
     p = write_custom(tmp_path / "m.gguf", arch="mamba")
-    with pytest.raises(UnsupportedModelError, match=r"'mamba' is not supported; supported: gemma3, llama, qwen2"):
+    from llminfer.models import ARCHITECTURES
+
+    listed = ", ".join(sorted(ARCHITECTURES))
+    assert {"gemma3", "llama", "qwen2", "qwen3"} <= set(ARCHITECTURES)
+    with pytest.raises(UnsupportedModelError, match=r"'mamba' is not supported; supported: " + re.escape(listed)):
         build_spec(GGUFFile(p))
 
 

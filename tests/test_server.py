@@ -1,0 +1,487 @@
+"""`llminfer serve` over real HTTP on loopback, with SmolLM2: the openai
+client and raw server-sent events, concurrent clients getting exactly what
+they get alone, cancellation, prefix reuse, bad requests, API key, queue
+bound and Prometheus metrics."""
+
+import json
+import math
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+pytest.importorskip("starlette", reason="the server needs starlette (pip install 'llminfer[serve]')")
+uvicorn = pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'llminfer[serve]')")
+httpx = pytest.importorskip("httpx", reason="the server tests speak through httpx")
+openai = pytest.importorskip("openai", reason="the server tests use the openai client")
+parser = pytest.importorskip("prometheus_client.parser", reason="the metrics test parses with prometheus_client")
+
+from llminfer.server import ServeArgs, create_app  # noqa: E402
+
+
+class ServerThread:
+    """uvicorn serving create_app(args) on a free loopback port, in a thread."""
+
+    def __init__(self, args: ServeArgs):
+        self.app = create_app(args)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=2))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.05)
+
+    @property
+    def scheduler(self):
+        return self.app.state.server.scheduler
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path):
+    s = ServerThread(ServeArgs(model=str(smollm2_path), n_ctx=512, kv_pool_tokens=8192, n_threads=1,
+                               max_batch_tokens=256))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def metrics(url) -> dict:
+    """{(name, frozenset of labels other than model_name): value} of /metrics."""
+    text = httpx.get(url + "/metrics").text
+    out = {}
+    for fam in parser.text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = frozenset((k, v) for k, v in s.labels.items() if k != "model_name")
+            out[(s.name, labels)] = s.value
+    return out
+
+
+def gauge(url, name):
+    return metrics(url)[(f"llminfer:{name}", frozenset())]
+
+
+def wait_idle(url, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics(url)
+        if m[("llminfer:num_requests_running", frozenset())] == 0 and \
+                m[("llminfer:num_requests_waiting", frozenset())] == 0 and \
+                m[("llminfer:kv_cache_usage_perc", frozenset())] == 0:
+            return m
+        assert time.monotonic() < deadline, f"the server did not go idle: {m}"
+        time.sleep(0.05)
+
+
+def sse(response):
+    """The JSON events of a server-sent-event response, checking it ends with [DONE]."""
+    events, done = [], False
+    for line in response.iter_lines():
+        if not line:
+            continue
+        assert line.startswith("data: "), line
+        assert not done, "data after [DONE]"
+        data = line[len("data: "):]
+        if data == "[DONE]":
+            done = True
+        else:
+            events.append(json.loads(data))
+    assert done
+    return events
+
+
+# ---- basics ----
+
+def test_models_health_and_tokenize(server, model):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    models = httpx.get(server.url + "/v1/models").json()
+    assert models["data"][0]["id"] == model and models["data"][0]["max_model_len"] == 512
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": "Hello world"}).json()
+    assert ids["count"] == len(ids["tokens"]) > 0
+    text = httpx.post(server.url + "/detokenize", json={"tokens": ids["tokens"]}).json()["prompt"]
+    assert text == "Hello world"
+
+
+def test_completion_streamed_and_not(server, client, model):
+    req = dict(model=model, prompt="The capital of France is", max_tokens=12, temperature=0)
+    full = client.completions.create(**req)
+    assert full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 12 and full.usage.prompt_tokens > 0
+    assert full.usage.prompt_tokens_details.cached_tokens == 0  # shorter than a block: nothing to reuse
+    pieces = [c.choices[0].text for c in client.completions.create(stream=True, **req) if c.choices]
+    assert "".join(pieces) == full.choices[0].text
+    with httpx.stream("POST", server.url + "/v1/completions", json={**req, "stream": True}, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = sse(r)
+    assert "".join(e["choices"][0]["text"] for e in events) == full.choices[0].text
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_chat_streamed_and_not(server, client, model):
+    msgs = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Name a colour."}]
+    full = client.chat.completions.create(model=model, messages=msgs, max_tokens=16, temperature=0)
+    text = full.choices[0].message.content
+    assert full.choices[0].message.role == "assistant" and text
+    chunks = list(client.chat.completions.create(model=model, messages=msgs, max_tokens=16, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert full.choices[0].finish_reason in ("stop", "length")
+
+
+# ---- batching ----
+
+def _ask(client, model, i, stream):
+    animal = ["cat", "dog", "fox", "owl", "bee", "cow", "elk", "emu", "yak", "ant", "bat", "eel", "hen", "ram", "pig",
+              "rat"][i]
+    kw = dict(model=model, prompt=f"Story number {i}: once upon a time, a {animal}",
+              max_tokens=16, ignore_eos=True)
+    kw["temperature"] = 0 if i % 2 == 0 else 0.9
+    if i % 2:
+        kw["seed"] = 1000 + i
+    extra = {"ignore_eos": kw.pop("ignore_eos")}
+    if stream:
+        return "".join(c.choices[0].text for c in client.completions.create(stream=True, extra_body=extra, **kw)
+                       if c.choices)
+    return client.completions.create(extra_body=extra, **kw).choices[0].text
+
+
+def test_concurrent_clients_get_what_they_get_alone(server, client, model):
+    n = 16
+    alone = [_ask(client, model, i, stream=False) for i in range(n)]
+    assert len(set(alone)) == n  # distinct prompts, distinct texts: the comparison means something
+    steps = server.scheduler.steps
+    with ThreadPoolExecutor(n) as pool:
+        together = list(pool.map(lambda i: _ask(client, model, i, stream=i % 3 == 0), range(n)))
+    assert together == alone
+    # 16 requests of 16 tokens in far fewer steps than 256: they were batched
+    assert server.scheduler.steps - steps < 16 * 16 // 2
+    wait_idle(server.url)
+
+
+def test_n_choices_with_a_seed_are_reproducible(client, model):
+    kw = dict(model=model, prompt="My favourite food is", max_tokens=10, temperature=1.0, seed=7, n=3)
+    a = client.completions.create(**kw)
+    b = client.completions.create(**kw)
+    assert [c.index for c in a.choices] == [0, 1, 2]
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert len({c.text for c in a.choices}) > 1
+    assert 0 < a.usage.completion_tokens <= 30 and a.usage.prompt_tokens == b.usage.prompt_tokens < 10
+
+
+def test_several_prompts_and_streamed_choices(server, client, model):
+    many = client.completions.create(model=model, prompt=["Red is", "Blue is"], max_tokens=6, temperature=0)
+    assert [c.index for c in many.choices] == [0, 1]
+    for c, p in zip(many.choices, ["Red is", "Blue is"]):
+        assert c.text == client.completions.create(model=model, prompt=p, max_tokens=6, temperature=0).choices[0].text
+    body = {"model": model, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 6,
+            "temperature": 1.0, "seed": 3, "n": 2}
+    whole = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        events = sse(r)
+    texts = {0: "", 1: ""}
+    for e in events:
+        for ch in e["choices"]:
+            texts[ch["index"]] += ch["delta"].get("content") or ""
+    assert texts == {c["index"]: c["message"]["content"] for c in whole["choices"]}
+    for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert events[-1]["usage"][k] == whole["usage"][k]
+    assert events[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 32  # the same prompt, one block
+
+
+# ---- cancellation, prefix cache ----
+
+def test_cancel_mid_stream_frees_its_blocks(server, model):
+    before = wait_idle(server.url)
+    aborted = before.get(("llminfer:request_success_total", frozenset({("finished_reason", "abort")})), 0)
+    body = {"model": model, "prompt": "Count: 1, 2, 3,", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", server.url + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            got = 0
+            while got < 3:
+                if next(lines).startswith("data: "):
+                    got += 1
+            assert gauge(server.url, "num_requests_running") == 1
+            assert gauge(server.url, "kv_cache_usage_perc") > 0
+    after = wait_idle(server.url, timeout=30)
+    assert after[("llminfer:request_success_total", frozenset({("finished_reason", "abort")}))] == aborted + 1
+    assert after[("llminfer:generation_tokens_total", frozenset())] < \
+        before[("llminfer:generation_tokens_total", frozenset())] + 400
+
+
+def test_prefix_reuse_shows_in_usage(server, client, model):
+    system = ("You are a helpful assistant for a small bakery. You answer questions about bread, cakes, "
+              "opening hours and prices. Opening hours are 7am to 6pm, Monday to Saturday. A loaf of "
+              "sourdough costs four pounds and a croissant costs one pound fifty. ") * 2
+    def chat(question):
+        return client.chat.completions.create(
+            model=model, max_tokens=8, temperature=0,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}])
+    first = chat("When do you open?")
+    second = chat("How much is a croissant?")
+    again = chat("How much is a croissant?")
+    assert first.usage.prompt_tokens > 128
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 96 and cached % 32 == 0 and cached < second.usage.prompt_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens >= cached
+    assert again.choices[0].message.content == second.choices[0].message.content
+    m = metrics(server.url)
+    assert m[("llminfer:prefix_cache_hits_total", frozenset())] >= cached
+
+
+# ---- logprobs ----
+
+def test_logprobs_match_the_model(server, client, model, smollm2_path):
+    from llminfer import LLM
+
+    prompt = "The quick brown fox"
+    out = client.completions.create(model=model, prompt=prompt, max_tokens=3, temperature=0, logprobs=5)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 3
+    for tok, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        values = list(top.values())
+        assert values == sorted(values, reverse=True) and all(v <= 0 for v in values)
+        assert math.isclose(chosen, values[0], abs_tol=1e-6)  # greedy takes the most likely
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": prompt}).json()["tokens"]
+    with LLM(smollm2_path, n_ctx=64, n_threads=1) as llm:
+        logits = llm.eval(ids)[-1].astype(np.float64)
+    ref = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    want = np.sort(ref)[::-1][:5]
+    assert np.allclose(sorted(lp.top_logprobs[0].values(), reverse=True), want, atol=1e-4)
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                          temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) >= 1 and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(bytes(c.bytes).decode("utf-8", "replace") == c.token for c in content)
+
+
+# ---- bad requests ----
+
+BAD = [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    ({"prompt": "hi", "model": "no-such-model"}, 404, "model"),
+    ({"prompt": "hi", "temperature": 5}, 400, "temperature"),
+    ({"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": 10 ** 9}, 400, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": 512}, 400, "max_tokens"),  # with the prompt, past n_ctx=512
+    ({"prompt": "word " * 600}, 400, "prompt"),
+    ({"prompt": [1, 2, 10 ** 7]}, 400, "prompt"),
+    ({"prompt": [1, -2]}, 400, "prompt"),
+    ({"prompt": []}, 400, "prompt"),
+    ({"prompt": 42}, 400, "prompt"),
+    ({"prompt": "hi", "n": 100}, 400, "n"),
+    ({"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
+    ({"prompt": "hi", "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"999999999": 1}}, 400, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"5": 1000}}, 400, "5"),
+    ({"prompt": "hi", "stop": [1, 2]}, 400, "stop"),
+    ({"prompt": "hi", "stop": ["x" * 5000]}, 400, "stop"),
+    ({"prompt": ["hi"] * 100}, 400, "prompt"),
+    ({"prompt": ["hi"] * 10, "n": 10}, 400, "n"),
+    ({"prompt": "hi", "seed": 1.5}, 400, "seed"),
+    ({"prompt": "hi", "echo": True}, 400, "echo"),
+    ({"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
+    ({"prompt": "hi", "stream": "yes"}, 400, "stream"),
+]
+
+
+@pytest.mark.parametrize("body,status,param", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_completion_requests(server, model, body, status, param):
+    if isinstance(body, dict):
+        body = json.dumps({"model": model, **body}).encode()
+    r = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"]
+    assert err["param"] == param
+
+
+def test_bad_chat_requests_and_limits(server, client, model):
+    for body in ({"messages": []}, {"messages": "hi"}, {"messages": [{"content": "no role"}]},
+                 {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+                 {"messages": [{"role": "user", "content": ["not a part"]}]},
+                 {"messages": [{"role": "user", "content": 5}]}, {"messages": ["hi"]},
+                 {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3},
+                 {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}):
+        r = httpx.post(server.url + "/v1/chat/completions", json={"model": model, **body})
+        assert r.status_code == 400, (body, r.text)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], temperature=-1)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt="hi")
+    huge = b'{"prompt": "' + b"a" * (5 << 20) + b'"}'
+    assert httpx.post(server.url + "/v1/completions", content=huge, timeout=60).status_code == 413
+    assert httpx.get(server.url + "/v1/nowhere").json()["error"]["message"]
+    assert httpx.get(server.url + "/v1/completions").status_code == 405
+    # still serving, nothing held
+    ok = client.completions.create(model=model, prompt="Hello", max_tokens=2, temperature=0)
+    assert ok.usage.completion_tokens == 2
+    wait_idle(server.url)
+
+
+ODD_VALUES = [None, "x", -1, 0, 2.5, 1e308, True, [1], {"a": 1}]
+FIELDS = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty",
+          "frequency_penalty", "seed", "n", "stop", "logprobs", "logit_bias", "ignore_eos", "stream", "model",
+          "stream_options", "best_of", "suffix", "echo", "user"]
+
+
+def test_odd_values_in_every_field_never_break_the_server(server, model):
+    """Each field given each odd value: answered 200 or 4xx, never 5xx, and
+    the server is idle afterwards with nothing held."""
+    statuses = set()
+    with httpx.Client(timeout=60) as c:
+        for field in FIELDS:
+            for v in ODD_VALUES:
+                body = {"model": model, "prompt": "Hi", "max_tokens": 1, "temperature": 0, field: v}
+                if field == "max_tokens" and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 4:
+                    continue  # a valid long generation: slow, not odd
+                r = c.post(server.url + "/v1/completions", json=body)
+                statuses.add(r.status_code)
+                assert r.status_code in (200, 400, 404), (field, v, r.status_code, r.text[:200])
+                if r.status_code != 200:
+                    assert r.json()["error"]["message"]
+                else:
+                    r.read()
+        chat = {"model": model, "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
+        for field in ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools"):
+            for v in ODD_VALUES:
+                if field == "max_completion_tokens" and isinstance(v, float) and v > 4:
+                    continue
+                r = c.post(server.url + "/v1/chat/completions", json={**chat, field: v})
+                assert r.status_code in (200, 400), (field, v, r.status_code, r.text[:200])
+        for v in ODD_VALUES + [[None], ["x"], [{"type": "text"}]]:
+            for body in ({**chat, "messages": [{"role": "user", "content": v}]},
+                         {**chat, "messages": [{"role": v, "content": "Hi"}]}, {**chat, "messages": [v]}):
+                r = c.post(server.url + "/v1/chat/completions", json=body)
+                assert r.status_code in (200, 400), (body, r.status_code, r.text[:200])
+    assert {200, 400} <= statuses
+    wait_idle(server.url)
+
+
+# ---- metrics ----
+
+def test_metrics_parse_as_prometheus_text(server, client, model):
+    client.completions.create(model=model, prompt="Metrics", max_tokens=3, temperature=0)
+    text = httpx.get(server.url + "/metrics").text
+    fams = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    for name, kind in [("llminfer:num_requests_running", "gauge"), ("llminfer:num_requests_waiting", "gauge"),
+                       ("llminfer:kv_cache_usage_perc", "gauge"), ("llminfer:prompt_tokens", "counter"),
+                       ("llminfer:generation_tokens", "counter"),
+                       ("llminfer:time_to_first_token_seconds", "histogram"),
+                       ("llminfer:inter_token_latency_seconds", "histogram"),
+                       ("llminfer:e2e_request_latency_seconds", "histogram")]:
+        assert fams[name].type == kind, name
+    for name in ("llminfer:time_to_first_token_seconds", "llminfer:inter_token_latency_seconds"):
+        samples = fams[name].samples
+        buckets = [s.value for s in samples if s.name.endswith("_bucket")]
+        count = next(s.value for s in samples if s.name.endswith("_count"))
+        assert buckets == sorted(buckets) and buckets[-1] == count > 0
+    assert fams["llminfer:generation_tokens"].samples[0].value >= 3
+
+
+# ---- API key and queue bound ----
+
+@pytest.fixture(scope="module")
+def guarded(smollm2_path):
+    s = ServerThread(ServeArgs(model=str(smollm2_path), n_ctx=256, kv_pool_tokens=1024, n_threads=1,
+                               api_key="sekret", max_running=1, max_waiting=1))
+    yield s
+    s.stop()
+
+
+def test_api_key(guarded):
+    assert httpx.get(guarded.url + "/v1/models").status_code == 401
+    bad = httpx.get(guarded.url + "/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert bad.status_code == 401 and bad.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(guarded.url + "/health").status_code == 200
+    c = openai.OpenAI(base_url=guarded.url + "/v1", api_key="sekret", max_retries=0)
+    assert c.completions.create(model=c.models.list().data[0].id, prompt="Hi", max_tokens=2).usage.total_tokens > 0
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=guarded.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_queue_bound_answers_429(guarded):
+    headers = {"Authorization": "Bearer sekret"}
+    body = {"prompt": "Tell me a long story", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=60, headers=headers) as c1, httpx.Client(timeout=60, headers=headers) as c2:
+        with c1.stream("POST", guarded.url + "/v1/completions", json=body) as r1:
+            lines = r1.iter_lines()  # kept: a dropped iterator closes the connection
+            next(lines)  # running
+            with c2.stream("POST", guarded.url + "/v1/completions", json=body) as r2:
+                assert r2.status_code == 200  # waiting
+                r3 = httpx.post(guarded.url + "/v1/completions", json={**body, "stream": False}, headers=headers)
+                assert r3.status_code == 429 and r3.json()["error"]["type"] == "rate_limit_error"
+    wait_idle(guarded.url)
+    ok = httpx.post(guarded.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=headers)
+    assert ok.status_code == 200
+
+
+# ---- the command ----
+
+def test_serve_command_starts_and_stops(smollm2_path, tmp_path):
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "llminfer", "serve", "-m", str(smollm2_path), "-t", "1",
+                             "-c", "256", "--port", str(port), "--api-key", "k", "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                       headers={"Authorization": "Bearer k"}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+    finally:
+        proc.terminate()
+        rc = proc.wait(30)
+    # uvicorn shuts down cleanly on SIGTERM, then dies of it as a process would by default
+    out = proc.stdout.read().decode()
+    assert rc in (0, -signal.SIGTERM) and "Traceback" not in out, out
+
+
+def test_serve_command_refuses_bad_arguments(tmp_path, capsys):
+    from llminfer.cli import main
+
+    assert main(["serve", "-m", str(tmp_path / "missing.gguf")]) == 1
+    assert "missing.gguf" in capsys.readouterr().err
+    assert main(["serve", "-c", "1024", "--kv-pool-tokens", "512"]) == 1
+    assert "--kv-pool-tokens 512 is less than --ctx-size 1024" in capsys.readouterr().err
