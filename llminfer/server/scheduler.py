@@ -100,6 +100,7 @@ class Request:
     cached_tokens: int | None = None  # prompt tokens found in the prefix cache, at first admission
     first_token_time: float | None = None
     last_token_time: float | None = None
+    submitted: bool = False
     cancelled: bool = False
     done: bool = False
 
@@ -128,7 +129,8 @@ class Scheduler:
     deliver(events): called from the engine thread after each step with a
     list of (request, TokenEvent | FinishEvent); it must not block.
     max_batch_tokens: most tokens per step. max_running: most requests in
-    the running batch. max_waiting: submit() refuses past this many queued."""
+    the running batch. max_waiting: how many more may wait; submit() refuses
+    a request past max_running + max_waiting in flight."""
 
     def __init__(self, engine, deliver, max_batch_tokens: int = 256, max_running: int = 64,
                  max_waiting: int = 256, prefix_caching: bool = True, metrics: Metrics | None = None):
@@ -150,6 +152,7 @@ class Scheduler:
         self._cancels: deque = deque()
         self._stop = False
         self._thread = None
+        self._in_flight = 0  # submitted and not finished
         self.waiting: deque = deque()
         self.running: list = []  # in order of arrival
         self._runs: dict = {}
@@ -178,8 +181,10 @@ class Scheduler:
     def submit(self, req: Request) -> bool:
         """Queue a request; False when the queue is full (the caller answers 429)."""
         with self._cond:
-            if len(self._inbox) + self.stats["waiting"] >= self.max_waiting + self.max_running:
+            if self._in_flight >= self.max_waiting + self.max_running:
                 return False
+            self._in_flight += 1
+            req.submitted = True
             self._inbox.append(req)
             self._cond.notify()
         return True
@@ -187,6 +192,8 @@ class Scheduler:
     def cancel(self, req: Request):
         """Stop a request (its client went away); its blocks go back before the next step."""
         with self._cond:
+            if not req.submitted or req.done:
+                return
             req.cancelled = True
             self._cancels.append(req)
             self._cond.notify()
@@ -425,6 +432,8 @@ class Scheduler:
         if req.done:
             return
         req.done = True
+        with self._cond:
+            self._in_flight -= 1
         if req in self.running:
             self.running.remove(req)
         try:
