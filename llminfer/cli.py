@@ -8,6 +8,7 @@
     llminfer info -m MODEL
     llminfer pull smollm2-135m-instruct
     llminfer quantize -m MODEL -o out.gguf --type Q4_K_M
+    llminfer serve -m MODEL --port 8000          (needs the `serve` extra)
 
 MODEL is a .gguf path or a known model name (`llminfer pull --list`).
 Generated text goes to stdout; progress, timings and errors to stderr.
@@ -308,6 +309,23 @@ def cmd_quantize(a):
     return 0
 
 
+def cmd_serve(a):
+    from llminfer.server import ServeArgs, serve
+
+    template = a.chat_template
+    if template is not None and os.path.isfile(template):
+        template = _read_text(template)
+    if a.kv_pool_tokens is not None and a.kv_pool_tokens < a.ctx_size:
+        raise LLMInferError(f"--kv-pool-tokens {a.kv_pool_tokens} is less than --ctx-size {a.ctx_size}")
+    args = ServeArgs(model=a.model, n_ctx=a.ctx_size, n_threads=a.threads, kv_pool_tokens=a.kv_pool_tokens,
+                     kv_type=a.kv_type, max_batch_tokens=a.max_batch_tokens, max_running=a.max_running,
+                     max_waiting=a.max_queue, prefix_caching=not a.no_prefix_cache,
+                     api_key=a.api_key or os.environ.get("LLMINFER_API_KEY") or None,
+                     chat_template=template, chat_format=a.chat_format, served_model_name=a.served_model_name)
+    serve(args, host=a.host, port=a.port, log_level=a.log_level)
+    return 0
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="llminfer", description="Run GGUF language models on the CPU.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -372,6 +390,34 @@ def build_parser():
     z.add_argument("--type", required=True, type=str.upper, choices=PRESETS)
     z.add_argument("-t", "--threads", type=_positive_int, default=None)
     z.set_defaults(func=cmd_quantize)
+
+    v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching",
+                       description="Serve a model over HTTP, shaped as OpenAI's API (/v1/completions, "
+                                   "/v1/chat/completions, /v1/models), with /tokenize, /detokenize, /health "
+                                   "and Prometheus /metrics. Requests are batched together step by step.")
+    v.add_argument("-m", "--model", default=hub.DEFAULT_MODEL,
+                   help=f"GGUF path or known model name (default: {hub.DEFAULT_MODEL})")
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    v.add_argument("--port", type=_positive_int, default=8000)
+    v.add_argument("-t", "--threads", type=_positive_int, default=None,
+                   help="threads for the native kernels (default: physical cores)")
+    v.add_argument("-c", "--ctx-size", type=_positive_int, default=4096, help="most tokens of one request")
+    v.add_argument("--kv-pool-tokens", type=_positive_int, default=None,
+                   help="KV cache positions for all requests together (default: 4 x ctx-size)")
+    v.add_argument("-ctk", "--kv-type", default="f16", choices=["f16", "f32", "q8_0", "q4_0"], help="KV cache type")
+    v.add_argument("--max-batch-tokens", type=_positive_int, default=512,
+                   help="most tokens per engine step, prompt chunks and generated tokens together (default 512)")
+    v.add_argument("--max-running", type=_positive_int, default=64, help="most requests generating at once")
+    v.add_argument("--max-queue", type=_non_negative_int, default=256,
+                   help="most requests waiting; more are answered 429 (default 256)")
+    v.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV blocks of earlier prompts")
+    v.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default: $LLMINFER_API_KEY, else no key)")
+    v.add_argument("--chat-template", default=None, help="a jinja chat template, or a file holding one")
+    v.add_argument("--chat-format", default=None, help="a built-in chat format (chatml, gemma, llama3)")
+    v.add_argument("--served-model-name", default=None, help="the model id clients name (default: from -m)")
+    v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    v.set_defaults(func=cmd_serve)
 
     u = sub.add_parser("pull", help="fetch a known model into the cache")
     u.add_argument("name", nargs="?")

@@ -180,6 +180,45 @@ class KVCache:
         s.positions = [s.positions[i] for i in keep]
         return dropped
 
+    def adopt(self, s: Sequence, tokens, blocks):
+        """Give an empty sequence the first len(blocks) full blocks of a text
+        already in the pool (a prefix cache's hit): s shares them, holding
+        `tokens` (len(blocks) * block_size of them) at positions 0.. . Only
+        for caches without a sliding-window group, whose blocks a sequence
+        gives back as it moves on."""
+        if SWA in self.groups:
+            raise InvalidArgumentError("cannot adopt shared blocks into a cache with sliding-window layers")
+        if s.tokens or any(s.tables[g] for g in self.groups):
+            raise InvalidArgumentError(f"sequence {s.seq_id} is not empty: only an empty sequence adopts blocks")
+        n = len(blocks) * self.block_size
+        if len(tokens) != n:
+            raise InvalidArgumentError(f"{len(blocks)} blocks hold {n} tokens, got {len(tokens)}")
+        pool = self.pools[FULL]
+        for b in blocks:
+            if not 0 <= b < pool.n_blocks or pool.refs[b] <= 0:
+                raise InvalidArgumentError(f"block {b} is not a live block of the {pool.name} pool")
+        for b in blocks:
+            pool.share(b)
+        s.tables[FULL] = [int(b) for b in blocks]
+        s.tokens = [int(t) for t in tokens]
+        s.positions = list(range(n))
+        s.next_pos = n
+
+    def blocks_needed(self, s: Sequence, n: int) -> list:
+        """Blocks that reserve(s, n) would take from each pool (a list indexed
+        by group): new blocks, and copies of shared blocks it would write."""
+        bs = self.block_size
+        need = [0, 0]
+        if n <= 0:
+            return need
+        first, last = s.next_pos, s.next_pos + n - 1
+        for g in self.groups:
+            t, refs = s.tables[g], self.pools[g].refs
+            for i in range(first // bs, last // bs + 1):
+                if i >= len(t) or t[i] < 0 or refs[t[i]] > 1:
+                    need[g] += 1
+        return need
+
     # ---- writing ----
 
     def reserve(self, s: Sequence, n: int):

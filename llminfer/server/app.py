@@ -1,0 +1,716 @@
+"""The HTTP side of `llminfer serve`: an ASGI app (Starlette) shaped as
+OpenAI's API, over one Scheduler.
+
+    from llminfer.server import ServeArgs, create_app
+    app = create_app(ServeArgs(model="smollm2-135m-instruct"))
+    # uvicorn.run(app, host="127.0.0.1", port=8000), or mount it in another app
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed as
+server-sent events with "stream": true), GET /v1/models, POST /tokenize,
+POST /detokenize, GET /health, GET /metrics (Prometheus text).
+
+Every request is checked here, before it reaches the engine thread: a bad
+one gets OpenAI's error shape, {"error": {"message", "type", "param",
+"code"}}, with 400 (bad JSON, a parameter out of range, a prompt longer than
+the context), 401 (missing or wrong API key), 404 (unknown model or path),
+413 (body too large), 429 (queue full) or 503 (engine stopped). A client that
+goes away mid-request has its requests cancelled, so their KV blocks go back
+at the next engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import math
+import time
+import uuid
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from llminfer.engine import Engine
+from llminfer.errors import InvalidArgumentError, LLMInferError
+from llminfer.sampling import SamplingParams
+from llminfer.server.args import ServeArgs
+from llminfer.server.metrics import Metrics
+from llminfer.server.scheduler import FinishEvent, Request, Scheduler, TokenEvent
+
+MAX_N = 16              # choices per request
+MAX_STOPS = 16
+MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024   # entries
+
+
+class APIError(Exception):
+    """An error answered to the client in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_ or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                              413: "invalid_request_error", 429: "rate_limit_error",
+                              503: "service_unavailable"}.get(status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def _bad(message, param=None, code=None):
+    return APIError(400, message, param, code)
+
+
+# ---- reading parameters ----
+
+def _int(body, name, default, lo=None, hi=None):
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise _bad(f"{name} must be an integer, got {json.dumps(v)[:60]}", name)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise _bad(f"{name} must be between {lo} and {hi}, got {v}", name)
+    return v
+
+
+def _float(body, name, default, lo=None, hi=None, lo_open=False):
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        raise _bad(f"{name} must be a number, got {json.dumps(v)[:60]}", name)
+    if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
+        raise _bad(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}", name)
+    return float(v)
+
+
+def _bool(body, name, default):
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise _bad(f"{name} must be true or false, got {json.dumps(v)[:60]}", name)
+    return v
+
+
+def _stops(body) -> list:
+    v = body.get("stop")
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise _bad("stop must be a string or a list of strings", "stop")
+    if len(v) > MAX_STOPS:
+        raise _bad(f"stop takes at most {MAX_STOPS} strings, got {len(v)}", "stop")
+    return [s for s in v if s]
+
+
+class _Server:
+    """The engine, its scheduler and what the endpoints share."""
+
+    def __init__(self, args: ServeArgs):
+        self.args = args
+        pool = args.kv_pool_tokens or 4 * args.n_ctx
+        if pool < args.n_ctx:
+            raise InvalidArgumentError(f"kv_pool_tokens={pool} is less than n_ctx={args.n_ctx}: one request "
+                                       f"of the full context would never fit")
+        self.engine = Engine(args.model, n_ctx=args.n_ctx, kv_pool_tokens=pool, n_batch=args.max_batch_tokens,
+                             n_threads=args.n_threads, kv_type=args.kv_type)
+        self.tokenizer = self.engine.tokenizer
+        self.n_ctx = self.engine.n_ctx
+        self.n_vocab = self.engine.n_vocab
+        self.max_tokens_limit = min(args.max_tokens_limit or self.n_ctx, self.n_ctx)
+        given = str(args.model)
+        stem = Path(self.engine.model_path).name
+        stem = stem[:-5] if stem.endswith(".gguf") else stem
+        self.model_name = args.served_model_name or (stem if ("/" in given or given.endswith(".gguf")) else given)
+        self.model_aliases = {self.model_name, given, stem, str(self.engine.model_path),
+                              Path(self.engine.model_path).name}
+        self.created = int(time.time())
+        self._chat_format = None
+        self.metrics = Metrics(self.model_name, gauges=lambda: self.scheduler.stats)
+        self.scheduler = Scheduler(self.engine, self._deliver, max_batch_tokens=args.max_batch_tokens,
+                                   max_running=args.max_running, max_waiting=args.max_waiting,
+                                   prefix_caching=args.prefix_caching, metrics=self.metrics)
+        self.loop = None
+
+    # ---- lifetime ----
+
+    def start(self):
+        self.loop = asyncio.get_running_loop()
+        self.scheduler.start()
+
+    def stop(self):
+        self.scheduler.stop()
+        self.engine.close()
+
+    def _deliver(self, events):
+        """From the engine thread: hand a step's events to the event loop in one call."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(_dispatch, events)
+        except RuntimeError:
+            pass  # the loop is shutting down: nobody is listening
+
+    @property
+    def chat_format(self):
+        if self._chat_format is None:
+            from llminfer.chat import chat_format_for
+
+            self._chat_format = chat_format_for(self.engine.gguf.metadata, chat_format=self.args.chat_format,
+                                                chat_template=self.args.chat_template)
+        return self._chat_format
+
+    # ---- requests ----
+
+    def check_auth(self, request: HTTPRequest):
+        key = self.args.api_key
+        if not key:
+            return
+        got = request.headers.get("authorization", "")
+        scheme, _, token = got.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(401, "a valid API key is needed: send 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+
+    async def read_json(self, request: HTTPRequest) -> dict:
+        limit = self.args.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise APIError(413, f"the request body is {length} bytes, more than the {limit} this server takes")
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > limit:
+                raise APIError(413, f"the request body is more than the {limit} bytes this server takes")
+        try:
+            body = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _bad(f"the request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise _bad("the request body must be a JSON object")
+        return body
+
+    def check_model(self, body):
+        m = body.get("model")
+        if m is None:
+            return
+        if not isinstance(m, str):
+            raise _bad("model must be a string", "model")
+        if m not in self.model_aliases:
+            raise APIError(404, f"the model '{m[:200]}' does not exist; this server has '{self.model_name}'",
+                           "model", "model_not_found")
+
+    def check_ids(self, ids, param) -> list:
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise _bad(f"{param} must hold integer token ids", param)
+        for t in ids:
+            if not 0 <= t < self.n_vocab:
+                raise _bad(f"token id {t} is outside the vocabulary [0, {self.n_vocab})", param)
+        return list(ids)
+
+    def sampling(self, body, chat: bool):
+        """(SamplingParams, max_tokens or None, n, stops, ignore_eos, logprobs)."""
+        for name in ("echo",):
+            if body.get(name):
+                raise _bad(f"{name} is not supported", name)
+        if body.get("suffix"):
+            raise _bad("suffix is not supported", "suffix")
+        _int(body, "best_of", 1, 1, 1)  # only 1 is supported
+        if body.get("tools"):
+            raise _bad("tools are not supported", "tools")
+        fmt = body.get("response_format")
+        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+            raise _bad("only response_format {\"type\": \"text\"} is supported", "response_format")
+        name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+        max_tokens = _int(body, name, None if chat else 16, 1, self.max_tokens_limit)
+        bias = body.get("logit_bias")
+        if bias is not None:
+            if not isinstance(bias, dict):
+                raise _bad("logit_bias must map token ids to numbers", "logit_bias")
+            if len(bias) > MAX_LOGIT_BIAS:
+                raise _bad(f"logit_bias takes at most {MAX_LOGIT_BIAS} entries", "logit_bias")
+            parsed = {}
+            for k, v in bias.items():
+                try:
+                    t = int(k)
+                except ValueError:
+                    raise _bad(f"logit_bias key {k[:40]!r} is not a token id", "logit_bias") from None
+                if not 0 <= t < self.n_vocab:
+                    raise _bad(f"logit_bias names token {t}, outside the vocabulary [0, {self.n_vocab})",
+                               "logit_bias")
+                parsed[t] = _float(bias, k, 0.0, -100.0, 100.0)
+            bias = parsed or None
+        seed = _int(body, "seed", None)
+        if seed is not None:
+            seed &= (1 << 63) - 1  # OpenAI takes any integer; the sampler a non-negative one
+        params = SamplingParams(
+            temperature=_float(body, "temperature", 1.0, 0.0, 2.0),
+            top_p=_float(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+            top_k=_int(body, "top_k", 0, -1, self.n_vocab),
+            min_p=_float(body, "min_p", 0.0, 0.0, 1.0),
+            repeat_penalty=_float(body, "repeat_penalty", 1.0, 0.0, 10.0, lo_open=True),
+            presence_penalty=_float(body, "presence_penalty", 0.0, -2.0, 2.0),
+            frequency_penalty=_float(body, "frequency_penalty", 0.0, -2.0, 2.0),
+            logit_bias=bias, seed=seed)
+        n = _int(body, "n", 1, 1, MAX_N)
+        if chat:
+            logprobs = None
+            if _bool(body, "logprobs", False):
+                logprobs = _int(body, "top_logprobs", 0, 0, MAX_LOGPROBS)
+            elif body.get("top_logprobs"):
+                raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+        else:
+            logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
+        return params, max_tokens, n, _stops(body), _bool(body, "ignore_eos", False), logprobs
+
+    def prompt_ids(self, body) -> list:
+        """Completions' prompt: a string, a list of ids, or a list of either (several prompts)."""
+        p = body.get("prompt")
+        if isinstance(p, str):
+            return [self.tokenize(p)]
+        if isinstance(p, list) and p:
+            if all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                return [self.check_ids(p, "prompt")]
+            if all(isinstance(x, str) for x in p):
+                return [self.tokenize(x) for x in p]
+            if all(isinstance(x, list) and x for x in p):
+                return [self.check_ids(x, "prompt") for x in p]
+        raise _bad("prompt must be a string, a list of token ids, or a non-empty list of either", "prompt")
+
+    def tokenize(self, text: str, add_special: bool = True) -> list:
+        try:
+            return self.tokenizer.encode(text, add_bos=add_special, special=True)
+        except LLMInferError as e:
+            raise _bad(f"cannot tokenize the prompt: {e}", "prompt") from None
+
+    def chat_ids(self, body) -> tuple[list, list]:
+        """(prompt ids, the chat format's stop texts) of a chat request's messages."""
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise _bad("messages must be a non-empty list", "messages")
+        plain = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise _bad(f"messages[{i}] must be an object with a role", "messages")
+            content = m.get("content")
+            if content is None:
+                content = ""
+            elif isinstance(content, list):
+                parts = []
+                for part in content:
+                    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        raise _bad(f"messages[{i}].content: only text parts are supported", "messages")
+                    parts.append(part["text"])
+                content = "".join(parts)
+            elif not isinstance(content, str):
+                raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
+            role = "system" if m["role"] == "developer" else m["role"]
+            plain.append({"role": role, "content": content})
+        try:
+            fmt = self.chat_format
+            text = fmt.render(plain, add_generation_prompt=True)
+        except LLMInferError as e:
+            raise _bad(f"the chat template cannot render these messages: {e}", "messages") from None
+        return self.tokenize(text, add_special=not fmt.adds_bos), list(fmt.stop_texts)
+
+    def check_length(self, ids, max_tokens) -> int:
+        if not ids:
+            raise _bad("the prompt is empty", "prompt")
+        room = self.n_ctx - len(ids)
+        if room < 1:
+            raise _bad(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx} tokens, "
+                       f"and at least one must be left to generate", "prompt", "context_length_exceeded")
+        if max_tokens is None:
+            return min(room, self.max_tokens_limit)
+        if max_tokens > room:
+            raise _bad(f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: more than this "
+                       f"model's context of {self.n_ctx} tokens", "max_tokens", "context_length_exceeded")
+        return max_tokens
+
+
+def _dispatch(events):
+    for req, ev in events:
+        q = req.out
+        if q is not None:
+            q.put_nowait((req, ev))
+
+
+# ---- generation ----
+
+class _Job:
+    """The engine requests of one HTTP request (prompts x n choices) and the
+    queue their events arrive on."""
+
+    def __init__(self, server: _Server, prompts, params, max_tokens, n, stops, ignore_eos, logprobs):
+        self.server = server
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.reqs = []
+        for i, ids in enumerate(prompts):
+            for j in range(n):
+                p = params if params.seed is None or j == 0 else params.replace(seed=params.seed + j)
+                r = Request(ids, p, max_tokens[i], stops=stops, ignore_eos=ignore_eos, logprobs=logprobs,
+                            out=self.queue)
+                r.index = i * n + j
+                r.first_of_prompt = j == 0
+                self.reqs.append(r)
+        self.open = len(self.reqs)
+        self.finish: dict = {}
+
+    def submit(self):
+        sched = self.server.scheduler
+        if not sched.alive:
+            raise APIError(503, "the engine is not running")
+        for k, r in enumerate(self.reqs):
+            if not sched.submit(r):
+                for q in self.reqs[:k]:
+                    sched.cancel(q)
+                raise APIError(429, "the server's queue is full; try again later", code="queue_full")
+
+    def cancel(self):
+        for r in self.reqs:
+            if r.index not in self.finish:
+                self.server.scheduler.cancel(r)
+
+    async def events(self):
+        """(request, event) pairs until every request has finished."""
+        while self.open:
+            req, ev = await self.queue.get()
+            if isinstance(ev, FinishEvent):
+                self.finish[req.index] = ev
+                self.open -= 1
+            yield req, ev
+
+    def usage(self) -> dict:
+        fins = [self.finish[r.index] for r in self.reqs if r.index in self.finish]
+        prompt = sum(f.prompt_tokens for r, f in zip(self.reqs, fins) if r.first_of_prompt)
+        cached = sum(f.cached_tokens for r, f in zip(self.reqs, fins) if r.first_of_prompt)
+        completion = sum(f.completion_tokens for f in fins)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    def error(self) -> APIError | None:
+        for ev in self.finish.values():
+            if ev.reason == "error":
+                e = ev.error
+                if isinstance(e, (InvalidArgumentError, ValueError)):
+                    return _bad(str(e))
+                return APIError(500, f"the engine failed: {type(e).__name__}: {e}")
+        return None
+
+
+def _reason(ev: FinishEvent) -> str:
+    return ev.reason if ev.reason in ("stop", "length") else "abort"
+
+
+class _Logprobs:
+    """One choice's logprobs, in the completions or the chat shape."""
+
+    def __init__(self, server, chat: bool):
+        self.server = server
+        self.chat = chat
+        self.tokens, self.lps, self.tops, self.offsets = [], [], [], []
+        self.content = []
+        self.offset = 0
+
+    def _piece(self, t):
+        return self.server.tokenizer.token_bytes(t)
+
+    def add(self, ev: TokenEvent) -> dict:
+        """Record a token; returns its part of a stream chunk."""
+        b = self._piece(ev.token)
+        text = b.decode("utf-8", errors="replace")
+        if self.chat:
+            top = [{"token": self._piece(t).decode("utf-8", errors="replace"), "logprob": lp,
+                    "bytes": list(self._piece(t))} for t, lp in ev.top]
+            item = {"token": text, "logprob": ev.logprob, "bytes": list(b), "top_logprobs": top}
+            self.content.append(item)
+            return {"content": [item]}
+        top = {}
+        for t, lp in ev.top:
+            top.setdefault(self._piece(t).decode("utf-8", errors="replace"), lp)
+        part = {"tokens": [text], "token_logprobs": [ev.logprob], "top_logprobs": [top] if ev.top else None,
+                "text_offset": [self.offset]}
+        self.tokens.append(text)
+        self.lps.append(ev.logprob)
+        self.tops.append(top)
+        self.offsets.append(self.offset)
+        self.offset += len(text)
+        return part
+
+    def result(self) -> dict:
+        if self.chat:
+            return {"content": self.content}
+        return {"tokens": self.tokens, "token_logprobs": self.lps,
+                "top_logprobs": self.tops if any(self.tops) else None, "text_offset": self.offsets}
+
+
+async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool):
+    params, max_tokens, n, stops, ignore_eos, logprobs = server.sampling(body, chat)
+    stream = _bool(body, "stream", False)
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise _bad("stream_options must be an object", "stream_options")
+    include_usage = bool((opts or {}).get("include_usage", False))
+    if chat:
+        ids, chat_stops = await run_in_threadpool(server.chat_ids, body)
+        prompts = [ids]
+        stops = chat_stops + stops
+    else:
+        prompts = await run_in_threadpool(server.prompt_ids, body)
+    if len(prompts) * n > MAX_N * 4:
+        raise _bad(f"{len(prompts)} prompts x n={n} choices is more than {MAX_N * 4} generations", "n")
+    limits = [server.check_length(p, max_tokens) for p in prompts]
+    job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs)
+    job.submit()
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    meta = {"id": prefix + uuid.uuid4().hex, "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": server.model_name}
+    if stream:
+        return _SSEResponse(_stream(server, job, meta, chat, include_usage), job.cancel)
+    return await _collect(server, request, job, meta, chat)
+
+
+async def _collect(server, request, job: _Job, meta, chat) -> Response:
+    texts = {r.index: [] for r in job.reqs}
+    lps = {r.index: _Logprobs(server, chat) for r in job.reqs if r.logprobs is not None}
+
+    async def gather():
+        async for req, ev in job.events():
+            if isinstance(ev, TokenEvent):
+                texts[req.index].append(ev.text)
+                if req.index in lps:
+                    lps[req.index].add(ev)
+            else:
+                texts[req.index].append(ev.text)
+
+    done = await _until_disconnect(gather(), request)
+    if not done:
+        job.cancel()
+        return Response(status_code=499)
+    err = job.error()
+    if err is not None:
+        return err.response()
+    choices = []
+    for r in job.reqs:
+        text = "".join(texts[r.index])
+        lp = lps[r.index].result() if r.index in lps else None
+        reason = _reason(job.finish[r.index])
+        if chat:
+            choices.append({"index": r.index, "message": {"role": "assistant", "content": text},
+                            "logprobs": lp, "finish_reason": reason})
+        else:
+            choices.append({"index": r.index, "text": text, "logprobs": lp, "finish_reason": reason})
+    return JSONResponse({**meta, "choices": choices, "usage": job.usage()})
+
+
+async def _until_disconnect(coro, request: HTTPRequest) -> bool:
+    """Run coro unless the client disconnects first; True when it finished."""
+    work = asyncio.ensure_future(coro)
+    watch = asyncio.ensure_future(_wait_disconnect(request.receive))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+    if work.done() and not work.cancelled():
+        work.result()
+        return True
+    return False
+
+
+async def _wait_disconnect(receive):
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _stream(server, job: _Job, meta, chat, include_usage):
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    base = {**meta, "object": obj}
+    lps = {r.index: _Logprobs(server, chat) for r in job.reqs if r.logprobs is not None}
+    if chat:
+        for r in job.reqs:
+            yield _sse({**base, "choices": [{"index": r.index, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}]})
+    async for req, ev in job.events():
+        if isinstance(ev, TokenEvent):
+            lp = lps[req.index].add(ev) if req.index in lps else None
+            if not ev.text and lp is None:
+                continue
+            body = {"delta": {"content": ev.text}} if chat else {"text": ev.text}
+            yield _sse({**base, "choices": [{"index": req.index, **body, "logprobs": lp, "finish_reason": None}]})
+            continue
+        if ev.reason == "error":
+            err = job.error()
+            yield _sse(err.body())
+            job.cancel()
+            break
+        last = job.open == 0
+        body = ({"delta": {"content": ev.text} if ev.text else {}} if chat else {"text": ev.text})
+        chunk = {**base, "choices": [{"index": req.index, **body, "logprobs": None, "finish_reason": _reason(ev)}]}
+        if last and not include_usage:
+            chunk["usage"] = job.usage()
+        yield _sse(chunk)
+    else:
+        if include_usage:
+            yield _sse({**base, "choices": [], "usage": job.usage()})
+    yield b"data: [DONE]\n\n"
+
+
+class _SSEResponse:
+    """A server-sent-event stream that cancels its job when the client goes
+    away (or the stream ends any other way before the job is done)."""
+
+    def __init__(self, chunks, on_close):
+        self.chunks = chunks
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
+
+        async def pump():
+            async for data in self.chunks:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        work = asyncio.ensure_future(pump())
+        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not work.done():
+                work.cancel()
+            self.on_close()
+        if work.done() and not work.cancelled() and work.exception() is not None:
+            if not isinstance(work.exception(), OSError):
+                raise work.exception()
+
+
+# ---- endpoints ----
+
+def _endpoint(server: _Server, fn, auth=True):
+    async def handle(request: HTTPRequest):
+        try:
+            if auth:
+                server.check_auth(request)
+            return await fn(server, request)
+        except APIError as e:
+            return e.response()
+        except (InvalidArgumentError, ValueError) as e:
+            return _bad(str(e)).response()
+    return handle
+
+
+async def completions(server: _Server, request: HTTPRequest):
+    body = await server.read_json(request)
+    server.check_model(body)
+    return await _run_job(server, request, body, chat=False)
+
+
+async def chat_completions(server: _Server, request: HTTPRequest):
+    body = await server.read_json(request)
+    server.check_model(body)
+    return await _run_job(server, request, body, chat=True)
+
+
+async def models(server: _Server, request: HTTPRequest):
+    return JSONResponse({"object": "list", "data": [
+        {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "llminfer",
+         "max_model_len": server.n_ctx}]})
+
+
+async def tokenize(server: _Server, request: HTTPRequest):
+    body = await server.read_json(request)
+    server.check_model(body)
+    add_special = _bool(body, "add_special_tokens", True)
+    if "messages" in body:
+        ids, _ = await run_in_threadpool(server.chat_ids, body)
+    else:
+        text = body.get("prompt", body.get("content"))
+        if not isinstance(text, str):
+            raise _bad("prompt must be a string", "prompt")
+        ids = await run_in_threadpool(server.tokenize, text, add_special)
+    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": server.n_ctx})
+
+
+async def detokenize(server: _Server, request: HTTPRequest):
+    body = await server.read_json(request)
+    server.check_model(body)
+    ids = body.get("tokens")
+    if not isinstance(ids, list):
+        raise _bad("tokens must be a list of token ids", "tokens")
+    ids = server.check_ids(ids, "tokens")
+    return JSONResponse({"prompt": server.tokenizer.decode(ids)})
+
+
+async def health(server: _Server, request: HTTPRequest):
+    if not server.scheduler.alive:
+        return APIError(503, "the engine is not running").response()
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(server: _Server, request: HTTPRequest):
+    return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def create_app(engine_args: ServeArgs | dict) -> Starlette:
+    """The ASGI app of `llminfer serve`. engine_args: a ServeArgs, or a dict
+    of its fields. The model loads here (errors surface at once); the engine
+    thread starts with the app's lifespan and stops with it."""
+    args = engine_args if isinstance(engine_args, ServeArgs) else ServeArgs(**engine_args)
+    server = _Server(args)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        server.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(server.stop)
+
+    routes = [
+        Route("/v1/completions", _endpoint(server, completions), methods=["POST"]),
+        Route("/v1/chat/completions", _endpoint(server, chat_completions), methods=["POST"]),
+        Route("/v1/models", _endpoint(server, models), methods=["GET"]),
+        Route("/tokenize", _endpoint(server, tokenize), methods=["POST"]),
+        Route("/detokenize", _endpoint(server, detokenize), methods=["POST"]),
+        Route("/health", _endpoint(server, health, auth=False), methods=["GET"]),
+        Route("/metrics", _endpoint(server, metrics, auth=False), methods=["GET"]),
+    ]
+    async def not_found(request, exc):
+        status = getattr(exc, "status_code", 404)
+        msg = f"no route {request.method} {request.url.path}" if status != 405 else \
+            f"{request.url.path} does not take {request.method}"
+        return APIError(status, msg, type_="invalid_request_error").response()
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    app.state.server = server
+    return app

@@ -1,0 +1,35 @@
+"""The arguments of `llminfer serve` (no dependency beyond the core, so the
+CLI can check them before the server's packages are imported)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llminfer import hub
+
+
+@dataclass
+class ServeArgs:
+    """What `llminfer serve` takes: the engine's arguments and the server's limits.
+
+    kv_pool_tokens: positions the KV pool holds for all requests (default
+    4 * n_ctx). max_batch_tokens: most tokens per engine step (prompt chunks
+    and generated tokens together). max_running: most requests generating at
+    once; max_waiting: most queued before 429. api_key: when set, every
+    endpoint but /health and /metrics wants `Authorization: Bearer KEY`."""
+
+    model: str = hub.DEFAULT_MODEL
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    kv_pool_tokens: int | None = None
+    kv_type: str = "f16"
+    max_batch_tokens: int = 512
+    max_running: int = 64
+    max_waiting: int = 256
+    prefix_caching: bool = True
+    api_key: str | None = None
+    chat_template: str | None = None
+    chat_format: str | None = None
+    served_model_name: str | None = None
+    max_body_bytes: int = 4 << 20
+    max_tokens_limit: int | None = None  # default: n_ctx

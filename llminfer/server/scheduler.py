@@ -1,0 +1,463 @@
+"""Continuous batching: one engine thread runs every request's tokens in
+shared forward passes.
+
+    sched = Scheduler(engine, deliver, max_batch_tokens=256)
+    sched.start()
+    sched.submit(Request(prompt_ids, params, max_tokens=64))
+    ...                                   # deliver([(request, event), ...]) after each step
+    sched.cancel(request)                 # from any thread; its blocks go back at the next step
+
+Each step takes, up to a budget of tokens:
+  1. the next token of every running request that is generating (oldest first);
+  2. chunks of the prompts of running requests still reading theirs
+     (chunked prefill: a long prompt takes several steps and never holds up
+     the streams already generating by more than the budget);
+  3. new requests from the queue, in order of arrival, while the KV pool has
+     the blocks for their whole prompt.
+All of it goes to Engine.decode as one batch; then every request whose
+pending tokens are all in the cache samples its next token.
+
+A request whose next token needs a block the pool does not have preempts
+the youngest running request (possibly itself): its blocks go back, and it
+returns to the head of the queue to be recomputed, prompt and tokens so far,
+when blocks free up. Its sampler and text carry on where they were, and the
+engine's logits do not depend on batching or chunking, so the request's
+output is what it would have been alone.
+
+With a PrefixCache, full blocks are kept after their request ends and a new
+request adopts the longest cached prefix of its prompt.
+
+The engine thread owns the engine, the KV cache and every Request's state;
+other threads only submit, cancel and read `stats`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from llminfer.errors import InvalidArgumentError, LLMInferError
+from llminfer.kv_cache import FULL, SWA
+from llminfer.llm import _StopMatcher
+from llminfer.sampling import Sampler, SamplingParams, _largest
+from llminfer.server.metrics import Metrics
+from llminfer.server.prefix_cache import PrefixCache
+
+_ids = itertools.count()
+
+
+@dataclass
+class TokenEvent:
+    """One generated token: its id, the text it completes (may be empty: a
+    partial UTF-8 character or a possible stop string is held back), and
+    when asked for, its log-probability and the top alternatives."""
+
+    token: int
+    text: str
+    logprob: float | None = None
+    top: list | None = None  # [(token id, logprob)], most likely first
+
+
+@dataclass
+class FinishEvent:
+    """The end of a request: reason "stop", "length", "abort" or "error"
+    (then `error` holds the exception); `text` is what was held back."""
+
+    reason: str
+    text: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation. prompt: token ids. stops: stop strings. logprobs:
+    None, or how many top alternatives to report with each token (0: only
+    the token's own). `out` is free for the caller (the HTTP layer's queue)."""
+
+    prompt: list
+    params: SamplingParams
+    max_tokens: int
+    stops: list = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    out: object = None
+    rid: int = field(default_factory=lambda: next(_ids))
+    # --- engine-thread state ---
+    arrival: float = field(default_factory=time.monotonic)
+    output: list = field(default_factory=list)
+    seq: object = None
+    keys: list = field(default_factory=list)  # prefix-cache chain of seq's full blocks
+    cached_tokens: int | None = None  # prompt tokens found in the prefix cache, at first admission
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    submitted: bool = False
+    cancelled: bool = False
+    done: bool = False
+
+    def tokens(self) -> list:
+        """What the sequence must hold: the prompt and every token sampled so far."""
+        return self.prompt + self.output
+
+    def pending(self) -> int:
+        """Tokens not yet in the KV cache."""
+        return len(self.prompt) + len(self.output) - (len(self.seq.tokens) if self.seq is not None else 0)
+
+
+class _Run:
+    """A request's sampler and text decoding (made at first admission)."""
+
+    def __init__(self, req: Request, n_vocab: int, tokenizer):
+        self.sampler = Sampler(req.params, n_vocab)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.matcher = _StopMatcher(req.stops)
+        self.tokenizer = tokenizer
+
+
+class Scheduler:
+    """Runs requests on an Engine in one thread (see the module's doc).
+
+    deliver(events): called from the engine thread after each step with a
+    list of (request, TokenEvent | FinishEvent); it must not block.
+    max_batch_tokens: most tokens per step. max_running: most requests in
+    the running batch. max_waiting: how many more may wait; submit() refuses
+    a request past max_running + max_waiting in flight."""
+
+    def __init__(self, engine, deliver, max_batch_tokens: int = 256, max_running: int = 64,
+                 max_waiting: int = 256, prefix_caching: bool = True, metrics: Metrics | None = None):
+        if max_batch_tokens < 1 or max_running < 1 or max_waiting < 0:
+            raise InvalidArgumentError("max_batch_tokens and max_running must be >= 1, max_waiting >= 0")
+        self.engine = engine
+        self.kv = engine.kv
+        self.deliver = deliver
+        self.max_batch_tokens = max_batch_tokens
+        self.max_running = max_running
+        self.max_waiting = max_waiting
+        self.metrics = metrics
+        # sliding-window layers give blocks back as a text moves on: no prefix cache for them
+        self.cache = PrefixCache(self.kv) if prefix_caching and SWA not in self.kv.groups else None
+        self.tokenizer = engine.tokenizer
+        self.eog = engine.tokenizer.eog_ids
+        self._cond = threading.Condition()
+        self._inbox: deque = deque()
+        self._cancels: deque = deque()
+        self._stop = False
+        self._thread = None
+        self._in_flight = 0  # submitted and not finished
+        self.waiting: deque = deque()
+        self.running: list = []  # in order of arrival
+        self._runs: dict = {}
+        self.steps = 0
+        self.stats = self._stats()
+
+    # ---- other threads ----
+
+    def start(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="llminfer-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 30.0):
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop
+
+    def submit(self, req: Request) -> bool:
+        """Queue a request; False when the queue is full (the caller answers 429)."""
+        with self._cond:
+            if self._in_flight >= self.max_waiting + self.max_running:
+                return False
+            self._in_flight += 1
+            req.submitted = True
+            self._inbox.append(req)
+            self._cond.notify()
+        return True
+
+    def cancel(self, req: Request):
+        """Stop a request (its client went away); its blocks go back before the next step."""
+        with self._cond:
+            if not req.submitted or req.done:
+                return
+            req.cancelled = True
+            self._cancels.append(req)
+            self._cond.notify()
+
+    # ---- the engine thread ----
+
+    def _loop(self):
+        while True:
+            with self._cond:
+                while not (self._stop or self._inbox or self._cancels or self.running or self.waiting):
+                    self._cond.wait()
+                if self._stop:
+                    break
+                arrivals = list(self._inbox)
+                self._inbox.clear()
+                cancels = list(self._cancels)
+                self._cancels.clear()
+            events = []
+            try:
+                self.waiting.extend(arrivals)
+                for r in cancels:
+                    self._finish(r, "abort", events)
+                self._step(events)
+            except Exception as e:  # noqa: BLE001 - the engine thread must outlive any one request
+                self._fail_all(e, events)
+            self.stats = self._stats()
+            if events:
+                self.deliver(events)
+        events = []
+        for r in list(self.running) + list(self.waiting) + list(self._inbox):
+            self._finish(r, "abort", events)
+        if self.cache is not None:
+            self.cache.clear()
+        if events:
+            self.deliver(events)
+
+    def _stats(self) -> dict:
+        pool = self.kv.pools[FULL] if FULL in self.kv.groups else self.kv.pools[SWA]
+        cached_only = self.cache.evictable() if self.cache is not None else 0
+        return {
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "kv_blocks": pool.n_blocks,
+            "kv_used_blocks": pool.used_blocks - cached_only,
+            "kv_usage": (pool.used_blocks - cached_only) / pool.n_blocks,
+            "prefix_blocks": len(self.cache) if self.cache is not None else 0,
+            "prefix_queries": self.cache.queries if self.cache is not None else 0,
+            "prefix_hits": self.cache.hits if self.cache is not None else 0,
+            "steps": self.steps,
+        }
+
+    # free blocks per group, counting those the prefix cache would give back
+    def _available(self, planned) -> list:
+        out = [0, 0]
+        for g in self.kv.groups:
+            out[g] = self.kv.pools[g].free_blocks - planned[g]
+        if self.cache is not None:
+            out[FULL] += self.cache.evictable()
+        return out
+
+    @staticmethod
+    def _fits(need, avail) -> bool:
+        return need[FULL] <= avail[FULL] and need[SWA] <= avail[SWA]
+
+    def _step(self, events):
+        budget = self.max_batch_tokens
+        planned = [0, 0]
+        work = {}  # request -> tokens to compute this step
+
+        def plan(req, n) -> bool:
+            need = self.kv.blocks_needed(req.seq, n)
+            if (need[FULL] or need[SWA]) and not self._fits(need, self._available(planned)):
+                return False
+            planned[FULL] += need[FULL]
+            planned[SWA] += need[SWA]
+            work[req] = n
+            return True
+
+        # 1 and 2: running requests, generating ones first, oldest first
+        order = sorted(self.running, key=lambda r: r.pending() > 1)
+        for req in order:
+            if budget == 0:
+                break
+            if req not in self.running:
+                continue  # preempted below by an older request
+            n = min(req.pending(), budget)
+            while not plan(req, n):
+                victim = self._youngest(exclude=work)
+                if victim is None:
+                    victim = req
+                self._preempt(victim)
+                if victim is req:
+                    break
+            else:
+                budget -= n
+        # 3: admit from the queue while the pool has room for a whole prompt
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+            req = self.waiting[0]
+            if not self._admit(req, budget, planned, work, events):
+                break
+            budget -= work.get(req, 0)
+        if not work:
+            if self.waiting and not self.running:
+                # nothing runs and the head of the queue does not fit: it never will
+                req = self.waiting.popleft()
+                self._finish(req, "error", events, InvalidArgumentError(
+                    f"a prompt of {len(req.prompt)} tokens does not fit in the KV pool "
+                    f"({self.kv.pools[FULL].n_blocks} blocks of {self.kv.block_size})"))
+            return
+        # make room: give back cached blocks nobody holds
+        if self.cache is not None:
+            short = planned[FULL] - self.kv.pools[FULL].free_blocks
+            if short > 0:
+                self.cache.evict(short)
+        self._run(work, events)
+
+    def _youngest(self, exclude):
+        for r in reversed(self.running):
+            if r not in exclude:
+                return r
+        return None
+
+    def _admit(self, req, budget, planned, work, events) -> bool:
+        """Take req, the head of the queue, into the running batch if the pool
+        has room for its whole prompt; False (req stays queued) if not."""
+        eng = self.engine
+        if req.rid not in self._runs:
+            try:
+                self._runs[req.rid] = _Run(req, eng.n_vocab, self.tokenizer)
+            except LLMInferError as e:
+                self._finish(req, "error", events, e)  # takes it off the queue
+                return True
+        if req.seq is None:
+            req.seq = eng.kv.new_sequence()
+            req.keys = []
+            if self.cache is not None:
+                keys, blocks = self.cache.match(req.tokens())
+                if blocks:
+                    eng.kv.adopt(req.seq, req.tokens()[:len(blocks) * self.kv.block_size], blocks)
+                    req.keys = keys
+            if req.cached_tokens is None:
+                req.cached_tokens = len(req.seq.tokens)
+        total = self.kv.blocks_needed(req.seq, req.pending() + 1)
+        n = min(req.pending(), budget)
+        avail = self._available(planned)
+        if not self._fits(total, avail):
+            # wait for blocks; what was adopted goes back (and stays cached)
+            self.kv.free(req.seq)
+            req.seq = None
+            return False
+        need = self.kv.blocks_needed(req.seq, n)
+        planned[FULL] += need[FULL]
+        planned[SWA] += need[SWA]
+        work[req] = n
+        self.waiting.popleft()
+        self.running.append(req)
+        self.running.sort(key=lambda r: r.arrival)
+        return True
+
+    def _preempt(self, req):
+        """Give back req's blocks and queue it again at the head, to be recomputed."""
+        self.running.remove(req)
+        if req.seq is not None:
+            self.kv.free(req.seq)
+            req.seq = None
+        req.keys = []
+        self.waiting.appendleft(req)
+        if self.metrics is not None:
+            self.metrics.on_preemption()
+
+    def _run(self, work, events):
+        items = []
+        for req, n in work.items():
+            start = len(req.seq.tokens)
+            ids = np.asarray(req.tokens()[start:start + n], dtype=np.int32)
+            items.append((req.seq, ids, "last" if n == req.pending() else None))
+        try:
+            logits = self.engine.decode(items)
+        except Exception as e:  # noqa: BLE001 - the step's requests fail; the server goes on
+            for req in list(work):
+                self._finish(req, "error", events, e)
+            return
+        self.steps += 1
+        now = time.monotonic()
+        generated = 0
+        for (req, _), lg in zip(work.items(), logits):
+            if self.cache is not None:
+                req.keys = self.cache.insert(req.seq, req.keys)
+            if lg is None:
+                continue  # a prompt chunk; more to come
+            try:
+                generated += self._sample(req, lg, now, events)
+            except Exception as e:  # noqa: BLE001 - bad parameters end this request only
+                self._finish(req, "error", events, e)
+        if self.metrics is not None and generated:
+            self.metrics.on_tokens(generated, now)
+
+    def _sample(self, req, logits, now, events) -> int:
+        run = self._runs[req.rid]
+        history = req.tokens() if run.sampler.params.penalties_on else ()
+        tok = run.sampler.sample(logits, history)
+        if self.metrics is not None:
+            if req.first_token_time is None:
+                self.metrics.on_first_token(now - req.arrival)
+            else:
+                self.metrics.on_inter_token(now - req.last_token_time)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        req.last_token_time = now
+        if tok in self.eog and not req.ignore_eos:
+            self._finish(req, "stop", events)
+            return 1
+        req.output.append(tok)
+        lp, top = self._logprobs(logits, tok, req.logprobs) if req.logprobs is not None else (None, None)
+        text, stopped = run.matcher.push(run.decoder.decode(self.tokenizer.token_bytes(tok)))
+        events.append((req, TokenEvent(tok, text, lp, top)))
+        if stopped:
+            self._finish(req, "stop", events, held_back=False)
+        elif len(req.output) >= req.max_tokens or len(req.seq.tokens) + 1 > self.engine.n_ctx:
+            self._finish(req, "length", events)
+        return 1
+
+    @staticmethod
+    def _logprobs(logits, tok, k):
+        m = float(logits.max())
+        lse = m + math.log(float(np.exp(logits - m, dtype=np.float32).sum(dtype=np.float64)))
+        top = []
+        if k:
+            ids = _largest(logits, k)
+            ids = ids[np.lexsort((ids, -logits[ids]))]
+            top = [(int(i), float(logits[i]) - lse) for i in ids]
+        return float(logits[tok]) - lse, top
+
+    def _finish(self, req, reason, events, error=None, held_back=True):
+        """End req: its blocks go back at once, a FinishEvent goes out."""
+        if req.done:
+            return
+        req.done = True
+        with self._cond:
+            self._in_flight -= 1
+        if req in self.running:
+            self.running.remove(req)
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            pass
+        if req.seq is not None:
+            self.kv.free(req.seq)
+            req.seq = None
+        run = self._runs.pop(req.rid, None)
+        text = ""
+        if run is not None and held_back and reason in ("stop", "length"):
+            text, stopped = run.matcher.push(run.decoder.decode(b"", final=True))
+            if stopped:
+                reason = "stop"
+            else:
+                text += run.matcher.flush()
+        events.append((req, FinishEvent(reason, text, len(req.prompt), len(req.output), req.cached_tokens or 0,
+                                        error)))
+        if self.metrics is not None:
+            self.metrics.on_finished(reason, len(req.prompt), time.monotonic() - req.arrival)
+
+    def _fail_all(self, exc, events):
+        """A fault outside any one request: fail every request in flight, so
+        their blocks go back and their clients hear of it."""
+        for r in list(self.running) + list(self.waiting):
+            self._finish(r, "error", events, exc)
