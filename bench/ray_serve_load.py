@@ -35,7 +35,8 @@ def _port() -> int:
 
 
 def deploy(rs, serve, openai, model, port, replicas, threads, routing):
-    serve.run(rs.build(model=model, replicas=replicas, threads=threads, routing=routing, n_ctx=2048),
+    serve.run(rs.build(model=model, replicas=replicas, threads=threads, routing=routing, n_ctx=2048,
+                       served_model_name="llminfer"),
               name="bench", route_prefix="/", blocking=False)
     while True:
         st = serve.status().applications.get("bench")

@@ -60,6 +60,8 @@ logger = logging.getLogger("llminfer.ray_serve")
 
 # Headers the replica's own HTTP layer sets again; the rest pass through.
 _HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
+# Response header: how many replicas failed the request before this one answered.
+FAILOVER_HEADER = "x-llminfer-failovers"
 # Paths whose body carries a prompt to route by.
 _PROMPT_PATHS = ("/v1/completions", "/v1/chat/completions")
 
@@ -280,21 +282,58 @@ def _replica_threads(default: int) -> int:
     return max(1, int(cpus)) if cpus else default
 
 
-@serve.ingress()
-class LLMServer:
-    """One llminfer engine and its HTTP app (llminfer serve's) per replica."""
+class _Lifespan:
+    """The ASGI lifespan of an app run in-process: startup awaited at start(),
+    shutdown at stop() (llminfer's app starts its engine thread there)."""
 
-    def __init__(self, server_args: dict):
+    def __init__(self, app):
+        self.app = app
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.started = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.failed = None
+        self.task = None
+
+    async def _send(self, message):
+        kind = message["type"]
+        if kind.endswith(".failed"):
+            self.failed = message.get("message", kind)
+        if kind.startswith("lifespan.startup"):
+            self.started.set()
+        elif kind.startswith("lifespan.shutdown"):
+            self.stopped.set()
+
+    async def start(self):
+        self.task = asyncio.ensure_future(self.app({"type": "lifespan", "asgi": {"version": "3.0"}},
+                                                   self.inbox.get, self._send))
+        await self.inbox.put({"type": "lifespan.startup"})
+        await self.started.wait()
+        if self.failed:
+            raise RuntimeError(f"llminfer server failed to start: {self.failed}")
+
+    async def stop(self):
+        if self.task is not None and not self.task.done():
+            await self.inbox.put({"type": "lifespan.shutdown"})
+            await asyncio.wait_for(self.stopped.wait(), timeout=60)
+
+
+class LLMServer:
+    """One llminfer engine and its HTTP app (`llminfer serve`'s create_app)
+    per replica, run in-process: the Ingress forwards requests to it."""
+
+    async def __init__(self, server_args: dict):
         from llminfer.server import ServeArgs, create_app
 
         args = dict(server_args)
         args["n_threads"] = _replica_threads(int(args.get("n_threads") or 1))
         self.n_threads = args["n_threads"]
         self.app = create_app(ServeArgs(**args))
+        self.lifespan = _Lifespan(self.app)
+        await self.lifespan.start()
         logger.info("llminfer replica up: %s, %d threads", args.get("model"), self.n_threads)
 
-    def __serve_build_asgi_app__(self):
-        return self.app
+    async def __del__(self):
+        await self.lifespan.stop()
 
     async def handle_http(self, req: dict):
         """A request forwarded by the Ingress: streamed back as a head
@@ -308,7 +347,7 @@ class LLMServer:
         counters, from its own /metrics."""
         _, text = await asgi_call(self.app, "GET", "/metrics")
         t = text.decode("utf-8", "replace")
-        return {name: _gauge(t, "llminfer:" + metric) for name, metric in (
+        return {"replica": serve.get_replica_context().replica_id.unique_id} | {name: _gauge(t, "llminfer:" + metric) for name, metric in (
             ("running", "num_requests_running"), ("waiting", "num_requests_waiting"),
             ("prefix_queries", "prefix_cache_queries_total"), ("prefix_hits", "prefix_cache_hits_total"),
             ("generation_tokens", "generation_tokens_total"), ("kv_usage", "kv_cache_usage_perc"))}
@@ -377,8 +416,9 @@ def build_ingress_app(server, retries: int = 2):
                 logger.warning("replica lost before answering (attempt %d): %s", attempt + 1, exc)
                 await asyncio.sleep(0.2 * (attempt + 1))
                 continue
-            return StreamingResponse(_rest(gen, first, head), status_code=head["status"],
-                                     headers=dict(head["headers"]))
+            headers = dict(head["headers"])
+            headers[FAILOVER_HEADER] = str(attempt)
+            return StreamingResponse(_rest(gen, first, head), status_code=head["status"], headers=headers)
         return Response(_openai_error(f"no llminfer replica could take the request ({type(last).__name__}); "
                                       f"retry", "replica_unavailable", 503),
                         status_code=503, media_type="application/json", headers={"Retry-After": "1"})
@@ -409,10 +449,10 @@ class Ingress:
     """The application's HTTP entry: forwards to LLMServer replicas."""
 
     def __init__(self, server, retries: int = 2):
-        self.app = build_ingress_app(server, retries)
+        self._asgi = build_ingress_app(server, retries)
 
     def __serve_build_asgi_app__(self):
-        return self.app
+        return self._asgi
 
 
 # ---- building the application ----
@@ -490,14 +530,19 @@ def app(args: dict):
     return build(**args)
 
 
-def cluster_stats(app_name: str = "default", timeout_s: float = 30.0) -> dict:
-    """Every LLMServer replica's stats summed (running, waiting, prefix-cache
-    queries and hits, tokens generated), by a broadcast to the replicas;
-    "replicas" is how many answered."""
+def replica_stats(app_name: str = "default", timeout_s: float = 30.0) -> list:
+    """Each LLMServer replica's stats ("replica": its id; running, waiting,
+    prefix-cache queries and hits, tokens generated), by a broadcast."""
     handle = serve.get_deployment_handle("LLMServer", app_name=app_name)
-    per = handle.broadcast("stats").results(timeout_s=timeout_s)
+    return handle.broadcast("stats").results(timeout_s=timeout_s)
+
+
+def cluster_stats(app_name: str = "default", timeout_s: float = 30.0) -> dict:
+    """The replicas' stats summed; "replicas" is how many answered."""
+    per = replica_stats(app_name, timeout_s)
     total: dict = {"replicas": len(per)}
     for s in per:
         for k, v in s.items():
-            total[k] = total.get(k, 0.0) + v
+            if k != "replica":
+                total[k] = total.get(k, 0.0) + v
     return total
