@@ -185,3 +185,23 @@ def test_served_answers_prefix_affinity_and_replica_loss(cluster, smollm2_path):
             time.sleep(1)
     finally:
         serve.delete("llminfer")
+
+
+def test_queue_autoscaling_policy_follows_the_servers_queue():
+    from ray.serve.config import AutoscalingConfig, AutoscalingContext
+
+    def ctx(running, waiting, lo=1, hi=4):
+        ids = [f"r{i}" for i in range(len(running))]
+        return AutoscalingContext(
+            deployment_id=None, deployment_name="LLMServer", app_name="llminfer",
+            current_num_replicas=len(ids), target_num_replicas=len(ids), running_replicas=ids,
+            total_num_requests=0.0, total_queued_requests=0.0,
+            aggregated_metrics={"running": dict(zip(ids, running)), "waiting": dict(zip(ids, waiting))},
+            raw_metrics=None, capacity_adjusted_min_replicas=lo, capacity_adjusted_max_replicas=hi,
+            policy_state={}, last_scale_up_time=None, last_scale_down_time=None, current_time=None,
+            config=AutoscalingConfig(min_replicas=lo, max_replicas=hi, target_ongoing_requests=8))
+
+    assert rs.queue_autoscaling_policy(ctx([0, 0], [0, 0]))[0] == 1     # idle: the minimum
+    assert rs.queue_autoscaling_policy(ctx([8, 8], [0, 0]))[0] == 2     # 16 held at 8 a replica
+    assert rs.queue_autoscaling_policy(ctx([8, 8], [9, 0]))[0] == 4     # 25 held: 4
+    assert rs.queue_autoscaling_policy(ctx([64, 64], [64, 0]))[0] == 4  # capped at the maximum
