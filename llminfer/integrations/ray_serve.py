@@ -6,14 +6,18 @@
 
 Two deployments make one application:
 
-- ``LLMServer``: one llminfer engine per replica, the HTTP app of
-  ``llminfer serve`` (``llminfer.server.create_app``) attached with
-  ``@serve.ingress``. Its thread count is the replica's CPUs
+- ``LLMServer``: one llminfer engine per replica: the HTTP app of
+  ``llminfer serve`` (``llminfer.server.create_app``), run in-process with
+  its lifespan, takes the requests the Ingress forwards (Serve allows one
+  ``@serve.ingress`` deployment per application, and the router must see a
+  request's prompt before it picks a replica). Its thread count is the
+  replica's CPUs
   (``ray_actor_options={"num_cpus": threads}``). Ray's health check calls
   the app's ``/health``; autoscaling reads the running and waiting requests
   the app reports in ``/metrics`` (``record_autoscaling_stats`` and
   ``queue_autoscaling_policy``).
-- ``Ingress``: the application's HTTP entry (no CPUs of its own). It reads
+- ``Ingress``: the application's HTTP entry (``@serve.ingress``, no CPUs of
+  its own). It reads
   each request's body, takes its prompt (the completion prompt, or the chat
   messages in order) as a routing key, and forwards the request to an
   ``LLMServer`` replica through a deployment handle whose request router is
