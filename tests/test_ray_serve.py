@@ -1,0 +1,207 @@
+"""llminfer behind Ray Serve: a local Ray cluster on loopback (2 CPUs), two
+replicas of one thread each, the real `openai` client.
+
+Checked: answers through the router are the ones one server gives alone;
+requests sharing a prefix land where it is cached (prefix-cache hits); a
+replica killed under load is restarted, every request in flight either
+completes or ends with a clear retryable error, and the service keeps
+answering. Skipped where Ray Serve or the openai client is not installed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import socket
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'llminfer[ray]')")
+serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'llminfer[ray]')")
+openai = pytest.importorskip("openai", reason="the openai client is not installed")
+pytest.importorskip("llminfer.server", reason="llminfer's server is not in this build")
+
+from llminfer.integrations import ray_serve as rs  # noqa: E402
+
+
+SYSTEMS = [
+    "You are a helpful assistant who answers in one short sentence about geography and nothing else. " * 3,
+    "You are a pirate who answers every question with a nautical metaphor and a short rhyme at the end. " * 3,
+]
+QUESTIONS = ["What is the capital of France?", "Name a large river.", "Where is Mount Fuji?",
+             "What ocean lies west of Portugal?"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=False, log_to_driver=False,
+             configure_logging=False)
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        yield port
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _deploy(model_path, port, routing):
+    app = rs.build(model=str(model_path), replicas=2, threads=1, routing=routing, n_ctx=1024,
+                   served_model_name="llminfer",
+                   kv_pool_tokens=4096)
+    serve.run(app, name="llminfer", route_prefix="/", blocking=False)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        st = serve.status().applications.get("llminfer")
+        if st is not None and st.status == "RUNNING":
+            return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                                 timeout=120)
+        time.sleep(1)
+    raise AssertionError(f"the Serve application did not start: {serve.status()}")
+
+
+def _chat(client, system, question, max_tokens=12, stream=False, failovers=None):
+    """(text, finish_reason); failovers (a list) gets the router's failover count."""
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    raw = client.chat.completions.with_raw_response.create(model="llminfer", messages=msgs, max_tokens=max_tokens,
+                                                           temperature=0, stream=stream)
+    if failovers is not None:
+        failovers.append(int(raw.headers.get(rs.FAILOVER_HEADER, "0")))
+    r = raw.parse()
+    if not stream:
+        return r.choices[0].message.content, r.choices[0].finish_reason
+    text, finish = [], None
+    for ev in r:
+        if ev.choices:
+            text.append(ev.choices[0].delta.content or "")
+            finish = ev.choices[0].finish_reason or finish
+    return "".join(text), finish
+
+
+def test_routing_key_and_chunks():
+    body = b'{"messages": [{"role": "system", "content": "abc"}, {"role": "user", "content": "d"}]}'
+    key = rs.routing_key("/v1/chat/completions", body)
+    assert key == "<system>abc<user>d"
+    assert rs.routing_key("/v1/completions", b'{"prompt": "hello"}') == "hello"
+    assert rs.routing_key("/v1/completions", b"not json") == ""
+    assert rs.routing_key("/v1/models", b"") == ""
+    a, b = rs.chunk_hashes("x" * 300 + "A", 128), rs.chunk_hashes("x" * 300 + "B", 128)
+    assert len(a) == 2 and a == b  # the differing character is past the last whole chunk
+    c = rs.chunk_hashes("y" + "x" * 299, 128)
+    assert c[0] != a[0] and c[1] != a[1]  # a chain: an early difference changes every later hash
+
+
+def test_app_builder_validates_arguments():
+    with pytest.raises(rs.InvalidArgumentError, match="model"):
+        rs.app({})
+    with pytest.raises(rs.InvalidArgumentError, match="replicas"):
+        rs.app({"model": "x", "replicas": "many"})
+    with pytest.raises(rs.InvalidArgumentError, match="routing"):
+        rs.build(model="x", routing="round-robin")
+    with pytest.raises(rs.InvalidArgumentError, match="unknown server options"):
+        rs.build(model="x", n_gpu_layerz=3)
+
+
+def test_served_answers_prefix_affinity_and_replica_loss(cluster, smollm2_path):
+    client = _deploy(smollm2_path, cluster, routing="prefix")
+    try:
+        # one request at a time: what each question gets alone
+        alone = {(s, q): _chat(client, s, q)[0] for s in SYSTEMS for q in QUESTIONS[:2]}
+        # concurrent chats sharing the two system prompts get exactly the same text
+        jobs = [(s, q) for s in SYSTEMS for q in QUESTIONS[:2]] * 3
+        with cf.ThreadPoolExecutor(8) as ex:
+            got = list(ex.map(lambda sq: _chat(client, *sq), jobs))
+        for (s, q), (text, _) in zip(jobs, got):
+            assert text == alone[(s, q)]
+
+        stats = rs.cluster_stats("llminfer")
+        assert stats["replicas"] == 2
+        assert stats["prefix_queries"] > 0
+        # every request after a system prompt's first went where that prompt's blocks are
+        assert stats["prefix_hits"] / stats["prefix_queries"] > 0.5, stats
+
+        # a replica killed under load, while it holds requests
+        replicas = [a for a in ray.util.list_named_actors(all_namespaces=True)
+                    if "LLMServer" in a["name"]]
+        assert len(replicas) == 2, replicas
+        outcomes, failovers = [], []
+
+        def one(i):
+            s, q = SYSTEMS[i % 2], QUESTIONS[i % len(QUESTIONS)]
+            try:
+                text, finish = _chat(client, s, q, max_tokens=24, stream=bool(i // 2 % 2),
+                                     failovers=failovers)
+                return ("ok", finish, text)
+            except openai.APIStatusError as exc:
+                return ("error", exc.status_code, str(exc))
+            except openai.APIError as exc:  # a stream ended by the router's error event
+                return ("error", None, str(exc))
+
+        with cf.ThreadPoolExecutor(12) as ex:
+            futs = [ex.submit(one, i) for i in range(24)]
+            deadline, busy = time.monotonic() + 60, None
+            while busy is None and time.monotonic() < deadline:
+                busy = next((r["replica"] for r in rs.replica_stats("llminfer") if r["running"] >= 2), None)
+            assert busy is not None, "no replica ever held two requests"
+            victim = next(a for a in replicas if a["name"].endswith("#" + busy))
+            ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=False)
+            for f in futs:
+                outcomes.append(f.result(timeout=300))  # none hangs
+        for kind, code, detail in outcomes:
+            if kind == "ok":
+                assert code in ("stop", "length"), detail
+            else:
+                # clear and retryable: 503 with the router's message, or the stream's error event
+                assert code in (503, None) and ("replica" in detail), detail
+        errors = [(c, d[:100]) for k, c, d in outcomes if k != "ok"]
+        # the killed replica held requests: each was failed over or ended with the error
+        assert sum(failovers) + len(errors) >= 1, (failovers, errors)
+        print(f"\nreplica kill: {len(outcomes) - len(errors)} of {len(outcomes)} completed "
+              f"({sum(f > 0 for f in failovers)} after failing over), errors: {errors}; prefix stats: {stats}")
+
+        # the service keeps answering, and Ray brings the replica back
+        assert _chat(client, SYSTEMS[0], QUESTIONS[0])[0] == alone[(SYSTEMS[0], QUESTIONS[0])]
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            dep = serve.status().applications["llminfer"].deployments["LLMServer"]
+            if dep.status == "HEALTHY" and dep.replica_states.get("RUNNING", 0) == 2:
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"the killed replica was not restarted: {serve.status()}")
+        while True:  # the handle's replica list catches up with the restart
+            try:
+                if rs.cluster_stats("llminfer", timeout_s=10)["replicas"] == 2:
+                    break
+            except ray.exceptions.RayError:
+                pass
+            assert time.monotonic() < deadline, "the restarted replica never answered"
+            time.sleep(1)
+    finally:
+        serve.delete("llminfer")
+
+
+def test_queue_autoscaling_policy_follows_the_servers_queue():
+    from ray.serve.config import AutoscalingConfig, AutoscalingContext
+
+    def ctx(running, waiting, lo=1, hi=4):
+        ids = [f"r{i}" for i in range(len(running))]
+        return AutoscalingContext(
+            deployment_id=None, deployment_name="LLMServer", app_name="llminfer",
+            current_num_replicas=len(ids), target_num_replicas=len(ids), running_replicas=ids,
+            total_num_requests=0.0, total_queued_requests=0.0,
+            aggregated_metrics={"running": dict(zip(ids, running)), "waiting": dict(zip(ids, waiting))},
+            raw_metrics=None, capacity_adjusted_min_replicas=lo, capacity_adjusted_max_replicas=hi,
+            policy_state={}, last_scale_up_time=None, last_scale_down_time=None, current_time=None,
+            config=AutoscalingConfig(min_replicas=lo, max_replicas=hi, target_ongoing_requests=8))
+
+    assert rs.queue_autoscaling_policy(ctx([0, 0], [0, 0]))[0] == 1     # idle: the minimum
+    assert rs.queue_autoscaling_policy(ctx([8, 8], [0, 0]))[0] == 2     # 16 held at 8 a replica
+    assert rs.queue_autoscaling_policy(ctx([8, 8], [9, 0]))[0] == 4     # 25 held: 4
+    assert rs.queue_autoscaling_policy(ctx([64, 64], [64, 0]))[0] == 4  # capped at the maximum
