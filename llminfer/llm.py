@@ -312,7 +312,7 @@ class LLM:
         timings.prompt_tokens = len(ids)
         timings.prompt_seconds = t1 - t0
         sampler = Sampler(params if params.seed is not None or self.seed is None
-                          else params.replace(seed=self.seed), self.n_vocab)
+                          else params.replace(seed=self.seed), self.n_vocab, self.tokenizer)
         history = list(prompt_ids)
         for i in range(max_tokens):
             tok = sampler.sample(self._last_logits, history)
@@ -629,7 +629,7 @@ class _SequenceRun:
 
     def __init__(self, llm, prompt_ids, params, stops, result: Completion):
         self.llm = llm
-        self.sampler = Sampler(params, llm.n_vocab)
+        self.sampler = Sampler(params, llm.n_vocab, llm.tokenizer)
         self.history = list(prompt_ids)
         self.matcher = _StopMatcher(stops)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
