@@ -621,6 +621,42 @@ class LLM:
             "usage": _usage(out),
         }
 
+    # ---- state ----
+
+    def save_state(self) -> bytes:
+        """The context (tokens, their KV cache, the last logits) as bytes, for
+        load_state (llminfer.state)."""
+        from llminfer import state
+
+        with self._lock:
+            self._check_open()
+            return state.save(self)
+
+    def load_state(self, blob) -> None:
+        """Restore a context save_state() gave; the logits that follow are
+        bitwise those of the saved context. A state of another model, KV type
+        or format raises InvalidArgumentError."""
+        from llminfer import state
+
+        with self._lock:
+            self._check_open()
+            state.load(self, blob)
+
+    def save_session(self, path) -> None:
+        """save_state() to a file (written whole, then renamed into place)."""
+        import os
+
+        data = self.save_state()
+        tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def load_session(self, path) -> None:
+        """load_state() from a file save_session() wrote."""
+        with open(path, "rb") as f:
+            self.load_state(f.read())
+
     # ---- lifetime ----
 
     def close(self):
