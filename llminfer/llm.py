@@ -191,6 +191,17 @@ class LLM:
         self._owner = None
         self._last_logits = np.zeros(self.spec.n_vocab, dtype=np.float32)
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str, revision: str | None = None, cache_dir=None,
+                        local_dir=None, token=None, **kwargs) -> "LLM":
+        """Load a GGUF from a Hugging Face Hub repository (huggingface_hub's
+        cache; `filename` may be a glob such as "*Q4_K_M.gguf"; a split model
+        is joined). kwargs go to LLM()."""
+        from llminfer.hf import download
+
+        return cls(download(repo_id, filename, revision=revision, cache_dir=cache_dir, local_dir=local_dir,
+                            token=token), **kwargs)
+
     @property
     def engine(self) -> Engine:
         """The many-sequence engine under this LLM (llminfer.engine)."""
