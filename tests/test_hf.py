@@ -171,6 +171,16 @@ def test_split_model_is_joined_and_runs_like_the_whole(repo, tmp_path):
     assert [g.rsplit("/", 1)[-1] for g in got if "split" in g] == parts
 
 
+def test_a_part_of_a_split_model_is_refused_by_name(repo):
+    from llminfer import LLM
+    from llminfer.errors import UnsupportedModelError
+
+    hub, _, parts = repo
+    root = os.path.dirname(repo[1])
+    with pytest.raises(UnsupportedModelError, match="part 1 of a model split into 3"):
+        LLM(os.path.join(root, parts[0]), n_ctx=16)
+
+
 def test_cli_pull_list_rm(repo, tmp_path):
     hub, whole, _ = repo
     r = client(hub, tmp_path, "import sys; from llminfer.cli import main\n"
