@@ -184,7 +184,7 @@ def create_completion(llm, prompt, max_tokens=16, stream=False, suffix=None, ech
     if stream:
         out = llm.complete(ids, max_tokens=max_tokens, stream=True, logprobs=logprobs,
                            **({"seed": seed} if seed is not None else {}), **kwargs)
-        return _stream_chunks(llm, out, cid, created, name, prompt_text if echo else None, logprobs)
+        return _stream_chunks(llm, out, cid, created, name, prompt_text, echo, logprobs)
 
     if n == 1:
         outs = [llm.complete(ids, max_tokens=max_tokens, logprobs=logprobs,
@@ -204,15 +204,15 @@ def create_completion(llm, prompt, max_tokens=16, stream=False, suffix=None, ech
             "usage": usage}
 
 
-def _stream_chunks(llm, out, cid, created, name, echo_text, logprobs):
+def _stream_chunks(llm, out, cid, created, name, prompt_text, echo, logprobs):
     def chunk(text, lp=None, finish=None):
         return {"id": cid, "object": "text_completion", "created": created, "model": name,
                 "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}
 
-    offset = 0
-    if echo_text:
-        yield chunk(echo_text)
-        offset = len(echo_text)
+    # text offsets count from the start of the prompt, as in the whole result
+    offset = len(prompt_text)
+    if echo:
+        yield chunk(prompt_text)
     seen = 0
     r = out.result
     for text in out:

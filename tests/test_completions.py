@@ -97,6 +97,8 @@ def test_streamed_logprobs_match_the_whole_result(llm):
     chunks = list(llm.create_completion(PROMPT, max_tokens=6, logprobs=2, seed=5, stream=True, **SAMPLE))
     got = [x for c in chunks[:-1] for x in c["choices"][0]["logprobs"]["token_logprobs"]]
     assert got == pytest.approx(whole["logprobs"]["token_logprobs"])
+    offsets = [x for c in chunks[:-1] for x in c["choices"][0]["logprobs"]["text_offset"]]
+    assert offsets == whole["logprobs"]["text_offset"]
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"]
 
 
