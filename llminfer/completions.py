@@ -220,7 +220,9 @@ def _stream_chunks(llm, out, cid, created, name, prompt_text, echo, logprobs):
         if logprobs is not None:
             lp = legacy_logprobs(llm, r.tokens[seen:], r.logprobs[seen:], offset)
             seen = len(r.tokens)
-        offset += len(text)
+            # by the tokens' own text, as the whole result counts: the text
+            # streamed may lag them (held back for a stop string or a split character)
+            offset += sum(len(t) for t in lp["tokens"])
         yield chunk(text, lp)
     yield chunk("", None, r.finish_reason)
 
