@@ -9,6 +9,16 @@ wheel built on a new CPU runs on any CPU of its family.
 Environment:
   LLMINFER_NO_OPENMP=1     build without OpenMP (one thread)
   LLMINFER_OPENMP_PREFIX   where libomp lives (macOS; default: Homebrew's)
+  LLMINFER_CUDA=1          also build the GPU backend (csrc/cuda/) with nvcc into
+                           llminfer._cuda, linked statically against the CUDA
+                           runtime (cudart_static): users need only the driver
+  LLMINFER_CUDA_ARCHS      GPU architectures, ";"-separated (default
+                           75;80;86;89;90, plus PTX of the last for newer GPUs)
+  LLMINFER_HIP=1           build it with hipcc into llminfer._hip instead (ROCm;
+                           linked against libamdhip64, as ROCm has no static runtime)
+  LLMINFER_HIP_ARCHS       AMD targets (default gfx90a;gfx942;gfx1100)
+  CUDA_HOME / ROCM_PATH    where the toolkits live (default /usr/local/cuda, /opt/rocm)
+Without LLMINFER_CUDA or LLMINFER_HIP the build is CPU-only.
 """
 
 import os
@@ -99,8 +109,64 @@ def openmp_flags(compiler):
     return None
 
 
+def gpu_kind():
+    """'cuda', 'hip' or None: which GPU backend this build adds."""
+    cuda, hip = os.environ.get("LLMINFER_CUDA", "") not in ("", "0"), os.environ.get("LLMINFER_HIP", "") not in ("", "0")
+    if cuda and hip:
+        raise SystemExit("llminfer: set LLMINFER_CUDA or LLMINFER_HIP, not both")
+    return "cuda" if cuda else "hip" if hip else None
+
+
+def gpu_compile(kind, source, out_dir):
+    """Compile csrc/cuda/backend.cu with nvcc or hipcc; the object's path."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    obj = str(Path(out_dir) / f"backend_{kind}.o")
+    common = ["-O3", "-std=c++17", f"-I{CSRC}", "-c", source, "-o", obj]
+    if kind == "cuda":
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+        nvcc = os.path.join(home, "bin", "nvcc")
+        if not os.path.exists(nvcc):
+            nvcc = "nvcc"
+        archs = [a for a in os.environ.get("LLMINFER_CUDA_ARCHS", "75;80;86;89;90").split(";") if a]
+        gencode = []
+        for a in archs:
+            gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+        gencode += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
+        cmd = [nvcc, "-Xcompiler", "-fPIC", *gencode, *common]
+    else:
+        rocm = os.environ.get("ROCM_PATH", "/opt/rocm")
+        hipcc = os.path.join(rocm, "bin", "hipcc")
+        if not os.path.exists(hipcc):
+            hipcc = "hipcc"
+        archs = [a for a in os.environ.get("LLMINFER_HIP_ARCHS", "gfx90a;gfx942;gfx1100").split(";") if a]
+        cmd = [hipcc, "-x", "hip", "-fPIC", "-DLLMINFER_HIP", *[f"--offload-arch={a}" for a in archs], *common]
+    print("llminfer:", " ".join(cmd))
+    env = dict(os.environ)
+    if kind == "hip":
+        env.setdefault("HIP_PLATFORM", "amd")  # hipcc would pick nvcc on a machine with CUDA too
+    subprocess.run(cmd, check=True, env=env)
+    return obj
+
+
+def gpu_link(kind):
+    """(library_dirs, libraries) for the GPU module."""
+    if kind == "cuda":
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+        dirs = [d for d in (os.path.join(home, "lib64"), os.path.join(home, "lib"),
+                            os.path.join(home, "targets", "x86_64-linux", "lib")) if os.path.isdir(d)]
+        return dirs, ["cudart_static", "rt", "pthread", "dl", "stdc++"]
+    rocm = os.environ.get("ROCM_PATH", "/opt/rocm")
+    return [os.path.join(rocm, "lib")], ["amdhip64", "stdc++"]
+
+
 class BuildExt(build_ext):
     def build_extension(self, ext):
+        kind = getattr(ext, "gpu_kind", None)
+        if kind:
+            ext.extra_objects = [gpu_compile(kind, str(CSRC / "cuda" / "backend.cu"), self.build_temp)]
+            ext.library_dirs, ext.libraries = gpu_link(kind)
+            super().build_extension(ext)
+            return
         ctype = self.compiler.compiler_type
         if ctype == "msvc":
             base = ["/O2", "/std:c11", "/fp:precise"]
@@ -128,7 +194,8 @@ class BuildExt(build_ext):
         super().build_extension(ext)
 
 
-c_sources = sorted(str(p) for p in CSRC.rglob("*.c"))
+# the GPU sources (csrc/cuda/) build into their own module, below
+c_sources = sorted(str(p) for p in CSRC.rglob("*.c") if "cuda" not in p.parts)
 headers = sorted(str(p) for p in CSRC.rglob("*.h"))
 
 extensions = cythonize(
@@ -143,5 +210,14 @@ extensions = cythonize(
     ],
     compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
 )
+
+kind = gpu_kind()
+if kind:
+    name = "_cuda" if kind == "cuda" else "_hip"
+    gpu_ext = Extension(f"llminfer.{name}", sources=[str(CSRC / "cuda" / "module.c")], include_dirs=[str(CSRC)],
+                        define_macros=[("LLMINFER_GPU_MODULE", name)],
+                        depends=headers + [str(CSRC / "cuda" / "backend.cu")])
+    gpu_ext.gpu_kind = kind
+    extensions.append(gpu_ext)
 
 setup(ext_modules=extensions, cmdclass={"build_ext": BuildExt})

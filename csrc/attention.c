@@ -72,8 +72,8 @@ void li_prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t t, i
     if (h < m->n_head) {
         float *qh = c->q + (t * m->n_head + h) * hd;
         if (L->bq) li_K->add_f32(qh, L->bq + h * hd, qh, hd);
-        if (L->q_norm) li_K->rms_norm(qh, L->q_norm, qh, hd, m->norm_eps);
-        li_rope_head(qh, cs, m->n_rot, m->rope_mode);
+        if (L->q_norm && !m->qk_norm_whole) li_K->rms_norm(qh, L->q_norm, qh, hd, m->norm_eps);
+        if (!L->no_rope) li_rope_head(qh, cs, m->n_rot, m->rope_mode);
         if (c->kv.kv_type == LI_TYPE_F16) li_round_to_f16(qh, hd);
         if (kv_quantized(c)) {
             const int a = li_types[c->kv.kv_type].act_type;
@@ -86,8 +86,8 @@ void li_prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t t, i
     float *vh = c->v + (t * m->n_head_kv + h) * hdv;
     if (L->bk) li_K->add_f32(kh, L->bk + h * hd, kh, hd);
     if (L->bv) li_K->add_f32(vh, L->bv + h * hdv, vh, hdv);
-    if (L->k_norm) li_K->rms_norm(kh, L->k_norm, kh, hd, m->norm_eps);
-    li_rope_head(kh, cs, m->n_rot, m->rope_mode);
+    if (L->k_norm && !m->qk_norm_whole) li_K->rms_norm(kh, L->k_norm, kh, hd, m->norm_eps);
+    if (!L->no_rope) li_rope_head(kh, cs, m->n_rot, m->rope_mode);
     const int64_t r = c->kv_row[c->group[il]][t];
     store_row(c, kh, k_at(c, il, r, h), hd);
     store_row(c, vh, v_at(c, il, r, h), hdv);
@@ -209,8 +209,12 @@ static void attend_span(li_context *c, int il, int64_t t, int kvh, const int32_t
     for (int i = 0, off = 0; i < nr; off += (int)runs[i].n, i++)
         run_scores(c, il, kvh, q, qq, nh, runs[i].r0, runs[i].n, scores + off, ld);
     float mx[64], sum[64]; /* heads per group: checked in li_model_check */
+    const float cap = m->attn_softcap;
     for (int h = 0; h < nh; h++) {
-        float *row = scores + (size_t)h * ld, best = row[0];
+        float *row = scores + (size_t)h * ld;
+        if (cap > 0.0f) /* gemma2's soft-capping of the scaled scores */
+            for (int64_t j = 0; j < n; j++) row[j] = cap * tanhf(row[j] / cap);
+        float best = row[0];
         for (int64_t j = 1; j < n; j++) best = LI_MAX(best, row[j]);
         mx[h] = best;
         sum[h] = li_K->exp_sum(row, n, best);

@@ -127,7 +127,11 @@ typedef struct {
     int16_t bsums[QK_K / 16];
 } act_q8_K;
 
+#ifdef __cplusplus /* the GPU sources (csrc/cuda/) are C++ */
+#define LI_STATIC_ASSERT(c, msg) static_assert(c, msg)
+#else
 #define LI_STATIC_ASSERT(c, msg) _Static_assert(c, msg)
+#endif
 LI_STATIC_ASSERT(sizeof(block_q4_0) == 2 + QK4_0 / 2, "block_q4_0 size");
 LI_STATIC_ASSERT(sizeof(block_q4_1) == 2 + 2 + QK4_1 / 2, "block_q4_1 size");
 LI_STATIC_ASSERT(sizeof(block_q5_0) == 2 + 4 + QK5_0 / 2, "block_q5_0 size");

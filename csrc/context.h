@@ -18,6 +18,8 @@
 #include "matmul.h"
 
 #define MAX_ROPE_TABLES 4
+/* Most experts a MoE layer may have (released models have up to 512). */
+#define LI_MAX_EXPERTS 4096
 /* Attention splits a token's visible positions at multiples of this span
  * (or of the block size, if larger). The split depends on positions only, so
  * a token's result is the same however it is batched or threaded. */
@@ -47,7 +49,7 @@ struct li_context {
     float *v;              /* [n_batch, n_head_kv * head_dim_v] */
     float *att;            /* [n_batch, n_head * head_dim_v] */
     float *o;              /* [n_batch, n_embd] */
-    float *g, *u;          /* [n_batch, n_ff] */
+    float *g, *u;          /* [n_batch, n_ff], or [n_batch * n_expert_used, n_ff_exp] in a MoE layer */
     void *xq[LI_ACT_COUNT];/* quantized activations, one buffer per format, rows of the widest input */
     size_t xq_row[LI_ACT_COUNT];
     void *qq;              /* [n_batch, n_head] queries in the activation format of a quantized K */
@@ -58,6 +60,17 @@ struct li_context {
     float *tparts;         /* [max_threads, heads per kv head, max_chunks, 2 + head_dim_v] */
     char *gemm_scratch;    /* [max_threads] regions of gemm_bytes for prefill panels */
     size_t gemm_bytes;
+
+    /* mixture of experts (NULL for a dense model); a slot is one (token, choice) */
+    float *route;          /* [n_batch, n_expert] router logits, then probabilities */
+    int32_t *sel;          /* [n_batch, n_expert_used] the experts each token chose, most probable first */
+    float *wsel;           /* [n_batch, n_expert_used] their normalized weights */
+    int32_t *slot;         /* [n_batch, n_expert_used] the slot of each choice */
+    int32_t *slot_tok;     /* [n_batch * n_expert_used] the token of each slot */
+    int32_t *e_off;        /* [n_expert + 1] expert e's slots are [e_off[e], e_off[e + 1]) */
+    void *xe[LI_ACT_COUNT];/* slots' quantized inputs, gathered per expert */
+    size_t xe_row[LI_ACT_COUNT];
+    float *eo;             /* [n_batch * n_expert_used, n_embd] each slot's expert output */
 
     /* per batch */
     int32_t *pos;          /* [n_batch] */
@@ -73,6 +86,12 @@ struct li_context {
     li_rope_params rope[MAX_ROPE_TABLES];
     float *rope_cs;        /* [n_rope, n_batch, n_rot] */
     int *layer_rope;       /* [n_layer] -> table */
+
+    /* a backend holding layers [0, be_layers) (and the head, with be_output);
+     * those layers have no CPU pools (k_pool[il] NULL) */
+    const li_backend_ops *be_ops;
+    void *be;
+    int be_layers, be_output;
 };
 
 /* attention.c */

@@ -27,6 +27,7 @@ extern "C" {
 #define LI_E_CONTEXT (-6)  /* position outside the context / KV cache */
 #define LI_E_TOKEN (-7)    /* token id outside the vocabulary */
 #define LI_E_KV (-8)       /* a block table entry outside its pool, or a position outside its table */
+#define LI_E_DEVICE (-9)   /* a GPU backend failed: no device, out of device memory, a kernel error */
 const char *li_status_name(int status);
 
 /* ---- tensor types: the GGML type numbers ---- */
@@ -133,6 +134,12 @@ typedef struct li_layer_desc {
     const float *post_ffn_norm;  /* [n_embd] */
     float rope_base, rope_scale; /* this layer's RoPE frequency base and linear scale (1/factor) */
     int sliding_window;          /* 0: attends to the whole context; else to the last W positions */
+    int no_rope;                 /* nonzero: this layer's queries and keys are not rotated (smollm3) */
+    /* Mixture of experts (router.data non-NULL; w_gate, w_up, w_down then unused and NULL):
+     * the experts' weights one after another, as GGUF stores its 3-D ffn_*_exps tensors */
+    li_matrix router;            /* [n_expert, n_embd] (ffn_gate_inp) */
+    li_matrix gate_exps, up_exps;/* [n_expert * n_ff_exp, n_embd] */
+    li_matrix down_exps;         /* [n_expert * n_embd, n_ff_exp] */
 } li_layer_desc;
 
 typedef struct li_model_desc {
@@ -147,6 +154,14 @@ typedef struct li_model_desc {
     li_matrix output;            /* [n_vocab, n_embd]; may alias tok_embd */
     const float *rope_factors;   /* [n_rot/2] dividing each RoPE frequency (Llama 3.1), or NULL */
     const li_layer_desc *layers; /* [n_layer] */
+    float residual_scale;        /* each half's output is multiplied by this before the residual add (granite; else 1) */
+    float logit_scale;           /* logits are multiplied by this (granite: 1/logit_scale; else 1) */
+    float attn_softcap;          /* > 0: attention scores become cap * tanh(score / cap) (gemma2); 0: none */
+    float final_softcap;         /* > 0: logits become cap * tanh(logit / cap) (gemma2); 0: none */
+    int qk_norm_whole;           /* q_norm/k_norm span the whole projection [n_head(_kv) * head_dim] (olmo2),
+                                  * not one head */
+    int n_expert, n_expert_used; /* experts per MoE layer and how many each token is routed to (0, 0: dense) */
+    int n_ff_exp;                /* feed-forward width of one expert */
 } li_model_desc;
 
 /* Check a description for consistency: shapes, types, sizes. */
@@ -207,6 +222,15 @@ size_t li_kv_block_bytes(const li_model_desc *m, int kv_type, int block_size, in
 int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
                       li_context **out);
 void li_context_free(li_context *c);
+/* A context whose layers [0, n_layers) (and the output head when
+ * with_output, which needs n_layers == n_layer) run on a backend (backend.h:
+ * a GPU) on device `device`, the rest on the CPU. ops NULL or n_layers 0 is
+ * li_context_create. A backend's failure is LI_E_DEVICE (or LI_E_TYPE for a
+ * weight type it cannot run) with its reason in li_last_error. */
+typedef struct li_backend_ops li_backend_ops;
+int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
+                              const li_backend_ops *ops, int n_layers, int with_output, int device,
+                              li_context **out);
 /* Bytes of KV pool held for layer `il` (both K and V). */
 size_t li_context_kv_bytes(const li_context *c, int il);
 /* Copy block src to block dst in every layer of a group (copy-on-write of a

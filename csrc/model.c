@@ -24,6 +24,12 @@
  * Each row's arithmetic is the same whatever the batch holds: the products
  * give a row's outputs bitwise the same for any batch size (kernels.h), and
  * attention splits a token's positions by position only (attention.c).
+ *
+ * With a backend (backend.h), layers [0, be_layers) run there: the team
+ * embeds the batch, the backend takes the residual stream through its layers
+ * (and the head, with be_output), and the team runs the remaining layers and
+ * the head. Without one the whole pass is one parallel region, as it always
+ * was.
  */
 #define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c11 */
 #include <math.h>
@@ -33,6 +39,7 @@
 #include <malloc.h> /* _aligned_malloc */
 #endif
 
+#include "backend.h"
 #include "common.h"
 #include "context.h"
 #include "kernels/kernels.h"
@@ -109,6 +116,16 @@ int li_model_check(const li_model_desc *m) {
     if (!(m->norm_eps >= 0.0f) || !(m->attn_scale > 0.0f) || !(m->embd_scale > 0.0f))
         return li_fail(LI_E_ARG, "norm_eps %g, attn_scale %g or embd_scale %g out of range", (double)m->norm_eps,
                        (double)m->attn_scale, (double)m->embd_scale);
+    if (!(m->residual_scale > 0.0f) || !isfinite(m->residual_scale) || !(m->logit_scale > 0.0f) ||
+        !isfinite(m->logit_scale) || !(m->attn_softcap >= 0.0f) || !isfinite(m->attn_softcap) ||
+        !(m->final_softcap >= 0.0f) || !isfinite(m->final_softcap))
+        return li_fail(LI_E_ARG, "residual_scale %g, logit_scale %g, attn_softcap %g or final_softcap %g out of range",
+                       (double)m->residual_scale, (double)m->logit_scale, (double)m->attn_softcap,
+                       (double)m->final_softcap);
+    if (m->n_expert < 0 || m->n_expert > LI_MAX_EXPERTS || m->n_expert_used < 0 ||
+        m->n_expert_used > m->n_expert || (m->n_expert > 0 && (m->n_expert_used == 0 || m->n_ff_exp <= 0)))
+        return li_fail(LI_E_SHAPE, "%d experts (at most %d), %d used per token and expert width %d do not fit",
+                       m->n_expert, LI_MAX_EXPERTS, m->n_expert_used, m->n_ff_exp);
     if (!m->output_norm) return li_fail(LI_E_ARG, "output_norm is missing");
     CHECK(check_matrix(&m->tok_embd, "token_embd", -1, m->n_vocab, m->n_embd));
     CHECK(check_matrix(&m->output, "output", -1, m->n_vocab, m->n_embd));
@@ -116,14 +133,22 @@ int li_model_check(const li_model_desc *m) {
     const int64_t nv = (int64_t)m->n_head_kv * m->head_dim_v, na = (int64_t)m->n_head * m->head_dim_v;
     for (int il = 0; il < m->n_layer; il++) {
         const li_layer_desc *L = &m->layers[il];
-        if (!L->attn_norm || !L->ffn_norm) return li_fail(LI_E_ARG, "layer %d lacks a norm weight", il);
         CHECK(check_matrix(&L->wq, "attn_q", il, nq, m->n_embd));
         CHECK(check_matrix(&L->wk, "attn_k", il, nk, m->n_embd));
         CHECK(check_matrix(&L->wv, "attn_v", il, nv, m->n_embd));
         CHECK(check_matrix(&L->wo, "attn_output", il, m->n_embd, na));
-        CHECK(check_matrix(&L->w_gate, "ffn_gate", il, m->n_ff, m->n_embd));
-        CHECK(check_matrix(&L->w_up, "ffn_up", il, m->n_ff, m->n_embd));
-        CHECK(check_matrix(&L->w_down, "ffn_down", il, m->n_embd, m->n_ff));
+        if (L->router.data) {
+            if (m->n_expert == 0) return li_fail(LI_E_ARG, "layer %d has a router, but the model no experts", il);
+            const int64_t ne = m->n_expert, fe = m->n_ff_exp;
+            CHECK(check_matrix(&L->router, "ffn_gate_inp", il, ne, m->n_embd));
+            CHECK(check_matrix(&L->gate_exps, "ffn_gate_exps", il, ne * fe, m->n_embd));
+            CHECK(check_matrix(&L->up_exps, "ffn_up_exps", il, ne * fe, m->n_embd));
+            CHECK(check_matrix(&L->down_exps, "ffn_down_exps", il, ne * m->n_embd, fe));
+        } else {
+            CHECK(check_matrix(&L->w_gate, "ffn_gate", il, m->n_ff, m->n_embd));
+            CHECK(check_matrix(&L->w_up, "ffn_up", il, m->n_ff, m->n_embd));
+            CHECK(check_matrix(&L->w_down, "ffn_down", il, m->n_embd, m->n_ff));
+        }
         if (!(L->rope_base > 0.0f) || !(L->rope_scale > 0.0f) || L->sliding_window < 0)
             return li_fail(LI_E_ARG, "layer %d: RoPE base %g, scale %g or window %d out of range", il,
                            (double)L->rope_base, (double)L->rope_scale, L->sliding_window);
@@ -150,6 +175,7 @@ size_t li_kv_block_bytes(const li_model_desc *m, int kv_type, int block_size, in
 
 void li_context_free(li_context *c) {
     if (!c) return;
+    if (c->be) c->be_ops->destroy(c->be);
     for (int il = 0; il < c->m->n_layer; il++) {
         if (c->k_pool) free_aligned(c->k_pool[il]);
         if (c->v_pool) free_aligned(c->v_pool[il]);
@@ -158,9 +184,16 @@ void li_context_free(li_context *c) {
     free(c->v_pool);
     free(c->group);
     float *bufs[] = {c->x, c->xb, c->q, c->k, c->v, c->att, c->o, c->g, c->u, c->scores, c->vrow, c->parts,
-                     c->tparts, c->rope_cs};
+                     c->tparts, c->rope_cs, c->route, c->eo, c->wsel};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free_aligned(bufs[i]);
-    for (int a = 0; a < LI_ACT_COUNT; a++) free_aligned(c->xq[a]);
+    for (int a = 0; a < LI_ACT_COUNT; a++) {
+        free_aligned(c->xq[a]);
+        free_aligned(c->xe[a]);
+    }
+    free(c->sel);
+    free(c->slot);
+    free(c->slot_tok);
+    free(c->e_off);
     free_aligned(c->qq);
     free_aligned(c->gemm_scratch);
     free(c->pos);
@@ -181,6 +214,16 @@ static void need_act(li_context *c, const li_matrix *w) {
     if (g > c->gemm_bytes) c->gemm_bytes = (g + 63) / 64 * 64;
 }
 
+/* the same for an expert tensor: one expert's rows are [rows / n_expert, k],
+ * and its activations are gathered per expert into xe (rows for k wide) */
+static void need_expert_act(li_context *c, const li_matrix *w) {
+    const int a = li_types[w->type].act_type;
+    const size_t row = li_act_row_bytes(a, w->k);
+    if (row > c->xe_row[a]) c->xe_row[a] = row;
+    const size_t g = li_gemm_scratch_bytes(w->type, w->k, c->n_batch);
+    if (g > c->gemm_bytes) c->gemm_bytes = (g + 63) / 64 * 64;
+}
+
 /* one RoPE table per distinct (base, scale) */
 static int rope_table(li_context *c, float keys[][2], const li_layer_desc *ly) {
     for (int t = 0; t < c->n_rope; t++)
@@ -195,10 +238,23 @@ static int rope_table(li_context *c, float keys[][2], const li_layer_desc *ly) {
 
 int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
                       li_context **out) {
+    return li_context_create_offload(m, kv, n_batch, max_threads, NULL, 0, 0, 0, out);
+}
+
+int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
+                              const li_backend_ops *ops, int n_be_layers, int be_output, int device,
+                              li_context **out) {
     li_init();
     if (!out || !kv) return li_fail(LI_E_ARG, "no output pointer or no KV configuration");
     *out = NULL;
     CHECK(li_model_check(m));
+    if (!ops) n_be_layers = be_output = 0;
+    if (n_be_layers < 0 || n_be_layers > m->n_layer || (be_output && n_be_layers != m->n_layer))
+        return li_fail(LI_E_ARG, "a backend takes layers [0, %d) of %d%s: the head only goes with every layer",
+                       n_be_layers, m->n_layer, be_output ? " and the head" : "");
+    if (n_be_layers > 0 && ops->abi != LI_BACKEND_ABI)
+        return li_fail(LI_E_DEVICE, "the %s backend was built for interface %d, this core has %d: rebuild both",
+                       ops->name ? ops->name : "GPU", ops->abi, LI_BACKEND_ABI);
     if (n_batch <= 0 || max_threads <= 0)
         return li_fail(LI_E_ARG, "n_batch %d and max_threads %d must be positive", n_batch, max_threads);
     if (!kv_type_ok(kv->kv_type))
@@ -245,16 +301,26 @@ int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batc
         c->group[il] = li_layer_kv_group(m, il);
         /* pages are only touched as blocks are used, so resident memory grows with the text */
         const size_t rows = (size_t)kv->n_blocks[c->group[il]] * (size_t)kv->block_size * (size_t)m->n_head_kv;
-        c->k_pool[il] = alloc_aligned(rows * c->k_row);
-        c->v_pool[il] = alloc_aligned(rows * c->v_row);
-        if (!c->k_pool[il] || !c->v_pool[il]) goto nomem;
+        if (il >= n_be_layers) { /* a backend's layers keep their keys and values in its memory */
+            c->k_pool[il] = alloc_aligned(rows * c->k_row);
+            c->v_pool[il] = alloc_aligned(rows * c->v_row);
+            if (!c->k_pool[il] || !c->v_pool[il]) goto nomem;
+        }
         c->layer_rope[il] = rope_table(c, rope_keys, ly);
         if (c->layer_rope[il] < 0) {
             li_context_free(c);
             return li_fail(LI_E_ARG, "more than %d distinct RoPE settings", MAX_ROPE_TABLES);
         }
         const li_matrix *ws[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
-        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) need_act(c, ws[i]);
+        const li_matrix *moe[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->router, &ly->gate_exps, &ly->up_exps};
+        const int is_moe = ly->router.data != NULL;
+        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) need_act(c, is_moe ? moe[i] : ws[i]);
+        if (is_moe) {
+            /* gate/up read the token rows of xq (gathered), down reads rows of n_ff_exp */
+            need_expert_act(c, &ly->gate_exps);
+            need_expert_act(c, &ly->up_exps);
+            need_expert_act(c, &ly->down_exps);
+        }
     }
     need_act(c, &m->output);
 
@@ -266,8 +332,26 @@ int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batc
     c->v = alloc_aligned(nb * (size_t)m->n_head_kv * (size_t)m->head_dim_v * sizeof(float));
     c->att = alloc_aligned(nb * (size_t)m->n_head * (size_t)m->head_dim_v * sizeof(float));
     c->o = alloc_aligned(nb * (size_t)m->n_embd * sizeof(float));
-    c->g = alloc_aligned(nb * (size_t)m->n_ff * sizeof(float));
-    c->u = alloc_aligned(nb * (size_t)m->n_ff * sizeof(float));
+    /* g and u hold [n_batch, n_ff] for a dense layer, [n_batch * n_expert_used, n_ff_exp] for a MoE one */
+    const size_t gu = LI_MAX((size_t)m->n_ff, (size_t)m->n_expert_used * (size_t)m->n_ff_exp);
+    c->g = alloc_aligned(nb * gu * sizeof(float));
+    c->u = alloc_aligned(nb * gu * sizeof(float));
+    if (m->n_expert > 0) {
+        const size_t slots = nb * (size_t)m->n_expert_used;
+        c->route = alloc_aligned(nb * (size_t)m->n_expert * sizeof(float));
+        c->eo = alloc_aligned(slots * (size_t)m->n_embd * sizeof(float));
+        c->wsel = alloc_aligned(slots * sizeof(float));
+        c->sel = malloc(slots * sizeof(int32_t));
+        c->slot = malloc(slots * sizeof(int32_t));
+        c->slot_tok = malloc(slots * sizeof(int32_t));
+        c->e_off = malloc(((size_t)m->n_expert + 1) * sizeof(int32_t));
+        if (!c->route || !c->eo || !c->wsel || !c->sel || !c->slot || !c->slot_tok || !c->e_off) goto nomem;
+        for (int a = 0; a < LI_ACT_COUNT; a++) {
+            if (c->xe_row[a] == 0) continue;
+            c->xe[a] = alloc_aligned(slots * c->xe_row[a]);
+            if (!c->xe[a]) goto nomem;
+        }
+    }
     c->scores = alloc_aligned(nth * nh * (size_t)c->span * sizeof(float));
     c->vrow = alloc_aligned(nth * (size_t)m->head_dim_v * sizeof(float));
     c->parts = alloc_aligned((size_t)LI_ATTN_SPLIT_TOKENS * (size_t)m->n_head * (size_t)c->max_chunks * ps *
@@ -293,6 +377,18 @@ int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batc
         c->qq = alloc_aligned(nb * (size_t)m->n_head * c->qq_row);
         if (!c->qq) goto nomem;
     }
+    if (n_be_layers > 0) {
+        char err[400] = "";
+        const int st = ops->create(m, kv, n_batch, 0, n_be_layers, be_output, device, &c->be, err, sizeof(err));
+        if (st != LI_OK) {
+            c->be = NULL;
+            li_context_free(c);
+            return li_fail(st, "%s backend: %s", ops->name, err);
+        }
+        c->be_ops = ops;
+        c->be_layers = n_be_layers;
+        c->be_output = be_output;
+    }
     *out = c;
     return LI_OK;
 nomem:
@@ -303,6 +399,7 @@ nomem:
 
 size_t li_context_kv_bytes(const li_context *c, int il) {
     if (!c || il < 0 || il >= c->m->n_layer) return 0;
+    if (il < c->be_layers) return c->be_ops->kv_bytes(c->be, il);
     return (size_t)c->kv.n_blocks[c->group[il]] * li_kv_block_bytes(c->m, c->kv.kv_type, c->kv.block_size, il);
 }
 
@@ -313,7 +410,12 @@ int li_kv_copy_block(li_context *c, int group, int src, int dst) {
         return li_fail(LI_E_KV, "block %d or %d is outside the pool of %d blocks", src, dst, nb);
     if (src == dst) return LI_OK;
     const size_t rows = (size_t)c->kv.block_size * (size_t)c->m->n_head_kv;
-    for (int il = 0; il < c->m->n_layer; il++) {
+    if (c->be) {
+        char err[400] = "";
+        const int st = c->be_ops->copy_block(c->be, group, src, dst, err, sizeof(err));
+        if (st != LI_OK) return li_fail(st, "%s backend: %s", c->be_ops->name, err);
+    }
+    for (int il = c->be_layers; il < c->m->n_layer; il++) {
         if (c->group[il] != group) continue;
         memcpy(c->k_pool[il] + (size_t)dst * rows * c->k_row, c->k_pool[il] + (size_t)src * rows * c->k_row,
                rows * c->k_row);
@@ -404,10 +506,10 @@ static void matmul(li_context *c, const li_matrix *w, const void *xq, int64_t n,
 }
 
 /* h = fn(g) * u over [n, k] (or src alone when up is NULL), then quantized
- * for w; split by activation blocks so a single token's row is shared by the
- * whole team */
-static void gated_quantize(li_context *c, float *src, const float *up, int64_t n, int64_t k, const li_matrix *w,
-                           int fn, int ith, int nth) {
+ * for w into dst (rows of li_act_row_bytes(act, k)); split by activation
+ * blocks so a single token's row is shared by the whole team */
+static void gated_quantize_to(void *dst, float *src, const float *up, int64_t n, int64_t k, const li_matrix *w,
+                              int fn, int ith, int nth) {
     const int a = li_types[w->type].act_type;
     const int64_t bs = li_act_block_size(a), per_row = k / bs;
     const size_t blk = li_act_row_bytes(a, bs), row = li_act_row_bytes(a, k);
@@ -417,16 +519,36 @@ static void gated_quantize(li_context *c, float *src, const float *up, int64_t n
         const int64_t t = b / per_row, j = (b % per_row) * bs;
         float *x = src + t * k + j;
         if (up) li_K->act_apply(fn, x, up + t * k + j, x, bs);
-        li_K->quant_act[a](x, (char *)c->xq[a] + (size_t)t * row + (size_t)(b % per_row) * blk, bs);
+        li_K->quant_act[a](x, (char *)dst + (size_t)t * row + (size_t)(b % per_row) * blk, bs);
     }
 }
 
-/* x += norm(o) (o normed by post_norm when the model has one), rows [lo, hi) */
+/* the same into xq, where matmul's acts_for finds it */
+static void gated_quantize(li_context *c, float *src, const float *up, int64_t n, int64_t k, const li_matrix *w,
+                           int fn, int ith, int nth) {
+    gated_quantize_to(c->xq[li_types[w->type].act_type], src, up, n, k, w, fn, ith, nth);
+}
+
+/* x += norm(o) * residual_scale (o normed by post_norm when the model has
+ * one), rows [lo, hi) */
 static void residual(const li_model_desc *m, float *x, float *o, const float *post_norm, int64_t lo, int64_t hi) {
     const int64_t E = m->n_embd;
     for (int64_t t = lo; t < hi; t++) {
         if (post_norm) li_K->rms_norm(o + t * E, post_norm, o + t * E, E, m->norm_eps);
+        if (m->residual_scale != 1.0f) li_K->scale_f32(o + t * E, m->residual_scale, E);
         li_K->add_f32(x + t * E, o + t * E, x + t * E, E);
+    }
+}
+
+/* xb = rmsnorm(x) * w for rows [lo, hi); a model without pre-norms (olmo2)
+ * passes w NULL and x goes to xb as it is */
+static void pre_norm(const li_model_desc *m, const float *x, const float *w, float *xb, int64_t lo, int64_t hi) {
+    const int64_t E = m->n_embd;
+    for (int64_t t = lo; t < hi; t++) {
+        if (w)
+            li_K->rms_norm(x + t * E, w, xb + t * E, E, m->norm_eps);
+        else
+            memcpy(xb + t * E, x + t * E, (size_t)E * sizeof(float));
     }
 }
 
@@ -439,7 +561,7 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     int64_t lo, hi;
 
     li_split(n, ith, nth, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) li_K->rms_norm(c->x + t * E, L->attn_norm, c->xb + t * E, E, m->norm_eps);
+    pre_norm(m, c->x, L->attn_norm, c->xb, lo, hi);
     const li_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv};
     quantize_rows_for(c, c->xb, E, lo, hi, qkv, 3);
     LI_BARRIER();
@@ -448,6 +570,15 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     matmul(c, &L->wk, acts_for(c, &L->wk), n, c->k, nk, ith, nth);
     matmul(c, &L->wv, acts_for(c, &L->wv), n, c->v, nv, ith, nth);
     LI_BARRIER();
+
+    if (m->qk_norm_whole) { /* olmo2: one RMSNorm over all heads of q, one over k */
+        li_split(n, ith, nth, &lo, &hi);
+        for (int64_t t = lo; t < hi; t++) {
+            li_K->rms_norm(c->q + t * nq, L->q_norm, c->q + t * nq, nq, m->norm_eps);
+            li_K->rms_norm(c->k + t * nk, L->k_norm, c->k + t * nk, nk, m->norm_eps);
+        }
+        LI_BARRIER();
+    }
 
     /* per (token, head): biases, norms, RoPE, cache write */
     const int heads = m->n_head + m->n_head_kv;
@@ -477,7 +608,7 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     int64_t lo, hi;
 
     li_split(n, ith, nth, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) li_K->rms_norm(c->x + t * E, L->ffn_norm, c->xb + t * E, E, m->norm_eps);
+    pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
     const li_matrix *gu[2] = {&L->w_gate, &L->w_up};
     quantize_rows_for(c, c->xb, E, lo, hi, gu, 2);
     LI_BARRIER();
@@ -496,7 +627,140 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     residual(m, c->x, c->o, L->post_ffn_norm, lo, hi);
 }
 
-static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float *logits) {
+/* ---- mixture of experts ---- */
+
+/* Route one token: softmax over its router logits, the k most probable
+ * experts (the lower index first among equals) in descending order, and
+ * their probabilities renormalized to sum to 1 (Qwen3-MoE). The sum is
+ * clamped as llama.cpp clamps it, to the smallest normal float16. */
+static void route_token(const float *logits, int n_expert, int k, float *prob, int32_t *sel, float *w) {
+    float best = logits[0];
+    for (int e = 1; e < n_expert; e++) best = LI_MAX(best, logits[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < n_expert; e++) {
+        prob[e] = expf(logits[e] - best);
+        sum += prob[e];
+    }
+    for (int e = 0; e < n_expert; e++) prob[e] /= sum;
+    float wsum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int pick = -1;
+        for (int e = 0; e < n_expert; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= sel[i] == e;
+            if (!taken && (pick < 0 || prob[e] > prob[pick])) pick = e;
+        }
+        sel[j] = pick;
+        w[j] = prob[pick];
+        wsum += w[j];
+    }
+    wsum = LI_MAX(wsum, 6.103515625e-5f);
+    for (int j = 0; j < k; j++) w[j] /= wsum;
+}
+
+/* expert e's rows of an expert tensor, as a matrix of its own */
+static li_matrix expert_slice(const li_matrix *w, int n_expert, int e) {
+    const int64_t rows = w->rows / n_expert;
+    const size_t bytes = w->nbytes / (size_t)n_expert;
+    const li_matrix out = {(const char *)w->data + (size_t)e * bytes, w->type, rows, w->k, bytes};
+    return out;
+}
+
+/* The feed-forward half of a MoE layer. Each token is routed to k experts;
+ * its (token, choice) pairs become slots, grouped by expert (tokens in batch
+ * order within an expert), so each expert's gate, up and down products run
+ * once over all the slots routed to it: prefill reads an expert's weights
+ * once per batch, and decode reads only the chosen experts. A slot's product
+ * is the same whatever the expert's slot count (matmul gives a row the same
+ * result for any n), and a token's experts are summed in the order of its
+ * choices, so a token's output does not depend on the rest of the batch. */
+static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, int nth) {
+    const li_model_desc *m = c->m;
+    const int64_t E = m->n_embd, Fe = m->n_ff_exp;
+    const int NE = m->n_expert, K = m->n_expert_used;
+    int64_t lo, hi;
+
+    li_split(n, ith, nth, &lo, &hi);
+    pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
+    const li_matrix *in[3] = {&L->router, &L->gate_exps, &L->up_exps};
+    quantize_rows_for(c, c->xb, E, lo, hi, in, 3);
+    LI_BARRIER();
+
+    matmul(c, &L->router, acts_for(c, &L->router), n, c->route, NE, ith, nth);
+    LI_BARRIER();
+
+    li_split(n, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) /* route's row is free after this token's softmax: its probabilities go there */
+        route_token(c->route + t * NE, NE, K, c->route + t * NE, c->sel + t * K, c->wsel + t * K);
+    LI_BARRIER();
+
+    if (ith == 0) { /* counting sort of the slots by expert; a few thousand steps */
+        int32_t *off = c->e_off;
+        for (int e = 0; e <= NE; e++) off[e] = 0;
+        for (int64_t s = 0; s < n * K; s++) off[c->sel[s] + 1]++;
+        for (int e = 0; e < NE; e++) off[e + 1] += off[e];
+        for (int64_t s = 0; s < n * K; s++) { /* off[e] walks to the end of e's range ... */
+            const int32_t at = off[c->sel[s]]++;
+            c->slot[s] = at;
+            c->slot_tok[at] = (int32_t)(s / K);
+        }
+        for (int e = NE; e > 0; e--) off[e] = off[e - 1]; /* ... and is put back to its start */
+        off[0] = 0;
+    }
+    LI_BARRIER();
+
+    /* each slot's input row: its token's row of xq, in the formats of gate and up */
+    const int ag = li_types[L->gate_exps.type].act_type, au = li_types[L->up_exps.type].act_type;
+    li_split(n * K, ith, nth, &lo, &hi);
+    for (int64_t s = lo; s < hi; s++) {
+        const size_t rg = li_act_row_bytes(ag, E), ru = li_act_row_bytes(au, E);
+        memcpy((char *)c->xe[ag] + (size_t)s * rg, (const char *)c->xq[ag] + (size_t)c->slot_tok[s] * rg, rg);
+        if (au != ag)
+            memcpy((char *)c->xe[au] + (size_t)s * ru, (const char *)c->xq[au] + (size_t)c->slot_tok[s] * ru, ru);
+    }
+    LI_BARRIER();
+
+    for (int e = 0; e < NE; e++) {
+        const int64_t s0 = c->e_off[e], cnt = c->e_off[e + 1] - s0;
+        if (cnt == 0) continue;
+        const li_matrix g = expert_slice(&L->gate_exps, NE, e), u = expert_slice(&L->up_exps, NE, e);
+        matmul(c, &g, (const char *)c->xe[ag] + (size_t)s0 * li_act_row_bytes(ag, E), cnt, c->g + s0 * Fe, Fe, ith,
+               nth);
+        matmul(c, &u, (const char *)c->xe[au] + (size_t)s0 * li_act_row_bytes(au, E), cnt, c->u + s0 * Fe, Fe, ith,
+               nth);
+    }
+    LI_BARRIER();
+
+    /* the gathered inputs are spent: xe[ad] now takes the down products' inputs */
+    const int ad = li_types[L->down_exps.type].act_type;
+    gated_quantize_to(c->xe[ad], c->g, c->u, n * K, Fe, &L->down_exps, m->gate_fn, ith, nth);
+    LI_BARRIER();
+
+    for (int e = 0; e < NE; e++) {
+        const int64_t s0 = c->e_off[e], cnt = c->e_off[e + 1] - s0;
+        if (cnt == 0) continue;
+        const li_matrix d = expert_slice(&L->down_exps, NE, e);
+        matmul(c, &d, (const char *)c->xe[ad] + (size_t)s0 * li_act_row_bytes(ad, Fe), cnt, c->eo + s0 * E, E, ith,
+               nth);
+    }
+    LI_BARRIER();
+
+    li_split(n, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        float *o = c->o + t * E;
+        memset(o, 0, (size_t)E * sizeof(float));
+        for (int j = 0; j < K; j++) {
+            const float *eo = c->eo + (int64_t)c->slot[t * K + j] * E, w = c->wsel[t * K + j];
+            for (int64_t i = 0; i < E; i++) o[i] += w * eo[i];
+        }
+    }
+    residual(m, c->x, c->o, L->post_ffn_norm, lo, hi);
+}
+
+/* The team's share of a pass: the embedding (embed), layers [l0, l1), then
+ * the head (head). The CPU-only pass is all three in one region. */
+static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float *logits, int embed, int l0, int l1,
+                         int head) {
     const li_model_desc *m = c->m;
     const int ith = li_thread_index(), nth = li_thread_count();
     const int64_t E = m->n_embd, n = b->n;
@@ -505,7 +769,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     li_split(n, ith, nth, &lo, &hi);
     const li_matrix *emb = &m->tok_embd;
     const size_t emb_row = emb->nbytes / (size_t)emb->rows;
-    for (int64_t t = lo; t < hi; t++) {
+    for (int64_t t = lo; t < hi && embed; t++) {
         float *x = c->x + t * E;
         if (b->embd) {
             memcpy(x, b->embd + t * E, (size_t)E * sizeof(float));
@@ -517,10 +781,14 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
 
     /* the embedding rows and each half's first and last steps are split the
      * same way, so consecutive steps need no barrier between them */
-    for (int il = 0; il < m->n_layer; il++) {
+    for (int il = l0; il < l1; il++) {
         attention_half(c, &m->layers[il], il, n, ith, nth);
-        ffn_half(c, &m->layers[il], n, ith, nth);
+        if (m->layers[il].router.data)
+            moe_half(c, &m->layers[il], n, ith, nth);
+        else
+            ffn_half(c, &m->layers[il], n, ith, nth);
     }
+    if (!head) return;
     LI_BARRIER();
 
     /* logits for the rows asked for; their normed inputs go to xb from row 0 */
@@ -531,6 +799,17 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     quantize_rows_for(c, c->xb, E, lo, hi, out, 1);
     LI_BARRIER();
     matmul(c, &m->output, acts_for(c, &m->output), n_out, logits, m->n_vocab, ith, nth);
+    if (m->logit_scale == 1.0f && m->final_softcap == 0.0f) return;
+    LI_BARRIER();
+    /* granite's logit scale, gemma2's final soft-cap */
+    const int64_t V = m->n_vocab;
+    li_split(n_out * V, ith, nth, &lo, &hi);
+    const float cap = m->final_softcap;
+    for (int64_t i = lo; i < hi; i++) {
+        float z = logits[i] * m->logit_scale;
+        if (cap > 0.0f) z = cap * tanhf(z / cap);
+        logits[i] = z;
+    }
 }
 
 /* Check a batch against its views and fill the per-batch fields: each token's
@@ -592,6 +871,40 @@ static int prepare_batch(li_context *c, const li_batch *b, const li_seq_view *vi
     return LI_OK;
 }
 
+/* A pass with layers [0, be_layers) on the backend: embed on the CPU, the
+ * backend's layers (and maybe the head), then the CPU's layers and head. */
+static int offload_pass(li_context *c, const li_batch *b, const li_seq_view *views, int n_views, int64_t n_out,
+                        float *logits, size_t logits_size, int nt) {
+    const li_model_desc *m = c->m;
+    (void)nt;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+    forward_team(c, b, n_out, logits, 1, 0, 0, 0);
+    li_range_batch rb;
+    rb.n = b->n;
+    rb.pos = c->pos;
+    rb.seq = b->seq;
+    for (int g = 0; g < LI_KV_GROUPS; g++) rb.kv_row[g] = c->kv_row[g];
+    rb.views = views;
+    rb.n_views = n_views;
+    rb.rope_cs = c->rope_cs;
+    rb.rope_stride = c->n_batch;
+    rb.layer_rope = c->layer_rope;
+    rb.n_out = (int)n_out;
+    rb.out_rows = c->out_rows;
+    char err[400] = "";
+    const int st = c->be_ops->run(c->be, &rb, c->x, c->be_output ? logits : NULL, c->be_output ? logits_size : 0,
+                                  err, sizeof(err));
+    if (st != LI_OK) return li_fail(st, "%s backend: %s", c->be_ops->name, err);
+    if (c->be_output) return LI_OK;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+    forward_team(c, b, n_out, logits, 0, c->be_layers, m->n_layer, 1);
+    return LI_OK;
+}
+
 int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views, int n_views, float *logits,
                       size_t logits_size, int n_threads) {
     li_fail(LI_OK, "%s", "");
@@ -615,10 +928,19 @@ int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views
     for (int r = 0; r < c->n_rope; r++)
         li_rope_cache(c->pos, b->n, m->n_rot, &c->rope[r], c->rope_cs + (size_t)r * (size_t)c->n_batch * (size_t)m->n_rot);
     (void)nt;
+    if (!c->be) {
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
-    forward_team(c, b, n_out, logits);
+        forward_team(c, b, n_out, logits, 1, 0, m->n_layer, 1);
+    } else {
+        const int st = offload_pass(c, b, views, n_views, n_out, logits, logits_size, nt);
+        if (st != LI_OK) {
+            c->views = NULL;
+            c->seq = NULL;
+            return st;
+        }
+    }
     c->views = NULL;
     c->seq = NULL;
     return LI_OK;

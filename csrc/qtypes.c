@@ -64,6 +64,7 @@ const char *li_status_name(int status) {
     case LI_E_CONTEXT: return "position outside the context";
     case LI_E_TOKEN: return "token id outside the vocabulary";
     case LI_E_KV: return "KV block table out of range";
+    case LI_E_DEVICE: return "GPU backend error";
     default: return "unknown error";
     }
 }

@@ -2,7 +2,7 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 cdef extern from "llminfer.h" nogil:
-    int LI_OK, LI_E_ARG, LI_E_TYPE, LI_E_SHAPE, LI_E_NOMEM, LI_E_ISA, LI_E_CONTEXT, LI_E_TOKEN, LI_E_KV
+    int LI_OK, LI_E_ARG, LI_E_TYPE, LI_E_SHAPE, LI_E_NOMEM, LI_E_ISA, LI_E_CONTEXT, LI_E_TOKEN, LI_E_KV, LI_E_DEVICE
     const char *li_status_name(int status)
 
     int LI_TYPE_COUNT
@@ -56,6 +56,10 @@ cdef extern from "llminfer.h" nogil:
         const float *post_ffn_norm
         float rope_base, rope_scale
         int sliding_window
+        int no_rope
+        li_matrix router
+        li_matrix gate_exps, up_exps
+        li_matrix down_exps
 
     ctypedef struct li_model_desc:
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot
@@ -69,6 +73,13 @@ cdef extern from "llminfer.h" nogil:
         li_matrix output
         const float *rope_factors
         const li_layer_desc *layers
+        float residual_scale
+        float logit_scale
+        float attn_softcap
+        float final_softcap
+        int qk_norm_whole
+        int n_expert, n_expert_used
+        int n_ff_exp
 
     int li_model_check(const li_model_desc *m)
 
@@ -94,6 +105,11 @@ cdef extern from "llminfer.h" nogil:
     int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
                           li_context **out)
     void li_context_free(li_context *c)
+    ctypedef struct li_backend_ops:
+        pass
+    int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
+                                  const li_backend_ops *ops, int n_layers, int with_output, int device,
+                                  li_context **out)
     size_t li_context_kv_bytes(const li_context *c, int il)
     int li_kv_copy_block(li_context *c, int group, int src, int dst)
     size_t li_kv_group_block_bytes(const li_context *c, int group)

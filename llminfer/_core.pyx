@@ -161,6 +161,7 @@ def rope(float[:, :, ::1] x, const int32_t[::1] pos, int64_t n_rot, float freq_b
 # ---- models ----
 
 from libc.stdlib cimport calloc, free
+from cpython.pycapsule cimport PyCapsule_GetPointer
 
 
 cdef class ModelDesc:
@@ -197,6 +198,14 @@ cdef class ModelDesc:
         d.output_norm = self._vector(spec.output_norm)
         self._matrix(&d.output, spec.output)
         d.rope_factors = self._vector(spec.rope_factors)
+        d.residual_scale = spec.residual_scale
+        d.logit_scale = spec.logit_scale
+        d.attn_softcap = spec.attn_softcap
+        d.final_softcap = spec.final_softcap
+        d.qk_norm_whole = 1 if spec.qk_norm_whole else 0
+        d.n_expert = spec.n_expert
+        d.n_expert_used = spec.n_expert_used
+        d.n_ff_exp = spec.n_ff_exp
         cdef C.li_layer_desc *L
         for i, ls in enumerate(spec.layers):
             L = &self.layers[i]
@@ -212,13 +221,20 @@ cdef class ModelDesc:
             L.k_norm = self._vector(ls.k_norm)
             L.post_attn_norm = self._vector(ls.post_attn_norm)
             L.ffn_norm = self._vector(ls.ffn_norm)
-            self._matrix(&L.w_gate, ls.w_gate)
-            self._matrix(&L.w_up, ls.w_up)
-            self._matrix(&L.w_down, ls.w_down)
+            if ls.moe is None:
+                self._matrix(&L.w_gate, ls.w_gate)
+                self._matrix(&L.w_up, ls.w_up)
+                self._matrix(&L.w_down, ls.w_down)
+            else:
+                self._matrix(&L.router, ls.moe.router)
+                self._matrix(&L.gate_exps, ls.moe.gate_exps)
+                self._matrix(&L.up_exps, ls.moe.up_exps)
+                self._matrix(&L.down_exps, ls.moe.down_exps)
             L.post_ffn_norm = self._vector(ls.post_ffn_norm)
             L.rope_base = ls.rope_base
             L.rope_scale = ls.rope_scale
             L.sliding_window = ls.sliding_window
+            L.no_rope = 0 if ls.use_rope else 1
         d.layers = self.layers
         check(C.li_model_check(d), "model description")
 
@@ -254,15 +270,25 @@ cdef class Context:
     cdef readonly tuple n_blocks
 
     def __cinit__(self, ModelDesc model, int kv_type, int block_size, n_blocks, int n_batch,
-                  int max_threads):
+                  int max_threads, backend=None, int n_backend_layers=0, bint backend_output=False,
+                  int device=0):
+        """backend: a capsule holding a li_backend_ops table (llminfer.gpu),
+        running layers [0, n_backend_layers) (and the output head when
+        backend_output) on `device`; None: every layer on the CPU."""
         cdef C.li_kv_config kv
         kv.kv_type = kv_type
         kv.block_size = block_size
         kv.n_blocks[0] = n_blocks[0]
         kv.n_blocks[1] = n_blocks[1]
         self.model = model
-        check(C.li_context_create(&model.desc, &kv, n_batch, max_threads, &self.ctx),
-              "creating the context")
+        cdef const C.li_backend_ops *ops = NULL
+        if backend is not None:
+            ops = <const C.li_backend_ops *>PyCapsule_GetPointer(backend, b"llminfer.li_backend_ops")
+        cdef int st
+        with nogil:  # a backend uploads the weights here: seconds, not worth holding the GIL
+            st = C.li_context_create_offload(&model.desc, &kv, n_batch, max_threads, ops, n_backend_layers,
+                                             backend_output, device, &self.ctx)
+        check(st, "creating the context")
         self.n_batch = n_batch
         self.max_threads = max_threads
         self.n_vocab = model.desc.n_vocab

@@ -127,6 +127,8 @@ def bench(llm, n_prompt: int, n_gen: int, threads_list, repetitions: int, fmt: s
     printer = _Printer(fmt, out)
     printer.header()
     tests = [(n_prompt, 0)] * bool(n_prompt) + [(0, n_gen)] * bool(n_gen)
+    gpu_layers = getattr(llm.engine, "n_gpu_layers", 0) or 0
+    backend = f"CPU+GPU({gpu_layers} layers)" if gpu_layers else "CPU"
     for threads in threads_list:
         for p, g in tests:
             if log:
@@ -136,7 +138,7 @@ def bench(llm, n_prompt: int, n_gen: int, threads_list, repetitions: int, fmt: s
             rates = [(p or g) / t for t in times]
             mean = statistics.mean(rates)
             sd = statistics.stdev(rates) if len(rates) > 1 else 0.0
-            printer.row({**facts, "backend": "CPU", "n_threads": threads, "n_prompt": p, "n_gen": g,
+            printer.row({**facts, "backend": backend, "n_threads": threads, "n_prompt": p, "n_gen": g,
                          "test": f"pp{p}" if p else f"tg{g}", "avg_ts": mean, "stddev_ts": sd,
                          "samples_ts": rates,
                          # the names of earlier llminfer versions' JSON, kept for scripts that read it

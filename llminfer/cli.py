@@ -72,6 +72,9 @@ def _add_model(p, ctx_default=4096):
                    help="most prompt tokens per forward pass")
     p.add_argument("-ctk", "--kv-type", default="f16", choices=["f16", "f32", "q8_0", "q4_0"],
                    help="KV cache type (q8_0 and q4_0 take 53%% and 28%% of f16's memory)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N",
+                   help="layers to run on the GPU: the first N, -1 for all and the output head "
+                        "(needs a GPU build, see docs/gpu.md)")
 
 
 def _add_sampling(p):
@@ -99,6 +102,7 @@ def _sampling_kwargs(a):
 def _load(a, **kw):
     from llminfer.llm import LLM
 
+    kw.setdefault("n_gpu_layers", getattr(a, "n_gpu_layers", 0))
     return LLM(a.model, n_ctx=a.ctx_size, n_threads=a.threads, n_batch=a.batch_size, kv_type=a.kv_type, **kw)
 
 
@@ -240,6 +244,8 @@ def cmd_info(a):
         for t in g.tensors.values():
             counts[t.type_name] = counts.get(t.type_name, 0) + 1
         print(f"tensors: {len(g.tensors)} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))})")
+        from llminfer.models import support_line
+        print(support_line(g))
         if a.tensors:
             for t in g.tensors.values():
                 print(f"  {t.name:<40} {t.type_name:<6} {str(t.shape):<16} {t.nbytes:>12}")
@@ -422,6 +428,8 @@ def build_parser():
     b.add_argument("-b", "--batch-size", type=_positive_int, default=512, metavar="N",
                    help="most prompt tokens per forward pass")
     b.add_argument("-ctk", "--kv-type", default="f16", choices=["f16", "f32", "q8_0", "q4_0"], help="KV cache type")
+    b.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N",
+                   help="layers to run on the GPU: the first N, -1 for all (needs a GPU build, see docs/gpu.md)")
     b.add_argument("-o", "--output", default="md", choices=["md", "csv", "json"],
                    help="output format (md: llama-bench's table)")
     b.add_argument("--json", action="store_true", help="the same as -o json")

@@ -13,7 +13,8 @@ token_eos(). Everything runs through one llminfer.LLM (`.llm`), so the
 llminfer API is there too.
 
 What it does not do says so: arguments that ask for something llminfer does
-not have (GPU offload, LoRA adapters, a custom chat handler, a draft model)
+not have (LoRA adapters, a custom chat handler, a draft model, a layer split
+over several GPUs)
 raise InvalidArgumentError naming the argument; arguments that only tune
 llama.cpp's internals (n_ubatch, use_mlock, flash_attn, numa...) are accepted
 and have no effect.
@@ -60,10 +61,10 @@ _TEMPLATES = {"llama-2": _LLAMA2_TEMPLATE, "mistral-instruct": _LLAMA2_TEMPLATE}
 _UNSUPPORTED = {
     "lora_base": None, "lora_path": None, "chat_handler": None, "draft_model": None, "tokenizer": None,
     "kv_overrides": None, "vocab_only": False, "rope_freq_base": 0.0, "rope_freq_scale": 0.0,
-    "tensor_split": None, "spm_infill": False,
+    "tensor_split": None, "spm_infill": False, "split_mode": 1,
 }
 # Arguments that tune llama.cpp itself; accepted, without effect here.
-_IGNORED = {"split_mode", "main_gpu", "use_mlock", "n_ubatch", "n_threads_batch", "rope_scaling_type",
+_IGNORED = {"main_gpu", "use_mlock", "n_ubatch", "n_threads_batch", "rope_scaling_type",
             "pooling_type", "attention_type", "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast",
             "yarn_beta_slow", "yarn_orig_ctx", "offload_kqv", "flash_attn", "op_offload", "swa_full",
             "no_perf", "last_n_tokens_size", "lora_scale", "numa", "type_k", "type_v"}
@@ -105,10 +106,6 @@ class Llama:
                  chat_format: str | None = None, verbose: bool = True, **kwargs):
         if not isinstance(n_gpu_layers, int) or isinstance(n_gpu_layers, bool):
             raise InvalidArgumentError(f"n_gpu_layers must be an integer, got {n_gpu_layers!r}")
-        if n_gpu_layers != 0:
-            raise InvalidArgumentError(
-                f"n_gpu_layers={n_gpu_layers}: llminfer runs on the CPU only (it has no GPU backend); "
-                f"pass n_gpu_layers=0 or leave it out")
         for name, value in kwargs.items():
             if name in _UNSUPPORTED:
                 if value != _UNSUPPORTED[name]:
@@ -137,9 +134,12 @@ class Llama:
             raise InvalidArgumentError(f"seed must be >= 0, or -1 for a random one; got {seed}")
         if n_ctx == 0:
             n_ctx = _trained_context(model_path)
+        # n_gpu_layers as llama.cpp reads it (-1: all); without a GPU build,
+        # LLM raises GPUUnavailableError saying what to install
         self.llm = LLM(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, seed=self._seed,
                        kv_type=_kv_type(kwargs.get("type_k"), kwargs.get("type_v")), chat_format=fmt,
-                       chat_template=template, mmap=use_mmap)
+                       chat_template=template, mmap=use_mmap, n_gpu_layers=n_gpu_layers,
+                       main_gpu=kwargs.get("main_gpu", 0))
         self.chat_format = chat_format
         self.n_batch = self.llm.n_batch
         self.n_threads = self.llm.n_threads

@@ -26,7 +26,7 @@ from functools import wraps
 
 import numpy as np
 
-from llminfer import _core, hub
+from llminfer import _core, gpu, hub
 from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError, TokenError
 from llminfer.gguf_file import GGUFFile
 from llminfer.kv_cache import FULL, SWA, KVCache, Sequence
@@ -65,10 +65,13 @@ class Engine:
     tokens one sequence may hold. kv_pool_tokens: positions the KV pool holds
     for all sequences together (default n_ctx). n_batch: most tokens per
     forward pass. kv_type: "f16" (default), "f32", "q8_0" or "q4_0".
-    block_size: positions per KV block."""
+    block_size: positions per KV block. n_gpu_layers: layers run on the GPU
+    (the first N; -1: all and the output head; 0: none), on device main_gpu
+    (llminfer.gpu)."""
 
     def __init__(self, model, n_ctx: int = 4096, kv_pool_tokens: int | None = None, n_batch: int = 512,
-                 n_threads: int | None = None, kv_type: str = "f16", block_size: int = 32, mmap: bool = True):
+                 n_threads: int | None = None, kv_type: str = "f16", block_size: int = 32, mmap: bool = True,
+                 n_gpu_layers: int = 0, main_gpu: int = 0):
         n_ctx = check_positive_int("n_ctx", n_ctx)
         n_batch = check_positive_int("n_batch", n_batch)
         pool = check_positive_int("kv_pool_tokens", kv_pool_tokens, allow_none=True) or n_ctx
@@ -86,7 +89,7 @@ class Engine:
         self.model_path = hub.resolve(model)
         self.gguf = GGUFFile(self.model_path, mmap=mmap)
         try:
-            self.spec = build_spec(self.gguf)
+            self.spec = build_spec(self.gguf, n_ctx=n_ctx)
             self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
             self.n_threads = n_threads
             self.desc = _core.ModelDesc(self.spec)
@@ -105,8 +108,11 @@ class Engine:
                                      for i, g in enumerate(groups))
             check_memory(self.kv_pool_bytes, f"a KV pool of {pool} positions ({kv_type}); "
                                              f"use a smaller n_ctx or kv_pool_tokens, or kv_type='q8_0'")
+            n_gpu, gpu_head = gpu.plan(n_gpu_layers, self.spec.n_layer)
+            backend = gpu.backend(main_gpu) if n_gpu else None
             self.ctx = _core.Context(self.desc, KV_TYPES[kv_type], block_size, self.n_blocks, n_batch,
-                                     self.n_threads)
+                                     self.n_threads, backend, n_gpu, gpu_head, main_gpu)
+            self.n_gpu_layers = n_gpu  # layers on the GPU (the head too when all are)
         except Exception:
             self.gguf.close()
             raise

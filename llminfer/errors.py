@@ -70,6 +70,17 @@ class OutOfMemoryError(LLMInferError, MemoryError):
     available (a KV cache for a huge n_ctx, say)."""
 
 
+class GPUUnavailableError(LLMInferError, RuntimeError):
+    """n_gpu_layers asked for a GPU that cannot be used: llminfer was built
+    without a GPU backend, the driver is missing or too old, or no device is
+    present. The message says which."""
+
+
+class DeviceError(LLMInferError, RuntimeError):
+    """The GPU backend failed while loading or running a model: out of device
+    memory, a tensor type it does not run, a kernel that failed."""
+
+
 _BY_STATUS = {
     -1: InvalidArgumentError,
     -2: UnsupportedTypeError,
@@ -79,6 +90,7 @@ _BY_STATUS = {
     -6: ContextFullError,
     -7: TokenError,
     -8: InvalidArgumentError,
+    -9: DeviceError,
 }
 
 

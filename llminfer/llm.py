@@ -150,11 +150,15 @@ class LLM:
     for the native kernels (default: physical cores). n_batch: most prompt
     tokens evaluated per forward pass. seed: default seed for sampling.
     kv_type: "f16" (default) or "f32" for the KV cache. chat_format /
-    chat_template: override the chat prompt format (see llminfer.chat)."""
+    chat_template: override the chat prompt format (see llminfer.chat).
+    n_gpu_layers: the first N layers run on the GPU (-1: every layer and the
+    output head; 0, the default: none), on device main_gpu; needs a GPU
+    build (docs/gpu.md), else GPUUnavailableError says what is missing."""
 
     def __init__(self, model, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
                  seed: int | None = None, kv_type: str = "f16", chat_format: str | None = None,
-                 chat_template: str | None = None, kv_pool_tokens: int | None = None, mmap: bool = True):
+                 chat_template: str | None = None, kv_pool_tokens: int | None = None, mmap: bool = True,
+                 n_gpu_layers: int = 0, main_gpu: int = 0):
         check_positive_int("n_ctx", n_ctx)
         check_positive_int("n_batch", n_batch)
         if not isinstance(kv_type, str) or kv_type not in KV_TYPES:
@@ -167,7 +171,8 @@ class LLM:
             check_chat_args(chat_format, chat_template)
         self._lock = threading.RLock()
         self._engine = Engine(model, n_ctx=int(n_ctx), kv_pool_tokens=kv_pool_tokens, n_batch=int(n_batch),
-                              n_threads=n_threads, kv_type=kv_type, mmap=mmap)
+                              n_threads=n_threads, kv_type=kv_type, mmap=mmap, n_gpu_layers=n_gpu_layers,
+                              main_gpu=main_gpu)
         eng = self._engine
         self.model_path = eng.model_path
         self._gguf = eng.gguf

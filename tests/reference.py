@@ -2,8 +2,20 @@
 
 It shares nothing with llminfer: it reads the file with gguf's own
 GGUFReader, dequantizes with gguf.quants, and computes in float64 with
-exact SiLU/GELU and exact attention. It implements the llama, qwen2 and
-gemma3 architectures as the GGUF conventions define them.
+exact SiLU/GELU and exact attention. It implements the architectures as
+llama.cpp reads their GGUF files (src/models/*.cpp there):
+
+- llama, smollm3 (no RoPE on every 4th layer), granite (embedding,
+  residual, attention and logit multipliers; no RoPE when
+  rope.scaling.finetuned is false): RoPE on adjacent pairs;
+- qwen2 (q/k/v biases), qwen3 (per-head q/k norms), qwen3moe (and routed
+  experts: softmax router, top-k, weights renormalized), phi3 (fused qkv and
+  gate/up, LongRoPE factors and attention factor), olmo2 (no pre-norms,
+  q/k norms over the whole projection, post-norms), gemma2 (soft-capped
+  scores and logits, post-norms, alternating windows), gemma3 (per-head
+  q/k norms, post-norms, windows on 5 of 6 layers): RoPE on (i, i + n/2);
+- a sliding window on every layer of any other architecture whose file sets
+  attention.sliding_window.
 """
 
 from __future__ import annotations
@@ -14,13 +26,16 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
+NEOX = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
+
 
 class ReferenceModel:
-    def __init__(self, path):
+    def __init__(self, path, n_ctx=None):
         r = GGUFReader(str(path))
         self.meta = {k: f.contents() for k, f in r.fields.items()
                      if not k.startswith("tokenizer.ggml.")}
         self.arch = self.meta["general.architecture"]
+        self.n_ctx = n_ctx
         self.t = {}
         for t in r.tensors:
             shape = tuple(int(v) for v in reversed(t.shape.tolist()))
@@ -28,6 +43,20 @@ class ReferenceModel:
 
     def hp(self, key, default=None):
         return self.meta.get(f"{self.arch}.{key}", default)
+
+    def _windowed(self, i):
+        """(window, whether layer i uses it)"""
+        a = self.arch
+        window = self.hp("attention.sliding_window", 0)
+        if a == "gemma2":
+            window = self.hp("attention.sliding_window", 4096)
+        if window <= 0:
+            return 0, False
+        default = {"gemma3": 6, "gemma2": 2, "olmo2": 4}.get(a)
+        if default is None:
+            return window, True
+        pattern = self.hp("attention.sliding_window_pattern", default)
+        return window, pattern == 0 or i % pattern < pattern - 1
 
     def logits(self, tokens, positions=None, kv_type=None) -> np.ndarray:
         """Logits at every token; `positions` (default 0, 1, ...) give each
@@ -42,13 +71,23 @@ class ReferenceModel:
         n_rot = self.hp("rope.dimension_count", hd)
         eps = self.hp("attention.layer_norm_rms_epsilon")
         base = self.hp("rope.freq_base", 10000.0)
-        gemma = a == "gemma3"
-        neox = a in ("qwen2", "gemma3")
-        window = self.hp("attention.sliding_window", 0) if gemma else 0
-        pattern = self.hp("attention.sliding_window_pattern", 6)
+        gemma = a in ("gemma2", "gemma3")
+        neox = a in NEOX
         tokens = np.asarray(tokens)
         n = len(tokens)
+        self.route_gap = None  # MoE: per token, the smallest margin of its expert choice over the layers
         pos = np.arange(n) if positions is None else np.asarray(positions)
+
+        scale = 1.0 / math.sqrt(hd)
+        factors = self.t.get("rope_freqs.weight")
+        if a == "granite" and self.hp("attention.scale", 0.0):
+            scale = self.hp("attention.scale")
+        if a == "phi3" and "rope_factors_short.weight" in self.t:
+            orig = self.hp("rope.scaling.original_context_length", self.hp("context_length"))
+            long = self.n_ctx is not None and self.n_ctx > orig
+            factors = self.t["rope_factors_long.weight" if long else "rope_factors_short.weight"]
+            scale *= self.hp("rope.scaling.attn_factor", 1.0) ** 2  # RoPE scales q and k by it
+        softcap = self.hp("attn_logit_softcapping", 50.0) if a == "gemma2" else 0.0
 
         def norm(x, w):
             return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
@@ -56,6 +95,8 @@ class ReferenceModel:
         def rope(x, b):  # x [n, heads, hd]
             half = n_rot // 2
             freqs = b ** (-2.0 * np.arange(half) / n_rot)
+            if factors is not None:
+                freqs = freqs / factors
             ang = pos[:, None] * freqs[None, :]
             c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
             x = x.copy()
@@ -69,22 +110,45 @@ class ReferenceModel:
                 x[..., 1:n_rot:2] = x0 * s + x1 * c
             return x
 
+        def gelu(g):
+            return 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+
+        def silu(g):
+            return g / (1 + np.exp(-g))
+
+        act = gelu if gemma else silu
+        res_scale = self.hp("residual_scale", 1.0) if a == "granite" else 1.0
+
         x = self.t["token_embd.weight"][tokens]
         if gemma:
             x = x * math.sqrt(E)
+        if a == "granite":
+            x = x * self.hp("embedding_scale", 1.0)
         for i in range(self.hp("block_count")):
             p = f"blk.{i}."
             T = lambda name: self.t[p + name]  # noqa: E731
-            local = gemma and window > 0 and not (pattern <= 1 or i % pattern == pattern - 1)
-            b = 10000.0 if local else base
-            h = norm(x, T("attn_norm.weight"))
-            q, k, v = h @ T("attn_q.weight").T, h @ T("attn_k.weight").T, h @ T("attn_v.weight").T
+            window, local = self._windowed(i)
+            b = 10000.0 if (a == "gemma3" and local) else base
+            use_rope = True
+            if a == "smollm3":
+                use_rope = (i + 1) % 4 != 0
+            if a == "granite":
+                use_rope = bool(self.hp("rope.scaling.finetuned", True))
+            h = norm(x, T("attn_norm.weight")) if p + "attn_norm.weight" in self.t else x
+            if p + "attn_qkv.weight" in self.t:
+                qkv = h @ T("attn_qkv.weight").T
+                q, k, v = np.split(qkv, [n_head * hd, n_head * hd + n_kv * hd], axis=1)
+            else:
+                q, k, v = h @ T("attn_q.weight").T, h @ T("attn_k.weight").T, h @ T("attn_v.weight").T
             if p + "attn_q.bias" in self.t:
                 q, k, v = q + T("attn_q.bias"), k + T("attn_k.bias"), v + T("attn_v.bias")
-            q, k, v = q.reshape(n, n_head, hd), k.reshape(n, n_kv, hd), v.reshape(n, n_kv, hd)
-            if gemma:
+            if a == "olmo2":
                 q, k = norm(q, T("attn_q_norm.weight")), norm(k, T("attn_k_norm.weight"))
-            q, k = rope(q, b), rope(k, b)
+            q, k, v = q.reshape(n, n_head, hd), k.reshape(n, n_kv, hd), v.reshape(n, n_kv, hd)
+            if a in ("gemma3", "qwen3", "qwen3moe"):
+                q, k = norm(q, T("attn_q_norm.weight")), norm(k, T("attn_k_norm.weight"))
+            if use_rope:
+                q, k = rope(q, b), rope(k, b)
             if kv_type is not None:
                 q, k, v = _rounded(q, "Q8_0"), _rounded(k, kv_type.upper()), _rounded(v, kv_type.upper())
             group = n_head // n_kv
@@ -93,27 +157,58 @@ class ReferenceModel:
             if local:
                 visible &= pos[:, None] - pos[None, :] < window
             for h_ in range(n_head):
-                s = q[:, h_, :] @ k[:, h_ // group, :].T / math.sqrt(hd)
+                s = q[:, h_, :] @ k[:, h_ // group, :].T * scale
+                if softcap:
+                    s = softcap * np.tanh(s / softcap)
                 s = np.where(visible, s, -np.inf)
                 s = np.exp(s - s.max(axis=1, keepdims=True))
                 s /= s.sum(axis=1, keepdims=True)
                 att[:, h_, :] = s @ v[:, h_ // group, :]
             o = att.reshape(n, -1) @ T("attn_output.weight").T
-            if gemma:
+            if p + "post_attention_norm.weight" in self.t:
                 o = norm(o, T("post_attention_norm.weight"))
-            x = x + o
-            h = norm(x, T("ffn_norm.weight"))
-            g, u = h @ T("ffn_gate.weight").T, h @ T("ffn_up.weight").T
-            if gemma:
-                act = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
+            x = x + o * res_scale
+            h = norm(x, T("ffn_norm.weight")) if p + "ffn_norm.weight" in self.t else x
+            if p + "ffn_gate_inp.weight" in self.t:
+                d = self._experts(h, p, act)
             else:
-                act = g / (1 + np.exp(-g))
-            d = (act * u) @ T("ffn_down.weight").T
-            if gemma:
+                if p + "ffn_gate.weight" in self.t:
+                    g, u = h @ T("ffn_gate.weight").T, h @ T("ffn_up.weight").T
+                else:  # phi3: gate and up in one tensor, gate first
+                    g, u = np.split(h @ T("ffn_up.weight").T, 2, axis=1)
+                d = (act(g) * u) @ T("ffn_down.weight").T
+            if p + "post_ffw_norm.weight" in self.t:
                 d = norm(d, T("post_ffw_norm.weight"))
-            x = x + d
+            x = x + d * res_scale
         out = self.t.get("output.weight", self.t["token_embd.weight"])
-        return norm(x, self.t["output_norm.weight"]) @ out.T
+        logits = norm(x, self.t["output_norm.weight"]) @ out.T
+        if a == "granite":
+            logits = logits / self.hp("logit_scale", 1.0)
+        if a == "gemma2":
+            cap = self.hp("final_logit_softcapping", 30.0)
+            logits = cap * np.tanh(logits / cap)
+        return logits
+
+    def _experts(self, h, p, act):
+        """Qwen3-MoE's feed-forward: softmax over the router's logits, the k
+        most probable experts, their probabilities renormalized to sum 1."""
+        k = self.hp("expert_used_count")
+        logits = h @ self.t[p + "ffn_gate_inp.weight"].T
+        prob = np.exp(logits - logits.max(axis=1, keepdims=True))
+        prob /= prob.sum(axis=1, keepdims=True)
+        gate, up, down = (self.t[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+        out = np.zeros_like(h)
+        # how near each token came to choosing other experts: a quantized
+        # engine may choose otherwise where this is small
+        srt = -np.sort(-prob, axis=1)
+        gap = srt[:, k - 1] - (srt[:, k] if prob.shape[1] > k else 0.0)
+        self.route_gap = gap if self.route_gap is None else np.minimum(self.route_gap, gap)
+        for t in range(h.shape[0]):
+            chosen = np.argsort(-prob[t], kind="stable")[:k]
+            w = prob[t, chosen] / prob[t, chosen].sum()
+            for e, we in zip(chosen, w):
+                out[t] += we * (down[e] @ (act(gate[e] @ h[t]) * (up[e] @ h[t])))
+        return out
 
 
 def _rounded(x, type_name):

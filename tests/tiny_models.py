@@ -47,11 +47,32 @@ class TinyConfig:
     head_dim: int = 64
     n_ff: int = 512
     tie_output: bool = True
-    sliding_window: int = 0       # gemma3 local layers
+    sliding_window: int = 0       # gemma3 local layers; any other arch: written when > 0
     swa_pattern: int = 2          # gemma3: every 2nd layer global in tiny models
     rope_base: float = 10000.0
     context_length: int = 512
     seed: int = 0
+    # gemma2's soft-caps (small, so that tanh bends the tiny model's values)
+    attn_softcap: float = 4.0
+    final_softcap: float = 150.0  # tiny logits reach ~270
+    # granite's multipliers
+    embedding_scale: float = 3.0
+    residual_scale: float = 0.5
+    attention_scale: float = 0.1
+    logit_scale: float = 2.5
+    # phi3's LongRoPE: factors written when long_context > 0 (the original context length)
+    long_context: int = 0
+    rope_attn_factor: float = 1.2
+    # qwen3moe
+    n_expert: int = 8
+    n_expert_used: int = 3
+    n_ff_exp: int = 256
+    pre: str = "gpt2"             # tokenizer.ggml.pre ("default" for llama.cpp, which no longer knows "gpt2")
+
+
+# What each architecture adds to (or takes from) the Llama block in a tiny model
+NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
+ARCHS = ("llama", "qwen2", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe")
 
 
 def vocab():
@@ -81,11 +102,28 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add_float32(f"{arch}.rope.freq_base", cfg.rope_base)
     w.add_uint32(f"{arch}.rope.dimension_count", cfg.head_dim)
-    if arch == "gemma3":
+    if arch in ("gemma3", "gemma2"):
         w.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", cfg.swa_pattern)
+    elif cfg.sliding_window > 0:
+        w.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
+    if arch == "gemma2":
+        w.add_float32(f"{arch}.attn_logit_softcapping", cfg.attn_softcap)
+        w.add_float32(f"{arch}.final_logit_softcapping", cfg.final_softcap)
+    if arch == "granite":
+        w.add_float32(f"{arch}.embedding_scale", cfg.embedding_scale)
+        w.add_float32(f"{arch}.residual_scale", cfg.residual_scale)
+        w.add_float32(f"{arch}.attention.scale", cfg.attention_scale)
+        w.add_float32(f"{arch}.logit_scale", cfg.logit_scale)
+    if arch == "phi3" and cfg.long_context:
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", cfg.long_context)
+        w.add_float32(f"{arch}.rope.scaling.attn_factor", cfg.rope_attn_factor)
+    if arch == "qwen3moe":
+        w.add_uint32(f"{arch}.expert_count", cfg.n_expert)
+        w.add_uint32(f"{arch}.expert_used_count", cfg.n_expert_used)
+        w.add_uint32(f"{arch}.expert_feed_forward_length", cfg.n_ff_exp)
     w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "gpt2")
+    w.add_string("tokenizer.ggml.pre", cfg.pre)
     w.add_array("tokenizer.ggml.tokens", tokens)
     w.add_array("tokenizer.ggml.token_type", types)
     w.add_array("tokenizer.ggml.merges", MERGES)
@@ -103,30 +141,60 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
             data, t = replaced
         w.add_tensor(name, data, raw_dtype=t)
 
-    def matrix(name, rows, k, qtype, scale):
-        data = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
+    def matrix(name, rows, k, qtype, scale, n_expert=0):
+        """[rows, k], or [n_expert, rows, k] as GGUF's 3-D expert tensors"""
+        n = max(n_expert, 1)
+        data = (rng.standard_normal((n * rows, k)) * scale).astype(np.float32)
         t = gguf.GGMLQuantizationType[qtype]
-        add(name, ops.quantize(data, t), t)
+        q = ops.quantize(data, t)
+        add(name, q.reshape(n, rows, -1) if n_expert else q, t)
 
     def vector(name, n, around=1.0, spread=0.1):
         add(name, (around + rng.standard_normal(n) * spread).astype(np.float32), gguf.GGMLQuantizationType.F32)
 
     E, F, hd = cfg.n_embd, cfg.n_ff, cfg.head_dim
+    nq, nkv = cfg.n_head * hd, cfg.n_head_kv * hd
     matrix("token_embd.weight", n_vocab, E, cfg.embd_qtype, 1.0)
     vector("output_norm.weight", E)
     if not cfg.tie_output:
         matrix("output.weight", n_vocab, E, cfg.qtype, 1.0 / np.sqrt(E))
+    if arch == "phi3" and cfg.long_context:
+        vector("rope_factors_long.weight", cfg.head_dim // 2, 4.0, 0.5)
+        vector("rope_factors_short.weight", cfg.head_dim // 2, 1.0, 0.1)
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
-        vector(p + "attn_norm.weight", E)
-        matrix(p + "attn_q.weight", cfg.n_head * hd, E, cfg.qtype, 1.0 / np.sqrt(E))
-        matrix(p + "attn_k.weight", cfg.n_head_kv * hd, E, cfg.qtype, 1.0 / np.sqrt(E))
-        matrix(p + "attn_v.weight", cfg.n_head_kv * hd, E, cfg.qtype, 1.0 / np.sqrt(E))
-        matrix(p + "attn_output.weight", E, cfg.n_head * hd, cfg.qtype, 1.0 / np.sqrt(cfg.n_head * hd))
-        vector(p + "ffn_norm.weight", E)
-        matrix(p + "ffn_gate.weight", F, E, cfg.qtype, 1.0 / np.sqrt(E))
-        matrix(p + "ffn_up.weight", F, E, cfg.qtype, 1.0 / np.sqrt(E))
-        matrix(p + "ffn_down.weight", E, F, cfg.qtype, 1.0 / np.sqrt(F))
+        if arch != "olmo2":  # olmo2 norms after each half, not before
+            vector(p + "attn_norm.weight", E)
+            vector(p + "ffn_norm.weight", E)
+        if arch == "phi3":  # q, k and v in one tensor; gate and up in one
+            matrix(p + "attn_qkv.weight", nq + 2 * nkv, E, cfg.qtype, 1.0 / np.sqrt(E))
+        else:
+            matrix(p + "attn_q.weight", nq, E, cfg.qtype, 1.0 / np.sqrt(E))
+            matrix(p + "attn_k.weight", nkv, E, cfg.qtype, 1.0 / np.sqrt(E))
+            matrix(p + "attn_v.weight", nkv, E, cfg.qtype, 1.0 / np.sqrt(E))
+        matrix(p + "attn_output.weight", E, nq, cfg.qtype, 1.0 / np.sqrt(nq))
+        if arch == "phi3":
+            matrix(p + "ffn_up.weight", 2 * F, E, cfg.qtype, 1.0 / np.sqrt(E))
+            matrix(p + "ffn_down.weight", E, F, cfg.qtype, 1.0 / np.sqrt(F))
+        elif arch == "qwen3moe":
+            Fe, ne = cfg.n_ff_exp, cfg.n_expert
+            matrix(p + "ffn_gate_inp.weight", ne, E, "F32", 1.0 / np.sqrt(E))
+            matrix(p + "ffn_gate_exps.weight", Fe, E, cfg.qtype, 1.0 / np.sqrt(E), n_expert=ne)
+            matrix(p + "ffn_up_exps.weight", Fe, E, cfg.qtype, 1.0 / np.sqrt(E), n_expert=ne)
+            matrix(p + "ffn_down_exps.weight", E, Fe, cfg.qtype, 1.0 / np.sqrt(Fe), n_expert=ne)
+        else:
+            matrix(p + "ffn_gate.weight", F, E, cfg.qtype, 1.0 / np.sqrt(E))
+            matrix(p + "ffn_up.weight", F, E, cfg.qtype, 1.0 / np.sqrt(E))
+            matrix(p + "ffn_down.weight", E, F, cfg.qtype, 1.0 / np.sqrt(F))
+        if arch in ("qwen3", "qwen3moe"):
+            vector(p + "attn_q_norm.weight", hd)
+            vector(p + "attn_k_norm.weight", hd)
+        if arch == "olmo2":
+            vector(p + "attn_q_norm.weight", nq)
+            vector(p + "attn_k_norm.weight", nkv)
+        if arch in ("gemma2", "olmo2"):
+            vector(p + "post_attention_norm.weight", E)
+            vector(p + "post_ffw_norm.weight", E)
         if arch == "qwen2":
             vector(p + "attn_q.bias", cfg.n_head * hd, 0.0, 0.2)
             vector(p + "attn_k.bias", cfg.n_head_kv * hd, 0.0, 0.2)

@@ -1,19 +1,30 @@
 """Model architectures, one file each, named after GGUF's general.architecture.
-Each file's build(gguf) reads hyperparameters and tensors into a ModelSpec."""
+Each file's build(gguf) reads hyperparameters and tensors into a ModelSpec;
+a build that also takes n_ctx (phi3: LongRoPE's factors depend on the
+context length) is given the context the model will run with."""
+
+import inspect
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models import gemma3, llama, qwen2
+from llminfer.models import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3, qwen3moe, smollm3
 from llminfer.models.base import ModelSpec
 
 ARCHITECTURES = {
     llama.ARCH: llama.build,
     qwen2.ARCH: qwen2.build,
     gemma3.ARCH: gemma3.build,
+    qwen3.ARCH: qwen3.build,
+    qwen3moe.ARCH: qwen3moe.build,
+    gemma2.ARCH: gemma2.build,
+    phi3.ARCH: phi3.build,
+    granite.ARCH: granite.build,
+    olmo2.ARCH: olmo2.build,
+    smollm3.ARCH: smollm3.build,
 }
 
 
-def build_spec(gguf: GGUFFile) -> ModelSpec:
+def build_spec(gguf: GGUFFile, n_ctx: int | None = None) -> ModelSpec:
     count = gguf.metadata.get("split.count", 1)
     if isinstance(count, int) and count > 1:
         # one part of a gguf-split model holds only some of the tensors
@@ -27,7 +38,27 @@ def build_spec(gguf: GGUFFile) -> ModelSpec:
     if builder is None:
         raise UnsupportedModelError(f"{gguf.path}: architecture {arch!r} is not supported; "
                                     f"supported: {', '.join(sorted(ARCHITECTURES))}")
+    if "n_ctx" in inspect.signature(builder).parameters:
+        return builder(gguf, n_ctx=n_ctx)
     return builder(gguf)
 
 
-__all__ = ["ARCHITECTURES", "ModelSpec", "build_spec"]
+def support_line(gguf: GGUFFile) -> str:
+    """One line for `llminfer info`: what llminfer would run, or what in the
+    file it cannot load and why (the architecture, a tensor type, a shape or
+    a metadata value, as build_spec's error names it)."""
+    try:
+        spec = build_spec(gguf)
+    except UnsupportedModelError as e:
+        why = str(e)
+        prefix = f"{gguf.path}: "
+        return f"llminfer: cannot load: {why[len(prefix):] if why.startswith(prefix) else why}"
+    moe = (f", {spec.n_expert} experts of which {spec.n_expert_used} per token"
+           if spec.n_expert else "")
+    windows = sum(1 for L in spec.layers if L.sliding_window)
+    swa = f", {windows} sliding-window layers" if windows else ""
+    return (f"llminfer: loads as {spec.arch}: {spec.n_layer} layers, {spec.n_params() / 1e6:.1f}M parameters"
+            f"{moe}{swa}, {spec.weight_bytes() / 1e6:.1f} MB of weights read per token")
+
+
+__all__ = ["ARCHITECTURES", "ModelSpec", "build_spec", "support_line"]

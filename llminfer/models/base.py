@@ -40,16 +40,29 @@ class Matrix:
 
 
 @dataclass
+class MoESpec:
+    """A mixture-of-experts feed-forward: the router and the experts' weights
+    as GGUF stores its 3-D tensors, expert after expert (rows of all experts
+    in one Matrix: gate/up [n_expert * n_ff_exp, n_embd], down
+    [n_expert * n_embd, n_ff_exp])."""
+
+    router: Matrix      # ffn_gate_inp [n_expert, n_embd]
+    gate_exps: Matrix
+    up_exps: Matrix
+    down_exps: Matrix
+
+
+@dataclass
 class LayerSpec:
-    attn_norm: np.ndarray
+    attn_norm: np.ndarray | None  # None: no pre-norm (olmo2)
     wq: Matrix
     wk: Matrix
     wv: Matrix
     wo: Matrix
-    ffn_norm: np.ndarray
-    w_gate: Matrix
-    w_up: Matrix
-    w_down: Matrix
+    ffn_norm: np.ndarray | None
+    w_gate: Matrix | None         # None in a MoE layer
+    w_up: Matrix | None
+    w_down: Matrix | None
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
@@ -60,6 +73,15 @@ class LayerSpec:
     rope_base: float = 10000.0
     rope_scale: float = 1.0
     sliding_window: int = 0
+    use_rope: bool = True         # False: queries and keys are not rotated (smollm3's every 4th layer)
+    moe: MoESpec | None = None
+
+    def ffn_matrices(self, active_only=False) -> list:
+        """The feed-forward's weights; with active_only, as much of them as
+        one token reads (a MoE layer: its router and k of its experts)."""
+        if self.moe is None:
+            return [self.w_gate, self.w_up, self.w_down]
+        return [self.moe.router, self.moe.gate_exps, self.moe.up_exps, self.moe.down_exps]
 
 
 @dataclass
@@ -84,6 +106,14 @@ class ModelSpec:
     output: Matrix
     layers: list = field(default_factory=list)
     rope_factors: np.ndarray | None = None  # [n_rot/2] frequency divisors (rope_freqs.weight)
+    residual_scale: float = 1.0   # granite: each half's output times this before the residual add
+    logit_scale: float = 1.0      # granite: logits times this (1 / granite.logit_scale)
+    attn_softcap: float = 0.0     # gemma2: scores become cap * tanh(score / cap); 0: none
+    final_softcap: float = 0.0    # gemma2: the same on the logits
+    qk_norm_whole: bool = False   # olmo2: q_norm/k_norm over the whole projection, not per head
+    n_expert: int = 0             # MoE: experts per layer, how many a token uses, one expert's width
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
 
     @property
     def n_layer(self) -> int:
@@ -92,15 +122,21 @@ class ModelSpec:
     def n_params(self) -> int:
         mats = [self.tok_embd] + ([] if self.output is self.tok_embd else [self.output])
         for L in self.layers:
-            mats += [L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down]
+            mats += [L.wq, L.wk, L.wv, L.wo] + L.ffn_matrices()
         return sum(m.rows * m.k for m in mats)
 
     def weight_bytes(self) -> int:
-        """Bytes of weights one token's forward pass reads (the embedding row aside)."""
-        mats = [self.output]
+        """Bytes of weights one token's forward pass reads (the embedding row
+        aside); of a MoE layer, the router and k experts."""
+        total = self.output.data.nbytes
         for L in self.layers:
-            mats += [L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down]
-        return sum(m.data.nbytes for m in mats)
+            total += sum(m.data.nbytes for m in (L.wq, L.wk, L.wv, L.wo))
+            if L.moe is None:
+                total += sum(m.data.nbytes for m in L.ffn_matrices())
+            else:
+                experts = sum(m.data.nbytes for m in (L.moe.gate_exps, L.moe.up_exps, L.moe.down_exps))
+                total += L.moe.router.data.nbytes + experts * self.n_expert_used // self.n_expert
+        return total
 
 
 # What a model can use, per hyperparameter: (low, high, whether low itself is
@@ -206,6 +242,29 @@ class Weights:
                                         f"expected ({rows}, {k}) from the metadata")
         return Matrix(self.gguf.tensor_bytes(name), info.qtype, rows, k)
 
+    def expert_matrix(self, name, n_expert, rows, k) -> Matrix:
+        """A 3-D expert tensor [n_expert, rows, k] as one Matrix of
+        n_expert * rows rows (experts one after another, as stored)."""
+        info = self._info(name)
+        if _core.type_sizes(info.qtype) is None:
+            raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} has type {info.type_name}, "
+                                        f"which llminfer cannot compute with")
+        if info.shape != (n_expert, rows, k):
+            raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} has shape {info.shape}, "
+                                        f"expected ({n_expert}, {rows}, {k}) from the metadata")
+        return Matrix(self.gguf.tensor_bytes(name), info.qtype, n_expert * rows, k)
+
+    def split_rows(self, name, parts, k) -> list:
+        """A fused matrix [sum(parts), k] cut into row blocks of the given
+        sizes (phi3's attn_qkv and gate/up ffn_up), each a view of its bytes."""
+        whole = self.matrix(name, sum(parts), k)
+        row = whole.data.nbytes // whole.rows
+        out, r0 = [], 0
+        for rows in parts:
+            out.append(Matrix(whole.data[r0 * row:(r0 + rows) * row], whole.qtype, rows, k))
+            r0 += rows
+        return out
+
     def vector(self, name, n, optional=False) -> np.ndarray | None:
         """A small tensor as float32 (converted from F16/BF16 when stored so)."""
         if optional and not self.has(name):
@@ -257,6 +316,13 @@ class Weights:
             raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} is missing")
         self.used.add(name)
         return info
+
+
+def is_swa_layer(layer: int, pattern: int) -> bool:
+    """llama.cpp's reading of attention.sliding_window_pattern: of every
+    `pattern` layers the last attends globally, the others through the
+    window; 0 means every layer is windowed, 1 none."""
+    return pattern == 0 or layer % pattern < pattern - 1
 
 
 def rope_scale(hp: Hparams) -> float:
