@@ -236,6 +236,15 @@ size_t li_context_kv_bytes(const li_context *c, int il);
 /* Copy block src to block dst in every layer of a group (copy-on-write of a
  * shared block that a sequence is about to write). */
 int li_kv_copy_block(li_context *c, int group, int src, int dst);
+/* Bytes one block of a group takes over all its layers (keys and values):
+ * the size li_kv_read_block / li_kv_write_block move; 0 for a group no layer uses. */
+size_t li_kv_group_block_bytes(const li_context *c, int group);
+/* Copy block `block` of a group out of (read) or into (write) a flat buffer
+ * of `size` bytes, which must be li_kv_group_block_bytes: for each layer of
+ * the group in order, its key rows, then its value rows. (Saving and
+ * restoring a sequence's state.) */
+int li_kv_read_block(const li_context *c, int group, int block, void *dst, size_t size);
+int li_kv_write_block(li_context *c, int group, int block, const void *src, size_t size);
 /* Run a batch through every layer, writing each token's keys and values at
  * its position in its sequence's tables, and the logits of the rows asked for
  * into logits ([rows asked for, n_vocab], in batch order). The result of a

@@ -425,6 +425,57 @@ int li_kv_copy_block(li_context *c, int group, int src, int dst) {
     return LI_OK;
 }
 
+size_t li_kv_group_block_bytes(const li_context *c, int group) {
+    if (!c || group < 0 || group >= LI_KV_GROUPS) return 0;
+    const size_t rows = (size_t)c->kv.block_size * (size_t)c->m->n_head_kv;
+    size_t total = 0;
+    for (int il = 0; il < c->m->n_layer; il++)
+        if (c->group[il] == group) total += rows * (c->k_row + c->v_row);
+    return total;
+}
+
+/* The checks li_kv_read_block and li_kv_write_block share. */
+static int check_block_io(const li_context *c, int group, int block, const void *buf, size_t size) {
+    if (!c || !buf || group < 0 || group >= LI_KV_GROUPS)
+        return li_fail(LI_E_ARG, "no context, no buffer or bad KV group %d", group);
+    if (block < 0 || block >= c->kv.n_blocks[group])
+        return li_fail(LI_E_KV, "block %d is outside the pool of %d blocks", block, c->kv.n_blocks[group]);
+    const size_t want = li_kv_group_block_bytes(c, group);
+    if (size != want)
+        return li_fail(LI_E_SHAPE, "a block of group %d takes %zu bytes, the buffer has %zu", group, want, size);
+    return LI_OK;
+}
+
+int li_kv_read_block(const li_context *c, int group, int block, void *dst, size_t size) {
+    int st = check_block_io(c, group, block, dst, size);
+    if (st != LI_OK) return st;
+    const size_t rows = (size_t)c->kv.block_size * (size_t)c->m->n_head_kv;
+    char *out = (char *)dst;
+    for (int il = 0; il < c->m->n_layer; il++) {
+        if (c->group[il] != group) continue;
+        memcpy(out, c->k_pool[il] + (size_t)block * rows * c->k_row, rows * c->k_row);
+        out += rows * c->k_row;
+        memcpy(out, c->v_pool[il] + (size_t)block * rows * c->v_row, rows * c->v_row);
+        out += rows * c->v_row;
+    }
+    return LI_OK;
+}
+
+int li_kv_write_block(li_context *c, int group, int block, const void *src, size_t size) {
+    int st = check_block_io(c, group, block, src, size);
+    if (st != LI_OK) return st;
+    const size_t rows = (size_t)c->kv.block_size * (size_t)c->m->n_head_kv;
+    const char *in = (const char *)src;
+    for (int il = 0; il < c->m->n_layer; il++) {
+        if (c->group[il] != group) continue;
+        memcpy(c->k_pool[il] + (size_t)block * rows * c->k_row, in, rows * c->k_row);
+        in += rows * c->k_row;
+        memcpy(c->v_pool[il] + (size_t)block * rows * c->v_row, in, rows * c->v_row);
+        in += rows * c->v_row;
+    }
+    return LI_OK;
+}
+
 /* ---- forward steps (each called by every thread with its ith of nth) ---- */
 
 /* xq in the activation formats of the given weights, from rows [lo, hi) of

@@ -19,10 +19,11 @@ from llminfer import errors, ops
 from llminfer.engine import Engine
 from llminfer.hub import pull
 from llminfer.llm import LLM, Completion, Timings, generate
+from llminfer.compat import Llama
 from llminfer.sampling import SamplingParams
 from llminfer.system import system_info
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "Engine", "Completion", "SamplingParams", "Timings", "errors", "generate", "ops", "pull",
+__all__ = ["LLM", "Llama", "Engine", "Completion", "SamplingParams", "Timings", "errors", "generate", "ops", "pull",
            "system_info", "__version__"]

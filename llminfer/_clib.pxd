@@ -112,6 +112,9 @@ cdef extern from "llminfer.h" nogil:
                                   li_context **out)
     size_t li_context_kv_bytes(const li_context *c, int il)
     int li_kv_copy_block(li_context *c, int group, int src, int dst)
+    size_t li_kv_group_block_bytes(const li_context *c, int group)
+    int li_kv_read_block(const li_context *c, int group, int block, void *dst, size_t size)
+    int li_kv_write_block(li_context *c, int group, int block, const void *src, size_t size)
     int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views, int n_views,
                           float *logits, size_t logits_size, int n_threads)
     const char *li_last_error()

@@ -362,6 +362,28 @@ cdef class Context:
             raise errors.LLMInferError("the context is closed")
         check(C.li_kv_copy_block(self.ctx, group, src, dst), "copying a KV block")
 
+    def block_bytes(self, int group):
+        """Bytes one block of a group takes over all its layers (0: no layer uses the group)."""
+        return C.li_kv_group_block_bytes(self.ctx, group) if self.ctx != NULL else 0
+
+    def read_block(self, int group, int block):
+        """The bytes of one block of a group, over all its layers (bytes)."""
+        if self.ctx == NULL:
+            raise errors.LLMInferError("the context is closed")
+        cdef size_t size = C.li_kv_group_block_bytes(self.ctx, group)
+        out = bytearray(size)
+        cdef unsigned char[::1] view = out
+        check(C.li_kv_read_block(self.ctx, group, block, &view[0] if size else NULL, size),
+              "reading a KV block")
+        return bytes(out)
+
+    def write_block(self, int group, int block, const unsigned char[::1] data):
+        """Overwrite one block of a group with bytes read_block gave."""
+        if self.ctx == NULL:
+            raise errors.LLMInferError("the context is closed")
+        check(C.li_kv_write_block(self.ctx, group, block, &data[0] if data.shape[0] else NULL,
+                                  data.shape[0]), "writing a KV block")
+
     def kv_bytes(self, int layer):
         return C.li_context_kv_bytes(self.ctx, layer) if self.ctx != NULL else 0
 

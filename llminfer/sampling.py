@@ -6,8 +6,16 @@
 
 The chain runs in llama.cpp's default order:
 
-    logit bias -> penalties (repeat, frequency, presence) -> top-k -> top-p
-    -> min-p -> temperature -> draw
+    logit bias -> penalties (repeat, frequency, presence) -> DRY -> top-k
+    -> typical -> top-p -> min-p -> XTC -> temperature -> draw
+
+and with mirostat on (1 or 2), as llama.cpp chains it:
+
+    logit bias -> penalties -> DRY -> temperature -> mirostat (truncate, draw)
+
+DRY, typical, XTC and mirostat follow the definitions of llama.cpp's
+src/llama-sampler.cpp; they are off by default and run on the sorted kept
+tokens (llminfer/sampling_extra.py), away from the fast path below.
 
 Each stage sees the logits that the one before it left. Top-p and min-p work
 on the softmax of those logits at temperature 1, over the tokens still kept;
@@ -86,6 +94,17 @@ class SamplingParams:
     penalty_last_n: int = 64      # 0: off, -1: whole history
     logit_bias: Mapping[int, float] | None = field(default=None, hash=False)  # -inf bans, +inf forces
     seed: int | None = None       # None: fresh entropy
+    typical_p: float = 1.0        # 1.0: off (locally typical sampling)
+    mirostat: int = 0             # 0: off, 1: mirostat, 2: mirostat 2.0 (replace top-k/p, min-p, typical, XTC)
+    mirostat_tau: float = 5.0     # target surprise, bits
+    mirostat_eta: float = 0.1     # learning rate of mu
+    dry_multiplier: float = 0.0   # 0.0: off (DRY repetition penalty)
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1  # -1: whole history, 0: off
+    dry_sequence_breakers: tuple = ("\n", ":", "\"", "*")
+    xtc_probability: float = 0.0  # 0.0: off (exclude top choices)
+    xtc_threshold: float = 0.1    # > 0.5: off
 
     def __post_init__(self):
         self._check_fields()
@@ -93,11 +112,16 @@ class SamplingParams:
         # and print the same as the floats they stand for.
         for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty"):
             object.__setattr__(self, name, float(getattr(self, name)))
-        for name in ("top_k", "penalty_last_n"):
+        for name in ("typical_p", "mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base",
+                     "xtc_probability", "xtc_threshold"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        for name in ("top_k", "penalty_last_n", "mirostat", "dry_allowed_length", "dry_penalty_last_n"):
             object.__setattr__(self, name, int(getattr(self, name)))
+        object.__setattr__(self, "dry_sequence_breakers", tuple(self.dry_sequence_breakers))
         if self.seed is not None:
             object.__setattr__(self, "seed", int(self.seed))
         if self.logit_bias is not None:
+            # OpenAI's JSON sends the token ids as strings: {"50256": -100}
             object.__setattr__(self, "logit_bias", {int(t): float(b) for t, b in self.logit_bias.items()})
 
     def _check_fields(self):
@@ -113,11 +137,31 @@ class SamplingParams:
         _need_int("penalty_last_n", self.penalty_last_n, low=-1)
         if self.seed is not None:
             _need_int("seed", self.seed, low=0)
+        _need_fraction("typical_p", self.typical_p)
+        _need_int("mirostat", self.mirostat, low=0)
+        if self.mirostat > 2:
+            raise InvalidArgumentError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat!r}")
+        _need_finite("mirostat_tau", self.mirostat_tau)
+        _need_finite("mirostat_eta", self.mirostat_eta)
+        _need_finite("dry_multiplier", self.dry_multiplier)
+        if self.dry_multiplier < 0:
+            raise InvalidArgumentError(f"dry_multiplier must be >= 0, got {self.dry_multiplier!r}")
+        _need_finite("dry_base", self.dry_base)
+        _need_int("dry_allowed_length", self.dry_allowed_length, low=0)
+        _need_int("dry_penalty_last_n", self.dry_penalty_last_n, low=-1)
+        if isinstance(self.dry_sequence_breakers, str) or not all(
+                isinstance(b, str) and b for b in self.dry_sequence_breakers):
+            raise InvalidArgumentError(f"dry_sequence_breakers must be a list of non-empty strings, "
+                                       f"got {self.dry_sequence_breakers!r}")
+        _need_fraction("xtc_probability", self.xtc_probability)
+        _need_fraction("xtc_threshold", self.xtc_threshold)
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, Mapping):
                 raise InvalidArgumentError(
                     f"logit_bias must be a mapping of token id to bias, got {type(self.logit_bias).__name__}")
             for token, bias in self.logit_bias.items():
+                if isinstance(token, str) and token.strip().isdigit():
+                    token = int(token)
                 if not _is_int(token) or token < 0:
                     raise InvalidArgumentError(f"logit_bias keys must be token ids >= 0, got {token!r}")
                 if not _is_real(bias) or math.isnan(bias):
@@ -126,6 +170,16 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def dry_on(self) -> bool:
+        return self.dry_multiplier > 0.0 and self.dry_base >= 1.0 and self.dry_penalty_last_n != 0
+
+    @property
+    def extra_on(self) -> bool:
+        """Whether a stage of llminfer.sampling_extra runs (after bias, penalties and DRY)."""
+        return self.typical_p < 1.0 or self.mirostat != 0 or (
+            self.xtc_probability > 0.0 and self.xtc_threshold <= 0.5)
 
     @property
     def penalties_on(self) -> bool:
@@ -331,10 +385,13 @@ class Sampler:
 
     Holds the random stream (numpy Generator over PCG64): the same seed and
     the same sequence of logits and histories give the same tokens. Every
-    non-greedy sample() takes exactly one number from the stream.
+    non-greedy sample() takes exactly one number from the stream (two
+    when XTC is on: its coin, then the draw).
+
+    tokenizer: needed only by DRY, whose sequence breakers are text.
     """
 
-    def __init__(self, params: SamplingParams, n_vocab: int):
+    def __init__(self, params: SamplingParams, n_vocab: int, tokenizer=None):
         if not isinstance(params, SamplingParams):
             raise InvalidArgumentError(f"params must be a SamplingParams, got {type(params).__name__}")
         params.validate(n_vocab)
@@ -344,6 +401,11 @@ class Sampler:
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self._bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         self._bans = np.isneginf(self._bias)
+        self._breakers = None
+        if params.dry_on:
+            from llminfer.sampling_extra import dry_breaker_tokens
+
+            self._breakers = dry_breaker_tokens(tokenizer, params.dry_sequence_breakers)
         self.reset()
 
     def reset(self, seed: int | None = None):
@@ -354,10 +416,18 @@ class Sampler:
         else:
             _need_int("seed", seed, low=0)
         self._rng = np.random.Generator(np.random.PCG64(seed))
+        self.mirostat_mu = 2.0 * self.params.mirostat_tau  # mirostat's running surprise bound
 
     def sample(self, logits: np.ndarray, history: Sequence[int] | np.ndarray = ()) -> int:
         """The next token id. `history` is every token so far (prompt and
         generated); the penalties read its last penalty_last_n."""
+        if self.params.mirostat and not self.params.is_greedy:
+            from llminfer.sampling_extra import mirostat_step
+
+            work, top = self._adjusted(logits, history)
+            self._check_top(work, top, logits)
+            tok, self.mirostat_mu = mirostat_step(self.params, work, self.mirostat_mu, self._rng.random())
+            return tok
         ids, w = self._kept(logits, history)
         if self.params.is_greedy:
             return int(ids[0])
@@ -394,15 +464,16 @@ class Sampler:
         weights cover the whole vocabulary (zero where dropped)."""
         p = self.params
         work, top = self._adjusted(logits, history)
-        if top == -np.inf:
-            if self._bans.any() and logits.max() > -np.inf:
-                raise InvalidArgumentError("logit_bias bans every token")
-            raise InvalidArgumentError("every logit is -inf: no token can be sampled")
+        self._check_top(work, top, logits)
         if top == np.inf:   # forced tokens (+inf bias): only they remain, equally likely
             work = np.where(work == np.inf, np.float32(0), np.float32(-np.inf))
             top = 0.0
         if p.is_greedy:
             return np.array([int(np.argmax(work))]), np.ones(1)
+        if p.extra_on:
+            from llminfer.sampling_extra import kept_extended
+
+            return kept_extended(p, work, self._rng)
 
         if 0 < p.top_k < work.size:
             ids = _largest(work, p.top_k)
@@ -426,6 +497,12 @@ class Sampler:
         z -= top
         z /= p.temperature
         return ids, np.exp(z, out=z)
+
+    def _check_top(self, work, top, logits):
+        if top == -np.inf:
+            if self._bans.any() and logits.max() > -np.inf:
+                raise InvalidArgumentError("logit_bias bans every token")
+            raise InvalidArgumentError("every logit is -inf: no token can be sampled")
 
     def _without_top_k(self, work, top):
         """(ids or None, logits as float64) of what top-p and min-p keep of
@@ -498,7 +575,12 @@ class Sampler:
                                  f"computation produced it, not the sampling parameters")
 
         window = self._window(history) if self.params.penalties_on else None
-        if not self._bias_ids.size and (window is None or not window.size):
+        dry = None
+        if self._breakers is not None:
+            from llminfer.sampling_extra import dry_penalties
+
+            dry = dry_penalties(self.params, self._history_ids(history), self._breakers)
+        if not self._bias_ids.size and (window is None or not window.size) and not dry:
             return logits, float(top)
         work = logits.copy()
         if self._bias_ids.size:
@@ -509,7 +591,16 @@ class Sampler:
             work[self._bias_ids] = biased
         if window is not None and window.size:
             self._penalize(work, window)
+        if dry:
+            ids = np.fromiter(dry.keys(), np.int64, len(dry))
+            work[ids] -= np.fromiter(dry.values(), np.float32, len(dry))
         return work, float(work.max())
+
+    def _history_ids(self, history) -> np.ndarray:
+        h = history if isinstance(history, np.ndarray) else np.asarray(history, dtype=np.int64)
+        if h.ndim != 1 or (h.size and not np.issubdtype(h.dtype, np.integer)):
+            raise ShapeError(f"history must be 1-D integer token ids, got shape {h.shape} of {h.dtype}")
+        return h
 
     def _window(self, history) -> np.ndarray:
         """The last penalty_last_n tokens of history, as int64."""

@@ -462,19 +462,22 @@ def test_prompt_longer_than_the_context(tiny):
     assert m.tokens == []
 
 
-def test_generation_hitting_the_context_raises_by_default(tiny):
+def test_generation_hitting_the_context_ends_with_length(tiny):
     m = tiny.new(n_ctx=24)
     ids = m.tokenize(PROMPT)
-    pieces = []
-    with pytest.raises(ContextFullError, match="24"):
-        for p in m.complete(ids, max_tokens=40, temperature=0, stream=True):
-            pieces.append(p)
-    # what fitted was streamed first, and equals the start of an unbounded run
+    stream = m.complete(ids, max_tokens=40, temperature=0, stream=True)
+    pieces = list(stream)
+    # what fitted is returned, and equals the start of an unbounded run
     big = tiny.new(n_ctx=128).complete(ids, max_tokens=40, temperature=0)
-    assert big.text.startswith("".join(pieces)) and pieces
-    # exactly filling the context is fine
-    c = m.complete(ids, max_tokens=24 - len(ids) + 1, temperature=0)
-    assert c.tokens == big.tokens[:len(c.tokens)]
+    fits = 24 - len(ids) + 1  # the last token needs no evaluation
+    assert stream.result.finish_reason == "length" and len(stream.result.tokens) == fits
+    assert stream.result.tokens == big.tokens[:fits] and big.text.startswith("".join(pieces))
+    c = m.complete(ids, max_tokens=None, temperature=0)  # None: until the context is full
+    assert c.tokens == big.tokens[:fits] and c.finish_reason == "length"
+    # the same in a batch of several sequences
+    batch = m.complete([ids, ids[:-1]], max_tokens=40, temperature=0)
+    assert batch[0].tokens == c.tokens and batch[1].finish_reason == "length"
+    assert len(batch[1].tokens) == fits + 1
 
 
 def test_context_shift_continues_past_the_context(tiny):

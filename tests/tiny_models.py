@@ -81,10 +81,11 @@ def vocab():
     return tokens, types
 
 
-def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None) -> str:
+def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, extra_uint32=None) -> str:
     """Write the model; declared_arch replaces general.architecture (and the
     metadata prefix), tensor_hook(name, data, qtype) may return None to drop a
-    tensor or a replacement (data, qtype) to corrupt it."""
+    tensor or a replacement (data, qtype) to corrupt it. extra_uint32: more
+    metadata keys with integer values (FIM token ids, say)."""
     rng = np.random.default_rng(cfg.seed)
     tokens, types = vocab()
     n_vocab = len(tokens)
@@ -129,6 +130,8 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None) -> 
     w.add_uint32("tokenizer.ggml.bos_token_id", n_vocab - 2)
     w.add_uint32("tokenizer.ggml.eos_token_id", n_vocab - 1)
     w.add_bool("tokenizer.ggml.add_bos_token", True)
+    for key, value in (extra_uint32 or {}).items():
+        w.add_uint32(key, value)
 
     def add(name, data, t):
         if tensor_hook is not None:

@@ -25,6 +25,14 @@ ARCHITECTURES = {
 
 
 def build_spec(gguf: GGUFFile, n_ctx: int | None = None) -> ModelSpec:
+    count = gguf.metadata.get("split.count", 1)
+    if isinstance(count, int) and count > 1:
+        # one part of a gguf-split model holds only some of the tensors
+        raise UnsupportedModelError(
+            f"{gguf.path} is part {gguf.metadata.get('split.no', 0) + 1} of a model split into {count} files; "
+            f"llminfer loads one file: join the parts (llminfer.hf.join_split, or llama.cpp's "
+            f"llama-gguf-split --merge), or fetch it with LLM.from_pretrained / llminfer pull hf://..., "
+            f"which join them")
     arch = gguf.architecture
     builder = ARCHITECTURES.get(arch)
     if builder is None:

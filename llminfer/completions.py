@@ -1,0 +1,284 @@
+"""The OpenAI completion options beyond plain generation, over llminfer.LLM:
+log-probabilities, echo, fill-in-the-middle (suffix), and n choices.
+
+    llm.create_completion("def add(a, b):", suffix="\\n    return c", max_tokens=32)
+    llm.create_completion("The sky is", n=3, logprobs=2, echo=True, seed=1)
+    llm.create_chat_completion(messages, logprobs=True, top_logprobs=3)
+
+Log-probabilities are those of the model's own distribution (log-softmax of
+the logits, before any sampling stage), as OpenAI and llama.cpp's server give
+them. Completions use OpenAI's legacy shape ({"tokens", "text_offset",
+"token_logprobs", "top_logprobs"}), chat completions its chat shape
+({"content": [{"token", "logprob", "bytes", "top_logprobs"}]}).
+
+Fill-in-the-middle needs a model trained for it: its GGUF names the tokens
+(tokenizer.ggml.fim_pre_token_id, fim_suf_token_id, fim_mid_token_id; older
+files prefix_/suffix_/middle_token_id) and the prompt is laid out
+prefix-suffix-middle, as llama.cpp's infill does: [BOS] <PRE> prompt <SUF>
+suffix <MID>, the model then writing the middle.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from llminfer.errors import InvalidArgumentError
+from llminfer.sampling import SamplingParams
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; the legacy API allowed 5
+
+_COMPLETION_EXTRAS = ("echo", "suffix", "n", "logprobs", "best_of")
+_CHAT_EXTRAS = ("logprobs", "top_logprobs", "n")
+
+_FIM_KEYS = {  # (current key, older key) per role
+    "pre": ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id"),
+    "suf": ("tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id"),
+    "mid": ("tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id"),
+}
+
+
+def wants_completion_extras(kwargs) -> bool:
+    return any(k in kwargs for k in _COMPLETION_EXTRAS)
+
+
+def wants_chat_extras(kwargs) -> bool:
+    return any(k in kwargs for k in _CHAT_EXTRAS)
+
+
+def check_logprobs(n):
+    if n is not None and (not isinstance(n, (int, np.integer)) or isinstance(n, bool)
+                          or not 0 <= n <= MAX_TOP_LOGPROBS):
+        raise InvalidArgumentError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}] (how many "
+                                   f"alternatives to list), got {n!r}")
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z -= z.max()
+    z -= np.log(np.exp(z).sum())
+    return z
+
+
+def token_logprobs(logits: np.ndarray, tok: int, top_n: int):
+    """(log-probability of tok, [(token, log-probability)] of the top_n most
+    likely, descending, equal ones by id) under logits."""
+    lp = log_softmax(logits)
+    top = []
+    if top_n:
+        ids = np.argpartition(-lp, min(top_n, lp.size - 1))[:top_n] if top_n < lp.size else np.arange(lp.size)
+        ids = ids[np.lexsort((ids, -lp[ids]))]
+        top = [(int(i), float(lp[i])) for i in ids]
+    return float(lp[tok]), top
+
+
+def fim_ids(llm, prompt: str, suffix: str) -> list:
+    """The token ids of a fill-in-the-middle prompt."""
+    meta = llm.metadata
+    ids = {}
+    for role, keys in _FIM_KEYS.items():
+        found = next((meta[k] for k in keys if k in meta), None)
+        if found is None or not 0 <= int(found) < llm.n_vocab:
+            raise InvalidArgumentError(
+                f"suffix= needs a fill-in-the-middle model, and {llm.model_path} names no {role} token "
+                f"({keys[0]}); use a coder model trained for infilling")
+        ids[role] = int(found)
+    if not isinstance(prompt, str) or not isinstance(suffix, str):
+        raise InvalidArgumentError("with suffix=, the prompt and the suffix must be strings")
+    tok = llm.tokenizer
+    head = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+    return (head + [ids["pre"]] + llm.tokenize(prompt, add_bos=False) + [ids["suf"]]
+            + llm.tokenize(suffix, add_bos=False) + [ids["mid"]])
+
+
+def _piece(llm, t) -> str:
+    return llm.tokenizer.token_bytes(t, skip_special=False).decode("utf-8", errors="replace")
+
+
+def legacy_logprobs(llm, tokens, entries, offset: int) -> dict:
+    """OpenAI's completions logprobs object for tokens (entries: per token
+    (logprob, top) or None where there is none: an echoed first token)."""
+    out = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+    for t, e in zip(tokens, entries):
+        piece = _piece(llm, t)
+        out["tokens"].append(piece)
+        out["text_offset"].append(offset)
+        offset += len(piece)
+        if e is None:
+            out["token_logprobs"].append(None)
+            out["top_logprobs"].append(None)
+        else:
+            lp, top = e
+            alts = {_piece(llm, a): v for a, v in top}
+            alts.setdefault(piece, lp)  # OpenAI lists the chosen token too
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append(alts)
+    return out
+
+
+def chat_logprobs(llm, tokens, entries) -> dict:
+    """OpenAI's chat logprobs object."""
+    def item(t, lp):
+        b = llm.tokenizer.token_bytes(t, skip_special=False)
+        return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+
+    content = [{**item(t, lp), "top_logprobs": [item(a, v) for a, v in top]}
+               for t, (lp, top) in zip(tokens, entries)]
+    return {"content": content, "refusal": None}
+
+
+def _echo_entries(llm, ids, top_n) -> list:
+    """Per prompt token, its (logprob, top) given the tokens before it (None
+    for the first). Evaluates the prompt afresh (the generation that follows
+    reuses it from the context)."""
+    llm.reset()
+    rows = llm.eval(ids)
+    return [None] + [token_logprobs(rows[i - 1], ids[i], top_n) for i in range(1, len(ids))]
+
+
+def _choice_seeds(llm, seed, n):
+    base = seed if seed is not None else llm.seed
+    return [None if base is None else base + i for i in range(n)]
+
+
+def _check_n(n):
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise InvalidArgumentError(f"n must be a positive integer (choices to generate), got {n!r}")
+    return int(n)
+
+
+def create_completion(llm, prompt, max_tokens=16, stream=False, suffix=None, echo=False, n=1, logprobs=None,
+                      best_of=None, seed=None, **kwargs):
+    """LLM.create_completion with echo, suffix, n and logprobs (see the module docstring)."""
+    from llminfer.llm import _usage
+
+    n = _check_n(n)
+    check_logprobs(logprobs)
+    if best_of not in (None, n):
+        raise InvalidArgumentError("best_of is not supported (it would rank choices by log-probability); "
+                                   "leave it out or equal to n")
+    if not isinstance(echo, bool):
+        raise InvalidArgumentError(f"echo must be True or False, got {echo!r}")
+    if stream and n > 1:
+        raise InvalidArgumentError("stream=True takes n=1")
+    if suffix is not None:
+        ids = fim_ids(llm, prompt, suffix)
+    else:
+        ids = llm._prompt_ids(prompt)
+    prompt_text = prompt if isinstance(prompt, str) and suffix is None else llm.detokenize(ids)
+    echo_entries = None
+    if echo and logprobs is not None:
+        echo_entries = _echo_entries(llm, ids, logprobs)
+    created = int(time.time())
+    cid = f"cmpl-{created}-{id(ids) & 0xffffff:06x}"
+    name = str(llm.model_path)
+
+    def logprobs_of(c, toks, entries, offset):
+        if logprobs is None:
+            return None
+        if echo:
+            return legacy_logprobs(llm, list(ids) + toks, echo_entries + entries, 0)
+        return legacy_logprobs(llm, toks, entries, offset)
+
+    if stream:
+        out = llm.complete(ids, max_tokens=max_tokens, stream=True, logprobs=logprobs,
+                           **({"seed": seed} if seed is not None else {}), **kwargs)
+        return _stream_chunks(llm, out, cid, created, name, prompt_text, echo, logprobs)
+
+    if n == 1:
+        outs = [llm.complete(ids, max_tokens=max_tokens, logprobs=logprobs,
+                             **({"seed": seed} if seed is not None else {}), **kwargs)]
+    else:
+        sampling = [SamplingParams(seed=s) for s in _choice_seeds(llm, seed, n)]
+        outs = llm.complete([ids] * n, max_tokens=max_tokens, logprobs=logprobs, sampling=sampling, **kwargs)
+    choices = []
+    for i, c in enumerate(outs):
+        text = (prompt_text if echo else "") + c.text
+        lp = logprobs_of(c, c.tokens, c.logprobs or [], len(prompt_text) if not echo else 0)
+        choices.append({"text": text, "index": i, "logprobs": lp, "finish_reason": c.finish_reason})
+    usage = _usage(outs[0])
+    usage["completion_tokens"] = sum(len(c.tokens) for c in outs)
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return {"id": cid, "object": "text_completion", "created": created, "model": name, "choices": choices,
+            "usage": usage}
+
+
+def _stream_chunks(llm, out, cid, created, name, prompt_text, echo, logprobs):
+    def chunk(text, lp=None, finish=None):
+        return {"id": cid, "object": "text_completion", "created": created, "model": name,
+                "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}
+
+    # text offsets count from the start of the prompt, as in the whole result
+    offset = len(prompt_text)
+    if echo:
+        yield chunk(prompt_text)
+    seen = 0
+    r = out.result
+    for text in out:
+        lp = None
+        if logprobs is not None:
+            lp = legacy_logprobs(llm, r.tokens[seen:], r.logprobs[seen:], offset)
+            seen = len(r.tokens)
+            # by the tokens' own text, as the whole result counts: the text
+            # streamed may lag them (held back for a stop string or a split character)
+            offset += sum(len(t) for t in lp["tokens"])
+        yield chunk(text, lp)
+    yield chunk("", None, r.finish_reason)
+
+
+def create_chat_completion(llm, messages, max_tokens=512, stream=False, logprobs=False, top_logprobs=None,
+                           n=1, seed=None, **kwargs):
+    """LLM.create_chat_completion with logprobs/top_logprobs and n choices."""
+    from llminfer.llm import _stop_list, _usage
+
+    n = _check_n(n)
+    if not isinstance(logprobs, bool) and logprobs is not None:
+        raise InvalidArgumentError(f"logprobs must be True or False for a chat, got {logprobs!r}")
+    if top_logprobs is not None and not logprobs:
+        raise InvalidArgumentError("top_logprobs needs logprobs=True")
+    check_logprobs(top_logprobs)
+    want = (top_logprobs or 0) if logprobs else None
+    if stream and n > 1:
+        raise InvalidArgumentError("stream=True takes n=1")
+    created = int(time.time())
+    cid = f"chatcmpl-{created}-{id(messages) & 0xffffff:06x}"
+    name = str(llm.model_path)
+    ids = llm._chat_prompt(messages)
+    stops = list(llm.chat_format.stop_texts) + _stop_list(kwargs.pop("stop", None))
+    if stream:
+        out = llm.complete(ids, max_tokens=max_tokens, stop=stops, stream=True, logprobs=want,
+                           **({"seed": seed} if seed is not None else {}), **kwargs)
+        return _chat_chunks(llm, out, cid, created, name, want is not None)
+    if n == 1:
+        outs = [llm.complete(ids, max_tokens=max_tokens, stop=stops, logprobs=want,
+                             **({"seed": seed} if seed is not None else {}), **kwargs)]
+    else:
+        sampling = [SamplingParams(seed=s) for s in _choice_seeds(llm, seed, n)]
+        outs = llm.complete([ids] * n, max_tokens=max_tokens, stop=stops, logprobs=want, sampling=sampling,
+                            **kwargs)
+    choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
+                "logprobs": chat_logprobs(llm, c.tokens, c.logprobs) if want is not None else None,
+                "finish_reason": c.finish_reason} for i, c in enumerate(outs)]
+    usage = _usage(outs[0])
+    usage["completion_tokens"] = sum(len(c.tokens) for c in outs)
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return {"id": cid, "object": "chat.completion", "created": created, "model": name, "choices": choices,
+            "usage": usage}
+
+
+def _chat_chunks(llm, out, cid, created, name, with_logprobs):
+    def chunk(delta, lp=None, finish=None):
+        return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+
+    yield chunk({"role": "assistant"})
+    seen = 0
+    r = out.result
+    for text in out:
+        lp = None
+        if with_logprobs:
+            lp = chat_logprobs(llm, r.tokens[seen:], r.logprobs[seen:])
+            seen = len(r.tokens)
+        yield chunk({"content": text}, lp)
+    yield chunk({}, None, r.finish_reason)

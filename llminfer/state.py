@@ -1,0 +1,178 @@
+"""Saving and restoring an LLM's context: its tokens and their keys and values.
+
+    blob = llm.save_state()          # bytes
+    llm.load_state(blob)             # the same context again, bit for bit
+    llm.save_session("chat.llmstate")
+    llm.load_session("chat.llmstate")
+
+A state holds the tokens, their positions, the logits after the last one
+(so generation can go on at once), and the bytes of every KV block the
+sequence's tables point at, per group. Restored blocks come from the pool's
+free list (their ids need not be the old ones); the tables are rewritten to
+match, so the logits after a restore are bitwise those before it.
+
+The format (little-endian):
+
+    magic "LLMIKV\\0\\1" | u32 header length | header (JSON) | payload
+
+The header names the format version, the llminfer version, a fingerprint of
+the model file, the KV type and block size, the group block sizes and the
+payload layout. Loading checks each of them against the LLM and raises
+InvalidArgumentError naming what differs: a state from another model, another
+KV type or block size, or another format version is refused, never loaded
+into the wrong cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+
+import numpy as np
+
+from llminfer.errors import InvalidArgumentError
+from llminfer.kv_cache import FULL, SWA
+
+MAGIC = b"LLMIKV\x00\x01"
+FORMAT_VERSION = 1
+_SAMPLES = 64            # fingerprint: chunks read across the tensor data
+_SAMPLE_BYTES = 1 << 16
+
+
+def model_fingerprint(gguf) -> str:
+    """A hash of a model file: its header (metadata and tensor table) whole,
+    and 64 chunks of 64 KiB spread over the tensor data, and its size. Two
+    files that agree on all of that are the same model for all practical
+    purposes; reading it all would take seconds on a large file."""
+    cached = getattr(gguf, "_state_fingerprint", None)
+    if cached is not None:
+        return cached
+    h = hashlib.sha256()
+    m = gguf._map
+    h.update(str(gguf.file_size).encode())
+    h.update(bytes(m[:gguf.data_offset]))
+    span = gguf.file_size - gguf.data_offset
+    for i in range(_SAMPLES):
+        at = gguf.data_offset + span * i // _SAMPLES
+        h.update(bytes(m[at:at + _SAMPLE_BYTES]))
+    gguf._state_fingerprint = h.hexdigest()
+    return gguf._state_fingerprint
+
+
+def save(llm) -> bytes:
+    """The state of llm's context as bytes."""
+    from llminfer import __version__
+
+    eng = llm.engine
+    seq = llm._seq
+    groups = {}
+    blobs = []
+    for g in eng.kv.groups:
+        table = list(seq.tables[g])
+        present = [b for b in table if b >= 0]
+        size = eng.ctx.block_bytes(g)
+        groups[str(g)] = {"table": table, "block_bytes": size}
+        blobs += [eng.ctx.read_block(g, b) for b in present]
+    header = {
+        "format": FORMAT_VERSION, "llminfer": __version__, "model": model_fingerprint(eng.gguf),
+        "model_name": os.path.basename(str(llm.model_path)), "kv_type": eng.kv_type,
+        "block_size": eng.block_size, "n_vocab": llm.n_vocab, "tokens": list(seq.tokens),
+        "positions": list(seq.positions), "next_pos": seq.next_pos, "swa_floor": seq.swa_floor,
+        "groups": groups,
+    }
+    head = json.dumps(header, separators=(",", ":")).encode()
+    logits = np.ascontiguousarray(llm._last_logits, dtype="<f4").tobytes()
+    return b"".join([MAGIC, struct.pack("<I", len(head)), head, logits] + blobs)
+
+
+def _parse(blob):
+    blob = memoryview(bytes(blob) if not isinstance(blob, (bytes, bytearray, memoryview)) else blob)
+    if len(blob) < len(MAGIC) + 4 or bytes(blob[:len(MAGIC) - 1]) != MAGIC[:-1]:
+        raise InvalidArgumentError("not an llminfer state (bad magic): use bytes from save_state() or a file "
+                                   "from save_session()")
+    if blob[len(MAGIC) - 1] != MAGIC[-1]:
+        raise InvalidArgumentError(f"an llminfer state of format {blob[len(MAGIC) - 1]}, this version reads "
+                                   f"format {MAGIC[-1]}")
+    (n,) = struct.unpack_from("<I", blob, len(MAGIC))
+    start = len(MAGIC) + 4
+    if start + n > len(blob):
+        raise InvalidArgumentError("the state is truncated (its header runs past its end)")
+    try:
+        header = json.loads(bytes(blob[start:start + n]))
+    except ValueError as e:
+        raise InvalidArgumentError(f"the state's header is corrupt: {e}") from None
+    return header, blob[start + n:]
+
+
+def load(llm, blob):
+    """Restore llm's context from save()'s bytes."""
+    header, payload = _parse(blob)
+    eng = llm.engine
+    checks = [("format", FORMAT_VERSION, "format version"),
+              ("model", model_fingerprint(eng.gguf), "model (another model file)"),
+              ("kv_type", eng.kv_type, "KV cache type"), ("block_size", eng.block_size, "KV block size"),
+              ("n_vocab", llm.n_vocab, "vocabulary size")]
+    for key, ours, what in checks:
+        if header.get(key) != ours:
+            theirs = header.get("model_name") if key == "model" else header.get(key)
+            raise InvalidArgumentError(f"this state was saved with a different {what}: {theirs!r}, while this "
+                                       f"LLM has {os.path.basename(str(llm.model_path)) if key == 'model' else ours!r}")
+    try:
+        tokens = [int(t) for t in header["tokens"]]
+        positions = [int(p) for p in header["positions"]]
+        groups = {str(g): {"table": [int(b) for b in v["table"]], "block_bytes": int(v["block_bytes"])}
+                  for g, v in header["groups"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InvalidArgumentError(f"the state's header is corrupt: {type(e).__name__}: {e}") from None
+    if len(positions) != len(tokens) or any(not 0 <= t < llm.n_vocab for t in tokens):
+        raise InvalidArgumentError("the state's header is corrupt: its tokens and positions disagree")
+    if len(tokens) > llm.n_ctx:
+        raise InvalidArgumentError(f"the state holds {len(tokens)} tokens, more than n_ctx={llm.n_ctx}")
+    if sorted(int(g) for g in groups) != sorted(eng.kv.groups):
+        raise InvalidArgumentError("the state's KV groups do not match this model's")
+    n_logits = llm.n_vocab * 4
+    need = n_logits + sum(g["block_bytes"] * sum(1 for b in g["table"] if b >= 0) for g in groups.values())
+    if len(payload) != need:
+        raise InvalidArgumentError(f"the state's payload has {len(payload)} bytes, its header describes {need}")
+    llm.reset()
+    seq = llm._seq
+    try:
+        _restore_blocks(eng, seq, groups, payload, n_logits)
+    except BaseException:
+        for g in eng.kv.groups:  # give back what was taken; the context stays empty
+            for b in seq.tables[g]:
+                if b >= 0:
+                    eng.kv.pools[g].release(b)
+            seq.tables[g] = []
+        raise
+    seq.tokens = list(tokens)
+    seq.positions = positions
+    seq.next_pos = int(header["next_pos"])
+    seq.swa_floor = int(header["swa_floor"])
+    llm._last_logits[:] = np.frombuffer(payload[:n_logits], dtype="<f4")
+    llm._owner = None
+
+
+def _restore_blocks(eng, seq, groups, payload, at):
+    for g in (FULL, SWA):
+        if g not in eng.kv.groups:
+            continue
+        info = groups[str(g)]
+        size = eng.ctx.block_bytes(g)
+        if info["block_bytes"] != size:
+            raise InvalidArgumentError(f"the state's KV blocks take {info['block_bytes']} bytes, this model's "
+                                       f"{size}")
+        pool = eng.kv.pools[g]
+        table = []
+        for b in info["table"]:
+            if b < 0:
+                table.append(-1)
+                continue
+            nb = pool.alloc()
+            table.append(nb)  # recorded first, so a failure below gives it back with the rest
+            seq.tables[g] = table
+            eng.ctx.write_block(g, nb, payload[at:at + size])
+            at += size
+        seq.tables[g] = table

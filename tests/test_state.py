@@ -1,0 +1,115 @@
+"""save_state/load_state and save_session/load_session (llminfer/state.py):
+the logits after a restore are bitwise those of the saved context, and a
+state of another model, KV type or format is refused by name."""
+
+import numpy as np
+import pytest
+
+from llminfer import LLM
+from llminfer.errors import InvalidArgumentError
+
+from tiny_models import TinyConfig, write_model
+
+PROMPT = "the cat sat on the mat and the dog ran around the garden"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("state")
+    return {
+        "llama": write_model(root / "llama.gguf", TinyConfig(tie_output=False)),
+        "other": write_model(root / "other.gguf", TinyConfig(tie_output=False, seed=5)),
+        "gemma3": write_model(root / "gemma3.gguf", TinyConfig(arch="gemma3", sliding_window=8, seed=1)),
+    }
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_restored_context_gives_bitwise_equal_logits(files, arch):
+    a = LLM(files[arch], n_ctx=128, n_threads=1)
+    ids = a.tokenize(PROMPT * 2)  # past gemma3's window of 8: its sliding-window blocks are partly given back
+    a.eval(ids)
+    blob = a.save_state()
+    nxt = a.eval([5, 6, 7])
+    gen = a.complete(ids + [5, 6, 7], max_tokens=6, temperature=0).tokens
+
+    b = LLM(files[arch], n_ctx=128, n_threads=1)
+    b.eval(b.tokenize("something else entirely"))  # a context to be replaced
+    b.load_state(blob)
+    assert b.tokens == ids
+    np.testing.assert_array_equal(b.eval([5, 6, 7]), nxt)
+    assert b.complete(ids + [5, 6, 7], max_tokens=6, temperature=0).tokens == gen
+    # and into the same object, over what came after the save
+    a.load_state(blob)
+    np.testing.assert_array_equal(a.eval([5, 6, 7]), nxt)
+
+
+def test_generation_goes_on_from_a_restored_state(files):
+    a = LLM(files["llama"], n_ctx=128, n_threads=1)
+    ids = a.tokenize(PROMPT)
+    first = a.complete(ids, max_tokens=8, temperature=0)
+    a.reset()
+    a.eval(ids)
+    blob = a.save_state()
+    b = LLM(files["llama"], n_ctx=128, n_threads=1)
+    b.load_state(blob)
+    again = b.complete(ids, max_tokens=8, temperature=0)
+    assert again.tokens == first.tokens and again.timings.cached_tokens == len(ids) - 1
+
+
+def test_session_file_round_trip(files, tmp_path):
+    a = LLM(files["llama"], n_ctx=64, n_threads=1)
+    a.eval(a.tokenize(PROMPT))
+    a.save_session(tmp_path / "s.llmstate")
+    want = a.eval([3])
+    b = LLM(files["llama"], n_ctx=64, n_threads=1)
+    b.load_session(tmp_path / "s.llmstate")
+    np.testing.assert_array_equal(b.eval([3]), want)
+
+
+def test_empty_context_round_trips(files):
+    a = LLM(files["llama"], n_ctx=64, n_threads=1)
+    blob = a.save_state()
+    a.eval([1, 2, 3])
+    a.load_state(blob)
+    assert a.tokens == []
+
+
+def test_state_of_another_model_or_kv_type_is_refused(files):
+    a = LLM(files["llama"], n_ctx=64, n_threads=1)
+    a.eval([1, 2, 3])
+    blob = a.save_state()
+    other = LLM(files["other"], n_ctx=64, n_threads=1)
+    with pytest.raises(InvalidArgumentError, match="model"):
+        other.load_state(blob)
+    f32 = LLM(files["llama"], n_ctx=64, n_threads=1, kv_type="f32")
+    with pytest.raises(InvalidArgumentError, match="KV cache type"):
+        f32.load_state(blob)
+    small = LLM(files["llama"], n_ctx=2, n_threads=1)
+    with pytest.raises(InvalidArgumentError, match="n_ctx"):
+        small.load_state(blob)
+
+
+@pytest.mark.parametrize("mangle", [lambda b: b"not a state", lambda b: b[:7] + b"\x09" + b[8:],
+                                    lambda b: b[:-10], lambda b: b[:12] + b"[" + b[13:], lambda b: b[:20]])
+def test_corrupt_states_raise_and_leave_the_pool_whole(files, mangle):
+    a = LLM(files["llama"], n_ctx=64, n_threads=1)
+    a.eval(a.tokenize(PROMPT))
+    blob = a.save_state()
+    b = LLM(files["llama"], n_ctx=64, n_threads=1)
+    with pytest.raises(InvalidArgumentError):
+        b.load_state(mangle(blob))
+    assert b.engine.kv_usage()["full-attention"]["used"] == 0
+    b.load_state(blob)  # still usable
+    assert b.tokens == a.tokens
+
+
+def test_block_io_is_bounds_checked(files):
+    a = LLM(files["llama"], n_ctx=64, n_threads=1)
+    ctx = a.engine.ctx
+    size = ctx.block_bytes(0)
+    assert size > 0 and ctx.block_bytes(1) == 0  # a llama model has no sliding-window group
+    for bad in (-1, a.engine.n_blocks[0]):
+        with pytest.raises(Exception, match="outside"):
+            ctx.read_block(0, bad)
+    with pytest.raises(Exception, match="bytes"):
+        ctx.write_block(0, 0, b"\x00" * (size - 1))
