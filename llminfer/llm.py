@@ -668,8 +668,10 @@ class LLM:
         return self._chat_format
 
     def _chat_prompt(self, messages) -> list:
+        from llminfer.tools import prepare_messages  # content None, tool turns
+
         fmt = self.chat_format
-        text = fmt.render(messages, add_generation_prompt=True)
+        text = fmt.render(prepare_messages(messages, "tools" in fmt.template), add_generation_prompt=True)
         return self.tokenize(text, add_bos=not fmt.adds_bos, special=True)
 
     def chat_completion(self, messages, max_tokens: int = 512, stop=None, stream: bool = False,
@@ -685,8 +687,16 @@ class LLM:
         out = self.chat_completion(messages, max_tokens=max_tokens, stream=stream, **kwargs)
         return out if stream else out.text
 
-    def create_chat_completion(self, messages, max_tokens: int = 512, stream: bool = False, **kwargs):
-        """An OpenAI-shaped chat.completion dict (or, streaming, chat.completion.chunk dicts)."""
+    def create_chat_completion(self, messages, max_tokens: int = 512, stream: bool = False,
+                               tools=None, tool_choice=None, **kwargs):
+        """An OpenAI-shaped chat.completion dict (or, streaming, chat.completion.chunk dicts).
+        tools / tool_choice ("auto", "none", "required" or {"type": "function",
+        "function": {"name": ...}}): the model's tool calls come back parsed in
+        message["tool_calls"] (llminfer.tools)."""
+        if tools is not None or tool_choice is not None:
+            from llminfer.tools import chat_with_tools
+
+            return chat_with_tools(self, messages, tools, tool_choice, max_tokens, stream, kwargs)
         out = self.chat_completion(messages, max_tokens=max_tokens, stream=stream, **kwargs)
         created = int(time.time())
         cid = f"chatcmpl-{created}-{id(out) & 0xffffff:06x}"

@@ -177,6 +177,14 @@ class Grammar:
         return cls._checked(spec, "grammar")
 
     @classmethod
+    def from_lark(cls, text: str, source: str = "Lark grammar") -> "Grammar":
+        """A grammar in llguidance's Lark syntax (which can embed JSON schemas: `%json {...}`)."""
+        ll = _llguidance()
+        if not isinstance(text, str) or not text.strip():
+            raise GrammarError("a Lark grammar must be a non-empty string")
+        return cls._checked(ll.LLMatcher.grammar_from_lark(text), source)
+
+    @classmethod
     def from_regex(cls, pattern: str) -> "Grammar":
         ll = _llguidance()
         if not isinstance(pattern, str):
