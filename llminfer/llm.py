@@ -711,6 +711,22 @@ class LLM:
             "usage": _usage(out),
         }
 
+    # ---- embeddings ----
+
+    def embed(self, input, normalize: bool = True, truncate: bool = True, pooling: str | None = None):
+        """Embedding vectors of input (a text or a list of texts): this model's
+        final normed hidden states pooled as its GGUF declares (mean when it
+        declares none), L2-normalized (llminfer.embeddings). The context is untouched."""
+        from llminfer.embeddings import DecoderEmbedding
+
+        return DecoderEmbedding(self).embed(input, normalize=normalize, truncate=truncate, pooling=pooling)
+
+    def create_embedding(self, input, model: str | None = None, **kwargs) -> dict:
+        """OpenAI's embeddings response for input (a text or a list of texts)."""
+        from llminfer.embeddings import DecoderEmbedding
+
+        return DecoderEmbedding(self).create_embedding(input, model=model, **kwargs)
+
     # ---- lifetime ----
 
     def close(self):
