@@ -23,7 +23,10 @@ llguidance sees our vocabulary through a bridge (`ll_tokenizer`): each
 token's bytes as llminfer.tokenizer renders them (SentencePiece spaces,
 GPT-2 byte characters undone, <0xNN> byte tokens as their byte), control
 tokens as 0xFF + their text (llguidance's marker for special tokens), and
-our encoder for the text llguidance tokenizes itself.
+our encoder for the text llguidance tokenizes itself. A token whose bytes
+start with 0xFF (Gemma's <0xFF>, GPT-2's byte for it) would read as that
+marker; the byte never occurs in UTF-8 text, so such a token gets no bytes
+and is never allowed.
 """
 
 from __future__ import annotations

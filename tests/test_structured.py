@@ -118,11 +118,15 @@ def test_constraint_masks_and_consumes(smollm2):
 
 # ---- constrained generation with a real model ----
 
+# Every schema bounds its output (string lengths, integer ranges, item
+# counts) to fewer tokens than max_tokens, so a constrained generation must
+# close its JSON and end with "stop", whatever the model would ramble.
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30}, "age": {"type": "integer"},
-                                      "email": {"type": "string", "format": "email"}},
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                                      "email": {"type": "string", "format": "email", "maxLength": 40}},
      "required": ["name", "age"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 5},
+    {"type": "array", "items": {"type": "integer", "minimum": -999, "maximum": 999}, "minItems": 2, "maxItems": 5},
     {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome", "Berlin"]},
                                       "tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
                                                "maxItems": 3},

@@ -84,8 +84,10 @@ TOOLS = [
                                                      "required": ["city", "unit"]}}},
     {"type": "function", "function": {"name": "add", "description": "Add two numbers",
                                       "parameters": {"type": "object", "additionalProperties": False,
-                                                     "properties": {"a": {"type": "number"},
-                                                                    "b": {"type": "number"}},
+                                                     "properties": {"a": {"type": "integer", "minimum": -9999,
+                                                                          "maximum": 9999},
+                                                                    "b": {"type": "integer", "minimum": -9999,
+                                                                          "maximum": 9999}},
                                                      "required": ["a", "b"]}}},
 ]
 
@@ -149,6 +151,8 @@ def test_tool_turns_render_in_a_plain_template():
 
 
 # ---- end to end with SmolLM2 ----
+# The tools' schemas bound every argument (lengths, ranges), so a required
+# call fits in max_tokens and always closes.
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
