@@ -482,7 +482,8 @@ class LLM:
         # a stream half read on one thread must not block every other call on
         # the object. A call that runs in between takes the context; the
         # stream's next step finds it gone and restores its own tokens.
-        tokens = self._token_stream(prompt_ids, max_tokens, params, result.timings, context_shift, n_keep, spec, grammar)
+        tokens = self._token_stream(prompt_ids, max_tokens, params, result.timings, context_shift, n_keep,
+                                    spec, grammar)
         try:
             while True:
                 with self._lock:
