@@ -80,6 +80,7 @@ struct li_context {
     const int32_t *seq;    /* the batch's sequence indices */
     const li_seq_view *views;
     int split;             /* this batch splits spans across the team */
+    int hidden_out;        /* decode writes normed hidden rows, not logits (li_context_set_hidden_output) */
 
     /* RoPE: one frequency table per distinct (base, scale), and per batch a cos/sin table */
     int n_rope;

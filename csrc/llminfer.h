@@ -252,6 +252,51 @@ int li_kv_write_block(li_context *c, int group, int block, const void *src, size
  * batch nor on n_threads. */
 int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views, int n_views,
                       float *logits, size_t logits_size, int n_threads);
+/* ---- encoders (encoder.c): BERT-style models for embeddings ----
+ * Post-norm blocks with LayerNorm (weight and bias), attention over every
+ * position of the sequence (no causal mask), absolute position embeddings
+ * (bert) or RoPE (nomic-bert), a GELU feed-forward (bert) or a SiLU-gated
+ * one (nomic-bert, when w_gate has data). A matrix with NULL data, or a NULL
+ * vector, is absent. */
+typedef struct li_encoder_layer {
+    li_matrix wq, wk, wv;        /* [n_embd, n_embd] each */
+    const float *bq, *bk, *bv;   /* [n_embd] or NULL */
+    li_matrix wo;                /* [n_embd, n_embd] */
+    const float *bo;
+    const float *attn_out_norm, *attn_out_norm_b; /* [n_embd] */
+    li_matrix w_up;              /* [n_ff, n_embd] */
+    const float *b_up;
+    li_matrix w_gate;            /* [n_ff, n_embd], or absent: ungated GELU */
+    li_matrix w_down;            /* [n_embd, n_ff] */
+    const float *b_down;
+    const float *out_norm, *out_norm_b; /* [n_embd] */
+} li_encoder_layer;
+
+typedef struct li_encoder_desc {
+    int n_vocab, n_embd, n_layer, n_head, head_dim, n_ff;
+    int n_pos;                   /* rows of pos_embd (the longest input), 0 without */
+    int n_types;                 /* rows of type_embd, 0 without */
+    int n_rot, rope_mode;        /* n_rot 0: no RoPE */
+    float rope_base, norm_eps;
+    li_matrix tok_embd;          /* [n_vocab, n_embd] */
+    li_matrix pos_embd;          /* [n_pos, n_embd] or absent */
+    li_matrix type_embd;         /* [n_types, n_embd] or absent */
+    const float *embd_norm, *embd_norm_b; /* [n_embd] */
+    const li_encoder_layer *layers; /* [n_layer] */
+} li_encoder_desc;
+
+int li_encoder_check(const li_encoder_desc *m);
+/* out[n, n_embd] = the last hidden states of one sequence of n tokens at
+ * positions 0..n-1 (token types from types, or 0 when NULL). Rows depend on
+ * this sequence only, never on n_threads. */
+int li_encode(const li_encoder_desc *m, const int32_t *tokens, const int32_t *types, int n, float *out,
+              size_t out_size, int n_threads);
+
+/* on nonzero: later decodes write, for each row asked for, the final normed
+ * hidden state ([n_embd], what the output head would read) instead of the
+ * logits, so the rows are n_embd wide (decoder embeddings); 0 goes back. */
+int li_context_set_hidden_output(li_context *c, int on);
+
 /* The message of the last error on this thread (which tensor, which size), or "". */
 const char *li_last_error(void);
 

@@ -795,6 +795,10 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     li_split(n_out, ith, nth, &lo, &hi);
     for (int64_t i = lo; i < hi; i++)
         li_K->rms_norm(c->x + (int64_t)c->out_rows[i] * E, m->output_norm, c->xb + i * E, E, m->norm_eps);
+    if (c->hidden_out) { /* embeddings: the normed rows themselves */
+        if (hi > lo) memcpy(logits + lo * E, c->xb + lo * E, (size_t)(hi - lo) * (size_t)E * sizeof(float));
+        return;
+    }
     const li_matrix *out[1] = {&m->output};
     quantize_rows_for(c, c->xb, E, lo, hi, out, 1);
     LI_BARRIER();
@@ -810,6 +814,12 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
         if (cap > 0.0f) z = cap * tanhf(z / cap);
         logits[i] = z;
     }
+}
+
+int li_context_set_hidden_output(li_context *c, int on) {
+    if (!c) return li_fail(LI_E_ARG, "no context");
+    c->hidden_out = on != 0;
+    return LI_OK;
 }
 
 /* Check a batch against its views and fill the per-batch fields: each token's
@@ -916,9 +926,10 @@ int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views
     int64_t n_out = 0;
     CHECK(prepare_batch(c, b, views, n_views, &n_out));
     if (n_out > 0 && !logits) return li_fail(LI_E_ARG, "no logits buffer for %lld rows", (long long)n_out);
-    if (logits_size < (size_t)n_out * (size_t)m->n_vocab)
+    const int width = c->hidden_out ? m->n_embd : m->n_vocab;
+    if (logits_size < (size_t)n_out * (size_t)width)
         return li_fail(LI_E_SHAPE, "the logits buffer holds %zu floats, %lld rows of %d need more", logits_size,
-                       (long long)n_out, m->n_vocab);
+                       (long long)n_out, width);
     const int nt = n_threads <= 0 ? 1 : LI_MIN(n_threads, c->max_threads);
     c->views = views;
     c->seq = b->seq;

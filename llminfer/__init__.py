@@ -16,6 +16,7 @@ except ImportError as e:  # e.g. the source folder shadowing an installed packag
         "it in place (python setup.py build_ext --inplace).") from e
 
 from llminfer import errors, ops
+from llminfer.embeddings import Embedder
 from llminfer.engine import Engine
 from llminfer.hub import pull
 from llminfer.llm import LLM, Completion, Timings, generate
@@ -25,5 +26,5 @@ from llminfer.system import system_info
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "Llama", "Engine", "Completion", "SamplingParams", "Timings", "errors", "generate", "ops", "pull",
-           "system_info", "__version__"]
+__all__ = ["LLM", "Llama", "Engine", "Embedder", "Completion", "SamplingParams", "Timings", "errors", "generate", "ops",
+           "pull", "system_info", "__version__"]

@@ -117,6 +117,41 @@ cdef extern from "llminfer.h" nogil:
     int li_kv_write_block(li_context *c, int group, int block, const void *src, size_t size)
     int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views, int n_views,
                           float *logits, size_t logits_size, int n_threads)
+    ctypedef struct li_encoder_layer:
+        li_matrix wq, wk, wv
+        const float *bq
+        const float *bk
+        const float *bv
+        li_matrix wo
+        const float *bo
+        const float *attn_out_norm
+        const float *attn_out_norm_b
+        li_matrix w_up
+        const float *b_up
+        li_matrix w_gate
+        li_matrix w_down
+        const float *b_down
+        const float *out_norm
+        const float *out_norm_b
+
+    ctypedef struct li_encoder_desc:
+        int n_vocab, n_embd, n_layer, n_head, head_dim, n_ff
+        int n_pos
+        int n_types
+        int n_rot, rope_mode
+        float rope_base, norm_eps
+        li_matrix tok_embd
+        li_matrix pos_embd
+        li_matrix type_embd
+        const float *embd_norm
+        const float *embd_norm_b
+        const li_encoder_layer *layers
+
+    int li_encoder_check(const li_encoder_desc *m)
+    int li_encode(const li_encoder_desc *m, const int32_t *tokens, const int32_t *types, int n, float *out,
+                  size_t out_size, int n_threads)
+    int li_context_set_hidden_output(li_context *c, int on)
+
     const char *li_last_error()
 
     # benchmark and test helpers (bench.c)

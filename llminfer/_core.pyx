@@ -487,3 +487,115 @@ def read_strings(const uint8_t[::1] buf, Py_ssize_t pos, Py_ssize_t count):
         out[i] = PyUnicode_DecodeUTF8(<const char *>&buf[pos], <Py_ssize_t>n, "replace")
         pos += <Py_ssize_t>n
     return out, pos, count
+
+
+# ---- encoders (embeddings) ----
+
+cdef class EncoderDesc:
+    """The C description of a BERT-style encoder (li_encoder_desc), built from
+    a llminfer.models.bert EncoderSpec; borrows its arrays like ModelDesc."""
+
+    cdef C.li_encoder_desc desc
+    cdef C.li_encoder_layer *layers
+    cdef list _keep
+
+    def __cinit__(self, spec):
+        self._keep = []
+        n_layer = len(spec.layers)
+        self.layers = <C.li_encoder_layer *>calloc(max(1, n_layer), sizeof(C.li_encoder_layer))
+        if self.layers == NULL:
+            raise MemoryError()
+        d = &self.desc
+        d.n_vocab = spec.n_vocab
+        d.n_embd = spec.n_embd
+        d.n_layer = n_layer
+        d.n_head = spec.n_head
+        d.head_dim = spec.head_dim
+        d.n_ff = spec.n_ff
+        d.n_pos = spec.pos_embd.rows if spec.pos_embd is not None else 0
+        d.n_types = spec.type_embd.rows if spec.type_embd is not None else 0
+        d.n_rot = spec.n_rot
+        d.rope_mode = spec.rope_mode
+        d.rope_base = spec.rope_base
+        d.norm_eps = spec.norm_eps
+        self._matrix(&d.tok_embd, spec.tok_embd)
+        self._matrix(&d.pos_embd, spec.pos_embd)
+        self._matrix(&d.type_embd, spec.type_embd)
+        d.embd_norm = self._vector(spec.embd_norm)
+        d.embd_norm_b = self._vector(spec.embd_norm_b)
+        cdef C.li_encoder_layer *L
+        for i, ls in enumerate(spec.layers):
+            L = &self.layers[i]
+            self._matrix(&L.wq, ls.wq)
+            self._matrix(&L.wk, ls.wk)
+            self._matrix(&L.wv, ls.wv)
+            L.bq = self._vector(ls.bq)
+            L.bk = self._vector(ls.bk)
+            L.bv = self._vector(ls.bv)
+            self._matrix(&L.wo, ls.wo)
+            L.bo = self._vector(ls.bo)
+            L.attn_out_norm = self._vector(ls.attn_out_norm)
+            L.attn_out_norm_b = self._vector(ls.attn_out_norm_b)
+            self._matrix(&L.w_up, ls.w_up)
+            L.b_up = self._vector(ls.b_up)
+            self._matrix(&L.w_gate, ls.w_gate)
+            self._matrix(&L.w_down, ls.w_down)
+            L.b_down = self._vector(ls.b_down)
+            L.out_norm = self._vector(ls.out_norm)
+            L.out_norm_b = self._vector(ls.out_norm_b)
+        d.layers = self.layers
+        check(C.li_encoder_check(d), "encoder description")
+
+    cdef const float *_vector(self, arr) except? NULL:
+        if arr is None:
+            return NULL
+        cdef const float[::1] v = arr
+        self._keep.append(arr)
+        return &v[0]
+
+    cdef int _matrix(self, C.li_matrix *m, mat) except -1:
+        if mat is None:
+            m.data = NULL
+            m.type = 0
+            m.rows = 0
+            m.k = 0
+            m.nbytes = 0
+            return 0
+        cdef const uint8_t[::1] data = mat.data
+        self._keep.append(mat.data)
+        m.data = &data[0]
+        m.type = mat.qtype
+        m.rows = mat.rows
+        m.k = mat.k
+        m.nbytes = data.shape[0]
+        return 0
+
+    def encode(self, const int32_t[::1] tokens, types, int n_threads):
+        """The last hidden states, float32 [n, n_embd], of one sequence."""
+        cdef int n = tokens.shape[0]
+        if n == 0:
+            raise errors.InvalidArgumentError("an empty input has no embedding")
+        cdef const int32_t[::1] ty
+        cdef const int32_t *tp = NULL
+        if types is not None:
+            ty = types
+            if ty.shape[0] != n:
+                raise errors.ShapeError(f"{ty.shape[0]} token types for {n} tokens")
+            tp = &ty[0]
+        out = np.empty((n, self.desc.n_embd), dtype=np.float32)
+        cdef float[:, ::1] o = out
+        cdef int st
+        with nogil:
+            st = C.li_encode(&self.desc, &tokens[0], tp, n, &o[0, 0], <size_t>o.shape[0] * o.shape[1], n_threads)
+        check(st, "encoder pass")
+        return out
+
+    def __dealloc__(self):
+        free(self.layers)
+
+
+def set_hidden_output(Context ctx, bint on):
+    """Make ctx.decode write normed hidden rows ([n_embd]) instead of logits."""
+    if ctx.ctx == NULL:
+        raise errors.LLMInferError("the context is closed")
+    check(C.li_context_set_hidden_output(ctx.ctx, on), "hidden output")

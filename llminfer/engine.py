@@ -123,6 +123,20 @@ class Engine:
         self.n_vocab = self.spec.n_vocab
         self.kv = KVCache(self.n_blocks, block_size, used, window, self.ctx.copy_block)
         self.native_seconds = 0.0  # running total of time inside the native forward pass
+        self._width = self.n_vocab  # values per output row: n_vocab, or n_embd in hidden_states
+
+    @_locked
+    def hidden_states(self, seq: Sequence, ids, rows="all") -> np.ndarray:
+        """Append ids to seq like decode, but return the final normed hidden
+        states (what the output head reads) instead of logits: float32
+        [len(ids), n_embd] for rows="all", [n_embd] for "last" (embeddings)."""
+        _core.set_hidden_output(self.ctx, True)
+        self._width = self.spec.n_embd
+        try:
+            return self.decode([(seq, ids, rows)])[0]
+        finally:
+            self._width = self.n_vocab
+            _core.set_hidden_output(self.ctx, False)
 
     # ---- sequences ----
 
@@ -190,8 +204,9 @@ class Engine:
             items.append((seq, ids, want))
         if len({id(s) for s, _, _ in items}) != len(items):
             raise InvalidArgumentError("a sequence appears twice in one decode call")
-        out = [np.empty((len(ids), self.n_vocab), np.float32) if want == "all" else
-               (np.empty(self.n_vocab, np.float32) if want == "last" and len(ids) else None)
+        width = self._width
+        out = [np.empty((len(ids), width), np.float32) if want == "all" else
+               (np.empty(width, np.float32) if want == "last" and len(ids) else None)
                for _, ids, want in items]
         nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
         # flat batches: each item's tokens in order, items one after another
@@ -239,12 +254,13 @@ class Engine:
                 want[r + n - 1] = 1
                 dest.append((i, -1))
             r += n
-        logits = np.empty(len(dest) * self.n_vocab, np.float32)
+        width = self._width
+        logits = np.empty(len(dest) * width, np.float32)
         self.gguf.check_unchanged()  # a file truncated under its mapping would be a SIGBUS
         t = time.perf_counter()
         self.ctx.decode(tokens, None, pos, seq_idx, want, views, logits, n_threads)
         self.native_seconds += time.perf_counter() - t
-        rows = logits.reshape(len(dest), self.n_vocab)
+        rows = logits.reshape(len(dest), width)
         if len(dest):
             check_logits(rows, f"a batch of {total} tokens (positions {int(pos.min())}..{int(pos.max())})")
         for k, (i, row) in enumerate(dest):

@@ -54,6 +54,11 @@ class ChatTemplateError(LLMInferError, ValueError):
     """A chat template that fails to render."""
 
 
+class GrammarError(InvalidArgumentError):
+    """A grammar, JSON schema or response_format that llguidance cannot use,
+    or a constrained generation the grammar cannot continue."""
+
+
 class ModelNotFoundError(LLMInferError, FileNotFoundError):
     """A model path that does not exist, or a model name we do not know."""
 

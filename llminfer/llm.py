@@ -35,6 +35,7 @@ from llminfer.completions import (check_logprobs, token_logprobs, wants_chat_ext
 from llminfer.engine import KV_TYPES, Engine, check_positive_int
 from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError
 from llminfer.sampling import Sampler, SamplingParams
+from llminfer.structured import Constraint, grammar_from_args
 
 
 @dataclass
@@ -362,13 +363,17 @@ class LLM:
     # ---- generation ----
 
     def _token_stream(self, prompt_ids, max_tokens, params: SamplingParams, timings: Timings,
-                      context_shift: bool, n_keep: int, spec=None) -> Iterator[int]:
+                      context_shift: bool, n_keep: int, spec=None, grammar=None) -> Iterator[int]:
         t0 = time.perf_counter()
         owner = self._owner = object()
         keep = self._prefix_to_keep(prompt_ids)
         self._keep(keep)
         timings.cached_tokens = keep
         ids = self._check_ids(prompt_ids[keep:])
+        # a grammar masks the logits; each mask is computed on a worker thread
+        # during a forward pass (the first one during the prompt's)
+        constraint = None if grammar is None else Constraint(grammar, self.tokenizer, self.n_vocab)
+        masked = (lambda lg: lg) if constraint is None else constraint.apply  # noqa: E731
         self._forward(ids, logits_all=False)
         mine = list(self._seq.tokens)  # what this generation's context holds
         sampler = Sampler(params if params.seed is not None or self.seed is None
@@ -380,7 +385,7 @@ class LLM:
         history = list(prompt_ids)
         # tokens sampled and not yet yielded; all but the last are already in
         # the context (drafts the target accepted)
-        queue = [sampler.sample(self._last_logits, history)]
+        queue = [sampler.sample(masked(self._last_logits), history)]
         for i in range(max_tokens):
             tok = queue.pop(0)
             if i == 0:
@@ -394,6 +399,11 @@ class LLM:
             history.append(tok)
             if queue:
                 continue
+            if constraint is not None:
+                constraint.advance(tok)
+                if constraint.done:  # the grammar is complete: end as the model's EOS would
+                    yield constraint.eos_id
+                    break
             if self._owner is not owner:
                 # other calls used the context while this stream waited: put its
                 # tokens back, reusing the prefix they share
@@ -409,7 +419,7 @@ class LLM:
             if spec is None:
                 self._forward(np.array([tok], dtype=np.int32), logits_all=False)
                 mine.append(tok)
-                queue.append(sampler.sample(self._last_logits, history))
+                queue.append(sampler.sample(masked(self._last_logits), history))
             else:
                 # drafts fit in what is still wanted, in the context, and in
                 # one KV block (the most a sliding window can roll back)
@@ -473,7 +483,7 @@ class LLM:
         return stop
 
     def _run(self, prompt_ids, max_tokens, params, stop, context_shift, n_keep,
-             result: Completion, spec=None) -> Iterator[str]:
+             result: Completion, spec=None, grammar=None) -> Iterator[str]:
         matcher = _StopMatcher(stop)
         # Not tokenizer.stream_decoder(): that one takes off the space a
         # SentencePiece encoder puts before a text, and a completion is not the
@@ -487,7 +497,8 @@ class LLM:
         # a stream half read on one thread must not block every other call on
         # the object. A call that runs in between takes the context; the
         # stream's next step finds it gone and restores its own tokens.
-        tokens = self._token_stream(prompt_ids, max_tokens, params, result.timings, context_shift, n_keep, spec)
+        tokens = self._token_stream(prompt_ids, max_tokens, params, result.timings, context_shift, n_keep,
+                                    spec, grammar)
         try:
             while True:
                 with self._lock:
@@ -526,7 +537,8 @@ class LLM:
 
     def complete(self, prompt, max_tokens: int | None = 128, stop=None, stream: bool = False,
                  sampling: SamplingParams | None = None, context_shift: bool = False,
-                 n_keep: int = 1, spec=None, logprobs: int | None = None, **sampling_kwargs):
+                 n_keep: int = 1, spec=None, logprobs: int | None = None, grammar=None, json_schema=None,
+                 response_format=None, **sampling_kwargs):
         """Generate after `prompt` (text, or token ids). Returns a Completion; with
         stream=True an iterator of text pieces whose last step fills `.result`.
         A list of prompts (texts, or lists of ids) runs them together as one
@@ -536,10 +548,19 @@ class LLM:
         finish_reason "length" (unless context_shift). logprobs=n records each
         token's log-probability and the n most likely alternatives
         (Completion.logprobs). spec ("ngram", "draft", "off" or a SpecConfig)
-        overrides the LLM's speculative decoding for this call; with logprobs
-        it is off (each token's logprobs come from the pass that sampled it)."""
+        overrides the LLM's speculative decoding for this call.
+        Structured output (llminfer.structured): `grammar` (GBNF or Lark text,
+        or a Grammar), `json_schema` (dict), or OpenAI's `response_format`
+        ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}})
+        constrain the tokens; a generation that ends with "stop" matches it.
+        A constrained generation, or one with logprobs (each token's come from
+        the pass that sampled it), runs without speculative decoding."""
         self._check_open()
         check_logprobs(logprobs)
+        grammar = grammar_from_args(grammar, json_schema, response_format)
+        if grammar is not None and spec is not None and spec != "off":
+            raise InvalidArgumentError("speculative decoding (spec=) cannot run under a grammar; "
+                                       "pass spec='off' or no grammar")
         for name, v in (("stream", stream), ("context_shift", context_shift)):
             if not isinstance(v, bool):
                 raise InvalidArgumentError(f"{name} must be True or False, got {v!r}")
@@ -551,24 +572,26 @@ class LLM:
                 raise InvalidArgumentError("stream=True takes one prompt, not a list")
             if spec is not None and spec != "off":
                 raise InvalidArgumentError("speculative decoding runs one prompt at a time, not a list")
-            return self._complete_many(list(prompt), max_tokens, stop, sampling, sampling_kwargs, logprobs)
+            return self._complete_many(list(prompt), max_tokens, stop, sampling, sampling_kwargs, logprobs,
+                                       grammar)
         params = _sampling(sampling, sampling_kwargs)
         ids = self._prompt_ids(prompt)
         if max_tokens is None:
             max_tokens = max(self.n_ctx - len(ids) + 1, 0)  # the last token needs no room
         stop = self._check_run(ids, max_tokens, params, stop, n_keep)
         config = self._spec_config if spec is None else _spec_config(spec, self._draft, self._spec_config)
-        if logprobs is not None:
-            config = None
+        if logprobs is not None or grammar is not None:
+            config = None  # drafts are not masked by the grammar; logprobs come one pass a token
         result = Completion(text="", logprobs=None if logprobs is None else [], top_logprobs=logprobs or 0)
-        pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result, config)
+        pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result, config, grammar)
         if stream:
             return _Stream(pieces, result)
         for _ in pieces:
             pass
         return result
 
-    def _complete_many(self, prompts, max_tokens, stop, sampling, sampling_kwargs, logprobs=None) -> list:
+    def _complete_many(self, prompts, max_tokens, stop, sampling, sampling_kwargs, logprobs=None,
+                       grammar=None) -> list:
         """Every prompt in its own sequence of the engine, all decoded together:
         one forward pass per step for the whole batch, each sequence sampled
         with its own parameters and seed. The LLM's own context is untouched."""
@@ -597,7 +620,7 @@ class LLM:
                 t1 = time.perf_counter()
                 native0 = eng.native_seconds
                 runs = [_SequenceRun(self, x, p if p.seed is not None or self.seed is None else
-                                     p.replace(seed=self.seed), st, r)
+                                     p.replace(seed=self.seed), st, r, grammar)
                         for x, p, st, r in zip(ids, params, stops, results)]
                 active = list(range(len(prompts)))
                 for step in range(max_tokens):
@@ -682,8 +705,10 @@ class LLM:
         return self._chat_format
 
     def _chat_prompt(self, messages) -> list:
+        from llminfer.tools import prepare_messages  # content None, tool turns
+
         fmt = self.chat_format
-        text = fmt.render(messages, add_generation_prompt=True)
+        text = fmt.render(prepare_messages(messages, "tools" in fmt.template), add_generation_prompt=True)
         return self.tokenize(text, add_bos=not fmt.adds_bos, special=True)
 
     def chat_completion(self, messages, max_tokens: int = 512, stop=None, stream: bool = False,
@@ -699,9 +724,19 @@ class LLM:
         out = self.chat_completion(messages, max_tokens=max_tokens, stream=stream, **kwargs)
         return out if stream else out.text
 
-    def create_chat_completion(self, messages, max_tokens: int | None = 512, stream: bool = False, **kwargs):
+    def create_chat_completion(self, messages, max_tokens: int | None = 512, stream: bool = False,
+                               tools=None, tool_choice=None, **kwargs):
         """An OpenAI-shaped chat.completion dict (or, streaming, chat.completion.chunk dicts).
-        logprobs=True (with top_logprobs=n) adds OpenAI's chat logprobs."""
+        logprobs=True (with top_logprobs=n) adds OpenAI's chat logprobs.
+        tools / tool_choice ("auto", "none", "required" or {"type": "function",
+        "function": {"name": ...}}): the model's tool calls come back parsed in
+        message["tool_calls"] (llminfer.tools)."""
+        if tools is not None or tool_choice is not None:
+            from llminfer.tools import chat_with_tools
+
+            if wants_chat_extras(kwargs):
+                raise InvalidArgumentError("tools cannot be combined with logprobs or n > 1 yet")
+            return chat_with_tools(self, messages, tools, tool_choice, max_tokens, stream, kwargs)
         if wants_chat_extras(kwargs):
             return completions.create_chat_completion(self, messages, max_tokens=max_tokens, stream=stream,
                                                       **kwargs)
@@ -754,6 +789,22 @@ class LLM:
         """load_state() from a file save_session() wrote."""
         with open(path, "rb") as f:
             self.load_state(f.read())
+
+    # ---- embeddings ----
+
+    def embed(self, input, normalize: bool = True, truncate: bool = True, pooling: str | None = None):
+        """Embedding vectors of input (a text or a list of texts): this model's
+        final normed hidden states pooled as its GGUF declares (mean when it
+        declares none), L2-normalized (llminfer.embeddings). The context is untouched."""
+        from llminfer.embeddings import DecoderEmbedding
+
+        return DecoderEmbedding(self).embed(input, normalize=normalize, truncate=truncate, pooling=pooling)
+
+    def create_embedding(self, input, model: str | None = None, **kwargs) -> dict:
+        """OpenAI's embeddings response for input (a text or a list of texts)."""
+        from llminfer.embeddings import DecoderEmbedding
+
+        return DecoderEmbedding(self).create_embedding(input, model=model, **kwargs)
 
     # ---- lifetime ----
 
@@ -808,9 +859,10 @@ class _SequenceRun:
     """One sequence of a batched generation: its sampler, the text so far and
     its stop conditions."""
 
-    def __init__(self, llm, prompt_ids, params, stops, result: Completion):
+    def __init__(self, llm, prompt_ids, params, stops, result: Completion, grammar=None):
         self.llm = llm
         self.sampler = Sampler(params, llm.n_vocab, llm.tokenizer)
+        self.constraint = None if grammar is None else Constraint(grammar, llm.tokenizer, llm.n_vocab)
         self.history = list(prompt_ids)
         self.matcher = _StopMatcher(stops)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -819,6 +871,8 @@ class _SequenceRun:
 
     def step(self, logits, last: bool):
         """Sample the next token; returns it, or None when the sequence ends."""
+        if self.constraint is not None:
+            logits = self.constraint.apply(logits)
         tok = self.sampler.sample(logits, self.history)
         r = self.result
         if tok in self.llm.tokenizer.eog_ids:
@@ -834,6 +888,12 @@ class _SequenceRun:
         if stopped:
             r.finish_reason = "stop"
             return None
+        if self.constraint is not None:
+            self.constraint.advance(tok)
+            if self.constraint.done:
+                r.finish_reason = "stop"
+                self._finish(False)
+                return None
         if last:
             self._finish(False)
             return None

@@ -40,7 +40,7 @@ from gguf import Keys, TokenType
 
 from llminfer.errors import TokenError, TokenizerError
 
-SUPPORTED_MODELS = ("gpt2", "llama")
+SUPPORTED_MODELS = ("gpt2", "llama", "bert")
 
 # llama_token_attr bits
 _A_UNDEFINED = 0
@@ -225,11 +225,17 @@ class _Vocab:
             bos, eos, unk = 1, 2, 0
             self.add_bos = True
             self.add_space_prefix = bool(metadata.get(Keys.Tokenizer.ADD_PREFIX, True))
+        elif kind == "bert":
+            # WordPiece: [CLS] text [SEP]; llama.cpp's add_sep is our add_eos with [SEP] as EOS
+            sep = metadata.get("tokenizer.ggml.seperator_token_id", 102)
+            bos, eos, unk = 101, sep, 100
+            self.add_bos = True
+            self.add_space_prefix = False
         else:
             bos, eos, unk = (None if pre.no_bos else 11), 11, None
             self.add_bos = pre.add_bos
             self.add_space_prefix = False
-        self.add_eos = False
+        self.add_eos = kind == "bert"
         self.bos_id = _meta_id(metadata, Keys.Tokenizer.BOS_ID, n)
         if self.bos_id is None:
             self.bos_id = _default_id(bos, n)
@@ -245,6 +251,8 @@ class _Vocab:
             self.add_bos = bool(metadata[Keys.Tokenizer.ADD_BOS])
         if Keys.Tokenizer.ADD_EOS in metadata:
             self.add_eos = bool(metadata[Keys.Tokenizer.ADD_EOS])
+        if kind == "bert":  # [SEP] closes the text unless add_sep_token says otherwise
+            self.add_eos = bool(metadata.get("tokenizer.ggml.add_sep_token", True))
         if self.add_bos and self.bos_id is None:
             raise TokenizerError(f"{Keys.Tokenizer.ADD_BOS} is true, but the vocabulary has no BOS token")
         if self.add_eos and self.eos_id is None:
@@ -645,6 +653,11 @@ class Tokenizer:
         if kind == "llama":
             vocab = _Vocab(metadata, kind, None)
             return cls(vocab, _SPMModel(vocab), kind, None)
+        if kind == "bert":
+            from llminfer.wordpiece import WPMModel
+
+            vocab = _Vocab(metadata, kind, None)
+            return cls(vocab, WPMModel(vocab, metadata), kind, None)
         pre_name = metadata.get(Keys.Tokenizer.PRE) or "default"
         pre = _PRE_BY_NAME.get(pre_name)
         if pre is None:
@@ -731,7 +744,7 @@ class Tokenizer:
         if attr & (_A_SPECIAL | _A_USER_DEFINED):
             return piece.encode("utf-8")
         if attr & _A_NORMAL:
-            if self.kind == "llama":
+            if self.kind in ("llama", "bert"):
                 return piece.replace(SPACE_MARK, " ").encode("utf-8")
             # characters outside GPT-2's table (none in a sane vocabulary) pass as UTF-8
             return b"".join(bytes((_CHAR_TO_BYTE[c],)) if c in _CHAR_TO_BYTE else c.encode("utf-8")

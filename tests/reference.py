@@ -58,7 +58,75 @@ class ReferenceModel:
         pattern = self.hp("attention.sliding_window_pattern", default)
         return window, pattern == 0 or i % pattern < pattern - 1
 
-    def logits(self, tokens, positions=None, kv_type=None) -> np.ndarray:
+    def hidden(self, tokens) -> np.ndarray:
+        """The final normed hidden states [n, n_embd] (what the head reads)."""
+        return self.logits(tokens, hidden=True)
+
+    def encoder(self, tokens) -> np.ndarray:
+        """The last hidden states [n, n_embd] of a bert / nomic-bert encoder
+        (llama.cpp's graph): post-norm LayerNorm blocks, attention over every
+        position, token type 0 added, absolute positions (bert) or NeoX RoPE
+        (nomic-bert), GELU (tanh form, as ggml) or SiLU-gated feed-forward."""
+        a = self.arch
+        E = self.hp("embedding_length")
+        n_head = self.hp("attention.head_count")
+        hd = E // n_head
+        eps = self.hp("attention.layer_norm_epsilon")
+        base = self.hp("rope.freq_base", 10000.0)
+        tokens = np.asarray(tokens)
+        n = len(tokens)
+        pos = np.arange(n)
+        t = self.t
+
+        def ln(x, w, b):
+            mu = x.mean(axis=-1, keepdims=True)
+            var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+            return (x - mu) / np.sqrt(var + eps) * w + b
+
+        def rope(x):
+            half = hd // 2
+            ang = pos[:, None] * (base ** (-2.0 * np.arange(half) / hd))[None, :]
+            c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+            x0, x1 = x[..., :half].copy(), x[..., half:].copy()
+            return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+
+        x = t["token_embd.weight"][tokens]
+        if "token_types.weight" in t:
+            x = x + t["token_types.weight"][0]
+        if a == "bert":
+            x = x + t["position_embd.weight"][pos]
+        x = ln(x, t["token_embd_norm.weight"], t["token_embd_norm.bias"])
+        for i in range(self.hp("block_count")):
+            p = f"blk.{i}."
+            T = lambda name, d=None: t.get(p + name, d)  # noqa: E731
+            if p + "attn_qkv.weight" in t:
+                qkv = x @ T("attn_qkv.weight").T
+                q, k, v = qkv[:, :E], qkv[:, E:2 * E], qkv[:, 2 * E:]
+            else:
+                q = x @ T("attn_q.weight").T + T("attn_q.bias", 0.0)
+                k = x @ T("attn_k.weight").T + T("attn_k.bias", 0.0)
+                v = x @ T("attn_v.weight").T + T("attn_v.bias", 0.0)
+            q, k, v = q.reshape(n, n_head, hd), k.reshape(n, n_head, hd), v.reshape(n, n_head, hd)
+            if a == "nomic-bert":
+                q, k = rope(q), rope(k)
+            att = np.zeros((n, n_head, hd))
+            for h in range(n_head):
+                s = q[:, h] @ k[:, h].T / math.sqrt(hd)
+                s = np.exp(s - s.max(axis=1, keepdims=True))
+                att[:, h] = (s / s.sum(axis=1, keepdims=True)) @ v[:, h]
+            o = att.reshape(n, E) @ T("attn_output.weight").T + T("attn_output.bias", 0.0)
+            x = ln(x + o, T("attn_output_norm.weight"), T("attn_output_norm.bias"))
+            u = x @ T("ffn_up.weight").T + T("ffn_up.bias", 0.0)
+            if p + "ffn_gate.weight" in t:
+                g = x @ T("ffn_gate.weight").T
+                h_ = g / (1 + np.exp(-g)) * u
+            else:
+                h_ = 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))
+            d = h_ @ T("ffn_down.weight").T + T("ffn_down.bias", 0.0)
+            x = ln(x + d, T("layer_output_norm.weight"), T("layer_output_norm.bias"))
+        return x
+
+    def logits(self, tokens, positions=None, kv_type=None, hidden=False) -> np.ndarray:
         """Logits at every token; `positions` (default 0, 1, ...) give each
         token's position, increasing, for a context with gaps (a context shift).
         kv_type "q8_0" or "q4_0": keys and values rounded to that type per
@@ -180,6 +248,8 @@ class ReferenceModel:
             if p + "post_ffw_norm.weight" in self.t:
                 d = norm(d, T("post_ffw_norm.weight"))
             x = x + d * res_scale
+        if hidden:
+            return norm(x, self.t["output_norm.weight"])
         out = self.t.get("output.weight", self.t["token_embd.weight"])
         logits = norm(x, self.t["output_norm.weight"]) @ out.T
         if a == "granite":

@@ -73,18 +73,6 @@ def test_readme_chat_completion_with_chat_format(smollm2_path):
     assert isinstance(reply["choices"][0]["message"]["content"], str)
 
 
-def _needs(feature, call):
-    """Run a README example whose feature another part of llminfer provides
-    (structured output, tool calls, embeddings); skip, naming it, while the
-    build lacks it."""
-    try:
-        return call()
-    except InvalidArgumentError as e:
-        if "unknown" in str(e) or "does not have" in str(e):
-            pytest.skip(f"needs {feature}: {e}")
-        raise
-
-
 def test_readme_json_mode(smollm2_path):
     code = '''
         from llminfer import Llama
@@ -103,7 +91,7 @@ def test_readme_json_mode(smollm2_path):
             temperature=0.7,
         )
     '''
-    s = _needs("structured output (response_format)", lambda: run(code, smollm2_path))
+    s = run(code, smollm2_path)
     import json
     json.loads(s["reply"]["choices"][0]["message"]["content"])
 
@@ -131,7 +119,7 @@ def test_readme_json_schema_mode(smollm2_path):
             temperature=0.7,
         )
     '''
-    s = _needs("structured output (response_format with a schema)", lambda: run(code, smollm2_path))
+    s = run(code, smollm2_path)
     import json
     assert isinstance(json.loads(s["reply"]["choices"][0]["message"]["content"])["team_name"], str)
 
@@ -181,7 +169,7 @@ def test_readme_function_calling(smollm2_path):
               }
         )
     '''
-    s = _needs("tool calls (tools=, tool_choice=)", lambda: run(code, smollm2_path))
+    s = run(code, smollm2_path)
     call = s["reply"]["choices"][0]["message"]["tool_calls"][0]
     assert call["function"]["name"] == "UserDetail"
 
@@ -198,7 +186,7 @@ def test_readme_embeddings(smollm2_path):
 
         embeddings = llm.create_embedding(["Hello, world!", "Goodbye, world!"])
     '''
-    s = _needs("embeddings (create_embedding)", lambda: run(code, smollm2_path))
+    s = run(code, smollm2_path)
     assert len(s["embeddings"]["data"]) == 2
 
 

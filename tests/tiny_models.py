@@ -209,3 +209,92 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+# ---- encoders (bert, nomic-bert) for embeddings ----
+
+def wordpiece_vocab():
+    """A WordPiece vocabulary as GGUF stores it: word-initial pieces with
+    "\u2581", continuations bare, [UNK]/[CLS]/[SEP]/[MASK] at BERT's ids."""
+    words = ["the", "cat", "sat", "on", "mat", "dog", "ran", "a", "is", "good", "emb", "edd", "ing"]
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    pieces = ["\u2581" + w for w in words] + ["\u2581" + c for c in letters] + letters + \
+        ["s", "ing", "ed"] + ["\u2581" + p for p in ".,!?'-"] + list("0123456789")
+    tokens = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokens += [p for p in dict.fromkeys(pieces)]
+    types = [3] + [5] * 99 + [2, 3, 3, 3] + [1] * (len(tokens) - 104)
+    return tokens, types
+
+
+def write_encoder(path, arch="bert", qtype="Q8_0", n_embd=256, n_layer=2, n_head=4, n_ff=512,
+                  context_length=64, pooling=1, seed=0) -> str:
+    """A tiny random encoder GGUF (bert: absolute positions, GELU FFN with
+    biases; nomic-bert: fused attn_qkv, RoPE, SiLU-gated FFN)."""
+    rng = np.random.default_rng(seed)
+    tokens, types = wordpiece_vocab()
+    E, F = n_embd, n_ff
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_uint32(f"{arch}.block_count", n_layer)
+    w.add_uint32(f"{arch}.context_length", context_length)
+    w.add_uint32(f"{arch}.embedding_length", E)
+    w.add_uint32(f"{arch}.feed_forward_length", F)
+    w.add_uint32(f"{arch}.attention.head_count", n_head)
+    w.add_float32(f"{arch}.attention.layer_norm_epsilon", 1e-12)
+    w.add_bool(f"{arch}.attention.causal", False)
+    w.add_uint32(f"{arch}.pooling_type", pooling)
+    if arch == "nomic-bert":
+        w.add_float32(f"{arch}.rope.freq_base", 1000.0)
+    w.add_string("tokenizer.ggml.model", "bert")
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.token_type", types)
+    w.add_uint32("tokenizer.ggml.token_type_count", 2)
+    w.add_uint32("tokenizer.ggml.bos_token_id", 101)
+    w.add_uint32("tokenizer.ggml.seperator_token_id", 102)
+    w.add_uint32("tokenizer.ggml.unknown_token_id", 100)
+    w.add_uint32("tokenizer.ggml.padding_token_id", 0)
+    w.add_bool("tokenizer.ggml.normalizer.lowercase", True)
+
+    def matrix(name, rows, k, t, scale):
+        data = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
+        qt = gguf.GGMLQuantizationType[t]
+        w.add_tensor(name, ops.quantize(data, qt), raw_dtype=qt)
+
+    def vector(name, n, around=0.0, spread=0.1):
+        w.add_tensor(name, (around + rng.standard_normal(n) * spread).astype(np.float32),
+                     raw_dtype=gguf.GGMLQuantizationType.F32)
+
+    matrix("token_embd.weight", len(tokens), E, qtype, 1.0)
+    matrix("token_types.weight", 2, E, "F32", 0.5)
+    if arch == "bert":
+        matrix("position_embd.weight", context_length, E, "F32", 0.5)
+    vector("token_embd_norm.weight", E, 1.0)
+    vector("token_embd_norm.bias", E)
+    s = 1.0 / np.sqrt(E)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        if arch == "nomic-bert":
+            matrix(p + "attn_qkv.weight", 3 * E, E, qtype, s)
+        else:
+            for x in "qkv":
+                matrix(p + f"attn_{x}.weight", E, E, qtype, s)
+                vector(p + f"attn_{x}.bias", E)
+        matrix(p + "attn_output.weight", E, E, qtype, s)
+        if arch == "bert":
+            vector(p + "attn_output.bias", E)
+        vector(p + "attn_output_norm.weight", E, 1.0)
+        vector(p + "attn_output_norm.bias", E)
+        matrix(p + "ffn_up.weight", F, E, qtype, s)
+        if arch == "nomic-bert":
+            matrix(p + "ffn_gate.weight", F, E, qtype, s)
+        else:
+            vector(p + "ffn_up.bias", F)
+        matrix(p + "ffn_down.weight", E, F, qtype, 1.0 / np.sqrt(F))
+        if arch == "bert":
+            vector(p + "ffn_down.bias", E)
+        vector(p + "layer_output_norm.weight", E, 1.0)
+        vector(p + "layer_output_norm.bias", E)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)

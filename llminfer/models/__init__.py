@@ -10,6 +10,8 @@ from llminfer.gguf_file import GGUFFile
 from llminfer.models import gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3, qwen3moe, smollm3
 from llminfer.models.base import ModelSpec
 
+ENCODER_ARCHS = ("bert", "nomic-bert")  # llminfer.models.bert, run by llminfer.embeddings
+
 ARCHITECTURES = {
     llama.ARCH: llama.build,
     qwen2.ARCH: qwen2.build,
@@ -35,6 +37,9 @@ def build_spec(gguf: GGUFFile, n_ctx: int | None = None) -> ModelSpec:
             f"which join them")
     arch = gguf.architecture
     builder = ARCHITECTURES.get(arch)
+    if builder is None and arch in ENCODER_ARCHS:
+        raise UnsupportedModelError(f"{gguf.path}: {arch!r} is an encoder (embedding) model, which does not "
+                                    f"generate text; load it with llminfer.Embedder")
     if builder is None:
         raise UnsupportedModelError(f"{gguf.path}: architecture {arch!r} is not supported; "
                                     f"supported: {', '.join(sorted(ARCHITECTURES))}")
