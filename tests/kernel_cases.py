@@ -20,7 +20,9 @@ ACT_32_TYPES = QUANT_32 + (Q.IQ4_XS,)
 IQ_TYPES = (Q.IQ4_NL, Q.MXFP4, Q.IQ4_XS, Q.TQ1_0, Q.TQ2_0, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S,
             Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M)
 ALL_TYPES = FLOAT_TYPES + QUANT_TYPES
+GGUF_QUANTIZERS = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)  # ours equal gguf.quants.quantize
 OUR_K_QUANTIZERS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+OUR_IQ_QUANTIZERS = (Q.IQ4_NL, Q.IQ4_XS)   # quantize_iq.c, our own scale search
 
 # byte offsets of the f16 scale fields (d, and m / dmin) inside each block
 F16_FIELDS = {
