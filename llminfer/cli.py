@@ -247,12 +247,27 @@ def cmd_info(a):
         for t in g.tensors.values():
             counts[t.type_name] = counts.get(t.type_name, 0) + 1
         print(f"tensors: {len(g.tensors)} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))})")
+        for line in _unloadable_types(g):
+            print(line)
         if a.tensors:
             for t in g.tensors.values():
                 print(f"  {t.name:<40} {t.type_name:<6} {str(t.shape):<16} {t.nbytes:>12}")
         if a.check:
             return _check_weights(g)
     return 0
+
+
+def _unloadable_types(g) -> list:
+    """Lines naming the tensor types in g that llminfer has no kernels for."""
+    from llminfer.ops import SUPPORTED_TYPES
+
+    supported = {int(t) for t in SUPPORTED_TYPES}
+    by_type = {}
+    for t in g.tensors.values():
+        if t.qtype not in supported:
+            by_type.setdefault(t.type_name, []).append(t.name)
+    return [f"cannot load: {len(names)} tensor(s) of type {name} (e.g. {names[0]}): llminfer has no "
+            f"kernels for {name}" for name, names in sorted(by_type.items())]
 
 
 def _check_weights(g) -> int:

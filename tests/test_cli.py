@@ -432,3 +432,19 @@ def test_quantize_to_iq4(capsys, float_model, tmp_path, preset):
         a, b, c = src.eval(ids), q.eval(ids), k.eval(ids)
     err, err_k = np.abs(a - b).max() / np.abs(a).max(), np.abs(a - c).max() / np.abs(a).max()
     assert err < 1.25 * err_k, f"{preset} relative logit error {err:.3f}, Q4_K_M {err_k:.3f}"
+
+
+def test_info_names_the_types_it_cannot_load(capsys, tmp_path):
+    """A tensor of a type without kernels (NVFP4) is named, with its type."""
+    def hook(name, data, t):
+        if name == "blk.0.ffn_up.weight":
+            rows, k = data.shape[0], data.shape[1] // gguf.GGML_QUANT_SIZES[t][1] * gguf.GGML_QUANT_SIZES[t][0]
+            return np.zeros((rows, k // 64 * 36), np.uint8), gguf.GGMLQuantizationType.NVFP4
+        return data, t
+
+    path = write_model(tmp_path / "nvfp4.gguf", TinyConfig(), tensor_hook=hook)
+    code, out, _ = run_main(capsys, "info", "-m", path)
+    assert code == 0
+    assert "cannot load: 1 tensor(s) of type NVFP4 (e.g. blk.0.ffn_up.weight)" in out
+    code, out, _ = run_main(capsys, "info", "-m", write_model(tmp_path / "ok.gguf", TinyConfig(qtype="IQ4_XS")))
+    assert code == 0 and "cannot load" not in out
