@@ -28,23 +28,38 @@
 
 #define NL_CANDIDATES 7 /* candidates on each side of each end of the table */
 
-/* the index of the level of the sorted 16-entry table t nearest to v */
-static int nearest_level(const int8_t *t, float v) {
-    if (!(v > (float)t[0])) return 0; /* also NaN */
-    if (v >= (float)t[15]) return 15;
-    int lo = 0, hi = 15; /* t[lo] < v < t[hi] */
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (v < (float)t[mid])
-            hi = mid;
-        else
-            lo = mid;
+/* The nearest level of the 16-entry table to a value v, for |v| up to 128:
+ * the levels are integers, so the midpoints between them are multiples of
+ * 1/2, and the nearest level is the same over each half-open half-unit
+ * [h/2, (h+1)/2); a midpoint itself goes to the level above. A table over h
+ * (levels_lut) makes the search a lookup; values beyond it take the ends. */
+#define LUT_HALF 256 /* half-units on each side of 0 */
+
+typedef struct {
+    const int8_t *t;
+    uint8_t idx[2 * LUT_HALF];
+} levels_lut;
+
+static void levels_lut_init(levels_lut *L, const int8_t *t) {
+    L->t = t;
+    for (int h = -LUT_HALF; h < LUT_HALF; h++) {
+        const float v = (float)h * 0.5f + 0.25f; /* inside half-unit h */
+        int best = 0;
+        for (int i = 1; i < 16; i++)
+            if (fabsf(v - (float)t[i]) < fabsf(v - (float)t[best])) best = i;
+        L->idx[h + LUT_HALF] = (uint8_t)best;
     }
-    return v - (float)t[lo] < (float)t[hi] - v ? lo : hi;
+}
+
+static int nearest_level(const levels_lut *L, float v) {
+    if (!(v > -(float)(LUT_HALF / 2))) return 0; /* also NaN */
+    if (v >= (float)(LUT_HALF / 2)) return 15;
+    return L->idx[(int)floorf(2.0f * v) + LUT_HALF];
 }
 
 /* the best scale of n values x with weights w (0 for an all-zero block) */
-static float fit_nl_scale(const float *x, const float *w, int n, const int8_t *t) {
+static float fit_nl_scale(const float *x, const float *w, int n, const levels_lut *L) {
+    const int8_t *t = L->t;
     float amax = 0.0f, mx = 0.0f;
     for (int j = 0; j < n; j++)
         if (fabsf(x[j]) > amax) {
@@ -57,15 +72,15 @@ static float fit_nl_scale(const float *x, const float *w, int n, const int8_t *t
         for (int s = -NL_CANDIDATES; s <= NL_CANDIDATES; s++) {
             const float target = (float)(end ? t[15] : t[0]) + (float)s;
             const float id = target / mx;
-            double sqx = 0.0, sq2 = 0.0;
+            float sqx = 0.0f, sq2 = 0.0f;
             for (int j = 0; j < n; j++) {
-                const float q = (float)t[nearest_level(t, id * x[j])];
-                sqx += (double)w[j] * q * x[j];
-                sq2 += (double)w[j] * q * q;
+                const float q = (float)t[nearest_level(L, id * x[j])];
+                sqx += w[j] * q * x[j];
+                sq2 += w[j] * q * q;
             }
-            if (sq2 > 0.0 && sqx * sqx / sq2 > best_gain) {
-                best_gain = (float)(sqx * sqx / sq2);
-                best_d = (float)(sqx / sq2);
+            if (sq2 > 0.0f && sqx * sqx / sq2 > best_gain) {
+                best_gain = sqx * sqx / sq2;
+                best_d = sqx / sq2;
             }
         }
     return best_d;
@@ -82,34 +97,38 @@ static float mean_square(const float *x, int n) {
 }
 
 /* 32 values against scale d into 16 bytes of indices, Q4_0's nibble order */
-static void put_indices(const float *x, float d, uint8_t qs[16]) {
+static void put_indices(const float *x, float d, const levels_lut *L, uint8_t qs[16]) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     for (int j = 0; j < 16; j++) {
-        const int lo = nearest_level(li_kvalues_iq4nl, x[j] * id);
-        const int hi = nearest_level(li_kvalues_iq4nl, x[j + 16] * id);
+        const int lo = nearest_level(L, x[j] * id);
+        const int hi = nearest_level(L, x[j + 16] * id);
         qs[j] = (uint8_t)(lo | hi << 4);
     }
 }
 
 void li_quantize_iq4_nl(const float *x, void *dst, int64_t k) {
     block_iq4_nl *y = (block_iq4_nl *)dst;
+    levels_lut L;
+    levels_lut_init(&L, li_kvalues_iq4nl);
     float w[32];
     for (int64_t i = 0; i < k / 32; i++, x += 32) {
         block_weights(x, 32, mean_square(x, 32), w);
-        y[i].d = li_f32_to_f16(fit_nl_scale(x, w, 32, li_kvalues_iq4nl));
-        put_indices(x, li_f16_to_f32(y[i].d), y[i].qs);
+        y[i].d = li_f32_to_f16(fit_nl_scale(x, w, 32, &L));
+        put_indices(x, li_f16_to_f32(y[i].d), &L, y[i].qs);
     }
 }
 
 void li_quantize_iq4_xs(const float *x, void *dst, int64_t k) {
     block_iq4_xs *y = (block_iq4_xs *)dst;
+    levels_lut L;
+    levels_lut_init(&L, li_kvalues_iq4nl);
     float w[32], s[8];
     for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
         const float sigma2 = mean_square(x, QK_K);
         float smax = 0.0f; /* the block scale of largest magnitude, signed */
         for (int g = 0; g < 8; g++) {
             block_weights(x + 32 * g, 32, sigma2, w);
-            s[g] = fit_nl_scale(x + 32 * g, w, 32, li_kvalues_iq4nl);
+            s[g] = fit_nl_scale(x + 32 * g, w, 32, &L);
             if (fabsf(s[g]) > fabsf(smax)) smax = s[g];
         }
         y[i].d = li_f32_to_f16(smax / -32.0f);
@@ -122,7 +141,7 @@ void li_quantize_iq4_xs(const float *x, void *dst, int64_t k) {
             const int u = l + 32;
             y[i].scales_l[g / 2] |= (uint8_t)((u & 15) << (4 * (g % 2)));
             y[i].scales_h |= (uint16_t)((u >> 4) << (2 * g));
-            put_indices(x + 32 * g, d * (float)l, y[i].qs + 16 * g);
+            put_indices(x + 32 * g, d * (float)l, &L, y[i].qs + 16 * g);
         }
     }
 }

@@ -7,7 +7,8 @@
  * values through one vpshufb over the 16-entry level table; products with the
  * Q8_0 activations are formed as |w| x (a with w's sign) by vpmaddubsw. Four
  * blocks' exact sums come out of one vphaddd tree, and the fused
- * multiply-adds take them in block order, scalar_iq.c's chain.
+ * multiply-adds take them in block order, scalar_iq.c's chain; dot_rows runs
+ * four rows' chains in the lanes of one vector.
  *
  * The grid types: each 8 values are one grid row (a 64-bit load; 32-bit for
  * the IQ3 grids), four rows make a 32-value vector, and their signs, looked
@@ -68,9 +69,10 @@ LI_INLINE __m256i mul_sign(__m256i m, __m256i s, __m256i a) {
 
 /* the 32 signed values of 16 bytes of 4-bit indices (Q4_0's nibble order) */
 LI_INLINE __m256i nl4_values(const uint8_t *qs, __m256i table) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)qs);
-    const __m128i m = _mm_set1_epi8(15);
-    const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+    /* the 16 bytes in both halves, the high half shifted down a nibble */
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)qs));
+    const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                                         _mm256_set1_epi8(15));
     return _mm256_shuffle_epi8(table, idx);
 }
 
@@ -126,6 +128,119 @@ LI_INLINE void nl4_dot(const int type, int64_t k, const void *w, const void *x, 
     for (int c = 0; c < nc; c++) s[c] = _mm_cvtss_f32(acc[c]);
 }
 
+/* Several rows (dot_rows): one row's fused multiply-adds are a serial chain,
+ * one a block, which bounds a single row's speed; four rows' chains run side
+ * by side in the lanes of one vector. As in x86_avx2.c's rows32, each row is
+ * read on its own (one stream from memory) in an integer pass over a chunk of
+ * blocks, which keeps the blocks' exact sums and scales, and a float pass
+ * then runs the four chains, block by block in order: per lane, scalar_iq.c's
+ * fmaf(isum, d * dx, acc). */
+#define NL4_PASS 64 /* blocks of 32 in a chunk */
+
+typedef struct {
+    float isum[LI_DOT_MAX_NC][4][NL4_PASS]; /* [column][row][block] */
+    float d[4][NL4_PASS];                   /* [row][block] */
+} nl4_buf;
+
+LI_INLINE void load_t4(const float *p0, const float *p1, const float *p2, const float *p3, __m128 t[4]) {
+    t[0] = _mm_loadu_ps(p0);
+    t[1] = _mm_loadu_ps(p1);
+    t[2] = _mm_loadu_ps(p2);
+    t[3] = _mm_loadu_ps(p3);
+    _MM_TRANSPOSE4_PS(t[0], t[1], t[2], t[3]);
+}
+
+/* blocks b0 .. b0+3 of a row (b0 a multiple of 4): values and scales, zeros
+ * past the row's end (IQ4_XS rows hold whole super-blocks of 8, so its four
+ * blocks always exist and share one super-block) */
+LI_INLINE void nl4_quad(const int type, const void *row, uint64_t b0, uint64_t nb, __m256i table, __m256i q[4],
+                        float d[4]) {
+    if (type == LI_TYPE_IQ4_XS) {
+        const block_iq4_xs *x = (const block_iq4_xs *)row + (b0 >> 3);
+        const int g0 = (int)(b0 & 7);
+        for (int t = 0; t < 4; t++) q[t] = nl4_values(x->qs + 16 * (g0 + t), table);
+        /* the four 6-bit scales of groups g0..g0+3 at once: iq4_xs_scale lane by lane */
+        const __m128i g = _mm_add_epi32(_mm_set1_epi32(g0), _mm_setr_epi32(0, 1, 2, 3));
+        const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)u32(x->scales_l)), _mm_slli_epi32(g, 2)),
+                                         _mm_set1_epi32(15));
+        const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(x->scales_h), _mm_slli_epi32(g, 1)),
+                                         _mm_set1_epi32(3));
+        const __m128i ls = _mm_sub_epi32(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi32(32));
+        _mm_storeu_ps(d, _mm_mul_ps(_mm_set1_ps(f16(x->d)), _mm_cvtepi32_ps(ls)));
+        return;
+    }
+    if (b0 + 4 <= nb) {
+        for (int t = 0; t < 4; t++) q[t] = nl4_block(type, row, (int64_t)(b0 + t), table, &d[t]);
+        return;
+    }
+    for (int t = 0; t < 4; t++) {
+        if (b0 + (uint64_t)t < nb) {
+            q[t] = nl4_block(type, row, (int64_t)(b0 + t), table, &d[t]);
+        } else {
+            q[t] = _mm256_setzero_si256();
+            d[t] = 0.0f;
+        }
+    }
+}
+
+/* blocks i0 .. i0+n-1 of one row into lane r of the buffer (n a multiple of 4) */
+LI_INLINE void nl4_int_pass(const int type, const void *row, int64_t nb, int r, int64_t i0, int n,
+                            const void *x, size_t xs, const int nc, __m256i table, nl4_buf *pb) {
+    for (int j = 0; j < n; j += 4) {
+        __m256i q[4], m[4];
+        nl4_quad(type, row, (uint64_t)(i0 + j), (uint64_t)nb, table, q, &pb->d[r][j]);
+        for (int t = 0; t < 4; t++) m[t] = _mm256_sign_epi8(q[t], q[t]);
+        for (int c = 0; c < nc; c++) {
+            /* activation blocks past the row's end are not read */
+            const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i0 + j;
+            __m256i p[4];
+            if (i0 + j + 4 <= nb) {
+                for (int t = 0; t < 4; t++) p[t] = mul_sign(m[t], q[t], loadu(a[t].qs));
+            } else {
+                for (int t = 0; t < 4; t++)
+                    p[t] = i0 + j + t < nb ? mul_sign(m[t], q[t], loadu(a[t].qs)) : _mm256_setzero_si256();
+            }
+            _mm_storeu_ps(&pb->isum[c][r][j], _mm_cvtepi32_ps(hsum8x4_epi32(p)));
+        }
+    }
+}
+
+LI_INLINE void nl4_rows(const int type, int64_t k, const void *w, size_t ws, int nr, const void *x, size_t xs,
+                        const int nc, float *y, size_t ys) {
+    const int64_t nb = k / 32;
+    const __m256i table = level_table(type == LI_TYPE_MXFP4 ? li_kvalues_mxfp4 : li_kvalues_iq4nl);
+    nl4_buf pb;
+    for (int r = nr; r < 4; r++) { /* lanes of missing rows: zeros, computed and dropped */
+        memset(pb.d[r], 0, sizeof(pb.d[r]));
+        for (int c = 0; c < nc; c++) memset(pb.isum[c][r], 0, sizeof(pb.isum[c][r]));
+    }
+    __m128 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
+    for (int64_t i0 = 0; i0 < nb; i0 += NL4_PASS) {
+        const int n = (int)LI_MIN(NL4_PASS, nb - i0);
+        const int n4 = (n + 3) & ~3;
+        for (int r = 0; r < nr; r++)
+            nl4_int_pass(type, (const char *)w + (size_t)r * ws, nb, r, i0, n4, x, xs, nc, table, &pb);
+        for (int j = 0; j < n4; j += 4) {
+            __m128 d[4];
+            load_t4(&pb.d[0][j], &pb.d[1][j], &pb.d[2][j], &pb.d[3][j], d);
+            const int m = LI_MIN(4, n - j);
+            for (int c = 0; c < nc; c++) {
+                const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i0 + j;
+                __m128 f[4];
+                load_t4(&pb.isum[c][0][j], &pb.isum[c][1][j], &pb.isum[c][2][j], &pb.isum[c][3][j], f);
+                for (int t = 0; t < m; t++)
+                    acc[c] = _mm_fmadd_ps(f[t], _mm_mul_ps(d[t], _mm_set1_ps(a[t].d)), acc[c]);
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        float t[4];
+        _mm_storeu_ps(t, acc[c]);
+        for (int r = 0; r < nr; r++) y[(size_t)c * ys + (size_t)r] = t[r];
+    }
+}
+
 #define NL4_ENTRY(name, T)                                                                        \
     static void dot_##name(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) { \
         switch (nc) {                                                                             \
@@ -134,7 +249,17 @@ LI_INLINE void nl4_dot(const int type, int64_t k, const void *w, const void *x, 
         case 3: nl4_dot(LI_TYPE_##T, k, w, x, xs, 3, s); break;                                   \
         default: nl4_dot(LI_TYPE_##T, k, w, x, xs, 4, s); break;                                  \
         }                                                                                         \
+    }                                                                                             \
+    static void dot_rows_##name(int64_t k, const void *w, size_t ws, int nr, const void *x, size_t xs, \
+                                int nc, float *y, size_t ys) {                                    \
+        switch (nc) {                                                                             \
+        case 1: nl4_rows(LI_TYPE_##T, k, w, ws, nr, x, xs, 1, y, ys); break;                      \
+        case 2: nl4_rows(LI_TYPE_##T, k, w, ws, nr, x, xs, 2, y, ys); break;                      \
+        case 3: nl4_rows(LI_TYPE_##T, k, w, ws, nr, x, xs, 3, y, ys); break;                      \
+        default: nl4_rows(LI_TYPE_##T, k, w, ws, nr, x, xs, 4, y, ys); break;                     \
+        }                                                                                         \
     }
+LI_STATIC_ASSERT(LI_DOT_MAX_NR == 4, "nl4_rows takes up to 4 rows");
 NL4_ENTRY(iq4_nl, IQ4_NL)
 NL4_ENTRY(mxfp4, MXFP4)
 NL4_ENTRY(iq4_xs, IQ4_XS)
@@ -402,6 +527,9 @@ void li_kernels_fill_avx2_iq(li_kernels *t) {
     t->dot[LI_TYPE_IQ4_NL] = dot_iq4_nl;
     t->dot[LI_TYPE_MXFP4] = dot_mxfp4;
     t->dot[LI_TYPE_IQ4_XS] = dot_iq4_xs;
+    t->dot_rows[LI_TYPE_IQ4_NL] = dot_rows_iq4_nl;
+    t->dot_rows[LI_TYPE_MXFP4] = dot_rows_mxfp4;
+    t->dot_rows[LI_TYPE_IQ4_XS] = dot_rows_iq4_xs;
     t->dot[LI_TYPE_TQ1_0] = dot_tq1_0;
     t->dot[LI_TYPE_TQ2_0] = dot_tq2_0;
     t->dot[LI_TYPE_IQ2_XXS] = dot_iq2_xxs;
