@@ -372,7 +372,7 @@ def build_parser():
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=cmd_bench)
 
-    i = sub.add_parser("info", help="metadata and tensor types of a model")
+    i = sub.add_parser("info", help="metadata and tensor types of a model (and the types llminfer cannot load)")
     i.add_argument("-m", "--model", default=hub.DEFAULT_MODEL)
     i.add_argument("--tensors", action="store_true", help="list every tensor")
     i.add_argument("--check", action="store_true",
