@@ -33,6 +33,8 @@ def byte_symbols():
 WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
                 "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
                 "IQ3_S", "IQ1_S", "IQ1_M"]
+# types whose tiny-model matrices are random blocks (no quantizer of ours or gguf's)
+RANDOM_BLOCK_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 
 
 def quantized_matrix(rng, data, t):
