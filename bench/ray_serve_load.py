@@ -11,7 +11,7 @@ client, then deletes it:
 - throughput: --clients concurrent clients, each a distinct short prompt,
   --tokens completion tokens at temperature 0 (ignore_eos), replicas 1 and 2;
 - prefix reuse: --systems system prompts of ~600 characters, each asked
-  --questions questions in a shuffled order by --clients clients, routing
+  --questions questions in a shuffled order by 1 and by --clients clients, routing
   "prefix" and "load" (power of two choices), 2 replicas; the hit rate is
   prefix-cache hits over prompt tokens looked up, summed over the replicas.
 
@@ -108,12 +108,13 @@ def main():
             rows.append(("throughput", f"{replicas} replica(s) x {a.threads} thread(s)", f"{tps:.1f} tok/s"))
             print(*rows[-1], sep="  |  ", flush=True)
             serve.delete("bench")
-        for routing in ("prefix", "load"):
-            client = deploy(rs, serve, openai, a.model, port, 2, a.threads, routing)
-            rate = prefix_reuse(client, rs, a.systems, a.questions, a.clients)
-            rows.append(("prefix hit rate", f"2 replicas, routing={routing}", f"{rate:.1%}"))
-            print(*rows[-1], sep="  |  ", flush=True)
-            serve.delete("bench")
+        for clients in (1, a.clients):  # a fresh deployment (empty caches) for each row
+            for routing in ("prefix", "load"):
+                client = deploy(rs, serve, openai, a.model, port, 2, a.threads, routing)
+                rate = prefix_reuse(client, rs, a.systems, a.questions, clients)
+                rows.append(("prefix hit rate", f"2 replicas, {clients} client(s), routing={routing}", f"{rate:.1%}"))
+                print(*rows[-1], sep="  |  ", flush=True)
+                serve.delete("bench")
     finally:
         serve.shutdown()
         ray.shutdown()

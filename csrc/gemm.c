@@ -10,6 +10,7 @@
 #include "gemm.h"
 #include "kernels/kernels.h"
 #include "kernels/unpack.h"
+#include "kernels/unpack_iq.h"
 #include "matmul.h"
 
 #define R LI_PANEL_ROWS
@@ -17,6 +18,7 @@
 int li_panel_kind(int type) {
     switch (type) {
     case LI_TYPE_Q4_0: case LI_TYPE_Q4_1: case LI_TYPE_Q5_0: case LI_TYPE_Q5_1: case LI_TYPE_Q8_0:
+    case LI_TYPE_IQ4_NL: case LI_TYPE_IQ4_XS: case LI_TYPE_MXFP4:
         return LI_PANEL_BLK32;
     case LI_TYPE_Q2_K: case LI_TYPE_Q3_K: case LI_TYPE_Q4_K: case LI_TYPE_Q5_K: case LI_TYPE_Q6_K:
         return LI_PANEL_KSUPER;
@@ -54,9 +56,14 @@ static size_t layout(int kind, int64_t k, int sign, void *base, li_panel *p) {
     return used;
 }
 
+/* BLK32 types whose values are signed bytes (their magnitudes ride beside them) */
+static int panel_signed(int type) {
+    return type == LI_TYPE_Q8_0 || type == LI_TYPE_IQ4_NL || type == LI_TYPE_IQ4_XS || type == LI_TYPE_MXFP4;
+}
+
 size_t li_panel_bytes(int type, int64_t k) {
     const int kind = li_panel_kind(type);
-    return kind == LI_PANEL_NONE ? 0 : layout(kind, k, type == LI_TYPE_Q8_0, NULL, NULL);
+    return kind == LI_PANEL_NONE ? 0 : layout(kind, k, panel_signed(type), NULL, NULL);
 }
 
 /* values 4j..4j+3 of a row's block go to chunk j, lane r: scatter n values
@@ -102,10 +109,28 @@ static void pack_blk32(int type, const void *w, size_t row_bytes, int nr, int64_
                 m = li_f16_to_f32(x->m);
                 break;
             }
-            default: { /* Q8_0 */
+            case LI_TYPE_Q8_0: {
                 const block_q8_0 *x = (const block_q8_0 *)row + b;
                 memcpy(q, x->qs, 32);
                 d = li_f16_to_f32(x->d);
+                break;
+            }
+            case LI_TYPE_IQ4_NL: {
+                const block_iq4_nl *x = (const block_iq4_nl *)row + b;
+                unpack_nl4(x->qs, li_kvalues_iq4nl, q);
+                d = li_f16_to_f32(x->d);
+                break;
+            }
+            case LI_TYPE_MXFP4: {
+                const block_mxfp4 *x = (const block_mxfp4 *)row + b;
+                unpack_nl4(x->qs, li_kvalues_mxfp4, q);
+                d = li_e8m0_half(x->e);
+                break;
+            }
+            default: { /* IQ4_XS: group b % 8 of super-block b / 8, its scale folded into d */
+                const block_iq4_xs *x = (const block_iq4_xs *)row + b / 8;
+                unpack_nl4(x->qs + 16 * (b % 8), li_kvalues_iq4nl, q);
+                d = li_f16_to_f32(x->d) * (float)iq4_xs_scale(x, (int)(b % 8));
                 break;
             }
             }
@@ -199,7 +224,7 @@ void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k,
                    li_panel *p) {
     memset(p, 0, sizeof(*p));
     p->kind = li_panel_kind(type);
-    p->sign = type == LI_TYPE_Q8_0;
+    p->sign = panel_signed(type);
     p->offset_shift = type == LI_TYPE_Q4_0 ? 3 : type == LI_TYPE_Q5_0 ? 4 : 0;
     p->has_min = type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_1 || type == LI_TYPE_Q2_K ||
                  type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K;
@@ -209,7 +234,7 @@ void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k,
     case LI_TYPE_Q4_0: case LI_TYPE_Q4_1: case LI_TYPE_Q4_K: p->bits = 4; break;
     case LI_TYPE_Q5_0: case LI_TYPE_Q5_1: case LI_TYPE_Q5_K: p->bits = 5; break;
     case LI_TYPE_Q6_K: p->bits = 6; break;
-    default: p->bits = 8; break; /* Q8_0: magnitudes up to 127 */
+    default: p->bits = 8; break; /* Q8_0, IQ4_NL, IQ4_XS, MXFP4: magnitudes up to 127 */
     }
     const size_t bytes = layout(p->kind, k, p->sign, scratch, p);
     if (nr < R) memset(scratch, 0, bytes); /* rows past nr: zeros, their results unused */

@@ -44,8 +44,20 @@ enum li_type {
     LI_TYPE_Q4_K = 12,
     LI_TYPE_Q5_K = 13,
     LI_TYPE_Q6_K = 14,
+    LI_TYPE_IQ2_XXS = 16,
+    LI_TYPE_IQ2_XS = 17,
+    LI_TYPE_IQ3_XXS = 18,
+    LI_TYPE_IQ1_S = 19,
+    LI_TYPE_IQ4_NL = 20,
+    LI_TYPE_IQ3_S = 21,
+    LI_TYPE_IQ2_S = 22,
+    LI_TYPE_IQ4_XS = 23,
+    LI_TYPE_IQ1_M = 29,
     LI_TYPE_BF16 = 30,
-    LI_TYPE_COUNT = 31
+    LI_TYPE_TQ1_0 = 34,
+    LI_TYPE_TQ2_0 = 35,
+    LI_TYPE_MXFP4 = 39,
+    LI_TYPE_COUNT = 40
 };
 
 /* Block size (elements) and type size (bytes) of a supported type; LI_E_TYPE otherwise. */

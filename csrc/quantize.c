@@ -10,6 +10,8 @@
  * rounded values and keeps the lowest squared error; the sub-block scales are
  * then themselves quantized to the super-block's 6-bit (8-bit for Q6_K)
  * grid, and the values requantized against the scales actually stored.
+ *
+ * IQ4_NL and IQ4_XS: quantize_iq.c.
  */
 #include <math.h>
 
@@ -344,6 +346,8 @@ li_quantize_fn li_weight_quantizer(int type) {
     case LI_TYPE_Q4_K: return quantize_q4_K;
     case LI_TYPE_Q5_K: return quantize_q5_K;
     case LI_TYPE_Q6_K: return quantize_q6_K;
+    case LI_TYPE_IQ4_NL: return li_quantize_iq4_nl;
+    case LI_TYPE_IQ4_XS: return li_quantize_iq4_xs;
     default: return NULL;
     }
 }

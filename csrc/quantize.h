@@ -9,4 +9,8 @@ typedef void (*li_quantize_fn)(const float *src, void *dst, int64_t k);
 /* NULL when we cannot quantize to `type` */
 li_quantize_fn li_weight_quantizer(int type);
 
+/* quantize_iq.c */
+void li_quantize_iq4_nl(const float *src, void *dst, int64_t k);
+void li_quantize_iq4_xs(const float *src, void *dst, int64_t k);
+
 #endif

@@ -264,6 +264,8 @@ def cmd_info(a):
         for t in g.tensors.values():
             counts[t.type_name] = counts.get(t.type_name, 0) + 1
         print(f"tensors: {len(g.tensors)} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))})")
+        for line in _unloadable_types(g):
+            print(line)
         from llminfer.models import support_line
         print(support_line(g))
         if a.tensors:
@@ -272,6 +274,19 @@ def cmd_info(a):
         if a.check:
             return _check_weights(g)
     return 0
+
+
+def _unloadable_types(g) -> list:
+    """Lines naming the tensor types in g that llminfer has no kernels for."""
+    from llminfer.ops import SUPPORTED_TYPES
+
+    supported = {int(t) for t in SUPPORTED_TYPES}
+    by_type = {}
+    for t in g.tensors.values():
+        if t.qtype not in supported:
+            by_type.setdefault(t.type_name, []).append(t.name)
+    return [f"cannot load: {len(names)} tensor(s) of type {name} (e.g. {names[0]}): llminfer has no "
+            f"kernels for {name}" for name, names in sorted(by_type.items())]
 
 
 def _check_weights(g) -> int:
@@ -474,7 +489,7 @@ def build_parser():
     b.add_argument("--json", action="store_true", help="the same as -o json")
     b.set_defaults(func=cmd_bench)
 
-    i = command("info", "file type, parameter count, metadata and tensor types of a model",
+    i = command("info", "file type, parameter count, metadata and tensor types of a model (and what llminfer cannot load)",
                 "llminfer info -m model.gguf", "llminfer info -m model.gguf --tensors --check")
     i.add_argument("-m", "--model", default=hub.DEFAULT_MODEL, metavar="MODEL",
                    help="GGUF path, known model name or hf://ORG/REPO/FILE.gguf")

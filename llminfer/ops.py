@@ -28,7 +28,8 @@ __all__ = [
 
 SUPPORTED_TYPES = tuple(t for t in GGMLQuantizationType if _core.type_sizes(int(t)) is not None)
 QUANTIZABLE_TYPES = tuple(GGMLQuantizationType[n] for n in (
-    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"))
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+    "IQ4_NL", "IQ4_XS"))
 
 _ACT = {"silu": 0, "gelu": 1}
 _ROPE_MODES = {"norm": 0, "neox": 2}

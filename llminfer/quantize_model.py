@@ -10,9 +10,12 @@ follow llama.cpp's naming:
   the 4- and 5-bit types (as llama.cpp keeps them at higher precision);
   Q4_K_M: Q4_K, with Q6_K for the output head (or the tied embedding) and for
   attn_v and ffn_down in the first and last eighth of the layers and every
-  third layer between, as llama.cpp's Q4_K_M mix does.
-A K-quant matrix whose rows are not a multiple of 256 falls back as llama.cpp's
-does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0).
+  third layer between, as llama.cpp's Q4_K_M mix does;
+  IQ4_NL, IQ4_XS: every matrix in that type (the non-linear 4-bit levels,
+  with a searched scale per 32 values), the output head (or the tied
+  embedding) in Q6_K, as llama.cpp keeps it.
+A matrix whose rows are not a multiple of 256 falls back as llama.cpp's
+does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL).
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ from llminfer import ops
 from llminfer.errors import InvalidArgumentError
 from llminfer.gguf_file import GGUFFile
 
-PRESETS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M", "F16", "BF16", "F32")
+PRESETS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M", "IQ4_NL", "IQ4_XS",
+           "F16", "BF16", "F32")
 _FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
-               "Q4_K": 14, "Q4_K_M": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32}
+               "Q4_K": 14, "Q4_K_M": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32}
 
 
-_FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+_FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL}
 
 
 def _more_bits(layer: int, n_layer: int) -> bool:
@@ -51,6 +55,8 @@ def target_type(name: str, shape, preset: str, n_layer: int, tied: bool) -> T:
             t = T.Q6_K if _more_bits(int(name.split(".")[1]), n_layer) else T.Q4_K
         else:
             t = T.Q4_K
+    elif preset in ("IQ4_NL", "IQ4_XS"):
+        t = T.Q6_K if head else T[preset]
     else:
         t = T[preset]
         if (head or name == "token_embd.weight") and preset in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):

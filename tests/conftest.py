@@ -35,6 +35,8 @@ def _have(module):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "peer: compares with llama-cpp-python (skipped when it is not installed)")
+    config.addinivalue_line("markers", "peer_tools: compares with llama.cpp's command-line tools "
+                                       "(llama-quantize; skipped when they are not found)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,6 +3,8 @@ on tiny random models of each architecture and several tensor types, over the
 paged KV cache: sliding windows, long attention split into spans, the KV
 cache types, and the errors bad batches get."""
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ from llminfer.engine import Engine
 from llminfer.errors import ContextFullError, InvalidArgumentError, TokenError
 
 from reference import ReferenceModel
-from tiny_models import WEIGHT_TYPES, TinyConfig, write_model
+from tiny_models import RANDOM_BLOCK_TYPES, WEIGHT_TYPES, TinyConfig, write_model
 
 # Largest |ours - reference| over the largest |reference logit|. Float weights
 # differ from float64 only by float32 accumulation and the float16 KV cache;
@@ -19,6 +21,11 @@ from tiny_models import WEIGHT_TYPES, TinyConfig, write_model
 # (about 0.4% per product), compounded over the layers of the tiny models.
 TOL_FLOAT_WEIGHTS = 5e-3
 TOL_QUANT_WEIGHTS = 3e-2
+# The grid i-quants' tiny models hold random grid blocks (no quantizer makes
+# them from Gaussian weights): a few magnitudes and no small values, which
+# carry the 8-bit activation rounding further through the layers (measured
+# 0.013 - 0.031 over six token draws on qwen2, against 0.015 - 0.023 for Q4_K).
+TOL_RANDOM_GRID_WEIGHTS = 4.5e-2
 # A quantized KV cache against the F16 one, relative to the largest logit:
 # keys and values rounded to 8 (4) bits per block of 32, and queries to 8 bits
 # for the integer K.Q products.
@@ -67,11 +74,12 @@ def tokens_for(seed, n=N_TOKENS, vocab=268):
 @pytest.mark.parametrize("qtype", TYPES)
 def test_logits_match_numpy_reference(tiny, arch, qtype, isa):
     path = tiny(arch, qtype)
-    toks = tokens_for(hash((arch, qtype)) % 1000)
+    toks = tokens_for(zlib.crc32(f"{arch}/{qtype}".encode()) % 1000)  # the same tokens every run
     ref = ReferenceModel(path).logits(toks)
     ours = run(path, toks)
     err = np.abs(ours - ref).max() / np.abs(ref).max()
-    tol = TOL_FLOAT_WEIGHTS if qtype in FLOAT_TYPES else TOL_QUANT_WEIGHTS
+    tol = TOL_FLOAT_WEIGHTS if qtype in FLOAT_TYPES else \
+        TOL_RANDOM_GRID_WEIGHTS if qtype in RANDOM_BLOCK_TYPES else TOL_QUANT_WEIGHTS
     assert err < tol, f"{arch}/{qtype}/{isa}: relative logit error {err:.4f} >= {tol}"
     # the reference's top choice is ours wherever it leads clearly
     s = np.sort(ref, axis=-1)

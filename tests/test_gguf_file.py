@@ -108,11 +108,11 @@ def write_custom(path, arch=None, drop=None, shape_override=None, qtype=None):
         if name == shape_override:
             return np.zeros((3, 5), dtype=np.float32), gguf.GGMLQuantizationType.F32
         if name == qtype:
-            # an IQ type llminfer cannot compute with, of the right byte size
+            # a type llminfer cannot compute with (NVFP4), of the right byte size
             rows = data.shape[0]
             k = data.shape[1] // gguf.GGML_QUANT_SIZES[t][1] * gguf.GGML_QUANT_SIZES[t][0]
-            return (np.zeros((rows, k // 256 * 66), dtype=np.uint8),
-                    gguf.GGMLQuantizationType.IQ2_XXS)
+            return (np.zeros((rows, k // 64 * 36), dtype=np.uint8),
+                    gguf.GGMLQuantizationType.NVFP4)
         return data, t
 
     return write_model(path, TinyConfig(qtype="Q4_K"), declared_arch=arch, tensor_hook=hook)
@@ -142,7 +142,7 @@ def test_inconsistent_shape(tmp_path):
 
 def test_unsupported_tensor_type(tmp_path):
     p = write_custom(tmp_path / "m.gguf", qtype="blk.0.ffn_gate.weight")
-    with pytest.raises(UnsupportedModelError, match=r"IQ2_XXS, which llminfer cannot compute with"):
+    with pytest.raises(UnsupportedModelError, match=r"NVFP4, which llminfer cannot compute with"):
         build_spec(GGUFFile(p))
 
 

@@ -4,7 +4,8 @@ scalar reference.
 
 Tolerances. The weights are exact (we multiply by their dequantized values),
 so the error comes from the activations and from float32 sums:
-- Q-types quantize each activation block of 32 (Q4_0..Q8_0) or 256 (K-quants)
+- Q-types quantize each activation block of 32 (Q4_0..Q8_0, IQ4_NL, IQ4_XS,
+  MXFP4) or 256 (K-quants, the other i-quants, TQ1_0, TQ2_0)
   to int8 with scale absmax/127, an error of at most half a step, absmax/254,
   per element, spread about evenly. A row's error is then a sum of
   independent terms of variance (w_i * h_i)^2 / 3 (h_i that half step); we
@@ -16,8 +17,8 @@ so the error comes from the activations and from float32 sums:
 import numpy as np
 import pytest
 
-from kernel_cases import (ALL_TYPES, FLOAT_TYPES, QUANT_32, QUANT_TYPES, at_level, isa,
-                          random_weight, type_id)
+from kernel_cases import (ACT_32_TYPES, ALL_TYPES, FLOAT_TYPES, QUANT_32, QUANT_TYPES, at_level,
+                          isa, random_weight, type_id)
 from llminfer import ops, system
 from llminfer.errors import InvalidArgumentError, ShapeError, UnsupportedTypeError
 
@@ -30,10 +31,11 @@ LEVELS_REL = 1e-5        # two levels, same integer products, different float or
 
 
 def act_block(t):
-    """Elements per activation block: 32 for Q4_0..Q8_0, 256 for the K-quants, None for floats."""
+    """Elements per activation block: 32 for Q4_0..Q8_0, IQ4_NL, IQ4_XS, MXFP4; 256 for the
+    K-quants and the other i-quants; None for floats."""
     if t in FLOAT_TYPES:
         return None
-    return 32 if t in QUANT_32 else 256
+    return 32 if t in ACT_32_TYPES else 256
 
 
 def tolerance(t, w, x):
@@ -186,8 +188,8 @@ def test_errors():
         ops.matmul(w, "Q4_0", (4, 64), x.astype(np.float64))
     with pytest.raises(InvalidArgumentError, match="C-contiguous"):
         ops.matmul(w, "Q4_0", (4, 64), np.ones((64, 2), np.float32).T)
-    with pytest.raises(UnsupportedTypeError, match="IQ2_XXS"):
-        ops.matmul(np.zeros(66, np.uint8), "IQ2_XXS", (1, 256), np.ones((1, 256), np.float32))
+    with pytest.raises(UnsupportedTypeError, match="NVFP4"):
+        ops.matmul(np.zeros(36, np.uint8), "NVFP4", (1, 64), np.ones((1, 64), np.float32))
     with pytest.raises(UnsupportedTypeError, match="unknown tensor type"):
         ops.matmul(w, 77, (4, 64), x)
     with pytest.raises(InvalidArgumentError, match="n_threads"):

@@ -1,13 +1,14 @@
 """Quantization: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 are gguf's bit for bit; our
-own Q4_K / Q5_K / Q6_K quantizer makes blocks gguf reads back to our values,
-with less error than the simpler type of about the same size."""
+own Q4_K / Q5_K / Q6_K and IQ4_NL / IQ4_XS quantizers make blocks gguf reads
+back to our values, with less error than the simpler type of about the same
+size."""
 
 import gguf.quants
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from kernel_cases import OUR_K_QUANTIZERS, QUANT_32, type_id
+from kernel_cases import GGUF_QUANTIZERS, OUR_IQ_QUANTIZERS, OUR_K_QUANTIZERS, type_id
 from llminfer import ops
 from llminfer.errors import InvalidArgumentError, ShapeError, UnsupportedTypeError
 
@@ -22,7 +23,7 @@ def cases(rng, k):
                      g * np.float32(1e-6), -np.abs(g), g * 3000]).astype(np.float32)
 
 
-@pytest.mark.parametrize("t", QUANT_32, ids=type_id)
+@pytest.mark.parametrize("t", GGUF_QUANTIZERS, ids=type_id)
 def test_matches_gguf_bit_for_bit(t):
     rng = np.random.default_rng(int(t))
     x = cases(rng, 256)
@@ -50,7 +51,7 @@ def rmse(t, x):
     return float(np.sqrt(np.mean((y.astype(np.float64) - x) ** 2)))
 
 
-@pytest.mark.parametrize("t", OUR_K_QUANTIZERS, ids=type_id)
+@pytest.mark.parametrize("t", OUR_K_QUANTIZERS + OUR_IQ_QUANTIZERS, ids=type_id)
 def test_k_quants_read_back_by_gguf(t):
     rng = np.random.default_rng(int(t))
     x = cases(rng, 512)
@@ -63,10 +64,10 @@ def test_k_quants_read_back_by_gguf(t):
 
 
 # each K-quant against the smaller-or-equal 32-block type it must beat
-RMSE_BASELINE = {Q.Q4_K: Q.Q4_0, Q.Q5_K: Q.Q5_0, Q.Q6_K: Q.Q5_1}
+RMSE_BASELINE = {Q.Q4_K: Q.Q4_0, Q.Q5_K: Q.Q5_0, Q.Q6_K: Q.Q5_1, Q.IQ4_NL: Q.Q4_0, Q.IQ4_XS: Q.Q4_0}
 
 
-@pytest.mark.parametrize("t", OUR_K_QUANTIZERS, ids=type_id)
+@pytest.mark.parametrize("t", OUR_K_QUANTIZERS + OUR_IQ_QUANTIZERS, ids=type_id)
 def test_k_quant_error_below_baseline(t):
     x = np.random.default_rng(5).standard_normal((64, 1024)).astype(np.float32)
     ours, base = rmse(t, x), rmse(RMSE_BASELINE[t], x)
@@ -94,3 +95,17 @@ def test_errors():
         ops.quantize(np.ones((64, 2), np.float32).T, "Q8_0")
     with pytest.raises(ShapeError, match="at least one dimension"):
         ops.quantize(np.array(1.0, dtype=np.float32), "Q8_0")
+
+
+@pytest.mark.parametrize("t", OUR_IQ_QUANTIZERS, ids=type_id)
+def test_iq4_scale_search_beats_absmax_scale(t):
+    """The searched block scale against the plain one (largest value onto the
+    table's end -127, nearest levels): lower error on heavy-tailed rows."""
+    x = np.random.default_rng(8).standard_t(4, (32, 1024)).astype(np.float32)
+    kv = np.array(gguf.quants.IQ4_NL.kvalues, np.float32)
+    b = x.reshape(-1, 32)
+    mx = b[np.arange(len(b)), np.abs(b).argmax(axis=1)]
+    d = (mx / kv[0]).astype(np.float16).astype(np.float32)[:, None]
+    naive = kv[np.abs(b[:, :, None] / d[:, :, None] - kv).argmin(axis=2)] * d
+    naive_rmse = float(np.sqrt(np.mean((naive - b) ** 2)))
+    assert rmse(t, x) < naive_rmse

@@ -30,7 +30,31 @@ def byte_symbols():
 
 
 # every weight type a tiny model can be written in
-WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+WEIGHT_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+                "IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
+                "IQ3_S", "IQ1_S", "IQ1_M"]
+# types whose tiny-model matrices are random blocks (no quantizer of ours or gguf's)
+RANDOM_BLOCK_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
+
+
+def quantized_matrix(rng, data, t):
+    """float32 rows `data` stored as type t: by our quantizer, else gguf's
+    (MXFP4, TQ1_0, TQ2_0), else (the grid i-quants, which need an importance
+    matrix to quantize well and have no quantizer in gguf) random blocks
+    scaled to the rows' RMS."""
+    if t in ops.QUANTIZABLE_TYPES:
+        return ops.quantize(data, t)
+    try:
+        return gguf.quants.quantize(data, t)
+    except NotImplementedError:
+        pass
+    from kernel_cases import random_blocks
+    rows, k = data.shape
+    seed = int(rng.integers(1 << 31))
+    unit = random_blocks(np.random.default_rng(seed), t, rows, k, scale=1.0)
+    rms = float(np.sqrt(np.mean(gguf.quants.dequantize(unit, t) ** 2)))
+    target = float(np.sqrt(np.mean(data.astype(np.float64) ** 2)))
+    return random_blocks(np.random.default_rng(seed), t, rows, k, scale=target / rms)
 
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "e n", "a n"]
 
@@ -146,7 +170,7 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
         n = max(n_expert, 1)
         data = (rng.standard_normal((n * rows, k)) * scale).astype(np.float32)
         t = gguf.GGMLQuantizationType[qtype]
-        q = ops.quantize(data, t)
+        q = quantized_matrix(rng, data, t)
         add(name, q.reshape(n, rows, -1) if n_expert else q, t)
 
     def vector(name, n, around=1.0, spread=0.1):

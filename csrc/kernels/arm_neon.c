@@ -554,6 +554,7 @@ void li_kernels_fill_neon(li_kernels *t) {
     t->quant_act[LI_ACT_Q8_0] = quant_act_q8_0;
     t->quant_act[LI_ACT_Q8_1] = quant_act_q8_1;
     t->quant_act[LI_ACT_Q8_K] = quant_act_q8_K;
+    li_kernels_fill_neon_iq(t); /* arm_neon_iq.c: the i-quants, ternary types and MXFP4 */
     t->rms_norm = rms_norm;
     t->softmax = softmax;
     t->dot_f32_f16 = dot_f32_f16;

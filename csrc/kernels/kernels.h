@@ -6,8 +6,9 @@
  * partial and still complete. dispatch.c picks one table at run time.
  *
  * Weight x activation products: a weight of type T is multiplied by
- * activations first quantized to li_act_type_of(T) (Q8_0 for Q4_0/Q5_0/Q8_0,
- * Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, plain float for F32/F16/BF16).
+ * activations first quantized to li_types[T].act_type (Q8_0 for Q4_0/Q5_0/Q8_0
+ * and IQ4_NL/IQ4_XS/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, the grid
+ * i-quants and TQ1_0/TQ2_0, plain float for F32/F16/BF16).
  */
 #ifndef LLMINFER_KERNELS_H
 #define LLMINFER_KERNELS_H
@@ -108,14 +109,17 @@ void li_act_apply_scalar(int fn, const float *x, const float *u, float *y, int64
 
 /* the tables, filled once by dispatch.c */
 void li_kernels_fill_scalar(li_kernels *t);
+void li_kernels_fill_scalar_iq(li_kernels *t); /* scalar_iq.c */
 #if defined(LI_ARCH_X86)
 void li_kernels_fill_avx2(li_kernels *t);
 void li_gemm_fill_avx2(li_kernels *t); /* x86_avx2_gemm.c */
+void li_kernels_fill_avx2_iq(li_kernels *t); /* x86_avx2_iq.c */
 void li_kernels_fill_avx512(li_kernels *t);
 #endif
 #if defined(LI_ARCH_ARM64)
 void li_kernels_fill_neon(li_kernels *t);
 void li_kernels_fill_neon_dot(li_kernels *t);
+void li_kernels_fill_neon_iq(li_kernels *t); /* arm_neon_iq.c */
 #endif
 
 /* the active table (dispatch.c) */

@@ -572,6 +572,7 @@ void li_kernels_fill_scalar(li_kernels *t) {
     SET(Q4_0, q4_0) SET(Q4_1, q4_1) SET(Q5_0, q5_0) SET(Q5_1, q5_1) SET(Q8_0, q8_0);
     SET(Q2_K, q2_K) SET(Q3_K, q3_K) SET(Q4_K, q4_K) SET(Q5_K, q5_K) SET(Q6_K, q6_K);
 #undef SET
+    li_kernels_fill_scalar_iq(t); /* scalar_iq.c: the i-quants, ternary types and MXFP4 */
     t->quant_act[LI_ACT_F32] = quant_act_f32;
     t->quant_act[LI_ACT_Q8_0] = quant_act_q8_0;
     t->quant_act[LI_ACT_Q8_1] = quant_act_q8_1;

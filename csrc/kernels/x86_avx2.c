@@ -1354,6 +1354,7 @@ void li_kernels_fill_avx2(li_kernels *t) {
     t->attn_accum_f16 = attn_accum_f16;
     t->exp_sum = exp_sum;
     li_gemm_fill_avx2(t);
+    li_kernels_fill_avx2_iq(t); /* x86_avx2_iq.c: the i-quants, ternary types and MXFP4 */
     t->rms_norm = rms_norm;
     t->softmax = softmax;
     t->act_apply = act_apply;

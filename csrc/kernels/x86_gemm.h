@@ -13,19 +13,6 @@
 #define UNROLL _Pragma("GCC unroll 16")
 #else
 #define UNROLL
-/* acc + one super-block of 8 rows against one activation row, scalar.c's
- * steps lane by lane: ia, im the exact integer sums and mins, dw, mw the
- * rows' d and dmin, dx the activation's scale. With a min (Q2_K, Q4_K,
- * Q5_K): fma(ia, dw*dx), then fnma(im, mw*dx); without (Q3_K, Q6_K): the
- * offsets im come out of the integer sum first. */
-static inline __m256 ksuper_accumulate(__m256 acc, __m256i ia, __m256i im, __m256 dw, __m256 mw, float dx,
-                                       int min) {
-    const __m256 vdx = _mm256_set1_ps(dx);
-    if (!min) return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(ia, im)), _mm256_mul_ps(dw, vdx), acc);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(dw, vdx), acc);
-    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(mw, vdx), acc);
-}
-
 #endif
 
 /* 4 activation bytes in every 32-bit lane */

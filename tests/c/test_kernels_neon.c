@@ -174,7 +174,10 @@ static uint32_t fbits(float f) { return li_f32_bits(f); }
 static const int weight_types[] = {LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_BF16, LI_TYPE_Q4_0,
                                    LI_TYPE_Q4_1, LI_TYPE_Q5_0, LI_TYPE_Q5_1, LI_TYPE_Q8_0,
                                    LI_TYPE_Q2_K, LI_TYPE_Q3_K, LI_TYPE_Q4_K, LI_TYPE_Q5_K,
-                                   LI_TYPE_Q6_K};
+                                   LI_TYPE_Q6_K, LI_TYPE_IQ4_NL, LI_TYPE_IQ4_XS, LI_TYPE_MXFP4,
+                                   LI_TYPE_TQ1_0, LI_TYPE_TQ2_0, LI_TYPE_IQ2_XXS, LI_TYPE_IQ2_XS,
+                                   LI_TYPE_IQ2_S, LI_TYPE_IQ3_XXS, LI_TYPE_IQ3_S, LI_TYPE_IQ1_S,
+                                   LI_TYPE_IQ1_M};
 #define N_WEIGHT_TYPES ((int)(sizeof(weight_types) / sizeof(weight_types[0])))
 
 static const int block_counts[] = {1, 2, 3, 5, 8, 17};
@@ -228,6 +231,27 @@ static void random_weights(int type, void *dst, int64_t k, int wild) {
     case LI_TYPE_Q4_K: FIX(block_q4_K, b->d = rnd_f16_scale(); b->dmin = rnd_f16_scale();)
     case LI_TYPE_Q5_K: FIX(block_q5_K, b->d = rnd_f16_scale(); b->dmin = rnd_f16_scale();)
     case LI_TYPE_Q6_K: FIX(block_q6_K, b->d = rnd_f16_scale();)
+    case LI_TYPE_IQ4_NL: FIX(block_iq4_nl, b->d = rnd_f16_scale();)
+    case LI_TYPE_IQ4_XS: FIX(block_iq4_xs, b->d = rnd_f16_scale();)
+    case LI_TYPE_MXFP4: FIX(block_mxfp4, b->e = (uint8_t)(112 + rnd_below(24));)
+    case LI_TYPE_TQ1_0: FIX(block_tq1_0, b->d = rnd_f16_scale();)
+    case LI_TYPE_TQ2_0: FIX(block_tq2_0, b->d = rnd_f16_scale();)
+    case LI_TYPE_IQ2_XXS: FIX(block_iq2_xxs, b->d = rnd_f16_scale();)
+    case LI_TYPE_IQ2_XS: FIX(block_iq2_xs, b->d = rnd_f16_scale();)
+    case LI_TYPE_IQ2_S: FIX(block_iq2_s, b->d = rnd_f16_scale();)
+    case LI_TYPE_IQ3_XXS: FIX(block_iq3_xxs, b->d = rnd_f16_scale();)
+    case LI_TYPE_IQ3_S: FIX(block_iq3_s, b->d = rnd_f16_scale();)
+    case LI_TYPE_IQ1_S: FIX(block_iq1_s, b->d = rnd_f16_scale();)
+    case LI_TYPE_IQ1_M: /* d in the top nibbles of the four scale words */
+        FIX(block_iq1_m, {
+            const uint16_t d = rnd_f16_scale();
+            for (int j = 0; j < 4; j++) {
+                uint16_t v;
+                memcpy(&v, b->scales + 2 * j, 2);
+                v = (uint16_t)((v & 0x0fff) | (((d >> (4 * j)) & 15) << 12));
+                memcpy(b->scales + 2 * j, &v, 2);
+            }
+        })
 #undef FIX
     default: break;
     }
@@ -464,7 +488,7 @@ static void check_vector_ops(const char *lv, const li_kernels *L, const li_kerne
                 if (rnd_below(4) == 0) /* halfway between two halfs, or near the f16 limits */
                     x[i] = li_bits_f32((fbits(x[i]) & ~0x1fffu) | (rnd_below(2) ? 0x1000u : 0x0fffu));
             op_floats(u, n, 0);
-            const int act = (withu & 2) ? LI_ACT_GELU : LI_ACT_SILU;
+            const int act = (withu & 2) ? LI_FN_GELU : LI_FN_SILU;
             S->act_apply(act, x, (withu & 1) ? u : NULL, y0, n);
             L->act_apply(act, x, (withu & 1) ? u : NULL, y1, n);
             expect_same(&t, y1, y0, (size_t)n * 4, n, (withu & 1) ? "with u" : "no u");
