@@ -106,6 +106,16 @@ class Llama:
                  chat_format: str | None = None, verbose: bool = True, **kwargs):
         if not isinstance(n_gpu_layers, int) or isinstance(n_gpu_layers, bool):
             raise InvalidArgumentError(f"n_gpu_layers must be an integer, got {n_gpu_layers!r}")
+        spec = None
+        draft = kwargs.pop("draft_model", None)
+        if draft is not None:
+            from llminfer.llama_speculative import LlamaPromptLookupDecoding
+
+            if not isinstance(draft, LlamaPromptLookupDecoding):
+                raise InvalidArgumentError("draft_model= takes a LlamaPromptLookupDecoding "
+                                           "(from llminfer.llama_speculative); for a draft model file use "
+                                           "llminfer.LLM(model, draft_model=PATH)")
+            spec = draft.spec_config()
         for name, value in kwargs.items():
             if name in _UNSUPPORTED:
                 if value != _UNSUPPORTED[name]:
@@ -139,7 +149,7 @@ class Llama:
         self.llm = LLM(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, seed=self._seed,
                        kv_type=_kv_type(kwargs.get("type_k"), kwargs.get("type_v")), chat_format=fmt,
                        chat_template=template, mmap=use_mmap, n_gpu_layers=n_gpu_layers,
-                       main_gpu=kwargs.get("main_gpu", 0))
+                       main_gpu=kwargs.get("main_gpu", 0), spec=spec)
         self.chat_format = chat_format
         self.n_batch = self.llm.n_batch
         self.n_threads = self.llm.n_threads

@@ -195,13 +195,31 @@ def test_readme_context_window(smollm2_path):
     assert s["llm"].n_ctx() == 2048
 
 
+def test_readme_speculative_decoding(smollm2_path):
+    s = run('''
+        from llminfer import Llama
+        from llminfer.llama_speculative import LlamaPromptLookupDecoding
+
+        llama = Llama(
+            model_path="MODEL",
+            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10) # num_pred_tokens is the number of tokens to predict 10 is the default and generally good for gpu, 2 performs better for cpu-only machines.
+        )
+    ''', smollm2_path)
+    llama = s["llama"]
+    prompt = "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return"
+    spec = llama(prompt, max_tokens=48, temperature=0)
+    assert llama.llm._spec_config is not None and llama.llm._spec_config.draft_max == 10
+    plain = llama.llm.complete(prompt, max_tokens=48, temperature=0, spec="off")
+    assert spec["choices"][0]["text"] == plain.text  # speculation never changes greedy output
+
+
 # Examples that need something this package does not provide, with the reason
 # (the test checks that each fails the way the reason says, not silently).
 def test_readme_examples_that_do_not_run_fail_clearly(smollm2_path):
     # chat_handler= (multi-modal llava/moondream): llminfer has no vision models
     with pytest.raises(InvalidArgumentError, match="chat_handler"):
         Llama(model_path=str(smollm2_path), chat_handler=object(), n_ctx=2048)
-    # draft_model= (speculative decoding with LlamaPromptLookupDecoding)
+    # draft_model= takes only prompt lookup (a draft model file goes to llminfer.LLM)
     with pytest.raises(InvalidArgumentError, match="draft_model"):
         Llama(model_path=str(smollm2_path), draft_model=object())
     # the low-level ctypes API (llama_cpp.llama_backend_init ...) is llama.cpp's C API: not provided
