@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import os
 import random
 import socket
 import sys
+import tempfile
 import time
 
 
@@ -97,6 +99,11 @@ def main():
 
     from llminfer.integrations import ray_serve as rs
 
+    if os.path.exists(a.model):
+        a.model = os.path.abspath(a.model)
+    # Ray's workers start in this working directory and import from it first:
+    # away from a source checkout, they import the installed package
+    os.chdir(tempfile.mkdtemp(prefix="llminfer-ray-"))
     ray.init(num_cpus=a.cpus, include_dashboard=False, log_to_driver=False)
     port = _port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

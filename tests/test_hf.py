@@ -129,10 +129,12 @@ def repo(tmp_path_factory):
 
 
 def client(hub, tmp_path, code):
-    """Run code in a fresh Python whose huggingface_hub talks to the fake hub."""
+    """Run code in a fresh Python whose huggingface_hub talks to the fake hub,
+    started outside the checkout so that it imports the installed package."""
     env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"), LLMINFER_CACHE=str(tmp_path / "li"),
                HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_OFFLINE="0", NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                       cwd=tmp_path)
     return r
 
 

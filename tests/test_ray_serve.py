@@ -11,6 +11,7 @@ answering. Skipped where Ray Serve or the openai client is not installed.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import socket
 import time
 
@@ -39,7 +40,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
+    # Ray's workers start in the driver's working directory and put it first
+    # on their path: outside the checkout, they import the installed package
+    here = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("ray"))
     ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=False, log_to_driver=False,
              configure_logging=False)
     port = _free_port()
@@ -49,6 +54,7 @@ def cluster():
     finally:
         serve.shutdown()
         ray.shutdown()
+        os.chdir(here)
 
 
 def _deploy(model_path, port, routing):
