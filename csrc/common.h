@@ -21,19 +21,27 @@
 #define LI_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define LI_MAX(a, b) ((a) > (b) ? (a) : (b))
 
-LI_INLINE float li_bits_f32(uint32_t u) {
+/* The bit conversions below also run in the GPU backend's device code
+ * (csrc/cuda/quant_units.h includes this file under nvcc and hipcc). */
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define LI_BITS_FN static __host__ __device__ __forceinline__
+#else
+#define LI_BITS_FN LI_INLINE
+#endif
+
+LI_BITS_FN float li_bits_f32(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
-LI_INLINE uint32_t li_f32_bits(float f) {
+LI_BITS_FN uint32_t li_f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
 }
 
-LI_INLINE float li_f16_to_f32(uint16_t h) {
+LI_BITS_FN float li_f16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h >> 15) << 31;
     const uint32_t e = (h >> 10) & 31u, m = h & 1023u;
     if (e == 31) return li_bits_f32(sign | 0x7f800000u | (m << 13));
@@ -45,7 +53,7 @@ LI_INLINE float li_f16_to_f32(uint16_t h) {
     return li_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-LI_INLINE uint16_t li_f32_to_f16(float f) {
+LI_BITS_FN uint16_t li_f32_to_f16(float f) {
     const uint32_t x = li_f32_bits(f);
     const uint32_t sign = (x >> 16) & 0x8000u;
     const uint32_t ax = x & 0x7fffffffu;
@@ -65,7 +73,7 @@ LI_INLINE uint16_t li_f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
-LI_INLINE float li_bf16_to_f32(uint16_t h) { return li_bits_f32((uint32_t)h << 16); }
+LI_BITS_FN float li_bf16_to_f32(uint16_t h) { return li_bits_f32((uint32_t)h << 16); }
 
 /* ---- threading: every parallel kernel is written as "thread ith of nth" ---- */
 #ifdef _OPENMP

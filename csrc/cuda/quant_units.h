@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "../blocks.h"
+#include "../common.h"
 #include "../llminfer.h"
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
@@ -42,53 +43,11 @@ typedef struct {
     float mn;      /* added to every value */
 } li_unit;
 
-/* ---- f16, as the C core converts it (common.h) ---- */
+/* ---- f16: the C core's own conversions (common.h), device-callable ---- */
 
-LI_HD float li_u_bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-LI_HD uint32_t li_u_f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-LI_HD float li_u_h2f(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h >> 15) << 31;
-    const uint32_t e = (h >> 10) & 31u, m = h & 1023u;
-    if (e == 31) return li_u_bits_f32(sign | 0x7f800000u | (m << 13));
-    if (e == 0) {
-        const float v = (float)m * 5.9604644775390625e-8f; /* m units of 2^-24 */
-        return sign ? -v : v;
-    }
-    return li_u_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
-}
-
-/* round to nearest even; the activation scales are kept at f16 precision as
- * the CPU's (and ggml's) are */
-LI_HD uint16_t li_u_f2h(float f) {
-    const uint32_t x = li_u_f32_bits(f);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    const uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) {
-        const float v = li_u_bits_f32(ax) * 16777216.0f;
-        uint32_t q = (uint32_t)v;
-        const float frac = v - (float)q;
-        if (frac > 0.5f || (frac == 0.5f && (q & 1u))) q++;
-        return (uint16_t)(sign | q);
-    }
-    uint32_t h = (((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13);
-    const uint32_t rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-}
-
-LI_HD float li_u_f16_round(float v) { return li_u_h2f(li_u_f2h(v)); }
+/* round to nearest even at f16 precision: the activation scales are kept so,
+ * as the CPU's (and ggml's) are */
+LI_HD float li_u_f16_round(float v) { return li_f16_to_f32(li_f32_to_f16(v)); }
 
 LI_HD uint16_t li_u_load16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
@@ -167,25 +126,25 @@ LI_HD void li_unpack_unit(int type, const uint8_t *blk, int j, li_unit *u) {
     u->mn = 0.0f;
     switch (type) {
     case LI_TYPE_Q4_0:
-        u->sc[0] = u->sc[1] = li_u_h2f(li_u_load16(blk));
+        u->sc[0] = u->sc[1] = li_f16_to_f32(li_u_load16(blk));
         li_u_nibbles(blk + 2, 0, 8, u->q);
         return;
     case LI_TYPE_Q4_1:
-        u->sc[0] = u->sc[1] = li_u_h2f(li_u_load16(blk));
-        u->mn = li_u_h2f(li_u_load16(blk + 2));
+        u->sc[0] = u->sc[1] = li_f16_to_f32(li_u_load16(blk));
+        u->mn = li_f16_to_f32(li_u_load16(blk + 2));
         li_u_nibbles(blk + 4, 0, 0, u->q);
         return;
     case LI_TYPE_Q5_0:
-        u->sc[0] = u->sc[1] = li_u_h2f(li_u_load16(blk));
+        u->sc[0] = u->sc[1] = li_f16_to_f32(li_u_load16(blk));
         li_u_nibbles(blk + 6, blk + 2, 16, u->q);
         return;
     case LI_TYPE_Q5_1:
-        u->sc[0] = u->sc[1] = li_u_h2f(li_u_load16(blk));
-        u->mn = li_u_h2f(li_u_load16(blk + 2));
+        u->sc[0] = u->sc[1] = li_f16_to_f32(li_u_load16(blk));
+        u->mn = li_f16_to_f32(li_u_load16(blk + 2));
         li_u_nibbles(blk + 8, blk + 4, 0, u->q);
         return;
     case LI_TYPE_Q8_0:
-        u->sc[0] = u->sc[1] = li_u_h2f(li_u_load16(blk));
+        u->sc[0] = u->sc[1] = li_f16_to_f32(li_u_load16(blk));
         for (int w = 0; w < 8; w++) {
             const uint8_t *p = blk + 2 + 4 * w;
             u->q[w] = (int32_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
@@ -197,7 +156,7 @@ LI_HD void li_unpack_unit(int type, const uint8_t *blk, int j, li_unit *u) {
         /* d, dmin, scales[12], (qh[32] for Q5_K), qs[128]: group j's element l
          * sits in nibble (j & 1) of qs[32 * (j / 2) + l], its fifth bit in bit j of qh[l] */
         const int five = type == LI_TYPE_Q5_K;
-        const float d = li_u_h2f(li_u_load16(blk)), dmin = li_u_h2f(li_u_load16(blk + 2));
+        const float d = li_f16_to_f32(li_u_load16(blk)), dmin = li_f16_to_f32(li_u_load16(blk + 2));
         const uint8_t *qh = blk + 16, *qs = blk + 16 + (five ? QK_K / 8 : 0) + 32 * (j / 2);
         int sc, mn;
         li_u_k_scale(blk + 4, j, &sc, &mn);
@@ -221,7 +180,7 @@ LI_HD void li_unpack_unit(int type, const uint8_t *blk, int j, li_unit *u) {
         const int h = j / 4, s = j % 4;
         const uint8_t *ql = blk + 64 * h + 32 * (s & 1), *qh = blk + QK_K / 2 + 32 * h;
         const int8_t *scales = (const int8_t *)(blk + QK_K / 2 + QK_K / 4);
-        const float d = li_u_h2f(li_u_load16(blk + QK_K / 2 + QK_K / 4 + QK_K / 16));
+        const float d = li_f16_to_f32(li_u_load16(blk + QK_K / 2 + QK_K / 4 + QK_K / 16));
         u->sc[0] = d * (float)scales[8 * h + 2 * s];
         u->sc[1] = d * (float)scales[8 * h + 2 * s + 1];
         const int shift = 4 * (s >> 1);
