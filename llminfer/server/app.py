@@ -513,7 +513,7 @@ async def _collect(server, request, job: _Job, meta, chat) -> Response:
                 texts[req.index].append(ev.text)
 
     try:
-        done = await _until_disconnect(gather(), request)
+        done = await _until_disconnect(gather(), request.receive)
     except BaseException:  # cancelled (the server shutting down) or failed: the requests stop too
         job.cancel()
         raise
@@ -536,10 +536,11 @@ async def _collect(server, request, job: _Job, meta, chat) -> Response:
     return JSONResponse({**meta, "choices": choices, "usage": job.usage()})
 
 
-async def _until_disconnect(coro, request: HTTPRequest) -> bool:
-    """Run coro unless the client disconnects first; True when it finished."""
+async def _until_disconnect(coro, receive) -> bool:
+    """Run coro unless the client disconnects first (receive: the request's
+    ASGI receive); True when it finished, its exception raised if it failed."""
     work = asyncio.ensure_future(coro)
-    watch = asyncio.ensure_future(_wait_disconnect(request.receive))
+    watch = asyncio.ensure_future(_wait_disconnect(receive))
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -614,18 +615,12 @@ class _SSEResponse:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        work = asyncio.ensure_future(pump())
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            await _until_disconnect(pump(), receive)
+        except OSError:
+            pass  # the connection broke mid-write: as good as a disconnect
         finally:
-            watch.cancel()
-            if not work.done():
-                work.cancel()
             self.on_close()
-        if work.done() and not work.cancelled() and work.exception() is not None:
-            if not isinstance(work.exception(), OSError):
-                raise work.exception()
 
 
 # ---- endpoints ----
