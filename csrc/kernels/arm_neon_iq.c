@@ -21,8 +21,6 @@
 #include "../common.h"
 #include "unpack_iq.h"
 
-#define ACT_ROW(T, x, c, stride) ((const T *)((const char *)(x) + (size_t)(c) * (stride)))
-
 /* acc + the products a[j] * b[j] pairwise in int32 lanes; |a|, |b| <= 127
  * (or |a| <= 62 against b = -128), so each int16 pair sum fits */
 LI_INLINE int32x4_t idot16(int32x4_t acc, int8x16_t a, int8x16_t b) {

@@ -34,8 +34,6 @@
 #include "../common.h"
 #include "kernels.h"
 
-#define ACT_ROW(T, x, c, stride) ((const T *)((const char *)(x) + (size_t)(c) * (stride)))
-
 /* Fixed-count loops over vectors and rows, unrolled at any optimization
  * level so that the arrays they index (a half's q[8], the rows' sums) stay in
  * registers rather than on the stack. */

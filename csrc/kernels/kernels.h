@@ -28,6 +28,10 @@ enum li_act_type { LI_ACT_F32 = 0, LI_ACT_Q8_0 = 1, LI_ACT_Q8_1 = 2, LI_ACT_Q8_K
  * used against all of them (prefill tiling). */
 #define LI_DOT_MAX_NC 4
 
+/* activation row c of type T, the rows x_stride bytes apart (as li_dot_fn
+ * lays them out) */
+#define ACT_ROW(T, x, c, stride) ((const T *)((const char *)(x) + (size_t)(c) * (stride)))
+
 /* k floats of a row from its stored form */
 typedef void (*li_dequant_fn)(const void *src, float *dst, int64_t k);
 /* k floats into activation blocks (k a multiple of the act block size) */

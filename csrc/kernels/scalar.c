@@ -247,8 +247,6 @@ static int32_t idot(const int8_t *a, const int8_t *b, int n) {
     return s;
 }
 
-#define ACT_ROW(T, x, c, stride) ((const T *)((const char *)(x) + (size_t)(c) * (stride)))
-
 static void dot_f32(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
     for (int c = 0; c < nc; c++) {
         const float *a = (const float *)w, *b = ACT_ROW(float, x, c, xs);

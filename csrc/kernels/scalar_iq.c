@@ -23,8 +23,6 @@
 #include "kernels.h"
 #include "unpack_iq.h"
 
-#define ACT_ROW(T, x, c, stride) ((const T *)((const char *)(x) + (size_t)(c) * (stride)))
-
 static int32_t idot(const int8_t *a, const int8_t *b, int n) {
     int32_t s = 0;
     for (int j = 0; j < n; j++) s += (int32_t)a[j] * b[j];

@@ -31,8 +31,6 @@
 
 /* ---- helpers ---- */
 
-#define ACT_ROW(T, x, c, stride) ((const T *)((const char *)(x) + (size_t)(c) * (stride)))
-
 LI_INLINE float f16(uint16_t h) { return _cvtsh_ss(h); }
 
 LI_INLINE __m256i loadu(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
