@@ -100,6 +100,11 @@ int li_quantize(int type, const float *src, int64_t rows, int64_t k, void *dst,
 /* y[n, rows] = x[n, k] . W[rows, k]^T with W stored in `type`. */
 int li_matmul(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k,
               const float *x, int64_t n, float *y, int n_threads);
+/* The same product through the weights' repacked form (repack.h), packed
+ * for this call: LI_E_TYPE where the active kernel level has no repacked
+ * kernel for the type. The results are bitwise those of li_matmul. */
+int li_matmul_repacked(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, const float *x,
+                       int64_t n, float *y, int n_threads);
 
 /* y[rows, k] = x / sqrt(mean(x^2) + eps) * w  (w may be NULL: no scaling) */
 int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps, float *y,
@@ -132,6 +137,7 @@ typedef struct li_matrix {
     int type;
     int64_t rows, k;
     size_t nbytes;
+    const void *packed; /* NULL, or the rows repacked by li_model_repack (owned by it) */
 } li_matrix;
 
 /* One block. Vectors are float32 and borrowed; NULL means "absent". */
@@ -178,6 +184,19 @@ typedef struct li_model_desc {
 
 /* Check a description for consistency: shapes, types, sizes. */
 int li_model_check(const li_model_desc *m);
+
+/* Repack the matrices the forward pass multiplies by (repack.h), in layers
+ * first_layer.. (and the output head with with_output: layers before it run
+ * elsewhere, on a GPU), where the
+ * active kernel level has a kernel for their repacked form, with up to
+ * n_threads threads; a matrix that cannot be repacked (no kernel, no memory)
+ * keeps its rows, with the same results. release: hand the pages of the
+ * original rows back to the file (they are clean; anything that reads them
+ * again gets them from the page cache). *bytes: the repacked bytes held.
+ * li_model_unpack frees them; call it before the description goes. */
+int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_threads, int release,
+                    size_t *bytes);
+void li_model_unpack(li_model_desc *m);
 
 typedef struct li_context li_context;
 

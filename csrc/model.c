@@ -44,6 +44,7 @@
 #include "context.h"
 #include "kernels/kernels.h"
 #include "matmul.h"
+#include "repack.h"
 
 /* ---- memory ---- */
 
@@ -498,6 +499,11 @@ static const void *acts_for(const li_context *c, const li_matrix *w) { return c-
 /* y[n, rows] = xq . W^T, xq already in W's activation format */
 static void matmul(li_context *c, const li_matrix *w, const void *xq, int64_t n, float *y, int64_t y_stride, int ith,
                    int nth) {
+    if (w->packed && li_K->x16[w->type]) { /* repacked at load (repack.h): decode and prefill alike */
+        int32_t *scratch = (int32_t *)(void *)(c->gemm_scratch + (size_t)ith * c->gemm_bytes);
+        li_x16_matmul(w->type, w->packed, w->rows, w->k, xq, n, y, y_stride, scratch, ith, nth);
+        return;
+    }
     const li_weight wt = {w->data, w->type, w->rows, w->k, w->nbytes / (size_t)w->rows};
     if (li_gemm_applies(w->type, n))
         li_gemm_q(&wt, xq, n, y, y_stride, c->gemm_scratch + (size_t)ith * c->gemm_bytes, ith, nth);

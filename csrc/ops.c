@@ -202,6 +202,46 @@ int li_matmul(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, 
     return LI_OK;
 }
 
+int li_matmul_repacked(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, const float *x,
+                       int64_t n, float *y, int n_threads) {
+    li_init();
+    if (!w || !x || !y || rows <= 0 || k <= 0 || n < 0) return LI_E_ARG;
+    if (li_type_sizes(type, NULL, NULL) != LI_OK || !li_x16_available(type)) return LI_E_TYPE;
+    const size_t row = li_row_bytes(type, k);
+    if (row == 0 || w_bytes != row * (size_t)rows) return LI_E_SHAPE;
+    const int act = li_types[type].act_type;
+    if (k % li_act_block_size(act) != 0 || li_x16_group_bytes(type, k) == 0) return LI_E_SHAPE;
+    if (n == 0) return LI_OK;
+    const int nt = team_size(n_threads);
+    const int64_t ng = li_x16_groups(rows);
+    const size_t gb = li_x16_group_bytes(type, k), per_thread = li_x16_scratch_ints(type, k, n) + 1;
+    void *xq = malloc(li_act_row_bytes(act, k) * (size_t)n);
+    int32_t *scratch = malloc(per_thread * sizeof(int32_t) * (size_t)nt);
+    void *packed = malloc(gb * (size_t)ng); /* the kernels load unaligned */
+    if (!xq || !scratch || !packed) {
+        free(xq);
+        free(scratch);
+        free(packed);
+        return LI_E_NOMEM;
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+    {
+        const int ith = li_thread_index(), nth = li_thread_count();
+        int64_t lo, hi;
+        li_split(ng, ith, nth, &lo, &hi);
+        li_x16_pack(type, w, row, rows, k, packed, lo, hi);
+        li_quantize_acts(type, x, k, n, k, xq, ith, nth);
+        LI_BARRIER();
+        li_x16_matmul(type, packed, rows, k, xq, n, y, rows, scratch + per_thread * (size_t)ith, ith, nth);
+    }
+    free(xq);
+    free(scratch);
+    free(packed);
+    return LI_OK;
+}
+
 int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps, float *y,
                 int n_threads) {
     li_init();

@@ -26,6 +26,8 @@ cdef extern from "llminfer.h" nogil:
                     size_t dst_bytes, int n_threads)
     int li_matmul(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k,
                   const float *x, int64_t n, float *y, int n_threads)
+    int li_matmul_repacked(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k,
+                           const float *x, int64_t n, float *y, int n_threads)
     int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps,
                     float *y, int n_threads)
     int li_activation(int fn, const float *x, int64_t n, float *y)
@@ -41,6 +43,7 @@ cdef extern from "llminfer.h" nogil:
         int type
         int64_t rows, k
         size_t nbytes
+        const void *packed
 
     ctypedef struct li_layer_desc:
         const float *attn_norm
@@ -82,6 +85,9 @@ cdef extern from "llminfer.h" nogil:
         int n_ff_exp
 
     int li_model_check(const li_model_desc *m)
+    int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_threads, int release,
+                        size_t *bytes)
+    void li_model_unpack(li_model_desc *m)
 
     ctypedef struct li_context:
         pass

@@ -90,7 +90,7 @@ def quantize(int qtype, const float[:, ::1] x, int n_threads):
 
 
 def matmul(int qtype, const uint8_t[::1] w, int64_t rows, int64_t k, const float[:, ::1] x,
-           int n_threads):
+           int n_threads, bint repacked=False):
     cdef int64_t n = x.shape[0]
     out = np.empty((n, rows), dtype=np.float32)
     if n == 0:
@@ -98,7 +98,10 @@ def matmul(int qtype, const uint8_t[::1] w, int64_t rows, int64_t k, const float
     cdef float[:, ::1] y = out
     cdef int st
     with nogil:
-        st = C.li_matmul(qtype, &w[0], w.shape[0], rows, k, &x[0, 0], n, &y[0, 0], n_threads)
+        if repacked:
+            st = C.li_matmul_repacked(qtype, &w[0], w.shape[0], rows, k, &x[0, 0], n, &y[0, 0], n_threads)
+        else:
+            st = C.li_matmul(qtype, &w[0], w.shape[0], rows, k, &x[0, 0], n, &y[0, 0], n_threads)
     check(st, "matmul")
     return out
 
@@ -255,7 +258,21 @@ cdef class ModelDesc:
         m.nbytes = data.shape[0]
         return 0
 
+    def repack(self, int first_layer=0, bint with_output=True, int n_threads=1, bint release=False):
+        """Repack the weights of layers first_layer.. (and the output head)
+        into the kernels' interleaved layout where this CPU has kernels for
+        it (csrc/repack.h); release: hand the mapped file's pages of the
+        original rows back (only for a file-backed map). Returns the bytes
+        the repacked copies hold."""
+        cdef size_t nbytes = 0
+        cdef int st
+        with nogil:
+            st = C.li_model_repack(&self.desc, first_layer, with_output, n_threads, release, &nbytes)
+        check(st, "repack")
+        return nbytes
+
     def __dealloc__(self):
+        C.li_model_unpack(&self.desc)
         free(self.layers)
 
 

@@ -20,6 +20,7 @@ single-sequence front over an engine.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from functools import wraps
@@ -67,11 +68,12 @@ class Engine:
     forward pass. kv_type: "f16" (default), "f32", "q8_0" or "q4_0".
     block_size: positions per KV block. n_gpu_layers: layers run on the GPU
     (the first N; -1: all and the output head; 0: none), on device main_gpu
-    (llminfer.gpu)."""
+    (llminfer.gpu). repack: rewrite the weights at load into the layout the
+    CPU's kernels read fastest, where it has such kernels (same results)."""
 
     def __init__(self, model, n_ctx: int = 4096, kv_pool_tokens: int | None = None, n_batch: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", block_size: int = 32, mmap: bool = True,
-                 n_gpu_layers: int = 0, main_gpu: int = 0):
+                 n_gpu_layers: int = 0, main_gpu: int = 0, repack: bool = True):
         n_ctx = check_positive_int("n_ctx", n_ctx)
         n_batch = check_positive_int("n_batch", n_batch)
         pool = check_positive_int("kv_pool_tokens", kv_pool_tokens, allow_none=True) or n_ctx
@@ -113,6 +115,11 @@ class Engine:
             self.ctx = _core.Context(self.desc, KV_TYPES[kv_type], block_size, self.n_blocks, n_batch,
                                      self.n_threads, backend, n_gpu, gpu_head, main_gpu)
             self.n_gpu_layers = n_gpu  # layers on the GPU (the head too when all are)
+            # the CPU's weights in the kernels' interleaved layout (csrc/repack.h), the mapped
+            # file's pages of the originals handed back; LLMINFER_REPACK=0 keeps the file's rows
+            self.repacked_bytes = 0
+            if repack and os.environ.get("LLMINFER_REPACK", "1") != "0":
+                self.repacked_bytes = self.desc.repack(n_gpu, not gpu_head, self.n_threads, mmap)
         except Exception:
             self.gguf.close()
             raise

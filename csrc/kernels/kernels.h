@@ -20,6 +20,7 @@
 #include "../blocks.h"
 #include "../gemm.h"
 #include "../llminfer.h"
+#include "../repack.h"
 
 /* activation formats (indices into li_kernels.quant_act) */
 enum li_act_type { LI_ACT_F32 = 0, LI_ACT_Q8_0 = 1, LI_ACT_Q8_1 = 2, LI_ACT_Q8_K = 3, LI_ACT_COUNT = 4 };
@@ -94,6 +95,9 @@ typedef struct li_kernels {
     /* prefill kernels over packed panels (gemm.h), by panel kind; NULL: the
      * level multiplies batches with its dot kernels */
     li_gemm_fn gemm[3];
+    /* products over weights repacked at load (repack.h), by weight type; NULL
+     * where the level has none */
+    li_x16_fn x16[LI_TYPE_COUNT];
 } li_kernels;
 
 /* per-type facts (qtypes.c) */
@@ -119,6 +123,7 @@ void li_kernels_fill_avx2(li_kernels *t);
 void li_gemm_fill_avx2(li_kernels *t); /* x86_avx2_gemm.c */
 void li_kernels_fill_avx2_iq(li_kernels *t); /* x86_avx2_iq.c */
 void li_kernels_fill_avx512(li_kernels *t);
+void li_x16_fill_avx512(li_kernels *t); /* x86_avx512_x16.c */
 #endif
 #if defined(LI_ARCH_ARM64)
 void li_kernels_fill_neon(li_kernels *t);

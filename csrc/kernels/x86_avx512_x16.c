@@ -1,0 +1,237 @@
+/* x86_avx512_x16.c: products over weights repacked at load (repack.h), with
+ * AVX-512 and VNNI on 512-bit vectors: 16 weight rows in the 16 int32 lanes.
+ *
+ * Per 64-byte chunk of a group, vpdpbusd multiplies each lane's four
+ * unsigned weight bytes by four activation bytes broadcast to all lanes
+ * (an embedded-broadcast memory operand) and adds the four products into the
+ * lane: row r's exact integer sum builds up in lane r. Offsets of the stored
+ * values (Q4_0: q + 8, Q8_0: q + 128, Q6_K: q + 32) come out as offset *
+ * sum(activation block) in integer; K-quant sub-scales multiply their
+ * sub-block sums (vpmulld) before the super-block's sum. The float steps
+ * then follow scalar.c for 16 rows at once, blocks in order.
+ *
+ * Built with the AVX-512 flags (setup.py); dispatch.c reaches it only when
+ * cpuid reports them. Without them the file defines an empty filler.
+ */
+#include "../common.h"
+#include "kernels.h"
+
+#if defined(LI_ARCH_X86) && defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512BW__) && \
+    defined(__AVX512VNNI__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "x86_gemm.h" /* UNROLL */
+
+#define NC LI_X16_NC
+
+/* four activation bytes in every 32-bit lane */
+LI_INLINE __m512i bc4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
+
+/* 16 f16 at p as floats */
+LI_INLINE __m512 f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)); }
+
+LI_INLINE float act_d(const char *blk) {
+    float d;
+    memcpy(&d, blk, 4); /* d leads every activation block */
+    return d;
+}
+
+LI_INLINE void store16(float *y, __m512 v, int nr) {
+    if (nr == LI_X16_ROWS)
+        _mm512_storeu_ps(y, v);
+    else
+        _mm512_mask_storeu_ps(y, (__mmask16)((1u << nr) - 1), v);
+}
+
+/* ---- Q4_0: per block, 4 chunks of nibbles (256 bytes), then the 16 scales after all blocks ---- */
+
+LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
+                         const int32_t *asum, float *y, size_t ys, int nr) {
+    const uint8_t *dd = g + (size_t)nb * 256;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[NC];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *qs = g + (size_t)b * 256;
+        __m512i lo[4], hi[4];
+        UNROLL for (int j = 0; j < 4; j++) {
+            const __m512i w = load64(qs + 64 * j);
+            lo[j] = _mm512_and_si512(w, m4);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        }
+        const __m512 dw = f16x16(dd + (size_t)b * 32);
+        UNROLL for (int c = 0; c < nc; c++) {
+            const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
+            const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
+            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], bc4(a));
+            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[1], bc4(a + 4));
+            s0 = _mm512_dpbusd_epi32(s0, lo[2], bc4(a + 8));
+            s1 = _mm512_dpbusd_epi32(s1, lo[3], bc4(a + 12));
+            s0 = _mm512_dpbusd_epi32(s0, hi[0], bc4(a + 16));
+            s1 = _mm512_dpbusd_epi32(s1, hi[1], bc4(a + 20));
+            s0 = _mm512_dpbusd_epi32(s0, hi[2], bc4(a + 24));
+            s1 = _mm512_dpbusd_epi32(s1, hi[3], bc4(a + 28));
+            const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(8 * asum[c * nb + b]));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+}
+
+/* ---- Q8_0: per block, 8 chunks of q + 128 (512 bytes), the scales after all blocks ---- */
+
+LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
+                         const int32_t *asum, float *y, size_t ys, int nr) {
+    const uint8_t *dd = g + (size_t)nb * 512;
+    __m512 acc[NC];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *qs = g + (size_t)b * 512;
+        const __m512 dw = f16x16(dd + (size_t)b * 32);
+        UNROLL for (int c = 0; c < nc; c++) {
+            const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
+            const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            UNROLL for (int j = 0; j < 8; j += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, load64(qs + 64 * j), bc4(a + 4 * j));
+                s1 = _mm512_dpbusd_epi32(s1, load64(qs + 64 * (j + 1)), bc4(a + 4 * j + 4));
+            }
+            const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(128 * asum[c * nb + b]));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+}
+
+/* ---- Q4_K: per super-block (2368 bytes) 32 chunks of nibbles, sc, mn, d, dmin ---- */
+
+LI_INLINE void q4_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, float *y,
+                         size_t ys, int nr) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[NC];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nb; s++) {
+        const uint8_t *sb = g + (size_t)s * 2368;
+        const act_q8_K *a[NC];
+        UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
+        __m512i isum[NC], imin[NC];
+        UNROLL for (int c = 0; c < nc; c++) isum[c] = imin[c] = _mm512_setzero_si512();
+        for (int i = 0; i < 4; i++) {
+            __m512i sa[NC], sbv[NC];
+            UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = _mm512_setzero_si512();
+            UNROLL for (int j = 0; j < 8; j++) {
+                const __m512i w = load64(sb + 64 * (8 * i + j));
+                const __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                UNROLL for (int c = 0; c < nc; c++) {
+                    sa[c] = _mm512_dpbusd_epi32(sa[c], lo, bc4(a[c]->qs + 64 * i + 4 * j));
+                    sbv[c] = _mm512_dpbusd_epi32(sbv[c], hi, bc4(a[c]->qs + 64 * i + 32 + 4 * j));
+                }
+            }
+            const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2048 + 32 * i)));
+            const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2064 + 32 * i)));
+            UNROLL for (int c = 0; c < nc; c++)
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(sa[c], sc0),
+                                                                     _mm512_mullo_epi32(sbv[c], sc1)));
+        }
+        UNROLL for (int j = 0; j < 8; j++) {
+            const __m512i mn = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2176 + 16 * j)));
+            UNROLL for (int c = 0; c < nc; c++)
+                imin[c] = _mm512_add_epi32(imin[c], _mm512_mullo_epi32(mn, _mm512_set1_epi32(a[c]->bsums[2 * j] +
+                                                                                               a[c]->bsums[2 * j + 1])));
+        }
+        const __m512 dw = f16x16(sb + 2304), mw = f16x16(sb + 2336);
+        UNROLL for (int c = 0; c < nc; c++) {
+            const __m512 dx = _mm512_set1_ps(a[c]->d);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, dx), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(imin[c]), _mm512_mul_ps(mw, dx), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+}
+
+/* ---- Q6_K: per super-block (3392 bytes) 16 groups of (N0, N1, H), sc, d ---- */
+
+LI_INLINE void q6_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, float *y,
+                         size_t ys, int nr) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[NC];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nb; s++) {
+        const uint8_t *sb = g + (size_t)s * 3392;
+        const act_q8_K *a[NC];
+        UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
+        __m512i isum[NC];
+        UNROLL for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
+        for (int gi = 0; gi < 16; gi++) {
+            const uint8_t *p = sb + 192 * gi;
+            const __m512i n0 = load64(p), n1 = load64(p + 64), h = load64(p + 128);
+            /* v = low 4 bits | top 2 bits << 4 (bits 4..5: each shift keeps a byte's own bits there) */
+            const __m512i u0 = _mm512_or_si512(_mm512_and_si512(n0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
+            const __m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), m4),
+                                               _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
+            const __m512i u2 = _mm512_or_si512(_mm512_and_si512(n1, m4), _mm512_and_si512(h, m30));
+            const __m512i u3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), m4),
+                                               _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 3072 + 16 * gi)));
+            UNROLL for (int c = 0; c < nc; c++) {
+                const int8_t *q = a[c]->qs + 16 * gi;
+                __m512i t0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, bc4(q));
+                __m512i t1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u1, bc4(q + 4));
+                t0 = _mm512_dpbusd_epi32(t0, u2, bc4(q + 8));
+                t1 = _mm512_dpbusd_epi32(t1, u3, bc4(q + 12));
+                const __m512i t = _mm512_sub_epi32(_mm512_add_epi32(t0, t1), _mm512_set1_epi32(32 * a[c]->bsums[gi]));
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(t, sc));
+            }
+        }
+        const __m512 dw = f16x16(sb + 3328);
+        UNROLL for (int c = 0; c < nc; c++)
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, _mm512_set1_ps(a[c]->d)), acc[c]);
+    }
+    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+}
+
+/* ---- the table's entries: nc as a constant ---- */
+
+#define X16_ENTRY(name, call)                                                                              \
+    static void x16_##name(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *asum, \
+                           float *y, size_t ys, int nr) {                                                  \
+        const uint8_t *g = (const uint8_t *)group;                                                         \
+        const char *x = (const char *)xq;                                                                  \
+        (void)asum;                                                                                        \
+        switch (nc) {                                                                                      \
+        case 1: call(1); break;                                                                            \
+        case 2: call(2); break;                                                                            \
+        case 3: call(3); break;                                                                            \
+        default: call(4); break;                                                                           \
+        }                                                                                                  \
+    }
+LI_STATIC_ASSERT(LI_X16_NC == 4, "the entries below take up to 4 activation rows");
+
+#define Q4_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, asum, y, ys, nr)
+#define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, asum, y, ys, nr)
+#define Q4_K_CALL(n) q4_K_cols(g, k / QK_K, x, xs, n, y, ys, nr)
+#define Q6_K_CALL(n) q6_K_cols(g, k / QK_K, x, xs, n, y, ys, nr)
+X16_ENTRY(q4_0, Q4_0_CALL)
+X16_ENTRY(q8_0, Q8_0_CALL)
+X16_ENTRY(q4_K, Q4_K_CALL)
+X16_ENTRY(q6_K, Q6_K_CALL)
+
+void li_x16_fill_avx512(li_kernels *t) {
+    t->x16[LI_TYPE_Q4_0] = x16_q4_0;
+    t->x16[LI_TYPE_Q8_0] = x16_q8_0;
+    t->x16[LI_TYPE_Q4_K] = x16_q4_K;
+    t->x16[LI_TYPE_Q6_K] = x16_q6_K;
+}
+#elif defined(LI_ARCH_X86)
+/* built without the AVX-512 flags: no repacked kernels, the dot kernels serve */
+void li_x16_fill_avx512(li_kernels *t) { (void)t; }
+#else
+typedef int li_empty_translation_unit;
+#endif

@@ -1,0 +1,271 @@
+/* repack.c: the repacked layouts of repack.h (plain C, once per load), the
+ * multiply driver over them, and repacking a whole model.
+ *
+ * Packing goes through the unpackers of unpack.h: each row's blocks become
+ * small integers and scales, which are then laid out as the kernels read
+ * them, so a layout follows from what the values are, not from where a
+ * file's bits happen to sit. */
+#define _DEFAULT_SOURCE /* madvise */
+#include "repack.h"
+
+#include <stdlib.h>
+#include <string.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+#if defined(_WIN32)
+#include <malloc.h>
+#endif
+
+#include "common.h"
+#include "context.h"
+#include "kernels/kernels.h"
+#include "kernels/unpack.h"
+
+#define G LI_X16_ROWS
+#define Q4_K_SB 2368 /* 2048 values + 128 sc + 128 mn + 32 d + 32 dmin */
+#define Q6_K_SB 3392 /* 3072 values + 256 sc + 32 d + 32 padding */
+
+int li_x16_layout(int type) {
+    return type == LI_TYPE_Q4_0 || type == LI_TYPE_Q8_0 || type == LI_TYPE_Q4_K || type == LI_TYPE_Q6_K;
+}
+
+static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+size_t li_x16_group_bytes(int type, int64_t k) {
+    switch (type) {
+    case LI_TYPE_Q4_0: return round64((size_t)(k / 32) * (256 + 32));
+    case LI_TYPE_Q8_0: return round64((size_t)(k / 32) * (512 + 32));
+    case LI_TYPE_Q4_K: return (size_t)(k / QK_K) * Q4_K_SB;
+    case LI_TYPE_Q6_K: return (size_t)(k / QK_K) * Q6_K_SB;
+    default: return 0;
+    }
+}
+
+/* lane r, byte e of chunk `ch` (64 bytes) */
+#define LANE(ch, r, e) ((ch)[4 * (r) + (e)])
+
+static void pack_q4_0(const char *row, int r, int64_t nb, uint8_t *g) {
+    uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 256);
+    int8_t q[32];
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q4_0 *x = (const block_q4_0 *)(const void *)row + b;
+        unpack_q4_0(x, q);
+        for (int j = 0; j < 4; j++) {
+            uint8_t *ch = g + (size_t)b * 256 + 64 * j;
+            for (int e = 0; e < 4; e++)
+                LANE(ch, r, e) = (uint8_t)((q[4 * j + e] + 8) | (q[16 + 4 * j + e] + 8) << 4);
+        }
+        d[b * G + r] = x->d;
+    }
+}
+
+static void pack_q8_0(const char *row, int r, int64_t nb, uint8_t *g) {
+    uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 512);
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q8_0 *x = (const block_q8_0 *)(const void *)row + b;
+        for (int j = 0; j < 8; j++) {
+            uint8_t *ch = g + (size_t)b * 512 + 64 * j;
+            for (int e = 0; e < 4; e++) LANE(ch, r, e) = (uint8_t)(x->qs[4 * j + e] + 128);
+        }
+        d[b * G + r] = x->d;
+    }
+}
+
+static void pack_q4_K(const char *row, int r, int64_t nb, uint8_t *g) {
+    int8_t q[QK_K];
+    int sc[8], mn[8];
+    for (int64_t s = 0; s < nb; s++) {
+        const block_q4_K *x = (const block_q4_K *)(const void *)row + s;
+        uint8_t *sb = g + (size_t)s * Q4_K_SB;
+        unpack_q4_K(x, q, sc, mn);
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 8; j++) {
+                uint8_t *ch = sb + 64 * (8 * i + j);
+                for (int e = 0; e < 4; e++)
+                    LANE(ch, r, e) = (uint8_t)(q[64 * i + 4 * j + e] | q[64 * i + 32 + 4 * j + e] << 4);
+            }
+        for (int j = 0; j < 8; j++) {
+            sb[2048 + 16 * j + r] = (uint8_t)sc[j];
+            sb[2176 + 16 * j + r] = (uint8_t)mn[j];
+        }
+        uint16_t *dd = (uint16_t *)(void *)(sb + 2304);
+        dd[r] = x->d;
+        dd[G + r] = x->dmin;
+    }
+}
+
+static void pack_q6_K(const char *row, int r, int64_t nb, uint8_t *g) {
+    int8_t q[QK_K];
+    for (int64_t s = 0; s < nb; s++) {
+        const block_q6_K *x = (const block_q6_K *)(const void *)row + s;
+        uint8_t *sb = g + (size_t)s * Q6_K_SB;
+        unpack_q6_K(x, q);
+        for (int gi = 0; gi < 16; gi++) {
+            uint8_t *n0 = sb + 192 * gi, *n1 = n0 + 64, *h = n0 + 128;
+            for (int e = 0; e < 4; e++) {
+                int v[4];
+                for (int t = 0; t < 4; t++) v[t] = q[16 * gi + 4 * t + e] + 32;
+                LANE(n0, r, e) = (uint8_t)((v[0] & 15) | (v[1] & 15) << 4);
+                LANE(n1, r, e) = (uint8_t)((v[2] & 15) | (v[3] & 15) << 4);
+                LANE(h, r, e) = (uint8_t)((v[0] >> 4) | (v[1] >> 4) << 2 | (v[2] >> 4) << 4 | (v[3] >> 4) << 6);
+            }
+            sb[3072 + 16 * gi + r] = (uint8_t)x->scales[gi];
+        }
+        uint16_t *dd = (uint16_t *)(void *)(sb + 3328);
+        dd[r] = x->d;
+    }
+}
+
+void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int64_t k, void *dst, int64_t g_lo,
+                 int64_t g_hi) {
+    const size_t gb = li_x16_group_bytes(type, k);
+    const int64_t nb = type == LI_TYPE_Q4_K || type == LI_TYPE_Q6_K ? k / QK_K : k / 32;
+    for (int64_t gi = g_lo; gi < g_hi; gi++) {
+        uint8_t *g = (uint8_t *)dst + (size_t)gi * gb;
+        memset(g, 0, gb); /* rows past the matrix: zeros, their results unused */
+        for (int r = 0; r < G && gi * G + r < rows; r++) {
+            const char *row = (const char *)src + (size_t)(gi * G + r) * row_bytes;
+            switch (type) {
+            case LI_TYPE_Q4_0: pack_q4_0(row, r, nb, g); break;
+            case LI_TYPE_Q8_0: pack_q8_0(row, r, nb, g); break;
+            case LI_TYPE_Q4_K: pack_q4_K(row, r, nb, g); break;
+            case LI_TYPE_Q6_K: pack_q6_K(row, r, nb, g); break;
+            default: break;
+            }
+        }
+    }
+}
+
+/* ---- the driver ---- */
+
+int li_x16_available(int type) {
+    li_init();
+    return type >= 0 && type < LI_TYPE_COUNT && li_x16_layout(type) && li_K->x16[type] != NULL;
+}
+
+static int needs_asum(int type) { return type == LI_TYPE_Q4_0 || type == LI_TYPE_Q8_0; }
+
+size_t li_x16_scratch_ints(int type, int64_t k, int64_t n) {
+    return needs_asum(type) ? (size_t)n * (size_t)(k / 32) : 0;
+}
+
+void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
+                   int64_t y_stride, int32_t *scratch, int ith, int nth) {
+    const li_x16_fn kernel = li_K->x16[type];
+    const size_t xs = li_act_row_bytes(li_types[type].act_type, k);
+    const size_t gb = li_x16_group_bytes(type, k);
+    const int64_t nb32 = k / 32;
+    if (needs_asum(type))
+        for (int64_t c = 0; c < n; c++) { /* each thread sums the blocks it needs: all of them */
+            const act_q8_0 *a = (const act_q8_0 *)(const void *)((const char *)xq + (size_t)c * xs);
+            for (int64_t b = 0; b < nb32; b++) {
+                int32_t s = 0;
+                for (int i = 0; i < 32; i++) s += a[b].qs[i];
+                scratch[c * nb32 + b] = s;
+            }
+        }
+    int64_t lo, hi;
+    li_split(li_x16_groups(rows), ith, nth, &lo, &hi);
+    for (int64_t gi = lo; gi < hi; gi++) {
+        const int nr = (int)LI_MIN(G, rows - gi * G);
+        const char *g = (const char *)packed + (size_t)gi * gb;
+        for (int64_t c0 = 0; c0 < n; c0 += LI_X16_NC) {
+            const int nc = (int)LI_MIN(LI_X16_NC, n - c0);
+            kernel(g, k, (const char *)xq + (size_t)c0 * xs, xs, nc, scratch + c0 * nb32, y + c0 * y_stride + gi * G,
+                   (size_t)y_stride, nr);
+        }
+    }
+}
+
+/* ---- a whole model ---- */
+
+static void *alloc64(size_t size) {
+#if defined(_WIN32)
+    return _aligned_malloc(size, 64);
+#else
+    void *p = NULL;
+    return posix_memalign(&p, 64, size) == 0 ? p : NULL;
+#endif
+}
+
+static void free64(void *p) {
+#if defined(_WIN32)
+    _aligned_free(p);
+#else
+    free(p);
+#endif
+}
+
+/* the matrices a forward pass multiplies by (not the embedding, whose rows
+ * are looked up, nor the experts, multiplied by slices) */
+static int model_matrices(li_model_desc *m, int first_layer, int with_output, li_matrix **out) {
+    int n = 0;
+    if (with_output) out[n++] = &m->output;
+    for (int il = LI_MAX(first_layer, 0); il < m->n_layer; il++) {
+        li_layer_desc *L = (li_layer_desc *)(void *)&m->layers[il];
+        li_matrix *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
+            if (ws[i]->data) out[n++] = ws[i];
+    }
+    return n;
+}
+
+/* Hand the pages of [p, p + n) back to the file: they are clean, and the
+ * kernel reads them again from the page cache if anything touches them. */
+static void release_pages(const void *p, size_t n) {
+#if defined(__unix__) || defined(__APPLE__)
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
+int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_threads, int release,
+                    size_t *bytes) {
+    li_init();
+    if (bytes) *bytes = 0;
+    if (!m || !m->layers || m->n_layer <= 0) return li_fail(LI_E_ARG, "no model description to repack");
+    li_matrix **ms = malloc(sizeof(*ms) * (size_t)(1 + 7 * m->n_layer));
+    if (!ms) return li_fail(LI_E_NOMEM, "out of memory repacking the model");
+    const int n = model_matrices(m, first_layer, with_output, ms);
+    for (int i = 0; i < n; i++) {
+        li_matrix *w = ms[i];
+        if (w->packed || !li_x16_available(w->type) || w->rows <= 0) continue;
+        const int64_t ng = li_x16_groups(w->rows);
+        const size_t gb = li_x16_group_bytes(w->type, w->k);
+        if (gb == 0) continue;
+        void *dst = alloc64(gb * (size_t)ng);
+        if (!dst) continue; /* no room: this matrix keeps the dot kernels, results unchanged */
+        const size_t row = w->nbytes / (size_t)w->rows;
+        int64_t g;
+        (void)n_threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(n_threads > 0 ? n_threads : 1) schedule(dynamic, 4)
+#endif
+        for (g = 0; g < ng; g++) li_x16_pack(w->type, w->data, row, w->rows, w->k, dst, g, g + 1);
+        w->packed = dst;
+        if (bytes) *bytes += gb * (size_t)ng;
+    }
+    if (release)
+        for (int i = 0; i < n; i++)
+            if (ms[i]->packed && ms[i]->data != m->tok_embd.data) release_pages(ms[i]->data, ms[i]->nbytes);
+    free(ms);
+    return LI_OK;
+}
+
+void li_model_unpack(li_model_desc *m) {
+    if (!m || !m->layers || m->n_layer <= 0) return;
+    li_matrix **ms = malloc(sizeof(*ms) * (size_t)(1 + 7 * m->n_layer));
+    if (!ms) return;
+    const int n = model_matrices(m, 0, 1, ms);
+    for (int i = 0; i < n; i++) {
+        free64((void *)(uintptr_t)ms[i]->packed);
+        ms[i]->packed = NULL;
+    }
+    free(ms);
+}

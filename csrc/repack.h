@@ -1,0 +1,71 @@
+/* repack.h: weights repacked once at load into interleaved groups of 16 rows.
+ *
+ * A matrix of a supported type is rewritten, group by group of LI_X16_ROWS
+ * rows, so that one 64-byte load holds four consecutive values (or their low
+ * nibbles: eight) of each of the 16 rows side by side. With VNNI's vpdpbusd,
+ * 32-bit lane r then accumulates row r's exact integer dot product against
+ * four activation bytes broadcast to every lane: no horizontal sums, no
+ * per-call unpacking into panels (gemm.h), one contiguous stream per group,
+ * and the same kernel serves decode (one activation row) and prefill (many).
+ *
+ * Per row, a kernel does scalar.c's steps to the bit: each block's (or
+ * super-block's) exact integer sum, then acc = fma(isum, d * dx, acc) (and
+ * fma(-imin, dmin * dx, acc) where there is a min), blocks in order. So a
+ * row's result is the same through the repacked path, the dot kernels and
+ * the panels, whatever the batch and the thread count.
+ *
+ * Layouts (v = the stored unsigned value, e = 0..3 the byte in a lane, r the
+ * row in the group, "lane r" = bytes 4r..4r+3 of a 64-byte chunk):
+ *
+ * Q4_0, per group of nb blocks: qs [nb][4 chunks j][16 rows][4], low nibble
+ *   of lane r byte e = v[4j+e], high nibble = v[16+4j+e] (v = q + 8, 0..15);
+ *   then d [nb][16] f16. nb * 288 bytes, rounded up to 64.
+ * Q8_0: qs [nb][8 chunks j][16][4], byte = q[4j+e] + 128 (unsigned); then
+ *   d [nb][16] f16. nb * 544 bytes, rounded up to 64.
+ * Q4_K, per super-block (2368 bytes): qs [32 chunks 8i+j][16][4], low nibble
+ *   = v[64i+4j+e], high = v[64i+32+4j+e]; sc [8 sub-blocks][16] u8; mn [8][16]
+ *   u8; d [16] f16; dmin [16] f16.
+ * Q6_K, per super-block (3392 bytes): for each group g of 16 values, three
+ *   chunks: N0 (low nibble: low 4 bits of v[16g+e], high nibble: of
+ *   v[16g+4+e]), N1 (the same for v[16g+8+e], v[16g+12+e]) and H (bits
+ *   2t..2t+1 of byte e: the top 2 bits of v[16g+4t+e]); v = q + 32, 0..63.
+ *   Then sc [16 groups][16] i8; d [16] f16; 32 bytes of padding.
+ * A last group with fewer than 16 rows is padded with zero rows. */
+#ifndef LLMINFER_REPACK_H
+#define LLMINFER_REPACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define LI_X16_ROWS 16
+/* most activation rows one kernel call takes */
+#define LI_X16_NC 4
+
+/* 1 when `type` has a repacked layout */
+int li_x16_layout(int type);
+/* bytes of one group of 16 rows of k values (a multiple of 64) */
+size_t li_x16_group_bytes(int type, int64_t k);
+/* groups of a matrix of `rows` rows */
+static inline int64_t li_x16_groups(int64_t rows) { return (rows + LI_X16_ROWS - 1) / LI_X16_ROWS; }
+/* pack groups [g_lo, g_hi) of the matrix src (rows of row_bytes) into dst,
+ * which holds all the matrix's groups */
+void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int64_t k, void *dst, int64_t g_lo,
+                 int64_t g_hi);
+
+/* y[c * ys + r] = dot(row r of the group, activation row c) for r < nr, c < nc <= LI_X16_NC;
+ * xq: activation rows (stride xs) in the type's activation format; asum: for
+ * Q4_0 and Q8_0, the sums of each activation block's values, [nc][k / 32]
+ * (row c at asum + c * k / 32), else unused */
+typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *asum,
+                          float *y, size_t ys, int nr);
+
+/* 1 when the active kernel level multiplies `type` in its repacked form */
+int li_x16_available(int type);
+/* int32s of per-thread scratch li_x16_matmul needs for n activation rows */
+size_t li_x16_scratch_ints(int type, int64_t k, int64_t n);
+/* y[c, r] = dot(W[r], x[c]) from W's repacked groups, thread ith of nth
+ * taking its share of groups; scratch: li_x16_scratch_ints of its own */
+void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
+                   int64_t y_stride, int32_t *scratch, int ith, int nth);
+
+#endif
