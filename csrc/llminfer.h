@@ -105,6 +105,8 @@ int li_matmul(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k,
  * kernel for the type. The results are bitwise those of li_matmul. */
 int li_matmul_repacked(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, const float *x,
                        int64_t n, float *y, int n_threads);
+/* 1 when the active kernel level multiplies `type` in its repacked form */
+int li_x16_available(int type);
 
 /* y[rows, k] = x / sqrt(mean(x^2) + eps) * w  (w may be NULL: no scaling) */
 int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps, float *y,

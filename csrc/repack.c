@@ -181,12 +181,21 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
 
 /* ---- a whole model ---- */
 
+/* The repacked rows are read as a stream once per token: in 2 MiB pages
+ * where the system gives them on request (Linux's transparent huge pages in
+ * "madvise" mode), a stream costs a TLB walk per 2 MiB instead of per 4 KiB. */
+#define HUGE_PAGE ((size_t)2 << 20)
 static void *alloc64(size_t size) {
 #if defined(_WIN32)
     return _aligned_malloc(size, 64);
 #else
     void *p = NULL;
-    return posix_memalign(&p, 64, size) == 0 ? p : NULL;
+    const size_t align = size >= HUGE_PAGE ? HUGE_PAGE : 64;
+    if (posix_memalign(&p, align, size) != 0) return NULL;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (align == HUGE_PAGE) (void)madvise(p, (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
+#endif
+    return p;
 #endif
 }
 

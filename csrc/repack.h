@@ -59,8 +59,6 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
 typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *asum,
                           float *y, size_t ys, int nr);
 
-/* 1 when the active kernel level multiplies `type` in its repacked form */
-int li_x16_available(int type);
 /* int32s of per-thread scratch li_x16_matmul needs for n activation rows */
 size_t li_x16_scratch_ints(int type, int64_t k, int64_t n);
 /* y[c, r] = dot(W[r], x[c]) from W's repacked groups, thread ith of nth

@@ -26,6 +26,7 @@ cdef extern from "llminfer.h" nogil:
                     size_t dst_bytes, int n_threads)
     int li_matmul(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k,
                   const float *x, int64_t n, float *y, int n_threads)
+    int li_x16_available(int type)
     int li_matmul_repacked(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k,
                            const float *x, int64_t n, float *y, int n_threads)
     int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps,

@@ -89,6 +89,11 @@ def quantize(int qtype, const float[:, ::1] x, int n_threads):
     return out
 
 
+def repacked_types():
+    """Names of the types the active kernel level has repacked kernels for."""
+    return [C.li_type_name(t).decode() for t in range(C.LI_TYPE_COUNT) if C.li_x16_available(t)]
+
+
 def matmul(int qtype, const uint8_t[::1] w, int64_t rows, int64_t k, const float[:, ::1] x,
            int n_threads, bint repacked=False):
     cdef int64_t n = x.shape[0]

@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType
 
 from llminfer import _core
 from llminfer.errors import InvalidArgumentError, ShapeError, UnsupportedTypeError
-from llminfer.system import check_threads, cpu_count
+from llminfer.system import check_threads, cpu_count, current_isa
 
 __all__ = [
     "qtype_of", "block_sizes", "quantize", "dequantize", "matmul", "rms_norm", "rope",
@@ -138,9 +138,12 @@ def dequantize(data: np.ndarray, qtype, shape, n_threads=None) -> np.ndarray:
     return _core.dequantize(int(t), raw, rows, k, _threads(n_threads)).reshape(shape)
 
 
-def matmul(w_data: np.ndarray, qtype, w_shape, x: np.ndarray, n_threads=None) -> np.ndarray:
+def matmul(w_data: np.ndarray, qtype, w_shape, x: np.ndarray, n_threads=None, repacked: bool = False) -> np.ndarray:
     """x @ W.T for W (rows, k) stored in `qtype`: x (n, k) gives (n, rows); x (k,) gives (rows,).
-    Activations are quantized on the fly to the type's activation format."""
+    Activations are quantized on the fly to the type's activation format.
+    repacked: go through the weights' repacked form (csrc/repack.h), as a
+    loaded model does; UnsupportedTypeError where this CPU's kernel level has
+    no repacked kernel for the type (see repacked_types())."""
     t = qtype_of(qtype)
     rows, k, row_bytes = _weight_shape(w_shape, t)
     raw = _weight_bytes(w_data, "w_data")
@@ -151,8 +154,20 @@ def matmul(w_data: np.ndarray, qtype, w_shape, x: np.ndarray, n_threads=None) ->
     if x.shape[-1] != k:
         raise ShapeError(f"x has {x.shape[-1]} columns, the weight has k={k}")
     x2 = x.reshape(-1, k)
-    y = _core.matmul(int(t), raw, rows, k, x2, _threads(n_threads))
+    if not isinstance(repacked, bool):
+        raise InvalidArgumentError(f"repacked must be True or False, got {repacked!r}")
+    if repacked and t.name not in repacked_types():
+        raise UnsupportedTypeError(f"the {current_isa()} kernel level has no repacked kernel for {t.name} "
+                                   f"(it has: {', '.join(repacked_types()) or 'none'})")
+    y = _core.matmul(int(t), raw, rows, k, x2, _threads(n_threads), repacked)
     return y.reshape(rows) if x.ndim == 1 else y
+
+
+def repacked_types() -> tuple[str, ...]:
+    """Names of the weight types the active kernel level multiplies in a
+    repacked layout (csrc/repack.h): a model's matrices of these types are
+    repacked at load."""
+    return tuple(_core.repacked_types())
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6,

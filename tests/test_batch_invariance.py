@@ -133,3 +133,28 @@ def test_real_models_prompt_whole_or_token_by_token(request, which):
         assert np.array_equal(chunks, whole) and np.array_equal(steps, whole)
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
+def test_repacked_weights_change_no_logit(models, qtype):
+    """A model whose weights are repacked at load (csrc/repack.h) computes
+    the same bits as one that multiplies the file's rows, at 1 and 2 threads."""
+    from llminfer import ops
+    if qtype not in ops.repacked_types():
+        pytest.skip(f"no repacked kernel for {qtype} on this CPU")
+    path = models(qtype)
+    prompt = toks(3, N_PROMPT)
+    for threads in (1, 2):
+        got = {}
+        for repack in (True, False):
+            eng = Engine(path, n_ctx=256, n_batch=16, n_threads=threads, block_size=8, repack=repack)
+            try:
+                assert (eng.repacked_bytes > 0) == repack
+                s = eng.new_sequence()
+                # a prefill in passes of 16, then decode steps of one token
+                rows = [eng.decode([(s, prompt[i:i + 16], "all")])[0] for i in range(0, 32, 16)]
+                rows += [eng.decode([(s, prompt[i:i + 1], "all")])[0] for i in range(32, N_PROMPT)]
+                got[repack] = np.concatenate(rows)
+            finally:
+                eng.close()
+        assert np.array_equal(got[True], got[False]), f"{threads} thread(s): differs by {np.abs(got[True] - got[False]).max()}"

@@ -16,6 +16,7 @@ so the error comes from the activations and from float32 sums:
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as Q
 
 from kernel_cases import (ACT_32_TYPES, ALL_TYPES, FLOAT_TYPES, QUANT_32, QUANT_TYPES, at_level,
                           isa, random_weight, type_id)
@@ -194,3 +195,38 @@ def test_errors():
         ops.matmul(w, 77, (4, 64), x)
     with pytest.raises(InvalidArgumentError, match="n_threads"):
         ops.matmul(w, "Q4_0", (4, 64), x, n_threads=0)
+
+
+REPACK_TYPES = (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K)  # csrc/repack.h's layouts
+
+
+@pytest.mark.parametrize("t", REPACK_TYPES, ids=type_id)
+def test_repacked_weights_give_the_scalar_bits(t):
+    """Weights repacked into interleaved groups of 16 rows (what a model does
+    at load) give each row the scalar kernel's result to the bit: groups cut
+    short (5, 37 rows), every count of activation rows a kernel call takes
+    and more, thread shares that split the groups unevenly."""
+    if t.name not in ops.repacked_types():
+        pytest.skip(f"the {system.current_isa()} level has no repacked kernel for {t.name}")
+    rng = np.random.default_rng(300 + int(t))
+    k = 3 * 32 if t in QUANT_32 else 3 * 256
+    for rows in (5, 16, 37):
+        w = random_weight(rng, t, rows, k)
+        x = rng.standard_normal((9, k)).astype(np.float32)
+        for n in (1, 2, 3, 4, 5, 9):
+            ref = at_level("scalar", ops.matmul, w, t, (rows, k), x[:n])
+            for threads in (1, 2, 3):
+                got = ops.matmul(w, t, (rows, k), x[:n], n_threads=threads, repacked=True)
+                assert np.array_equal(got, ref), (
+                    f"{t.name} rows={rows} n={n} threads={threads}: rows "
+                    f"{np.flatnonzero((got != ref).any(axis=0)).tolist()} differ")
+
+
+def test_repacked_refuses_what_it_cannot_do():
+    rng = np.random.default_rng(5)
+    w = random_weight(rng, Q.Q5_1, 4, 64)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    with pytest.raises(UnsupportedTypeError, match="repacked kernel for Q5_1"):
+        ops.matmul(w, "Q5_1", (4, 64), x, repacked=True)
+    with pytest.raises(InvalidArgumentError, match="repacked"):
+        ops.matmul(w, "Q5_1", (4, 64), x, repacked="yes")

@@ -24,6 +24,8 @@
 #include "x86_gemm.h" /* UNROLL */
 
 #define NC LI_X16_NC
+#include <stdlib.h>
+static int x16_pf;
 
 /* four activation bytes in every 32-bit lane */
 LI_INLINE __m512i bc4(const int8_t *p) {
@@ -60,6 +62,10 @@ LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * 256;
+        if (x16_pf) {
+        UNROLL for (int j = 0; j < 4; j++) _mm_prefetch((const char *)qs + x16_pf + 64 * j, _MM_HINT_T0);
+        if ((b & 1) == 0) _mm_prefetch((const char *)dd + (size_t)b * 32 + x16_pf / 8, _MM_HINT_T0);
+        }
         __m512i lo[4], hi[4];
         UNROLL for (int j = 0; j < 4; j++) {
             const __m512i w = load64(qs + 64 * j);
@@ -224,6 +230,7 @@ X16_ENTRY(q4_K, Q4_K_CALL)
 X16_ENTRY(q6_K, Q6_K_CALL)
 
 void li_x16_fill_avx512(li_kernels *t) {
+    if (getenv("X16PF")) x16_pf = atoi(getenv("X16PF"));
     t->x16[LI_TYPE_Q4_0] = x16_q4_0;
     t->x16[LI_TYPE_Q8_0] = x16_q8_0;
     t->x16[LI_TYPE_Q4_K] = x16_q4_K;
