@@ -66,25 +66,28 @@ LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
         UNROLL for (int j = 0; j < 4; j++) _mm_prefetch((const char *)qs + x16_pf + 64 * j, _MM_HINT_T0);
         if ((b & 1) == 0) _mm_prefetch((const char *)dd + (size_t)b * 32 + x16_pf / 8, _MM_HINT_T0);
         }
+        /* the high nibbles stay in place: their products are 16 times the
+         * values', and that sum's division by 16 is exact */
         __m512i lo[4], hi[4];
         UNROLL for (int j = 0; j < 4; j++) {
             const __m512i w = load64(qs + 64 * j);
             lo[j] = _mm512_and_si512(w, m4);
-            hi[j] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+            hi[j] = _mm512_andnot_si512(m4, w);
         }
         const __m512 dw = f16x16(dd + (size_t)b * 32);
         UNROLL for (int c = 0; c < nc; c++) {
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
             const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
             __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], bc4(a));
-            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[1], bc4(a + 4));
-            s0 = _mm512_dpbusd_epi32(s0, lo[2], bc4(a + 8));
-            s1 = _mm512_dpbusd_epi32(s1, lo[3], bc4(a + 12));
-            s0 = _mm512_dpbusd_epi32(s0, hi[0], bc4(a + 16));
+            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], bc4(a + 16));
+            s0 = _mm512_dpbusd_epi32(s0, lo[1], bc4(a + 4));
             s1 = _mm512_dpbusd_epi32(s1, hi[1], bc4(a + 20));
-            s0 = _mm512_dpbusd_epi32(s0, hi[2], bc4(a + 24));
+            s0 = _mm512_dpbusd_epi32(s0, lo[2], bc4(a + 8));
+            s1 = _mm512_dpbusd_epi32(s1, hi[2], bc4(a + 24));
+            s0 = _mm512_dpbusd_epi32(s0, lo[3], bc4(a + 12));
             s1 = _mm512_dpbusd_epi32(s1, hi[3], bc4(a + 28));
-            const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(8 * asum[c * nb + b]));
+            const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, _mm512_srai_epi32(s1, 4)),
+                                                _mm512_set1_epi32(8 * asum[c * nb + b]));
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
         }
     }
@@ -134,7 +137,7 @@ LI_INLINE void q4_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
             UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = _mm512_setzero_si512();
             UNROLL for (int j = 0; j < 8; j++) {
                 const __m512i w = load64(sb + 64 * (8 * i + j));
-                const __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                const __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_andnot_si512(m4, w); /* 16 v */
                 UNROLL for (int c = 0; c < nc; c++) {
                     sa[c] = _mm512_dpbusd_epi32(sa[c], lo, bc4(a[c]->qs + 64 * i + 4 * j));
                     sbv[c] = _mm512_dpbusd_epi32(sbv[c], hi, bc4(a[c]->qs + 64 * i + 32 + 4 * j));
@@ -144,7 +147,7 @@ LI_INLINE void q4_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
             const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2064 + 32 * i)));
             UNROLL for (int c = 0; c < nc; c++)
                 isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(sa[c], sc0),
-                                                                     _mm512_mullo_epi32(sbv[c], sc1)));
+                                                                     _mm512_mullo_epi32(_mm512_srai_epi32(sbv[c], 4), sc1)));
         }
         UNROLL for (int j = 0; j < 8; j++) {
             const __m512i mn = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2176 + 16 * j)));
