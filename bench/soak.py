@@ -4,7 +4,9 @@ intervals; a leak shows as a column that keeps growing.
 
     python bench/soak.py                          # 1000 load/generate/close, 10000 generate calls
     python bench/soak.py -m model.gguf --cycles 200 --calls 2000
-Without -m it writes a tiny random model (tests/tiny_models.py), so the run
+Every tenth call of the second phase is a stream abandoned after its first
+piece. The two last lines sum up each phase: RSS and fds at the start,
+after the warm-up (the first tenth) and at the end. Without -m it writes a tiny random model (tests/tiny_models.py), so the run
 measures llminfer's own bookkeeping rather than a big model's page cache.
 """
 
@@ -37,6 +39,39 @@ def open_fds() -> int:
     return -1
 
 
+class Phase:
+    """Samples of (done, RSS KiB, fds) over one phase, and the summary line:
+    RSS and fds at the start, after the warm-up (the first tenth, where
+    caches and allocator arenas fill) and at the end."""
+
+    def __init__(self, name, total):
+        self.name, self.total, self.rows = name, total, []
+        self.t0 = time.monotonic()
+        self.step = max(1, total // 10)
+        self.sample(0)
+
+    def sample(self, done):
+        gc.collect()  # count what is kept, not garbage waiting for the collector
+        row = (done, rss_kib(), open_fds())
+        self.rows.append(row)
+        print(f"{self.name:<10} {done:>7} {row[1] / 1024:>9.1f} {row[2]:>5} {time.monotonic() - self.t0:>8.1f}",
+              flush=True)
+
+    def tick(self, i):
+        """after iteration i (0-based)"""
+        if (i + 1) % self.step == 0 or i + 1 == self.total:
+            self.sample(i + 1)
+
+    def summary(self):
+        start, end = self.rows[0], self.rows[-1]
+        warm = next((r for r in self.rows if r[0] >= self.step), end)
+        grow = (end[1] - warm[1]) / 1024
+        return (f"{self.name}: {self.total} done; RSS {start[1] / 1024:.1f} MiB at the start, "
+                f"{warm[1] / 1024:.1f} after {warm[0]} (warm-up), {end[1] / 1024:.1f} at the end "
+                f"({grow:+.1f} MiB after the warm-up); fds {start[2]} at the start, {warm[2]} after the warm-up, "
+                f"{end[2]} at the end")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model")
@@ -53,26 +88,29 @@ def main(argv=None):
         from tiny_models import TinyConfig, write_model
         path = write_model(os.path.join(tempfile.mkdtemp(), "soak.gguf"), TinyConfig())
 
-    def report(phase, i, t0):
-        gc.collect()  # count what is kept, not garbage waiting for the collector
-        print(f"{phase:<10} {i:>7} {rss_kib() / 1024:>9.1f} {open_fds():>5} {time.monotonic() - t0:>8.1f}", flush=True)
-
     print(f"{'phase':<10} {'done':>7} {'RSS MiB':>9} {'fds':>5} {'seconds':>8}")
-    t0 = time.monotonic()
-    step = max(1, a.cycles // 10)
+    load = Phase("load", a.cycles)
     for i in range(a.cycles):
         with llminfer.LLM(path, n_ctx=64, n_threads=1) as llm:
-            llm.generate("the cat", max_tokens=a.tokens, temperature=0)
-        if i % step == 0 or i == a.cycles - 1:
-            report("load", i + 1, t0)
+            text = llm.generate("the cat", max_tokens=a.tokens, temperature=0)
+        if not text:
+            raise SystemExit(f"cycle {i}: the generation was empty")
+        load.tick(i)
 
-    t0 = time.monotonic()
-    step = max(1, a.calls // 10)
+    gen = Phase("generate", a.calls)
+    produced = 0
     with llminfer.LLM(path, n_ctx=64, n_threads=1) as llm:
         for i in range(a.calls):
-            llm.generate("the cat" if i % 2 else "a dog", max_tokens=a.tokens, seed=i)
-            if i % step == 0 or i == a.calls - 1:
-                report("generate", i + 1, t0)
+            if i % 10 == 9:  # a stream left after its first piece: the next call must not leak it
+                for _ in llm.generate("a stream", max_tokens=a.tokens, seed=i, stream=True):
+                    break
+            else:
+                produced += len(llm.generate("the cat" if i % 2 else "a dog", max_tokens=a.tokens, seed=i))
+            gen.tick(i)
+    if produced == 0:
+        raise SystemExit("the generate calls produced no text")
+    print(load.summary())
+    print(gen.summary())
 
 
 if __name__ == "__main__":

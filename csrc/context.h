@@ -81,6 +81,9 @@ struct li_context {
     const li_seq_view *views;
     int split;             /* this batch splits spans across the team */
     int hidden_out;        /* decode writes normed hidden rows, not logits (li_context_set_hidden_output) */
+    int probe;             /* check for non-finite values after each step (li_context_set_probe) */
+    int probe_order;       /* the first such step of this decode, in pass order (INT_MAX: none) */
+    li_probe_result found; /* ... what and where it was */
 
     /* RoPE: one frequency table per distinct (base, scale), and per batch a cos/sin table */
     int n_rope;

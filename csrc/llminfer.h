@@ -330,6 +330,30 @@ int li_encode(const li_encoder_desc *m, const int32_t *tokens, const int32_t *ty
  * logits, so the rows are n_embd wide (decoder embeddings); 0 goes back. */
 int li_context_set_hidden_output(li_context *c, int on);
 
+/* The non-finite probe, for finding where a NaN or an infinity first appears
+ * once the logits have shown one. While on, decode checks the residual stream
+ * after the embedding and after each layer's attention and feed-forward
+ * halves, then the final normed rows and the logits, and records the first
+ * step with a non-finite value (a diagnostic re-run: the checks add a barrier
+ * per step; off, the default, they cost one branch per half). */
+enum li_probe_step {
+    LI_PROBE_NONE = 0,        /* every value was finite */
+    LI_PROBE_EMBED = 1,       /* the embedded tokens (times the embedding scale), or the input embeddings */
+    LI_PROBE_ATTN = 2,        /* the residual stream after layer `layer`'s attention half */
+    LI_PROBE_FFN = 3,         /* ... after its feed-forward (or expert) half */
+    LI_PROBE_BACKEND = 4,     /* after the backend's layers [0, layer) (or its head), checked as a whole */
+    LI_PROBE_OUTPUT_NORM = 5, /* the final normed rows (what the output head reads) */
+    LI_PROBE_LOGITS = 6       /* the logits (the output head and its scaling or soft-cap) */
+};
+typedef struct li_probe_result {
+    int step;                 /* enum li_probe_step: where the first non-finite value appeared */
+    int layer;                /* LI_PROBE_ATTN/FFN: the layer; LI_PROBE_BACKEND: layers before this one */
+    int row;                  /* the lowest batch row holding one at that step (a logits row for OUTPUT_NORM, LOGITS) */
+} li_probe_result;
+int li_context_set_probe(li_context *c, int on);
+/* what the probe found in the last decode (step LI_PROBE_NONE: nothing, or the probe was off) */
+int li_context_probe_result(const li_context *c, li_probe_result *out);
+
 /* The message of the last error on this thread (which tensor, which size), or "". */
 const char *li_last_error(void);
 

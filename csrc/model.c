@@ -32,6 +32,7 @@
  * was.
  */
 #define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c11 */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -763,6 +764,73 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     residual(m, c->x, c->o, L->post_ffn_norm, lo, hi);
 }
 
+/* ---- the non-finite probe (li_context_set_probe) ---- */
+
+/* Steps in pass order: the embedding 0, layer il's attention half 1 + 2 il
+ * and its feed-forward half 2 + 2 il, the final norm 1 + 2 n_layer, the
+ * logits 2 + 2 n_layer. */
+static int probe_order(const li_context *c, int step, int layer) {
+    switch (step) {
+    case LI_PROBE_EMBED: return 0;
+    case LI_PROBE_ATTN: return 1 + 2 * layer;
+    case LI_PROBE_FFN: return 2 + 2 * layer;
+    case LI_PROBE_BACKEND: return 2 * layer; /* where its last layer ends */
+    case LI_PROBE_OUTPUT_NORM: return 1 + 2 * c->m->n_layer;
+    case LI_PROBE_LOGITS: return 2 + 2 * c->m->n_layer;
+    default: return INT_MAX;
+    }
+}
+
+/* The first of rows [lo, hi) of x (width w) with a NaN or an infinity, or -1.
+ * By the bits (exponent all ones), so no compiler flag can fold it away. */
+static int64_t first_bad_row(const float *x, int64_t lo, int64_t hi, int64_t w) {
+    for (int64_t t = lo; t < hi; t++)
+        for (int64_t j = 0; j < w; j++)
+            if ((li_f32_bits(x[t * w + j]) & 0x7f800000u) == 0x7f800000u) return t;
+    return -1;
+}
+
+/* Record (step, layer, row) if it comes before what was found so far. */
+static void probe_note(li_context *c, int step, int layer, int64_t row) {
+    const int order = probe_order(c, step, layer);
+#ifdef _OPENMP
+#pragma omp critical(li_probe)
+#endif
+    if (order < c->probe_order || (order == c->probe_order && row < c->found.row)) {
+        c->probe_order = order;
+        c->found.step = step;
+        c->found.layer = layer;
+        c->found.row = (int)row;
+    }
+}
+
+/* The team checks rows [0, n) of x (width w) after a step: each thread its
+ * share, after a barrier, so any step's split of the rows will do. */
+static void probe_team(li_context *c, const float *x, int64_t n, int64_t w, int step, int layer) {
+    int64_t lo, hi;
+    LI_BARRIER();
+    li_split(n, li_thread_index(), li_thread_count(), &lo, &hi);
+    const int64_t bad = first_bad_row(x, lo, hi, w);
+    if (bad >= 0) probe_note(c, step, layer, bad);
+}
+
+int li_context_set_probe(li_context *c, int on) {
+    if (!c) return li_fail(LI_E_ARG, "no context");
+    c->probe = on != 0;
+    return LI_OK;
+}
+
+int li_context_probe_result(const li_context *c, li_probe_result *out) {
+    if (!c || !out) return li_fail(LI_E_ARG, "no context or no result");
+    if (c->probe_order == INT_MAX) {
+        out->step = LI_PROBE_NONE;
+        out->layer = out->row = -1;
+    } else {
+        *out = c->found;
+    }
+    return LI_OK;
+}
+
 /* The team's share of a pass: the embedding (embed), layers [l0, l1), then
  * the head (head). The CPU-only pass is all three in one region. */
 static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float *logits, int embed, int l0, int l1,
@@ -784,15 +852,18 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
         li_K->dequant[emb->type]((const char *)emb->data + (size_t)b->token[t] * emb_row, x, E);
         if (m->embd_scale != 1.0f) li_K->scale_f32(x, m->embd_scale, E);
     }
+    if (c->probe && embed) probe_team(c, c->x, n, E, LI_PROBE_EMBED, 0);
 
     /* the embedding rows and each half's first and last steps are split the
      * same way, so consecutive steps need no barrier between them */
     for (int il = l0; il < l1; il++) {
         attention_half(c, &m->layers[il], il, n, ith, nth);
+        if (c->probe) probe_team(c, c->x, n, E, LI_PROBE_ATTN, il);
         if (m->layers[il].router.data)
             moe_half(c, &m->layers[il], n, ith, nth);
         else
             ffn_half(c, &m->layers[il], n, ith, nth);
+        if (c->probe) probe_team(c, c->x, n, E, LI_PROBE_FFN, il);
     }
     if (!head) return;
     LI_BARRIER();
@@ -801,6 +872,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     li_split(n_out, ith, nth, &lo, &hi);
     for (int64_t i = lo; i < hi; i++)
         li_K->rms_norm(c->x + (int64_t)c->out_rows[i] * E, m->output_norm, c->xb + i * E, E, m->norm_eps);
+    if (c->probe) probe_team(c, c->xb, n_out, E, LI_PROBE_OUTPUT_NORM, 0);
     if (c->hidden_out) { /* embeddings: the normed rows themselves */
         if (hi > lo) memcpy(logits + lo * E, c->xb + lo * E, (size_t)(hi - lo) * (size_t)E * sizeof(float));
         return;
@@ -809,17 +881,19 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     quantize_rows_for(c, c->xb, E, lo, hi, out, 1);
     LI_BARRIER();
     matmul(c, &m->output, acts_for(c, &m->output), n_out, logits, m->n_vocab, ith, nth);
-    if (m->logit_scale == 1.0f && m->final_softcap == 0.0f) return;
-    LI_BARRIER();
-    /* granite's logit scale, gemma2's final soft-cap */
     const int64_t V = m->n_vocab;
-    li_split(n_out * V, ith, nth, &lo, &hi);
-    const float cap = m->final_softcap;
-    for (int64_t i = lo; i < hi; i++) {
-        float z = logits[i] * m->logit_scale;
-        if (cap > 0.0f) z = cap * tanhf(z / cap);
-        logits[i] = z;
+    if (m->logit_scale != 1.0f || m->final_softcap != 0.0f) {
+        LI_BARRIER();
+        /* granite's logit scale, gemma2's final soft-cap */
+        li_split(n_out * V, ith, nth, &lo, &hi);
+        const float cap = m->final_softcap;
+        for (int64_t i = lo; i < hi; i++) {
+            float z = logits[i] * m->logit_scale;
+            if (cap > 0.0f) z = cap * tanhf(z / cap);
+            logits[i] = z;
+        }
     }
+    if (c->probe) probe_team(c, logits, n_out, V, LI_PROBE_LOGITS, 0);
 }
 
 int li_context_set_hidden_output(li_context *c, int on) {
@@ -913,6 +987,11 @@ static int offload_pass(li_context *c, const li_batch *b, const li_seq_view *vie
     const int st = c->be_ops->run(c->be, &rb, c->x, c->be_output ? logits : NULL, c->be_output ? logits_size : 0,
                                   err, sizeof(err));
     if (st != LI_OK) return li_fail(st, "%s backend: %s", c->be_ops->name, err);
+    if (c->probe) { /* the backend's layers as a whole: it has no probe of its own */
+        const int64_t bad = c->be_output ? first_bad_row(logits, 0, n_out, m->n_vocab)
+                                         : first_bad_row(c->x, 0, b->n, m->n_embd);
+        if (bad >= 0) probe_note(c, LI_PROBE_BACKEND, c->be_layers, bad);
+    }
     if (c->be_output) return LI_OK;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
@@ -939,6 +1018,7 @@ int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views
     const int nt = n_threads <= 0 ? 1 : LI_MIN(n_threads, c->max_threads);
     c->views = views;
     c->seq = b->seq;
+    c->probe_order = INT_MAX;
     /* with few tokens, each thread's share of a span split is decided only by
      * the number of threads, never what is computed */
     if (c->split && (int64_t)b->n * m->n_head_kv >= 2 * nt) c->split = 0;

@@ -621,3 +621,30 @@ def set_hidden_output(Context ctx, bint on):
     if ctx.ctx == NULL:
         raise errors.LLMInferError("the context is closed")
     check(C.li_context_set_hidden_output(ctx.ctx, on), "hidden output")
+
+
+PROBE_STEPS = {C.LI_PROBE_EMBED: "embedding", C.LI_PROBE_ATTN: "attention", C.LI_PROBE_FFN: "ffn",
+               C.LI_PROBE_BACKEND: "backend", C.LI_PROBE_OUTPUT_NORM: "output_norm",
+               C.LI_PROBE_LOGITS: "logits"}
+
+
+def set_probe(Context ctx, bint on):
+    """Make later ctx.decode calls check for NaN and infinities after each
+    step of the pass (a diagnostic re-run; off, the checks cost nothing)."""
+    if ctx.ctx == NULL:
+        raise errors.LLMInferError("the context is closed")
+    check(C.li_context_set_probe(ctx.ctx, on), "probe")
+
+
+def probe_result(Context ctx):
+    """Where the last decode with the probe on first held a non-finite
+    value: (step, layer, batch row), step one of PROBE_STEPS' names (layer
+    -1 where it has none); or None when every value was finite."""
+    if ctx.ctx == NULL:
+        raise errors.LLMInferError("the context is closed")
+    cdef C.li_probe_result r
+    check(C.li_context_probe_result(ctx.ctx, &r), "probe result")
+    if r.step == C.LI_PROBE_NONE:
+        return None
+    layer = r.layer if r.step in (C.LI_PROBE_ATTN, C.LI_PROBE_FFN, C.LI_PROBE_BACKEND) else -1
+    return PROBE_STEPS[r.step], layer, r.row

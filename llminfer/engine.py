@@ -32,7 +32,7 @@ from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferErro
 from llminfer.gguf_file import GGUFFile
 from llminfer.kv_cache import FULL, SWA, KVCache, Sequence
 from llminfer.models import build_spec
-from llminfer.numerics import check_logits
+from llminfer.numerics import check_logits, locate_non_finite
 from llminfer.system import check_memory, check_threads
 from llminfer.tokenizer import Tokenizer
 
@@ -269,7 +269,10 @@ class Engine:
         self.native_seconds += time.perf_counter() - t
         rows = logits.reshape(len(dest), width)
         if len(dest):
-            check_logits(rows, f"a batch of {total} tokens (positions {int(pos.min())}..{int(pos.max())})")
+            def rerun():  # the same pass, for the probe; the cache stays as it is (llminfer.numerics)
+                self.ctx.decode(tokens, None, pos, seq_idx, want, views, np.empty_like(logits), n_threads)
+            check_logits(rows, f"a batch of {total} tokens (positions {int(pos.min())}..{int(pos.max())})",
+                         locate=lambda **kw: locate_non_finite(self.ctx, rerun, tokens, pos, want, **kw))
         for k, (i, row) in enumerate(dest):
             if row < 0:
                 out[i][:] = rows[k]
