@@ -163,7 +163,7 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
             for (int64_t b = 0; b < nb32; b++) {
                 int32_t s = 0;
                 for (int i = 0; i < 32; i++) s += a[b].qs[i];
-                scratch[c * nb32 + b] = s;
+                scratch[c * nb32 + b] = s * (type == LI_TYPE_Q4_0 ? 8 : 128); /* the values' offset */
             }
         }
     int64_t lo, hi;

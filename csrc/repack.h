@@ -54,8 +54,9 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
 
 /* y[c * ys + r] = dot(row r of the group, activation row c) for r < nr, c < nc <= LI_X16_NC;
  * xq: activation rows (stride xs) in the type's activation format; asum: for
- * Q4_0 and Q8_0, the sums of each activation block's values, [nc][k / 32]
- * (row c at asum + c * k / 32), else unused */
+ * Q4_0 and Q8_0, the sums of each activation block's values times the
+ * stored values' offset (8, 128), [nc][k / 32] (row c at asum + c * k / 32),
+ * else unused */
 typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *asum,
                           float *y, size_t ys, int nr);
 
