@@ -212,7 +212,8 @@ static void need_act(li_context *c, const li_matrix *w) {
     const int a = li_types[w->type].act_type;
     const size_t row = li_act_row_bytes(a, w->k);
     if (row > c->xq_row[a]) c->xq_row[a] = row;
-    const size_t g = li_gemm_scratch_bytes(w->type, w->k, c->n_batch);
+    const size_t g = LI_MAX(li_gemm_scratch_bytes(w->type, w->k, c->n_batch),
+                            li_x16_scratch_ints(w->type, w->k, c->n_batch) * sizeof(int32_t));
     if (g > c->gemm_bytes) c->gemm_bytes = (g + 63) / 64 * 64;
 }
 

@@ -88,7 +88,7 @@ static void pack_q4_K(const char *row, int r, int64_t nb, uint8_t *g) {
             }
         for (int j = 0; j < 8; j++) {
             sb[2048 + 16 * j + r] = (uint8_t)sc[j];
-            sb[2176 + 16 * j + r] = (uint8_t)mn[j];
+            sb[2176 + 32 * (j / 2) + 2 * r + j % 2] = (uint8_t)mn[j]; /* pairs (mn 2p, mn 2p+1) per row */
         }
         uint16_t *dd = (uint16_t *)(void *)(sb + 2304);
         dd[r] = x->d;
@@ -145,10 +145,41 @@ int li_x16_available(int type) {
     return type >= 0 && type < LI_TYPE_COUNT && li_x16_layout(type) && li_K->x16[type] != NULL;
 }
 
-static int needs_asum(int type) { return type == LI_TYPE_Q4_0 || type == LI_TYPE_Q8_0; }
+/* int32s of per-column terms the kernels take from the activations, per block (super-block) */
+static int64_t terms_per_block(int type) {
+    switch (type) {
+    case LI_TYPE_Q4_0: case LI_TYPE_Q8_0: return 1; /* offset * sum of the block */
+    case LI_TYPE_Q4_K: return 4;                   /* the sub-block sums, in int16 pairs */
+    case LI_TYPE_Q6_K: return 16;                  /* 32 * each group's sum */
+    default: return 0;
+    }
+}
+
+static int64_t blocks_of(int type, int64_t k) { return type == LI_TYPE_Q4_K || type == LI_TYPE_Q6_K ? k / QK_K : k / 32; }
 
 size_t li_x16_scratch_ints(int type, int64_t k, int64_t n) {
-    return needs_asum(type) ? (size_t)n * (size_t)(k / 32) : 0;
+    return (size_t)n * (size_t)(blocks_of(type, k) * terms_per_block(type));
+}
+
+/* the terms of activation row a (terms_per_block(type) per block) */
+static void act_terms(int type, const char *a, int64_t nb, int32_t *t) {
+    for (int64_t b = 0; b < nb; b++) {
+        if (type == LI_TYPE_Q4_0 || type == LI_TYPE_Q8_0) {
+            const act_q8_0 *x = (const act_q8_0 *)(const void *)a + b;
+            int32_t s = 0;
+            for (int i = 0; i < 32; i++) s += x->qs[i];
+            t[b] = s * (type == LI_TYPE_Q4_0 ? 8 : 128); /* the stored values' offset */
+        } else if (type == LI_TYPE_Q4_K) {
+            const act_q8_K *x = (const act_q8_K *)(const void *)a + b;
+            for (int p = 0; p < 4; p++) {
+                const int32_t lo = x->bsums[4 * p] + x->bsums[4 * p + 1], hi = x->bsums[4 * p + 2] + x->bsums[4 * p + 3];
+                t[4 * b + p] = (int32_t)(((uint32_t)(uint16_t)(int16_t)lo) | ((uint32_t)(uint16_t)(int16_t)hi << 16));
+            }
+        } else {
+            const act_q8_K *x = (const act_q8_K *)(const void *)a + b;
+            for (int g = 0; g < 16; g++) t[16 * b + g] = 32 * x->bsums[g];
+        }
+    }
 }
 
 void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
@@ -156,16 +187,9 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
     const li_x16_fn kernel = li_K->x16[type];
     const size_t xs = li_act_row_bytes(li_types[type].act_type, k);
     const size_t gb = li_x16_group_bytes(type, k);
-    const int64_t nb32 = k / 32;
-    if (needs_asum(type))
-        for (int64_t c = 0; c < n; c++) { /* each thread sums the blocks it needs: all of them */
-            const act_q8_0 *a = (const act_q8_0 *)(const void *)((const char *)xq + (size_t)c * xs);
-            for (int64_t b = 0; b < nb32; b++) {
-                int32_t s = 0;
-                for (int i = 0; i < 32; i++) s += a[b].qs[i];
-                scratch[c * nb32 + b] = s * (type == LI_TYPE_Q4_0 ? 8 : 128); /* the values' offset */
-            }
-        }
+    const int64_t nb = blocks_of(type, k), per_col = nb * terms_per_block(type);
+    for (int64_t c = 0; c < n; c++) /* each thread works out the terms it needs: all of them */
+        act_terms(type, (const char *)xq + (size_t)c * xs, nb, scratch + c * per_col);
     int64_t lo, hi;
     li_split(li_x16_groups(rows), ith, nth, &lo, &hi);
     for (int64_t gi = lo; gi < hi; gi++) {
@@ -173,7 +197,7 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
         const char *g = (const char *)packed + (size_t)gi * gb;
         for (int64_t c0 = 0; c0 < n; c0 += LI_X16_NC) {
             const int nc = (int)LI_MIN(LI_X16_NC, n - c0);
-            kernel(g, k, (const char *)xq + (size_t)c0 * xs, xs, nc, scratch + c0 * nb32, y + c0 * y_stride + gi * G,
+            kernel(g, k, (const char *)xq + (size_t)c0 * xs, xs, nc, scratch + c0 * per_col, y + c0 * y_stride + gi * G,
                    (size_t)y_stride, nr);
         }
     }

@@ -23,8 +23,8 @@
  * Q8_0: qs [nb][8 chunks j][16][4], byte = q[4j+e] + 128 (unsigned); then
  *   d [nb][16] f16. nb * 544 bytes, rounded up to 64.
  * Q4_K, per super-block (2368 bytes): qs [32 chunks 8i+j][16][4], low nibble
- *   = v[64i+4j+e], high = v[64i+32+4j+e]; sc [8 sub-blocks][16] u8; mn [8][16]
- *   u8; d [16] f16; dmin [16] f16.
+ *   = v[64i+4j+e], high = v[64i+32+4j+e]; sc [8 sub-blocks][16] u8; mn [4
+ *   pairs p][16][2] u8 (the mins of sub-blocks 2p, 2p+1); d [16] f16; dmin [16] f16.
  * Q6_K, per super-block (3392 bytes): for each group g of 16 values, three
  *   chunks: N0 (low nibble: low 4 bits of v[16g+e], high nibble: of
  *   v[16g+4+e]), N1 (the same for v[16g+8+e], v[16g+12+e]) and H (bits
@@ -53,11 +53,12 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
                  int64_t g_hi);
 
 /* y[c * ys + r] = dot(row r of the group, activation row c) for r < nr, c < nc <= LI_X16_NC;
- * xq: activation rows (stride xs) in the type's activation format; asum: for
- * Q4_0 and Q8_0, the sums of each activation block's values times the
- * stored values' offset (8, 128), [nc][k / 32] (row c at asum + c * k / 32),
- * else unused */
-typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *asum,
+ * xq: activation rows (stride xs) in the type's activation format; terms:
+ * what li_x16_matmul works out from each activation row, per block, row c's
+ * after row c-1's: Q4_0, Q8_0: the block's sum times the stored values'
+ * offset (8, 128); Q4_K: the 8 sub-block sums as 4 int16 pairs; Q6_K: 32
+ * times each group's sum (16) */
+typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *terms,
                           float *y, size_t ys, int nr);
 
 /* int32s of per-thread scratch li_x16_matmul needs for n activation rows */
