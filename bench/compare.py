@@ -18,6 +18,16 @@ that implies, beside the machine's measured read bandwidth.
     PYTHONPATH=. python bench/compare.py                      # the issue's rows
     PYTHONPATH=. python bench/compare.py -m model.gguf -t 2 -r 5 --json
 Needs llminfer and llama-cpp-python importable by the same Python.
+
+--llama-bench BIN_DIR compares against llama.cpp's own C++ harness instead,
+with no Python loop on its side: `llminfer bench` and `llama-bench` (pp512,
+tg128, one repetition per process, fresh processes interleaved, medians),
+on a random-weight Llama-3.2-1B-shaped model that it writes and quantizes
+with llama-quantize (Q4_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_XS), and on
+SmolLM2 and Gemma 3; each child's peak RSS from its rusage; and the load +
+first-token time of a fresh process on the first 1B file:
+
+    python bench/compare.py --llama-bench /path/to/llama.cpp/build/bin -r 3
 """
 
 from __future__ import annotations
@@ -178,8 +188,130 @@ def default_models():
     return models
 
 
+# ---- --llama-bench: llminfer's own `bench` against llama.cpp's llama-bench ----
+
+LB_PRESETS = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS")
+
+
+def bench_child(cmd, env=None):
+    """(stdout, peak RSS MB) of one child, its rusage taken with os.wait4."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed with status {proc.returncode}")
+    return out, usage.ru_maxrss / 1024  # KiB on Linux
+
+
+def llama_bench_once(bin_dir, path, threads, n_prompt, n_gen):
+    cmd = [os.path.join(bin_dir, "llama-bench"), "-m", path, "-t", str(threads), "-p", str(n_prompt),
+           "-n", str(n_gen), "-r", "1", "-o", "json"]
+    out, rss = bench_child(cmd)
+    res = {}
+    for row in json.loads(out):
+        key = "pp" if row["n_prompt"] and not row["n_gen"] else "tg"
+        res[key] = row["avg_ts"]
+    return res, rss
+
+
+def llminfer_bench_once(path, threads, n_prompt, n_gen, env):
+    cmd = [sys.executable, "-m", "llminfer", "bench", "-m", path, "-t", str(threads), "-p", str(n_prompt),
+           "-n", str(n_gen), "-r", "1", "-o", "json"]
+    out, rss = bench_child(cmd, env)
+    res = {}
+    for row in json.loads(out)["results"]:
+        key = "pp" if row["n_prompt"] and not row["n_gen"] else "tg"
+        res[key] = row["avg_ts"]
+    return res, rss
+
+
+def first_token_seconds(path, threads, env):
+    """Wall time from a fresh process's `import llminfer` to the first
+    generated token of a 1-token prompt (load + one forward pass)."""
+    code = ("import time; t = time.perf_counter(); import llminfer; "
+            f"llm = llminfer.LLM({path!r}, n_ctx=512, n_threads={threads}); "
+            "llm.complete('Hi', max_tokens=1, temperature=0); print(time.perf_counter() - t)")
+    out, _ = bench_child([sys.executable, "-c", code], env)
+    return float(out.strip().splitlines()[-1])
+
+
+def make_laptop_models(bin_dir, work, presets):
+    """The issue's laptop-scale files: a random Llama-3.2-1B-shaped F16 GGUF
+    (bench/make_model.py), quantized by llama-quantize to each preset."""
+    os.makedirs(work, exist_ok=True)
+    f16 = os.path.join(work, "llama1b-f16.gguf")
+    if not os.path.exists(f16):
+        print(f"writing {f16} (random weights, Llama-3.2-1B shape)", file=sys.stderr)
+        subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_model.py"),
+                        "-o", f16], check=True)
+    paths = []
+    for preset in presets:
+        out = os.path.join(work, f"llama1b-{preset.lower()}.gguf")
+        if not os.path.exists(out):
+            print(f"quantizing {out}", file=sys.stderr)
+            subprocess.run([os.path.join(bin_dir, "llama-quantize"), f16, out, preset],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        paths.append(out)
+    return paths
+
+
+def llama_bench_mode(a):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    threads = [int(t) for t in a.threads.split(",")]
+    presets = [p.strip() for p in a.presets.split(",") if p.strip()]
+    models = a.model or make_laptop_models(a.llama_bench, a.work, presets)
+    if not a.model and not a.no_small:
+        from llminfer import hub
+        models += [str(hub.pull("smollm2-135m-instruct")), str(hub.pull("gemma3-270m"))]
+    rows = []
+    print(f"| model | threads | pp{a.n_prompt} ours | pp{a.n_prompt} llama.cpp | pp x | tg{a.n_gen} ours | "
+          f"tg{a.n_gen} llama.cpp | tg x | peak RSS MB ours / llama.cpp |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for path in models:
+        for t in threads:
+            runs = {"ours": [], "peer": []}
+            rss = {"ours": [], "peer": []}
+            for r in range(a.runs):  # interleaved, the order alternating
+                order = ("ours", "peer") if r % 2 == 0 else ("peer", "ours")
+                for who in order:
+                    if who == "ours":
+                        res, m = llminfer_bench_once(path, t, a.n_prompt, a.n_gen, env)
+                    else:
+                        res, m = llama_bench_once(a.llama_bench, path, t, a.n_prompt, a.n_gen)
+                    runs[who].append(res)
+                    rss[who].append(m)
+            med = {w: {k: statistics.median(x[k] for x in rs) for k in ("pp", "tg")} for w, rs in runs.items()}
+            row = {"model": os.path.basename(path), "threads": t, "ours": med["ours"], "peer": med["peer"],
+                   "pp_ratio": med["ours"]["pp"] / med["peer"]["pp"], "tg_ratio": med["ours"]["tg"] / med["peer"]["tg"],
+                   "rss_mb_ours": max(rss["ours"]), "rss_mb_peer": max(rss["peer"])}
+            rows.append(row)
+            print(f"| {row['model']} | {t} | {med['ours']['pp']:.1f} | {med['peer']['pp']:.1f} | {row['pp_ratio']:.2f} | "
+                  f"{med['ours']['tg']:.1f} | {med['peer']['tg']:.1f} | {row['tg_ratio']:.2f} | "
+                  f"{row['rss_mb_ours']:.0f} / {row['rss_mb_peer']:.0f} |", flush=True)
+    first = None
+    if not a.model and a.runs:
+        f1 = [first_token_seconds(models[0], threads[-1], env) for _ in range(3)]
+        first = statistics.median(f1)
+        print(f"\nload + first token of {os.path.basename(models[0])} ({threads[-1]} threads, fresh process, "
+              f"median of 3): {first:.2f} s")
+    if a.json:
+        print(json.dumps({"runs_per_engine": a.runs, "rows": rows, "load_first_token_s": first}, indent=2))
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--llama-bench", metavar="BIN_DIR",
+                   help="llama.cpp's build/bin (llama-bench, llama-quantize): compare `llminfer bench` with "
+                        "llama-bench on the laptop-scale rows (made here if absent) and SmolLM2 and Gemma 3")
+    p.add_argument("--work", default=os.path.expanduser("~/.cache/llminfer/bench"),
+                   help="--llama-bench: where the made 1B models are kept")
+    p.add_argument("--presets", default=",".join(LB_PRESETS), help="--llama-bench: llama-quantize presets of the 1B rows")
+    p.add_argument("--no-small", action="store_true", help="--llama-bench: leave out the SmolLM2 and Gemma 3 rows")
+    p.add_argument("-p", "--n-prompt", type=int, default=512, help="--llama-bench: prompt tokens")
+    p.add_argument("-n", "--n-gen", type=int, default=128, help="--llama-bench: generated tokens")
     p.add_argument("--worker", nargs=3, metavar=("ENGINE", "MODEL", "THREADS"), help=argparse.SUPPRESS)
     p.add_argument("-m", "--model", action="append", help="GGUF file (repeatable; default: the issue's rows)")
     p.add_argument("-t", "--threads", default="1,2", help="comma-separated thread counts")
@@ -190,6 +322,8 @@ def main():
     if a.worker:
         worker_main(a.worker[0], a.worker[1], int(a.worker[2]))
         return 0
+    if a.llama_bench:
+        return llama_bench_mode(a)
 
     models = a.model or default_models()
     threads = [int(t) for t in a.threads.split(",")]

@@ -22,13 +22,16 @@
 #include "context.h"
 #include "kernels/kernels.h"
 #include "kernels/unpack.h"
+#include "kernels/unpack_iq.h"
 
 #define G LI_X16_ROWS
 #define Q4_K_SB 2368 /* 2048 values + 128 sc + 128 mn + 32 d + 32 dmin */
 #define Q6_K_SB 3392 /* 3072 values + 256 sc + 32 d + 32 padding */
+#define IQ4_XS_SB 2240 /* 2048 indices + 128 scales + 32 d + 32 padding */
 
 int li_x16_layout(int type) {
-    return type == LI_TYPE_Q4_0 || type == LI_TYPE_Q8_0 || type == LI_TYPE_Q4_K || type == LI_TYPE_Q6_K;
+    return type == LI_TYPE_Q4_0 || type == LI_TYPE_Q4_1 || type == LI_TYPE_Q8_0 || type == LI_TYPE_Q4_K ||
+           type == LI_TYPE_Q6_K || type == LI_TYPE_IQ4_XS;
 }
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -36,9 +39,11 @@ static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 size_t li_x16_group_bytes(int type, int64_t k) {
     switch (type) {
     case LI_TYPE_Q4_0: return round64((size_t)(k / 32) * (256 + 32));
+    case LI_TYPE_Q4_1: return round64((size_t)(k / 32) * (256 + 64));
     case LI_TYPE_Q8_0: return round64((size_t)(k / 32) * (512 + 32));
     case LI_TYPE_Q4_K: return (size_t)(k / QK_K) * Q4_K_SB;
     case LI_TYPE_Q6_K: return (size_t)(k / QK_K) * Q6_K_SB;
+    case LI_TYPE_IQ4_XS: return (size_t)(k / QK_K) * IQ4_XS_SB;
     default: return 0;
     }
 }
@@ -58,6 +63,21 @@ static void pack_q4_0(const char *row, int r, int64_t nb, uint8_t *g) {
                 LANE(ch, r, e) = (uint8_t)((q[4 * j + e] + 8) | (q[16 + 4 * j + e] + 8) << 4);
         }
         d[b * G + r] = x->d;
+    }
+}
+
+static void pack_q4_1(const char *row, int r, int64_t nb, uint8_t *g) {
+    uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 256), *m = d + nb * G;
+    int8_t q[32];
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q4_1 *x = (const block_q4_1 *)(const void *)row + b;
+        unpack_q4_1(x, q);
+        for (int j = 0; j < 4; j++) {
+            uint8_t *ch = g + (size_t)b * 256 + 64 * j;
+            for (int e = 0; e < 4; e++) LANE(ch, r, e) = (uint8_t)(q[4 * j + e] | q[16 + 4 * j + e] << 4);
+        }
+        d[b * G + r] = x->d;
+        m[b * G + r] = x->m;
     }
 }
 
@@ -118,10 +138,24 @@ static void pack_q6_K(const char *row, int r, int64_t nb, uint8_t *g) {
     }
 }
 
+static void pack_iq4_xs(const char *row, int r, int64_t nb, uint8_t *g) {
+    for (int64_t s = 0; s < nb; s++) {
+        const block_iq4_xs *x = (const block_iq4_xs *)(const void *)row + s;
+        uint8_t *sb = g + (size_t)s * IQ4_XS_SB;
+        for (int b = 0; b < 8; b++) {
+            /* a block's 16 bytes hold index i in the low nibble and i + 16 in the high, as Q4_0 */
+            for (int j = 0; j < 4; j++)
+                for (int e = 0; e < 4; e++) LANE(sb + 256 * b + 64 * j, r, e) = x->qs[16 * b + 4 * j + e];
+            sb[2048 + 16 * b + r] = (uint8_t)(int8_t)iq4_xs_scale(x, b);
+        }
+        ((uint16_t *)(void *)(sb + 2176))[r] = x->d;
+    }
+}
+
 void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int64_t k, void *dst, int64_t g_lo,
                  int64_t g_hi) {
     const size_t gb = li_x16_group_bytes(type, k);
-    const int64_t nb = type == LI_TYPE_Q4_K || type == LI_TYPE_Q6_K ? k / QK_K : k / 32;
+    const int64_t nb = type == LI_TYPE_Q4_0 || type == LI_TYPE_Q4_1 || type == LI_TYPE_Q8_0 ? k / 32 : k / QK_K;
     for (int64_t gi = g_lo; gi < g_hi; gi++) {
         uint8_t *g = (uint8_t *)dst + (size_t)gi * gb;
         memset(g, 0, gb); /* rows past the matrix: zeros, their results unused */
@@ -129,9 +163,11 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
             const char *row = (const char *)src + (size_t)(gi * G + r) * row_bytes;
             switch (type) {
             case LI_TYPE_Q4_0: pack_q4_0(row, r, nb, g); break;
+            case LI_TYPE_Q4_1: pack_q4_1(row, r, nb, g); break;
             case LI_TYPE_Q8_0: pack_q8_0(row, r, nb, g); break;
             case LI_TYPE_Q4_K: pack_q4_K(row, r, nb, g); break;
             case LI_TYPE_Q6_K: pack_q6_K(row, r, nb, g); break;
+            case LI_TYPE_IQ4_XS: pack_iq4_xs(row, r, nb, g); break;
             default: break;
             }
         }
@@ -148,7 +184,7 @@ int li_x16_available(int type) {
 /* int32s of per-column terms the kernels take from the activations, per block (super-block) */
 static int64_t terms_per_block(int type) {
     switch (type) {
-    case LI_TYPE_Q4_0: case LI_TYPE_Q8_0: return 1; /* offset * sum of the block */
+    case LI_TYPE_Q4_0: case LI_TYPE_Q8_0: case LI_TYPE_IQ4_XS: return 1; /* offset * sum of a block of 32 */
     case LI_TYPE_Q4_K: return 4;                   /* the sub-block sums, in int16 pairs */
     case LI_TYPE_Q6_K: return 16;                  /* 32 * each group's sum */
     default: return 0;
@@ -164,7 +200,7 @@ size_t li_x16_scratch_ints(int type, int64_t k, int64_t n) {
 /* the terms of activation row a (terms_per_block(type) per block) */
 static void act_terms(int type, const char *a, int64_t nb, int32_t *t) {
     for (int64_t b = 0; b < nb; b++) {
-        if (type == LI_TYPE_Q4_0 || type == LI_TYPE_Q8_0) {
+        if (type == LI_TYPE_Q4_0 || type == LI_TYPE_Q8_0 || type == LI_TYPE_IQ4_XS) {
             const act_q8_0 *x = (const act_q8_0 *)(const void *)a + b;
             int32_t s = 0;
             for (int i = 0; i < 32; i++) s += x->qs[i];
@@ -175,7 +211,7 @@ static void act_terms(int type, const char *a, int64_t nb, int32_t *t) {
                 const int32_t lo = x->bsums[4 * p] + x->bsums[4 * p + 1], hi = x->bsums[4 * p + 2] + x->bsums[4 * p + 3];
                 t[4 * b + p] = (int32_t)(((uint32_t)(uint16_t)(int16_t)lo) | ((uint32_t)(uint16_t)(int16_t)hi << 16));
             }
-        } else {
+        } else if (type == LI_TYPE_Q6_K) {
             const act_q8_K *x = (const act_q8_K *)(const void *)a + b;
             for (int g = 0; g < 16; g++) t[16 * b + g] = 32 * x->bsums[g];
         }
@@ -188,8 +224,9 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
     const size_t xs = li_act_row_bytes(li_types[type].act_type, k);
     const size_t gb = li_x16_group_bytes(type, k);
     const int64_t nb = blocks_of(type, k), per_col = nb * terms_per_block(type);
-    for (int64_t c = 0; c < n; c++) /* each thread works out the terms it needs: all of them */
-        act_terms(type, (const char *)xq + (size_t)c * xs, nb, scratch + c * per_col);
+    if (per_col > 0)
+        for (int64_t c = 0; c < n; c++) /* each thread works out the terms it needs: all of them */
+            act_terms(type, (const char *)xq + (size_t)c * xs, nb, scratch + c * per_col);
     int64_t lo, hi;
     li_split(li_x16_groups(rows), ith, nth, &lo, &hi);
     for (int64_t gi = lo; gi < hi; gi++) {

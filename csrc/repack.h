@@ -20,6 +20,8 @@
  * Q4_0, per group of nb blocks: qs [nb][4 chunks j][16 rows][4], low nibble
  *   of lane r byte e = v[4j+e], high nibble = v[16+4j+e] (v = q + 8, 0..15);
  *   then d [nb][16] f16. nb * 288 bytes, rounded up to 64.
+ * Q4_1: as Q4_0 with v = q (no offset), then d [nb][16] f16, m [nb][16] f16:
+ *   nb * 320 bytes, rounded up to 64.
  * Q8_0: qs [nb][8 chunks j][16][4], byte = q[4j+e] + 128 (unsigned); then
  *   d [nb][16] f16. nb * 544 bytes, rounded up to 64.
  * Q4_K, per super-block (2368 bytes): qs [32 chunks 8i+j][16][4], low nibble
@@ -30,6 +32,10 @@
  *   v[16g+4+e]), N1 (the same for v[16g+8+e], v[16g+12+e]) and H (bits
  *   2t..2t+1 of byte e: the top 2 bits of v[16g+4t+e]); v = q + 32, 0..63.
  *   Then sc [16 groups][16] i8; d [16] f16; 32 bytes of padding.
+ * IQ4_XS, per super-block (2240 bytes): for each of its 8 blocks of 32, 4
+ *   chunks of level indices laid out as Q4_0's values; then ls - 32 [8][16]
+ *   i8; d [16] f16; 32 bytes of padding. Its terms are Q8_0's (offset 128:
+ *   the kernel looks levels up + 128).
  * A last group with fewer than 16 rows is padded with zero rows. */
 #ifndef LLMINFER_REPACK_H
 #define LLMINFER_REPACK_H
@@ -56,7 +62,7 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
  * xq: activation rows (stride xs) in the type's activation format; terms:
  * what li_x16_matmul works out from each activation row, per block, row c's
  * after row c-1's: Q4_0, Q8_0: the block's sum times the stored values'
- * offset (8, 128); Q4_K: the 8 sub-block sums as 4 int16 pairs; Q6_K: 32
+ * offset (8, 128; IQ4_XS per block of 32 as Q8_0); Q4_K: the 8 sub-block sums as 4 int16 pairs; Q6_K: 32
  * times each group's sum (16) */
 typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *terms,
                           float *y, size_t ys, int nr);

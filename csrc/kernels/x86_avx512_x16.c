@@ -21,6 +21,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "iq_tables.h"
 #include "x86_gemm.h" /* UNROLL */
 
 #define NC LI_X16_NC
@@ -115,6 +116,49 @@ LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
             const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, _mm512_srai_epi32(s1, 4)),
                                                 _mm512_set1_epi32(terms[c * nb + b]));
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+}
+
+/* ---- Q4_1: Q4_0's layout without the offset, the 16 mins after the scales ---- */
+
+LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, float *y, size_t ys,
+                         int nr) {
+    const uint8_t *dd = g + (size_t)nb * 256, *mm = dd + (size_t)nb * 32;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[NC];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *qs = g + (size_t)b * 256;
+        if ((b & 3) == 0) ahead(qs, 1024);
+        if ((b & 31) == 0) {
+            ahead(dd + (size_t)b * 32, 1024);
+            ahead(mm + (size_t)b * 32, 1024);
+        }
+        __m512i lo[4], hi[4];
+        UNROLL for (int j = 0; j < 4; j++) {
+            const __m512i w = load64(qs + 64 * j);
+            lo[j] = _mm512_and_si512(w, m4);
+            hi[j] = _mm512_andnot_si512(m4, w); /* 16 v */
+        }
+        const __m512 dw = f16x16(dd + (size_t)b * 32), mw = f16x16(mm + (size_t)b * 32);
+        UNROLL for (int c = 0; c < nc; c++) {
+            const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_1);
+            const int8_t *a = (const int8_t *)blk + offsetof(act_q8_1, qs);
+            __m512i s0 = dpb(_mm512_setzero_si512(), lo[0], a);
+            __m512i s1 = dpb(_mm512_setzero_si512(), hi[0], a + 16);
+            s0 = dpb(s0, lo[1], a + 4);
+            s1 = dpb(s1, hi[1], a + 20);
+            s0 = dpb(s0, lo[2], a + 8);
+            s1 = dpb(s1, hi[2], a + 24);
+            s0 = dpb(s0, lo[3], a + 12);
+            s1 = dpb(s1, hi[3], a + 28);
+            const __m512i is = _mm512_add_epi32(s0, _mm512_srai_epi32(s1, 4));
+            float sx;
+            memcpy(&sx, blk + offsetof(act_q8_1, s), 4);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
+            acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), acc[c]);
         }
     }
     UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
@@ -235,6 +279,51 @@ LI_INLINE void q6_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
 }
 
+/* ---- IQ4_XS: per super-block (2240 bytes) 8 blocks of 4 chunks of level
+ * indices, the blocks' signed scales (ls - 32), d. A level through the
+ * table in every 128-bit lane (vpshufb), + 128 to be unsigned; the 128 comes
+ * out as 128 * the block's sum. Per block, scalar_iq.c's steps: dl = d * ls,
+ * acc = fma(isum, dl * dx, acc). ---- */
+
+LI_INLINE void iq4_xs_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
+                           const int32_t *terms, float *y, size_t ys, int nr) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)(const void *)li_kvalues_iq4nl),
+                                                            _mm_set1_epi8((char)0x80)));
+    __m512 acc[NC];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nb; s++) {
+        const uint8_t *sb = g + (size_t)s * 2240;
+        ahead(sb, 2240);
+        const __m512 d = f16x16(sb + 2176);
+        for (int b = 0; b < 8; b++) {
+            __m512i lo[4], hi[4];
+            UNROLL for (int j = 0; j < 4; j++) {
+                const __m512i w = load64(sb + 256 * b + 64 * j);
+                lo[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(w, m4));
+                hi[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(w, 4), m4));
+            }
+            const __m512 dl = _mm512_mul_ps(
+                d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2048 + 16 * b)))));
+            UNROLL for (int c = 0; c < nc; c++) {
+                const char *blk = x + (size_t)c * xs + (size_t)(8 * s + b) * sizeof(act_q8_0);
+                const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
+                __m512i s0 = dpb(_mm512_setzero_si512(), lo[0], a);
+                __m512i s1 = dpb(_mm512_setzero_si512(), hi[0], a + 16);
+                s0 = dpb(s0, lo[1], a + 4);
+                s1 = dpb(s1, hi[1], a + 20);
+                s0 = dpb(s0, lo[2], a + 8);
+                s1 = dpb(s1, hi[2], a + 24);
+                s0 = dpb(s0, lo[3], a + 12);
+                s1 = dpb(s1, hi[3], a + 28);
+                const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(terms[c * nb * 8 + 8 * s + b]));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dl, _mm512_set1_ps(act_d(blk))), acc[c]);
+            }
+        }
+    }
+    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+}
+
 /* ---- the table's entries: nc as a constant ---- */
 
 #define X16_ENTRY(name, call)                                                                              \
@@ -252,19 +341,25 @@ LI_INLINE void q6_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
 LI_STATIC_ASSERT(LI_X16_NC == 4, "the entries below take up to 4 activation rows");
 
 #define Q4_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr)
+#define Q4_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr)
 #define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr)
 #define Q4_K_CALL(n) q4_K_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
 #define Q6_K_CALL(n) q6_K_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
+#define IQ4_XS_CALL(n) iq4_xs_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
 X16_ENTRY(q4_0, Q4_0_CALL)
+X16_ENTRY(q4_1, Q4_1_CALL)
 X16_ENTRY(q8_0, Q8_0_CALL)
 X16_ENTRY(q4_K, Q4_K_CALL)
 X16_ENTRY(q6_K, Q6_K_CALL)
+X16_ENTRY(iq4_xs, IQ4_XS_CALL)
 
 void li_x16_fill_avx512(li_kernels *t) {
     t->x16[LI_TYPE_Q4_0] = x16_q4_0;
+    t->x16[LI_TYPE_Q4_1] = x16_q4_1;
     t->x16[LI_TYPE_Q8_0] = x16_q8_0;
     t->x16[LI_TYPE_Q4_K] = x16_q4_K;
     t->x16[LI_TYPE_Q6_K] = x16_q6_K;
+    t->x16[LI_TYPE_IQ4_XS] = x16_iq4_xs;
 }
 #elif defined(LI_ARCH_X86)
 /* built without the AVX-512 flags: no repacked kernels, the dot kernels serve */
