@@ -100,31 +100,51 @@ def main(argv=None):
         for name in types:
             pre[name] = make_weight(rng, name, pr, pk)
 
+    # the weights as a loaded model multiplies them: repacked once at load
+    # (csrc/repack.h) where this level has kernels for the type, else the file's rows
+    rep = set(ops.repacked_types())
+    dec_fn, pre_fn = {}, {}
+    for name in types:
+        w, rows = dec[name]
+        if name in rep:
+            m = _core.RepackedMatrix(int(ops.qtype_of(name)), w.reshape(-1), rows, k, max(threads))
+            dec_fn[name] = lambda t, m=m: m.matmul(x1, t)
+            if pre:
+                mp = _core.RepackedMatrix(int(ops.qtype_of(name)), pre[name].reshape(-1), pr, pk, max(threads))
+                pre_fn[name] = lambda t, mp=mp: mp.matmul(xp, t)
+        else:
+            dec_fn[name] = lambda t, w=w, rows=rows, name=name: ops.matmul(w, name, (rows, k), x1, n_threads=t)
+            if pre:
+                pre_fn[name] = lambda t, name=name: ops.matmul(pre[name], name, (pr, pk), xp, n_threads=t)
+
     bw = {t: [] for t in threads}
     dt = {(n, t): [] for n in types for t in threads}
     pt = {(n, t): [] for n in types for t in threads}
     for name in types:  # warm up: first touch, thread start
-        w, rows = dec[name]
-        ops.matmul(w, name, (rows, k), x1, n_threads=max(threads))
+        dec_fn[name](max(threads))
+    peak = _core.bench_int8_peak()  # int8 multiply-adds per second, one thread
     for _ in range(args.reps):
         for t in threads:
             bw[t].append(bw_buf.nbytes / timed(lambda: _core.bench_read(bw_buf, t)))
             for name in types:
                 w, rows = dec[name]
-                dt[name, t].append(w.nbytes / timed(lambda: ops.matmul(w, name, (rows, k), x1, n_threads=t)))
+                dt[name, t].append(w.nbytes / timed(lambda: dec_fn[name](t)))
                 if pre:
                     flop = 2.0 * pr * pk * pn
-                    pt[name, t].append(flop / timed(
-                        lambda: ops.matmul(pre[name], name, (pr, pk), xp, n_threads=t)))
+                    pt[name, t].append(flop / timed(lambda: pre_fn[name](t)))
 
     med = statistics.median
     print(f"load average {loadavg()} at end; medians of {args.reps} interleaved runs\n")
     print("memory read bandwidth (sum over {:.0f} MiB): ".format(args.mib) +
           ", ".join(f"{t} thread{'s' if t > 1 else ''} {med(bw[t]) / 1e9:.1f} GB/s" for t in threads))
     print()
+    if peak:
+        print(f"int8 peak (vpdpbusd, independent chains): {2 * peak / 1e9:.0f} GOP/s per thread "
+              f"({peak / 1e9:.0f} G multiply-adds/s); prefill %pk below: GFLOP/s against that peak times the threads")
+    print(f"repacked at load (as a model's weights): {', '.join(t for t in types if t in rep) or 'none'}")
     head = f"{'type':6}" + "".join(f" | {t}T dec GB/s  %bw" for t in threads)
     if pre:
-        head += "".join(f" | {t}T pre GFLOP/s" for t in threads)
+        head += "".join(f" | {t}T pre GFLOP/s %pk" for t in threads)
     print(f"decode: n=1, k={k}, ~{args.mib:.0f} MiB of weights per type" +
           (f"; prefill: {pr}x{pk} weight, n={pn}" if pre else ""))
     print(head)
@@ -136,8 +156,10 @@ def main(argv=None):
             line += f" | {g / 1e9:12.1f} {100 * g / med(bw[t]):4.0f}"
         if pre:
             for t in threads:
-                line += f" | {med(pt[name, t]) / 1e9:14.1f}"
-        print(line)
+                g = med(pt[name, t])
+                pk_s = f"{100 * g / (2 * peak * t):4.0f}" if peak else "   -"
+                line += f" | {g / 1e9:14.1f} {pk_s}"
+        print(line + ("  (repacked)" if name in rep else ""))
 
 
 if __name__ == "__main__":

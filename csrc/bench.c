@@ -6,6 +6,8 @@
 #include "kernels/kernels.h"
 #include "llminfer.h"
 
+#include <time.h>
+
 uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads) {
     li_init();
     const uint64_t *p = (const uint64_t *)buf;
@@ -56,4 +58,30 @@ int li_attn_kernel(int accumulate, const float *a, size_t a_ld, int nh, const ui
     else
         li_K->attn_scores_f16(a, a_ld, nh, cache, stride, n, d, scale, out, out_ld);
     return LI_OK;
+}
+
+static double seconds(void) {
+#ifdef _OPENMP
+    return omp_get_wtime();
+#else
+    return (double)clock() / CLOCKS_PER_SEC;
+#endif
+}
+
+double li_bench_int8_peak(void) {
+    li_init();
+#if defined(LI_ARCH_X86)
+    if (li_K->isa != LI_ISA_AVX512) return 0.0;
+    (void)li_x16_peak_probe(1000000); /* warm the unit up */
+    double best = 0.0;
+    for (int r = 0; r < 5; r++) {
+        const double t0 = seconds();
+        const int64_t ops = li_x16_peak_probe(20000000);
+        const double dt = seconds() - t0;
+        if (dt > 0 && (double)ops / dt > best) best = (double)ops / dt;
+    }
+    return best;
+#else
+    return 0.0;
+#endif
 }

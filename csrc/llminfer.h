@@ -107,6 +107,18 @@ int li_matmul_repacked(int type, const void *w, size_t w_bytes, int64_t rows, in
                        int64_t n, float *y, int n_threads);
 /* 1 when the active kernel level multiplies `type` in its repacked form */
 int li_x16_available(int type);
+/* A matrix repacked once, multiplied many times (benchmarks, tests):
+ * create (LI_E_TYPE where li_x16_available says no), multiply x[n, k] into
+ * y[n, rows], free. */
+typedef struct li_repacked li_repacked;
+int li_repacked_create(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, int n_threads,
+                       li_repacked **out);
+int li_repacked_matmul(const li_repacked *m, const float *x, int64_t n, float *y, int n_threads);
+void li_repacked_free(li_repacked *m);
+/* vpdpbusd-class int8 multiply-adds per second one thread of the active
+ * level reaches on independent register chains (the int8 peak the kernel
+ * benchmark compares with); 0 where the level has none */
+double li_bench_int8_peak(void);
 
 /* y[rows, k] = x / sqrt(mean(x^2) + eps) * w  (w may be NULL: no scaling) */
 int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps, float *y,

@@ -9,9 +9,11 @@
 #include <stdlib.h>
 
 #include "common.h"
+#include "context.h"
 #include "kernels/kernels.h"
 #include "matmul.h"
 #include "quantize.h"
+#include "repack.h"
 
 float li_lut_silu[65536];
 float li_lut_silu_slope[65536];
@@ -202,26 +204,71 @@ int li_matmul(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, 
     return LI_OK;
 }
 
-int li_matmul_repacked(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, const float *x,
-                       int64_t n, float *y, int n_threads) {
+/* a matrix repacked once (repack.h), for the kernel benchmark and tests */
+struct li_repacked {
+    int type;
+    int64_t rows, k;
+    void *packed;
+};
+
+int li_repacked_create(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, int n_threads,
+                       li_repacked **out) {
     li_init();
-    if (!w || !x || !y || rows <= 0 || k <= 0 || n < 0) return LI_E_ARG;
-    if (li_type_sizes(type, NULL, NULL) != LI_OK || !li_x16_available(type)) return LI_E_TYPE;
+    if (!out) return li_fail(LI_E_ARG, "no place for the result");
+    *out = NULL;
+    if (!w || rows <= 0 || k <= 0) return li_fail(LI_E_ARG, "no weights, or rows %lld / k %lld not positive", (long long)rows, (long long)k);
+    if (li_type_sizes(type, NULL, NULL) != LI_OK || !li_x16_available(type))
+        return li_fail(LI_E_TYPE, "the active kernel level has no repacked kernel for type %d", type);
     const size_t row = li_row_bytes(type, k);
-    if (row == 0 || w_bytes != row * (size_t)rows) return LI_E_SHAPE;
-    const int act = li_types[type].act_type;
-    if (k % li_act_block_size(act) != 0 || li_x16_group_bytes(type, k) == 0) return LI_E_SHAPE;
-    if (n == 0) return LI_OK;
-    const int nt = team_size(n_threads);
+    if (row == 0 || w_bytes != row * (size_t)rows)
+        return li_fail(LI_E_SHAPE, "%zu bytes of weights for [%lld, %lld]", w_bytes, (long long)rows, (long long)k);
+    if (k % li_act_block_size(li_types[type].act_type) != 0 || li_x16_group_bytes(type, k) == 0)
+        return li_fail(LI_E_SHAPE, "rows of %lld values are not whole blocks of the type", (long long)k);
+    li_repacked *m = calloc(1, sizeof(*m));
     const int64_t ng = li_x16_groups(rows);
-    const size_t gb = li_x16_group_bytes(type, k), per_thread = li_x16_scratch_ints(type, k, n) + 1;
+    void *packed = malloc(li_x16_group_bytes(type, k) * (size_t)ng); /* the kernels load unaligned */
+    if (!m || !packed) {
+        free(m);
+        free(packed);
+        return LI_E_NOMEM;
+    }
+    m->type = type;
+    m->rows = rows;
+    m->k = k;
+    m->packed = packed;
+    (void)n_threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(team_size(n_threads))
+#endif
+    {
+        int64_t lo, hi;
+        li_split(ng, li_thread_index(), li_thread_count(), &lo, &hi);
+        li_x16_pack(type, w, row, rows, k, packed, lo, hi);
+    }
+    *out = m;
+    return LI_OK;
+}
+
+void li_repacked_free(li_repacked *m) {
+    if (!m) return;
+    free(m->packed);
+    free(m);
+}
+
+int li_repacked_matmul(const li_repacked *m, const float *x, int64_t n, float *y, int n_threads) {
+    li_init();
+    if (!m || !x || !y || n < 0) return li_fail(LI_E_ARG, "no matrix, input or output");
+    if (!li_x16_available(m->type)) /* the kernel level changed since it was packed */
+        return li_fail(LI_E_TYPE, "the active kernel level has no repacked kernel for type %d", m->type);
+    if (n == 0) return LI_OK;
+    const int type = m->type, act = li_types[type].act_type, nt = team_size(n_threads);
+    const int64_t k = m->k;
+    const size_t per_thread = li_x16_scratch_ints(type, k, n) + 1;
     void *xq = malloc(li_act_row_bytes(act, k) * (size_t)n);
     int32_t *scratch = malloc(per_thread * sizeof(int32_t) * (size_t)nt);
-    void *packed = malloc(gb * (size_t)ng); /* the kernels load unaligned */
-    if (!xq || !scratch || !packed) {
+    if (!xq || !scratch) {
         free(xq);
         free(scratch);
-        free(packed);
         return LI_E_NOMEM;
     }
 #ifdef _OPENMP
@@ -229,17 +276,23 @@ int li_matmul_repacked(int type, const void *w, size_t w_bytes, int64_t rows, in
 #endif
     {
         const int ith = li_thread_index(), nth = li_thread_count();
-        int64_t lo, hi;
-        li_split(ng, ith, nth, &lo, &hi);
-        li_x16_pack(type, w, row, rows, k, packed, lo, hi);
         li_quantize_acts(type, x, k, n, k, xq, ith, nth);
         LI_BARRIER();
-        li_x16_matmul(type, packed, rows, k, xq, n, y, rows, scratch + per_thread * (size_t)ith, ith, nth);
+        li_x16_matmul(type, m->packed, m->rows, k, xq, n, y, m->rows, scratch + per_thread * (size_t)ith, ith, nth);
     }
     free(xq);
     free(scratch);
-    free(packed);
     return LI_OK;
+}
+
+int li_matmul_repacked(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, const float *x,
+                       int64_t n, float *y, int n_threads) {
+    if (!x || !y || n < 0) return LI_E_ARG;
+    li_repacked *m = NULL;
+    int st = li_repacked_create(type, w, w_bytes, rows, k, n_threads, &m);
+    if (st == LI_OK) st = li_repacked_matmul(m, x, n, y, n_threads);
+    li_repacked_free(m);
+    return st;
 }
 
 int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps, float *y,

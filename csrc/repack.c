@@ -51,31 +51,26 @@ size_t li_x16_group_bytes(int type, int64_t k) {
 /* lane r, byte e of chunk `ch` (64 bytes) */
 #define LANE(ch, r, e) ((ch)[4 * (r) + (e)])
 
+/* Q4_0's, Q4_1's and IQ4_XS's 16 bytes of nibbles are already what a lane
+ * wants (byte i: value i low, value i + 16 high): 4 bytes to each chunk */
+static inline void put_nibbles16(uint8_t *blk, int r, const uint8_t qs[16]) {
+    for (int j = 0; j < 4; j++) memcpy(blk + 64 * j + 4 * r, qs + 4 * j, 4);
+}
+
 static void pack_q4_0(const char *row, int r, int64_t nb, uint8_t *g) {
     uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 256);
-    int8_t q[32];
     for (int64_t b = 0; b < nb; b++) {
         const block_q4_0 *x = (const block_q4_0 *)(const void *)row + b;
-        unpack_q4_0(x, q);
-        for (int j = 0; j < 4; j++) {
-            uint8_t *ch = g + (size_t)b * 256 + 64 * j;
-            for (int e = 0; e < 4; e++)
-                LANE(ch, r, e) = (uint8_t)((q[4 * j + e] + 8) | (q[16 + 4 * j + e] + 8) << 4);
-        }
+        put_nibbles16(g + (size_t)b * 256, r, x->qs); /* v = q + 8: the stored nibble */
         d[b * G + r] = x->d;
     }
 }
 
 static void pack_q4_1(const char *row, int r, int64_t nb, uint8_t *g) {
     uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 256), *m = d + nb * G;
-    int8_t q[32];
     for (int64_t b = 0; b < nb; b++) {
         const block_q4_1 *x = (const block_q4_1 *)(const void *)row + b;
-        unpack_q4_1(x, q);
-        for (int j = 0; j < 4; j++) {
-            uint8_t *ch = g + (size_t)b * 256 + 64 * j;
-            for (int e = 0; e < 4; e++) LANE(ch, r, e) = (uint8_t)(q[4 * j + e] | q[16 + 4 * j + e] << 4);
-        }
+        put_nibbles16(g + (size_t)b * 256, r, x->qs);
         d[b * G + r] = x->d;
         m[b * G + r] = x->m;
     }
@@ -86,26 +81,23 @@ static void pack_q8_0(const char *row, int r, int64_t nb, uint8_t *g) {
     for (int64_t b = 0; b < nb; b++) {
         const block_q8_0 *x = (const block_q8_0 *)(const void *)row + b;
         for (int j = 0; j < 8; j++) {
-            uint8_t *ch = g + (size_t)b * 512 + 64 * j;
-            for (int e = 0; e < 4; e++) LANE(ch, r, e) = (uint8_t)(x->qs[4 * j + e] + 128);
+            uint32_t v;
+            memcpy(&v, x->qs + 4 * j, 4);
+            v ^= 0x80808080u; /* q + 128, byte by byte */
+            memcpy(g + (size_t)b * 512 + 64 * j + 4 * r, &v, 4);
         }
         d[b * G + r] = x->d;
     }
 }
 
 static void pack_q4_K(const char *row, int r, int64_t nb, uint8_t *g) {
-    int8_t q[QK_K];
     int sc[8], mn[8];
     for (int64_t s = 0; s < nb; s++) {
         const block_q4_K *x = (const block_q4_K *)(const void *)row + s;
         uint8_t *sb = g + (size_t)s * Q4_K_SB;
-        unpack_q4_K(x, q, sc, mn);
-        for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 8; j++) {
-                uint8_t *ch = sb + 64 * (8 * i + j);
-                for (int e = 0; e < 4; e++)
-                    LANE(ch, r, e) = (uint8_t)(q[64 * i + 4 * j + e] | q[64 * i + 32 + 4 * j + e] << 4);
-            }
+        /* byte 32i + t of qs holds v[64i + t] low and v[64i + 32 + t] high: chunk 8i + j's lane as it is */
+        for (int c = 0; c < 32; c++) memcpy(sb + 64 * c + 4 * r, x->qs + 4 * c, 4);
+        unpack_k_scales(x->scales, sc, mn);
         for (int j = 0; j < 8; j++) {
             sb[2048 + 16 * j + r] = (uint8_t)sc[j];
             sb[2176 + 32 * (j / 2) + 2 * r + j % 2] = (uint8_t)mn[j]; /* pairs (mn 2p, mn 2p+1) per row */
@@ -117,16 +109,25 @@ static void pack_q4_K(const char *row, int r, int64_t nb, uint8_t *g) {
 }
 
 static void pack_q6_K(const char *row, int r, int64_t nb, uint8_t *g) {
-    int8_t q[QK_K];
+    uint8_t u[QK_K]; /* q + 32, 0..63: unpack.h's unpack_q6_K in loops the compiler vectorizes */
     for (int64_t s = 0; s < nb; s++) {
         const block_q6_K *x = (const block_q6_K *)(const void *)row + s;
         uint8_t *sb = g + (size_t)s * Q6_K_SB;
-        unpack_q6_K(x, q);
+        for (int hh = 0; hh < 2; hh++) {
+            const uint8_t *ql = x->ql + 64 * hh, *qh = x->qh + 32 * hh;
+            uint8_t *o = u + 128 * hh;
+            for (int l = 0; l < 32; l++) {
+                o[l] = (uint8_t)((ql[l] & 15) | (qh[l] & 3) << 4);
+                o[l + 32] = (uint8_t)((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4);
+                o[l + 64] = (uint8_t)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
+                o[l + 96] = (uint8_t)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4);
+            }
+        }
         for (int gi = 0; gi < 16; gi++) {
             uint8_t *n0 = sb + 192 * gi, *n1 = n0 + 64, *h = n0 + 128;
             for (int e = 0; e < 4; e++) {
                 int v[4];
-                for (int t = 0; t < 4; t++) v[t] = q[16 * gi + 4 * t + e] + 32;
+                for (int t = 0; t < 4; t++) v[t] = u[16 * gi + 4 * t + e];
                 LANE(n0, r, e) = (uint8_t)((v[0] & 15) | (v[1] & 15) << 4);
                 LANE(n1, r, e) = (uint8_t)((v[2] & 15) | (v[3] & 15) << 4);
                 LANE(h, r, e) = (uint8_t)((v[0] >> 4) | (v[1] >> 4) << 2 | (v[2] >> 4) << 4 | (v[3] >> 4) << 6);
@@ -144,8 +145,7 @@ static void pack_iq4_xs(const char *row, int r, int64_t nb, uint8_t *g) {
         uint8_t *sb = g + (size_t)s * IQ4_XS_SB;
         for (int b = 0; b < 8; b++) {
             /* a block's 16 bytes hold index i in the low nibble and i + 16 in the high, as Q4_0 */
-            for (int j = 0; j < 4; j++)
-                for (int e = 0; e < 4; e++) LANE(sb + 256 * b + 64 * j, r, e) = x->qs[16 * b + 4 * j + e];
+            put_nibbles16(sb + 256 * b, r, x->qs + 16 * b);
             sb[2048 + 16 * b + r] = (uint8_t)(int8_t)iq4_xs_scale(x, b);
         }
         ((uint16_t *)(void *)(sb + 2176))[r] = x->d;
@@ -158,7 +158,8 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
     const int64_t nb = type == LI_TYPE_Q4_0 || type == LI_TYPE_Q4_1 || type == LI_TYPE_Q8_0 ? k / 32 : k / QK_K;
     for (int64_t gi = g_lo; gi < g_hi; gi++) {
         uint8_t *g = (uint8_t *)dst + (size_t)gi * gb;
-        memset(g, 0, gb); /* rows past the matrix: zeros, their results unused */
+        /* every byte but padding is written below; a group cut short gets zero rows */
+        if ((gi + 1) * G > rows) memset(g, 0, gb);
         for (int r = 0; r < G && gi * G + r < rows; r++) {
             const char *row = (const char *)src + (size_t)(gi * G + r) * row_bytes;
             switch (type) {
@@ -320,10 +321,9 @@ int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_th
         for (g = 0; g < ng; g++) li_x16_pack(w->type, w->data, row, w->rows, w->k, dst, g, g + 1);
         w->packed = dst;
         if (bytes) *bytes += gb * (size_t)ng;
+        /* at once, so that the peak holds one matrix twice, not the model */
+        if (release && w->data != m->tok_embd.data) release_pages(w->data, w->nbytes);
     }
-    if (release)
-        for (int i = 0; i < n; i++)
-            if (ms[i]->packed && ms[i]->data != m->tok_embd.data) release_pages(ms[i]->data, ms[i]->nbytes);
     free(ms);
     return LI_OK;
 }

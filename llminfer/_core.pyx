@@ -94,6 +94,49 @@ def repacked_types():
     return [C.li_type_name(t).decode() for t in range(C.LI_TYPE_COUNT) if C.li_x16_available(t)]
 
 
+cdef class RepackedMatrix:
+    """A weight matrix repacked once into the kernels' interleaved layout
+    (csrc/repack.h), then multiplied many times: what a loaded model does,
+    for the kernel benchmark and tests."""
+
+    cdef C.li_repacked *m
+    cdef readonly int64_t rows, k
+
+    def __cinit__(self, int qtype, const uint8_t[::1] w, int64_t rows, int64_t k, int n_threads=1):
+        cdef int st
+        with nogil:
+            st = C.li_repacked_create(qtype, &w[0], w.shape[0], rows, k, n_threads, &self.m)
+        check(st, "repack")
+        self.rows = rows
+        self.k = k
+
+    def matmul(self, const float[:, ::1] x, int n_threads=1):
+        cdef int64_t n = x.shape[0]
+        if x.shape[1] != self.k:
+            raise errors.ShapeError(f"x has {x.shape[1]} columns, the matrix has k={self.k}")
+        out = np.empty((n, self.rows), dtype=np.float32)
+        if n == 0:
+            return out
+        cdef float[:, ::1] y = out
+        cdef int st
+        with nogil:
+            st = C.li_repacked_matmul(self.m, &x[0, 0], n, &y[0, 0], n_threads)
+        check(st, "repacked matmul")
+        return out
+
+    def __dealloc__(self):
+        C.li_repacked_free(self.m)
+
+
+def bench_int8_peak():
+    """int8 multiply-adds per second one thread of the active level reaches
+    with vpdpbusd on independent chains (0.0 where the level has none)."""
+    cdef double r
+    with nogil:
+        r = C.li_bench_int8_peak()
+    return r
+
+
 def matmul(int qtype, const uint8_t[::1] w, int64_t rows, int64_t k, const float[:, ::1] x,
            int n_threads, bint repacked=False):
     cdef int64_t n = x.shape[0]

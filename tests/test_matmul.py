@@ -230,3 +230,22 @@ def test_repacked_refuses_what_it_cannot_do():
         ops.matmul(w, "Q5_1", (4, 64), x, repacked=True)
     with pytest.raises(InvalidArgumentError, match="repacked"):
         ops.matmul(w, "Q5_1", (4, 64), x, repacked="yes")
+
+
+def test_repacked_matrix_packs_once_and_follows_the_level():
+    """_core.RepackedMatrix (the kernel benchmark's handle) multiplies the
+    same bits on every call, and refuses once the level in use has no
+    repacked kernel, instead of running code the CPU may lack."""
+    from llminfer import _core
+    if "Q4_0" not in ops.repacked_types():
+        pytest.skip(f"the {system.current_isa()} level has no repacked kernels")
+    rng = np.random.default_rng(8)
+    w = random_weight(rng, Q.Q4_0, 40, 256)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    m = _core.RepackedMatrix(int(Q.Q4_0), w.reshape(-1), 40, 256, 2)
+    ref = at_level("scalar", ops.matmul, w, Q.Q4_0, (40, 256), x)
+    assert np.array_equal(m.matmul(x, 2), ref) and np.array_equal(m.matmul(x, 1), ref)
+    with pytest.raises(UnsupportedTypeError):
+        at_level("avx2", m.matmul, x, 1)
+    with pytest.raises(ShapeError):
+        m.matmul(np.ascontiguousarray(x[:, :128]), 1)

@@ -124,6 +124,7 @@ void li_gemm_fill_avx2(li_kernels *t); /* x86_avx2_gemm.c */
 void li_kernels_fill_avx2_iq(li_kernels *t); /* x86_avx2_iq.c */
 void li_kernels_fill_avx512(li_kernels *t);
 void li_x16_fill_avx512(li_kernels *t); /* x86_avx512_x16.c */
+int64_t li_x16_peak_probe(int64_t iters); /* the int8 peak probe of bench.c; 0 without the flags */
 #endif
 #if defined(LI_ARCH_ARM64)
 void li_kernels_fill_neon(li_kernels *t);

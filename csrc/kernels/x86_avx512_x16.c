@@ -353,6 +353,23 @@ X16_ENTRY(q4_K, Q4_K_CALL)
 X16_ENTRY(q6_K, Q6_K_CALL)
 X16_ENTRY(iq4_xs, IQ4_XS_CALL)
 
+/* the int8 peak: 12 independent vpdpbusd chains (more than latency x
+ * throughput), 64 multiply-adds each; returns how many were done */
+int64_t li_x16_peak_probe(int64_t iters) {
+    __m512i acc[12];
+    const __m512i w = _mm512_set1_epi8(3), a = _mm512_set1_epi8(5);
+    UNROLL for (int j = 0; j < 12; j++) acc[j] = _mm512_set1_epi32(j);
+    for (int64_t i = 0; i < iters; i++) {
+        UNROLL for (int j = 0; j < 12; j++) acc[j] = _mm512_dpbusd_epi32(acc[j], w, a);
+        __asm__ volatile("" ::: "memory"); /* keep the loop */
+    }
+    __m512i t = acc[0];
+    UNROLL for (int j = 1; j < 12; j++) t = _mm512_add_epi32(t, acc[j]);
+    volatile int32_t sink = _mm512_reduce_add_epi32(t);
+    (void)sink;
+    return iters * 12 * 64;
+}
+
 void li_x16_fill_avx512(li_kernels *t) {
     t->x16[LI_TYPE_Q4_0] = x16_q4_0;
     t->x16[LI_TYPE_Q4_1] = x16_q4_1;
@@ -364,6 +381,10 @@ void li_x16_fill_avx512(li_kernels *t) {
 #elif defined(LI_ARCH_X86)
 /* built without the AVX-512 flags: no repacked kernels, the dot kernels serve */
 void li_x16_fill_avx512(li_kernels *t) { (void)t; }
+int64_t li_x16_peak_probe(int64_t iters) {
+    (void)iters;
+    return 0;
+}
 #else
 typedef int li_empty_translation_unit;
 #endif
