@@ -81,40 +81,49 @@ LI_INLINE void store16(float *y, __m512 v, int nr) {
         _mm512_mask_storeu_ps(y, (__mmask16)((1u << nr) - 1), v);
 }
 
+/* a block of 32 values as 4 chunks of nibbles (Q4_0, Q4_1): lo[j] the low
+ * nibbles, hi[j] the high ones left in place, 16 times their values (the
+ * sum over them is divided back exactly: see block_sum) */
+LI_INLINE void nibbles16(const uint8_t *qs, __m512i lo[4], __m512i hi[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    UNROLL for (int j = 0; j < 4; j++) {
+        const __m512i w = load64(qs + 64 * j);
+        lo[j] = _mm512_and_si512(w, m4);
+        hi[j] = _mm512_andnot_si512(m4, w);
+    }
+}
+
+/* lane r: row r's exact sum over a block of 32 against the activation bytes
+ * a: lo[j] holds values 4j..4j+3, hi[j] values 16+4j..16+4j+3 times
+ * 2^hi_shift; two chains of four products */
+LI_INLINE __m512i block_sum(const __m512i lo[4], const __m512i hi[4], const int8_t *a, const int hi_shift) {
+    __m512i s0 = dpb(_mm512_setzero_si512(), lo[0], a);
+    __m512i s1 = dpb(_mm512_setzero_si512(), hi[0], a + 16);
+    UNROLL for (int j = 1; j < 4; j++) {
+        s0 = dpb(s0, lo[j], a + 4 * j);
+        s1 = dpb(s1, hi[j], a + 16 + 4 * j);
+    }
+    return _mm512_add_epi32(s0, hi_shift ? _mm512_srai_epi32(s1, hi_shift) : s1);
+}
+
 /* ---- Q4_0: per block, 4 chunks of nibbles (256 bytes), then the 16 scales after all blocks ---- */
 
 LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
                          const int32_t *terms, float *y, size_t ys, int nr) {
     const uint8_t *dd = g + (size_t)nb * 256;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * 256;
         if ((b & 3) == 0) ahead(qs, 1024);
         if ((b & 31) == 0) ahead(dd + (size_t)b * 32, 1024);
-        /* the high nibbles stay in place: their products are 16 times the
-         * values', and that sum's division by 16 is exact */
         __m512i lo[4], hi[4];
-        UNROLL for (int j = 0; j < 4; j++) {
-            const __m512i w = load64(qs + 64 * j);
-            lo[j] = _mm512_and_si512(w, m4);
-            hi[j] = _mm512_andnot_si512(m4, w);
-        }
+        nibbles16(qs, lo, hi);
         const __m512 dw = f16x16(dd + (size_t)b * 32);
         UNROLL for (int c = 0; c < nc; c++) {
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
             const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
-            __m512i s0 = dpb(_mm512_setzero_si512(), lo[0], a);
-            __m512i s1 = dpb(_mm512_setzero_si512(), hi[0], a + 16);
-            s0 = dpb(s0, lo[1], a + 4);
-            s1 = dpb(s1, hi[1], a + 20);
-            s0 = dpb(s0, lo[2], a + 8);
-            s1 = dpb(s1, hi[2], a + 24);
-            s0 = dpb(s0, lo[3], a + 12);
-            s1 = dpb(s1, hi[3], a + 28);
-            const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, _mm512_srai_epi32(s1, 4)),
-                                                _mm512_set1_epi32(terms[c * nb + b]));
+            const __m512i is = _mm512_sub_epi32(block_sum(lo, hi, a, 4), _mm512_set1_epi32(terms[c * nb + b]));
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
         }
     }
@@ -126,7 +135,6 @@ LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
 LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, float *y, size_t ys,
                          int nr) {
     const uint8_t *dd = g + (size_t)nb * 256, *mm = dd + (size_t)nb * 32;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -137,24 +145,12 @@ LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
             ahead(mm + (size_t)b * 32, 1024);
         }
         __m512i lo[4], hi[4];
-        UNROLL for (int j = 0; j < 4; j++) {
-            const __m512i w = load64(qs + 64 * j);
-            lo[j] = _mm512_and_si512(w, m4);
-            hi[j] = _mm512_andnot_si512(m4, w); /* 16 v */
-        }
+        nibbles16(qs, lo, hi);
         const __m512 dw = f16x16(dd + (size_t)b * 32), mw = f16x16(mm + (size_t)b * 32);
         UNROLL for (int c = 0; c < nc; c++) {
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_1);
             const int8_t *a = (const int8_t *)blk + offsetof(act_q8_1, qs);
-            __m512i s0 = dpb(_mm512_setzero_si512(), lo[0], a);
-            __m512i s1 = dpb(_mm512_setzero_si512(), hi[0], a + 16);
-            s0 = dpb(s0, lo[1], a + 4);
-            s1 = dpb(s1, hi[1], a + 20);
-            s0 = dpb(s0, lo[2], a + 8);
-            s1 = dpb(s1, hi[2], a + 24);
-            s0 = dpb(s0, lo[3], a + 12);
-            s1 = dpb(s1, hi[3], a + 28);
-            const __m512i is = _mm512_add_epi32(s0, _mm512_srai_epi32(s1, 4));
+            const __m512i is = block_sum(lo, hi, a, 4);
             float sx;
             memcpy(&sx, blk + offsetof(act_q8_1, s), 4);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
@@ -308,15 +304,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, int64_t nb, const char *x, size_t x
             UNROLL for (int c = 0; c < nc; c++) {
                 const char *blk = x + (size_t)c * xs + (size_t)(8 * s + b) * sizeof(act_q8_0);
                 const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
-                __m512i s0 = dpb(_mm512_setzero_si512(), lo[0], a);
-                __m512i s1 = dpb(_mm512_setzero_si512(), hi[0], a + 16);
-                s0 = dpb(s0, lo[1], a + 4);
-                s1 = dpb(s1, hi[1], a + 20);
-                s0 = dpb(s0, lo[2], a + 8);
-                s1 = dpb(s1, hi[2], a + 24);
-                s0 = dpb(s0, lo[3], a + 12);
-                s1 = dpb(s1, hi[3], a + 28);
-                const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(terms[c * nb * 8 + 8 * s + b]));
+                const __m512i is = _mm512_sub_epi32(block_sum(lo, hi, a, 0), _mm512_set1_epi32(terms[c * nb * 8 + 8 * s + b]));
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dl, _mm512_set1_ps(act_d(blk))), acc[c]);
             }
         }
@@ -361,7 +349,9 @@ int64_t li_x16_peak_probe(int64_t iters) {
     UNROLL for (int j = 0; j < 12; j++) acc[j] = _mm512_set1_epi32(j);
     for (int64_t i = 0; i < iters; i++) {
         UNROLL for (int j = 0; j < 12; j++) acc[j] = _mm512_dpbusd_epi32(acc[j], w, a);
+#if defined(__GNUC__)
         __asm__ volatile("" ::: "memory"); /* keep the loop */
+#endif
     }
     __m512i t = acc[0];
     UNROLL for (int j = 1; j < 12; j++) t = _mm512_add_epi32(t, acc[j]);
