@@ -110,6 +110,11 @@ int li_count_spans(const li_context *c, const li_layer_desc *L, const int32_t *b
 int li_first_visible(const li_layer_desc *L, int pos);
 void li_round_to_f16(float *x, int64_t n);
 
+/* model.c: size bytes (rounded up to a multiple of align, a power of two
+ * from 64) at an address aligned to align, or NULL; freed by li_free_aligned */
+void *li_alloc_aligned(size_t size, size_t align);
+void li_free_aligned(void *p);
+
 /* errors.c: record a message for li_last_error and return status */
 int li_fail(int status, const char *fmt, ...)
 #if defined(__GNUC__)

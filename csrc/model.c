@@ -49,24 +49,27 @@
 
 /* ---- memory ---- */
 
-static void *alloc_aligned(size_t size) {
-    if (size == 0) size = 64;
-    size = (size + 63) / 64 * 64;
+void *li_alloc_aligned(size_t size, size_t align) {
+    if (size == 0) size = align;
+    size = (size + align - 1) / align * align;
 #if defined(_WIN32)
-    return _aligned_malloc(size, 64);
+    return _aligned_malloc(size, align);
 #else
     void *p = NULL;
-    return posix_memalign(&p, 64, size) == 0 ? p : NULL;
+    return posix_memalign(&p, align, size) == 0 ? p : NULL;
 #endif
 }
 
-static void free_aligned(void *p) {
+void li_free_aligned(void *p) {
 #if defined(_WIN32)
     _aligned_free(p);
 #else
     free(p);
 #endif
 }
+
+static void *alloc_aligned(size_t size) { return li_alloc_aligned(size, 64); }
+#define free_aligned li_free_aligned
 
 /* ---- checking a description ---- */
 

@@ -14,9 +14,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #endif
-#if defined(_WIN32)
-#include <malloc.h>
-#endif
 
 #include "common.h"
 #include "context.h"
@@ -28,11 +25,6 @@
 #define Q4_K_SB 2368 /* 2048 values + 128 sc + 128 mn + 32 d + 32 dmin */
 #define Q6_K_SB 3392 /* 3072 values + 256 sc + 32 d + 32 padding */
 #define IQ4_XS_SB 2240 /* 2048 indices + 128 scales + 32 d + 32 padding */
-
-int li_x16_layout(int type) {
-    return type == LI_TYPE_Q4_0 || type == LI_TYPE_Q4_1 || type == LI_TYPE_Q8_0 || type == LI_TYPE_Q4_K ||
-           type == LI_TYPE_Q6_K || type == LI_TYPE_IQ4_XS;
-}
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
@@ -47,6 +39,8 @@ size_t li_x16_group_bytes(int type, int64_t k) {
     default: return 0;
     }
 }
+
+int li_x16_layout(int type) { return li_x16_group_bytes(type, QK_K) != 0; }
 
 /* lane r, byte e of chunk `ch` (64 bytes) */
 #define LANE(ch, r, e) ((ch)[4 * (r) + (e)])
@@ -247,26 +241,13 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
  * where the system gives them on request (Linux's transparent huge pages in
  * "madvise" mode), a stream costs a TLB walk per 2 MiB instead of per 4 KiB. */
 #define HUGE_PAGE ((size_t)2 << 20)
-static void *alloc64(size_t size) {
-#if defined(_WIN32)
-    return _aligned_malloc(size, 64);
-#else
-    void *p = NULL;
+static void *alloc_packed(size_t size) {
     const size_t align = size >= HUGE_PAGE ? HUGE_PAGE : 64;
-    if (posix_memalign(&p, align, size) != 0) return NULL;
+    void *p = li_alloc_aligned(size, align); /* whole huge pages: the advice covers only this block */
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (align == HUGE_PAGE) (void)madvise(p, (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
+    if (p && align == HUGE_PAGE) (void)madvise(p, (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
 #endif
     return p;
-#endif
-}
-
-static void free64(void *p) {
-#if defined(_WIN32)
-    _aligned_free(p);
-#else
-    free(p);
-#endif
 }
 
 /* the matrices a forward pass multiplies by (not the embedding, whose rows
@@ -310,7 +291,7 @@ int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_th
         const int64_t ng = li_x16_groups(w->rows);
         const size_t gb = li_x16_group_bytes(w->type, w->k);
         if (gb == 0) continue;
-        void *dst = alloc64(gb * (size_t)ng);
+        void *dst = alloc_packed(gb * (size_t)ng);
         if (!dst) continue; /* no room: this matrix keeps the dot kernels, results unchanged */
         const size_t row = w->nbytes / (size_t)w->rows;
         int64_t g;
@@ -334,7 +315,7 @@ void li_model_unpack(li_model_desc *m) {
     if (!ms) return;
     const int n = model_matrices(m, 0, 1, ms);
     for (int i = 0; i < n; i++) {
-        free64((void *)(uintptr_t)ms[i]->packed);
+        li_free_aligned((void *)(uintptr_t)ms[i]->packed);
         ms[i]->packed = NULL;
     }
     free(ms);
