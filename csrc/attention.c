@@ -98,6 +98,7 @@ void li_prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t t, i
 /* A run of consecutive pool rows [r0, r0 + n) holding consecutive positions. */
 typedef struct {
     int64_t r0, n;
+    int p; /* the position of row r0 */
 } row_run;
 
 /* The runs of pool rows that hold the present positions of [p0, p1). */
@@ -110,6 +111,7 @@ static int span_runs(const li_context *c, const int32_t *blocks, int n_blocks, i
         if (id >= 0) {
             runs[nr].r0 = (int64_t)id * bs + p % bs;
             runs[nr].n = end - p;
+            runs[nr].p = p;
             nr++;
         }
         p = end;
@@ -200,7 +202,7 @@ static void attend_span(li_context *c, int il, int64_t t, int kvh, const int32_t
         }
         return;
     }
-    float *scores = c->scores + (size_t)ith * (size_t)nh * (size_t)c->span;
+    float *scores = c->scores + (size_t)ith * (size_t)c->tile_max * (size_t)nh * (size_t)c->span;
     float *vrow = c->vrow + (size_t)ith * (size_t)hdv;
     const size_t ld = (size_t)n;
     const float *q = c->q + (t * m->n_head + (int64_t)kvh * nh) * m->head_dim;
@@ -288,21 +290,143 @@ static void token_table(const li_context *c, int il, int64_t t, const int32_t **
     *n_blocks = v->n_blocks[c->group[il]];
 }
 
-/* every span of token t's visible range, results compacted into part (the
- * empty ones too, marked); returns how many */
-static int token_spans(li_context *c, int il, const li_layer_desc *L, int64_t t, int kvh, float *part,
-                       size_t chunk_stride, size_t part_stride, int ith) {
-    const int pos = c->pos[t], first = li_first_visible(L, pos), span = c->span;
-    const int32_t *blocks;
-    int n_blocks;
-    token_table(c, il, t, &blocks, &n_blocks);
-    int k = 0;
-    for (int s = first / span; s <= pos / span; s++) {
-        const int p0 = LI_MAX(first, s * span), p1 = LI_MIN(pos + 1, (s + 1) * span);
-        attend_span(c, il, t, kvh, blocks, n_blocks, p0, p1, part + (size_t)k * chunk_stride, part_stride, ith);
-        if (part[(size_t)k * chunk_stride + 1] > 0.0f) k++; /* keep only spans with keys */
+/* ---- a tile: consecutive tokens of one sequence at consecutive positions ----
+ *
+ * The tokens of a tile read each span's cached rows once: the scores of all
+ * their query heads against the rows any of them sees, then each token's
+ * softmax over its own rows, then the weighted values, shared over the rows
+ * all of them see. Each score and each weighted sum is the one attend_span
+ * computes for the token alone (the kernels compute every score on its own,
+ * and add a value row to a head's sum in position order, in one call or in
+ * several), so a token's result does not depend on its tile. */
+
+/* present rows of [a, b) among the runs */
+static int64_t present_in(const row_run *runs, int nr, int a, int b) {
+    int64_t k = 0;
+    for (int i = 0; i < nr; i++) {
+        const int lo = LI_MAX(a, runs[i].p), hi = LI_MIN(b, runs[i].p + (int)runs[i].n);
+        if (hi > lo) k += hi - lo;
     }
     return k;
+}
+
+/* out_h += p_h . the present value rows of [a, b), for nq heads; p's column
+ * 0 is the runs' first row */
+static void accum_range(li_context *c, int il, int kvh, const row_run *runs, int nr, int a, int b, const float *p,
+                        size_t ld, int nq, float *out, size_t out_stride, float *vrow) {
+    int64_t off = 0;
+    for (int i = 0; i < nr; off += runs[i].n, i++) {
+        const int lo = LI_MAX(a, runs[i].p), hi = LI_MIN(b, runs[i].p + (int)runs[i].n);
+        if (hi > lo)
+            run_accum(c, il, kvh, p + off + (lo - runs[i].p), ld, nq, runs[i].r0 + (lo - runs[i].p), hi - lo, out,
+                      out_stride, vrow);
+    }
+}
+
+static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t0, int ntok, int kvh, int ith) {
+    const li_model_desc *m = c->m;
+    const int nh = m->n_head / m->n_head_kv, g = c->group[il], span = c->span, tmax = c->tile_max;
+    const int64_t hd = m->head_dim, hdv = m->head_dim_v;
+    const size_t ps = (size_t)hdv + 2, head_stride = (size_t)c->max_chunks * ps;
+    const int32_t *blocks;
+    int n_blocks;
+    token_table(c, il, t0, &blocks, &n_blocks);
+    float *tq = c->tq + (size_t)ith * (size_t)tmax * (size_t)nh * (size_t)hd;
+    char *tqq = kv_quantized(c) ? c->tqq + (size_t)ith * (size_t)tmax * (size_t)nh * c->qq_row : NULL;
+    float *tout = c->tout + (size_t)ith * (size_t)tmax * (size_t)nh * (size_t)hdv;
+    float *scores = c->scores + (size_t)ith * (size_t)tmax * (size_t)nh * (size_t)span;
+    float *vrow = c->vrow + (size_t)ith * (size_t)hdv;
+    float *tp = c->tparts + (size_t)ith * (size_t)tmax * (size_t)nh * head_stride; /* token i, head h: (i nh + h) */
+    int first[LI_ATTN_TILE], pos[LI_ATTN_TILE], kept[LI_ATTN_TILE], lo[LI_ATTN_TILE], hi[LI_ATTN_TILE];
+    float mx[LI_ATTN_TILE * 64], sum[LI_ATTN_TILE * 64]; /* heads per group: checked in li_model_check */
+    for (int i = 0; i < ntok; i++) {
+        const int64_t t = t0 + i;
+        pos[i] = c->pos[t];
+        first[i] = li_first_visible(L, pos[i]);
+        kept[i] = 0;
+        memcpy(tq + (size_t)i * (size_t)nh * (size_t)hd, c->q + (t * m->n_head + (int64_t)kvh * nh) * hd,
+               (size_t)nh * (size_t)hd * sizeof(float));
+        if (tqq)
+            memcpy(tqq + (size_t)i * (size_t)nh * c->qq_row,
+                   (const char *)c->qq + ((size_t)t * (size_t)m->n_head + (size_t)kvh * (size_t)nh) * c->qq_row,
+                   (size_t)nh * c->qq_row);
+    }
+    for (int s = first[0] / span; s <= pos[ntok - 1] / span; s++) {
+        int ia = ntok, ib = -1; /* the tokens that see span s: positions rise, so a range */
+        for (int i = 0; i < ntok; i++)
+            if (first[i] / span <= s && s <= pos[i] / span) {
+                ia = LI_MIN(ia, i);
+                ib = i;
+            }
+        if (ib < 0) continue;
+        for (int i = ia; i <= ib; i++) {
+            lo[i] = LI_MAX(first[i], s * span);
+            hi[i] = LI_MIN(pos[i] + 1, (s + 1) * span);
+        }
+        row_run runs[LI_ATTN_SPAN + 1];
+        const int nr = span_runs(c, blocks, n_blocks, lo[ia], hi[ib], runs);
+        const int64_t n = present_in(runs, nr, lo[ia], hi[ib]);
+        if (n == 0) continue;
+        const int nq = (ib - ia + 1) * nh;
+        const size_t ld = (size_t)n;
+        for (int r = 0, off = 0; r < nr; off += (int)runs[r].n, r++)
+            run_scores(c, il, kvh, tq + (size_t)ia * (size_t)nh * (size_t)hd,
+                       tqq ? tqq + (size_t)ia * (size_t)nh * c->qq_row : NULL, nq, runs[r].r0, runs[r].n, scores + off,
+                       ld);
+        const float cap = m->attn_softcap;
+        for (int i = ia; i <= ib; i++) {
+            const int64_t off = present_in(runs, nr, lo[ia], lo[i]), ni = present_in(runs, nr, lo[i], hi[i]);
+            if (ni == 0) continue;
+            const int single = c->n_spans[(t0 + i) * 2 + g] <= 1;
+            for (int h = 0; h < nh; h++) {
+                float *row = scores + ((size_t)(i - ia) * (size_t)nh + (size_t)h) * ld + (size_t)off;
+                if (cap > 0.0f)
+                    for (int64_t j = 0; j < ni; j++) row[j] = cap * tanhf(row[j] / cap);
+                float best = row[0];
+                for (int64_t j = 1; j < ni; j++) best = LI_MAX(best, row[j]);
+                mx[i * nh + h] = best;
+                sum[i * nh + h] = li_K->exp_sum(row, ni, best);
+                if (single) li_K->scale_f32(row, 1.0f / sum[i * nh + h], ni);
+                if (c->kv.kv_type == LI_TYPE_F16) li_round_to_f16(row, ni);
+            }
+        }
+        memset(tout, 0, (size_t)nq * (size_t)hdv * sizeof(float));
+        const int c0 = lo[ib], c1 = hi[ia]; /* the rows every token of the range sees */
+        for (int i = ia; i <= ib; i++) {
+            const float *p = scores + (size_t)(i - ia) * (size_t)nh * ld;
+            float *o = tout + (size_t)(i - ia) * (size_t)nh * (size_t)hdv;
+            accum_range(c, il, kvh, runs, nr, lo[i], c0 < c1 ? c0 : hi[i], p, ld, nh, o, (size_t)hdv, vrow);
+        }
+        if (c0 < c1) {
+            accum_range(c, il, kvh, runs, nr, c0, c1, scores, ld, nq, tout, (size_t)hdv, vrow);
+            for (int i = ia; i <= ib; i++)
+                accum_range(c, il, kvh, runs, nr, c1, hi[i], scores + (size_t)(i - ia) * (size_t)nh * ld, ld, nh,
+                            tout + (size_t)(i - ia) * (size_t)nh * (size_t)hdv, (size_t)hdv, vrow);
+        }
+        for (int i = ia; i <= ib; i++) {
+            if (present_in(runs, nr, lo[i], hi[i]) == 0) continue;
+            const float *o = tout + (size_t)(i - ia) * (size_t)nh * (size_t)hdv;
+            if (c->n_spans[(t0 + i) * 2 + g] <= 1) {
+                memcpy(c->att + ((t0 + i) * m->n_head + (int64_t)kvh * nh) * hdv, o,
+                       (size_t)nh * (size_t)hdv * sizeof(float));
+                continue;
+            }
+            if (!(sum[i * nh] > 0.0f)) continue; /* as token_spans keeps a span */
+            for (int h = 0; h < nh; h++) {
+                float *part = tp + (size_t)(i * nh + h) * head_stride + (size_t)kept[i] * ps;
+                part[0] = mx[i * nh + h];
+                part[1] = sum[i * nh + h];
+                memcpy(part + 2, o + (size_t)h * (size_t)hdv, (size_t)hdv * sizeof(float));
+            }
+            kept[i]++;
+        }
+    }
+    for (int i = 0; i < ntok; i++) {
+        if (c->n_spans[(t0 + i) * 2 + g] <= 1) continue;
+        for (int h = 0; h < nh; h++)
+            combine_spans(tp + (size_t)(i * nh + h) * head_stride, ps, kept[i], hdv,
+                          c->att + ((t0 + i) * m->n_head + (int64_t)kvh * nh + h) * hdv);
+    }
 }
 
 void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
@@ -311,24 +435,12 @@ void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int 
     const int64_t hdv = m->head_dim_v;
     const size_t ps = (size_t)hdv + 2;
     if (!c->split) {
-        /* one item per (token, kv head); several spans go through the thread's own parts */
-        float *tp = c->tparts + (size_t)ith * (size_t)nh * (size_t)c->max_chunks * ps;
-        const size_t chunk_stride = ps, head_stride = (size_t)c->max_chunks * ps;
-        const int64_t items = n * m->n_head_kv;
-        for (int64_t i = ith; i < items; i += nth) { /* dealt round-robin: later tokens see more */
-            const int64_t t = i / m->n_head_kv;
-            const int kvh = (int)(i % m->n_head_kv);
-            if (c->n_spans[t * 2 + g] <= 1) {
-                const int32_t *blocks;
-                int n_blocks;
-                token_table(c, il, t, &blocks, &n_blocks);
-                attend_single(c, il, L, t, kvh, blocks, n_blocks, ith);
-                continue;
-            }
-            const int k = token_spans(c, il, L, t, kvh, tp, chunk_stride, head_stride, ith);
-            for (int h = 0; h < nh; h++)
-                combine_spans(tp + (size_t)h * head_stride, chunk_stride, k, hdv,
-                              c->att + (t * m->n_head + (int64_t)kvh * nh + h) * hdv);
+        /* one item per (tile, kv head), dealt round-robin: later tiles see more */
+        (void)n;
+        const int64_t items = (int64_t)c->n_tiles * m->n_head_kv;
+        for (int64_t i = ith; i < items; i += nth) {
+            const int tile = (int)(i / m->n_head_kv);
+            attend_tile(c, il, L, c->tile0[tile], c->tile0[tile + 1] - c->tile0[tile], (int)(i % m->n_head_kv), ith);
         }
         return;
     }

@@ -27,6 +27,12 @@
 /* At most this many tokens in a batch split their attention spans across
  * the team (decode); larger batches have enough (token, kv head) items. */
 #define LI_ATTN_SPLIT_TOKENS 4
+/* Larger batches take their tokens in tiles: consecutive tokens of one
+ * sequence at consecutive positions (a prompt chunk, a speculative check)
+ * share each cached row they read. At most this many tokens per tile, and
+ * about LI_ATTN_TILE_QUERIES query heads per tile. */
+#define LI_ATTN_TILE 8
+#define LI_ATTN_TILE_QUERIES 32
 
 struct li_context {
     const li_model_desc *m;
@@ -54,10 +60,16 @@ struct li_context {
     size_t xq_row[LI_ACT_COUNT];
     void *qq;              /* [n_batch, n_head] queries in the activation format of a quantized K */
     size_t qq_row;
-    float *scores;         /* [max_threads, heads per kv head, span] attention weights of one span */
+    float *scores;         /* [max_threads, tile_max, heads per kv head, span] attention weights of one span */
     float *vrow;           /* [max_threads, head_dim_v] one dequantized value row */
     float *parts;          /* [LI_ATTN_SPLIT_TOKENS, n_head, max_chunks, 2 + head_dim_v] split spans */
-    float *tparts;         /* [max_threads, heads per kv head, max_chunks, 2 + head_dim_v] */
+    float *tparts;         /* [max_threads, tile_max, heads per kv head, max_chunks, 2 + head_dim_v] */
+    int tile_max;          /* tokens per attention tile (LI_ATTN_TILE, less with many heads or spans) */
+    float *tq;             /* [max_threads, tile_max, heads per kv head, head_dim] a tile's queries */
+    char *tqq;             /* [max_threads, tile_max, heads per kv head] of qq_row: quantized, for a quantized K */
+    float *tout;           /* [max_threads, tile_max, heads per kv head, head_dim_v] a tile's weighted values */
+    int32_t *tile0;        /* [n_batch + 1] tile i is the batch rows [tile0[i], tile0[i + 1]) */
+    int n_tiles;
     char *gemm_scratch;    /* [max_threads] regions of gemm_bytes for prefill panels */
     size_t gemm_bytes;
 

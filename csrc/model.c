@@ -189,7 +189,7 @@ void li_context_free(li_context *c) {
     free(c->v_pool);
     free(c->group);
     float *bufs[] = {c->x, c->xb, c->q, c->k, c->v, c->att, c->o, c->g, c->u, c->scores, c->vrow, c->parts,
-                     c->tparts, c->rope_cs, c->route, c->eo, c->wsel};
+                     c->tparts, c->rope_cs, c->route, c->eo, c->wsel, c->tq, c->tout};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free_aligned(bufs[i]);
     for (int a = 0; a < LI_ACT_COUNT; a++) {
         free_aligned(c->xq[a]);
@@ -200,6 +200,8 @@ void li_context_free(li_context *c) {
     free(c->slot_tok);
     free(c->e_off);
     free_aligned(c->qq);
+    free_aligned(c->tqq);
+    free(c->tile0);
     free_aligned(c->gemm_scratch);
     free(c->pos);
     for (int g = 0; g < LI_KV_GROUPS; g++) free(c->kv_row[g]);
@@ -358,11 +360,21 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
             if (!c->xe[a]) goto nomem;
         }
     }
-    c->scores = alloc_aligned(nth * nh * (size_t)c->span * sizeof(float));
+    {
+        /* a tile's parts are its tokens' spans; keep them to a few MiB a thread */
+        const size_t token_parts = nh * (size_t)c->max_chunks * ps * sizeof(float);
+        c->tile_max = LI_MAX(1, LI_MIN(LI_ATTN_TILE, LI_ATTN_TILE_QUERIES / (int)nh));
+        c->tile_max = LI_MAX(1, LI_MIN(c->tile_max, (int)((size_t)(4 << 20) / token_parts)));
+    }
+    const size_t tmax = (size_t)c->tile_max;
+    c->scores = alloc_aligned(nth * tmax * nh * (size_t)c->span * sizeof(float));
+    c->tq = alloc_aligned(nth * tmax * nh * (size_t)m->head_dim * sizeof(float));
+    c->tout = alloc_aligned(nth * tmax * nh * (size_t)m->head_dim_v * sizeof(float));
+    c->tile0 = malloc((nb + 1) * sizeof(int32_t));
     c->vrow = alloc_aligned(nth * (size_t)m->head_dim_v * sizeof(float));
     c->parts = alloc_aligned((size_t)LI_ATTN_SPLIT_TOKENS * (size_t)m->n_head * (size_t)c->max_chunks * ps *
                              sizeof(float));
-    c->tparts = alloc_aligned(nth * nh * (size_t)c->max_chunks * ps * sizeof(float));
+    c->tparts = alloc_aligned(nth * tmax * nh * (size_t)c->max_chunks * ps * sizeof(float));
     c->gemm_scratch = alloc_aligned(nth * LI_MAX(c->gemm_bytes, 64));
     c->pos = malloc(nb * sizeof(int32_t));
     for (int g = 0; g < LI_KV_GROUPS; g++) c->kv_row[g] = malloc(nb * sizeof(int32_t));
@@ -371,7 +383,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     c->rope_cs = alloc_aligned((size_t)c->n_rope * nb * (size_t)m->n_rot * sizeof(float));
     if (!c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u || !c->scores ||
         !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->pos || !c->kv_row[0] || !c->kv_row[1] ||
-        !c->out_rows || !c->n_spans || !c->rope_cs)
+        !c->out_rows || !c->n_spans || !c->rope_cs || !c->tq || !c->tout || !c->tile0)
         goto nomem;
     for (int a = 0; a < LI_ACT_COUNT; a++) {
         if (c->xq_row[a] == 0) continue;
@@ -381,7 +393,8 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     if (kv->kv_type != LI_TYPE_F32 && kv->kv_type != LI_TYPE_F16) {
         c->qq_row = li_act_row_bytes(li_types[kv->kv_type].act_type, m->head_dim);
         c->qq = alloc_aligned(nb * (size_t)m->n_head * c->qq_row);
-        if (!c->qq) goto nomem;
+        c->tqq = alloc_aligned(nth * tmax * nh * c->qq_row);
+        if (!c->qq || !c->tqq) goto nomem;
     }
     if (n_be_layers > 0) {
         char err[400] = "";
@@ -965,6 +978,25 @@ static int prepare_batch(li_context *c, const li_batch *b, const li_seq_view *vi
     return LI_OK;
 }
 
+/* Attention tiles (attention.c): each run of consecutive rows of one
+ * sequence at consecutive positions is cut into near-equal tiles of at most
+ * tile_max tokens, and into enough of them that the team has an item
+ * (tile, kv head) each. A token's result does not depend on its tile, so
+ * this only decides how the work is shared. */
+static void make_tiles(li_context *c, const li_batch *b, int nt) {
+    const int need = (nt + c->m->n_head_kv - 1) / c->m->n_head_kv; /* tiles for one item per thread */
+    c->n_tiles = 0;
+    for (int t0 = 0; t0 < b->n;) {
+        int t1 = t0 + 1;
+        while (t1 < b->n && b->seq[t1] == b->seq[t0] && c->pos[t1] == c->pos[t1 - 1] + 1) t1++;
+        const int len = t1 - t0;
+        const int k = LI_MIN(len, LI_MAX((len + c->tile_max - 1) / c->tile_max, need));
+        for (int i = 0; i < k; i++) c->tile0[c->n_tiles++] = t0 + (int)((int64_t)len * i / k);
+        t0 = t1;
+    }
+    c->tile0[c->n_tiles] = b->n;
+}
+
 /* A pass with layers [0, be_layers) on the backend: embed on the CPU, the
  * backend's layers (and maybe the head), then the CPU's layers and head. */
 static int offload_pass(li_context *c, const li_batch *b, const li_seq_view *views, int n_views, int64_t n_out,
@@ -1026,6 +1058,7 @@ int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views
     /* with few tokens, each thread's share of a span split is decided only by
      * the number of threads, never what is computed */
     if (c->split && (int64_t)b->n * m->n_head_kv >= 2 * nt) c->split = 0;
+    if (!c->split) make_tiles(c, b, nt);
     for (int r = 0; r < c->n_rope; r++)
         li_rope_cache(c->pos, b->n, m->n_rot, &c->rope[r], c->rope_cs + (size_t)r * (size_t)c->n_batch * (size_t)m->n_rot);
     (void)nt;

@@ -158,3 +158,34 @@ def test_repacked_weights_change_no_logit(models, qtype):
             finally:
                 eng.close()
         assert np.array_equal(got[True], got[False]), f"{threads} thread(s): differs by {np.abs(got[True] - got[False]).max()}"
+
+
+@pytest.mark.parametrize("arch,kv_type", [("llama", "f16"), ("gemma3", "f16"), ("gemma3", "q8_0")])
+def test_long_prompts_over_several_spans_and_tiles(tmp_path, arch, kv_type):
+    """Past one attention span (256 positions) a token combines several spans'
+    results, and the tokens of a prompt chunk share each span's cached rows in
+    tiles; a sliding window of 300 starts mid-span. The logits are the same
+    whole, in chunks of 37 (a tile's tokens then straddle span ends), and one
+    token at a time beside another sequence (whose blocks interleave)."""
+    cfg = TinyConfig(arch=arch, qtype="Q8_0", context_length=1024, sliding_window=300 if arch == "gemma3" else 0)
+    path = write_model(tmp_path / "long.gguf", cfg)
+    prompt = toks(4, 700)
+    for threads in (1, 2):
+        eng = Engine(path, n_ctx=1024, kv_pool_tokens=2048, n_batch=700, n_threads=threads, block_size=16,
+                     kv_type=kv_type)
+        try:
+            s = eng.new_sequence()
+            whole = eng.decode([(s, prompt, "all")])[0]
+            eng.free(s)
+            s = eng.new_sequence()
+            chunks = np.concatenate([eng.decode([(s, prompt[i:i + 37], "all")])[0] for i in range(0, 700, 37)])
+            eng.free(s)
+            s, o = eng.new_sequence(), eng.new_sequence()
+            steps = np.concatenate([eng.decode([(s, prompt[i:i + 1], "all"), (o, [5], None)])[0]
+                                    for i in range(700)])
+        finally:
+            eng.close()
+        if threads == 1:
+            ref = whole
+        for name, got in (("whole", whole), ("chunks of 37", chunks), ("one at a time", steps)):
+            assert np.array_equal(got, ref), f"{name}, {threads} thread(s): differs by {np.abs(got - ref).max()}"

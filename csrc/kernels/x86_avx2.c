@@ -1243,6 +1243,25 @@ LI_INLINE void scores_gx2(const float *q, size_t q_stride, const int g, const ui
     }
 }
 
+/* the same for one row j: each head's sum reduced as scores_gx2 reduces it,
+ * so a score does not depend on which rows share its call */
+LI_INLINE void scores_gx1(const float *q, size_t q_stride, const int g, const uint16_t *k0, int64_t d, float scale,
+                          float *out, size_t out_ld, int64_t j) {
+    __m256 a[4];
+    for (int h = 0; h < g; h++) a[h] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) {
+        const __m256 x0 = load8_f16(k0, i);
+        for (int h = 0; h < g; h++) a[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * q_stride + i), x0, a[h]);
+    }
+    const __m256 zero = _mm256_setzero_ps();
+    for (int h = 0; h < g; h += 2) {
+        float t[4];
+        _mm_storeu_ps(t, _mm_mul_ps(hsum4_ps(a[h], zero, h + 1 < g ? a[h + 1] : zero, zero), _mm_set1_ps(scale)));
+        out[(size_t)h * out_ld + (size_t)j] = t[0];
+        if (h + 1 < g) out[(size_t)(h + 1) * out_ld + (size_t)j] = t[2];
+    }
+}
+
 static void attn_scores_f16(const float *q, size_t q_stride, int nh, const uint16_t *k, size_t stride,
                             int64_t n, int64_t d, float scale, float *out, size_t out_ld) {
     for (int h0 = 0; h0 < nh; h0 += 4) {
@@ -1267,6 +1286,10 @@ static void attn_scores_f16(const float *q, size_t q_stride, int nh, const uint1
                 default: scores_gx2(qg, q_stride, 1, k0, k1, d, scale, og, out_ld, j); break;
                 }
             }
+        if (d % 8 == 0) {
+            if (j < n) scores_gx1(qg, q_stride, g, k + (size_t)j * stride, d, scale, og, out_ld, j);
+            continue;
+        }
         for (; j < n; j++)
             for (int h = 0; h < g; h++)
                 og[(size_t)h * out_ld + (size_t)j] = scale * dot_f32_f16(qg + (size_t)h * q_stride, k + (size_t)j * stride, d);
