@@ -197,7 +197,7 @@ def test_errors():
         ops.matmul(w, "Q4_0", (4, 64), x, n_threads=0)
 
 
-REPACK_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.IQ4_XS)  # csrc/repack.h's layouts
+REPACK_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)  # csrc/repack.h's layouts
 
 
 @pytest.mark.parametrize("t", REPACK_TYPES, ids=type_id)

@@ -233,6 +233,69 @@ LI_INLINE void q4_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
 }
 
+/* The fifth bit of 5-bit values (Q5_K): bit j of each byte of h moved to
+ * bit 4 and the rest cleared. A 16-bit shift moves a neighbouring byte's
+ * bits only into bits 0..3 (left, by 4 - j <= 4) or 5..7 (right, by
+ * j - 4 <= 3), which the mask clears. One bit plane per 32 values keeps the
+ * repacked copy at the file's size; the price is a shift, an and and a
+ * ternary-logic or per 64 values. */
+LI_INLINE __m512i bit4(__m512i h, const int j) {
+    const __m512i b = j < 4 ? _mm512_slli_epi16(h, (unsigned)(4 - j)) : j > 4 ? _mm512_srli_epi16(h, (unsigned)(j - 4)) : h;
+    return _mm512_and_si512(b, _mm512_set1_epi8(0x10));
+}
+
+/* (w & 0x0F) | b in one instruction (0xEA: A & B | C) */
+LI_INLINE __m512i or_nibble(__m512i w, __m512i b) {
+    return _mm512_ternarylogic_epi32(w, _mm512_set1_epi8(0x0F), b, 0xEA);
+}
+
+/* ---- Q5_K: per super-block (2880 bytes) Q4_K's 32 chunks of nibbles, 8
+ * chunks of fifth bits (one per sub-block of 32), sc, mn, d, dmin; as
+ * Q4_K's kernel, with whole values 0..31 ---- */
+
+LI_INLINE void q5_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
+                         const int32_t *terms, float *y, size_t ys, int nr) {
+    __m512 acc[NC];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nb; s++) {
+        const uint8_t *sb = g + (size_t)s * 2880;
+        ahead(sb, 2880);
+        const act_q8_K *a[NC];
+        UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
+        __m512i isum[NC], imin[NC];
+        UNROLL for (int c = 0; c < nc; c++) isum[c] = imin[c] = _mm512_setzero_si512();
+        for (int i = 0; i < 4; i++) {
+            const __m512i h0 = load64(sb + 2048 + 128 * i), h1 = load64(sb + 2048 + 128 * i + 64);
+            __m512i sa[NC], sbv[NC];
+            UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = _mm512_setzero_si512();
+            UNROLL for (int j = 0; j < 8; j++) {
+                const __m512i w = load64(sb + 64 * (8 * i + j));
+                const __m512i lo = or_nibble(w, bit4(h0, j)), hi = or_nibble(_mm512_srli_epi16(w, 4), bit4(h1, j));
+                UNROLL for (int c = 0; c < nc; c++) {
+                    sa[c] = dpb(sa[c], lo, a[c]->qs + 64 * i + 4 * j);
+                    sbv[c] = dpb(sbv[c], hi, a[c]->qs + 64 * i + 32 + 4 * j);
+                }
+            }
+            const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2560 + 32 * i)));
+            const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2576 + 32 * i)));
+            UNROLL for (int c = 0; c < nc; c++)
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(sa[c], sc0), _mm512_mullo_epi32(sbv[c], sc1)));
+        }
+        UNROLL for (int p = 0; p < 4; p++) {
+            const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(sb + 2688 + 32 * p)));
+            UNROLL for (int c = 0; c < nc; c++)
+                imin[c] = _mm512_dpwssd_epi32(imin[c], mn, _mm512_set1_epi32(terms[(c * nb + s) * 4 + p]));
+        }
+        const __m512 dw = f16x16(sb + 2816), mw = f16x16(sb + 2848);
+        UNROLL for (int c = 0; c < nc; c++) {
+            const __m512 dx = _mm512_set1_ps(a[c]->d);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, dx), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(imin[c]), _mm512_mul_ps(mw, dx), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+}
+
 /* ---- Q6_K: per super-block (3392 bytes) 16 groups of (N0, N1, H), sc, d ---- */
 
 LI_INLINE void q6_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
@@ -332,12 +395,14 @@ LI_STATIC_ASSERT(LI_X16_NC == 4, "the entries below take up to 4 activation rows
 #define Q4_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr)
 #define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr)
 #define Q4_K_CALL(n) q4_K_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
+#define Q5_K_CALL(n) q5_K_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
 #define Q6_K_CALL(n) q6_K_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
 #define IQ4_XS_CALL(n) iq4_xs_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
 X16_ENTRY(q4_0, Q4_0_CALL)
 X16_ENTRY(q4_1, Q4_1_CALL)
 X16_ENTRY(q8_0, Q8_0_CALL)
 X16_ENTRY(q4_K, Q4_K_CALL)
+X16_ENTRY(q5_K, Q5_K_CALL)
 X16_ENTRY(q6_K, Q6_K_CALL)
 X16_ENTRY(iq4_xs, IQ4_XS_CALL)
 
@@ -365,6 +430,7 @@ void li_x16_fill_avx512(li_kernels *t) {
     t->x16[LI_TYPE_Q4_1] = x16_q4_1;
     t->x16[LI_TYPE_Q8_0] = x16_q8_0;
     t->x16[LI_TYPE_Q4_K] = x16_q4_K;
+    t->x16[LI_TYPE_Q5_K] = x16_q5_K;
     t->x16[LI_TYPE_Q6_K] = x16_q6_K;
     t->x16[LI_TYPE_IQ4_XS] = x16_iq4_xs;
 }
