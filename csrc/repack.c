@@ -23,6 +23,7 @@
 
 #define G LI_X16_ROWS
 #define Q4_K_SB 2368 /* 2048 values + 128 sc + 128 mn + 32 d + 32 dmin */
+#define Q5_K_SB 2880 /* Q4_K's 2048 nibbles + 512 fifth bits, then its scales */
 #define Q6_K_SB 3392 /* 3072 values + 256 sc + 32 d + 32 padding */
 #define IQ4_XS_SB 2240 /* 2048 indices + 128 scales + 32 d + 32 padding */
 
@@ -32,8 +33,11 @@ size_t li_x16_group_bytes(int type, int64_t k) {
     switch (type) {
     case LI_TYPE_Q4_0: return round64((size_t)(k / 32) * (256 + 32));
     case LI_TYPE_Q4_1: return round64((size_t)(k / 32) * (256 + 64));
+    case LI_TYPE_Q5_0: return round64((size_t)(k / 32) * (320 + 32));
+    case LI_TYPE_Q5_1: return round64((size_t)(k / 32) * (320 + 64));
     case LI_TYPE_Q8_0: return round64((size_t)(k / 32) * (512 + 32));
     case LI_TYPE_Q4_K: return (size_t)(k / QK_K) * Q4_K_SB;
+    case LI_TYPE_Q5_K: return (size_t)(k / QK_K) * Q5_K_SB;
     case LI_TYPE_Q6_K: return (size_t)(k / QK_K) * Q6_K_SB;
     case LI_TYPE_IQ4_XS: return (size_t)(k / QK_K) * IQ4_XS_SB;
     default: return 0;
@@ -70,6 +74,39 @@ static void pack_q4_1(const char *row, int r, int64_t nb, uint8_t *g) {
     }
 }
 
+/* Q5_0's and Q5_1's fifth bits (bit i of qh: value i's) as one chunk after
+ * the nibbles: lane r, byte e, bit j the fifth bit of the value whose low 4
+ * bits are chunk j's low nibble (j < 4) or chunk j - 4's high nibble */
+static inline void put_fifth_bits(uint8_t *chunk, int r, const uint8_t qh[4]) {
+    const uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+    for (int e = 0; e < 4; e++) {
+        unsigned b = 0;
+        for (int j = 0; j < 4; j++) b |= ((h >> (4 * j + e)) & 1) << j | ((h >> (16 + 4 * j + e)) & 1) << (4 + j);
+        LANE(chunk, r, e) = (uint8_t)b;
+    }
+}
+
+static void pack_q5_0(const char *row, int r, int64_t nb, uint8_t *g) {
+    uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 320);
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q5_0 *x = (const block_q5_0 *)(const void *)row + b;
+        put_nibbles16(g + (size_t)b * 320, r, x->qs); /* v = q + 16 with the fifth bit */
+        put_fifth_bits(g + (size_t)b * 320 + 256, r, x->qh);
+        d[b * G + r] = x->d;
+    }
+}
+
+static void pack_q5_1(const char *row, int r, int64_t nb, uint8_t *g) {
+    uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 320), *m = d + nb * G;
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q5_1 *x = (const block_q5_1 *)(const void *)row + b;
+        put_nibbles16(g + (size_t)b * 320, r, x->qs);
+        put_fifth_bits(g + (size_t)b * 320 + 256, r, x->qh);
+        d[b * G + r] = x->d;
+        m[b * G + r] = x->m;
+    }
+}
+
 static void pack_q8_0(const char *row, int r, int64_t nb, uint8_t *g) {
     uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 512);
     for (int64_t b = 0; b < nb; b++) {
@@ -97,6 +134,31 @@ static void pack_q4_K(const char *row, int r, int64_t nb, uint8_t *g) {
             sb[2176 + 32 * (j / 2) + 2 * r + j % 2] = (uint8_t)mn[j]; /* pairs (mn 2p, mn 2p+1) per row */
         }
         uint16_t *dd = (uint16_t *)(void *)(sb + 2304);
+        dd[r] = x->d;
+        dd[G + r] = x->dmin;
+    }
+}
+
+/* Q4_K's layout with eight chunks of fifth bits after the nibbles: chunk s,
+ * lane r, byte e, bit j is bit 4 of v[32s + 4j + e] (the file's bit s of qh[4j + e]) */
+static void pack_q5_K(const char *row, int r, int64_t nb, uint8_t *g) {
+    int sc[8], mn[8];
+    for (int64_t s = 0; s < nb; s++) {
+        const block_q5_K *x = (const block_q5_K *)(const void *)row + s;
+        uint8_t *sb = g + (size_t)s * Q5_K_SB;
+        for (int c = 0; c < 32; c++) memcpy(sb + 64 * c + 4 * r, x->qs + 4 * c, 4);
+        for (int sub = 0; sub < 8; sub++)
+            for (int e = 0; e < 4; e++) {
+                unsigned h = 0;
+                for (int j = 0; j < 8; j++) h |= (unsigned)((x->qh[4 * j + e] >> sub) & 1) << j;
+                LANE(sb + 2048 + 64 * sub, r, e) = (uint8_t)h;
+            }
+        unpack_k_scales(x->scales, sc, mn);
+        for (int j = 0; j < 8; j++) {
+            sb[2560 + 16 * j + r] = (uint8_t)sc[j];
+            sb[2688 + 32 * (j / 2) + 2 * r + j % 2] = (uint8_t)mn[j];
+        }
+        uint16_t *dd = (uint16_t *)(void *)(sb + 2816);
         dd[r] = x->d;
         dd[G + r] = x->dmin;
     }
@@ -149,7 +211,10 @@ static void pack_iq4_xs(const char *row, int r, int64_t nb, uint8_t *g) {
 void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int64_t k, void *dst, int64_t g_lo,
                  int64_t g_hi) {
     const size_t gb = li_x16_group_bytes(type, k);
-    const int64_t nb = type == LI_TYPE_Q4_0 || type == LI_TYPE_Q4_1 || type == LI_TYPE_Q8_0 ? k / 32 : k / QK_K;
+    const int64_t nb = type == LI_TYPE_Q4_0 || type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_0 || type == LI_TYPE_Q5_1 ||
+                               type == LI_TYPE_Q8_0
+                           ? k / 32
+                           : k / QK_K;
     for (int64_t gi = g_lo; gi < g_hi; gi++) {
         uint8_t *g = (uint8_t *)dst + (size_t)gi * gb;
         /* every byte but padding is written below; a group cut short gets zero rows */
@@ -159,8 +224,11 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
             switch (type) {
             case LI_TYPE_Q4_0: pack_q4_0(row, r, nb, g); break;
             case LI_TYPE_Q4_1: pack_q4_1(row, r, nb, g); break;
+            case LI_TYPE_Q5_0: pack_q5_0(row, r, nb, g); break;
+            case LI_TYPE_Q5_1: pack_q5_1(row, r, nb, g); break;
             case LI_TYPE_Q8_0: pack_q8_0(row, r, nb, g); break;
             case LI_TYPE_Q4_K: pack_q4_K(row, r, nb, g); break;
+            case LI_TYPE_Q5_K: pack_q5_K(row, r, nb, g); break;
             case LI_TYPE_Q6_K: pack_q6_K(row, r, nb, g); break;
             case LI_TYPE_IQ4_XS: pack_iq4_xs(row, r, nb, g); break;
             default: break;
@@ -179,14 +247,16 @@ int li_x16_available(int type) {
 /* int32s of per-column terms the kernels take from the activations, per block (super-block) */
 static int64_t terms_per_block(int type) {
     switch (type) {
-    case LI_TYPE_Q4_0: case LI_TYPE_Q8_0: case LI_TYPE_IQ4_XS: return 1; /* offset * sum of a block of 32 */
-    case LI_TYPE_Q4_K: return 4;                   /* the sub-block sums, in int16 pairs */
+    case LI_TYPE_Q4_0: case LI_TYPE_Q5_0: case LI_TYPE_Q8_0: case LI_TYPE_IQ4_XS: return 1; /* offset * sum of a block of 32 */
+    case LI_TYPE_Q4_K: case LI_TYPE_Q5_K: return 4; /* the sub-block sums, in int16 pairs */
     case LI_TYPE_Q6_K: return 16;                  /* 32 * each group's sum */
     default: return 0;
     }
 }
 
-static int64_t blocks_of(int type, int64_t k) { return type == LI_TYPE_Q4_K || type == LI_TYPE_Q6_K ? k / QK_K : k / 32; }
+static int64_t blocks_of(int type, int64_t k) {
+    return type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K || type == LI_TYPE_Q6_K ? k / QK_K : k / 32;
+}
 
 size_t li_x16_scratch_ints(int type, int64_t k, int64_t n) {
     return (size_t)n * (size_t)(blocks_of(type, k) * terms_per_block(type));
@@ -195,12 +265,12 @@ size_t li_x16_scratch_ints(int type, int64_t k, int64_t n) {
 /* the terms of activation row a (terms_per_block(type) per block) */
 static void act_terms(int type, const char *a, int64_t nb, int32_t *t) {
     for (int64_t b = 0; b < nb; b++) {
-        if (type == LI_TYPE_Q4_0 || type == LI_TYPE_Q8_0 || type == LI_TYPE_IQ4_XS) {
+        if (type == LI_TYPE_Q4_0 || type == LI_TYPE_Q5_0 || type == LI_TYPE_Q8_0 || type == LI_TYPE_IQ4_XS) {
             const act_q8_0 *x = (const act_q8_0 *)(const void *)a + b;
             int32_t s = 0;
             for (int i = 0; i < 32; i++) s += x->qs[i];
-            t[b] = s * (type == LI_TYPE_Q4_0 ? 8 : 128); /* the stored values' offset */
-        } else if (type == LI_TYPE_Q4_K) {
+            t[b] = s * (type == LI_TYPE_Q4_0 ? 8 : type == LI_TYPE_Q5_0 ? 16 : 128); /* the stored values' offset */
+        } else if (type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K) {
             const act_q8_K *x = (const act_q8_K *)(const void *)a + b;
             for (int p = 0; p < 4; p++) {
                 const int32_t lo = x->bsums[4 * p] + x->bsums[4 * p + 1], hi = x->bsums[4 * p + 2] + x->bsums[4 * p + 3];

@@ -22,11 +22,21 @@
  *   then d [nb][16] f16. nb * 288 bytes, rounded up to 64.
  * Q4_1: as Q4_0 with v = q (no offset), then d [nb][16] f16, m [nb][16] f16:
  *   nb * 320 bytes, rounded up to 64.
+ * Q5_0: per block, Q4_0's 4 chunks of low 4 bits (v = q + 16, 0..31), then a
+ *   chunk of fifth bits: bit j of lane r byte e is bit 4 of v[4j+e] (j < 4)
+ *   or of v[16+4(j-4)+e] (j >= 4); then d [nb][16] f16. nb * 352 bytes (the
+ *   file's 22 per block and row), rounded up to 64.
+ * Q5_1: as Q5_0 with v = q, then d and m as Q4_1's: nb * 384 bytes, rounded up to 64.
  * Q8_0: qs [nb][8 chunks j][16][4], byte = q[4j+e] + 128 (unsigned); then
  *   d [nb][16] f16. nb * 544 bytes, rounded up to 64.
  * Q4_K, per super-block (2368 bytes): qs [32 chunks 8i+j][16][4], low nibble
  *   = v[64i+4j+e], high = v[64i+32+4j+e]; sc [8 sub-blocks][16] u8; mn [4
  *   pairs p][16][2] u8 (the mins of sub-blocks 2p, 2p+1); d [16] f16; dmin [16] f16.
+ * Q5_K, per super-block (2880 bytes): Q4_K's 32 chunks of the low 4 bits, then
+ *   8 chunks of fifth bits, chunk s: bit j of lane r byte e = bit 4 of
+ *   v[32s + 4j + e]; then sc, mn, d, dmin as Q4_K's. The file's size per
+ *   row (176 bytes) times 16; one byte per value (Q6_K's way) would be 45%
+ *   more to stream per token for two or three fewer instructions per chunk.
  * Q6_K, per super-block (3392 bytes): for each group g of 16 values, three
  *   chunks: N0 (low nibble: low 4 bits of v[16g+e], high nibble: of
  *   v[16g+4+e]), N1 (the same for v[16g+8+e], v[16g+12+e]) and H (bits
@@ -61,8 +71,8 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
 /* y[c * ys + r] = dot(row r of the group, activation row c) for r < nr, c < nc <= LI_X16_NC;
  * xq: activation rows (stride xs) in the type's activation format; terms:
  * what li_x16_matmul works out from each activation row, per block, row c's
- * after row c-1's: Q4_0, Q8_0: the block's sum times the stored values'
- * offset (8, 128; IQ4_XS per block of 32 as Q8_0); Q4_K: the 8 sub-block sums as 4 int16 pairs; Q6_K: 32
+ * after row c-1's: Q4_0, Q5_0, Q8_0: the block's sum times the stored values'
+ * offset (8, 16, 128; IQ4_XS per block of 32 as Q8_0); Q4_K, Q5_K: the 8 sub-block sums as 4 int16 pairs; Q6_K: 32
  * times each group's sum (16) */
 typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *terms,
                           float *y, size_t ys, int nr);

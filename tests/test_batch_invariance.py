@@ -135,7 +135,7 @@ def test_real_models_prompt_whole_or_token_by_token(request, which):
         eng.close()
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
 def test_repacked_weights_change_no_logit(models, qtype):
     """A model whose weights are repacked at load (csrc/repack.h) computes
     the same bits as one that multiplies the file's rows, at 1 and 2 threads."""

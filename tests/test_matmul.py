@@ -197,7 +197,7 @@ def test_errors():
         ops.matmul(w, "Q4_0", (4, 64), x, n_threads=0)
 
 
-REPACK_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.IQ4_XS)  # csrc/repack.h's layouts
+REPACK_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)  # csrc/repack.h's layouts
 
 
 @pytest.mark.parametrize("t", REPACK_TYPES, ids=type_id)
@@ -224,12 +224,12 @@ def test_repacked_weights_give_the_scalar_bits(t):
 
 def test_repacked_refuses_what_it_cannot_do():
     rng = np.random.default_rng(5)
-    w = random_weight(rng, Q.Q5_1, 4, 64)
+    w = random_weight(rng, Q.IQ4_NL, 4, 64)
     x = rng.standard_normal((1, 64)).astype(np.float32)
-    with pytest.raises(UnsupportedTypeError, match="repacked kernel for Q5_1"):
-        ops.matmul(w, "Q5_1", (4, 64), x, repacked=True)
+    with pytest.raises(UnsupportedTypeError, match="repacked kernel for IQ4_NL"):
+        ops.matmul(w, "IQ4_NL", (4, 64), x, repacked=True)
     with pytest.raises(InvalidArgumentError, match="repacked"):
-        ops.matmul(w, "Q5_1", (4, 64), x, repacked="yes")
+        ops.matmul(w, "IQ4_NL", (4, 64), x, repacked="yes")
 
 
 def test_repacked_matrix_packs_once_and_follows_the_level():

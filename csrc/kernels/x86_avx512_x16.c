@@ -5,7 +5,7 @@
  * unsigned weight bytes by four activation bytes broadcast to all lanes
  * (an embedded-broadcast memory operand) and adds the four products into the
  * lane: row r's exact integer sum builds up in lane r. Offsets of the stored
- * values (Q4_0: q + 8, Q8_0: q + 128, Q6_K: q + 32) come out as offset *
+ * values (Q4_0: q + 8, Q5_0: q + 16, Q8_0: q + 128, Q6_K: q + 32) come out as offset *
  * sum(activation block) in integer; K-quant sub-scales multiply their
  * sub-block sums (vpmulld) before the super-block's sum. The float steps
  * then follow scalar.c for 16 rows at once, blocks in order.
@@ -93,6 +93,34 @@ LI_INLINE void nibbles16(const uint8_t *qs, __m512i lo[4], __m512i hi[4]) {
     }
 }
 
+/* The fifth bit of 5-bit values (Q5_0, Q5_1, Q5_K): bit j of each byte of h moved to
+ * bit 4 and the rest cleared. A 16-bit shift moves a neighbouring byte's
+ * bits only into bits 0..3 (left, by 4 - j <= 4) or 5..7 (right, by
+ * j - 4 <= 3), which the mask clears. One bit plane per 32 values keeps the
+ * repacked copy at the file's size; the price is a shift, an and and a
+ * ternary-logic or per 64 values. */
+LI_INLINE __m512i bit4(__m512i h, const int j) {
+    const __m512i b = j < 4 ? _mm512_slli_epi16(h, (unsigned)(4 - j)) : j > 4 ? _mm512_srli_epi16(h, (unsigned)(j - 4)) : h;
+    return _mm512_and_si512(b, _mm512_set1_epi8(0x10));
+}
+
+/* (w & 0x0F) | b in one instruction (0xEA: A & B | C) */
+LI_INLINE __m512i or_nibble(__m512i w, __m512i b) {
+    return _mm512_ternarylogic_epi32(w, _mm512_set1_epi8(0x0F), b, 0xEA);
+}
+
+/* a block of 32 5-bit values as 4 chunks of nibbles and a chunk h of fifth
+ * bits (Q5_0, Q5_1): lo[j] values 4j..4j+3, hi[j] values 16+4j..16+4j+3,
+ * whole (block_sum's hi_shift 0) */
+LI_INLINE void fivebits16(const uint8_t *qs, __m512i lo[4], __m512i hi[4]) {
+    const __m512i h = load64(qs + 256);
+    UNROLL for (int j = 0; j < 4; j++) {
+        const __m512i w = load64(qs + 64 * j);
+        lo[j] = or_nibble(w, bit4(h, j));
+        hi[j] = or_nibble(_mm512_srli_epi16(w, 4), bit4(h, 4 + j));
+    }
+}
+
 /* lane r: row r's exact sum over a block of 32 against the activation bytes
  * a: lo[j] holds values 4j..4j+3, hi[j] values 16+4j..16+4j+3 times
  * 2^hi_shift; two chains of four products */
@@ -106,51 +134,61 @@ LI_INLINE __m512i block_sum(const __m512i lo[4], const __m512i hi[4], const int8
     return _mm512_add_epi32(s0, hi_shift ? _mm512_srai_epi32(s1, hi_shift) : s1);
 }
 
-/* ---- Q4_0: per block, 4 chunks of nibbles (256 bytes), then the 16 scales after all blocks ---- */
+/* ---- Q4_0 (bits 4) and Q5_0 (bits 5): per block, 4 chunks of nibbles
+ * (256 bytes) and for Q5_0 a chunk of fifth bits, then the 16 scales after
+ * all blocks ---- */
 
 LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
-                         const int32_t *terms, float *y, size_t ys, int nr) {
-    const uint8_t *dd = g + (size_t)nb * 256;
+                         const int32_t *terms, float *y, size_t ys, int nr, const int bits) {
+    const size_t bb = bits == 5 ? 320 : 256; /* bytes of a block's values */
+    const uint8_t *dd = g + (size_t)nb * bb;
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *qs = g + (size_t)b * 256;
-        if ((b & 3) == 0) ahead(qs, 1024);
+        const uint8_t *qs = g + (size_t)b * bb;
+        if ((b & 3) == 0) ahead(qs, 4 * (int)bb);
         if ((b & 31) == 0) ahead(dd + (size_t)b * 32, 1024);
         __m512i lo[4], hi[4];
-        nibbles16(qs, lo, hi);
+        if (bits == 5)
+            fivebits16(qs, lo, hi);
+        else
+            nibbles16(qs, lo, hi);
         const __m512 dw = f16x16(dd + (size_t)b * 32);
         UNROLL for (int c = 0; c < nc; c++) {
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
             const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
-            const __m512i is = _mm512_sub_epi32(block_sum(lo, hi, a, 4), _mm512_set1_epi32(terms[c * nb + b]));
+            const __m512i is = _mm512_sub_epi32(block_sum(lo, hi, a, bits == 5 ? 0 : 4), _mm512_set1_epi32(terms[c * nb + b]));
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
         }
     }
     UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
 }
 
-/* ---- Q4_1: Q4_0's layout without the offset, the 16 mins after the scales ---- */
+/* ---- Q4_1 and Q5_1: Q4_0's and Q5_0's layouts without the offset, the 16 mins after the scales ---- */
 
 LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, float *y, size_t ys,
-                         int nr) {
-    const uint8_t *dd = g + (size_t)nb * 256, *mm = dd + (size_t)nb * 32;
+                         int nr, const int bits) {
+    const size_t bb = bits == 5 ? 320 : 256;
+    const uint8_t *dd = g + (size_t)nb * bb, *mm = dd + (size_t)nb * 32;
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *qs = g + (size_t)b * 256;
-        if ((b & 3) == 0) ahead(qs, 1024);
+        const uint8_t *qs = g + (size_t)b * bb;
+        if ((b & 3) == 0) ahead(qs, 4 * (int)bb);
         if ((b & 31) == 0) {
             ahead(dd + (size_t)b * 32, 1024);
             ahead(mm + (size_t)b * 32, 1024);
         }
         __m512i lo[4], hi[4];
-        nibbles16(qs, lo, hi);
+        if (bits == 5)
+            fivebits16(qs, lo, hi);
+        else
+            nibbles16(qs, lo, hi);
         const __m512 dw = f16x16(dd + (size_t)b * 32), mw = f16x16(mm + (size_t)b * 32);
         UNROLL for (int c = 0; c < nc; c++) {
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_1);
             const int8_t *a = (const int8_t *)blk + offsetof(act_q8_1, qs);
-            const __m512i is = block_sum(lo, hi, a, 4);
+            const __m512i is = block_sum(lo, hi, a, bits == 5 ? 0 : 4);
             float sx;
             memcpy(&sx, blk + offsetof(act_q8_1, s), 4);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
@@ -224,6 +262,53 @@ LI_INLINE void q4_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
                 imin[c] = _mm512_dpwssd_epi32(imin[c], mn, _mm512_set1_epi32(terms[(c * nb + s) * 4 + p]));
         }
         const __m512 dw = f16x16(sb + 2304), mw = f16x16(sb + 2336);
+        UNROLL for (int c = 0; c < nc; c++) {
+            const __m512 dx = _mm512_set1_ps(a[c]->d);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, dx), acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(imin[c]), _mm512_mul_ps(mw, dx), acc[c]);
+        }
+    }
+    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+}
+
+/* ---- Q5_K: per super-block (2880 bytes) Q4_K's 32 chunks of nibbles, 8
+ * chunks of fifth bits (one per sub-block of 32), sc, mn, d, dmin; as
+ * Q4_K's kernel, with whole values 0..31 ---- */
+
+LI_INLINE void q5_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
+                         const int32_t *terms, float *y, size_t ys, int nr) {
+    __m512 acc[NC];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nb; s++) {
+        const uint8_t *sb = g + (size_t)s * 2880;
+        ahead(sb, 2880);
+        const act_q8_K *a[NC];
+        UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
+        __m512i isum[NC], imin[NC];
+        UNROLL for (int c = 0; c < nc; c++) isum[c] = imin[c] = _mm512_setzero_si512();
+        for (int i = 0; i < 4; i++) {
+            const __m512i h0 = load64(sb + 2048 + 128 * i), h1 = load64(sb + 2048 + 128 * i + 64);
+            __m512i sa[NC], sbv[NC];
+            UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = _mm512_setzero_si512();
+            UNROLL for (int j = 0; j < 8; j++) {
+                const __m512i w = load64(sb + 64 * (8 * i + j));
+                const __m512i lo = or_nibble(w, bit4(h0, j)), hi = or_nibble(_mm512_srli_epi16(w, 4), bit4(h1, j));
+                UNROLL for (int c = 0; c < nc; c++) {
+                    sa[c] = dpb(sa[c], lo, a[c]->qs + 64 * i + 4 * j);
+                    sbv[c] = dpb(sbv[c], hi, a[c]->qs + 64 * i + 32 + 4 * j);
+                }
+            }
+            const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2560 + 32 * i)));
+            const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2576 + 32 * i)));
+            UNROLL for (int c = 0; c < nc; c++)
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(sa[c], sc0), _mm512_mullo_epi32(sbv[c], sc1)));
+        }
+        UNROLL for (int p = 0; p < 4; p++) {
+            const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(sb + 2688 + 32 * p)));
+            UNROLL for (int c = 0; c < nc; c++)
+                imin[c] = _mm512_dpwssd_epi32(imin[c], mn, _mm512_set1_epi32(terms[(c * nb + s) * 4 + p]));
+        }
+        const __m512 dw = f16x16(sb + 2816), mw = f16x16(sb + 2848);
         UNROLL for (int c = 0; c < nc; c++) {
             const __m512 dx = _mm512_set1_ps(a[c]->d);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, dx), acc[c]);
@@ -328,16 +413,22 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, int64_t nb, const char *x, size_t x
     }
 LI_STATIC_ASSERT(LI_X16_NC == 4, "the entries below take up to 4 activation rows");
 
-#define Q4_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr)
-#define Q4_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr)
+#define Q4_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 4)
+#define Q4_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 4)
+#define Q5_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 5)
+#define Q5_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 5)
 #define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr)
 #define Q4_K_CALL(n) q4_K_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
+#define Q5_K_CALL(n) q5_K_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
 #define Q6_K_CALL(n) q6_K_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
 #define IQ4_XS_CALL(n) iq4_xs_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
 X16_ENTRY(q4_0, Q4_0_CALL)
 X16_ENTRY(q4_1, Q4_1_CALL)
+X16_ENTRY(q5_0, Q5_0_CALL)
+X16_ENTRY(q5_1, Q5_1_CALL)
 X16_ENTRY(q8_0, Q8_0_CALL)
 X16_ENTRY(q4_K, Q4_K_CALL)
+X16_ENTRY(q5_K, Q5_K_CALL)
 X16_ENTRY(q6_K, Q6_K_CALL)
 X16_ENTRY(iq4_xs, IQ4_XS_CALL)
 
@@ -363,8 +454,11 @@ int64_t li_x16_peak_probe(int64_t iters) {
 void li_x16_fill_avx512(li_kernels *t) {
     t->x16[LI_TYPE_Q4_0] = x16_q4_0;
     t->x16[LI_TYPE_Q4_1] = x16_q4_1;
+    t->x16[LI_TYPE_Q5_0] = x16_q5_0;
+    t->x16[LI_TYPE_Q5_1] = x16_q5_1;
     t->x16[LI_TYPE_Q8_0] = x16_q8_0;
     t->x16[LI_TYPE_Q4_K] = x16_q4_K;
+    t->x16[LI_TYPE_Q5_K] = x16_q5_K;
     t->x16[LI_TYPE_Q6_K] = x16_q6_K;
     t->x16[LI_TYPE_IQ4_XS] = x16_iq4_xs;
 }
