@@ -5,7 +5,14 @@ at laptop scale where no real model of that size can be downloaded.
     llama-quantize llama1b-f16.gguf llama1b-q4_k_m.gguf Q4_K_M
 
 The shape defaults to Llama-3.2-1B (n_embd 2048, 16 layers, 32 heads, 8 kv
-heads, n_ff 8192); the vocabulary and tokenizer are SmolLM2's (taken from its
+heads, n_ff 8192). `--moe` writes a Qwen3-30B-A3B-shaped mixture of experts
+instead (qwen3moe: n_embd 2048, 32 heads of 128, 4 kv heads, q/k norms, 128
+experts of n_ff 768, 8 used per token), with --n-layer layers (48 in the
+real model; 8 make a 2.6 GB Q4_K_M):
+
+    python bench/make_model.py --moe --n-layer 8 -o qwen3moe-8l-f16.gguf
+
+The vocabulary and tokenizer are SmolLM2's (taken from its
 GGUF), so text prompts work. Weights are N(0, 0.02) in F16, norms 1. The text
 such a model writes is noise; its speed is that of a real model of its shape.
 """
@@ -55,36 +62,59 @@ def main():
     p.add_argument("--n-head-kv", type=int, default=8)
     p.add_argument("--n-ff", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--moe", action="store_true", help="a Qwen3-30B-A3B-shaped qwen3moe model")
+    p.add_argument("--n-expert", type=int, default=128)
+    p.add_argument("--n-expert-used", type=int, default=8)
+    p.add_argument("--n-ff-exp", type=int, default=768)
     a = p.parse_args()
+    if a.moe and a.n_head_kv == 8:
+        a.n_head_kv = 4
     rng = np.random.default_rng(a.seed)
-    w = gguf.GGUFWriter(a.out, "llama")
+    arch = "qwen3moe" if a.moe else "llama"
+    w = gguf.GGUFWriter(a.out, arch)
     n_vocab = copy_tokenizer(w, str(hub.pull("smollm2-135m-instruct")))
-    E, hd = a.n_embd, a.n_embd // a.n_head
-    w.add_name("random-llama-shape")
+    E = a.n_embd
+    hd = 128 if a.moe else E // a.n_head
+    nq, nkv = a.n_head * hd, a.n_head_kv * hd
+    w.add_name(f"random-{arch}-shape")
     w.add_context_length(8192)
     w.add_embedding_length(E)
     w.add_block_count(a.n_layer)
     w.add_feed_forward_length(a.n_ff)
     w.add_head_count(a.n_head)
     w.add_head_count_kv(a.n_head_kv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
     w.add_rope_dimension_count(hd)
-    w.add_rope_freq_base(500000.0)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(1000000.0 if a.moe else 500000.0)
+    w.add_layer_norm_rms_eps(1e-6 if a.moe else 1e-5)
+    if a.moe:
+        w.add_expert_count(a.n_expert)
+        w.add_expert_used_count(a.n_expert_used)
+        w.add_expert_feed_forward_length(a.n_ff_exp)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
 
-    def rand(rows, k):
-        return (rng.standard_normal((rows, k), dtype=np.float32) * 0.02).astype(np.float16)
+    def rand(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
 
     w.add_tensor("token_embd.weight", rand(n_vocab, E))
     w.add_tensor("output_norm.weight", np.ones(E, np.float32))
     for i in range(a.n_layer):
         b = f"blk.{i}."
         w.add_tensor(b + "attn_norm.weight", np.ones(E, np.float32))
-        w.add_tensor(b + "attn_q.weight", rand(E, E))
-        w.add_tensor(b + "attn_k.weight", rand(a.n_head_kv * hd, E))
-        w.add_tensor(b + "attn_v.weight", rand(a.n_head_kv * hd, E))
-        w.add_tensor(b + "attn_output.weight", rand(E, E))
+        w.add_tensor(b + "attn_q.weight", rand(nq, E))
+        w.add_tensor(b + "attn_k.weight", rand(nkv, E))
+        w.add_tensor(b + "attn_v.weight", rand(nkv, E))
+        w.add_tensor(b + "attn_output.weight", rand(E, nq))
         w.add_tensor(b + "ffn_norm.weight", np.ones(E, np.float32))
+        if a.moe:
+            w.add_tensor(b + "attn_q_norm.weight", np.ones(hd, np.float32))
+            w.add_tensor(b + "attn_k_norm.weight", np.ones(hd, np.float32))
+            w.add_tensor(b + "ffn_gate_inp.weight", rng.standard_normal((a.n_expert, E), dtype=np.float32) * 0.02)
+            w.add_tensor(b + "ffn_gate_exps.weight", rand(a.n_expert, a.n_ff_exp, E))
+            w.add_tensor(b + "ffn_up_exps.weight", rand(a.n_expert, a.n_ff_exp, E))
+            w.add_tensor(b + "ffn_down_exps.weight", rand(a.n_expert, E, a.n_ff_exp))
+            continue
         w.add_tensor(b + "ffn_gate.weight", rand(a.n_ff, E))
         w.add_tensor(b + "ffn_up.weight", rand(a.n_ff, E))
         w.add_tensor(b + "ffn_down.weight", rand(E, a.n_ff))

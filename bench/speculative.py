@@ -189,7 +189,7 @@ def main():
     n_ctx = 8192 if a.code_lines > 100 else 2048
     rows = []
     print_header()
-    for name in a.models.split(","):
+    for name in filter(None, a.models.split(",")):
         model = MODELS.get(name, name)
         draft = None if a.no_draft else requantized(model, Path(a.cache))
         with LLM(model, n_ctx=n_ctx, draft_model=draft, spec="off") as llm:

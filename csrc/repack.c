@@ -146,12 +146,12 @@ static void pack_q5_K(const char *row, int r, int64_t nb, uint8_t *g) {
     for (int64_t s = 0; s < nb; s++) {
         const block_q5_K *x = (const block_q5_K *)(const void *)row + s;
         uint8_t *sb = g + (size_t)s * Q5_K_SB;
-        for (int c = 0; c < 32; c++) memcpy(sb + 64 * c + 4 * r, x->qs + 4 * c, 4);
+        for (int c = 0; c < 32; c++) memcpy(sb + 640 * (c / 8) + 128 + 64 * (c % 8) + 4 * r, x->qs + 4 * c, 4);
         for (int sub = 0; sub < 8; sub++)
             for (int e = 0; e < 4; e++) {
                 unsigned h = 0;
                 for (int j = 0; j < 8; j++) h |= (unsigned)((x->qh[4 * j + e] >> sub) & 1) << j;
-                LANE(sb + 2048 + 64 * sub, r, e) = (uint8_t)h;
+                LANE(sb + 640 * (sub / 2) + 64 * (sub % 2), r, e) = (uint8_t)h;
             }
         unpack_k_scales(x->scales, sc, mn);
         for (int j = 0; j < 8; j++) {

@@ -271,9 +271,9 @@ LI_INLINE void q4_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
 }
 
-/* ---- Q5_K: per super-block (2880 bytes) Q4_K's 32 chunks of nibbles, 8
- * chunks of fifth bits (one per sub-block of 32), sc, mn, d, dmin; as
- * Q4_K's kernel, with whole values 0..31 ---- */
+/* ---- Q5_K: per super-block (2880 bytes) for each pair of sub-blocks 2
+ * chunks of fifth bits and 8 of nibbles, then sc, mn, d, dmin; as Q4_K's
+ * kernel, with whole values 0..31 ---- */
 
 LI_INLINE void q5_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
                          const int32_t *terms, float *y, size_t ys, int nr) {
@@ -287,11 +287,12 @@ LI_INLINE void q5_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
         __m512i isum[NC], imin[NC];
         UNROLL for (int c = 0; c < nc; c++) isum[c] = imin[c] = _mm512_setzero_si512();
         for (int i = 0; i < 4; i++) {
-            const __m512i h0 = load64(sb + 2048 + 128 * i), h1 = load64(sb + 2048 + 128 * i + 64);
+            const uint8_t *si = sb + 640 * i;
+            const __m512i h0 = load64(si), h1 = load64(si + 64);
             __m512i sa[NC], sbv[NC];
             UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = _mm512_setzero_si512();
             UNROLL for (int j = 0; j < 8; j++) {
-                const __m512i w = load64(sb + 64 * (8 * i + j));
+                const __m512i w = load64(si + 128 + 64 * j);
                 const __m512i lo = or_nibble(w, bit4(h0, j)), hi = or_nibble(_mm512_srli_epi16(w, 4), bit4(h1, j));
                 UNROLL for (int c = 0; c < nc; c++) {
                     sa[c] = dpb(sa[c], lo, a[c]->qs + 64 * i + 4 * j);
