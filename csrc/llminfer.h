@@ -194,6 +194,7 @@ typedef struct li_model_desc {
                                   * not one head */
     int n_expert, n_expert_used; /* experts per MoE layer and how many each token is routed to (0, 0: dense) */
     int n_ff_exp;                /* feed-forward width of one expert */
+    void *packed_arena;          /* NULL, or the one block li_model_repack keeps every repacked matrix in */
 } li_model_desc;
 
 /* Check a description for consistency: shapes, types, sizes. */

@@ -354,15 +354,32 @@ int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_th
     if (!m || !m->layers || m->n_layer <= 0) return li_fail(LI_E_ARG, "no model description to repack");
     li_matrix **ms = malloc(sizeof(*ms) * (size_t)(1 + 7 * m->n_layer));
     if (!ms) return li_fail(LI_E_NOMEM, "out of memory repacking the model");
+    if (m->packed_arena) { /* repacked already */
+        free(ms);
+        return LI_OK;
+    }
     const int n = model_matrices(m, first_layer, with_output, ms);
+    /* One block for all of them, each matrix 64-byte aligned in it: 2 MiB
+     * pages per matrix would round every small one (a 1B model's k and v)
+     * up to whole pages, 150 MB of a 1B model's resident memory. Untouched
+     * pages cost nothing, so the peak still holds one matrix twice, not the
+     * model: each is packed, then its file pages handed back. */
+    size_t total = 0;
     for (int i = 0; i < n; i++) {
+        li_matrix *w = ms[i];
+        if (w->packed || !li_x16_available(w->type) || w->rows <= 0) continue;
+        total += round64(li_x16_group_bytes(w->type, w->k) * (size_t)li_x16_groups(w->rows));
+    }
+    uint8_t *arena = total ? alloc_packed(total) : NULL;
+    size_t off = 0;
+    for (int i = 0; arena && i < n; i++) {
         li_matrix *w = ms[i];
         if (w->packed || !li_x16_available(w->type) || w->rows <= 0) continue;
         const int64_t ng = li_x16_groups(w->rows);
         const size_t gb = li_x16_group_bytes(w->type, w->k);
         if (gb == 0) continue;
-        void *dst = alloc_packed(gb * (size_t)ng);
-        if (!dst) continue; /* no room: this matrix keeps the dot kernels, results unchanged */
+        void *dst = arena + off;
+        off += round64(gb * (size_t)ng);
         const size_t row = w->nbytes / (size_t)w->rows;
         int64_t g;
         (void)n_threads;
@@ -372,11 +389,13 @@ int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_th
         for (g = 0; g < ng; g++) li_x16_pack(w->type, w->data, row, w->rows, w->k, dst, g, g + 1);
         w->packed = dst;
         if (bytes) *bytes += gb * (size_t)ng;
-        /* at once, so that the peak holds one matrix twice, not the model */
-        if (release && w->data != m->tok_embd.data) release_pages(w->data, w->nbytes);
+        /* at once; a tied output's too: the embedding lookups fault back in
+         * only the rows they read */
+        if (release) release_pages(w->data, w->nbytes);
     }
+    m->packed_arena = arena;
     free(ms);
-    return LI_OK;
+    return LI_OK; /* no memory for the block: the matrices keep the dot kernels, results unchanged */
 }
 
 void li_model_unpack(li_model_desc *m) {
@@ -384,9 +403,8 @@ void li_model_unpack(li_model_desc *m) {
     li_matrix **ms = malloc(sizeof(*ms) * (size_t)(1 + 7 * m->n_layer));
     if (!ms) return;
     const int n = model_matrices(m, 0, 1, ms);
-    for (int i = 0; i < n; i++) {
-        li_free_aligned((void *)(uintptr_t)ms[i]->packed);
-        ms[i]->packed = NULL;
-    }
+    for (int i = 0; i < n; i++) ms[i]->packed = NULL;
+    li_free_aligned(m->packed_arena);
+    m->packed_arena = NULL;
     free(ms);
 }

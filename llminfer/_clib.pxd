@@ -91,6 +91,7 @@ cdef extern from "llminfer.h" nogil:
         int qk_norm_whole
         int n_expert, n_expert_used
         int n_ff_exp
+        void *packed_arena
 
     int li_model_check(const li_model_desc *m)
     int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_threads, int release,
