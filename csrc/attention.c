@@ -181,6 +181,21 @@ static void run_accum(li_context *c, int il, int kvh, const float *p, size_t ld,
     }
 }
 
+/* One head's n scores: soft-capped (gemma2), then exp(score - max), with
+ * that max and the sum kept; normalized by the sum when `normalize`, and
+ * rounded to f16 with an F16 cache */
+static void softmax_row(const li_context *c, float *row, int64_t n, int normalize, float *mx, float *sum) {
+    const float cap = c->m->attn_softcap;
+    if (cap > 0.0f)
+        for (int64_t j = 0; j < n; j++) row[j] = cap * tanhf(row[j] / cap);
+    float best = row[0];
+    for (int64_t j = 1; j < n; j++) best = LI_MAX(best, row[j]);
+    *mx = best;
+    *sum = li_K->exp_sum(row, n, best);
+    if (normalize) li_K->scale_f32(row, 1.0f / *sum, n);
+    if (c->kv.kv_type == LI_TYPE_F16) li_round_to_f16(row, n);
+}
+
 /* Attention of the nh heads of kv head kvh for token t over the present
  * positions of [p0, p1). With part == NULL they are all the token sees: the
  * result is normalized into att. Otherwise the unnormalized result goes to
@@ -211,18 +226,7 @@ static void attend_span(li_context *c, int il, int64_t t, int kvh, const int32_t
     for (int i = 0, off = 0; i < nr; off += (int)runs[i].n, i++)
         run_scores(c, il, kvh, q, qq, nh, runs[i].r0, runs[i].n, scores + off, ld);
     float mx[64], sum[64]; /* heads per group: checked in li_model_check */
-    const float cap = m->attn_softcap;
-    for (int h = 0; h < nh; h++) {
-        float *row = scores + (size_t)h * ld;
-        if (cap > 0.0f) /* gemma2's soft-capping of the scaled scores */
-            for (int64_t j = 0; j < n; j++) row[j] = cap * tanhf(row[j] / cap);
-        float best = row[0];
-        for (int64_t j = 1; j < n; j++) best = LI_MAX(best, row[j]);
-        mx[h] = best;
-        sum[h] = li_K->exp_sum(row, n, best);
-        if (!part) li_K->scale_f32(row, 1.0f / sum[h], n);
-        if (c->kv.kv_type == LI_TYPE_F16) li_round_to_f16(row, n);
-    }
+    for (int h = 0; h < nh; h++) softmax_row(c, scores + (size_t)h * ld, n, !part, &mx[h], &sum[h]);
     float *out = part ? part + 2 : c->att + (t * m->n_head + (int64_t)kvh * nh) * hdv;
     const size_t out_stride = part ? part_stride : (size_t)hdv;
     for (int h = 0; h < nh; h++) memset(out + (size_t)h * out_stride, 0, (size_t)hdv * sizeof(float));
@@ -338,6 +342,7 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
     float *vrow = c->vrow + (size_t)ith * (size_t)hdv;
     float *tp = c->tparts + (size_t)ith * (size_t)tmax * (size_t)nh * head_stride; /* token i, head h: (i nh + h) */
     int first[LI_ATTN_TILE], pos[LI_ATTN_TILE], kept[LI_ATTN_TILE], lo[LI_ATTN_TILE], hi[LI_ATTN_TILE];
+    int64_t present[LI_ATTN_TILE]; /* token i's present rows in the span */
     float mx[LI_ATTN_TILE * 64], sum[LI_ATTN_TILE * 64]; /* heads per group: checked in li_model_check */
     for (int i = 0; i < ntok; i++) {
         const int64_t t = t0 + i;
@@ -373,22 +378,14 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
             run_scores(c, il, kvh, tq + (size_t)ia * (size_t)nh * (size_t)hd,
                        tqq ? tqq + (size_t)ia * (size_t)nh * c->qq_row : NULL, nq, runs[r].r0, runs[r].n, scores + off,
                        ld);
-        const float cap = m->attn_softcap;
         for (int i = ia; i <= ib; i++) {
-            const int64_t off = present_in(runs, nr, lo[ia], lo[i]), ni = present_in(runs, nr, lo[i], hi[i]);
-            if (ni == 0) continue;
+            const int64_t off = present_in(runs, nr, lo[ia], lo[i]);
+            present[i] = present_in(runs, nr, lo[i], hi[i]);
+            if (present[i] == 0) continue;
             const int single = c->n_spans[(t0 + i) * 2 + g] <= 1;
-            for (int h = 0; h < nh; h++) {
-                float *row = scores + ((size_t)(i - ia) * (size_t)nh + (size_t)h) * ld + (size_t)off;
-                if (cap > 0.0f)
-                    for (int64_t j = 0; j < ni; j++) row[j] = cap * tanhf(row[j] / cap);
-                float best = row[0];
-                for (int64_t j = 1; j < ni; j++) best = LI_MAX(best, row[j]);
-                mx[i * nh + h] = best;
-                sum[i * nh + h] = li_K->exp_sum(row, ni, best);
-                if (single) li_K->scale_f32(row, 1.0f / sum[i * nh + h], ni);
-                if (c->kv.kv_type == LI_TYPE_F16) li_round_to_f16(row, ni);
-            }
+            for (int h = 0; h < nh; h++)
+                softmax_row(c, scores + ((size_t)(i - ia) * (size_t)nh + (size_t)h) * ld + (size_t)off, present[i],
+                            single, &mx[i * nh + h], &sum[i * nh + h]);
         }
         memset(tout, 0, (size_t)nq * (size_t)hdv * sizeof(float));
         const int c0 = lo[ib], c1 = hi[ia]; /* the rows every token of the range sees */
@@ -404,7 +401,7 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
                             tout + (size_t)(i - ia) * (size_t)nh * (size_t)hdv, (size_t)hdv, vrow);
         }
         for (int i = ia; i <= ib; i++) {
-            if (present_in(runs, nr, lo[i], hi[i]) == 0) continue;
+            if (present[i] == 0) continue;
             const float *o = tout + (size_t)(i - ia) * (size_t)nh * (size_t)hdv;
             if (c->n_spans[(t0 + i) * 2 + g] <= 1) {
                 memcpy(c->att + ((t0 + i) * m->n_head + (int64_t)kvh * nh) * hdv, o,

@@ -121,28 +121,35 @@ static void pack_q8_0(const char *row, int r, int64_t nb, uint8_t *g) {
     }
 }
 
-static void pack_q4_K(const char *row, int r, int64_t nb, uint8_t *g) {
+/* Q4_K's and Q5_K's scales after the values, at t: sc [8 sub-blocks][16] u8;
+ * mn [4 pairs p][16][2] u8 (the mins of sub-blocks 2p, 2p+1); d [16] f16;
+ * dmin [16] f16 */
+static void put_k_scales(uint8_t *t, int r, const uint8_t scales[12], uint16_t d, uint16_t dmin) {
     int sc[8], mn[8];
+    unpack_k_scales(scales, sc, mn);
+    for (int j = 0; j < 8; j++) {
+        t[16 * j + r] = (uint8_t)sc[j];
+        t[128 + 32 * (j / 2) + 2 * r + j % 2] = (uint8_t)mn[j];
+    }
+    uint16_t *dd = (uint16_t *)(void *)(t + 256);
+    dd[r] = d;
+    dd[G + r] = dmin;
+}
+
+static void pack_q4_K(const char *row, int r, int64_t nb, uint8_t *g) {
     for (int64_t s = 0; s < nb; s++) {
         const block_q4_K *x = (const block_q4_K *)(const void *)row + s;
         uint8_t *sb = g + (size_t)s * Q4_K_SB;
         /* byte 32i + t of qs holds v[64i + t] low and v[64i + 32 + t] high: chunk 8i + j's lane as it is */
         for (int c = 0; c < 32; c++) memcpy(sb + 64 * c + 4 * r, x->qs + 4 * c, 4);
-        unpack_k_scales(x->scales, sc, mn);
-        for (int j = 0; j < 8; j++) {
-            sb[2048 + 16 * j + r] = (uint8_t)sc[j];
-            sb[2176 + 32 * (j / 2) + 2 * r + j % 2] = (uint8_t)mn[j]; /* pairs (mn 2p, mn 2p+1) per row */
-        }
-        uint16_t *dd = (uint16_t *)(void *)(sb + 2304);
-        dd[r] = x->d;
-        dd[G + r] = x->dmin;
+        put_k_scales(sb + 2048, r, x->scales, x->d, x->dmin);
     }
 }
 
-/* Q4_K's layout with eight chunks of fifth bits after the nibbles: chunk s,
- * lane r, byte e, bit j is bit 4 of v[32s + 4j + e] (the file's bit s of qh[4j + e]) */
+/* Q4_K's nibble chunks with each pair i of sub-blocks led by its two chunks
+ * of fifth bits (640 bytes a pair): chunk s = 2i + t, lane r, byte e, bit j
+ * is bit 4 of v[32s + 4j + e] (the file's bit s of qh[4j + e]) */
 static void pack_q5_K(const char *row, int r, int64_t nb, uint8_t *g) {
-    int sc[8], mn[8];
     for (int64_t s = 0; s < nb; s++) {
         const block_q5_K *x = (const block_q5_K *)(const void *)row + s;
         uint8_t *sb = g + (size_t)s * Q5_K_SB;
@@ -153,14 +160,7 @@ static void pack_q5_K(const char *row, int r, int64_t nb, uint8_t *g) {
                 for (int j = 0; j < 8; j++) h |= (unsigned)((x->qh[4 * j + e] >> sub) & 1) << j;
                 LANE(sb + 640 * (sub / 2) + 64 * (sub % 2), r, e) = (uint8_t)h;
             }
-        unpack_k_scales(x->scales, sc, mn);
-        for (int j = 0; j < 8; j++) {
-            sb[2560 + 16 * j + r] = (uint8_t)sc[j];
-            sb[2688 + 32 * (j / 2) + 2 * r + j % 2] = (uint8_t)mn[j];
-        }
-        uint16_t *dd = (uint16_t *)(void *)(sb + 2816);
-        dd[r] = x->d;
-        dd[G + r] = x->dmin;
+        put_k_scales(sb + 2560, r, x->scales, x->d, x->dmin);
     }
 }
 

@@ -225,91 +225,53 @@ LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
 }
 
-/* ---- Q4_K: per super-block (2368 bytes) 32 chunks of nibbles, sc, mn, d, dmin ---- */
+/* ---- Q4_K and Q5_K ----
+ * Q4_K, per super-block (2368 bytes): 32 chunks of nibbles, sc, mn, d, dmin.
+ * Q5_K (2880 bytes): for each pair of sub-blocks 2 chunks of fifth bits and
+ * its 8 chunks of nibbles, then the same sc, mn, d, dmin; whole values
+ * 0..31. With `five` a constant, each kernel keeps only its own unpacking. */
 
-LI_INLINE void q4_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
-                         const int32_t *terms, float *y, size_t ys, int nr) {
+LI_INLINE void k45_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
+                        float *y, size_t ys, int nr, const int five) {
+    const int sc_at = five ? 2560 : 2048, sb_bytes = sc_at + 320; /* sc 128, mn 128, d and dmin 64 */
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
-        const uint8_t *sb = g + (size_t)s * 2368;
-        ahead(sb, 2368);
+        const uint8_t *sb = g + (size_t)s * (size_t)sb_bytes;
+        ahead(sb, sb_bytes);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC], imin[NC];
         UNROLL for (int c = 0; c < nc; c++) isum[c] = imin[c] = _mm512_setzero_si512();
         for (int i = 0; i < 4; i++) {
+            const uint8_t *si = five ? sb + 640 * i + 128 : sb + 512 * i; /* the pair's nibble chunks */
+            const __m512i h0 = five ? load64(si - 128) : m4, h1 = five ? load64(si - 64) : m4;
             __m512i sa[NC], sbv[NC];
             UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = _mm512_setzero_si512();
             UNROLL for (int j = 0; j < 8; j++) {
-                const __m512i w = load64(sb + 64 * (8 * i + j));
-                const __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_andnot_si512(m4, w); /* 16 v */
+                const __m512i w = load64(si + 64 * j);
+                /* Q4_K: the high nibbles left in place, 16 times their values */
+                const __m512i lo = five ? or_nibble(w, bit4(h0, j)) : _mm512_and_si512(w, m4);
+                const __m512i hi = five ? or_nibble(_mm512_srli_epi16(w, 4), bit4(h1, j)) : _mm512_andnot_si512(m4, w);
                 UNROLL for (int c = 0; c < nc; c++) {
                     sa[c] = dpb(sa[c], lo, a[c]->qs + 64 * i + 4 * j);
                     sbv[c] = dpb(sbv[c], hi, a[c]->qs + 64 * i + 32 + 4 * j);
                 }
             }
-            const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2048 + 32 * i)));
-            const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2064 + 32 * i)));
+            const uint8_t *sc = sb + sc_at + 32 * i;
+            const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)sc));
+            const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sc + 16)));
             UNROLL for (int c = 0; c < nc; c++)
                 isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(sa[c], sc0),
-                                                                     _mm512_mullo_epi32(_mm512_srai_epi32(sbv[c], 4), sc1)));
+                                                                     _mm512_mullo_epi32(five ? sbv[c] : _mm512_srai_epi32(sbv[c], 4), sc1)));
         }
         UNROLL for (int p = 0; p < 4; p++) { /* lane r: mn(2p) * sum(2p) + mn(2p+1) * sum(2p+1) */
-            const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(sb + 2176 + 32 * p)));
+            const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(sb + sc_at + 128 + 32 * p)));
             UNROLL for (int c = 0; c < nc; c++)
                 imin[c] = _mm512_dpwssd_epi32(imin[c], mn, _mm512_set1_epi32(terms[(c * nb + s) * 4 + p]));
         }
-        const __m512 dw = f16x16(sb + 2304), mw = f16x16(sb + 2336);
-        UNROLL for (int c = 0; c < nc; c++) {
-            const __m512 dx = _mm512_set1_ps(a[c]->d);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, dx), acc[c]);
-            acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(imin[c]), _mm512_mul_ps(mw, dx), acc[c]);
-        }
-    }
-    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
-}
-
-/* ---- Q5_K: per super-block (2880 bytes) for each pair of sub-blocks 2
- * chunks of fifth bits and 8 of nibbles, then sc, mn, d, dmin; as Q4_K's
- * kernel, with whole values 0..31 ---- */
-
-LI_INLINE void q5_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
-                         const int32_t *terms, float *y, size_t ys, int nr) {
-    __m512 acc[NC];
-    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
-    for (int64_t s = 0; s < nb; s++) {
-        const uint8_t *sb = g + (size_t)s * 2880;
-        ahead(sb, 2880);
-        const act_q8_K *a[NC];
-        UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
-        __m512i isum[NC], imin[NC];
-        UNROLL for (int c = 0; c < nc; c++) isum[c] = imin[c] = _mm512_setzero_si512();
-        for (int i = 0; i < 4; i++) {
-            const uint8_t *si = sb + 640 * i;
-            const __m512i h0 = load64(si), h1 = load64(si + 64);
-            __m512i sa[NC], sbv[NC];
-            UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = _mm512_setzero_si512();
-            UNROLL for (int j = 0; j < 8; j++) {
-                const __m512i w = load64(si + 128 + 64 * j);
-                const __m512i lo = or_nibble(w, bit4(h0, j)), hi = or_nibble(_mm512_srli_epi16(w, 4), bit4(h1, j));
-                UNROLL for (int c = 0; c < nc; c++) {
-                    sa[c] = dpb(sa[c], lo, a[c]->qs + 64 * i + 4 * j);
-                    sbv[c] = dpb(sbv[c], hi, a[c]->qs + 64 * i + 32 + 4 * j);
-                }
-            }
-            const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2560 + 32 * i)));
-            const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2576 + 32 * i)));
-            UNROLL for (int c = 0; c < nc; c++)
-                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(sa[c], sc0), _mm512_mullo_epi32(sbv[c], sc1)));
-        }
-        UNROLL for (int p = 0; p < 4; p++) {
-            const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(sb + 2688 + 32 * p)));
-            UNROLL for (int c = 0; c < nc; c++)
-                imin[c] = _mm512_dpwssd_epi32(imin[c], mn, _mm512_set1_epi32(terms[(c * nb + s) * 4 + p]));
-        }
-        const __m512 dw = f16x16(sb + 2816), mw = f16x16(sb + 2848);
+        const __m512 dw = f16x16(sb + sc_at + 256), mw = f16x16(sb + sc_at + 288);
         UNROLL for (int c = 0; c < nc; c++) {
             const __m512 dx = _mm512_set1_ps(a[c]->d);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, dx), acc[c]);
@@ -419,8 +381,8 @@ LI_STATIC_ASSERT(LI_X16_NC == 4, "the entries below take up to 4 activation rows
 #define Q5_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 5)
 #define Q5_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 5)
 #define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr)
-#define Q4_K_CALL(n) q4_K_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
-#define Q5_K_CALL(n) q5_K_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
+#define Q4_K_CALL(n) k45_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr, 0)
+#define Q5_K_CALL(n) k45_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr, 1)
 #define Q6_K_CALL(n) q6_K_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
 #define IQ4_XS_CALL(n) iq4_xs_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
 X16_ENTRY(q4_0, Q4_0_CALL)
