@@ -13,8 +13,9 @@
  * prompt was split, and at any thread count: the team only decides which
  * thread computes a span, never how.
  *
- * Work items are (token, kv head): all the query heads of a kv head
- * (grouped-query attention) are done together, so each cached row is read
+ * Work items are (tile, kv head): all the query heads of a kv head
+ * (grouped-query attention) of a tile's tokens (consecutive positions of one
+ * sequence, see attend_tile) are done together, so each cached row is read
  * and converted once for them. A small batch (a decoded token) has too few
  * items for the team, so its spans become items of their own, written to
  * c->parts and combined after a barrier.

@@ -25,7 +25,7 @@
  * a token's result is the same however it is batched or threaded. */
 #define LI_ATTN_SPAN 256
 /* At most this many tokens in a batch split their attention spans across
- * the team (decode); larger batches have enough (token, kv head) items. */
+ * the team (decode); larger batches have enough (tile, kv head) items. */
 #define LI_ATTN_SPLIT_TOKENS 4
 /* Larger batches take their tokens in tiles: consecutive tokens of one
  * sequence at consecutive positions (a prompt chunk, a speculative check)
