@@ -204,6 +204,11 @@ def bench_child(cmd, env=None):
     return out, usage.ru_maxrss / 1024  # KiB on Linux
 
 
+def fmt(v, spec):
+    """v formatted, or "-" for a test left out"""
+    return "-" if v is None else format(v, spec)
+
+
 def llama_bench_once(bin_dir, path, threads, n_prompt, n_gen):
     cmd = [os.path.join(bin_dir, "llama-bench"), "-m", path, "-t", str(threads), "-p", str(n_prompt),
            "-n", str(n_gen), "-r", "1", "-o", "json"]
@@ -282,13 +287,17 @@ def llama_bench_mode(a):
                         res, m = llama_bench_once(a.llama_bench, path, t, a.n_prompt, a.n_gen)
                     runs[who].append(res)
                     rss[who].append(m)
-            med = {w: {k: statistics.median(x[k] for x in rs) for k in ("pp", "tg")} for w, rs in runs.items()}
+            tests = [k for k, n in (("pp", a.n_prompt), ("tg", a.n_gen)) if n > 0]  # -p 0 / -n 0 leave one out
+            med = {w: {k: statistics.median(x[k] for x in rs) if k in tests else None for k in ("pp", "tg")}
+                   for w, rs in runs.items()}
+            ratio = {k: med["ours"][k] / med["peer"][k] if k in tests else None for k in ("pp", "tg")}
             row = {"model": os.path.basename(path), "threads": t, "ours": med["ours"], "peer": med["peer"],
-                   "pp_ratio": med["ours"]["pp"] / med["peer"]["pp"], "tg_ratio": med["ours"]["tg"] / med["peer"]["tg"],
+                   "pp_ratio": ratio["pp"], "tg_ratio": ratio["tg"],
                    "rss_mb_ours": max(rss["ours"]), "rss_mb_peer": max(rss["peer"])}
             rows.append(row)
-            print(f"| {row['model']} | {t} | {med['ours']['pp']:.1f} | {med['peer']['pp']:.1f} | {row['pp_ratio']:.2f} | "
-                  f"{med['ours']['tg']:.1f} | {med['peer']['tg']:.1f} | {row['tg_ratio']:.2f} | "
+            print(f"| {row['model']} | {t} | {fmt(med['ours']['pp'], '.1f')} | {fmt(med['peer']['pp'], '.1f')} | "
+                  f"{fmt(ratio['pp'], '.2f')} | {fmt(med['ours']['tg'], '.1f')} | {fmt(med['peer']['tg'], '.1f')} | "
+                  f"{fmt(ratio['tg'], '.2f')} | "
                   f"{row['rss_mb_ours']:.0f} / {row['rss_mb_peer']:.0f} |", flush=True)
     first = None
     if not a.model and a.runs:

@@ -294,13 +294,16 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
             act_terms(type, (const char *)xq + (size_t)c * xs, nb, scratch + c * per_col);
     int64_t lo, hi;
     li_split(li_x16_groups(rows), ith, nth, &lo, &hi);
-    for (int64_t gi = lo; gi < hi; gi++) {
-        const int nr = (int)LI_MIN(G, rows - gi * G);
+    /* decode (one row) hands the kernel up to LI_X16_NG groups at once, to read side by side */
+    const int64_t step = n == 1 ? LI_X16_NG : 1;
+    for (int64_t gi = lo; gi < hi; gi += step) {
+        const int ng = (int)LI_MIN(step, hi - gi);
+        const int nr = (int)LI_MIN(G, rows - (gi + ng - 1) * G); /* rows of the last group */
         const char *g = (const char *)packed + (size_t)gi * gb;
         for (int64_t c0 = 0; c0 < n; c0 += LI_X16_NC) {
             const int nc = (int)LI_MIN(LI_X16_NC, n - c0);
-            kernel(g, k, (const char *)xq + (size_t)c0 * xs, xs, nc, scratch + c0 * per_col, y + c0 * y_stride + gi * G,
-                   (size_t)y_stride, nr);
+            kernel(g, gb, ng, k, (const char *)xq + (size_t)c0 * xs, xs, nc, scratch + c0 * per_col,
+                   y + c0 * y_stride + gi * G, (size_t)y_stride, nr);
         }
     }
 }

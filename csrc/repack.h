@@ -60,6 +60,8 @@
 #define LI_X16_ROWS 16
 /* most activation rows one kernel call takes */
 #define LI_X16_NC 4
+/* most groups one kernel call takes (decode reads some types' side by side) */
+#define LI_X16_NG 4
 
 /* 1 when `type` has a repacked layout */
 int li_x16_layout(int type);
@@ -72,14 +74,16 @@ static inline int64_t li_x16_groups(int64_t rows) { return (rows + LI_X16_ROWS -
 void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int64_t k, void *dst, int64_t g_lo,
                  int64_t g_hi);
 
-/* y[c * ys + r] = dot(row r of the group, activation row c) for r < nr, c < nc <= LI_X16_NC;
- * xq: activation rows (stride xs) in the type's activation format; terms:
- * what li_x16_matmul works out from each activation row, per block, row c's
- * after row c-1's: Q4_0, Q5_0, Q8_0: the block's sum times the stored values'
- * offset (8, 16, 128; IQ4_XS per block of 32 as Q8_0); Q4_K, Q5_K: the 8 sub-block sums as 4 int16 pairs; Q6_K: 32
+/* y[c * ys + 16 i + r] = dot(row r of group i, activation row c) for groups
+ * i < ng <= LI_X16_NG at group + i * gb, r < 16 (r < nr in the last group),
+ * c < nc <= LI_X16_NC; xq: activation rows (stride xs) in the type's
+ * activation format; terms: what li_x16_matmul works out from each
+ * activation row, per block, row c's after row c-1's: Q4_0, Q5_0, Q8_0: the
+ * block's sum times the stored values' offset (8, 16, 128; IQ4_XS per block
+ * of 32 as Q8_0); Q4_K, Q5_K: the 8 sub-block sums as 4 int16 pairs; Q6_K: 32
  * times each group's sum (16) */
-typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *terms,
-                          float *y, size_t ys, int nr);
+typedef void (*li_x16_fn)(const void *group, size_t gb, int ng, int64_t k, const void *xq, size_t xs, int nc,
+                          const int32_t *terms, float *y, size_t ys, int nr);
 
 /* int32s of per-thread scratch li_x16_matmul needs for n activation rows */
 size_t li_x16_scratch_ints(int type, int64_t k, int64_t n);

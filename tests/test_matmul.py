@@ -204,13 +204,14 @@ REPACK_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, 
 def test_repacked_weights_give_the_scalar_bits(t):
     """Weights repacked into interleaved groups of 16 rows (what a model does
     at load) give each row the scalar kernel's result to the bit: groups cut
-    short (5, 37 rows), every count of activation rows a kernel call takes
-    and more, thread shares that split the groups unevenly."""
+    short (5, 37, 70 rows), decode's calls over 2, 3 and 4 groups side by
+    side, every count of activation rows a kernel call takes and more,
+    thread shares that split the groups unevenly."""
     if t.name not in ops.repacked_types():
         pytest.skip(f"the {system.current_isa()} level has no repacked kernel for {t.name}")
     rng = np.random.default_rng(300 + int(t))
     k = 3 * 32 if t in QUANT_32 else 3 * 256
-    for rows in (5, 16, 37):
+    for rows in (5, 16, 37, 70):
         w = random_weight(rng, t, rows, k)
         x = rng.standard_normal((9, k)).astype(np.float32)
         for n in (1, 2, 3, 4, 5, 9):

@@ -59,8 +59,11 @@ LI_INLINE __m512i dpb(__m512i acc, __m512i w, const int8_t *p) {
 #ifndef PREFETCH_STEP
 #define PREFETCH_STEP 1024
 #endif
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT _MM_HINT_T1
+#endif
 LI_INLINE void ahead(const uint8_t *p, int bytes) {
-    for (int o = 0; o < bytes; o += PREFETCH_STEP) _mm_prefetch((const char *)p + PREFETCH_AHEAD + o, _MM_HINT_T1);
+    for (int o = 0; o < bytes; o += PREFETCH_STEP) _mm_prefetch((const char *)p + PREFETCH_AHEAD + o, PREFETCH_HINT);
 }
 
 LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
@@ -134,95 +137,120 @@ LI_INLINE __m512i block_sum(const __m512i lo[4], const __m512i hi[4], const int8
     return _mm512_add_epi32(s0, hi_shift ? _mm512_srai_epi32(s1, hi_shift) : s1);
 }
 
+/* The kernels of 32-value blocks run ng groups side by side when there is
+ * one activation row (decode). One core streaming a single group at a time
+ * reached about 20 GB/s on Q4_0 where a plain read reaches 29, though the
+ * same kernel runs at 65-70 GB/s on weights already in cache; with 3 to 6
+ * groups read in step (4 here) the prefetchers keep enough lines in flight:
+ * 25-27 GB/s (k = 4096). The super-block kernels below take one group at a
+ * time: side by side they fell from 25 to 17 GB/s (Q4_K), the activation
+ * super-block then being read again only after 4 groups' worth of weights,
+ * out of L1. A row's arithmetic is the same whatever ng is. */
+#define NG LI_X16_NG
+
+/* lane (r, c): group r's 16 rows against activation row c, to y + c * ys + 16 r */
+LI_INLINE void store_lanes(float *y, size_t ys, __m512 acc[NG][NC], const int ng, const int nc, int nr) {
+    UNROLL for (int r = 0; r < ng; r++) UNROLL for (int c = 0; c < nc; c++)
+        store16(y + (size_t)c * ys + LI_X16_ROWS * r, acc[r][c], r == ng - 1 ? nr : LI_X16_ROWS);
+}
+
+#define ZERO_LANES(acc, zero) \
+    UNROLL for (int r = 0; r < ng; r++) UNROLL for (int c = 0; c < nc; c++) acc[r][c] = zero
+
 /* ---- Q4_0 (bits 4) and Q5_0 (bits 5): per block, 4 chunks of nibbles
  * (256 bytes) and for Q5_0 a chunk of fifth bits, then the 16 scales after
  * all blocks ---- */
 
-LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
+LI_INLINE void q4_0_cols(const uint8_t *g, size_t gb, const int ng, int64_t nb, const char *x, size_t xs, const int nc,
                          const int32_t *terms, float *y, size_t ys, int nr, const int bits) {
     const size_t bb = bits == 5 ? 320 : 256; /* bytes of a block's values */
-    const uint8_t *dd = g + (size_t)nb * bb;
-    __m512 acc[NC];
-    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    __m512 acc[NG][NC];
+    ZERO_LANES(acc, _mm512_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *qs = g + (size_t)b * bb;
-        if ((b & 3) == 0) ahead(qs, 4 * (int)bb);
-        if ((b & 31) == 0) ahead(dd + (size_t)b * 32, 1024);
-        __m512i lo[4], hi[4];
-        if (bits == 5)
-            fivebits16(qs, lo, hi);
-        else
-            nibbles16(qs, lo, hi);
-        const __m512 dw = f16x16(dd + (size_t)b * 32);
-        UNROLL for (int c = 0; c < nc; c++) {
-            const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
-            const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
-            const __m512i is = _mm512_sub_epi32(block_sum(lo, hi, a, bits == 5 ? 0 : 4), _mm512_set1_epi32(terms[c * nb + b]));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
+        UNROLL for (int r = 0; r < ng; r++) {
+            const uint8_t *qs = g + r * gb + (size_t)b * bb, *dd = g + r * gb + (size_t)nb * bb;
+            if ((b & 3) == 0) ahead(qs, 4 * (int)bb);
+            if ((b & 31) == 0) ahead(dd + (size_t)b * 32, 1024);
+            __m512i lo[4], hi[4];
+            if (bits == 5)
+                fivebits16(qs, lo, hi);
+            else
+                nibbles16(qs, lo, hi);
+            const __m512 dw = f16x16(dd + (size_t)b * 32);
+            UNROLL for (int c = 0; c < nc; c++) {
+                const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
+                const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
+                const __m512i is =
+                    _mm512_sub_epi32(block_sum(lo, hi, a, bits == 5 ? 0 : 4), _mm512_set1_epi32(terms[c * nb + b]));
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[r][c]);
+            }
         }
     }
-    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+    store_lanes(y, ys, acc, ng, nc, nr);
 }
 
 /* ---- Q4_1 and Q5_1: Q4_0's and Q5_0's layouts without the offset, the 16 mins after the scales ---- */
 
-LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, float *y, size_t ys,
-                         int nr, const int bits) {
+LI_INLINE void q4_1_cols(const uint8_t *g, size_t gb, const int ng, int64_t nb, const char *x, size_t xs, const int nc,
+                         float *y, size_t ys, int nr, const int bits) {
     const size_t bb = bits == 5 ? 320 : 256;
-    const uint8_t *dd = g + (size_t)nb * bb, *mm = dd + (size_t)nb * 32;
-    __m512 acc[NC];
-    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    __m512 acc[NG][NC];
+    ZERO_LANES(acc, _mm512_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *qs = g + (size_t)b * bb;
-        if ((b & 3) == 0) ahead(qs, 4 * (int)bb);
-        if ((b & 31) == 0) {
-            ahead(dd + (size_t)b * 32, 1024);
-            ahead(mm + (size_t)b * 32, 1024);
-        }
-        __m512i lo[4], hi[4];
-        if (bits == 5)
-            fivebits16(qs, lo, hi);
-        else
-            nibbles16(qs, lo, hi);
-        const __m512 dw = f16x16(dd + (size_t)b * 32), mw = f16x16(mm + (size_t)b * 32);
-        UNROLL for (int c = 0; c < nc; c++) {
-            const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_1);
-            const int8_t *a = (const int8_t *)blk + offsetof(act_q8_1, qs);
-            const __m512i is = block_sum(lo, hi, a, bits == 5 ? 0 : 4);
-            float sx;
-            memcpy(&sx, blk + offsetof(act_q8_1, s), 4);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
-            acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), acc[c]);
+        UNROLL for (int r = 0; r < ng; r++) {
+            const uint8_t *qs = g + r * gb + (size_t)b * bb, *dd = g + r * gb + (size_t)nb * bb,
+                          *mm = dd + (size_t)nb * 32;
+            if ((b & 3) == 0) ahead(qs, 4 * (int)bb);
+            if ((b & 31) == 0) {
+                ahead(dd + (size_t)b * 32, 1024);
+                ahead(mm + (size_t)b * 32, 1024);
+            }
+            __m512i lo[4], hi[4];
+            if (bits == 5)
+                fivebits16(qs, lo, hi);
+            else
+                nibbles16(qs, lo, hi);
+            const __m512 dw = f16x16(dd + (size_t)b * 32), mw = f16x16(mm + (size_t)b * 32);
+            UNROLL for (int c = 0; c < nc; c++) {
+                const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_1);
+                const int8_t *a = (const int8_t *)blk + offsetof(act_q8_1, qs);
+                const __m512i is = block_sum(lo, hi, a, bits == 5 ? 0 : 4);
+                float sx;
+                memcpy(&sx, blk + offsetof(act_q8_1, s), 4);
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[r][c]);
+                acc[r][c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), acc[r][c]);
+            }
         }
     }
-    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+    store_lanes(y, ys, acc, ng, nc, nr);
 }
 
 /* ---- Q8_0: per block, 8 chunks of q + 128 (512 bytes), the scales after all blocks ---- */
 
-LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
+LI_INLINE void q8_0_cols(const uint8_t *g, size_t gb, const int ng, int64_t nb, const char *x, size_t xs, const int nc,
                          const int32_t *terms, float *y, size_t ys, int nr) {
-    const uint8_t *dd = g + (size_t)nb * 512;
-    __m512 acc[NC];
-    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    __m512 acc[NG][NC];
+    ZERO_LANES(acc, _mm512_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *qs = g + (size_t)b * 512;
-        if ((b & 1) == 0) ahead(qs, 1024);
-        if ((b & 31) == 0) ahead(dd + (size_t)b * 32, 1024);
-        const __m512 dw = f16x16(dd + (size_t)b * 32);
-        UNROLL for (int c = 0; c < nc; c++) {
-            const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
-            const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            UNROLL for (int j = 0; j < 8; j += 2) {
-                s0 = dpb(s0, load64(qs + 64 * j), a + 4 * j);
-                s1 = dpb(s1, load64(qs + 64 * (j + 1)), a + 4 * j + 4);
+        UNROLL for (int r = 0; r < ng; r++) {
+            const uint8_t *qs = g + r * gb + (size_t)b * 512, *dd = g + r * gb + (size_t)nb * 512;
+            if ((b & 1) == 0) ahead(qs, 1024);
+            if ((b & 31) == 0) ahead(dd + (size_t)b * 32, 1024);
+            const __m512 dw = f16x16(dd + (size_t)b * 32);
+            UNROLL for (int c = 0; c < nc; c++) {
+                const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
+                const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                UNROLL for (int j = 0; j < 8; j += 2) {
+                    s0 = dpb(s0, load64(qs + 64 * j), a + 4 * j);
+                    s1 = dpb(s1, load64(qs + 64 * (j + 1)), a + 4 * j + 4);
+                }
+                const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(terms[c * nb + b]));
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[r][c]);
             }
-            const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(terms[c * nb + b]));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
         }
     }
-    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+    store_lanes(y, ys, acc, ng, nc, nr);
 }
 
 /* ---- Q4_K and Q5_K ----
@@ -360,40 +388,51 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, int64_t nb, const char *x, size_t x
     UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
 }
 
-/* ---- the table's entries: nc as a constant ---- */
+/* ---- the table's entries: the lanes (groups x activation rows) as constants ---- */
 
-#define X16_ENTRY(name, call)                                                                              \
-    static void x16_##name(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *terms, \
-                           float *y, size_t ys, int nr) {                                                  \
-        const uint8_t *g = (const uint8_t *)group;                                                         \
-        const char *x = (const char *)xq;                                                                  \
-        switch (nc) {                                                                                      \
-        case 1: call(1); break;                                                                            \
-        case 2: call(2); break;                                                                            \
-        case 3: call(3); break;                                                                            \
-        default: call(4); break;                                                                           \
-        }                                                                                                  \
+/* up to `most` groups at once with one activation row (decode), otherwise
+ * one group at a time */
+#define X16_ENTRY(name, call, most)                                                                               \
+    static void x16_##name(const void *group, size_t gb, int ng, int64_t k, const void *xq, size_t xs, int nc,     \
+                           const int32_t *terms, float *y, size_t ys, int nr) {                                   \
+        const char *x = (const char *)xq;                                                                         \
+        const int step = nc == 1 ? most : 1;                                                                      \
+        for (int i = 0; i < ng; i += step) {                                                                      \
+            const uint8_t *g = (const uint8_t *)group + (size_t)i * gb;                                           \
+            float *yi = y + (size_t)i * LI_X16_ROWS;                                                              \
+            const int m = LI_MIN(step, ng - i), last = i + m == ng ? nr : LI_X16_ROWS;                            \
+            switch (8 * nc + (most > 1 ? m : 1)) {                                                                \
+            case 9: call(1, 1); break;                                                                            \
+            case 10: call(2, 1); break;                                                                           \
+            case 11: call(3, 1); break;                                                                           \
+            case 12: call(4, 1); break;                                                                           \
+            case 17: call(1, 2); break;                                                                           \
+            case 25: call(1, 3); break;                                                                           \
+            default: call(1, 4); break;                                                                           \
+            }                                                                                                     \
+        }                                                                                                         \
     }
-LI_STATIC_ASSERT(LI_X16_NC == 4, "the entries below take up to 4 activation rows");
+LI_STATIC_ASSERT(LI_X16_NC == 4 && LI_X16_NG == 4, "the entries below take up to 4 rows and 4 groups");
 
-#define Q4_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 4)
-#define Q4_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 4)
-#define Q5_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 5)
-#define Q5_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 5)
-#define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr)
-#define Q4_K_CALL(n) k45_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr, 0)
-#define Q5_K_CALL(n) k45_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr, 1)
-#define Q6_K_CALL(n) q6_K_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
-#define IQ4_XS_CALL(n) iq4_xs_cols(g, k / QK_K, x, xs, n, terms, y, ys, nr)
-X16_ENTRY(q4_0, Q4_0_CALL)
-X16_ENTRY(q4_1, Q4_1_CALL)
-X16_ENTRY(q5_0, Q5_0_CALL)
-X16_ENTRY(q5_1, Q5_1_CALL)
-X16_ENTRY(q8_0, Q8_0_CALL)
-X16_ENTRY(q4_K, Q4_K_CALL)
-X16_ENTRY(q5_K, Q5_K_CALL)
-X16_ENTRY(q6_K, Q6_K_CALL)
-X16_ENTRY(iq4_xs, IQ4_XS_CALL)
+#define Q4_0_CALL(m, n) q4_0_cols(g, gb, m, k / 32, x, xs, n, terms, yi, ys, last, 4)
+#define Q4_1_CALL(m, n) q4_1_cols(g, gb, m, k / 32, x, xs, n, yi, ys, last, 4)
+#define Q5_0_CALL(m, n) q4_0_cols(g, gb, m, k / 32, x, xs, n, terms, yi, ys, last, 5)
+#define Q5_1_CALL(m, n) q4_1_cols(g, gb, m, k / 32, x, xs, n, yi, ys, last, 5)
+#define Q8_0_CALL(m, n) q8_0_cols(g, gb, m, k / 32, x, xs, n, terms, yi, ys, last)
+/* the super-block kernels take one group at a time (m is 1): see above */
+#define Q4_K_CALL(m, n) k45_cols(g, k / QK_K, x, xs, n, terms, yi, ys, last, 0)
+#define Q5_K_CALL(m, n) k45_cols(g, k / QK_K, x, xs, n, terms, yi, ys, last, 1)
+#define Q6_K_CALL(m, n) q6_K_cols(g, k / QK_K, x, xs, n, terms, yi, ys, last)
+#define IQ4_XS_CALL(m, n) iq4_xs_cols(g, k / QK_K, x, xs, n, terms, yi, ys, last)
+X16_ENTRY(q4_0, Q4_0_CALL, NG)
+X16_ENTRY(q4_1, Q4_1_CALL, NG)
+X16_ENTRY(q5_0, Q5_0_CALL, NG)
+X16_ENTRY(q5_1, Q5_1_CALL, NG)
+X16_ENTRY(q8_0, Q8_0_CALL, NG)
+X16_ENTRY(q4_K, Q4_K_CALL, 1)
+X16_ENTRY(q5_K, Q5_K_CALL, 1)
+X16_ENTRY(q6_K, Q6_K_CALL, 1)
+X16_ENTRY(iq4_xs, IQ4_XS_CALL, 1)
 
 /* the int8 peak: 12 independent vpdpbusd chains (more than latency x
  * throughput), 64 multiply-adds each; returns how many were done */
