@@ -52,18 +52,16 @@ LI_INLINE __m512i dpb(__m512i acc, __m512i w, const int8_t *p) {
  * every PREFETCH_STEP bytes of the stream, lets them run ahead: measured on
  * a 600 MB stream of Q4_K groups, one line per 64 bytes reached 21 GB/s,
  * one per 256 bytes 24, one per 1024 bytes 26-29 (of about 28 that plain
- * loads reach); T0, or 2 KiB ahead, gained nothing. */
+ * loads reach); T0, or 2 KiB ahead, gained nothing, and NTA lost (Q4_0
+ * and Q6_K, 2-8 KiB ahead). */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 16384
 #endif
 #ifndef PREFETCH_STEP
 #define PREFETCH_STEP 1024
 #endif
-#ifndef PREFETCH_HINT
-#define PREFETCH_HINT _MM_HINT_T1
-#endif
 LI_INLINE void ahead(const uint8_t *p, int bytes) {
-    for (int o = 0; o < bytes; o += PREFETCH_STEP) _mm_prefetch((const char *)p + PREFETCH_AHEAD + o, PREFETCH_HINT);
+    for (int o = 0; o < bytes; o += PREFETCH_STEP) _mm_prefetch((const char *)p + PREFETCH_AHEAD + o, _MM_HINT_T1);
 }
 
 LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
@@ -143,9 +141,9 @@ LI_INLINE __m512i block_sum(const __m512i lo[4], const __m512i hi[4], const int8
  * same kernel runs at 65-70 GB/s on weights already in cache; with 3 to 6
  * groups read in step (4 here) the prefetchers keep enough lines in flight:
  * 25-27 GB/s (k = 4096). The super-block kernels below take one group at a
- * time: side by side they fell from 25 to 17 GB/s (Q4_K), the activation
- * super-block then being read again only after 4 groups' worth of weights,
- * out of L1. A row's arithmetic is the same whatever ng is. */
+ * time: side by side they fell from 25 to 17 GB/s (Q4_K, 2 or 4 groups; why
+ * is not known: keeping the activations in L1 by cutting k into tiles was
+ * slower still). A row's arithmetic is the same whatever ng is. */
 #define NG LI_X16_NG
 
 /* lane (r, c): group r's 16 rows against activation row c, to y + c * ys + 16 r */
