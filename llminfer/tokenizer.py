@@ -119,6 +119,52 @@ _RE_LLAMA3 = (_RE_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p
               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _RE_QWEN2 = (_RE_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen 3.5: combining marks stay with their letters
+_RE_QWEN35 = (_RE_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Case-split words (tekken, gpt-4o). The tokenizer.json form names the Unicode
+# case classes; llama.cpp runs "a letter that is not a-z" / "not A-Z" instead,
+# so every letter outside ASCII counts as both cases: that form is used here,
+# since llama.cpp is what GGUF files are checked against.
+_UPPERISH = r"((?=[\p{L}])([^a-z]))"
+_LOWERISH = r"((?=[\p{L}])([^A-Z]))"
+_RE_TEKKEN = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}*{_LOWERISH}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}+{_LOWERISH}*"
+              r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}*{_LOWERISH}+{_RE_CONTRACTIONS}?"
+             rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}+{_LOWERISH}*{_RE_CONTRACTIONS}?"
+             r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_GRANITE_MULTI = _RE_GPT4O.replace(r"(?=[\p{L}])", r"(?=[\p{L}\p{M}])")
+# tiny_aya and youtu name the case classes; llama.cpp reads each of \p{Lu},
+# \p{Ll}, \p{Lt}, \p{Lm}, \p{Lo} as any letter, so there a word does not
+# split where its case changes. Written here as llama.cpp runs them.
+_RE_TINY_AYA = (r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]*[\p{L}\p{M}]+" + _RE_CONTRACTIONS
+                + r"?|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+[\p{L}\p{M}]*" + _RE_CONTRACTIONS
+                + r"?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_YOUTU = (r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]*[\p{L}\p{M}]+" + _RE_CONTRACTIONS
+             + r"?|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+[\p{L}\p{M}]*" + _RE_CONTRACTIONS
+             + r"?|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama.cpp turns every non-ASCII space into a vertical tab before matching:
+# such a space matches \s but never a class written out by code points, which
+# a regex here says with this lookahead (unicode_set_whitespace's members)
+_NOT_WIDE_SPACE = "(?![\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000])"
+# DeepSeek: CJK runs and digit runs split before the word regex
+_CJK_DS = "(?:" + _NOT_WIDE_SPACE + "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff])+"
+_RE_DS_LETTERS = (
+    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+    "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
+    "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba"
+    "\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45"
+    "\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
+    "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc"
+    "\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
+    "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3"
+    "\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06"
+    "\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
+    "\U0001e900-\U0001e943]+")
+_RE_DS3 = (r"[!" + '"' + r"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+           r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_BLOOM = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 
 
 class _Pre:
@@ -137,23 +183,67 @@ _PRE_GPT2 = _Pre([_RE_GPT2])
 _PRE_STARCODER = _Pre([r"\p{N}", _RE_GPT2])  # digits one by one, then GPT-2
 _PRE_QWEN2 = _Pre([_RE_QWEN2])
 _PRE_FALCON = _Pre([r"[\p{P}\$\+<=>\^~\|`]+", _RE_GPT2, r"[0-9][0-9][0-9]"])
+_PRE_DS3 = _Pre([r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+", _RE_DS3])
 
 _PRE_BY_NAME = {"default": _PRE_DEFAULT, "falcon": _PRE_FALCON}
 for _names, _pre in (
-    (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"), _PRE_LLAMA3),
+    (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"),
+     _PRE_LLAMA3),
     (("dbrx", "smaug-bpe"), _Pre([_RE_LLAMA3])),
-    (("glm4", "chatglm-bpe"), _Pre([_RE_LLAMA3], no_bos=True)),
+    (("chatglm-bpe",), _Pre([_RE_LLAMA3], no_bos=True)),
+    (("glm4", "glm5"), _Pre([_RE_LLAMA3], ignore_merges=True, no_bos=True)),
     (("gpt2", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0",
       "mellum", "modern-bert", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4",
       "jina-v1-en", "jina-v2-code", "roberta-bpe"), _PRE_GPT2),
     (("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"),
      _PRE_STARCODER),
-    (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"),
+    (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open", "grok-2"),
      _PRE_QWEN2),
+    (("qwen35",), _Pre([_RE_QWEN35])),
+    (("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _Pre([_RE_GPT4O])),
+    (("granite-embed-multi-97m",), _Pre([_RE_GRANITE_MULTI], ignore_merges=True)),
+    (("tiny_aya", "cohere2moe"), _Pre([r"[0-9]{1,3}(?=(?:[0-9]{3})*\b)", _RE_TINY_AYA])),  # \d: ASCII there
+    (("tekken",), _Pre([_RE_TEKKEN], ignore_merges=True, add_bos=True)),
+    (("youtu",), _Pre(["[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b"
+                       "\uff0c\u3001-\u303f\ufe30-\ufe4f]+|[\u3105-\u312f]+|[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+                       _RE_YOUTU], ignore_merges=True)),
+    (("deepseek-llm",), _Pre([r"[\r\n]", _RE_DS_LETTERS,
+                              "\\s?(?:" + _NOT_WIDE_SPACE + "[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002])+",
+                              r"\s+\z",  # the end of the piece ($ in Oniguruma is also before a newline)
+                              _CJK_DS, r"\p{N}+"])),
+    (("deepseek-coder",), _Pre([r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK_DS, r"\p{N}"])),
+    (("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"), _PRE_DS3),
+    (("spark2_5",), _Pre([r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+                          _RE_DS3.replace(r"[\r\n]*|\s*[\r\n]+|", r"|[\r\n]|"), r"\p{N}"])),
+    (("poro-chat", "bloom", "gpt3-finnish"), _Pre([_RE_BLOOM])),
+    (("viking",), _Pre([_RE_BLOOM, r"\p{N}"])),
+    (("chameleon",), _Pre([r"<sentinel:[0-9]+>", r"(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", r"([\t\n]|    |  )",
+                           r"\p{N}", r"[\p{P}!-/:-@\[-`{-~]", _RE_GPT2], add_bos=True)),
+    (("bailingmoe", "bailingmoe2", "llada-moe"),
+     _Pre([r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]|\s+(?!\S)|\s+"])),
+    (("seed-coder",), _Pre([_RE_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
+                            r"|\s*[\r\n]+|\s+(?!\S)|\s+"])),
+    (("ufakzeka",), _Pre([r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"])),
+    (("laguna",), _Pre([r"[^\n]+|[\n]+", _RE_QWEN2])),
+    (("minicpm5",), _Pre([r"\p{N}{1,3}", _RE_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+"
+                          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"], ignore_merges=True)),
+    (("exaone-moe",), _Pre([_RE_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
+                            r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"])),
+    (("jais-2",), _Pre([_RE_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                        r"|\s*[\r\n]+" + "".join(rf"|\s{{{n}}}(?!\S)" for n in (512, 256, 128, 64, 32, 16, 8, 4))
+                        + r"|\s{1,2}(?!\S)|\s{1}"])),
 ):
     for _name in _names:
         _PRE_BY_NAME[_name] = _pre
 del _names, _pre, _name
+
+# Pre-tokenizers llama.cpp implements with code of its own (digit grouping,
+# Han exclusion) or without GPT-2 byte encoding: refused by name rather than
+# split with the wrong regexes.
+_PRE_NOT_IMPLEMENTED = frozenset((
+    "kimi-k2", "afmoe", "superbpe", "gemma4", "granite-embed-multi-311m", "sarvam-moe", "whitespace",
+))
 
 
 def _byte_level_alphabet():
@@ -663,6 +753,9 @@ class Tokenizer:
             return cls(vocab, WPMModel(vocab, metadata), kind, None)
         pre_name = metadata.get(Keys.Tokenizer.PRE) or "default"
         pre = _PRE_BY_NAME.get(pre_name)
+        if pre_name in _PRE_NOT_IMPLEMENTED:
+            raise TokenizerError(f"pre-tokenizer {pre_name!r} ({Keys.Tokenizer.PRE}) is not implemented: "
+                                 "llama.cpp splits it with code of its own, and no regex here gives its token ids")
         if pre is None:
             warnings.warn(f"unknown pre-tokenizer {pre_name!r} ({Keys.Tokenizer.PRE}); "
                           "using the default regexes, token ids may differ from the model's training",

@@ -16,7 +16,7 @@ from gguf import TokenType
 
 from llminfer.errors import TokenError, TokenizerError
 from llminfer.gguf_file import GGUFFile
-from llminfer.tokenizer import SPACE_MARK, Tokenizer
+from llminfer.tokenizer import _EOG_PIECES, _PRE_BY_NAME, _PRE_NOT_IMPLEMENTED, SPACE_MARK, Tokenizer
 
 # One battery for round trips here and for parity with llama.cpp (also used by
 # bench/tokenizer_parity.py): spaces, tabs and newlines, digits, accents, CJK,
@@ -56,6 +56,8 @@ BATTERY = [
     "\x00 nul and \x7f del \x1b escape",
     f"{SPACE_MARK}already escaped{SPACE_MARK} space marks",
     "\U0001f600\U0001f601 \U00010348 \U0001d11e rare planes",
+    "ÀbcÉ ßẞ Xyz's McDonald'S\n\n  \tend 12,345.678 \u0661\u0662\u0663\u0664 1234567",
+    "x\u3000\u3000y \u2003z\u00a0\n \u0085!\u3000\u3001\u1680",
 ]
 
 # (add_bos, special) combinations every battery string is checked under
@@ -137,16 +139,16 @@ def _gpt2_chars():
     return out
 
 
-def bpe_meta(merges, pre="gpt2", **extra):
+def bpe_meta(merges, pre="gpt2", controls=("<|end|>",), **extra):
     """A small byte-level BPE vocabulary: the 256 byte characters, every merge
-    result, and one control token."""
+    result, and the control tokens."""
     pieces = _gpt2_chars()
     for m in merges:
         a, b = m.split(" ")
         if a + b not in pieces:
             pieces.append(a + b)
-    pieces.append("<|end|>")
-    types = [TokenType.NORMAL] * (len(pieces) - 1) + [TokenType.CONTROL]
+    pieces += controls
+    types = [TokenType.NORMAL] * (len(pieces) - len(controls)) + [TokenType.CONTROL] * len(controls)
     meta = {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": pre,
@@ -405,6 +407,86 @@ def test_unknown_pre_tokenizer_falls_back_to_default():
     assert gpt2.encode("1234", add_bos=False) == [gpt2.token_id(p) for p in ("1", "2", "34")]
 
 
+def substring_merges(texts, max_len, forbidden=()):
+    """Byte-level BPE merges that make every piece of up to max_len byte
+    characters in the texts a token, shorter pieces ranked first, each built
+    from its first character and the rest or from all but its last one. They
+    cross every place a regex may cut (space-letter, letter-digit, digit
+    runs, case changes, newlines), so tokens line up with the pre-tokenizer's
+    pieces and two pre-tokenizers that split a text differently give
+    different ids. No merge makes a piece in forbidden."""
+    chars = _gpt2_chars()
+    merges, seen = [], set()
+    for n in range(2, max_len + 1):
+        for text in texts:
+            line = "".join(chars[b] for b in text.encode("utf-8"))
+            for i in range(len(line) - n + 1):
+                piece = line[i:i + n]
+                if piece in seen or any(f in piece for f in forbidden):
+                    continue
+                seen.add(piece)
+                merges.append(f"{piece[0]} {piece[1:]}")
+                if n > 2:
+                    merges.append(f"{piece[:-1]} {piece[-1]}")
+    # a merge whose parts never both became tokens can never apply: drop it
+    tokens = set(chars) | seen
+    return [m for m in merges if all(part in tokens for part in m.split(" "))]
+
+
+# the battery's chat markup as control tokens
+_CONTROLS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def battery_merges(max_len):
+    # no piece may spell a control or end-of-generation token: llama.cpp treats
+    # those texts as control tokens wherever they sit in a vocabulary
+    return substring_merges(BATTERY, max_len,
+                            forbidden=set(_CONTROLS) | _EOG_PIECES)
+
+
+def battery_meta(merges, pre):
+    meta = bpe_meta(merges, pre=pre, controls=_CONTROLS)
+    meta["tokenizer.ggml.bos_token_id"] = meta["tokenizer.ggml.tokens"].index("<|endoftext|>")
+    return meta
+
+
+@pytest.mark.parametrize("pre", sorted(_PRE_BY_NAME))
+def test_every_pre_tokenizer_round_trips(pre):
+    """Every known pre-tokenizer name builds (its regexes compile) and gives
+    back every battery string; the ids do not depend on how texts are batched."""
+    tok = Tokenizer.from_metadata(battery_meta(battery_merges(4), pre))
+    assert tok.pre == pre
+    for text in BATTERY:
+        ids = tok.encode(text, add_bos=False)
+        assert tok.decode(ids) == text
+        assert all(0 <= i < tok.n_vocab for i in ids)
+    # a battery-merged vocabulary tokenizes its texts in fewer tokens than bytes
+    whole = "".join(BATTERY[:10])
+    assert len(tok.encode(whole, add_bos=False)) < len(whole.encode("utf-8"))
+
+
+def test_case_splitting_pre_tokenizers():
+    """tekken and gpt-4o cut a word where its case changes, qwen2 does not; the
+    gpt-4o family keeps digits in threes, qwen2 and tekken one at a time."""
+    merges = ["l C", "1 2", "12 3"]
+
+    def pieces(pre, text):
+        tok = Tokenizer.from_metadata(bpe_meta(merges, pre=pre))
+        return [tok.piece(i) for i in tok.encode(text, add_bos=False)]
+
+    assert pieces("qwen2", "CamelCase") == ["C", "a", "m", "e", "lC", "a", "s", "e"]
+    for pre in ("tekken", "gpt-4o", "llama4"):
+        assert "lC" not in pieces(pre, "CamelCase")
+    assert pieces("gpt-4o", "1234") == ["123", "4"]
+    assert pieces("qwen2", "123") == pieces("tekken", "123") == ["1", "2", "3"]
+
+
+@pytest.mark.parametrize("pre", sorted(_PRE_NOT_IMPLEMENTED))
+def test_pre_tokenizers_without_regexes_are_refused(pre):
+    with pytest.raises(TokenizerError, match=f"pre-tokenizer '{pre}'.*not implemented"):
+        Tokenizer.from_metadata(bpe_meta(["a b"], pre=pre))
+
+
 def test_bad_vocabularies():
     with pytest.raises(TokenizerError, match="merges"):
         Tokenizer.from_metadata({k: v for k, v in bpe_meta([]).items() if k != "tokenizer.ggml.merges"})
@@ -562,13 +644,20 @@ def _write_vocab_gguf(path, metadata, **override):
 
 
 @pytest.mark.peer
-@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "gpt-2", "default", "starcoder", "falcon"])
+@pytest.mark.parametrize("pre", sorted(set(_PRE_BY_NAME) - {"gpt2"}))  # "gpt2": our alias, not llama.cpp's
 def test_pre_tokenizers_match_llama_cpp(smollm_meta, tmp_path, pre):
-    """SmolLM2's vocabulary under other pre-tokenizer names: each regex set
-    splits as llama.cpp's does (llama-bpe also skips merges for whole words)."""
+    """Every known pre-tokenizer name, under two vocabularies: SmolLM2's (real
+    merges, learnt after its own splitting) and one learnt on the battery with
+    no splitting at all, whose merges cross every place a regex may cut. Both
+    give llama.cpp's ids for every battery string and flag combination."""
     path = _write_vocab_gguf(tmp_path / f"{pre}.gguf", smollm_meta, **{"tokenizer.ggml.pre": pre})
     tok = Tokenizer.from_metadata(GGUFFile(path).metadata)
     assert tok.pre == pre
+    assert _mismatches(tok, _llama(path)) == []
+
+    model_keys = {k: v for k, v in smollm_meta.items() if not k.startswith("tokenizer.")}
+    path = _write_vocab_gguf(tmp_path / f"{pre}-battery.gguf", model_keys, **battery_meta(battery_merges(8), pre))
+    tok = Tokenizer.from_metadata(GGUFFile(path).metadata)
     assert _mismatches(tok, _llama(path)) == []
 
 
