@@ -26,7 +26,10 @@ def main():
 
     ids = np.load(args.ids).astype(np.int64).tolist()
     llm = Llama(model_path=args.model, n_ctx=args.n_ctx, n_batch=max(len(ids), 1), n_ubatch=max(len(ids), 1),
-                logits_all=True, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+                logits_all=True, n_threads=args.threads, n_threads_batch=args.threads, verbose=False,
+                # llama-cpp-python passes 32 and 1 by default, over the file's
+                # own rope.scaling.yarn_beta_* (mistral3); -1 lets llama.cpp read them
+                yarn_beta_fast=-1.0, yarn_beta_slow=-1.0)
     llm.eval(ids)
     np.save(args.out, np.asarray(llm.scores[:len(ids)], dtype=np.float32))
 

@@ -75,6 +75,11 @@ void li_prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t t, i
         if (L->bq) li_K->add_f32(qh, L->bq + h * hd, qh, hd);
         if (L->q_norm && !m->qk_norm_whole) li_K->rms_norm(qh, L->q_norm, qh, hd, m->norm_eps);
         if (!L->no_rope) li_rope_head(qh, cs, m->n_rot, m->rope_mode);
+        if (m->attn_temp_scale != 0.0f) {
+            const double steps = floor(((double)c->pos[t] + (double)m->attn_temp_offset) / (double)m->attn_temp_floor);
+            const float s = (float)(log(steps + 1.0) * (double)m->attn_temp_scale + 1.0);
+            for (int64_t d = 0; d < hd; d++) qh[d] *= s;
+        }
         if (c->kv.kv_type == LI_TYPE_F16) li_round_to_f16(qh, hd);
         if (kv_quantized(c)) {
             const int a = li_types[c->kv.kv_type].act_type;

@@ -194,6 +194,11 @@ typedef struct li_model_desc {
                                   * not one head */
     int n_expert, n_expert_used; /* experts per MoE layer and how many each token is routed to (0, 0: dense) */
     int n_ff_exp;                /* feed-forward width of one expert */
+    float attn_temp_scale;       /* != 0: a query at position p is multiplied by
+                                  * ln(floor((p + attn_temp_offset) / attn_temp_floor) + 1) * attn_temp_scale + 1
+                                  * after RoPE (Llama 4 / Ministral 3 temperature tuning); 0: none */
+    float attn_temp_offset;
+    int attn_temp_floor;         /* > 0 when attn_temp_scale != 0 */
     void *packed_arena;          /* NULL, or the one block li_model_repack keeps every repacked matrix in */
 } li_model_desc;
 

@@ -127,6 +127,10 @@ int li_model_check(const li_model_desc *m) {
         return li_fail(LI_E_ARG, "residual_scale %g, logit_scale %g, attn_softcap %g or final_softcap %g out of range",
                        (double)m->residual_scale, (double)m->logit_scale, (double)m->attn_softcap,
                        (double)m->final_softcap);
+    if (!isfinite(m->attn_temp_scale) || !isfinite(m->attn_temp_offset) ||
+        (m->attn_temp_scale != 0.0f && m->attn_temp_floor <= 0))
+        return li_fail(LI_E_ARG, "attention temperature scale %g, offset %g and floor %d out of range",
+                       (double)m->attn_temp_scale, (double)m->attn_temp_offset, m->attn_temp_floor);
     if (m->n_expert < 0 || m->n_expert > LI_MAX_EXPERTS || m->n_expert_used < 0 ||
         m->n_expert_used > m->n_expert || (m->n_expert > 0 && (m->n_expert_used == 0 || m->n_ff_exp <= 0)))
         return li_fail(LI_E_SHAPE, "%d experts (at most %d), %d used per token and expert width %d do not fit",

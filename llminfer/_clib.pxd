@@ -89,6 +89,9 @@ cdef extern from "llminfer.h" nogil:
         float attn_softcap
         float final_softcap
         int qk_norm_whole
+        float attn_temp_scale
+        float attn_temp_offset
+        int attn_temp_floor
         int n_expert, n_expert_used
         int n_ff_exp
         void *packed_arena

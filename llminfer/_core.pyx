@@ -254,6 +254,9 @@ cdef class ModelDesc:
         d.attn_softcap = spec.attn_softcap
         d.final_softcap = spec.final_softcap
         d.qk_norm_whole = 1 if spec.qk_norm_whole else 0
+        d.attn_temp_scale = spec.attn_temp_scale
+        d.attn_temp_offset = spec.attn_temp_offset
+        d.attn_temp_floor = spec.attn_temp_floor
         d.n_expert = spec.n_expert
         d.n_expert_used = spec.n_expert_used
         d.n_ff_exp = spec.n_ff_exp

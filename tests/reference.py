@@ -14,6 +14,9 @@ llama.cpp reads their GGUF files (src/models/*.cpp there):
   q/k norms over the whole projection, post-norms), gemma2 (soft-capped
   scores and logits, post-norms, alternating windows), gemma3 (per-head
   q/k norms, post-norms, windows on 5 of 6 layers): RoPE on (i, i + n/2);
+- mistral3: llama's block with YaRN (its own betas and log multiplier) and
+  the queries' temperature tuning;
+- YaRN RoPE scaling wherever the file asks for it;
 - a sliding window on every layer of any other architecture whose file sets
   attention.sliding_window.
 """
@@ -47,6 +50,8 @@ class ReferenceModel:
     def _windowed(self, i):
         """(window, whether layer i uses it)"""
         a = self.arch
+        if a == "mistral3":  # llama.cpp reads no window for it
+            return 0, False
         window = self.hp("attention.sliding_window", 0)
         if a == "gemma2":
             window = self.hp("attention.sliding_window", 4096)
@@ -157,6 +162,38 @@ class ReferenceModel:
             scale *= self.hp("rope.scaling.attn_factor", 1.0) ** 2  # RoPE scales q and k by it
         softcap = self.hp("attn_logit_softcapping", 50.0) if a == "gemma2" else 0.0
 
+        # YaRN, as ggml's rope computes it: each pair's angle mixes the
+        # interpolated (angle * fs) and the original one by a ramp over the
+        # pairs, and cos/sin are scaled by mscale
+        yarn = self.hp("rope.scaling.type", "none") == "yarn"
+        fs, mix, mscale = 1.0, None, 1.0
+        if yarn:
+            factor = self.hp("rope.scaling.factor", 0.0)
+            fs = 1.0 / factor if factor else 1.0
+            n_orig = self.hp("rope.scaling.original_context_length", self.hp("context_length"))
+            fast, slow, log_mul = 32.0, 1.0, 0.0
+            if a == "mistral3":
+                fast = self.hp("rope.scaling.yarn_beta_fast", fast)
+                slow = self.hp("rope.scaling.yarn_beta_slow", slow)
+                log_mul = self.hp("rope.scaling.yarn_log_multiplier", log_mul)
+
+            def corr(turns):
+                return n_rot * math.log(n_orig / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+            lo, hi = max(0, math.floor(corr(fast))), min(n_rot - 1, math.ceil(corr(slow)))
+            mix = 1 - np.clip((np.arange(n_rot // 2) - lo) / max(0.001, hi - lo), 0, 1)
+
+            def m(f, k):
+                return 1.0 if f <= 1 else 0.1 * k * math.log(f) + 1
+
+            f = 1 / fs
+            mscale = (m(f, 1) / m(f, log_mul) if log_mul else m(f, 1)) / (1 + 0.1 * math.log(f))
+            mscale *= self.hp("rope.scaling.attn_factor", 1.0) * (1 + 0.1 * math.log(f))
+        temp = self.hp("attention.temperature_scale", 0.0) if a == "mistral3" else 0.0
+        if temp:
+            floor = self.hp("rope.scaling.original_context_length", self.hp("context_length"))
+            q_temp = np.log(np.floor(pos / floor) + 1) * temp + 1
+
         def norm(x, w):
             return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
@@ -166,7 +203,9 @@ class ReferenceModel:
             if factors is not None:
                 freqs = freqs / factors
             ang = pos[:, None] * freqs[None, :]
-            c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+            if yarn:
+                ang = fs * ang * (1 - mix) + ang * mix
+            c, s = mscale * np.cos(ang)[:, None, :], mscale * np.sin(ang)[:, None, :]
             x = x.copy()
             if neox:
                 x0, x1 = x[..., :half].copy(), x[..., half:n_rot].copy()
@@ -217,6 +256,8 @@ class ReferenceModel:
                 q, k = norm(q, T("attn_q_norm.weight")), norm(k, T("attn_k_norm.weight"))
             if use_rope:
                 q, k = rope(q, b), rope(k, b)
+            if temp:
+                q = q * q_temp[:, None, None]
             if kv_type is not None:
                 q, k, v = _rounded(q, "Q8_0"), _rounded(k, kv_type.upper()), _rounded(v, kv_type.upper())
             group = n_head // n_kv

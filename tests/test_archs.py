@@ -22,7 +22,7 @@ TOL_FLOAT_WEIGHTS = 5e-3   # as in test_forward: relative to the largest |refere
 TOL_QUANT_WEIGHTS = 3e-2
 ROUTE_TIE = 0.005
 
-NEW_ARCHS = ["qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe"]
+NEW_ARCHS = ["qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3"]
 
 
 def config(arch, **kw):
@@ -31,6 +31,10 @@ def config(arch, **kw):
         defaults["sliding_window"] = 8
     if arch == "smollm3":
         defaults["n_layer"] = 4  # layer 3 is the first without RoPE
+    if arch == "mistral3":
+        # YaRN x4 from an original context of 16, and temperature tuning
+        # stepping every 16 positions, so a 40-token prompt sees three scales
+        defaults.update(yarn_factor=4.0, yarn_orig_ctx=16, attn_temp_scale=0.5)
     defaults.update(kw)
     return TinyConfig(**defaults)
 
@@ -135,6 +139,38 @@ def test_phi3_long_rope_factors_by_context(tiny, orig):
     check_close(run(path, toks, n_ctx=512), ref, TOL_QUANT_WEIGHTS, f"phi3 LongRoPE, original context {orig}")
     other = ReferenceModel(path, n_ctx=32 if orig == 64 else 2048).logits(toks)
     assert np.abs(other - ref).max() > 0.1 * np.abs(ref).max()  # the choice matters
+
+
+@pytest.mark.parametrize("arch, kw", [
+    ("mistral3", dict(attn_temp_scale=0.0)),    # YaRN alone
+    ("mistral3", dict(yarn_factor=0.0)),         # temperature tuning alone
+    ("mistral3", dict(yarn_log_mul=0.0)),        # YaRN's mscale not divided down
+    ("qwen3", dict(yarn_factor=4.0)),            # YaRN with llama.cpp's betas (Qwen's long-context files)
+    ("llama", dict(yarn_factor=8.0, yarn_orig_ctx=64)),
+])
+def test_yarn_and_temperature_tuning(tiny, arch, kw):
+    """Each of YaRN's pieces and the queries' temperature tuning, alone, gives
+    the reference's logits, and changes them (against the same file without it)."""
+    path = tiny(arch, **kw)
+    toks = tokens_for(13, n=48)
+    ours = run(path, toks, step=7)
+    ref = ReferenceModel(path).logits(toks)
+    check_close(ours, ref, TOL_QUANT_WEIGHTS, f"{arch} {kw}")
+    plain = ReferenceModel(tiny(arch, yarn_factor=0.0, attn_temp_scale=0.0)).logits(toks)
+    assert np.abs(plain - ref).max() > 10 * np.abs(ours - ref).max()
+
+
+def test_yarn_is_refused_where_not_built():
+    """gemma3 builds its layers itself (two RoPE bases): YaRN there is refused by name."""
+    from llminfer.models.base import Hparams, rope_scale
+
+    class Meta:  # the little of a GGUFFile that Hparams reads
+        path = "x.gguf"
+        metadata = {"gemma3.rope.scaling.type": "yarn", "gemma3.rope.scaling.factor": 4.0}
+
+    with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn' is not supported \\(only linear\\)"):
+        rope_scale(Hparams(Meta(), "gemma3"))
+    assert rope_scale(Hparams(Meta(), "gemma3"), yarn_ok=True) == 1.0
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])

@@ -39,3 +39,25 @@ def test_logits_match_llama_cpp(peer_python, tmp_path, arch, qtype):
     s = np.sort(peer, axis=-1)
     clear = s[:, -1] - s[:, -2] >= MARGIN
     assert np.array_equal(ours.argmax(-1)[clear], peer.argmax(-1)[clear])
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("arch, kw", [
+    ("mistral3", dict(attn_temp_scale=0.0)),
+    ("mistral3", dict(yarn_factor=0.0)),
+    ("mistral3", dict(yarn_log_mul=0.0)),
+    ("qwen3", dict(yarn_factor=4.0)),
+    ("llama", dict(yarn_factor=8.0, yarn_orig_ctx=64)),
+])
+def test_yarn_and_temperature_match_llama_cpp(peer_python, tmp_path, arch, kw):
+    """YaRN's pieces and mistral3's temperature tuning, one at a time, as
+    llama.cpp computes them (48 positions: three temperature steps of 16)."""
+    path = write_model(tmp_path / f"{arch}.gguf", config(arch, pre="default", **kw))
+    toks = tokens_for(13, n=48)
+    peer = peer_logits(peer_python, path, toks, tmp_path)
+    ours = run(path, toks, step=7)
+    err = np.abs(ours - peer).max() / np.abs(peer).max()
+    assert err < TOL_RELATIVE, f"{arch} {kw}: max |ours - llama.cpp| is {err:.4f} of the largest logit"
+    s = np.sort(peer, axis=-1)
+    clear = s[:, -1] - s[:, -2] >= MARGIN
+    assert np.array_equal(ours.argmax(-1)[clear], peer.argmax(-1)[clear])

@@ -92,11 +92,18 @@ class TinyConfig:
     n_expert_used: int = 3
     n_ff_exp: int = 256
     pre: str = "gpt2"             # tokenizer.ggml.pre ("default" for llama.cpp, which no longer knows "gpt2")
+    # YaRN scaling, written when yarn_factor > 0 (betas and log multiplier: mistral3 only)
+    yarn_factor: float = 0.0
+    yarn_orig_ctx: int = 16
+    yarn_beta_fast: float = 16.0
+    yarn_beta_slow: float = 2.0
+    yarn_log_mul: float = 0.5
+    attn_temp_scale: float = 0.0  # mistral3: attention.temperature_scale, written when != 0
 
 
 # What each architecture adds to (or takes from) the Llama block in a tiny model
 NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
-ARCHS = ("llama", "qwen2", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe")
+ARCHS = ("llama", "qwen2", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3")
 
 
 def vocab():
@@ -142,6 +149,18 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
     if arch == "phi3" and cfg.long_context:
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", cfg.long_context)
         w.add_float32(f"{arch}.rope.scaling.attn_factor", cfg.rope_attn_factor)
+    if cfg.yarn_factor > 0:
+        w.add_string(f"{arch}.rope.scaling.type", "yarn")
+        w.add_float32(f"{arch}.rope.scaling.factor", cfg.yarn_factor)
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", cfg.yarn_orig_ctx)
+        if arch == "mistral3":
+            w.add_float32(f"{arch}.rope.scaling.yarn_beta_fast", cfg.yarn_beta_fast)
+            w.add_float32(f"{arch}.rope.scaling.yarn_beta_slow", cfg.yarn_beta_slow)
+            w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", cfg.yarn_log_mul)
+    if cfg.attn_temp_scale:
+        w.add_float32(f"{arch}.attention.temperature_scale", cfg.attn_temp_scale)
+        if cfg.yarn_factor <= 0:  # the temperature's step, else context_length
+            w.add_uint32(f"{arch}.rope.scaling.original_context_length", cfg.yarn_orig_ctx)
     if arch == "qwen3moe":
         w.add_uint32(f"{arch}.expert_count", cfg.n_expert)
         w.add_uint32(f"{arch}.expert_used_count", cfg.n_expert_used)

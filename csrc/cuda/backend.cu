@@ -183,9 +183,9 @@ static int gpu_create_into(gpu_backend *be, const li_model_desc *m, const li_kv_
      * MoE models, the GPU kernels do not compute yet: refuse, never approximate */
     if (m->n_expert > 0) FAIL(LI_E_TYPE, "mixture-of-experts layers do not run on the GPU backend yet");
     if (m->attn_softcap != 0.0f || m->final_softcap != 0.0f || m->residual_scale != 1.0f || m->logit_scale != 1.0f ||
-        m->qk_norm_whole)
-        FAIL(LI_E_TYPE, "soft-capping, residual or logit scales and whole-projection q/k norms do not run on the "
-                        "GPU backend yet");
+        m->qk_norm_whole || m->attn_temp_scale != 0.0f)
+        FAIL(LI_E_TYPE, "soft-capping, residual or logit scales, whole-projection q/k norms and attention "
+                        "temperature scaling do not run on the GPU backend yet");
     for (int il = first; il < last; il++)
         if (m->layers[il].no_rope || !m->layers[il].attn_norm || !m->layers[il].ffn_norm)
             FAIL(LI_E_TYPE, "layer %d (without RoPE or without a pre-norm) does not run on the GPU backend yet", il);

@@ -111,6 +111,10 @@ class ModelSpec:
     attn_softcap: float = 0.0     # gemma2: scores become cap * tanh(score / cap); 0: none
     final_softcap: float = 0.0    # gemma2: the same on the logits
     qk_norm_whole: bool = False   # olmo2: q_norm/k_norm over the whole projection, not per head
+    # mistral3: queries at position p scaled by ln(floor((p + offset) / floor) + 1) * scale + 1; 0: none
+    attn_temp_scale: float = 0.0
+    attn_temp_offset: float = 0.0
+    attn_temp_floor: int = 0
     n_expert: int = 0             # MoE: experts per layer, how many a token uses, one expert's width
     n_expert_used: int = 0
     n_ff_exp: int = 0
@@ -325,15 +329,66 @@ def is_swa_layer(layer: int, pattern: int) -> bool:
     return pattern == 0 or layer % pattern < pattern - 1
 
 
-def rope_scale(hp: Hparams) -> float:
-    """The linear position scale from rope.scaling.* metadata (1.0 when none)."""
+def rope_scale(hp: Hparams, yarn_ok: bool = False) -> float:
+    """The linear position scale from rope.scaling.* metadata (1.0 when none).
+    yarn_ok: the caller builds through llama.build, which turns YaRN into
+    per-frequency factors (apply_yarn); the linear scale is then 1."""
     kind = hp.str("rope.scaling.type", "none").lower()
     factor = hp.float("rope.scaling.factor", 0.0)  # 0: none, as 1
     if kind in ("", "none") or factor in (0.0, 1.0):
         return 1.0
     if kind == "linear":
         return 1.0 / factor
-    raise UnsupportedModelError(f"{hp.path}: RoPE scaling {kind!r} is not supported (only linear)")
+    if kind == "yarn" and yarn_ok:
+        return 1.0
+    supported = "linear and yarn" if yarn_ok else "only linear"
+    raise UnsupportedModelError(f"{hp.path}: RoPE scaling {kind!r} is not supported ({supported})")
+
+
+def apply_yarn(spec, hp: Hparams, beta_fast: float = 32.0, beta_slow: float = 1.0, log_mul: float = 0.0):
+    """YaRN RoPE scaling (rope.scaling.type yarn), as ggml computes it. For
+    pair i the angle is the unscaled one times fs * (1 - r_i) + r_i, fs =
+    1 / rope.scaling.factor, r_i a ramp from 1 (pairs turning many times
+    within the original context: kept) to 0 (slow pairs: interpolated)
+    between the correction dims of beta_fast and beta_slow. That is a fixed
+    divisor per pair, folded into spec.rope_factors. ggml also multiplies
+    cos and sin by mscale, which scales every q.k by mscale**2: folded into
+    attn_scale. mscale is 1 + 0.1 ln(factor), divided by 1 + 0.1 log_mul
+    ln(factor) when the file gives yarn_log_multiplier, times
+    rope.scaling.attn_factor."""
+    bases = {L.rope_base for L in spec.layers if L.use_rope}
+    if len(bases) > 1:
+        raise UnsupportedModelError(f"{hp.path}: YaRN scaling with RoPE bases differing by layer is not supported")
+    if not bases or spec.n_rot == 0:
+        return
+    base = bases.pop()
+    factor = hp.float("rope.scaling.factor", 0.0)
+    fs = 1.0 / factor if factor > 0.0 else 1.0
+    n_orig = hp.int("rope.scaling.original_context_length", spec.context_length)
+    if not 0 < n_orig <= (1 << 31) - 1:
+        raise UnsupportedModelError(f"{hp.path}: rope.scaling.original_context_length {n_orig} is out of range")
+    if not (beta_fast > 0 and beta_slow > 0 and math.isfinite(beta_fast) and math.isfinite(beta_slow)):
+        raise UnsupportedModelError(f"{hp.path}: YaRN betas {beta_fast} and {beta_slow} must be positive")
+    n_dims = spec.n_rot
+
+    def corr_dim(n_turns):
+        return n_dims * math.log(n_orig / (n_turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(0.0, math.floor(corr_dim(beta_fast)))
+    high = min(n_dims - 1.0, math.ceil(corr_dim(beta_slow)))
+    i = np.arange(n_dims // 2, dtype=np.float64)
+    ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+    divisors = 1.0 / (fs * (1.0 - ramp) + ramp)
+    if spec.rope_factors is not None:
+        divisors = divisors * np.asarray(spec.rope_factors, dtype=np.float64)
+    spec.rope_factors = np.ascontiguousarray(divisors, dtype=np.float32)
+    mscale = 1.0
+    if factor > 1.0:
+        mscale = 1.0 + 0.1 * math.log(factor)
+        if log_mul != 0.0:
+            mscale /= 1.0 + 0.1 * log_mul * math.log(factor)
+    mscale *= hp.float("rope.scaling.attn_factor", 1.0)
+    spec.attn_scale *= mscale * mscale
 
 
 @dataclass(frozen=True)

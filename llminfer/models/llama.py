@@ -2,7 +2,8 @@
 Pre-norm blocks of grouped-query attention and a SiLU-gated feed-forward;
 RoPE on adjacent pairs (the GGUF converter permutes q/k for it); the output
 head tied to the embedding when output.weight is absent; Llama 3.1's
-per-frequency RoPE factors from rope_freqs.weight.
+per-frequency RoPE factors from rope_freqs.weight; YaRN scaling (Qwen's
+long-context files) as per-frequency factors too (base.apply_yarn).
 
 When the file sets attention.sliding_window (Mistral 7B v0.1 and files made
 by tools that keep it), every layer attends to the last W positions, as the
@@ -16,14 +17,17 @@ tensors and settings before the check that every tensor was used."""
 
 from llminfer.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_SILU, ROPE_NORM, Hparams, ModelSpec, Weights,
-                                  attn_scale_default, output_head, read_shape, rope_dims, rope_scale,
+                                  apply_yarn, attn_scale_default, output_head, read_shape, rope_dims, rope_scale,
                                   standard_layers, vocab_size)
 
 ARCH = "llama"
 
 
 def build(gguf: GGUFFile, arch: str = ARCH, rope_mode: int = ROPE_NORM, biases: bool = False,
-          customize=None, make_layers=None, default_eps: float = 1e-5) -> ModelSpec:
+          customize=None, make_layers=None, default_eps: float = 1e-5, yarn=None) -> ModelSpec:
+    """yarn: (beta_fast, beta_slow, log_mul) for YaRN scaling where the
+    architecture reads them from the file (mistral3); llama.cpp's defaults
+    (32, 1, 0) otherwise."""
     hp = Hparams(gguf, arch)
     sh = read_shape(hp)
     n_embd = sh.n_embd
@@ -51,7 +55,8 @@ def build(gguf: GGUFFile, arch: str = ARCH, rope_mode: int = ROPE_NORM, biases: 
         output_norm=w.vector("output_norm.weight", n_embd),
         output=output_head(w, tok_embd, n_vocab, n_embd),
         layers=(make_layers(w, hp, sh) if make_layers is not None else
-                standard_layers(w, sh, hp.float("rope.freq_base", 10000.0), rope_scale(hp), biases=biases)),
+                standard_layers(w, sh, hp.float("rope.freq_base", 10000.0), rope_scale(hp, yarn_ok=True),
+                                biases=biases)),
         rope_factors=w.vector("rope_freqs.weight", n_rot // 2, optional=True),
     )
     if make_layers is None:
@@ -60,5 +65,7 @@ def build(gguf: GGUFFile, arch: str = ARCH, rope_mode: int = ROPE_NORM, biases: 
             L.sliding_window = window
     if customize is not None:
         customize(spec, w, hp, sh)
+    if hp.str("rope.scaling.type", "none").lower() == "yarn":
+        apply_yarn(spec, hp, *(yarn or ()))
     w.check_all_used(sh.n_layer, arch)
     return spec

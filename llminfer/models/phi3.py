@@ -25,7 +25,7 @@ ARCH = "phi3"
 def _layers(w, hp, sh):
     E, F = sh.n_embd, sh.n_ff
     nq, nk, nv = sh.n_head * sh.head_dim, sh.n_head_kv * sh.head_dim, sh.n_head_kv * sh.head_dim_v
-    base, scale = hp.float("rope.freq_base", 10000.0), rope_scale(hp)
+    base, scale = hp.float("rope.freq_base", 10000.0), rope_scale(hp, yarn_ok=True)
     window = hp.int("attention.sliding_window", 0)
     layers = []
     for i in range(sh.n_layer):

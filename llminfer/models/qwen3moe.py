@@ -39,7 +39,7 @@ def _layers(w, hp, sh):
     E = sh.n_embd
     nq, nk, nv = sh.n_head * sh.head_dim, sh.n_head_kv * sh.head_dim, sh.n_head_kv * sh.head_dim_v
     n_expert, _, Fe = _experts(hp, sh)
-    base, scale = hp.float("rope.freq_base", 10000.0), rope_scale(hp)
+    base, scale = hp.float("rope.freq_base", 10000.0), rope_scale(hp, yarn_ok=True)
     layers = []
     for i in range(sh.n_layer):
         p = f"blk.{i}."
