@@ -89,11 +89,11 @@ cdef extern from "llminfer.h" nogil:
         float attn_softcap
         float final_softcap
         int qk_norm_whole
+        int n_expert, n_expert_used
+        int n_ff_exp
         float attn_temp_scale
         float attn_temp_offset
         int attn_temp_floor
-        int n_expert, n_expert_used
-        int n_ff_exp
         void *packed_arena
 
     int li_model_check(const li_model_desc *m)
