@@ -202,6 +202,9 @@ def test_moe_weights_read_per_token(tiny):
     ("qwen3moe", "qwen3moe.expert_used_count", 9, "expert_count 8 and expert_used_count 9"),
     ("granite", "granite.logit_scale", None, "'granite.logit_scale' is missing"),
     ("gemma2", "gemma2.final_logit_softcapping", -1.0, "final_logit_softcapping"),
+    ("mistral3", "mistral3.rope.scaling.yarn_beta_slow", -1.0, "yarn_beta_slow' is -1.0, outside"),
+    ("mistral3", "mistral3.rope.scaling.yarn_log_multiplier", -1000.0, "magnitude scale that is not positive"),
+    ("mistral3", "mistral3.attention.temperature_scale", float("nan"), "temperature_scale' is nan"),
 ])
 def test_bad_metadata_is_refused(tmp_path, arch, key, value, match):
     import gguf as gg

@@ -164,6 +164,12 @@ _RANGES = {
     "attention.layer_norm_rms_epsilon": (0.0, 1e-2, True),
     "rope.freq_base": (1.0, 1e12, True),
     "rope.scaling.factor": (0.0, 1e6, False),
+    "rope.scaling.attn_factor": (0.0, 1e3, True),
+    "rope.scaling.original_context_length": (1, _INT32_MAX, False),
+    "rope.scaling.yarn_beta_fast": (0.0, 1e6, True),
+    "rope.scaling.yarn_beta_slow": (0.0, 1e6, True),
+    "rope.scaling.yarn_log_multiplier": (-1e3, 1e3, False),
+    "attention.temperature_scale": (-1e3, 1e3, False),
 }
 
 
@@ -365,10 +371,6 @@ def apply_yarn(spec, hp: Hparams, beta_fast: float = 32.0, beta_slow: float = 1.
     factor = hp.float("rope.scaling.factor", 0.0)
     fs = 1.0 / factor if factor > 0.0 else 1.0
     n_orig = hp.int("rope.scaling.original_context_length", spec.context_length)
-    if not 0 < n_orig <= (1 << 31) - 1:
-        raise UnsupportedModelError(f"{hp.path}: rope.scaling.original_context_length {n_orig} is out of range")
-    if not (beta_fast > 0 and beta_slow > 0 and math.isfinite(beta_fast) and math.isfinite(beta_slow)):
-        raise UnsupportedModelError(f"{hp.path}: YaRN betas {beta_fast} and {beta_slow} must be positive")
     n_dims = spec.n_rot
 
     def corr_dim(n_turns):
@@ -386,7 +388,11 @@ def apply_yarn(spec, hp: Hparams, beta_fast: float = 32.0, beta_slow: float = 1.
     if factor > 1.0:
         mscale = 1.0 + 0.1 * math.log(factor)
         if log_mul != 0.0:
-            mscale /= 1.0 + 0.1 * log_mul * math.log(factor)
+            divisor = 1.0 + 0.1 * log_mul * math.log(factor)
+            if not divisor > 0.0:
+                raise UnsupportedModelError(f"{hp.path}: rope.scaling.yarn_log_multiplier {log_mul} with factor "
+                                            f"{factor} gives a magnitude scale that is not positive")
+            mscale /= divisor
     mscale *= hp.float("rope.scaling.attn_factor", 1.0)
     spec.attn_scale *= mscale * mscale
 

@@ -30,9 +30,6 @@ def _customize(spec, w, hp, sh):
     temp = hp.float("attention.temperature_scale", 0.0)
     if temp != 0.0:
         floor = hp.int("rope.scaling.original_context_length", spec.context_length)
-        if not 0 < floor <= (1 << 31) - 1:
-            raise UnsupportedModelError(f"{hp.path}: attention temperature scaling needs an original context "
-                                        f"length above 0, not {floor}")
         spec.attn_temp_scale, spec.attn_temp_floor, spec.attn_temp_offset = temp, floor, 0.0
 
 
