@@ -199,6 +199,8 @@ typedef struct li_model_desc {
                                   * after RoPE (Llama 4 / Ministral 3 temperature tuning); 0: none */
     float attn_temp_offset;
     int attn_temp_floor;         /* > 0 when attn_temp_scale != 0 */
+    int embd_release;            /* set by li_model_repack(release): tok_embd is a clean file mapping that
+                                  * nothing reads in bulk, and each token's lookup hands its row's pages back */
     void *packed_arena;          /* NULL, or the one block li_model_repack keeps every repacked matrix in */
 } li_model_desc;
 

@@ -870,7 +870,9 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
             memcpy(x, b->embd + t * E, (size_t)E * sizeof(float));
             continue;
         }
-        li_K->dequant[emb->type]((const char *)emb->data + (size_t)b->token[t] * emb_row, x, E);
+        const char *row = (const char *)emb->data + (size_t)b->token[t] * emb_row;
+        li_K->dequant[emb->type](row, x, E);
+        if (m->embd_release) li_release_row(emb->data, emb->nbytes, row, emb_row);
         if (m->embd_scale != 1.0f) li_K->scale_f32(x, m->embd_scale, E);
     }
     if (c->probe && embed) probe_team(c, c->x, n, E, LI_PROBE_EMBED, 0);

@@ -350,6 +350,31 @@ static void release_pages(const void *p, size_t n) {
 #endif
 }
 
+/* A fault on a mapped file maps more than its page: the cached pages around
+ * it (fault_around_bytes, 64 KiB) and, since Linux 6.12, the whole large
+ * folio readahead put it in, up to the 2 MiB around it (a folio is mapped
+ * only within one PMD). So each embedding lookup left up to 16 pages
+ * resident, 26-38 MB after a 512-token prompt, and more from a cold page
+ * cache. MADV_RANDOM does not stop that (kernel 6.18); handing back the
+ * 2 MiB-aligned window after the row is read does. Only pages wholly inside
+ * the matrix are touched, so nothing else in the mapping is affected. */
+#define RELEASE_WINDOW ((uintptr_t)2 << 20)
+void li_release_row(const void *matrix, size_t size, const void *row, size_t n) {
+#if defined(__unix__) || defined(__APPLE__)
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), base = (uintptr_t)matrix;
+    uintptr_t lo = ((uintptr_t)row) & ~(RELEASE_WINDOW - 1), hi = ((uintptr_t)row + n + RELEASE_WINDOW - 1) & ~(RELEASE_WINDOW - 1);
+    const uintptr_t first = (base + page - 1) & ~(page - 1), end = (base + size) & ~(page - 1);
+    lo = lo < first ? first : lo;
+    hi = hi > end ? end : hi;
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#else
+    (void)matrix;
+    (void)size;
+    (void)row;
+    (void)n;
+#endif
+}
+
 int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_threads, int release,
                     size_t *bytes) {
     li_init();
@@ -397,6 +422,9 @@ int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_th
         if (release) release_pages(w->data, w->nbytes);
     }
     m->packed_arena = arena;
+    /* the lookups may hand their rows back unless the CPU's head reads the
+     * embedding's own rows every token */
+    m->embd_release = release && (m->output.data != m->tok_embd.data || m->output.packed != NULL || !with_output);
     free(ms);
     return LI_OK; /* no memory for the block: the matrices keep the dot kernels, results unchanged */
 }
@@ -409,5 +437,6 @@ void li_model_unpack(li_model_desc *m) {
     for (int i = 0; i < n; i++) ms[i]->packed = NULL;
     li_free_aligned(m->packed_arena);
     m->packed_arena = NULL;
+    m->embd_release = 0;
     free(ms);
 }

@@ -94,6 +94,7 @@ cdef extern from "llminfer.h" nogil:
         float attn_temp_scale
         float attn_temp_offset
         int attn_temp_floor
+        int embd_release
         void *packed_arena
 
     int li_model_check(const li_model_desc *m)
