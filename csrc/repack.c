@@ -361,19 +361,11 @@ static void release_pages(const void *p, size_t n) {
  * the matrix are touched, so nothing else in the mapping is affected. */
 #define RELEASE_WINDOW ((uintptr_t)2 << 20)
 void li_release_row(const void *matrix, size_t size, const void *row, size_t n) {
-#if defined(__unix__) || defined(__APPLE__)
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), base = (uintptr_t)matrix;
-    uintptr_t lo = ((uintptr_t)row) & ~(RELEASE_WINDOW - 1), hi = ((uintptr_t)row + n + RELEASE_WINDOW - 1) & ~(RELEASE_WINDOW - 1);
-    const uintptr_t first = (base + page - 1) & ~(page - 1), end = (base + size) & ~(page - 1);
-    lo = lo < first ? first : lo;
-    hi = hi > end ? end : hi;
-    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
-#else
-    (void)matrix;
-    (void)size;
-    (void)row;
-    (void)n;
-#endif
+    const uintptr_t base = (uintptr_t)matrix;
+    uintptr_t lo = (uintptr_t)row & ~(RELEASE_WINDOW - 1), hi = ((uintptr_t)row + n + RELEASE_WINDOW - 1) & ~(RELEASE_WINDOW - 1);
+    lo = lo < base ? base : lo;
+    hi = hi > base + size ? base + size : hi;
+    release_pages((const void *)lo, hi - lo); /* its whole pages: none outside the matrix */
 }
 
 int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_threads, int release,

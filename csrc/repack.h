@@ -93,8 +93,8 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
                    int64_t y_stride, int32_t *scratch, int ith, int nth);
 
 /* After the row [row, row + n) of the matrix [base, base + size) (a clean
- * file mapping) was read: hand back the pages a fault on it mapped (the
- * 64 KiB around it, within the matrix) */
+ * file mapping) was read: hand back the pages a fault on it may have mapped
+ * (the 2 MiB-aligned window around it, within the matrix) */
 void li_release_row(const void *base, size_t size, const void *row, size_t n);
 
 #endif

@@ -128,21 +128,22 @@ _RE_QWEN35 = (_RE_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s
 # since llama.cpp is what GGUF files are checked against.
 _UPPERISH = r"((?=[\p{L}])([^a-z]))"
 _LOWERISH = r"((?=[\p{L}])([^A-Z]))"
+# what follows the words in the case-splitting families: punctuation runs
+# (with the newlines and slashes after them), newlines, spaces
+_CASE_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _RE_TEKKEN = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}*{_LOWERISH}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}+{_LOWERISH}*"
-              r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+              r"|\p{N}" + _CASE_TAIL)
 _RE_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}*{_LOWERISH}+{_RE_CONTRACTIONS}?"
              rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPERISH}+{_LOWERISH}*{_RE_CONTRACTIONS}?"
-             r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+             r"|\p{N}{1,3}" + _CASE_TAIL)
 _RE_GRANITE_MULTI = _RE_GPT4O.replace(r"(?=[\p{L}])", r"(?=[\p{L}\p{M}])")
 # tiny_aya and youtu name the case classes; llama.cpp reads each of \p{Lu},
 # \p{Ll}, \p{Lt}, \p{Lm}, \p{Lo} as any letter, so there a word does not
-# split where its case changes. Written here as llama.cpp runs them.
-_RE_TINY_AYA = (r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]*[\p{L}\p{M}]+" + _RE_CONTRACTIONS
-                + r"?|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+[\p{L}\p{M}]*" + _RE_CONTRACTIONS
-                + r"?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_RE_YOUTU = (r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]*[\p{L}\p{M}]+" + _RE_CONTRACTIONS
-             + r"?|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+[\p{L}\p{M}]*" + _RE_CONTRACTIONS
-             + r"?|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# split where its case changes: the two case alternatives ([Lu..]*[Ll..]+ and
+# [Lu..]+[Ll..]*) both become runs of letters and marks, written here once.
+_ANY_CASE_WORD = r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+" + _RE_CONTRACTIONS + "?"
+_RE_TINY_AYA = _ANY_CASE_WORD + r"|\p{N}{1,3}" + _CASE_TAIL
+_RE_YOUTU = _ANY_CASE_WORD + r"|\p{N}" + _CASE_TAIL
 # llama.cpp turns every non-ASCII space into a vertical tab before matching:
 # such a space matches \s but never a class written out by code points, which
 # a regex here says with this lookahead (unicode_set_whitespace's members)

@@ -141,13 +141,17 @@ def test_phi3_long_rope_factors_by_context(tiny, orig):
     assert np.abs(other - ref).max() > 0.1 * np.abs(ref).max()  # the choice matters
 
 
-@pytest.mark.parametrize("arch, kw", [
+# YaRN's pieces and mistral3's temperature tuning one at a time (also in test_archs_peer)
+YARN_CASES = [
     ("mistral3", dict(attn_temp_scale=0.0)),    # YaRN alone
     ("mistral3", dict(yarn_factor=0.0)),         # temperature tuning alone
     ("mistral3", dict(yarn_log_mul=0.0)),        # YaRN's mscale not divided down
     ("qwen3", dict(yarn_factor=4.0)),            # YaRN with llama.cpp's betas (Qwen's long-context files)
     ("llama", dict(yarn_factor=8.0, yarn_orig_ctx=64)),
-])
+]
+
+
+@pytest.mark.parametrize("arch, kw", YARN_CASES)
 def test_yarn_and_temperature_tuning(tiny, arch, kw):
     """Each of YaRN's pieces and the queries' temperature tuning, alone, gives
     the reference's logits, and changes them (against the same file without it)."""

@@ -152,8 +152,8 @@ def _pages_present(address, size):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/pagemap")
 def test_embedding_lookups_hand_their_pages_back(smollm2_path):
     """With the file mapped and the head repacked, each token's embedding row
-    is read and its pages (with the 64 KiB the kernel maps around a fault)
-    handed back, so a long prompt leaves the embedding all but unmapped; the
+    is read and the pages a fault on it mapped (the kernel's fault-around and
+    large folios: the 2 MiB-aligned window around it) handed back, so a long prompt leaves the embedding all but unmapped; the
     logits are those of a copy in memory (mmap=False), which keeps its pages."""
     toks = np.random.default_rng(3).choice(49152, 300, replace=False).astype(np.int32)
     out = {}

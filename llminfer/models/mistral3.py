@@ -22,9 +22,9 @@ ARCH = "mistral3"
 
 
 def _customize(spec, w, hp, sh):
-    if hp.int("expert_count", 0):
-        raise UnsupportedModelError(f"{hp.path}: {ARCH} with experts (expert_count "
-                                    f"{hp.int('expert_count', 0)}) is not supported")
+    n_expert = hp.int("expert_count", 0)
+    if n_expert:
+        raise UnsupportedModelError(f"{hp.path}: {ARCH} with experts (expert_count {n_expert}) is not supported")
     for L in spec.layers:
         L.sliding_window = 0
     temp = hp.float("attention.temperature_scale", 0.0)
