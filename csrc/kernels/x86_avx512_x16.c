@@ -64,6 +64,18 @@ LI_INLINE void ahead(const uint8_t *p, int bytes) {
     for (int o = 0; o < bytes; o += PREFETCH_STEP) _mm_prefetch((const char *)p + PREFETCH_AHEAD + o, _MM_HINT_T1);
 }
 
+/* One activation row is read for every group, but a group of a long row
+ * (Q6_K at k = 8192: 108 KiB) streams more through L1 than it holds, and the
+ * weight lines evicted the activations between one group and the next: Q6_K
+ * decode fell from 29 GB/s at k = 2048 to 18 at k >= 4096 (28-29 when the
+ * activations were made to stay in L1). A non-temporal hint on each line of
+ * the block about to be read (already in L2: `ahead`) fills it into L1 as
+ * the first to go, and the activations stay: 28-30 GB/s at every k. Only for
+ * decode: prefill reuses each group for several activation rows. */
+LI_INLINE void stream_l1(const uint8_t *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_NTA);
+}
+
 LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
 
 /* 16 f16 at p as floats */
@@ -266,6 +278,7 @@ LI_INLINE void k45_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, 
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * (size_t)sb_bytes;
         ahead(sb, sb_bytes);
+        if (nc == 1) stream_l1(sb, sb_bytes);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC], imin[NC];
@@ -317,6 +330,7 @@ LI_INLINE void q6_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 3392;
         ahead(sb, 3392);
+        if (nc == 1) stream_l1(sb, 3392);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC];
@@ -365,6 +379,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, int64_t nb, const char *x, size_t x
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 2240;
         ahead(sb, 2240);
+        if (nc == 1) stream_l1(sb, 2240);
         const __m512 d = f16x16(sb + 2176);
         for (int b = 0; b < 8; b++) {
             __m512i lo[4], hi[4];
