@@ -232,7 +232,8 @@ static void need_expert_act(li_context *c, const li_matrix *w) {
     const int a = li_types[w->type].act_type;
     const size_t row = li_act_row_bytes(a, w->k);
     if (row > c->xe_row[a]) c->xe_row[a] = row;
-    const size_t g = li_gemm_scratch_bytes(w->type, w->k, c->n_batch);
+    const size_t g = LI_MAX(li_gemm_scratch_bytes(w->type, w->k, c->n_batch),
+                            li_x16_scratch_ints(w->type, w->k, c->n_batch) * sizeof(int32_t));
     if (g > c->gemm_bytes) c->gemm_bytes = (g + 63) / 64 * 64;
 }
 
@@ -686,11 +687,15 @@ static void route_token(const float *logits, int n_expert, int k, float *prob, i
     for (int j = 0; j < k; j++) w[j] /= wsum;
 }
 
-/* expert e's rows of an expert tensor, as a matrix of its own */
+/* expert e's rows of an expert tensor, as a matrix of its own (its groups
+ * of the packed copy, which repack.c packs expert by expert) */
 static li_matrix expert_slice(const li_matrix *w, int n_expert, int e) {
     const int64_t rows = w->rows / n_expert;
     const size_t bytes = w->nbytes / (size_t)n_expert;
-    const li_matrix out = {(const char *)w->data + (size_t)e * bytes, w->type, rows, w->k, bytes};
+    const void *packed = NULL;
+    if (w->packed)
+        packed = (const char *)w->packed + (size_t)e * li_x16_group_bytes(w->type, w->k) * (size_t)li_x16_groups(rows);
+    const li_matrix out = {(const char *)w->data + (size_t)e * bytes, w->type, rows, w->k, bytes, packed};
     return out;
 }
 

@@ -325,17 +325,30 @@ static void *alloc_packed(size_t size) {
 }
 
 /* the matrices a forward pass multiplies by (not the embedding, whose rows
- * are looked up, nor the experts, multiplied by slices) */
-static int model_matrices(li_model_desc *m, int first_layer, int with_output, li_matrix **out) {
+ * are looked up), each with the parts it is cut into: a MoE layer's expert
+ * tensors hold n_expert matrices one after another, each packed into groups
+ * of its own so that an expert's slice (model.c's expert_slice) is whole
+ * groups of the packed copy too */
+#define MAX_PER_LAYER 10
+static int model_matrices(li_model_desc *m, int first_layer, int with_output, li_matrix **out, int *parts) {
     int n = 0;
-    if (with_output) out[n++] = &m->output;
+    if (with_output) parts[n] = 1, out[n++] = &m->output;
     for (int il = LI_MAX(first_layer, 0); il < m->n_layer; il++) {
         li_layer_desc *L = (li_layer_desc *)(void *)&m->layers[il];
         li_matrix *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
-            if (ws[i]->data) out[n++] = ws[i];
+            if (ws[i]->data) parts[n] = 1, out[n++] = ws[i];
+        li_matrix *es[] = {&L->gate_exps, &L->up_exps, &L->down_exps};
+        for (size_t i = 0; i < sizeof(es) / sizeof(es[0]); i++)
+            if (es[i]->data && L->router.data && m->n_expert > 0 && es[i]->rows % m->n_expert == 0)
+                parts[n] = m->n_expert, out[n++] = es[i];
     }
     return n;
+}
+
+/* bytes of w's packed copy, cut into `parts` matrices of rows / parts rows */
+static size_t packed_bytes(const li_matrix *w, int parts) {
+    return li_x16_group_bytes(w->type, w->k) * (size_t)li_x16_groups(w->rows / parts) * (size_t)parts;
 }
 
 /* Hand the pages of [p, p + n) back to the file: they are clean, and the
@@ -373,13 +386,19 @@ int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_th
     li_init();
     if (bytes) *bytes = 0;
     if (!m || !m->layers || m->n_layer <= 0) return li_fail(LI_E_ARG, "no model description to repack");
-    li_matrix **ms = malloc(sizeof(*ms) * (size_t)(1 + 7 * m->n_layer));
-    if (!ms) return li_fail(LI_E_NOMEM, "out of memory repacking the model");
+    li_matrix **ms = malloc(sizeof(*ms) * (size_t)(1 + MAX_PER_LAYER * m->n_layer));
+    int *parts = malloc(sizeof(*parts) * (size_t)(1 + MAX_PER_LAYER * m->n_layer));
+    if (!ms || !parts) {
+        free(ms);
+        free(parts);
+        return li_fail(LI_E_NOMEM, "out of memory repacking the model");
+    }
     if (m->packed_arena) { /* repacked already */
         free(ms);
+        free(parts);
         return LI_OK;
     }
-    const int n = model_matrices(m, first_layer, with_output, ms);
+    const int n = model_matrices(m, first_layer, with_output, ms, parts);
     /* One block for all of them, each matrix 64-byte aligned in it: 2 MiB
      * pages per matrix would round every small one (a 1B model's k and v)
      * up to whole pages, 150 MB of a 1B model's resident memory. Untouched
@@ -389,37 +408,40 @@ int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_th
     for (int i = 0; i < n; i++) {
         li_matrix *w = ms[i];
         if (w->packed || !li_x16_available(w->type) || w->rows <= 0) continue;
-        total += round64(li_x16_group_bytes(w->type, w->k) * (size_t)li_x16_groups(w->rows));
+        total += round64(packed_bytes(w, parts[i]));
     }
     uint8_t *arena = total ? alloc_packed(total) : NULL;
     size_t off = 0;
     for (int i = 0; arena && i < n; i++) {
         li_matrix *w = ms[i];
         if (w->packed || !li_x16_available(w->type) || w->rows <= 0) continue;
-        const int64_t ng = li_x16_groups(w->rows);
         const size_t gb = li_x16_group_bytes(w->type, w->k);
         if (gb == 0) continue;
-        void *dst = arena + off;
-        off += round64(gb * (size_t)ng);
+        uint8_t *dst = arena + off;
+        off += round64(packed_bytes(w, parts[i]));
         const size_t row = w->nbytes / (size_t)w->rows;
-        (void)n_threads;
-        /* a chunk of groups at a time, its rows' pages handed back once it is
-         * packed: the peak holds one chunk twice, not the matrix (Gemma 3
-         * 270M's tied 178 MB head made the load peak 107 MB above the rest) */
-        for (int64_t c0 = 0; c0 < ng; c0 += PACK_CHUNK) {
-            const int64_t c1 = LI_MIN(ng, c0 + PACK_CHUNK);
-            int64_t g;
+        const int64_t rows = w->rows / parts[i], ng = li_x16_groups(rows);
+        for (int e = 0; e < parts[i]; e++) {
+            const char *src = (const char *)w->data + (size_t)e * (size_t)rows * row;
+            uint8_t *pd = dst + (size_t)e * (size_t)ng * gb;
+            /* a chunk of groups at a time, its rows' pages handed back once it
+             * is packed: the peak holds one chunk twice, not the matrix (Gemma 3
+             * 270M's tied 178 MB head made the load peak 107 MB above the rest) */
+            for (int64_t c0 = 0; c0 < ng; c0 += PACK_CHUNK) {
+                const int64_t c1 = LI_MIN(ng, c0 + PACK_CHUNK);
+                int64_t g;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(n_threads > 0 ? n_threads : 1) schedule(dynamic, 4)
 #endif
-            for (g = c0; g < c1; g++) li_x16_pack(w->type, w->data, row, w->rows, w->k, dst, g, g + 1);
-            if (release) {
-                const size_t r0 = (size_t)c0 * G * row, r1 = LI_MIN((size_t)c1 * G * row, w->nbytes);
-                release_pages((const char *)w->data + r0, r1 - r0);
+                for (g = c0; g < c1; g++) li_x16_pack(w->type, src, row, rows, w->k, pd, g, g + 1);
+                if (release) {
+                    const size_t r0 = (size_t)c0 * G * row, r1 = LI_MIN((size_t)c1 * G, (size_t)rows) * row;
+                    release_pages(src + r0, r1 - r0);
+                }
             }
         }
         w->packed = dst;
-        if (bytes) *bytes += gb * (size_t)ng;
+        if (bytes) *bytes += packed_bytes(w, parts[i]);
         /* the pages the chunks shared; a tied output's too: the embedding
          * lookups fault back in only the rows they read */
         if (release) release_pages(w->data, w->nbytes);
@@ -429,15 +451,22 @@ int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_th
      * embedding's own rows every token */
     m->embd_release = release && (m->output.data != m->tok_embd.data || m->output.packed != NULL || !with_output);
     free(ms);
+    free(parts);
     return LI_OK; /* no memory for the block: the matrices keep the dot kernels, results unchanged */
 }
 
 void li_model_unpack(li_model_desc *m) {
     if (!m || !m->layers || m->n_layer <= 0) return;
-    li_matrix **ms = malloc(sizeof(*ms) * (size_t)(1 + 7 * m->n_layer));
-    if (!ms) return;
-    const int n = model_matrices(m, 0, 1, ms);
+    li_matrix **ms = malloc(sizeof(*ms) * (size_t)(1 + MAX_PER_LAYER * m->n_layer));
+    int *parts = malloc(sizeof(*parts) * (size_t)(1 + MAX_PER_LAYER * m->n_layer));
+    if (!ms || !parts) {
+        free(ms);
+        free(parts);
+        return;
+    }
+    const int n = model_matrices(m, 0, 1, ms, parts);
     for (int i = 0; i < n; i++) ms[i]->packed = NULL;
+    free(parts);
     li_free_aligned(m->packed_arena);
     m->packed_arena = NULL;
     m->embd_release = 0;

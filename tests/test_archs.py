@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 
+from llminfer import ops
 from llminfer.engine import Engine
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
@@ -53,8 +54,10 @@ def tiny(tmp_path_factory):
     return get
 
 
-def run(path, tokens, step=None, n_ctx=512, n_batch=64, threads=2, block_size=16):
-    eng = Engine(path, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads, block_size=block_size)
+def run(path, tokens, step=None, n_ctx=512, n_batch=64, threads=2, block_size=16, repack=True, engine_out=None):
+    eng = Engine(path, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads, block_size=block_size, repack=repack)
+    if engine_out is not None:
+        engine_out.append(eng.repacked_bytes)
     try:
         seq = eng.new_sequence()
         step = step or len(tokens)
@@ -190,6 +193,27 @@ def test_moe_prefill_and_decode_agree(tiny, qtype):
     assert np.array_equal(run(path, toks[:20], step=1, threads=1), whole[:20])
     ref = ReferenceModel(path)
     check_close(whole, ref.logits(toks), TOL_QUANT_WEIGHTS, f"qwen3moe/{qtype}", route_gap=ref.route_gap)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q6_K"])
+def test_moe_experts_repacked(tiny, qtype):
+    """The expert tensors are repacked at load, expert by expert, and give
+    bitwise the file rows' results, in prefill (each expert over the tokens
+    routed to it) and in decode."""
+    if qtype not in ops.repacked_types():
+        pytest.skip(f"this kernel level has no repacked {qtype} kernel")
+    path = tiny("qwen3moe", qtype, n_expert=4, n_expert_used=2)
+    with GGUFFile(path) as g:
+        spec = build_spec(g)
+        experts = sum(m.data.nbytes for L in spec.layers for m in (L.moe.gate_exps, L.moe.up_exps, L.moe.down_exps))
+        dense = sum(getattr(L, n).data.nbytes for L in spec.layers for n in ("wq", "wk", "wv", "wo"))
+    toks = tokens_for(11, n=48)
+    sizes = []
+    packed = run(path, toks, n_batch=48, engine_out=sizes)
+    assert sizes[0] > dense + experts  # the experts' copies (padded to groups) beside the rest
+    plain = run(path, toks, n_batch=48, repack=False)
+    assert np.array_equal(packed, plain)
+    assert np.array_equal(run(path, toks[:12], step=1, threads=1), plain[:12])
 
 
 def test_moe_weights_read_per_token(tiny):
