@@ -259,8 +259,19 @@ static int64_t blocks_of(int type, int64_t k) {
     return type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K || type == LI_TYPE_Q6_K ? k / QK_K : k / 32;
 }
 
+/* whether li_x16_matmul unpacks each group once for n activation rows */
+static int unpacks(int type, int64_t n) {
+    return n >= LI_X16_UNPACK_MIN && (type == LI_TYPE_Q5_K || type == LI_TYPE_Q6_K || type == LI_TYPE_IQ4_XS) &&
+           li_K->x16_unpack[type] && li_K->x16u[type];
+}
+
 size_t li_x16_scratch_ints(int type, int64_t k, int64_t n) {
-    return (size_t)n * (size_t)(blocks_of(type, k) * terms_per_block(type));
+    const size_t terms = (size_t)n * (size_t)(blocks_of(type, k) * terms_per_block(type));
+    /* room for the unpacked values whatever the level: a context sized under
+     * one level may multiply under another */
+    const int may_unpack = type == LI_TYPE_Q5_K || type == LI_TYPE_Q6_K || type == LI_TYPE_IQ4_XS;
+    if (!may_unpack || n < LI_X16_UNPACK_MIN) return terms;
+    return terms + (LI_X16_UNPACKED(k) + 64) / sizeof(int32_t); /* the values, 64-byte aligned */
 }
 
 /* the terms of activation row a (terms_per_block(type) per block) */
@@ -295,6 +306,18 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
             act_terms(type, (const char *)xq + (size_t)c * xs, nb, scratch + c * per_col);
     int64_t lo, hi;
     li_split(li_x16_groups(rows), ith, nth, &lo, &hi);
+    if (unpacks(type, n)) {
+        uint8_t *vals = (uint8_t *)(((uintptr_t)(scratch + n * per_col) + 63) & ~(uintptr_t)63);
+        for (int64_t gi = lo; gi < hi; gi++) {
+            const int nr = (int)LI_MIN(G, rows - gi * G);
+            const char *g = (const char *)packed + (size_t)gi * gb;
+            li_K->x16_unpack[type](g, k, vals);
+            for (int64_t c0 = 0; c0 < n; c0 += LI_X16_NC)
+                li_K->x16u[type](g, vals, k, (const char *)xq + (size_t)c0 * xs, xs, (int)LI_MIN(LI_X16_NC, n - c0),
+                                 scratch + c0 * per_col, y + c0 * y_stride + gi * G, (size_t)y_stride, nr);
+        }
+        return;
+    }
     /* decode (one row) hands the kernel up to LI_X16_NG groups at once, to read side by side */
     const int64_t step = n == 1 ? LI_X16_NG : 1;
     for (int64_t gi = lo; gi < hi; gi += step) {

@@ -85,6 +85,21 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
 typedef void (*li_x16_fn)(const void *group, size_t gb, int ng, int64_t k, const void *xq, size_t xs, int nc,
                           const int32_t *terms, float *y, size_t ys, int nr);
 
+/* Prefill of the types whose values take the most unpacking (Q5_K, Q6_K,
+ * IQ4_XS) unpacks each group once into LI_X16_UNPACKED(k) bytes, 16 per
+ * column, and runs the kernel for every 4 activation rows over those:
+ * li_x16_unpack_fn writes them (64-byte aligned vals), li_x16u_fn is
+ * li_x16_fn for one group (ng = 1) reading them. The layouts, 4096 bytes per
+ * super-block s, each 64 bytes the 16 rows' 4 values of a chunk as repacked:
+ * Q5_K [s][pair i][chunk j][lo: sub-block 2i, hi: 2i + 1] whole values;
+ * Q6_K [s][group gi][4 chunks] v = q + 32; IQ4_XS [s][block b][lo 0..3,
+ * hi 0..3] levels + 128. Used from LI_X16_UNPACK_MIN activation rows. */
+#define LI_X16_UNPACKED(k) ((size_t)(k) * LI_X16_ROWS)
+#define LI_X16_UNPACK_MIN 8
+typedef void (*li_x16_unpack_fn)(const void *group, int64_t k, uint8_t *vals);
+typedef void (*li_x16u_fn)(const void *group, const uint8_t *vals, int64_t k, const void *xq, size_t xs, int nc,
+                           const int32_t *terms, float *y, size_t ys, int nr);
+
 /* int32s of per-thread scratch li_x16_matmul needs for n activation rows */
 size_t li_x16_scratch_ints(int type, int64_t k, int64_t n);
 /* y[c, r] = dot(W[r], x[c]) from W's repacked groups, thread ith of nth

@@ -214,7 +214,7 @@ def test_repacked_weights_give_the_scalar_bits(t):
     for rows in (5, 16, 37, 70):
         w = random_weight(rng, t, rows, k)
         x = rng.standard_normal((9, k)).astype(np.float32)
-        for n in (1, 2, 3, 4, 5, 6, 7, 9):
+        for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 14):
             ref = at_level("scalar", ops.matmul, w, t, (rows, k), x[:n])
             for threads in (1, 2, 3):
                 got = ops.matmul(w, t, (rows, k), x[:n], n_threads=threads, repacked=True)

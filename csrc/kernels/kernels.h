@@ -98,6 +98,10 @@ typedef struct li_kernels {
     /* products over weights repacked at load (repack.h), by weight type; NULL
      * where the level has none */
     li_x16_fn x16[LI_TYPE_COUNT];
+    /* prefill over a group's values unpacked once (repack.h); NULL where
+     * the type's x16 kernel reads its packed values directly */
+    li_x16_unpack_fn x16_unpack[LI_TYPE_COUNT];
+    li_x16u_fn x16u[LI_TYPE_COUNT];
 } li_kernels;
 
 /* per-type facts (qtypes.c) */

@@ -269,8 +269,16 @@ LI_INLINE void q8_0_cols(const uint8_t *g, size_t gb, const int ng, int64_t nb, 
  * its 8 chunks of nibbles, then the same sc, mn, d, dmin; whole values
  * 0..31. With `five` a constant, each kernel keeps only its own unpacking. */
 
-LI_INLINE void k45_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
-                        float *y, size_t ys, int nr, const int five) {
+/* Q5_K's values of chunk j of sub-block pair i: lo (sub-block 2i), hi (2i + 1), whole */
+LI_INLINE void q5_K_values(const uint8_t *si, const __m512i h0, const __m512i h1, const int j, __m512i *lo, __m512i *hi) {
+    const __m512i w = load64(si + 64 * j);
+    *lo = or_nibble(w, bit4(h0, j));
+    *hi = or_nibble(_mm512_srli_epi16(w, 4), bit4(h1, j));
+}
+
+/* vals: NULL, or the group's values unpacked by x16_unpack_q5_K (Q5_K only) */
+LI_INLINE void k45_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
+                        const int32_t *terms, float *y, size_t ys, int nr, const int five) {
     const int sc_at = five ? 2560 : 2048, sb_bytes = sc_at + 320; /* sc 128, mn 128, d and dmin 64 */
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[NC];
@@ -278,21 +286,28 @@ LI_INLINE void k45_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, 
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * (size_t)sb_bytes;
         ahead(sb, sb_bytes);
-        if (nc == 1) stream_l1(sb, sb_bytes);
+        if (nc == 1 && !vals) stream_l1(sb, sb_bytes);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC], imin[NC];
         UNROLL for (int c = 0; c < nc; c++) isum[c] = imin[c] = _mm512_setzero_si512();
         for (int i = 0; i < 4; i++) {
             const uint8_t *si = five ? sb + 640 * i + 128 : sb + 512 * i; /* the pair's nibble chunks */
-            const __m512i h0 = five ? load64(si - 128) : m4, h1 = five ? load64(si - 64) : m4;
+            const __m512i h0 = five && !vals ? load64(si - 128) : m4, h1 = five && !vals ? load64(si - 64) : m4;
             __m512i sa[NC], sbv[NC];
             UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = _mm512_setzero_si512();
             UNROLL for (int j = 0; j < 8; j++) {
-                const __m512i w = load64(si + 64 * j);
-                /* Q4_K: the high nibbles left in place, 16 times their values */
-                const __m512i lo = five ? or_nibble(w, bit4(h0, j)) : _mm512_and_si512(w, m4);
-                const __m512i hi = five ? or_nibble(_mm512_srli_epi16(w, 4), bit4(h1, j)) : _mm512_andnot_si512(m4, w);
+                __m512i lo, hi;
+                if (vals) { /* [s][i][j][lo, hi] */
+                    lo = load64(vals + (size_t)s * 4096 + 1024 * i + 128 * j);
+                    hi = load64(vals + (size_t)s * 4096 + 1024 * i + 128 * j + 64);
+                } else if (five) {
+                    q5_K_values(si, h0, h1, j, &lo, &hi);
+                } else { /* Q4_K: the high nibbles left in place, 16 times their values */
+                    const __m512i w = load64(si + 64 * j);
+                    lo = _mm512_and_si512(w, m4);
+                    hi = _mm512_andnot_si512(m4, w);
+                }
                 UNROLL for (int c = 0; c < nc; c++) {
                     sa[c] = dpb(sa[c], lo, a[c]->qs + 64 * i + 4 * j);
                     sbv[c] = dpb(sbv[c], hi, a[c]->qs + 64 * i + 32 + 4 * j);
@@ -322,36 +337,43 @@ LI_INLINE void k45_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, 
 
 /* ---- Q6_K: per super-block (3392 bytes) 16 groups of (N0, N1, H), sc, d ---- */
 
-LI_INLINE void q6_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
-                         const int32_t *terms, float *y, size_t ys, int nr) {
+/* the four chunks of values 16 gi.. of a super-block from its (N0, N1, H) at p:
+ * v = low 4 bits | top 2 bits << 4 (bits 4..5: each shift keeps a byte's own bits there) */
+LI_INLINE void q6_K_values(const uint8_t *p, __m512i u[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i n0 = load64(p), n1 = load64(p + 64), h = load64(p + 128);
+    u[0] = _mm512_or_si512(_mm512_and_si512(n0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
+    u[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
+    u[2] = _mm512_or_si512(_mm512_and_si512(n1, m4), _mm512_and_si512(h, m30));
+    u[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), m4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
+}
+
+/* vals: NULL, or the group's values unpacked by x16_unpack_q6_K */
+LI_INLINE void q6_K_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
+                         const int32_t *terms, float *y, size_t ys, int nr) {
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 3392;
         ahead(sb, 3392);
-        if (nc == 1) stream_l1(sb, 3392);
+        if (nc == 1 && !vals) stream_l1(sb, 3392);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         for (int gi = 0; gi < 16; gi++) {
-            const uint8_t *p = sb + 192 * gi;
-            const __m512i n0 = load64(p), n1 = load64(p + 64), h = load64(p + 128);
-            /* v = low 4 bits | top 2 bits << 4 (bits 4..5: each shift keeps a byte's own bits there) */
-            const __m512i u0 = _mm512_or_si512(_mm512_and_si512(n0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
-            const __m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), m4),
-                                               _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
-            const __m512i u2 = _mm512_or_si512(_mm512_and_si512(n1, m4), _mm512_and_si512(h, m30));
-            const __m512i u3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), m4),
-                                               _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
+            __m512i u[4];
+            if (vals) /* [s][gi][4 chunks] */
+                UNROLL for (int t = 0; t < 4; t++) u[t] = load64(vals + (size_t)s * 4096 + 256 * gi + 64 * t);
+            else
+                q6_K_values(sb + 192 * gi, u);
             const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 3072 + 16 * gi)));
             UNROLL for (int c = 0; c < nc; c++) {
                 const int8_t *q = a[c]->qs + 16 * gi;
-                __m512i t0 = dpb(_mm512_setzero_si512(), u0, q);
-                __m512i t1 = dpb(_mm512_setzero_si512(), u1, q + 4);
-                t0 = dpb(t0, u2, q + 8);
-                t1 = dpb(t1, u3, q + 12);
+                __m512i t0 = dpb(_mm512_setzero_si512(), u[0], q);
+                __m512i t1 = dpb(_mm512_setzero_si512(), u[1], q + 4);
+                t0 = dpb(t0, u[2], q + 8);
+                t1 = dpb(t1, u[3], q + 12);
                 const __m512i t = _mm512_sub_epi32(_mm512_add_epi32(t0, t1), _mm512_set1_epi32(terms[(c * nb + s) * 16 + gi]));
                 isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(t, sc));
             }
@@ -369,24 +391,38 @@ LI_INLINE void q6_K_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
  * out as 128 * the block's sum. Per block, scalar_iq.c's steps: dl = d * ls,
  * acc = fma(isum, dl * dx, acc). ---- */
 
-LI_INLINE void iq4_xs_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc,
-                           const int32_t *terms, float *y, size_t ys, int nr) {
+/* block b's levels + 128 from its 4 chunks of indices at p: lo[j] values
+ * 4j.., hi[j] values 16 + 4j.. */
+LI_INLINE void iq4_xs_values(const uint8_t *p, __m512i lo[4], __m512i hi[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)(const void *)li_kvalues_iq4nl),
                                                             _mm_set1_epi8((char)0x80)));
+    UNROLL for (int j = 0; j < 4; j++) {
+        const __m512i w = load64(p + 64 * j);
+        lo[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(w, m4));
+        hi[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(w, 4), m4));
+    }
+}
+
+/* vals: NULL, or the group's values unpacked by x16_unpack_iq4_xs */
+LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
+                           const int32_t *terms, float *y, size_t ys, int nr) {
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 2240;
         ahead(sb, 2240);
-        if (nc == 1) stream_l1(sb, 2240);
+        if (nc == 1 && !vals) stream_l1(sb, 2240);
         const __m512 d = f16x16(sb + 2176);
         for (int b = 0; b < 8; b++) {
             __m512i lo[4], hi[4];
-            UNROLL for (int j = 0; j < 4; j++) {
-                const __m512i w = load64(sb + 256 * b + 64 * j);
-                lo[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(w, m4));
-                hi[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(w, 4), m4));
+            if (vals) { /* [s][b][lo 0..3, hi 0..3] */
+                UNROLL for (int j = 0; j < 4; j++) {
+                    lo[j] = load64(vals + (size_t)s * 4096 + 512 * b + 64 * j);
+                    hi[j] = load64(vals + (size_t)s * 4096 + 512 * b + 256 + 64 * j);
+                }
+            } else {
+                iq4_xs_values(sb + 256 * b, lo, hi);
             }
             const __m512 dl = _mm512_mul_ps(
                 d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2048 + 16 * b)))));
@@ -433,10 +469,10 @@ LI_STATIC_ASSERT(LI_X16_NC == 4 && LI_X16_NG == 4, "the entries below take up to
 #define Q5_1_CALL(m, n) q4_1_cols(g, gb, m, k / 32, x, xs, n, yi, ys, last, 5)
 #define Q8_0_CALL(m, n) q8_0_cols(g, gb, m, k / 32, x, xs, n, terms, yi, ys, last)
 /* the super-block kernels take one group at a time (m is 1): see above */
-#define Q4_K_CALL(m, n) k45_cols(g, k / QK_K, x, xs, n, terms, yi, ys, last, 0)
-#define Q5_K_CALL(m, n) k45_cols(g, k / QK_K, x, xs, n, terms, yi, ys, last, 1)
-#define Q6_K_CALL(m, n) q6_K_cols(g, k / QK_K, x, xs, n, terms, yi, ys, last)
-#define IQ4_XS_CALL(m, n) iq4_xs_cols(g, k / QK_K, x, xs, n, terms, yi, ys, last)
+#define Q4_K_CALL(m, n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last, 0)
+#define Q5_K_CALL(m, n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last, 1)
+#define Q6_K_CALL(m, n) q6_K_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last)
+#define IQ4_XS_CALL(m, n) iq4_xs_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last)
 X16_ENTRY(q4_0, Q4_0_CALL, NG)
 X16_ENTRY(q4_1, Q4_1_CALL, NG)
 X16_ENTRY(q5_0, Q5_0_CALL, NG)
@@ -446,6 +482,77 @@ X16_ENTRY(q4_K, Q4_K_CALL, 1)
 X16_ENTRY(q5_K, Q5_K_CALL, 1)
 X16_ENTRY(q6_K, Q6_K_CALL, 1)
 X16_ENTRY(iq4_xs, IQ4_XS_CALL, 1)
+
+/* ---- prefill over a group's values unpacked once (repack.h's li_x16_unpack_fn) ----
+ * A prefill call takes at most LI_X16_NC activation rows, so a group met n
+ * rows n / 4 times, and the types whose values take the most work to unpack
+ * (Q5_K's fifth bits, Q6_K's two planes, IQ4_XS's level lookups) spent it
+ * that often: Q6_K's kernel ran at 235-240 GOP/s against 280-305 with the
+ * values unpacked once per group into 16 bytes per column (k = 2048, 512
+ * rows). The unpacked values are the same bytes, so the sums are too. */
+
+static void x16_unpack_q5_K(const void *group, int64_t k, uint8_t *vals) {
+    for (int64_t s = 0; s < k / QK_K; s++) {
+        const uint8_t *sb = (const uint8_t *)group + (size_t)s * 2880;
+        uint8_t *o = vals + (size_t)s * 4096;
+        UNROLL for (int i = 0; i < 4; i++) {
+            const uint8_t *si = sb + 640 * i + 128;
+            const __m512i h0 = load64(si - 128), h1 = load64(si - 64);
+            UNROLL for (int j = 0; j < 8; j++) {
+                __m512i lo, hi;
+                q5_K_values(si, h0, h1, j, &lo, &hi);
+                _mm512_storeu_si512((void *)(o + 1024 * i + 128 * j), lo);
+                _mm512_storeu_si512((void *)(o + 1024 * i + 128 * j + 64), hi);
+            }
+        }
+    }
+}
+
+static void x16_unpack_q6_K(const void *group, int64_t k, uint8_t *vals) {
+    for (int64_t s = 0; s < k / QK_K; s++) {
+        const uint8_t *sb = (const uint8_t *)group + (size_t)s * 3392;
+        uint8_t *o = vals + (size_t)s * 4096;
+        for (int gi = 0; gi < 16; gi++) {
+            __m512i u[4];
+            q6_K_values(sb + 192 * gi, u);
+            UNROLL for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(o + 256 * gi + 64 * t), u[t]);
+        }
+    }
+}
+
+static void x16_unpack_iq4_xs(const void *group, int64_t k, uint8_t *vals) {
+    for (int64_t s = 0; s < k / QK_K; s++) {
+        const uint8_t *sb = (const uint8_t *)group + (size_t)s * 2240;
+        uint8_t *o = vals + (size_t)s * 4096;
+        for (int b = 0; b < 8; b++) {
+            __m512i lo[4], hi[4];
+            iq4_xs_values(sb + 256 * b, lo, hi);
+            UNROLL for (int j = 0; j < 4; j++) {
+                _mm512_storeu_si512((void *)(o + 512 * b + 64 * j), lo[j]);
+                _mm512_storeu_si512((void *)(o + 512 * b + 256 + 64 * j), hi[j]);
+            }
+        }
+    }
+}
+
+#define UNPACKED_ENTRY(name, call)                                                                                 \
+    static void x16u_##name(const void *group, const uint8_t *vals, int64_t k, const void *xq, size_t xs, int nc, \
+                            const int32_t *terms, float *y, size_t ys, int nr) {                                   \
+        const uint8_t *g = (const uint8_t *)group;                                                                 \
+        const char *x = (const char *)xq;                                                                          \
+        switch (nc) {                                                                                              \
+        case 1: call(1); break;                                                                                    \
+        case 2: call(2); break;                                                                                    \
+        case 3: call(3); break;                                                                                    \
+        default: call(4); break;                                                                                   \
+        }                                                                                                          \
+    }
+#define Q5_K_UCALL(n) k45_cols(g, vals, k / QK_K, x, xs, n, terms, y, ys, nr, 1)
+#define Q6_K_UCALL(n) q6_K_cols(g, vals, k / QK_K, x, xs, n, terms, y, ys, nr)
+#define IQ4_XS_UCALL(n) iq4_xs_cols(g, vals, k / QK_K, x, xs, n, terms, y, ys, nr)
+UNPACKED_ENTRY(q5_K, Q5_K_UCALL)
+UNPACKED_ENTRY(q6_K, Q6_K_UCALL)
+UNPACKED_ENTRY(iq4_xs, IQ4_XS_UCALL)
 
 /* the int8 peak: 12 independent vpdpbusd chains (more than latency x
  * throughput), 64 multiply-adds each; returns how many were done */
@@ -476,6 +583,12 @@ void li_x16_fill_avx512(li_kernels *t) {
     t->x16[LI_TYPE_Q5_K] = x16_q5_K;
     t->x16[LI_TYPE_Q6_K] = x16_q6_K;
     t->x16[LI_TYPE_IQ4_XS] = x16_iq4_xs;
+    t->x16_unpack[LI_TYPE_Q5_K] = x16_unpack_q5_K;
+    t->x16u[LI_TYPE_Q5_K] = x16u_q5_K;
+    t->x16_unpack[LI_TYPE_Q6_K] = x16_unpack_q6_K;
+    t->x16u[LI_TYPE_Q6_K] = x16u_q6_K;
+    t->x16_unpack[LI_TYPE_IQ4_XS] = x16_unpack_iq4_xs;
+    t->x16u[LI_TYPE_IQ4_XS] = x16u_iq4_xs;
 }
 #elif defined(LI_ARCH_X86)
 /* built without the AVX-512 flags: no repacked kernels, the dot kernels serve */
