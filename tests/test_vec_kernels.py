@@ -5,8 +5,8 @@ kernel level."""
 import numpy as np
 import pytest
 
-from kernel_cases import isa
-from llminfer import _core
+from kernel_cases import at_level, isa
+from llminfer import _core, system
 from llminfer.errors import ShapeError
 
 __all__ = ["isa"]
@@ -77,3 +77,23 @@ def test_attention_kernels_match_numpy(isa, d, n, nh):
     want = before[:, :d] + p[:, :n].astype(np.float64) @ rows
     assert np.allclose(out[:, :d], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert np.array_equal(out[:, d:], before[:, d:])
+
+
+@pytest.mark.parametrize("d", [64, 128, 96])
+def test_attention_sums_are_the_same_bits_at_every_vector_width(d):
+    """The AVX-512 weighted sum holds 4 heads x 64 columns where the AVX2 one
+    holds 3 x 32, but each output element is the same fma chain over the
+    rows in order: the same bits (d = 96 takes the AVX2 kernel at both)."""
+    if not {"avx2", "avx512"} <= set(system.available_isas()):
+        pytest.skip("needs the AVX2 and AVX-512 levels")
+    rng = np.random.default_rng(d)
+    cache = rng.standard_normal((37, d + 16)).astype(np.float16).view(np.uint16)
+    for nh in (1, 3, 4, 5, 8):
+        p = rng.random((nh, 37)).astype(np.float32)
+        start = rng.standard_normal((nh, d)).astype(np.float32)
+        outs = []
+        for level in ("avx2", "avx512"):
+            out = start.copy()
+            at_level(level, _core.attn_kernel, True, p, cache, d, 1.0, out)
+            outs.append(out)
+        assert np.array_equal(outs[0], outs[1]), f"d={d} nh={nh}"

@@ -554,6 +554,54 @@ UNPACKED_ENTRY(q5_K, Q5_K_UCALL)
 UNPACKED_ENTRY(q6_K, Q6_K_UCALL)
 UNPACKED_ENTRY(iq4_xs, IQ4_XS_UCALL)
 
+/* ---- attention over an F16 cache: the weighted sum of value rows ----
+ * The AVX2 kernel holds 3 heads x 32 columns and so, with 4 query heads per
+ * KV head, converts every value row four times over (two column halves for
+ * 3 heads, then again for the fourth) for a 64-wide head. Here 4 heads x 64
+ * columns sit in 16 registers and each row is converted once. Each output
+ * element is the same fma chain over the rows in order as the AVX2 kernel's,
+ * so the results are the same bits. */
+static void (*accum_f16_avx2)(const float *p, size_t p_ld, int nh, const uint16_t *v, size_t stride, int64_t n,
+                              int64_t d, float *out, size_t out_stride);
+
+LI_INLINE void accum_heads(const float *p, size_t p_ld, const int g, const uint16_t *v, size_t stride, int64_t n,
+                           int64_t d, int64_t i0, float *out, size_t out_stride) {
+    __m512 acc[4][4];
+    UNROLL for (int h = 0; h < g; h++) UNROLL for (int r = 0; r < 4; r++)
+        acc[h][r] = _mm512_loadu_ps(out + (size_t)h * out_stride + i0 + 16 * r);
+    for (int64_t j = 0; j < n; j++) {
+        const uint16_t *vj = v + (size_t)j * stride + i0;
+        if (stride != (size_t)d) _mm_prefetch((const char *)(vj + 8 * stride), _MM_HINT_T0);
+        __m512 x[4];
+        UNROLL for (int r = 0; r < 4; r++) x[r] = f16x16((const uint8_t *)(vj + 16 * r));
+        UNROLL for (int h = 0; h < g; h++) {
+            const __m512 pj = _mm512_set1_ps(p[(size_t)h * p_ld + (size_t)j]);
+            UNROLL for (int r = 0; r < 4; r++) acc[h][r] = _mm512_fmadd_ps(pj, x[r], acc[h][r]);
+        }
+    }
+    UNROLL for (int h = 0; h < g; h++) UNROLL for (int r = 0; r < 4; r++)
+        _mm512_storeu_ps(out + (size_t)h * out_stride + i0 + 16 * r, acc[h][r]);
+}
+
+static void attn_accum_f16_512(const float *p, size_t p_ld, int nh, const uint16_t *v, size_t stride, int64_t n,
+                               int64_t d, float *out, size_t out_stride) {
+    if (d % 64 != 0) {
+        accum_f16_avx2(p, p_ld, nh, v, stride, n, d, out, out_stride);
+        return;
+    }
+    for (int h0 = 0; h0 < nh; h0 += 4) {
+        const int g = LI_MIN(4, nh - h0);
+        const float *ph = p + (size_t)h0 * p_ld;
+        float *oh = out + (size_t)h0 * out_stride;
+        for (int64_t i0 = 0; i0 < d; i0 += 64) switch (g) {
+            case 4: accum_heads(ph, p_ld, 4, v, stride, n, d, i0, oh, out_stride); break;
+            case 3: accum_heads(ph, p_ld, 3, v, stride, n, d, i0, oh, out_stride); break;
+            case 2: accum_heads(ph, p_ld, 2, v, stride, n, d, i0, oh, out_stride); break;
+            default: accum_heads(ph, p_ld, 1, v, stride, n, d, i0, oh, out_stride); break;
+            }
+    }
+}
+
 /* the int8 peak: 12 independent vpdpbusd chains (more than latency x
  * throughput), 64 multiply-adds each; returns how many were done */
 int64_t li_x16_peak_probe(int64_t iters) {
@@ -583,6 +631,8 @@ void li_x16_fill_avx512(li_kernels *t) {
     t->x16[LI_TYPE_Q5_K] = x16_q5_K;
     t->x16[LI_TYPE_Q6_K] = x16_q6_K;
     t->x16[LI_TYPE_IQ4_XS] = x16_iq4_xs;
+    accum_f16_avx2 = t->attn_accum_f16;
+    t->attn_accum_f16 = attn_accum_f16_512;
     t->x16_unpack[LI_TYPE_Q5_K] = x16_unpack_q5_K;
     t->x16u[LI_TYPE_Q5_K] = x16u_q5_K;
     t->x16_unpack[LI_TYPE_Q6_K] = x16_unpack_q6_K;
