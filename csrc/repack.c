@@ -259,18 +259,21 @@ static int64_t blocks_of(int type, int64_t k) {
     return type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K || type == LI_TYPE_Q6_K ? k / QK_K : k / 32;
 }
 
+/* the types repack.h gives an unpacked layout, from n activation rows */
+static int unpacked_layout(int type, int64_t n) {
+    return n >= LI_X16_UNPACK_MIN && (type == LI_TYPE_Q5_K || type == LI_TYPE_Q6_K || type == LI_TYPE_IQ4_XS);
+}
+
 /* whether li_x16_matmul unpacks each group once for n activation rows */
 static int unpacks(int type, int64_t n) {
-    return n >= LI_X16_UNPACK_MIN && (type == LI_TYPE_Q5_K || type == LI_TYPE_Q6_K || type == LI_TYPE_IQ4_XS) &&
-           li_K->x16_unpack[type] && li_K->x16u[type];
+    return unpacked_layout(type, n) && li_K->x16_unpack[type] && li_K->x16u[type];
 }
 
 size_t li_x16_scratch_ints(int type, int64_t k, int64_t n) {
     const size_t terms = (size_t)n * (size_t)(blocks_of(type, k) * terms_per_block(type));
     /* room for the unpacked values whatever the level: a context sized under
      * one level may multiply under another */
-    const int may_unpack = type == LI_TYPE_Q5_K || type == LI_TYPE_Q6_K || type == LI_TYPE_IQ4_XS;
-    if (!may_unpack || n < LI_X16_UNPACK_MIN) return terms;
+    if (!unpacked_layout(type, n)) return terms;
     return terms + (LI_X16_UNPACKED(k) + 64) / sizeof(int32_t); /* the values, 64-byte aligned */
 }
 
@@ -435,6 +438,7 @@ int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_th
     }
     uint8_t *arena = total ? alloc_packed(total) : NULL;
     size_t off = 0;
+    (void)n_threads; /* without OpenMP */
     for (int i = 0; arena && i < n; i++) {
         li_matrix *w = ms[i];
         if (w->packed || !li_x16_available(w->type) || w->rows <= 0) continue;
