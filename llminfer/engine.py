@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from functools import wraps
 
 import numpy as np
@@ -33,7 +34,7 @@ from llminfer.gguf_file import GGUFFile
 from llminfer.kv_cache import FULL, SWA, KVCache, Sequence
 from llminfer.models import build_spec
 from llminfer.numerics import check_logits, locate_non_finite
-from llminfer.system import check_memory, check_threads
+from llminfer.system import available_memory, check_memory, check_threads
 from llminfer.tokenizer import Tokenizer
 
 # KV cache types: the GGML type numbers the C core takes
@@ -57,6 +58,26 @@ def _locked(method):
                 raise LLMInferError(f"this engine ({self.model_path}) is closed")
             return method(self, *args, **kwargs)
     return run
+
+
+class RepackWarning(UserWarning):
+    """The weights were left in the file's layout: not enough memory for the repacked copy."""
+
+
+# memory left over after the repacked copy for everything else a process allocates
+REPACK_HEADROOM = 256 << 20
+
+
+def repacked_estimate(spec, first_layer: int, with_output: bool) -> int:
+    """Bytes li_model_repack would allocate for the matrices of layers
+    first_layer.. (and the output head): those of a type the active kernel
+    level has a repacked kernel for, at about their size in the file."""
+    types = set(_core.repacked_types())
+    mats = [spec.output] if with_output else []
+    for L in spec.layers[first_layer:]:
+        mats += [L.wq, L.wk, L.wv, L.wo]
+        mats += list(L.ffn_matrices()) if L.moe is None else [L.moe.gate_exps, L.moe.up_exps, L.moe.down_exps]
+    return sum(m.data.nbytes for m in mats if m is not None and m.type_name in types)
 
 
 class Engine:
@@ -119,7 +140,17 @@ class Engine:
             # file's pages of the originals handed back; LLMINFER_REPACK=0 keeps the file's rows
             self.repacked_bytes = 0
             if repack and os.environ.get("LLMINFER_REPACK", "1") != "0":
-                self.repacked_bytes = self.desc.repack(n_gpu, not gpu_head, self.n_threads, mmap)
+                need = repacked_estimate(self.spec, n_gpu, not gpu_head)
+                avail = available_memory()
+                if avail is not None and need + REPACK_HEADROOM > avail:
+                    # the copy is anonymous memory where the mapped file can be paged
+                    # out: a model that fits only as a mapping still runs
+                    warnings.warn(f"{self.model_path}: not repacking the weights: the repacked copy needs "
+                                  f"{need / 2**30:.2f} GiB and {avail / 2**30:.2f} GiB of memory is available; "
+                                  "the file's rows are used as they are (same results, slower)",
+                                  RepackWarning, stacklevel=2)
+                else:
+                    self.repacked_bytes = self.desc.repack(n_gpu, not gpu_head, self.n_threads, mmap)
         except Exception:
             self.gguf.close()
             raise

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from llminfer import LLM, SamplingParams
+from llminfer import LLM, SamplingParams, _core
 from llminfer.engine import Engine
 from llminfer.errors import InvalidArgumentError, KVCacheFullError
 
@@ -176,3 +176,32 @@ def test_embedding_lookups_hand_their_pages_back(smollm2_path):
         finally:
             eng.close()
     assert np.array_equal(out[True], out[False])
+
+
+def test_repacking_is_skipped_when_the_copy_does_not_fit(monkeypatch, tmp_path):
+    """The repacked copy is anonymous memory where the mapped file can be
+    paged out: with less memory available than the copy needs, the engine
+    keeps the file's rows (same logits) and says so."""
+    from llminfer import engine as engine_mod
+
+    path = write_model(tmp_path / "q8.gguf", TinyConfig(qtype="Q8_0"))
+    toks = np.arange(1, 20, dtype=np.int32)
+
+    def logits(eng):
+        try:
+            return eng.decode([(eng.new_sequence(), toks, "all")])[0]
+        finally:
+            eng.close()
+
+    eng = Engine(path, n_ctx=64, n_threads=1)
+    need = engine_mod.repacked_estimate(eng.spec, 0, True)
+    if "Q8_0" not in _core.repacked_types():
+        eng.close()
+        pytest.skip("this kernel level repacks nothing")
+    assert eng.repacked_bytes >= need > 0
+    packed = logits(eng)
+    monkeypatch.setattr(engine_mod, "available_memory", lambda: need + engine_mod.REPACK_HEADROOM - 1)
+    with pytest.warns(engine_mod.RepackWarning, match=r"not repacking the weights: the repacked copy needs"):
+        eng = Engine(path, n_ctx=64, n_threads=1)
+    assert eng.repacked_bytes == 0
+    assert np.array_equal(logits(eng), packed)
