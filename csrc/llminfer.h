@@ -218,6 +218,9 @@ int li_model_check(const li_model_desc *m);
  * li_model_unpack frees them; call it before the description goes. */
 int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_threads, int release,
                     size_t *bytes);
+/* the bytes li_model_repack would allocate now for the same arguments (0
+ * for what is repacked already or has no kernel at the active level) */
+size_t li_model_repack_size(li_model_desc *m, int first_layer, int with_output);
 void li_model_unpack(li_model_desc *m);
 
 typedef struct li_context li_context;

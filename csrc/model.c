@@ -215,15 +215,20 @@ void li_context_free(li_context *c) {
     free(c);
 }
 
+/* the prefill scratch a thread needs for w: its panels or its repacked terms */
+static void need_scratch(li_context *c, const li_matrix *w) {
+    const size_t g = LI_MAX(li_gemm_scratch_bytes(w->type, w->k, c->n_batch),
+                            li_x16_scratch_ints(w->type, w->k, c->n_batch) * sizeof(int32_t));
+    if (g > c->gemm_bytes) c->gemm_bytes = (g + 63) / 64 * 64;
+}
+
 /* note which activation formats the model's projections need, how wide, and
  * how much prefill scratch each thread needs */
 static void need_act(li_context *c, const li_matrix *w) {
     const int a = li_types[w->type].act_type;
     const size_t row = li_act_row_bytes(a, w->k);
     if (row > c->xq_row[a]) c->xq_row[a] = row;
-    const size_t g = LI_MAX(li_gemm_scratch_bytes(w->type, w->k, c->n_batch),
-                            li_x16_scratch_ints(w->type, w->k, c->n_batch) * sizeof(int32_t));
-    if (g > c->gemm_bytes) c->gemm_bytes = (g + 63) / 64 * 64;
+    need_scratch(c, w);
 }
 
 /* the same for an expert tensor: one expert's rows are [rows / n_expert, k],
@@ -232,9 +237,7 @@ static void need_expert_act(li_context *c, const li_matrix *w) {
     const int a = li_types[w->type].act_type;
     const size_t row = li_act_row_bytes(a, w->k);
     if (row > c->xe_row[a]) c->xe_row[a] = row;
-    const size_t g = LI_MAX(li_gemm_scratch_bytes(w->type, w->k, c->n_batch),
-                            li_x16_scratch_ints(w->type, w->k, c->n_batch) * sizeof(int32_t));
-    if (g > c->gemm_bytes) c->gemm_bytes = (g + 63) / 64 * 64;
+    need_scratch(c, w);
 }
 
 /* one RoPE table per distinct (base, scale) */
@@ -692,10 +695,8 @@ static void route_token(const float *logits, int n_expert, int k, float *prob, i
 static li_matrix expert_slice(const li_matrix *w, int n_expert, int e) {
     const int64_t rows = w->rows / n_expert;
     const size_t bytes = w->nbytes / (size_t)n_expert;
-    const void *packed = NULL;
-    if (w->packed)
-        packed = (const char *)w->packed + (size_t)e * li_x16_group_bytes(w->type, w->k) * (size_t)li_x16_groups(rows);
-    const li_matrix out = {(const char *)w->data + (size_t)e * bytes, w->type, rows, w->k, bytes, packed};
+    const li_matrix out = {(const char *)w->data + (size_t)e * bytes, w->type, rows, w->k, bytes,
+                           li_x16_part(w, n_expert, e)};
     return out;
 }
 

@@ -355,26 +355,43 @@ static void *alloc_packed(size_t size) {
  * tensors hold n_expert matrices one after another, each packed into groups
  * of its own so that an expert's slice (model.c's expert_slice) is whole
  * groups of the packed copy too */
-#define MAX_PER_LAYER 10
-static int model_matrices(li_model_desc *m, int first_layer, int with_output, li_matrix **out, int *parts) {
-    int n = 0;
-    if (with_output) parts[n] = 1, out[n++] = &m->output;
+typedef struct {
+    li_matrix *w;
+    int parts;
+} packable;
+
+/* a malloc'd list of them in layers first_layer.. (and the output head), *n
+ * long; NULL when out of memory */
+static packable *model_matrices(li_model_desc *m, int first_layer, int with_output, int *n) {
+    packable *out = malloc(sizeof(*out) * (size_t)(1 + 10 * m->n_layer));
+    *n = 0;
+    if (!out) return NULL;
+    if (with_output) out[(*n)++] = (packable){&m->output, 1};
     for (int il = LI_MAX(first_layer, 0); il < m->n_layer; il++) {
         li_layer_desc *L = (li_layer_desc *)(void *)&m->layers[il];
         li_matrix *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
-            if (ws[i]->data) parts[n] = 1, out[n++] = ws[i];
+            if (ws[i]->data) out[(*n)++] = (packable){ws[i], 1};
         li_matrix *es[] = {&L->gate_exps, &L->up_exps, &L->down_exps};
         for (size_t i = 0; i < sizeof(es) / sizeof(es[0]); i++)
             if (es[i]->data && L->router.data && m->n_expert > 0 && es[i]->rows % m->n_expert == 0)
-                parts[n] = m->n_expert, out[n++] = es[i];
+                out[(*n)++] = (packable){es[i], m->n_expert};
     }
-    return n;
+    return out;
 }
 
-/* bytes of w's packed copy, cut into `parts` matrices of rows / parts rows */
-static size_t packed_bytes(const li_matrix *w, int parts) {
-    return li_x16_group_bytes(w->type, w->k) * (size_t)li_x16_groups(w->rows / parts) * (size_t)parts;
+/* bytes of one part's packed groups (rows / parts rows) */
+static size_t part_bytes(const li_matrix *w, int parts) {
+    return li_x16_group_bytes(w->type, w->k) * (size_t)li_x16_groups(w->rows / parts);
+}
+
+/* whether li_model_repack packs p */
+static int packs(const packable *p) {
+    return !p->w->packed && li_x16_available(p->w->type) && p->w->rows > 0 && li_x16_group_bytes(p->w->type, p->w->k);
+}
+
+const void *li_x16_part(const li_matrix *w, int parts, int e) {
+    return w->packed ? (const char *)w->packed + (size_t)e * part_bytes(w, parts) : NULL;
 }
 
 /* Hand the pages of [p, p + n) back to the file: they are clean, and the
@@ -407,50 +424,48 @@ void li_release_row(const void *matrix, size_t size, const void *row, size_t n) 
     release_pages((const void *)lo, hi - lo); /* its whole pages: none outside the matrix */
 }
 
+size_t li_model_repack_size(li_model_desc *m, int first_layer, int with_output) {
+    li_init();
+    if (!m || !m->layers || m->n_layer <= 0) return 0;
+    int n;
+    packable *ms = model_matrices(m, first_layer, with_output, &n);
+    size_t total = 0;
+    for (int i = 0; ms && i < n; i++)
+        if (packs(&ms[i])) total += round64(part_bytes(ms[i].w, ms[i].parts) * (size_t)ms[i].parts);
+    free(ms);
+    return total;
+}
+
 int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_threads, int release,
                     size_t *bytes) {
     li_init();
     if (bytes) *bytes = 0;
     if (!m || !m->layers || m->n_layer <= 0) return li_fail(LI_E_ARG, "no model description to repack");
-    li_matrix **ms = malloc(sizeof(*ms) * (size_t)(1 + MAX_PER_LAYER * m->n_layer));
-    int *parts = malloc(sizeof(*parts) * (size_t)(1 + MAX_PER_LAYER * m->n_layer));
-    if (!ms || !parts) {
-        free(ms);
-        free(parts);
-        return li_fail(LI_E_NOMEM, "out of memory repacking the model");
-    }
-    if (m->packed_arena) { /* repacked already */
-        free(ms);
-        free(parts);
-        return LI_OK;
-    }
-    const int n = model_matrices(m, first_layer, with_output, ms, parts);
+    if (m->packed_arena) return LI_OK; /* repacked already */
+    int n;
+    packable *ms = model_matrices(m, first_layer, with_output, &n);
+    if (!ms) return li_fail(LI_E_NOMEM, "out of memory repacking the model");
     /* One block for all of them, each matrix 64-byte aligned in it: 2 MiB
      * pages per matrix would round every small one (a 1B model's k and v)
      * up to whole pages, 150 MB of a 1B model's resident memory. Untouched
      * pages cost nothing, so the peak still holds one matrix twice, not the
      * model: each is packed, then its file pages handed back. */
-    size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        li_matrix *w = ms[i];
-        if (w->packed || !li_x16_available(w->type) || w->rows <= 0) continue;
-        total += round64(packed_bytes(w, parts[i]));
-    }
+    const size_t total = li_model_repack_size(m, first_layer, with_output);
     uint8_t *arena = total ? alloc_packed(total) : NULL;
     size_t off = 0;
     (void)n_threads; /* without OpenMP */
     for (int i = 0; arena && i < n; i++) {
-        li_matrix *w = ms[i];
-        if (w->packed || !li_x16_available(w->type) || w->rows <= 0) continue;
-        const size_t gb = li_x16_group_bytes(w->type, w->k);
-        if (gb == 0) continue;
+        if (!packs(&ms[i])) continue;
+        li_matrix *w = ms[i].w;
+        const int parts = ms[i].parts;
+        const size_t pb = part_bytes(w, parts);
         uint8_t *dst = arena + off;
-        off += round64(packed_bytes(w, parts[i]));
+        off += round64(pb * (size_t)parts);
         const size_t row = w->nbytes / (size_t)w->rows;
-        const int64_t rows = w->rows / parts[i], ng = li_x16_groups(rows);
-        for (int e = 0; e < parts[i]; e++) {
+        const int64_t rows = w->rows / parts, ng = li_x16_groups(rows);
+        for (int e = 0; e < parts; e++) {
             const char *src = (const char *)w->data + (size_t)e * (size_t)rows * row;
-            uint8_t *pd = dst + (size_t)e * (size_t)ng * gb;
+            uint8_t *pd = dst + (size_t)e * pb;
             /* a chunk of groups at a time, its rows' pages handed back once it
              * is packed: the peak holds one chunk twice, not the matrix (Gemma 3
              * 270M's tied 178 MB head made the load peak 107 MB above the rest) */
@@ -468,7 +483,7 @@ int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_th
             }
         }
         w->packed = dst;
-        if (bytes) *bytes += packed_bytes(w, parts[i]);
+        if (bytes) *bytes += pb * (size_t)parts;
         /* the pages the chunks shared; a tied output's too: the embedding
          * lookups fault back in only the rows they read */
         if (release) release_pages(w->data, w->nbytes);
@@ -478,24 +493,17 @@ int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_th
      * embedding's own rows every token */
     m->embd_release = release && (m->output.data != m->tok_embd.data || m->output.packed != NULL || !with_output);
     free(ms);
-    free(parts);
     return LI_OK; /* no memory for the block: the matrices keep the dot kernels, results unchanged */
 }
 
 void li_model_unpack(li_model_desc *m) {
     if (!m || !m->layers || m->n_layer <= 0) return;
-    li_matrix **ms = malloc(sizeof(*ms) * (size_t)(1 + MAX_PER_LAYER * m->n_layer));
-    int *parts = malloc(sizeof(*parts) * (size_t)(1 + MAX_PER_LAYER * m->n_layer));
-    if (!ms || !parts) {
-        free(ms);
-        free(parts);
-        return;
-    }
-    const int n = model_matrices(m, 0, 1, ms, parts);
-    for (int i = 0; i < n; i++) ms[i]->packed = NULL;
-    free(parts);
+    int n;
+    packable *ms = model_matrices(m, 0, 1, &n);
+    if (!ms) return;
+    for (int i = 0; i < n; i++) ms[i].w->packed = NULL;
+    free(ms);
     li_free_aligned(m->packed_arena);
     m->packed_arena = NULL;
     m->embd_release = 0;
-    free(ms);
 }

@@ -57,6 +57,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct li_matrix; /* llminfer.h */
+
 #define LI_X16_ROWS 16
 /* most activation rows one kernel call takes */
 #define LI_X16_NC 4
@@ -106,6 +108,10 @@ size_t li_x16_scratch_ints(int type, int64_t k, int64_t n);
  * taking its share of groups; scratch: li_x16_scratch_ints of its own */
 void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
                    int64_t y_stride, int32_t *scratch, int ith, int nth);
+
+/* part e of a matrix li_model_repack packed in `parts` parts (a MoE
+ * layer's experts), as its own packed matrix; NULL when w is not packed */
+const void *li_x16_part(const struct li_matrix *w, int parts, int e);
 
 /* After the row [row, row + n) of the matrix [base, base + size) (a clean
  * file mapping) was read: hand back the pages a fault on it may have mapped

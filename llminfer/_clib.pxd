@@ -100,6 +100,7 @@ cdef extern from "llminfer.h" nogil:
     int li_model_check(const li_model_desc *m)
     int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_threads, int release,
                         size_t *bytes)
+    size_t li_model_repack_size(li_model_desc *m, int first_layer, int with_output)
     void li_model_unpack(li_model_desc *m)
 
     ctypedef struct li_context:

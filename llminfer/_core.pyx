@@ -309,6 +309,11 @@ cdef class ModelDesc:
         m.nbytes = data.shape[0]
         return 0
 
+    def repack_size(self, int first_layer=0, bint with_output=True):
+        """The bytes repack() would allocate now for the same layers: the
+        packed copies of the matrices this CPU has repacked kernels for."""
+        return C.li_model_repack_size(&self.desc, first_layer, with_output)
+
     def repack(self, int first_layer=0, bint with_output=True, int n_threads=1, bint release=False):
         """Repack the weights of layers first_layer.. (and the output head)
         into the kernels' interleaved layout where this CPU has kernels for

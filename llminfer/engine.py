@@ -68,18 +68,6 @@ class RepackWarning(UserWarning):
 REPACK_HEADROOM = 256 << 20
 
 
-def repacked_estimate(spec, first_layer: int, with_output: bool) -> int:
-    """Bytes li_model_repack would allocate for the matrices of layers
-    first_layer.. (and the output head): those of a type the active kernel
-    level has a repacked kernel for, at about their size in the file."""
-    types = set(_core.repacked_types())
-    mats = [spec.output] if with_output else []
-    for L in spec.layers[first_layer:]:
-        mats += [L.wq, L.wk, L.wv, L.wo]
-        mats += list(L.ffn_matrices()) if L.moe is None else [L.moe.gate_exps, L.moe.up_exps, L.moe.down_exps]
-    return sum(m.data.nbytes for m in mats if m is not None and m.type_name in types)
-
-
 class Engine:
     """A model loaded with a paged KV cache for many sequences.
 
@@ -140,7 +128,7 @@ class Engine:
             # file's pages of the originals handed back; LLMINFER_REPACK=0 keeps the file's rows
             self.repacked_bytes = 0
             if repack and os.environ.get("LLMINFER_REPACK", "1") != "0":
-                need = repacked_estimate(self.spec, n_gpu, not gpu_head)
+                need = self.desc.repack_size(n_gpu, not gpu_head)
                 avail = available_memory()
                 if avail is not None and need + REPACK_HEADROOM > avail:
                     # the copy is anonymous memory where the mapped file can be paged

@@ -193,12 +193,14 @@ def test_repacking_is_skipped_when_the_copy_does_not_fit(monkeypatch, tmp_path):
         finally:
             eng.close()
 
-    eng = Engine(path, n_ctx=64, n_threads=1)
-    need = engine_mod.repacked_estimate(eng.spec, 0, True)
     if "Q8_0" not in _core.repacked_types():
-        eng.close()
         pytest.skip("this kernel level repacks nothing")
-    assert eng.repacked_bytes >= need > 0
+    eng = Engine(path, n_ctx=64, n_threads=1, repack=False)
+    need = eng.desc.repack_size(0, True)
+    eng.close()
+    eng = Engine(path, n_ctx=64, n_threads=1)
+    assert need >= eng.repacked_bytes > 0
+    assert eng.desc.repack_size(0, True) == 0  # all of it repacked now
     packed = logits(eng)
     monkeypatch.setattr(engine_mod, "available_memory", lambda: need + engine_mod.REPACK_HEADROOM - 1)
     with pytest.warns(engine_mod.RepackWarning, match=r"not repacking the weights: the repacked copy needs"):

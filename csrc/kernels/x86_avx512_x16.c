@@ -269,6 +269,13 @@ LI_INLINE void q8_0_cols(const uint8_t *g, size_t gb, const int ng, int64_t nb, 
  * its 8 chunks of nibbles, then the same sc, mn, d, dmin; whole values
  * 0..31. With `five` a constant, each kernel keeps only its own unpacking. */
 
+/* where repack.h's unpacked layouts put super-block s's values: Q5_K's
+ * chunk j of pair i (lo, then hi 64 bytes on), Q6_K's group gi (4 chunks),
+ * IQ4_XS's block b (lo 0..3, then hi 0..3 256 bytes on) */
+LI_INLINE size_t q5_K_unpacked(int64_t s, int i, int j) { return (size_t)s * 4096 + 1024 * (size_t)i + 128 * (size_t)j; }
+LI_INLINE size_t q6_K_unpacked(int64_t s, int gi) { return (size_t)s * 4096 + 256 * (size_t)gi; }
+LI_INLINE size_t iq4_xs_unpacked(int64_t s, int b) { return (size_t)s * 4096 + 512 * (size_t)b; }
+
 /* Q5_K's values of chunk j of sub-block pair i: lo (sub-block 2i), hi (2i + 1), whole */
 LI_INLINE void q5_K_values(const uint8_t *si, const __m512i h0, const __m512i h1, const int j, __m512i *lo, __m512i *hi) {
     const __m512i w = load64(si + 64 * j);
@@ -298,9 +305,9 @@ LI_INLINE void k45_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const
             UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = _mm512_setzero_si512();
             UNROLL for (int j = 0; j < 8; j++) {
                 __m512i lo, hi;
-                if (vals) { /* [s][i][j][lo, hi] */
-                    lo = load64(vals + (size_t)s * 4096 + 1024 * i + 128 * j);
-                    hi = load64(vals + (size_t)s * 4096 + 1024 * i + 128 * j + 64);
+                if (vals) {
+                    lo = load64(vals + q5_K_unpacked(s, i, j));
+                    hi = load64(vals + q5_K_unpacked(s, i, j) + 64);
                 } else if (five) {
                     q5_K_values(si, h0, h1, j, &lo, &hi);
                 } else { /* Q4_K: the high nibbles left in place, 16 times their values */
@@ -363,8 +370,8 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, cons
         UNROLL for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         for (int gi = 0; gi < 16; gi++) {
             __m512i u[4];
-            if (vals) /* [s][gi][4 chunks] */
-                UNROLL for (int t = 0; t < 4; t++) u[t] = load64(vals + (size_t)s * 4096 + 256 * gi + 64 * t);
+            if (vals)
+                UNROLL for (int t = 0; t < 4; t++) u[t] = load64(vals + q6_K_unpacked(s, gi) + 64 * t);
             else
                 q6_K_values(sb + 192 * gi, u);
             const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 3072 + 16 * gi)));
@@ -416,10 +423,10 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, co
         const __m512 d = f16x16(sb + 2176);
         for (int b = 0; b < 8; b++) {
             __m512i lo[4], hi[4];
-            if (vals) { /* [s][b][lo 0..3, hi 0..3] */
+            if (vals) {
                 UNROLL for (int j = 0; j < 4; j++) {
-                    lo[j] = load64(vals + (size_t)s * 4096 + 512 * b + 64 * j);
-                    hi[j] = load64(vals + (size_t)s * 4096 + 512 * b + 256 + 64 * j);
+                    lo[j] = load64(vals + iq4_xs_unpacked(s, b) + 64 * j);
+                    hi[j] = load64(vals + iq4_xs_unpacked(s, b) + 256 + 64 * j);
                 }
             } else {
                 iq4_xs_values(sb + 256 * b, lo, hi);
@@ -494,15 +501,14 @@ X16_ENTRY(iq4_xs, IQ4_XS_CALL, 1)
 static void x16_unpack_q5_K(const void *group, int64_t k, uint8_t *vals) {
     for (int64_t s = 0; s < k / QK_K; s++) {
         const uint8_t *sb = (const uint8_t *)group + (size_t)s * 2880;
-        uint8_t *o = vals + (size_t)s * 4096;
         UNROLL for (int i = 0; i < 4; i++) {
             const uint8_t *si = sb + 640 * i + 128;
             const __m512i h0 = load64(si - 128), h1 = load64(si - 64);
             UNROLL for (int j = 0; j < 8; j++) {
                 __m512i lo, hi;
                 q5_K_values(si, h0, h1, j, &lo, &hi);
-                _mm512_storeu_si512((void *)(o + 1024 * i + 128 * j), lo);
-                _mm512_storeu_si512((void *)(o + 1024 * i + 128 * j + 64), hi);
+                _mm512_storeu_si512((void *)(vals + q5_K_unpacked(s, i, j)), lo);
+                _mm512_storeu_si512((void *)(vals + q5_K_unpacked(s, i, j) + 64), hi);
             }
         }
     }
@@ -511,11 +517,10 @@ static void x16_unpack_q5_K(const void *group, int64_t k, uint8_t *vals) {
 static void x16_unpack_q6_K(const void *group, int64_t k, uint8_t *vals) {
     for (int64_t s = 0; s < k / QK_K; s++) {
         const uint8_t *sb = (const uint8_t *)group + (size_t)s * 3392;
-        uint8_t *o = vals + (size_t)s * 4096;
         for (int gi = 0; gi < 16; gi++) {
             __m512i u[4];
             q6_K_values(sb + 192 * gi, u);
-            UNROLL for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(o + 256 * gi + 64 * t), u[t]);
+            UNROLL for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(vals + q6_K_unpacked(s, gi) + 64 * t), u[t]);
         }
     }
 }
@@ -523,13 +528,12 @@ static void x16_unpack_q6_K(const void *group, int64_t k, uint8_t *vals) {
 static void x16_unpack_iq4_xs(const void *group, int64_t k, uint8_t *vals) {
     for (int64_t s = 0; s < k / QK_K; s++) {
         const uint8_t *sb = (const uint8_t *)group + (size_t)s * 2240;
-        uint8_t *o = vals + (size_t)s * 4096;
         for (int b = 0; b < 8; b++) {
             __m512i lo[4], hi[4];
             iq4_xs_values(sb + 256 * b, lo, hi);
             UNROLL for (int j = 0; j < 4; j++) {
-                _mm512_storeu_si512((void *)(o + 512 * b + 64 * j), lo[j]);
-                _mm512_storeu_si512((void *)(o + 512 * b + 256 + 64 * j), hi[j]);
+                _mm512_storeu_si512((void *)(vals + iq4_xs_unpacked(s, b) + 64 * j), lo[j]);
+                _mm512_storeu_si512((void *)(vals + iq4_xs_unpacked(s, b) + 256 + 64 * j), hi[j]);
             }
         }
     }
