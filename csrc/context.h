@@ -33,6 +33,11 @@
  * about LI_ATTN_TILE_QUERIES query heads per tile. */
 #define LI_ATTN_TILE 8
 #define LI_ATTN_TILE_QUERIES 32
+/* A dense feed-forward runs over at most this many batch rows at a time: its
+ * [rows, n_ff] gate and up outputs are the largest buffers of a prefill (32
+ * MiB at 512 rows of a 1B model), and each row's result does not depend on
+ * which rows share its chunk. */
+#define LI_FFN_CHUNK 128
 
 struct li_context {
     const li_model_desc *m;
@@ -55,9 +60,10 @@ struct li_context {
     float *v;              /* [n_batch, n_head_kv * head_dim_v] */
     float *att;            /* [n_batch, n_head * head_dim_v] */
     float *o;              /* [n_batch, n_embd] */
-    float *g, *u;          /* [n_batch, n_ff], or [n_batch * n_expert_used, n_ff_exp] in a MoE layer */
+    float *g, *u;          /* [LI_FFN_CHUNK, n_ff], or [n_batch * n_expert_used, n_ff_exp] in a MoE layer */
     void *xq[LI_ACT_COUNT];/* quantized activations, one buffer per format, rows of the widest input */
     size_t xq_row[LI_ACT_COUNT];
+    void *xd[LI_ACT_COUNT];/* [LI_FFN_CHUNK] rows of xq_row: a chunk's gated activations for ffn_down */
     void *qq;              /* [n_batch, n_head] queries in the activation format of a quantized K */
     size_t qq_row;
     float *scores;         /* [max_threads, tile_max, heads per kv head, span] attention weights of one span */

@@ -197,6 +197,7 @@ void li_context_free(li_context *c) {
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free_aligned(bufs[i]);
     for (int a = 0; a < LI_ACT_COUNT; a++) {
         free_aligned(c->xq[a]);
+        free_aligned(c->xd[a]);
         free_aligned(c->xe[a]);
     }
     free(c->sel);
@@ -348,10 +349,11 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     c->v = alloc_aligned(nb * (size_t)m->n_head_kv * (size_t)m->head_dim_v * sizeof(float));
     c->att = alloc_aligned(nb * (size_t)m->n_head * (size_t)m->head_dim_v * sizeof(float));
     c->o = alloc_aligned(nb * (size_t)m->n_embd * sizeof(float));
-    /* g and u hold [n_batch, n_ff] for a dense layer, [n_batch * n_expert_used, n_ff_exp] for a MoE one */
-    const size_t gu = LI_MAX((size_t)m->n_ff, (size_t)m->n_expert_used * (size_t)m->n_ff_exp);
-    c->g = alloc_aligned(nb * gu * sizeof(float));
-    c->u = alloc_aligned(nb * gu * sizeof(float));
+    /* g and u hold [LI_FFN_CHUNK, n_ff] for a dense layer, [n_batch * n_expert_used, n_ff_exp] for a MoE one */
+    const size_t gu = LI_MAX(LI_MIN(nb, (size_t)LI_FFN_CHUNK) * (size_t)m->n_ff,
+                             nb * (size_t)m->n_expert_used * (size_t)m->n_ff_exp);
+    c->g = alloc_aligned(gu * sizeof(float));
+    c->u = alloc_aligned(gu * sizeof(float));
     if (m->n_expert > 0) {
         const size_t slots = nb * (size_t)m->n_expert_used;
         c->route = alloc_aligned(nb * (size_t)m->n_expert * sizeof(float));
@@ -396,7 +398,8 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     for (int a = 0; a < LI_ACT_COUNT; a++) {
         if (c->xq_row[a] == 0) continue;
         c->xq[a] = alloc_aligned(nb * c->xq_row[a]);
-        if (!c->xq[a]) goto nomem;
+        c->xd[a] = alloc_aligned(LI_MIN(nb, (size_t)LI_FFN_CHUNK) * c->xq_row[a]);
+        if (!c->xq[a] || !c->xd[a]) goto nomem;
     }
     if (kv->kv_type != LI_TYPE_F32 && kv->kv_type != LI_TYPE_F16) {
         c->qq_row = li_act_row_bytes(li_types[kv->kv_type].act_type, m->head_dim);
@@ -633,7 +636,9 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
 
 /* The feed-forward half (gated: act(x Wg^T) * (x Wu^T), then Wd): reads x,
  * adds its output to it. Rows are split as the attention half splits them,
- * so the two need no barrier between them. */
+ * so the two need no barrier between them. The projections run over chunks of
+ * LI_FFN_CHUNK rows, so g and u stay small whatever n_batch is: a chunk's
+ * gated activations go to xd, apart from the xq rows later chunks still read. */
 static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, int nth) {
     const li_model_desc *m = c->m;
     const int64_t E = m->n_embd, F = m->n_ff;
@@ -645,14 +650,21 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     quantize_rows_for(c, c->xb, E, lo, hi, gu, 2);
     LI_BARRIER();
 
-    matmul(c, &L->w_gate, acts_for(c, &L->w_gate), n, c->g, F, ith, nth);
-    matmul(c, &L->w_up, acts_for(c, &L->w_up), n, c->u, F, ith, nth);
-    LI_BARRIER();
+    const size_t row_g = li_act_row_bytes(li_types[L->w_gate.type].act_type, E);
+    const size_t row_u = li_act_row_bytes(li_types[L->w_up.type].act_type, E);
+    void *xd = c->xd[li_types[L->w_down.type].act_type];
+    for (int64_t c0 = 0; c0 < n; c0 += LI_FFN_CHUNK) {
+        const int64_t nc = LI_MIN((int64_t)LI_FFN_CHUNK, n - c0);
+        /* the previous chunk's down projection read only xd, which the barrier below orders */
+        matmul(c, &L->w_gate, (const char *)acts_for(c, &L->w_gate) + (size_t)c0 * row_g, nc, c->g, F, ith, nth);
+        matmul(c, &L->w_up, (const char *)acts_for(c, &L->w_up) + (size_t)c0 * row_u, nc, c->u, F, ith, nth);
+        LI_BARRIER();
 
-    gated_quantize(c, c->g, c->u, n, F, &L->w_down, m->gate_fn, ith, nth);
-    LI_BARRIER();
+        gated_quantize_to(xd, c->g, c->u, nc, F, &L->w_down, m->gate_fn, ith, nth);
+        LI_BARRIER();
 
-    matmul(c, &L->w_down, acts_for(c, &L->w_down), n, c->o, E, ith, nth);
+        matmul(c, &L->w_down, xd, nc, c->o + c0 * E, E, ith, nth);
+    }
     LI_BARRIER();
 
     li_split(n, ith, nth, &lo, &hi);
