@@ -6,7 +6,7 @@ gguf's own GGUFReader builds an object per metadata item and takes seconds
 on a 262k-token vocabulary; this reader walks the header once with bounds
 checks at every step, so a truncated or corrupt file raises GGUFError naming
 what is wrong and where, never reads past the end, and a model opens in
-milliseconds. Constants (value types, tensor types) come from the gguf package.
+milliseconds. Constants (value types, tensor types) are llminfer.ggml's.
 
 Format (little-endian): magic "GGUF", uint32 version (2 or 3), uint64 tensor
 count, uint64 metadata count; metadata key/value pairs; tensor infos (name,
@@ -33,7 +33,7 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from llminfer.ggml import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from llminfer.errors import GGUFError, InvalidArgumentError
 

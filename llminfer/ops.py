@@ -15,7 +15,7 @@ ValueError (an llminfer.errors class) that names the argument.
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from llminfer.ggml import GGMLQuantizationType
 
 from llminfer import _core
 from llminfer.errors import InvalidArgumentError, ShapeError, UnsupportedTypeError

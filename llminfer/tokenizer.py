@@ -36,7 +36,7 @@ import re
 import warnings
 
 import numpy as np
-from gguf import Keys, TokenType
+from llminfer.ggml import Keys, TokenType
 
 from llminfer.errors import TokenError, TokenizerError
 

@@ -2,6 +2,8 @@
 clear GGUFError / UnsupportedModelError for files that are not valid models."""
 
 import struct
+import subprocess
+import sys
 
 import gguf
 import numpy as np
@@ -301,3 +303,28 @@ def test_no_descriptor_left_open(model_path):
         GGUFFile(model_path, mmap=False)
     gc.collect()
     assert fds() == before
+
+
+def test_constants_match_the_gguf_package():
+    """llminfer.ggml restates ggml's enums so a load does not import gguf; they
+    must be the numbers the gguf package (the writer of every test file) uses."""
+    from llminfer import ggml
+
+    assert {t.name: int(t) for t in ggml.GGMLQuantizationType} == {t.name: int(t) for t in gguf.GGMLQuantizationType}
+    for t in gguf.GGMLQuantizationType:
+        assert ggml.GGML_QUANT_SIZES[ggml.GGMLQuantizationType[t.name]] == tuple(gguf.GGML_QUANT_SIZES[t]), t.name
+    assert {v.name: int(v) for v in ggml.GGUFValueType} == {v.name: int(v) for v in gguf.GGUFValueType}
+    assert {v.name: int(v) for v in ggml.TokenType} == {v.name: int(v) for v in gguf.TokenType}
+    for name, key in vars(ggml.Keys.Tokenizer).items():
+        if not name.startswith("_"):
+            assert getattr(gguf.Keys.Tokenizer, name) == key, name
+
+
+def test_loading_a_model_does_not_import_gguf(model_path):
+    """A fresh process that loads a model and generates keeps gguf (and the
+    yaml it imports) out of memory."""
+    path = model_path
+    code = ("import sys, llminfer; llm = llminfer.LLM(sys.argv[1], n_ctx=64); llm.generate('hi', max_tokens=2); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gguf', 'yaml')))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from llminfer.ggml import GGMLQuantizationType
 
 from llminfer import _core
 from llminfer.errors import UnsupportedModelError
