@@ -101,7 +101,11 @@ class Engine:
         self.gguf = GGUFFile(self.model_path, mmap=mmap)
         try:
             self.spec = build_spec(self.gguf, n_ctx=n_ctx)
-            self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
+            # built on first use (a pass over token ids never needs it: the
+            # vocabulary's tables are tens of MiB for 262k pieces); what can
+            # be checked without building it is checked now
+            self._tokenizer_plan = Tokenizer.plan(self.gguf.metadata)
+            self._tokenizer = None
             self.n_threads = n_threads
             self.desc = _core.ModelDesc(self.spec)
             groups = [_core.layer_kv_group(self.desc, i) for i in range(self.spec.n_layer)]
@@ -150,6 +154,15 @@ class Engine:
         self.kv = KVCache(self.n_blocks, block_size, used, window, self.ctx.copy_block)
         self.native_seconds = 0.0  # running total of time inside the native forward pass
         self._width = self.n_vocab  # values per output row: n_vocab, or n_embd in hidden_states
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer, built the first time it is asked for."""
+        if self._tokenizer is None:
+            with self._lock:
+                if self._tokenizer is None:
+                    self._tokenizer = Tokenizer.from_metadata(self.gguf.metadata, self._tokenizer_plan)
+        return self._tokenizer
 
     @_locked
     def hidden_states(self, seq: Sequence, ids, rows="all") -> np.ndarray:

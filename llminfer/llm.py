@@ -205,7 +205,6 @@ class LLM:
         self.model_path = eng.model_path
         self._gguf = eng.gguf
         self.spec = eng.spec
-        self.tokenizer = eng.tokenizer
         if n_ctx > self.spec.context_length:
             warnings.warn(f"n_ctx={n_ctx} exceeds the {self.spec.context_length} tokens the model "
                           f"was trained on; quality may degrade past that", stacklevel=2)
@@ -269,6 +268,11 @@ class LLM:
     @property
     def n_vocab(self) -> int:
         return self._n_vocab
+
+    @property
+    def tokenizer(self):
+        """The model's llminfer.tokenizer.Tokenizer (built on first use)."""
+        return self._engine.tokenizer
 
     @property
     def metadata(self) -> dict:

@@ -737,21 +737,19 @@ class Tokenizer:
         self.add_space_prefix = vocab.add_space_prefix
         self._bytes_cache = ({}, {})  # (skip_special=False, skip_special=True)
 
-    @classmethod
-    def from_metadata(cls, metadata: dict) -> "Tokenizer":
+    @staticmethod
+    def plan(metadata: dict) -> tuple:
+        """(kind, pre-tokenizer, its name) for a vocabulary, without building
+        it: raises TokenizerError for a tokenizer model or pre-tokenizer this
+        package cannot run (and warns for an unknown pre-tokenizer), so a
+        model whose tokenizer is built later fails at load, not mid-request."""
         kind = metadata.get(Keys.Tokenizer.MODEL)
         if kind not in SUPPORTED_MODELS:
             raise TokenizerError(
                 f"unsupported tokenizer model {kind!r} ({Keys.Tokenizer.MODEL}); "
                 f"supported: {', '.join(repr(k) for k in SUPPORTED_MODELS)}")
-        if kind == "llama":
-            vocab = _Vocab(metadata, kind, None)
-            return cls(vocab, _SPMModel(vocab), kind, None)
-        if kind == "bert":
-            from llminfer.wordpiece import WPMModel
-
-            vocab = _Vocab(metadata, kind, None)
-            return cls(vocab, WPMModel(vocab, metadata), kind, None)
+        if kind in ("llama", "bert"):
+            return kind, None, None
         pre_name = metadata.get(Keys.Tokenizer.PRE) or "default"
         pre = _PRE_BY_NAME.get(pre_name)
         if pre_name in _PRE_NOT_IMPLEMENTED:
@@ -760,8 +758,22 @@ class Tokenizer:
         if pre is None:
             warnings.warn(f"unknown pre-tokenizer {pre_name!r} ({Keys.Tokenizer.PRE}); "
                           "using the default regexes, token ids may differ from the model's training",
-                          stacklevel=2)
+                          stacklevel=3)
             pre, pre_name = _PRE_DEFAULT, "default"
+        return kind, pre, pre_name
+
+    @classmethod
+    def from_metadata(cls, metadata: dict, plan: tuple | None = None) -> "Tokenizer":
+        """The tokenizer of a GGUF's metadata; plan is what plan(metadata) returned, if called already."""
+        kind, pre, pre_name = plan or cls.plan(metadata)
+        if kind == "llama":
+            vocab = _Vocab(metadata, kind, None)
+            return cls(vocab, _SPMModel(vocab), kind, None)
+        if kind == "bert":
+            from llminfer.wordpiece import WPMModel
+
+            vocab = _Vocab(metadata, kind, None)
+            return cls(vocab, WPMModel(vocab, metadata), kind, None)
         vocab = _Vocab(metadata, kind, pre)
         return cls(vocab, _BPEModel(vocab, metadata, pre), kind, pre_name)
 

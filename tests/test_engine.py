@@ -207,3 +207,29 @@ def test_repacking_is_skipped_when_the_copy_does_not_fit(monkeypatch, tmp_path):
         eng = Engine(path, n_ctx=64, n_threads=1)
     assert eng.repacked_bytes == 0
     assert np.array_equal(logits(eng), packed)
+
+
+def test_tokenizer_built_on_first_use(path):
+    """An engine fed token ids never builds the vocabulary's tables (tens of
+    MiB for a large vocabulary); the first use builds the same tokenizer that
+    from_metadata does, once."""
+    from llminfer.tokenizer import Tokenizer
+
+    e = Engine(path, n_ctx=64, n_threads=1)
+    s = e.new_sequence()
+    e.decode([(s, toks(0, 5), "last")])
+    assert e._tokenizer is None
+    tok = e.tokenizer
+    assert tok is e.tokenizer
+    ref = Tokenizer.from_metadata(e.gguf.metadata)
+    text = "Hello, world: lazy tokenizers 123"
+    assert tok.encode(text) == ref.encode(text) and tok.eog_ids == ref.eog_ids
+
+
+def test_unrunnable_tokenizer_fails_at_load(tmp_path):
+    """Building later must not move a tokenizer error from load to the first request."""
+    from llminfer.errors import TokenizerError
+
+    bad = write_model(tmp_path / "bad.gguf", TinyConfig(pre="superbpe"))
+    with pytest.raises(TokenizerError, match="pre-tokenizer 'superbpe'"):
+        Engine(bad, n_ctx=64)
