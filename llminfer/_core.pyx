@@ -538,28 +538,61 @@ def attn_kernel(bint accumulate, const float[:, ::1] a, const uint16_t[:, ::1] c
 
 # ---- GGUF string arrays (llminfer.gguf_file) ----
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.string cimport memcpy
 
 
 def read_strings(const uint8_t[::1] buf, Py_ssize_t pos, Py_ssize_t count):
-    """Decode `count` GGUF strings (uint64 length + UTF-8 bytes) starting at
-    byte `pos` of buf. Returns (strings, end position, number read): when the
-    buffer ends early, strings is None and the position and count say where
-    it stopped. Invalid UTF-8 becomes U+FFFD (vocabularies hold byte pieces)."""
-    cdef Py_ssize_t end = buf.shape[0], i
+    """Gather `count` GGUF strings (uint64 length + bytes) starting at byte
+    `pos` of buf. Returns (blob, offsets, end position, number read): the
+    strings' bytes back to back and int64 offsets[count + 1] where each starts
+    in blob. When the buffer ends early, blob is None and the position and
+    count say where it stopped."""
+    cdef Py_ssize_t end = buf.shape[0], i, p = pos, total = 0
     cdef uint64_t n
-    out = [None] * count
     for i in range(count):
-        if end - pos < 8:
-            return None, pos, i
-        memcpy(&n, &buf[pos], 8)
-        pos += 8
-        if n > <uint64_t>(end - pos):
-            return None, pos, i
-        out[i] = PyUnicode_DecodeUTF8(<const char *>&buf[pos], <Py_ssize_t>n, "replace")
-        pos += <Py_ssize_t>n
-    return out, pos, count
+        if end - p < 8:
+            return None, None, p, i
+        memcpy(&n, &buf[p], 8)
+        p += 8
+        if n > <uint64_t>(end - p):
+            return None, None, p, i
+        p += <Py_ssize_t>n
+        total += <Py_ssize_t>n
+    offsets = np.empty(count + 1, dtype=np.int64)
+    cdef int64_t[::1] off = offsets
+    blob = PyBytes_FromStringAndSize(NULL, total)  # filled here before anything sees it
+    cdef char *dst = PyBytes_AS_STRING(blob)
+    cdef Py_ssize_t at = 0
+    p = pos
+    for i in range(count):
+        memcpy(&n, &buf[p], 8)
+        p += 8
+        off[i] = at
+        if n:
+            memcpy(dst + at, &buf[p], <size_t>n)
+        at += <Py_ssize_t>n
+        p += <Py_ssize_t>n
+    off[count] = at
+    return blob, offsets, p, count
+
+
+def decode_strings(const uint8_t[::1] blob, const int64_t[::1] offsets):
+    """The str of each item of a read_strings blob, invalid UTF-8 as U+FFFD."""
+    cdef Py_ssize_t n = offsets.shape[0] - 1, i
+    if n < 0:
+        return []
+    if offsets[0] < 0 or offsets[n] > blob.shape[0]:
+        raise errors.InvalidArgumentError("decode_strings: offsets past the blob")
+    for i in range(n):
+        if offsets[i + 1] < offsets[i]:
+            raise errors.InvalidArgumentError("decode_strings: offsets go backwards")
+    out = [None] * n
+    cdef const char *base = <const char *>&blob[0] if blob.shape[0] else <const char *>""
+    for i in range(n):
+        out[i] = PyUnicode_DecodeUTF8(base + offsets[i], <Py_ssize_t>(offsets[i + 1] - offsets[i]), "replace")
+    return out
 
 
 # ---- encoders (embeddings) ----

@@ -243,7 +243,7 @@ def cmd_bench(a):
 
 
 def cmd_info(a):
-    from llminfer.gguf_file import GGUFFile
+    from llminfer.gguf_file import GGUFFile, StringArray
 
     path = hub.resolve(a.model)
     with GGUFFile(path) as g:
@@ -253,7 +253,7 @@ def cmd_info(a):
         print(f"file type: {file_type_name(g.metadata)}; parameters: {format_params(parameter_count(g))} "
               f"({parameter_count(g):,})")
         for k, v in g.metadata.items():
-            if isinstance(v, (list, tuple)) or hasattr(v, "shape"):
+            if isinstance(v, (list, tuple, StringArray)) or hasattr(v, "shape"):
                 shown = f"[{len(v)} items]"
             else:
                 shown = repr(v)

@@ -28,6 +28,7 @@ from collections import deque
 import numpy as np
 
 from llminfer.errors import InvalidArgumentError
+from llminfer.gguf_file import StringArray
 from llminfer.llm import LLM
 
 __all__ = ["Llama", "LLAMA_DEFAULT_SEED"]
@@ -196,7 +197,7 @@ class Llama:
     @property
     def metadata(self) -> dict:
         """The GGUF metadata as llama-cpp-python gives it: every value a string."""
-        return {k: str(v) for k, v in self.llm.metadata.items() if not isinstance(v, (list, tuple, np.ndarray))}
+        return {k: str(v) for k, v in self.llm.metadata.items() if not isinstance(v, (list, tuple, np.ndarray, StringArray))}
 
     # ---- tokens ----
 

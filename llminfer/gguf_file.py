@@ -28,8 +28,10 @@ cheap test (one fstat) to run before each use of a mapped file.
 
 from __future__ import annotations
 
+import operator
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,11 +167,87 @@ class _Cursor:
     def strings(self, count, key):
         from llminfer import _core
 
-        out, pos, done = _core.read_strings(self.buf, self.pos, count)
+        blob, offsets, pos, done = _core.read_strings(self.buf, self.pos, count)
         self.pos = pos
-        if out is None:
+        if blob is None:
             self.need(self.end - pos + 1, f"string {done} of {key!r}")
-        return out
+        return StringArray(blob, offsets)
+
+
+class StringArray(Sequence):
+    """A metadata array of strings, held as its bytes back to back and the
+    offsets where each starts: Gemma 3's 262k vocabulary pieces are 4 MiB this
+    way and 22 MiB as a list of str. It reads like a list (len, index, slice,
+    iteration, ==); an item decodes when it is read, invalid UTF-8 as U+FFFD
+    (vocabularies hold byte pieces), and raw(i) gives its bytes."""
+
+    __slots__ = ("_blob", "_offsets", "_off")
+
+    def __init__(self, blob: bytes, offsets: np.ndarray):
+        self._blob = blob
+        self._offsets = offsets
+        self._off = memoryview(offsets).cast("B").cast("q")  # plain ints on indexing, fast
+
+    @classmethod
+    def of(cls, strings) -> "StringArray":
+        """A StringArray holding the given str items."""
+        raw = [s.encode("utf-8") for s in strings]
+        offsets = np.zeros(len(raw) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in raw], out=offsets[1:])
+        return cls(b"".join(raw), offsets)
+
+    def __len__(self):
+        return len(self._off) - 1
+
+    def _index(self, i):
+        n = len(self._off) - 1
+        i = operator.index(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"string array index out of range ({n} items)")
+        return i
+
+    def raw(self, i) -> bytes:
+        i = self._index(i)
+        return self._blob[self._off[i]:self._off[i + 1]]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step == 1:
+                from llminfer import _core
+
+                return _core.decode_strings(self._blob, self._offsets[start:max(start, stop) + 1])
+            return [self[j] for j in range(start, stop, step)]
+        i = self._index(i)
+        return self._blob[self._off[i]:self._off[i + 1]].decode("utf-8", "replace")
+
+    def __iter__(self):
+        return iter(self.tolist())  # decoded in one C loop: a pass over 262k items in ~20 ms
+
+    def lengths(self) -> np.ndarray:
+        """Bytes of each item."""
+        return np.diff(self._offsets)
+
+    def tolist(self) -> list:
+        from llminfer import _core
+
+        return _core.decode_strings(self._blob, self._offsets)
+
+    def __eq__(self, other):
+        if isinstance(other, StringArray):
+            return self._blob == other._blob and np.array_equal(self._offsets, other._offsets)
+        if isinstance(other, (list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self):
+        n = len(self)
+        head = ", ".join(repr(s) for s in self[:3])
+        return f"StringArray([{head}{', ...' if n > 3 else ''}], {n} items)"
 
 
 def _short(value, limit=60):

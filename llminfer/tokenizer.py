@@ -37,6 +37,7 @@ import warnings
 
 import numpy as np
 from llminfer.ggml import Keys, TokenType
+from llminfer.gguf_file import StringArray
 
 from llminfer.errors import TokenError, TokenizerError
 
@@ -286,11 +287,12 @@ class _Vocab:
 
     def __init__(self, metadata: dict, kind: str, pre: _Pre | None):
         pieces = metadata.get(Keys.Tokenizer.LIST)
-        if not isinstance(pieces, list) or not pieces or not all(isinstance(p, str) for p in pieces[:1]):
+        if not isinstance(pieces, (list, StringArray)) or not pieces or not isinstance(pieces[0], str):
             raise TokenizerError(f"metadata has no vocabulary ({Keys.Tokenizer.LIST} missing or empty)")
         n = len(pieces)
-        if not all(pieces):  # llama.cpp names empty pieces so they stay distinct
-            pieces = [p or f"[EMPTY_{i}]" for i, p in enumerate(pieces)]
+        empty = (pieces.lengths() == 0).any() if isinstance(pieces, StringArray) else not all(pieces)
+        if empty:  # llama.cpp names empty pieces so they stay distinct
+            pieces = StringArray.of(p or f"[EMPTY_{i}]" for i, p in enumerate(pieces))
         self.pieces = pieces
         self.n_vocab = n
         self.ids = dict(zip(pieces, range(n)))
@@ -518,7 +520,7 @@ class _BPEModel:
         from tokenizers import Tokenizer as HFTokenizer
 
         merges_raw = metadata.get(Keys.Tokenizer.MERGES)
-        if not isinstance(merges_raw, list):
+        if not isinstance(merges_raw, (list, StringArray)):
             raise TokenizerError(f"a BPE vocabulary needs {Keys.Tokenizer.MERGES}; the metadata has none")
         ids = vocab.ids
         merges = []

@@ -328,3 +328,31 @@ def test_loading_a_model_does_not_import_gguf(model_path):
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gguf', 'yaml')))")
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_string_arrays_read_like_lists(tmp_path):
+    """A metadata array of strings is a StringArray: its bytes and offsets, read
+    like the list it replaces (index, negative index, slice, iteration, ==),
+    empty items and invalid UTF-8 (U+FFFD, raw() keeps the bytes) included."""
+    from llminfer.gguf_file import StringArray
+
+    items = ["a", "", "héllo", "<0x0A>", "x" * 300, "\u2581the"]
+    path = tmp_path / "s.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_key_value("t.words", items, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
+    w.add_key_value("t.bad", [b"ok", b"\xff\xfe", b"\xe2\x96"], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    with GGUFFile(path) as g:
+        words, bad = g.metadata["t.words"], g.metadata["t.bad"]
+    assert isinstance(words, StringArray) and len(words) == len(items)
+    assert list(words) == items and words == items and words != items[:-1]
+    assert [words[i] for i in range(-len(items), len(items))] == items + items
+    assert words[1:4] == items[1:4] and words[::-2] == items[::-2] and words[4:2] == [] and words[-2:] == items[-2:]
+    assert words.raw(2) == "héllo".encode() and words.lengths().tolist() == [len(s.encode()) for s in items]
+    assert "héllo" in words and words.index("<0x0A>") == 3
+    with pytest.raises(IndexError):
+        words[len(items)]
+    assert list(bad) == ["ok", "\ufffd\ufffd", "\ufffd"] and bad.raw(1) == b"\xff\xfe"
+    assert StringArray.of(items) == words and StringArray.of([]) == []

@@ -15,7 +15,7 @@ import pytest
 from gguf import TokenType
 
 from llminfer.errors import TokenError, TokenizerError
-from llminfer.gguf_file import GGUFFile
+from llminfer.gguf_file import GGUFFile, StringArray
 from llminfer.tokenizer import _EOG_PIECES, _PRE_BY_NAME, _PRE_NOT_IMPLEMENTED, SPACE_MARK, Tokenizer
 
 # One battery for round trips here and for parity with llama.cpp (also used by
@@ -634,8 +634,8 @@ def _write_vocab_gguf(path, metadata, **override):
         elif isinstance(v, np.ndarray):
             sub = GGUFValueType.INT32 if v.dtype.kind in "iu" else GGUFValueType.FLOAT32
             w.add_key_value(key, v.tolist(), GGUFValueType.ARRAY, sub)
-        elif isinstance(v, list):
-            w.add_key_value(key, v, GGUFValueType.ARRAY, GGUFValueType.STRING)
+        elif isinstance(v, (list, StringArray)):
+            w.add_key_value(key, list(v), GGUFValueType.ARRAY, GGUFValueType.STRING)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
