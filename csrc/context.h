@@ -54,12 +54,12 @@ struct li_context {
 
     /* scratch for one batch */
     float *x;              /* [n_batch, n_embd] residual stream */
-    float *xb;             /* [n_batch, n_embd] normed input of a projection */
+    float *xb;             /* [n_batch, n_embd] normed input of a projection; att and o share its buffer */
     float *q;              /* [n_batch, n_head * head_dim] */
     float *k;              /* [n_batch, n_head_kv * head_dim] */
     float *v;              /* [n_batch, n_head_kv * head_dim_v] */
-    float *att;            /* [n_batch, n_head * head_dim_v] */
-    float *o;              /* [n_batch, n_embd] */
+    float *att;            /* [n_batch, n_head * head_dim_v] (xb's buffer) */
+    float *o;              /* [n_batch, n_embd] (xb's buffer) */
     float *g, *u;          /* [LI_FFN_CHUNK, n_ff], or [n_batch * n_expert_used, n_ff_exp] in a MoE layer */
     void *xq[LI_ACT_COUNT];/* quantized activations, one buffer per format, rows of the widest input */
     size_t xq_row[LI_ACT_COUNT];

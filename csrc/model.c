@@ -192,7 +192,7 @@ void li_context_free(li_context *c) {
     free(c->k_pool);
     free(c->v_pool);
     free(c->group);
-    float *bufs[] = {c->x, c->xb, c->q, c->k, c->v, c->att, c->o, c->g, c->u, c->scores, c->vrow, c->parts,
+    float *bufs[] = {c->x, c->xb /* att and o too */, c->q, c->k, c->v, c->g, c->u, c->scores, c->vrow, c->parts,
                      c->tparts, c->rope_cs, c->route, c->eo, c->wsel, c->tq, c->tout};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free_aligned(bufs[i]);
     for (int a = 0; a < LI_ACT_COUNT; a++) {
@@ -343,12 +343,17 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
 
     const size_t ps = (size_t)m->head_dim_v + 2;
     c->x = alloc_aligned(nb * (size_t)m->n_embd * sizeof(float));
-    c->xb = alloc_aligned(nb * (size_t)m->n_embd * sizeof(float));
+    /* xb, att and o share one buffer: a layer's normed input is spent (quantized
+     * into xq) before attention writes att, att is spent before Wo writes o, and
+     * o is spent (added to x) row by row by the thread that next writes those
+     * rows of xb; the output norm comes after a barrier */
+    const size_t h_row = LI_MAX((size_t)m->n_embd, (size_t)m->n_head * (size_t)m->head_dim_v);
+    c->xb = alloc_aligned(nb * h_row * sizeof(float));
+    c->att = c->xb;
+    c->o = c->xb;
     c->q = alloc_aligned(nb * (size_t)m->n_head * (size_t)m->head_dim * sizeof(float));
     c->k = alloc_aligned(nb * (size_t)m->n_head_kv * (size_t)m->head_dim * sizeof(float));
     c->v = alloc_aligned(nb * (size_t)m->n_head_kv * (size_t)m->head_dim_v * sizeof(float));
-    c->att = alloc_aligned(nb * (size_t)m->n_head * (size_t)m->head_dim_v * sizeof(float));
-    c->o = alloc_aligned(nb * (size_t)m->n_embd * sizeof(float));
     /* g and u hold [LI_FFN_CHUNK, n_ff] for a dense layer, [n_batch * n_expert_used, n_ff_exp] for a MoE one */
     const size_t gu = LI_MAX(LI_MIN(nb, (size_t)LI_FFN_CHUNK) * (size_t)m->n_ff,
                              nb * (size_t)m->n_expert_used * (size_t)m->n_ff_exp);
