@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import random
 import statistics
 import sys
 import time
@@ -64,16 +65,18 @@ def model_facts(gguf_file) -> dict:
 def _run(llm, n_prompt, n_gen, threads, seed):
     """(seconds) of one test: a random prompt of n_prompt tokens in one go, or
     n_gen tokens one at a time after a one-token start (as llama-bench's tg)."""
-    rng = np.random.default_rng(seed)
+    # Python's generator, not numpy's: numpy.random imports secrets and with it
+    # 3 MiB of libcrypto, which would count in the peak RSS compared with llama-bench
+    rng = random.Random(seed)
     llm.n_threads = threads
     llm.reset()
     if n_prompt:
-        ids = rng.integers(0, llm.n_vocab, n_prompt).astype(np.int32)
+        ids = np.array([rng.randrange(llm.n_vocab) for _ in range(n_prompt)], dtype=np.int32)
         t = time.perf_counter()
         llm._forward(ids, logits_all=False)
         dt = time.perf_counter() - t
     else:
-        tok = np.array([int(rng.integers(0, llm.n_vocab))], dtype=np.int32)
+        tok = np.array([rng.randrange(llm.n_vocab)], dtype=np.int32)
         t = time.perf_counter()
         for _ in range(n_gen):
             llm._forward(tok, logits_all=False)

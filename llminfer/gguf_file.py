@@ -28,6 +28,7 @@ cheap test (one fstat) to run before each use of a mapped file.
 
 from __future__ import annotations
 
+import mmap as _mmap_module  # `mmap` is GGUFFile's argument
 import operator
 import os
 import struct
@@ -308,9 +309,20 @@ class GGUFFile:
             else:
                 self._map = _read_whole(self._fd, self.file_size, self.path)
             self._parse()
+            if mmap:
+                self._release_header()
         except BaseException:
             self.close()
             raise
+
+    def _release_header(self):
+        """Hand the header's pages back to the page cache: everything in it
+        (the vocabulary is megabytes) has been copied out by the parse, and a
+        page read again faults back in from the cache."""
+        m = getattr(self._map, "_mmap", None)  # numpy.memmap's mmap.mmap
+        n = min(self.data_offset, self.file_size) // _mmap_module.PAGESIZE * _mmap_module.PAGESIZE
+        if m is not None and n > 0 and hasattr(m, "madvise") and hasattr(_mmap_module, "MADV_DONTNEED"):
+            m.madvise(_mmap_module.MADV_DONTNEED, 0, n)
 
     def _parse(self):
         cur = _Cursor(self._map, self.path)

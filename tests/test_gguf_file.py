@@ -1,6 +1,7 @@
 """The GGUF reader: metadata and tensors as gguf's own reader sees them, and
 clear GGUFError / UnsupportedModelError for files that are not valid models."""
 
+import os
 import struct
 import subprocess
 import sys
@@ -356,3 +357,34 @@ def test_string_arrays_read_like_lists(tmp_path):
         words[len(items)]
     assert list(bad) == ["ok", "\ufffd\ufffd", "\ufffd"] and bad.raw(1) == b"\xff\xfe"
     assert StringArray.of(items) == words and StringArray.of([]) == []
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_header_pages_handed_back(tmp_path):
+    """The parse copies the header out (a vocabulary is megabytes), so its
+    mapped pages are handed back: they do not stay in the process's RSS."""
+    path = tmp_path / "big_header.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_key_value("t.words", [f"piece-{i:06d}-" + "x" * 40 for i in range(60000)],
+                    gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
+    w.add_tensor("t", np.zeros(4096, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    def resident_kib():
+        total, mine = 0, False
+        for line in open("/proc/self/smaps"):
+            parts = line.split()
+            if "-" in parts[0] and ":" not in parts[0]:
+                mine = line.rstrip().endswith(str(path))
+            elif mine and parts[0] == "Rss:":
+                total += int(parts[1])
+        return total
+
+    with GGUFFile(path) as g:
+        assert g.data_offset > 3 << 20
+        assert len(g.metadata["t.words"]) == 60000 and g.metadata["t.words"][59999].startswith("piece-059999-")
+        assert resident_kib() < 256
+        assert np.array_equal(g.tensor_bytes("t"), np.zeros(4096 * 4, dtype=np.uint8))
