@@ -750,6 +750,9 @@ class Tokenizer:
             raise TokenizerError(
                 f"unsupported tokenizer model {kind!r} ({Keys.Tokenizer.MODEL}); "
                 f"supported: {', '.join(repr(k) for k in SUPPORTED_MODELS)}")
+        pieces = metadata.get(Keys.Tokenizer.LIST)
+        if not isinstance(pieces, (list, StringArray)) or not pieces:
+            raise TokenizerError(f"metadata has no vocabulary ({Keys.Tokenizer.LIST} missing or empty)")
         if kind in ("llama", "bert"):
             return kind, None, None
         pre_name = metadata.get(Keys.Tokenizer.PRE) or "default"
