@@ -327,7 +327,9 @@ def test_loading_a_model_does_not_import_gguf(model_path):
     path = model_path
     code = ("import sys, llminfer; llm = llminfer.LLM(sys.argv[1], n_ctx=64); llm.generate('hi', max_tokens=2); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gguf', 'yaml')))")
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True)
+    # run outside the checkout, so the installed package is imported, not the source folder
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(str(path)))
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
