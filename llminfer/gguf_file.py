@@ -221,8 +221,7 @@ class StringArray(Sequence):
 
                 return _core.decode_strings(self._blob, self._offsets[start:max(start, stop) + 1])
             return [self[j] for j in range(start, stop, step)]
-        i = self._index(i)
-        return self._blob[self._off[i]:self._off[i + 1]].decode("utf-8", "replace")
+        return self.raw(i).decode("utf-8", "replace")
 
     def __iter__(self):
         return iter(self.tolist())  # decoded in one C loop: a pass over 262k items in ~20 ms

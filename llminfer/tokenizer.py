@@ -286,9 +286,7 @@ class _Vocab:
     """Pieces, per-token attributes and special ids, as llama.cpp loads them."""
 
     def __init__(self, metadata: dict, kind: str, pre: _Pre | None):
-        pieces = metadata.get(Keys.Tokenizer.LIST)
-        if not isinstance(pieces, (list, StringArray)) or not pieces or not isinstance(pieces[0], str):
-            raise TokenizerError(f"metadata has no vocabulary ({Keys.Tokenizer.LIST} missing or empty)")
+        pieces = _pieces(metadata)
         n = len(pieces)
         empty = (pieces.lengths() == 0).any() if isinstance(pieces, StringArray) else not all(pieces)
         if empty:  # llama.cpp names empty pieces so they stay distinct
@@ -461,6 +459,14 @@ class _Vocab:
                     found.append(t)
         found.sort(key=self.special_order.__getitem__)
         return [(t, self.pieces[t], int(self.attrs[t])) for t in found]
+
+
+def _pieces(metadata):
+    """The vocabulary's pieces (a StringArray, or a list of str), or TokenizerError."""
+    pieces = metadata.get(Keys.Tokenizer.LIST)
+    if not isinstance(pieces, (list, StringArray)) or not pieces or not isinstance(pieces[0], str):
+        raise TokenizerError(f"metadata has no vocabulary ({Keys.Tokenizer.LIST} missing or empty)")
+    return pieces
 
 
 def _array(metadata, key, n, dtype, fill):
@@ -750,9 +756,7 @@ class Tokenizer:
             raise TokenizerError(
                 f"unsupported tokenizer model {kind!r} ({Keys.Tokenizer.MODEL}); "
                 f"supported: {', '.join(repr(k) for k in SUPPORTED_MODELS)}")
-        pieces = metadata.get(Keys.Tokenizer.LIST)
-        if not isinstance(pieces, (list, StringArray)) or not pieces:
-            raise TokenizerError(f"metadata has no vocabulary ({Keys.Tokenizer.LIST} missing or empty)")
+        _pieces(metadata)
         if kind in ("llama", "bert"):
             return kind, None, None
         pre_name = metadata.get(Keys.Tokenizer.PRE) or "default"
