@@ -595,6 +595,39 @@ def decode_strings(const uint8_t[::1] blob, const int64_t[::1] offsets):
     return out
 
 
+
+cdef inline uint64_t _fnv1a(const uint8_t *p, Py_ssize_t n) noexcept nogil:
+    cdef uint64_t h = 0xcbf29ce484222325ULL
+    cdef Py_ssize_t i
+    for i in range(n):
+        h = (h ^ p[i]) * 0x100000001b3ULL
+    return h
+
+
+def hash_strings(const uint8_t[::1] blob, const int64_t[::1] offsets):
+    """The 64-bit FNV-1a hash of each item of a read_strings blob, as uint64
+    (hash_bytes of the item's bytes)."""
+    cdef Py_ssize_t n = offsets.shape[0] - 1, i
+    if n < 0:
+        return np.zeros(0, dtype=np.uint64)
+    if offsets[0] < 0 or offsets[n] > blob.shape[0]:
+        raise errors.InvalidArgumentError("hash_strings: offsets past the blob")
+    for i in range(n):
+        if offsets[i + 1] < offsets[i]:
+            raise errors.InvalidArgumentError("hash_strings: offsets go backwards")
+    out = np.empty(n, dtype=np.uint64)
+    cdef uint64_t[::1] o = out
+    cdef const uint8_t *base = &blob[0] if blob.shape[0] else <const uint8_t *>""
+    with nogil:
+        for i in range(n):
+            o[i] = _fnv1a(base + offsets[i], <Py_ssize_t>(offsets[i + 1] - offsets[i]))
+    return out
+
+
+def hash_bytes(const uint8_t[::1] b):
+    """The 64-bit FNV-1a hash of b, as hash_strings gives it for an item."""
+    return _fnv1a(&b[0] if b.shape[0] else <const uint8_t *>"", b.shape[0])
+
 # ---- encoders (embeddings) ----
 
 cdef class EncoderDesc:

@@ -230,6 +230,13 @@ class StringArray(Sequence):
         """Bytes of each item."""
         return np.diff(self._offsets)
 
+    def hashes(self) -> np.ndarray:
+        """The 64-bit FNV-1a hash of each item's bytes (uint64), as
+        _core.hash_bytes gives it for one."""
+        from llminfer import _core
+
+        return _core.hash_strings(self._blob, self._offsets)
+
     def tolist(self) -> list:
         from llminfer import _core
 

@@ -282,6 +282,71 @@ def _default_id(value, n_vocab):
     return value if value is not None and 0 <= value < n_vocab else None
 
 
+class _PieceIndex:
+    """piece -> id over a StringArray, as a dict would answer (in, get, [],
+    len) without holding every piece again as a str: for Gemma 3's 262k
+    pieces a dict took 32 MiB, this 4 (a sorted array of the pieces' 64-bit
+    hashes and their ids; a lookup checks the piece's bytes). Raises
+    TokenizerError when two ids hold the same piece."""
+
+    __slots__ = ("_pieces", "_hashes", "_ids")
+
+    def __init__(self, pieces: StringArray):
+        h = pieces.hashes()
+        order = np.argsort(h, kind="stable")
+        self._pieces = pieces
+        self._hashes = h[order]
+        self._ids = order
+        # runs of equal hashes: duplicates, or (rarely) pieces that collide
+        same = np.nonzero(self._hashes[1:] == self._hashes[:-1])[0].tolist()
+        k = 0
+        while k < len(same):
+            start = same[k]
+            while k + 1 < len(same) and same[k + 1] == same[k] + 1:
+                k += 1
+            seen = {}
+            for tid in sorted(order[start:same[k] + 2].tolist()):
+                raw = pieces.raw(tid)
+                if raw in seen:
+                    raise TokenizerError(f"duplicate piece {pieces[tid]!r} in the vocabulary: ids {seen[raw]} and {tid}")
+                seen[raw] = tid
+            k += 1
+
+    def __len__(self):
+        return len(self._ids)
+
+    def get(self, piece, default=None):
+        if not isinstance(piece, str):
+            return default
+        try:
+            raw = piece.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates: no piece holds them
+            return default
+        from llminfer import _core
+
+        h = np.uint64(_core.hash_bytes(raw))
+        i = int(np.searchsorted(self._hashes, h))
+        while i < len(self._hashes) and self._hashes[i] == h:
+            tid = int(self._ids[i])
+            if self._pieces.raw(tid) == raw:
+                return tid
+            i += 1
+        return default
+
+    def __contains__(self, piece):
+        return self.get(piece) is not None
+
+    def __getitem__(self, piece):
+        tid = self.get(piece)
+        if tid is None:
+            raise KeyError(piece)
+        return tid
+
+    def to_dict(self) -> dict:
+        """A dict of every piece (for backends that take one)."""
+        return dict(zip(self._pieces, range(len(self._ids))))
+
+
 class _Vocab:
     """Pieces, per-token attributes and special ids, as llama.cpp loads them."""
 
@@ -291,15 +356,13 @@ class _Vocab:
         empty = (pieces.lengths() == 0).any() if isinstance(pieces, StringArray) else not all(pieces)
         if empty:  # llama.cpp names empty pieces so they stay distinct
             pieces = StringArray.of(p or f"[EMPTY_{i}]" for i, p in enumerate(pieces))
+        if not isinstance(pieces, StringArray):
+            if not all(isinstance(p, str) for p in pieces):
+                raise TokenizerError(f"{Keys.Tokenizer.LIST} holds an item that is not a string")
+            pieces = StringArray.of(pieces)
         self.pieces = pieces
         self.n_vocab = n
-        self.ids = dict(zip(pieces, range(n)))
-        if len(self.ids) != n:
-            seen = {}
-            for i, p in enumerate(pieces):
-                if p in seen:
-                    raise TokenizerError(f"duplicate piece {p!r} in the vocabulary: ids {seen[p]} and {i}")
-                seen[p] = i
+        self.ids = _PieceIndex(pieces)
 
         self.scores = _array(metadata, Keys.Tokenizer.SCORES, n, np.float32, 0.0)
         types = _array(metadata, Keys.Tokenizer.TOKEN_TYPE, n, np.int32, int(TokenType.NORMAL))
@@ -528,7 +591,7 @@ class _BPEModel:
         merges_raw = metadata.get(Keys.Tokenizer.MERGES)
         if not isinstance(merges_raw, (list, StringArray)):
             raise TokenizerError(f"a BPE vocabulary needs {Keys.Tokenizer.MERGES}; the metadata has none")
-        ids = vocab.ids
+        ids = vocab.ids.to_dict()  # `tokenizers` takes a dict; it keeps its own copy
         merges = []
         for m in merges_raw:
             cut = m.find(" ", 1)  # the first piece may itself be a space

@@ -57,7 +57,7 @@ class WPMModel:
     """The encoder over a _Vocab's pieces (llminfer.tokenizer)."""
 
     def __init__(self, vocab, metadata: dict):
-        self._ids = vocab.ids
+        self._ids = vocab.ids.to_dict()  # looked up per character of every word
         self._unk = vocab.unk_id
         self._max_len = max(len(p) for p in vocab.pieces)
         self.lowercase = bool(metadata.get("tokenizer.ggml.normalizer.lowercase", False))

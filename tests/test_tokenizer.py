@@ -251,6 +251,54 @@ def test_piece_and_token_id_are_inverse(real):
     assert real.token_id("no such piece \x01\x02") is None
 
 
+def _fnv1a(data: bytes) -> int:
+    """64-bit FNV-1a, written out from its definition (offset basis and prime)."""
+    h = 0xcbf29ce484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & (2**64 - 1)
+    return h
+
+
+def test_piece_hashes_are_fnv1a():
+    from llminfer import _core
+
+    items = ["", "a", "\u2581Hello", "<0x0A>", "\u00e9\u00e8" * 40]
+    arr = StringArray.of(items)
+    assert arr.hashes().tolist() == [_fnv1a(s.encode()) for s in items]
+    assert [_core.hash_bytes(s.encode()) for s in items] == [_fnv1a(s.encode()) for s in items]
+
+
+def test_piece_index_answers_as_a_dict(real):
+    """Every piece of a real vocabulary (262k for Gemma 3) maps to its id;
+    absent strings, non-strings and lone surrogates are absent."""
+    ids = real._vocab.ids
+    pieces = real._vocab.pieces.tolist()
+    assert len(ids) == len(pieces) == real.n_vocab
+    step = max(1, len(pieces) // 5000)
+    for tid in list(range(0, len(pieces), step)) + [len(pieces) - 1]:
+        assert ids[pieces[tid]] == tid and pieces[tid] in ids
+    for absent in ("no such piece \x01\x02", "\ud800", "\u2581" * 300):
+        assert absent not in ids and ids.get(absent, -1) == -1
+        with pytest.raises(KeyError):
+            ids[absent]
+    assert ids.get(5) is None and ids.get(b"a") is None
+
+
+def test_piece_index_checks_bytes_when_hashes_collide(monkeypatch):
+    """With every hash made equal, lookups still find each piece by its bytes,
+    and a vocabulary of distinct pieces is not taken for one with duplicates."""
+    monkeypatch.setattr(StringArray, "hashes", lambda self: np.zeros(len(self), np.uint64))
+    from llminfer import _core
+
+    monkeypatch.setattr(_core, "hash_bytes", lambda b: 0)
+    tok = Tokenizer.from_metadata(spm_meta(["a", "b", "ab"], [-1.0, -2.0, -0.5]))
+    for piece in ("a", "b", "ab", "<s>", "<0xFF>"):
+        assert tok.piece(tok.token_id(piece)) == piece
+    assert tok.token_id("ba") is None
+    with pytest.raises(TokenizerError, match="duplicate piece 'a' in the vocabulary: ids 259 and 261"):
+        Tokenizer.from_metadata(spm_meta(["a", "b", "a"], [0.0, 0.0, 0.0]))
+
+
 # ---------------------------------------------------------------------------
 # special tokens, BOS, EOG
 # ---------------------------------------------------------------------------
