@@ -18,9 +18,10 @@
 int li_panel_kind(int type) {
     switch (type) {
     case LI_TYPE_Q4_0: case LI_TYPE_Q4_1: case LI_TYPE_Q5_0: case LI_TYPE_Q5_1: case LI_TYPE_Q8_0:
-    case LI_TYPE_IQ4_NL: case LI_TYPE_IQ4_XS: case LI_TYPE_MXFP4:
+    case LI_TYPE_IQ4_NL: case LI_TYPE_MXFP4:
         return LI_PANEL_BLK32;
     case LI_TYPE_Q2_K: case LI_TYPE_Q3_K: case LI_TYPE_Q4_K: case LI_TYPE_Q5_K: case LI_TYPE_Q6_K:
+    case LI_TYPE_IQ4_XS:
         return LI_PANEL_KSUPER;
     default:
         return LI_PANEL_NONE;
@@ -58,7 +59,7 @@ static size_t layout(int kind, int64_t k, int sign, void *base, li_panel *p) {
 
 /* BLK32 types whose values are signed bytes (their magnitudes ride beside them) */
 static int panel_signed(int type) {
-    return type == LI_TYPE_Q8_0 || type == LI_TYPE_IQ4_NL || type == LI_TYPE_IQ4_XS || type == LI_TYPE_MXFP4;
+    return type == LI_TYPE_Q8_0 || type == LI_TYPE_IQ4_NL || type == LI_TYPE_MXFP4;
 }
 
 size_t li_panel_bytes(int type, int64_t k) {
@@ -121,16 +122,10 @@ static void pack_blk32(int type, const void *w, size_t row_bytes, int nr, int64_
                 d = li_f16_to_f32(x->d);
                 break;
             }
-            case LI_TYPE_MXFP4: {
+            default: { /* MXFP4 */
                 const block_mxfp4 *x = (const block_mxfp4 *)row + b;
                 unpack_nl4(x->qs, li_kvalues_mxfp4, q);
                 d = li_e8m0_half(x->e);
-                break;
-            }
-            default: { /* IQ4_XS: group b % 8 of super-block b / 8, its scale folded into d */
-                const block_iq4_xs *x = (const block_iq4_xs *)row + b / 8;
-                unpack_nl4(x->qs + 16 * (b % 8), li_kvalues_iq4nl, q);
-                d = li_f16_to_f32(x->d) * (float)iq4_xs_scale(x, (int)(b % 8));
                 break;
             }
             }
@@ -147,8 +142,8 @@ static void pack_blk32(int type, const void *w, size_t row_bytes, int nr, int64_
 }
 
 /* K-quants: value = d * sc_g * u - m * mc_g for group g of 16, u unsigned.
- * Q3_K and Q6_K have no min, only an offset (u = q + off): mc_g = off * sc_g,
- * and m = d, unused (the kernels take the offset out in integer) */
+ * Q3_K, Q6_K and IQ4_XS have no min, only an offset (u = q + off): mc_g =
+ * off * sc_g, and m = d, unused (the kernels take the offset out in integer) */
 static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64_t nb, li_panel *p) {
     int8_t q[QK_K];
     int sc[16], mn[16];
@@ -171,6 +166,17 @@ static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64
                 d = m = li_f16_to_f32(x->d);
                 off = 4;
                 for (int g = 0; g < 16; g++) mn[g] = 4 * sc[g];
+                break;
+            }
+            case LI_TYPE_IQ4_XS: { /* level + 128, the offset out like Q6_K's; per block of 32 a scale */
+                const block_iq4_xs *x = (const block_iq4_xs *)row + s;
+                unpack_iq4_xs(x, q);
+                d = m = li_f16_to_f32(x->d);
+                off = 128;
+                for (int g = 0; g < 16; g++) {
+                    sc[g] = iq4_xs_scale(x, g / 2);
+                    mn[g] = 128 * sc[g];
+                }
                 break;
             }
             case LI_TYPE_Q6_K: {
@@ -234,7 +240,7 @@ void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k,
     case LI_TYPE_Q4_0: case LI_TYPE_Q4_1: case LI_TYPE_Q4_K: p->bits = 4; break;
     case LI_TYPE_Q5_0: case LI_TYPE_Q5_1: case LI_TYPE_Q5_K: p->bits = 5; break;
     case LI_TYPE_Q6_K: p->bits = 6; break;
-    default: p->bits = 8; break; /* Q8_0, IQ4_NL, IQ4_XS, MXFP4: magnitudes up to 127 */
+    default: p->bits = 8; break; /* Q8_0, IQ4_NL, MXFP4: magnitudes up to 127; IQ4_XS: level + 128 */
     }
     const size_t bytes = layout(p->kind, k, p->sign, scratch, p);
     if (nr < R) memset(scratch, 0, bytes); /* rows past nr: zeros, their results unused */

@@ -12,8 +12,12 @@
  *
  * Values are stored unsigned; an offset (Q4_0: q - 8) is taken out as
  * offset * sum(activation block). Q8_0's signed values (and the table
- * levels of IQ4_NL, IQ4_XS and MXFP4) keep their magnitudes beside them: the AVX2 kernel multiplies |w| by a with w's sign,
- * the VNNI kernel flips the sign bit (w + 128) and takes out 128 * sum(a).
+ * levels of IQ4_NL and MXFP4) keep their magnitudes beside them: the AVX2
+ * kernel multiplies |w| by a with w's sign, the VNNI kernel flips the sign
+ * bit (w + 128) and takes out 128 * sum(a). IQ4_XS's levels are stored as
+ * level + 128 in a KSUPER panel, the offset taken out like Q6_K's; the AVX2
+ * kernel, whose int16 pair sums 255 * 127 * 2 would overflow, flips them back
+ * to signed levels and multiplies as for Q8_0, with no offset to take out.
  *
  * Per row, a kernel does what scalar.c's dot product does, to the bit: the
  * block's (super-block's) exact integer sum, then acc = fma(isum, d * dx,
@@ -32,19 +36,20 @@
 enum li_panel_kind {
     LI_PANEL_NONE = 0,   /* the type has no panel form: use the dot kernels */
     LI_PANEL_BLK32 = 1,  /* 32-value blocks with a float scale: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the
-                            signed levels of IQ4_NL, IQ4_XS (per-32 scale d * ls) and MXFP4 */
-    LI_PANEL_KSUPER = 2  /* 256-value super-blocks with integer sub-scales: Q2_K..Q6_K */
+                            signed levels of IQ4_NL and MXFP4 */
+    LI_PANEL_KSUPER = 2  /* 256-value super-blocks with integer sub-scales: Q2_K..Q6_K, IQ4_XS */
 };
 
 typedef struct li_panel {
     int kind;
     int offset_shift; /* BLK32: value = d * (w - 2^shift) (+ m), 0 for none: the kernel
                          subtracts sum(a) << shift */
-    int sign;     /* BLK32 (Q8_0, IQ4_NL, IQ4_XS, MXFP4): w holds signed values and wa their magnitudes */
+    int sign;     /* BLK32 (Q8_0, IQ4_NL, MXFP4): w holds signed values and wa their magnitudes */
     int has_min;  /* BLK32: add m * s of the Q8_1 activation; KSUPER: subtract the mc terms
                      in float, scaled by m (Q2_K, Q4_K, Q5_K); 0: they are Q3_K's or Q6_K's
                      offsets, taken out of the integer sum */
-    int bits;     /* the stored values are below 2^bits (bounds the int16 partial sums) */
+    int bits;     /* the stored values are below 2^bits (bounds the int16 partial sums); KSUPER
+                     8: IQ4_XS's level + 128 */
     int64_t nb;   /* blocks of 32 (BLK32) or super-blocks of 256 (KSUPER) */
     uint8_t *w;   /* BLK32 [nb][8][ROWS][4]; KSUPER [nb][64][ROWS][4] */
     uint8_t *wa;  /* BLK32 with sign: |w| in the same layout */

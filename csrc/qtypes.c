@@ -18,9 +18,9 @@ const li_type_traits li_types[LI_TYPE_COUNT] = {
     [LI_TYPE_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), LI_ACT_Q8_K},
     [LI_TYPE_Q5_K] = {"Q5_K", QK_K, sizeof(block_q5_K), LI_ACT_Q8_K},
     [LI_TYPE_Q6_K] = {"Q6_K", QK_K, sizeof(block_q6_K), LI_ACT_Q8_K},
-    /* IQ4_XS and MXFP4 take Q8_0 to share Q8_0's prefill panels (scalar_iq.c) */
+    /* MXFP4 takes Q8_0 to share Q8_0's prefill panels; IQ4_XS takes Q8_K as ggml's does (scalar_iq.c) */
     [LI_TYPE_IQ4_NL] = {"IQ4_NL", QK4_NL, sizeof(block_iq4_nl), LI_ACT_Q8_0},
-    [LI_TYPE_IQ4_XS] = {"IQ4_XS", QK_K, sizeof(block_iq4_xs), LI_ACT_Q8_0},
+    [LI_TYPE_IQ4_XS] = {"IQ4_XS", QK_K, sizeof(block_iq4_xs), LI_ACT_Q8_K},
     [LI_TYPE_MXFP4] = {"MXFP4", QK_MXFP4, sizeof(block_mxfp4), LI_ACT_Q8_0},
     [LI_TYPE_TQ1_0] = {"TQ1_0", QK_K, sizeof(block_tq1_0), LI_ACT_Q8_K},
     [LI_TYPE_TQ2_0] = {"TQ2_0", QK_K, sizeof(block_tq2_0), LI_ACT_Q8_K},

@@ -280,11 +280,14 @@ size_t li_x16_scratch_ints(int type, int64_t k, int64_t n) {
 /* the terms of activation row a (terms_per_block(type) per block) */
 static void act_terms(int type, const char *a, int64_t nb, int32_t *t) {
     for (int64_t b = 0; b < nb; b++) {
-        if (type == LI_TYPE_Q4_0 || type == LI_TYPE_Q5_0 || type == LI_TYPE_Q8_0 || type == LI_TYPE_IQ4_XS) {
+        if (type == LI_TYPE_Q4_0 || type == LI_TYPE_Q5_0 || type == LI_TYPE_Q8_0) {
             const act_q8_0 *x = (const act_q8_0 *)(const void *)a + b;
             int32_t s = 0;
             for (int i = 0; i < 32; i++) s += x->qs[i];
             t[b] = s * (type == LI_TYPE_Q4_0 ? 8 : type == LI_TYPE_Q5_0 ? 16 : 128); /* the stored values' offset */
+        } else if (type == LI_TYPE_IQ4_XS) { /* block b of 32: group sums 2 (b % 8) and the next of super-block b / 8 */
+            const act_q8_K *x = (const act_q8_K *)(const void *)a + b / 8;
+            t[b] = 128 * (x->bsums[2 * (b % 8)] + x->bsums[2 * (b % 8) + 1]);
         } else if (type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K) {
             const act_q8_K *x = (const act_q8_K *)(const void *)a + b;
             for (int p = 0; p < 4; p++) {

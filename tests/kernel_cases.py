@@ -15,7 +15,7 @@ QUANT_K = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,        # super-blocks of 256
            Q.IQ1_S, Q.IQ1_M)
 QUANT_TYPES = QUANT_32 + QUANT_K
 # the types whose activations are quantized in blocks of 32 (Q8_0 / Q8_1); the rest take 256 (Q8_K)
-ACT_32_TYPES = QUANT_32 + (Q.IQ4_XS,)
+ACT_32_TYPES = QUANT_32
 # the i-quants, ternary types and MXFP4 (scalar_iq.c)
 IQ_TYPES = (Q.IQ4_NL, Q.MXFP4, Q.IQ4_XS, Q.TQ1_0, Q.TQ2_0, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S,
             Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M)

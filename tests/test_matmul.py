@@ -4,8 +4,8 @@ scalar reference.
 
 Tolerances. The weights are exact (we multiply by their dequantized values),
 so the error comes from the activations and from float32 sums:
-- Q-types quantize each activation block of 32 (Q4_0..Q8_0, IQ4_NL, IQ4_XS,
-  MXFP4) or 256 (K-quants, the other i-quants, TQ1_0, TQ2_0)
+- Q-types quantize each activation block of 32 (Q4_0..Q8_0, IQ4_NL, MXFP4)
+  or 256 (K-quants, IQ4_XS and the other i-quants, TQ1_0, TQ2_0)
   to int8 with scale absmax/127, an error of at most half a step, absmax/254,
   per element, spread about evenly. A row's error is then a sum of
   independent terms of variance (w_i * h_i)^2 / 3 (h_i that half step); we
@@ -32,8 +32,8 @@ LEVELS_REL = 1e-5        # two levels, same integer products, different float or
 
 
 def act_block(t):
-    """Elements per activation block: 32 for Q4_0..Q8_0, IQ4_NL, IQ4_XS, MXFP4; 256 for the
-    K-quants and the other i-quants; None for floats."""
+    """Elements per activation block: 32 for Q4_0..Q8_0, IQ4_NL, MXFP4; 256 for the
+    K-quants, IQ4_XS and the other i-quants; None for floats."""
     if t in FLOAT_TYPES:
         return None
     return 32 if t in ACT_32_TYPES else 256

@@ -5,7 +5,7 @@
  * Dequantization stays the scalar file's.
  *
  * Every block is turned into signed bytes (a table lookup, vqtbl1q, for the
- * 4-bit levels of IQ4_NL/IQ4_XS/MXFP4; grid rows of 8 or 4 bytes times sign
+ * 4-bit levels of IQ4_NL/IQ4_XS/MXFP4, IQ4_XS against Q8_K, the others Q8_0; grid rows of 8 or 4 bytes times sign
  * bytes of +-1 for the grid types; 8 * grid +- 1 for IQ1_S/IQ1_M; t - 1 for
  * the ternary types), multiplied with the activations in int16 (vmull_s8)
  * and summed into int32 lanes; group scales multiply the int32 partial sums.
@@ -28,7 +28,7 @@ LI_INLINE int32x4_t idot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
     return vpadalq_s16(acc, p);
 }
 
-/* ---- IQ4_NL, MXFP4, IQ4_XS against Q8_0 ---- */
+/* ---- IQ4_NL, MXFP4 against Q8_0 ---- */
 
 LI_INLINE void nl4_values(const uint8_t *qs, int8x16_t table, int8x16_t *lo, int8x16_t *hi) {
     const uint8x16_t v = vld1q_u8(qs);
@@ -47,20 +47,44 @@ LI_INLINE void nl4_dot(const int type, int64_t k, const void *w, const void *x, 
             const block_iq4_nl *b = (const block_iq4_nl *)w + i;
             nl4_values(b->qs, table, &lo, &hi);
             d = li_f16_to_f32(b->d);
-        } else if (type == LI_TYPE_MXFP4) {
+        } else {
             const block_mxfp4 *b = (const block_mxfp4 *)w + i;
             nl4_values(b->qs, table, &lo, &hi);
             d = li_e8m0_half(b->e);
-        } else { /* IQ4_XS: group i % 8 of super-block i / 8 */
-            const block_iq4_xs *b = (const block_iq4_xs *)w + i / 8;
-            nl4_values(b->qs + 16 * (i % 8), table, &lo, &hi);
-            d = li_f16_to_f32(b->d) * (float)iq4_xs_scale(b, (int)(i % 8));
         }
         for (int c = 0; c < nc; c++) {
             const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i;
             const int32x4_t p = idot16(idot16(vdupq_n_s32(0), lo, vld1q_s8(a->qs)), hi, vld1q_s8(a->qs + 16));
             acc[c] = fmaf((float)vaddvq_s32(p), d * a->d, acc[c]);
         }
+    }
+    for (int c = 0; c < nc; c++) s[c] = acc[c];
+}
+
+/* ---- IQ4_XS against Q8_K: per super-block the sum over blocks b of
+ * (ls_b - 32) * sum(q * qx), then scalar_iq.c's fmaf(isum, d * dx, acc) ---- */
+
+LI_INLINE void iq4_xs_dot(const int type, int64_t k, const void *w, const void *x, size_t xs, const int nc,
+                          float *s) {
+    (void)type;
+    const int8x16_t table = vld1q_s8(li_kvalues_iq4nl);
+    float acc[LI_DOT_MAX_NC] = {0};
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const block_iq4_xs *b = (const block_iq4_xs *)w + i;
+        int32_t isum[LI_DOT_MAX_NC] = {0};
+        for (int g = 0; g < 8; g++) {
+            int8x16_t lo, hi;
+            nl4_values(b->qs + 16 * g, table, &lo, &hi);
+            const int sc = iq4_xs_scale(b, g);
+            for (int c = 0; c < nc; c++) {
+                const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
+                const int32x4_t p = idot16(idot16(vdupq_n_s32(0), lo, vld1q_s8(a->qs + 32 * g)), hi,
+                                           vld1q_s8(a->qs + 32 * g + 16));
+                isum[c] += sc * vaddvq_s32(p);
+            }
+        }
+        const float d = li_f16_to_f32(b->d);
+        for (int c = 0; c < nc; c++) acc[c] = fmaf((float)isum[c], d * ACT_ROW(act_q8_K, x, c, xs)[i].d, acc[c]);
     }
     for (int c = 0; c < nc; c++) s[c] = acc[c];
 }
@@ -267,7 +291,7 @@ LI_INLINE void tq_dot(const int type, int64_t k, const void *w, const void *x, s
     }
 ENTRY(iq4_nl, IQ4_NL, nl4_dot)
 ENTRY(mxfp4, MXFP4, nl4_dot)
-ENTRY(iq4_xs, IQ4_XS, nl4_dot)
+ENTRY(iq4_xs, IQ4_XS, iq4_xs_dot)
 ENTRY(tq1_0, TQ1_0, tq_dot)
 ENTRY(tq2_0, TQ2_0, tq_dot)
 ENTRY(iq2_xxs, IQ2_XXS, grid_dot)

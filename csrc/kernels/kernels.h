@@ -7,8 +7,8 @@
  *
  * Weight x activation products: a weight of type T is multiplied by
  * activations first quantized to li_types[T].act_type (Q8_0 for Q4_0/Q5_0/Q8_0
- * and IQ4_NL/IQ4_XS/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, the grid
- * i-quants and TQ1_0/TQ2_0, plain float for F32/F16/BF16).
+ * and IQ4_NL/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants, IQ4_XS, the
+ * grid i-quants and TQ1_0/TQ2_0, plain float for F32/F16/BF16).
  */
 #ifndef LLMINFER_KERNELS_H
 #define LLMINFER_KERNELS_H

@@ -7,15 +7,15 @@
  *
  * Dot products (every level computes these to the bit; see scalar.c):
  *   IQ4_NL, MXFP4 x Q8_0    per 32: acc = fmaf(isum, d * dx, acc)
- *   IQ4_XS x Q8_0           per 32: acc = fmaf(isum, (d * (ls - 32)) * dx, acc)
  *   the rest x Q8_K         per 256: acc = fmaf(isum, d * dx * F, acc), with
  *                           isum = sum over groups g of 16 of sc[g] * sum(q * qx)
  * where for the grid types sc = 2s + 1 and F = 1/8 (IQ2_*, IQ1_*, whose
- * values are 8 * grid +- 1), 1/4 (IQ3_XXS) or 1 (IQ3_S), and for TQ1_0 and
- * TQ2_0 sc = 1, F = 1. IQ4_XS and MXFP4 take Q8_0 activations (not Q8_K as
- * in ggml) so that they share the 32-value prefill panels of Q8_0 (gemm.c):
- * a per-block float scale is exact for both (f16 d times a 6-bit integer;
- * a power of two).
+ * values are 8 * grid +- 1), 1/4 (IQ3_XXS) or 1 (IQ3_S), for TQ1_0 and
+ * TQ2_0 sc = 1, F = 1, and for IQ4_XS sc = ls - 32 of the group's block of
+ * 32, F = 1. MXFP4 takes Q8_0 activations (not Q8_K as in ggml) so that it
+ * shares the 32-value prefill panels of Q8_0 (gemm.c); its per-block scale
+ * is a power of two. IQ4_XS takes Q8_K, as in ggml: a super-block's sum is
+ * then one integer, with no float step per block of 32 (x86_avx512_x16.c).
  */
 #include <math.h>
 
@@ -94,24 +94,6 @@ static void dequant_iq4_xs(const void *src, float *y, int64_t k) {
     }
 }
 
-static void dot_iq4_xs(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
-    const block_iq4_xs *b = (const block_iq4_xs *)w;
-    float acc[LI_DOT_MAX_NC] = {0};
-    int8_t q[QK_K];
-    for (int64_t i = 0; i < k / QK_K; i++) {
-        const float d = li_f16_to_f32(b[i].d);
-        unpack_iq4_xs(&b[i], q);
-        for (int g = 0; g < 8; g++) {
-            const float dl = d * (float)iq4_xs_scale(&b[i], g);
-            for (int c = 0; c < nc; c++) {
-                const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + 8 * i + g;
-                acc[c] = fmaf((float)idot(q + 32 * g, a->qs, 32), dl * a->d, acc[c]);
-            }
-        }
-    }
-    for (int c = 0; c < nc; c++) s[c] = acc[c];
-}
-
 /* ---- super-blocks of 256 against Q8_K ---- */
 
 /* acc + d * dx * f * sum over groups of 16 of sc[g] * sum(q * qx) */
@@ -120,6 +102,20 @@ static float grid_block_dot(const int8_t q[QK_K], const int sc[16], float d, flo
     int32_t isum = 0;
     for (int g = 0; g < 16; g++) isum += sc[g] * idot(q + 16 * g, a->qs + 16 * g, 16);
     return fmaf((float)isum, d * a->d * f, acc);
+}
+
+static void dot_iq4_xs(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    const block_iq4_xs *b = (const block_iq4_xs *)w;
+    float acc[LI_DOT_MAX_NC] = {0};
+    int8_t q[QK_K];
+    int sc[16];
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        unpack_iq4_xs(&b[i], q);
+        for (int g = 0; g < 16; g++) sc[g] = iq4_xs_scale(&b[i], g / 2);
+        for (int c = 0; c < nc; c++)
+            acc[c] = grid_block_dot(q, sc, li_f16_to_f32(b[i].d), 1.0f, ACT_ROW(act_q8_K, x, c, xs) + i, acc[c]);
+    }
+    for (int c = 0; c < nc; c++) s[c] = acc[c];
 }
 
 static void dequant_tq1_0(const void *src, float *y, int64_t k) {

@@ -105,9 +105,14 @@ static void gemm_blk32(const li_panel *p, int nr, const void *xq, size_t xs, int
 /* ---- K-quant super-blocks against act_q8_K ---- */
 
 /* within a group of 16 values (4 chunks, one sub-scale) grp chunks' maddubs
- * results are summed in int16 first: 4 up to 5-bit values, 2 for Q6_K's 6 */
+ * results are summed in int16 first: 4 up to 5-bit values, 2 for Q6_K's 6.
+ * IQ4_XS's level + 128 (bits 8) would overflow a pair sum: each chunk is
+ * flipped back to the signed levels q and multiplied as |q| x (a with q's
+ * sign), one chunk at a time, so there is no offset to take out. */
 static inline void ksuper_cols(const li_panel *p, int nr, const char *x, size_t xs, int64_t c0,
                                const int nc, const int grp, float *y, size_t ys) {
+    const int levels = p->bits == 8;
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
     const int64_t nb = p->nb;
     const int min = p->has_min;
     __m256 acc[NC_MAX];
@@ -125,14 +130,20 @@ static inline void ksuper_cols(const li_panel *p, int nr, const char *x, size_t 
                 UNROLL for (int c = 0; c < nc; c++) h[c] = _mm256_setzero_si256();
                 UNROLL for (int j = j0; j < j0 + grp; j++) {
                     const __m256i w = _mm256_loadu_si256((const __m256i *)(ws + 32 * j));
-                    UNROLL for (int c = 0; c < nc; c++)
-                        h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(w, bcast4(a[c]->qs + 4 * j)));
+                    if (levels) {
+                        const __m256i q = _mm256_xor_si256(w, flip), m = _mm256_sign_epi8(q, q);
+                        UNROLL for (int c = 0; c < nc; c++)
+                            h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(m, _mm256_sign_epi8(bcast4(a[c]->qs + 4 * j), q)));
+                    } else {
+                        UNROLL for (int c = 0; c < nc; c++)
+                            h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(w, bcast4(a[c]->qs + 4 * j)));
+                    }
                 }
                 UNROLL for (int c = 0; c < nc; c++) ia[c] = _mm256_add_epi32(ia[c], _mm256_madd_epi16(h[c], sc));
             }
         }
         /* the mins and offsets: sum over groups of mc * (activation sum of the group) */
-        for (int pr = 0; pr < 8; pr++) {
+        for (int pr = 0; pr < (levels ? 0 : 8); pr++) {
             const __m256i mc = _mm256_loadu_si256((const __m256i *)(p->mc + ((size_t)s * 8 + (size_t)pr) * R * 2));
             for (int c = 0; c < nc; c++)
                 im[c] = _mm256_add_epi32(im[c], _mm256_madd_epi16(mc, bcast4((const int8_t *)(a[c]->bsums + 2 * pr))));
@@ -161,8 +172,10 @@ static void gemm_ksuper(const li_panel *p, int nr, const void *xq, size_t xs, in
     const char *x = (const char *)xq;
     if (p->bits <= 5)
         KSUPER_ALL_COLS(4);
-    else
+    else if (p->bits == 6)
         KSUPER_ALL_COLS(2);
+    else
+        KSUPER_ALL_COLS(1);
 }
 
 void li_gemm_fill_avx2(li_kernels *t) {

@@ -5,10 +5,12 @@
  *
  * IQ4_NL, IQ4_XS and MXFP4: a block's 4-bit indices become its 32 signed
  * values through one vpshufb over the 16-entry level table; products with the
- * Q8_0 activations are formed as |w| x (a with w's sign) by vpmaddubsw. Four
- * blocks' exact sums come out of one vphaddd tree, and the fused
- * multiply-adds take them in block order, scalar_iq.c's chain; dot_rows runs
- * four rows' chains in the lanes of one vector.
+ * activations are formed as |w| x (a with w's sign) by vpmaddubsw. IQ4_NL
+ * and MXFP4 (Q8_0): four blocks' exact sums come out of one vphaddd tree,
+ * and the fused multiply-adds take them in block order, scalar_iq.c's chain;
+ * dot_rows runs four rows' chains in the lanes of one vector. IQ4_XS (Q8_K):
+ * the int16 pair sums of each block are multiplied by its scale in vpmaddwd
+ * and a super-block's sum is one integer.
  *
  * The grid types: each 8 values are one grid row (a 64-bit load; 32-bit for
  * the IQ3 grids), four rows make a 32-value vector, and their signs, looked
@@ -63,7 +65,7 @@ LI_INLINE __m256i mul_sign(__m256i m, __m256i s, __m256i a) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(m, _mm256_sign_epi8(a, s)), _mm256_set1_epi16(1));
 }
 
-/* ---- IQ4_NL, MXFP4, IQ4_XS: 32-value blocks of table levels against Q8_0 ---- */
+/* ---- IQ4_NL, MXFP4: 32-value blocks of table levels against Q8_0 ---- */
 
 /* the 32 signed values of 16 bytes of 4-bit indices (Q4_0's nibble order) */
 LI_INLINE __m256i nl4_values(const uint8_t *qs, __m256i table) {
@@ -79,25 +81,16 @@ LI_INLINE __m256i level_table(const int8_t t[16]) {
     return _mm256_set_m128i(v, v);
 }
 
-/* block b of a row: its values and its float scale (IQ4_XS: d * (ls - 32), as scalar_iq.c) */
+/* block b of a row: its values and its float scale */
 LI_INLINE __m256i nl4_block(const int type, const void *row, int64_t b, __m256i table, float *d) {
-    switch (type) {
-    case LI_TYPE_IQ4_NL: {
+    if (type == LI_TYPE_IQ4_NL) {
         const block_iq4_nl *x = (const block_iq4_nl *)row + b;
         *d = f16(x->d);
         return nl4_values(x->qs, table);
     }
-    case LI_TYPE_MXFP4: {
-        const block_mxfp4 *x = (const block_mxfp4 *)row + b;
-        *d = li_e8m0_half(x->e);
-        return nl4_values(x->qs, table);
-    }
-    default: { /* IQ4_XS */
-        const block_iq4_xs *x = (const block_iq4_xs *)row + b / 8;
-        *d = f16(x->d) * (float)iq4_xs_scale(x, (int)(b % 8));
-        return nl4_values(x->qs + 16 * (b % 8), table);
-    }
-    }
+    const block_mxfp4 *x = (const block_mxfp4 *)row + b;
+    *d = li_e8m0_half(x->e);
+    return nl4_values(x->qs, table);
 }
 
 LI_INLINE void nl4_dot(const int type, int64_t k, const void *w, const void *x, size_t xs, const int nc,
@@ -149,24 +142,9 @@ LI_INLINE void load_t4(const float *p0, const float *p1, const float *p2, const 
 }
 
 /* blocks b0 .. b0+3 of a row (b0 a multiple of 4): values and scales, zeros
- * past the row's end (IQ4_XS rows hold whole super-blocks of 8, so its four
- * blocks always exist and share one super-block) */
+ * past the row's end */
 LI_INLINE void nl4_quad(const int type, const void *row, uint64_t b0, uint64_t nb, __m256i table, __m256i q[4],
                         float d[4]) {
-    if (type == LI_TYPE_IQ4_XS) {
-        const block_iq4_xs *x = (const block_iq4_xs *)row + (b0 >> 3);
-        const int g0 = (int)(b0 & 7);
-        for (int t = 0; t < 4; t++) q[t] = nl4_values(x->qs + 16 * (g0 + t), table);
-        /* the four 6-bit scales of groups g0..g0+3 at once: iq4_xs_scale lane by lane */
-        const __m128i g = _mm_add_epi32(_mm_set1_epi32(g0), _mm_setr_epi32(0, 1, 2, 3));
-        const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)u32(x->scales_l)), _mm_slli_epi32(g, 2)),
-                                         _mm_set1_epi32(15));
-        const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(x->scales_h), _mm_slli_epi32(g, 1)),
-                                         _mm_set1_epi32(3));
-        const __m128i ls = _mm_sub_epi32(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi32(32));
-        _mm_storeu_ps(d, _mm_mul_ps(_mm_set1_ps(f16(x->d)), _mm_cvtepi32_ps(ls)));
-        return;
-    }
     if (b0 + 4 <= nb) {
         for (int t = 0; t < 4; t++) q[t] = nl4_block(type, row, (int64_t)(b0 + t), table, &d[t]);
         return;
@@ -260,8 +238,46 @@ LI_INLINE void nl4_rows(const int type, int64_t k, const void *w, size_t ws, int
 LI_STATIC_ASSERT(LI_DOT_MAX_NR == 4, "nl4_rows takes up to 4 rows");
 NL4_ENTRY(iq4_nl, IQ4_NL)
 NL4_ENTRY(mxfp4, MXFP4)
-NL4_ENTRY(iq4_xs, IQ4_XS)
 #undef NL4_ENTRY
+
+/* ---- IQ4_XS against Q8_K: per super-block, sum over blocks b of
+ * (ls_b - 32) * sum(q * qx) in int32 lanes, then scalar_iq.c's one
+ * fmaf(isum, d * dx, acc) ---- */
+LI_INLINE void iq4_xs_dot(int64_t k, const void *w, const void *x, size_t xs, const int nc, float *s) {
+    const __m256i table = level_table(li_kvalues_iq4nl);
+    __m128 acc[LI_DOT_MAX_NC];
+    for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
+    for (int64_t i = 0; i < k / QK_K; i++) {
+        const block_iq4_xs *b = (const block_iq4_xs *)w + i;
+        __m256i isum[LI_DOT_MAX_NC];
+        for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
+        for (int g = 0; g < 8; g++) {
+            const __m256i v = nl4_values(b->qs + 16 * g, table);
+            const __m256i m = _mm256_sign_epi8(v, v), sc = _mm256_set1_epi16((short)iq4_xs_scale(b, g));
+            for (int c = 0; c < nc; c++) {
+                const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
+                /* |v| <= 127 and |a| <= 127: a pair sum fits int16, times |sc| <= 32 an int32 */
+                const __m256i p = _mm256_maddubs_epi16(m, _mm256_sign_epi8(loadu(a->qs + 32 * g), v));
+                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p, sc));
+            }
+        }
+        const float d = f16(b->d);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;
+            acc[c] = _mm_fmadd_ss(_mm_set_ss((float)hsum_epi32(isum[c])), _mm_set_ss(d * a->d), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) s[c] = _mm_cvtss_f32(acc[c]);
+}
+
+static void dot_iq4_xs(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    switch (nc) {
+    case 1: iq4_xs_dot(k, w, x, xs, 1, s); break;
+    case 2: iq4_xs_dot(k, w, x, xs, 2, s); break;
+    case 3: iq4_xs_dot(k, w, x, xs, 3, s); break;
+    default: iq4_xs_dot(k, w, x, xs, 4, s); break;
+    }
+}
 
 /* ---- grid types against Q8_K ---- */
 
@@ -527,7 +543,6 @@ void li_kernels_fill_avx2_iq(li_kernels *t) {
     t->dot[LI_TYPE_IQ4_XS] = dot_iq4_xs;
     t->dot_rows[LI_TYPE_IQ4_NL] = dot_rows_iq4_nl;
     t->dot_rows[LI_TYPE_MXFP4] = dot_rows_mxfp4;
-    t->dot_rows[LI_TYPE_IQ4_XS] = dot_rows_iq4_xs;
     t->dot[LI_TYPE_TQ1_0] = dot_tq1_0;
     t->dot[LI_TYPE_TQ2_0] = dot_tq2_0;
     t->dot[LI_TYPE_IQ2_XXS] = dot_iq2_xxs;
