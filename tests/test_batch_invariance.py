@@ -160,14 +160,17 @@ def test_repacked_weights_change_no_logit(models, qtype):
         assert np.array_equal(got[True], got[False]), f"{threads} thread(s): differs by {np.abs(got[True] - got[False]).max()}"
 
 
-@pytest.mark.parametrize("arch,kv_type", [("llama", "f16"), ("gemma3", "f16"), ("gemma3", "q8_0")])
-def test_long_prompts_over_several_spans_and_tiles(tmp_path, arch, kv_type):
+@pytest.mark.parametrize("arch,kv_type,qtype", [("llama", "f16", "Q8_0"), ("gemma3", "f16", "Q8_0"),
+                                                ("gemma3", "q8_0", "Q8_0"), ("llama", "f16", "IQ4_XS")])
+def test_long_prompts_over_several_spans_and_tiles(tmp_path, arch, kv_type, qtype):
     """Past one attention span (256 positions) a token combines several spans'
     results, and the tokens of a prompt chunk share each span's cached rows in
     tiles; a sliding window of 300 starts mid-span. The logits are the same
     whole, in chunks of 37 (a tile's tokens then straddle span ends), and one
-    token at a time beside another sequence (whose blocks interleave)."""
-    cfg = TinyConfig(arch=arch, qtype="Q8_0", context_length=1024, sliding_window=300 if arch == "gemma3" else 0)
+    token at a time beside another sequence (whose blocks interleave). The
+    feed-forward takes the 700 rows in chunks of 128 (context.h's
+    LI_FFN_CHUNK); IQ4_XS multiplies over values unpacked once per chunk."""
+    cfg = TinyConfig(arch=arch, qtype=qtype, context_length=1024, sliding_window=300 if arch == "gemma3" else 0)
     path = write_model(tmp_path / "long.gguf", cfg)
     prompt = toks(4, 700)
     for threads in (1, 2):
