@@ -13,8 +13,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import random
-import statistics
 import sys
 import time
 
@@ -114,17 +114,27 @@ class _Printer:
             self.out.write(buf.getvalue())
         self.out.flush()
 
-    def end(self, system):
+    def end(self):
         if self.fmt == "json":
-            self.out.write(json.dumps({"system": system, "results": self.rows}, indent=2) + "\n")
+            from llminfer.system import system_info
+
+            self.out.write(json.dumps({"system": system_info(), "results": self.rows}, indent=2) + "\n")
         self.out.flush()
+
+
+def mean_sd(rates):
+    """The mean and the sample standard deviation (0 for one value). Plain
+    sums: `statistics` imports decimal and fractions, 0.5 MB of a process
+    whose peak memory is one of the figures."""
+    mean = sum(rates) / len(rates)
+    if len(rates) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((r - mean) ** 2 for r in rates) / (len(rates) - 1))
 
 
 def bench(llm, n_prompt: int, n_gen: int, threads_list, repetitions: int, fmt: str = "md", out=None,
           log=None) -> list:
     """Run the tests and print each row as it is measured; returns the rows."""
-    from llminfer.system import system_info
-
     out = out or sys.stdout
     facts = model_facts(llm._gguf)
     printer = _Printer(fmt, out)
@@ -139,13 +149,12 @@ def bench(llm, n_prompt: int, n_gen: int, threads_list, repetitions: int, fmt: s
             _run(llm, min(p, 32), min(g, 4), threads, seed=-1 % 2**32)  # untimed: pages, caches, team
             times = [_run(llm, p, g, threads, seed=r) for r in range(repetitions)]
             rates = [(p or g) / t for t in times]
-            mean = statistics.mean(rates)
-            sd = statistics.stdev(rates) if len(rates) > 1 else 0.0
+            mean, sd = mean_sd(rates)
             printer.row({**facts, "backend": backend, "n_threads": threads, "n_prompt": p, "n_gen": g,
                          "test": f"pp{p}" if p else f"tg{g}", "avg_ts": mean, "stddev_ts": sd,
                          "samples_ts": rates,
                          # the names of earlier llminfer versions' JSON, kept for scripts that read it
                          "model": str(llm.model_path), "arch": llm.architecture, "threads": threads,
                          "tokens_per_second": mean, "stdev": sd, "runs": len(rates)})
-    printer.end(system_info())
+    printer.end()
     return printer.rows

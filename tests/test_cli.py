@@ -235,6 +235,17 @@ def test_bench_json(capsys, tiny):
     assert [r["test"] for r in json.loads(out)["results"]] == ["tg4"]
 
 
+def test_bench_mean_and_sd_are_the_statistics_module_s():
+    import statistics
+
+    from llminfer.bench_cli import mean_sd
+
+    for rates in ([812.5], [812.5, 790.25], [33.1, 35.7, 34.2, 36.9, 30.05]):
+        mean, sd = mean_sd(rates)
+        assert mean == pytest.approx(statistics.mean(rates), rel=1e-12)
+        assert sd == pytest.approx(statistics.stdev(rates) if len(rates) > 1 else 0.0, rel=1e-12, abs=1e-12)
+
+
 # ---------------------------------------------------------------- quantize
 
 @pytest.fixture(scope="module")
