@@ -26,13 +26,13 @@ COLUMNS = [("model", 30, "<"), ("size", 10, ">"), ("params", 10, ">"), ("backend
 
 def file_type_name(metadata) -> str:
     """The file type (general.file_type) as llama.cpp names it: "Q4_K_M", "F16"..."""
-    import gguf
+    from llminfer.ggml import LlamaFileType
 
     ft = metadata.get("general.file_type")
     if ft is None:
         return "unknown file type"
     try:
-        name = gguf.LlamaFileType(int(ft)).name
+        name = LlamaFileType(int(ft)).name
     except ValueError:
         return f"file type {ft}"
     return name.replace("MOSTLY_", "").replace("ALL_", "")

@@ -1,9 +1,10 @@
-"""GGML and GGUF constants: tensor types with their block sizes, metadata
-value types, token types and the tokenizer keys this package reads.
+"""GGML and GGUF constants: tensor types with their block sizes, file types,
+metadata value types, token types and the tokenizer keys this package reads.
 
 They are the numbers of ggml's own enums (ggml.h, gguf.h, llama-vocab.h), kept
-here so that loading a model does not import the gguf package (its import pulls
-in yaml and sentencepiece, 7 MiB of resident memory before a weight is read).
+here so that loading a model (or `llminfer bench`, whose peak memory is one of
+its figures) does not import the gguf package: its import pulls in yaml and
+sentencepiece, 7 MiB of resident memory before a weight is read.
 tests/test_gguf_file.py checks them against the gguf package.
 """
 
@@ -86,6 +87,47 @@ GGML_QUANT_SIZES = {
     GGMLQuantizationType.NVFP4: (64, 36),
     GGMLQuantizationType.Q1_0: (128, 18),
 }
+
+
+class LlamaFileType(IntEnum):
+    """llama_ftype: general.file_type, the type mix llama-quantize wrote."""
+
+    ALL_F32 = 0
+    MOSTLY_F16 = 1
+    MOSTLY_Q4_0 = 2
+    MOSTLY_Q4_1 = 3
+    MOSTLY_Q8_0 = 7
+    MOSTLY_Q5_0 = 8
+    MOSTLY_Q5_1 = 9
+    MOSTLY_Q2_K = 10
+    MOSTLY_Q3_K_S = 11
+    MOSTLY_Q3_K_M = 12
+    MOSTLY_Q3_K_L = 13
+    MOSTLY_Q4_K_S = 14
+    MOSTLY_Q4_K_M = 15
+    MOSTLY_Q5_K_S = 16
+    MOSTLY_Q5_K_M = 17
+    MOSTLY_Q6_K = 18
+    MOSTLY_IQ2_XXS = 19
+    MOSTLY_IQ2_XS = 20
+    MOSTLY_Q2_K_S = 21
+    MOSTLY_IQ3_XS = 22
+    MOSTLY_IQ3_XXS = 23
+    MOSTLY_IQ1_S = 24
+    MOSTLY_IQ4_NL = 25
+    MOSTLY_IQ3_S = 26
+    MOSTLY_IQ3_M = 27
+    MOSTLY_IQ2_S = 28
+    MOSTLY_IQ2_M = 29
+    MOSTLY_IQ4_XS = 30
+    MOSTLY_IQ1_M = 31
+    MOSTLY_BF16 = 32
+    MOSTLY_TQ1_0 = 36
+    MOSTLY_TQ2_0 = 37
+    MOSTLY_MXFP4_MOE = 38
+    MOSTLY_NVFP4 = 39
+    MOSTLY_Q1_0 = 40
+    GUESSED = 1024
 
 
 class GGUFValueType(IntEnum):

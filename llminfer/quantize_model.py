@@ -24,12 +24,12 @@ import os
 import time
 from pathlib import Path
 
-import gguf
 import numpy as np
-from gguf import GGMLQuantizationType as T
 
 from llminfer import ops
 from llminfer.errors import InvalidArgumentError
+from llminfer.ggml import GGML_QUANT_SIZES
+from llminfer.ggml import GGMLQuantizationType as T
 from llminfer.gguf_file import GGUFFile
 
 PRESETS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M", "IQ4_NL", "IQ4_XS",
@@ -61,7 +61,7 @@ def target_type(name: str, shape, preset: str, n_layer: int, tied: bool) -> T:
         t = T[preset]
         if (head or name == "token_embd.weight") and preset in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
             t = T.Q8_0
-    if shape[-1] % gguf.GGML_QUANT_SIZES[t][0]:
+    if shape[-1] % GGML_QUANT_SIZES[t][0]:
         # rows that are not a multiple of 256: the 32-block type llama.cpp falls back to
         t = _FALLBACK.get(t, T.Q8_0)
         if shape[-1] % 32:
@@ -70,6 +70,8 @@ def target_type(name: str, shape, preset: str, n_layer: int, tied: bool) -> T:
 
 
 def _copy_metadata(src: GGUFFile, w: gguf.GGUFWriter, preset: str):
+    import gguf
+
     for key, value in src.metadata.items():
         if key in ("general.architecture", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"):
             continue
@@ -120,6 +122,8 @@ def _write(src: GGUFFile, dst_path, preset, n_threads, log) -> dict:
     arch = src.architecture
     n_layer = int(src.metadata.get(f"{arch}.block_count", 0))
     tied = "output.weight" not in src.tensors
+    import gguf  # the writer; imported here, not when the CLI builds its parser
+
     w = gguf.GGUFWriter(str(dst_path), arch)
     _copy_metadata(src, w, preset)
     written = {}
@@ -127,7 +131,7 @@ def _write(src: GGUFFile, dst_path, preset, n_threads, log) -> dict:
         qt = T(info.qtype)
         raw = np.ascontiguousarray(src.tensor_bytes(name))
         if len(info.shape) < 2:
-            w.add_tensor(name, raw, raw_dtype=qt)  # vectors keep their type
+            w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType(int(qt)))  # vectors keep their type
             written[name] = qt.name
             continue
         rows = int(np.prod(info.shape[:-1]))
@@ -137,7 +141,7 @@ def _write(src: GGUFFile, dst_path, preset, n_threads, log) -> dict:
         else:
             values = ops.dequantize(raw, qt, (rows, info.shape[-1]), n_threads=n_threads)
             data = ops.quantize(values, new, n_threads=n_threads)
-        w.add_tensor(name, data.reshape(rows, -1), raw_dtype=new)
+        w.add_tensor(name, data.reshape(rows, -1), raw_dtype=gguf.GGMLQuantizationType(int(new)))
         written[name] = new.name
         if log:
             log(f"[{i + 1}/{len(src.tensors)}] {name:<32} {qt.name:>5} -> {new.name:<5}")

@@ -315,6 +315,7 @@ def test_constants_match_the_gguf_package():
     for t in gguf.GGMLQuantizationType:
         assert ggml.GGML_QUANT_SIZES[ggml.GGMLQuantizationType[t.name]] == tuple(gguf.GGML_QUANT_SIZES[t]), t.name
     assert {v.name: int(v) for v in ggml.GGUFValueType} == {v.name: int(v) for v in gguf.GGUFValueType}
+    assert {v.name: int(v) for v in ggml.LlamaFileType} == {v.name: int(v) for v in gguf.LlamaFileType}
     assert {v.name: int(v) for v in ggml.TokenType} == {v.name: int(v) for v in gguf.TokenType}
     for name, key in vars(ggml.Keys.Tokenizer).items():
         if not name.startswith("_"):
@@ -330,6 +331,18 @@ def test_loading_a_model_does_not_import_gguf(model_path):
     # run outside the checkout, so the installed package is imported, not the source folder
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(str(path)))
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_llminfer_bench_does_not_import_gguf(model_path):
+    """`llminfer bench`, whose peak memory is one of its figures, keeps gguf,
+    yaml and sentencepiece out of memory: the CLI's parser (quantize's
+    presets) and the bench's file type names come from llminfer.ggml."""
+    code = ("import sys; from llminfer import cli; "
+            "cli.main(['bench', '-m', sys.argv[1], '-p', '8', '-n', '2', '-r', '1', '-t', '1']); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('gguf', 'yaml', 'sentencepiece')))")
+    out = subprocess.run([sys.executable, "-c", code, str(model_path)], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(str(model_path)))
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
