@@ -82,8 +82,8 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
  * activation format; terms: what li_x16_matmul works out from each
  * activation row, per block, row c's after row c-1's: Q4_0, Q5_0, Q8_0: the
  * block's sum times the stored values' offset (8, 16, 128; IQ4_XS per block
- * of 32, from its Q8_K group sums); Q4_K, Q5_K: the 8 sub-block sums as 4 int16 pairs; Q6_K: 32
- * times each group's sum (16) */
+ * of 32, from its Q8_K group sums); Q4_K, Q5_K: the 8 sub-block sums as 4
+ * int16 pairs; Q6_K: 32 times each group's sum (16) */
 typedef void (*li_x16_fn)(const void *group, size_t gb, int ng, int64_t k, const void *xq, size_t xs, int nc,
                           const int32_t *terms, float *y, size_t ys, int nr);
 

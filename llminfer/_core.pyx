@@ -578,22 +578,28 @@ def read_strings(const uint8_t[::1] buf, Py_ssize_t pos, Py_ssize_t count):
     return blob, offsets, p, count
 
 
-def decode_strings(const uint8_t[::1] blob, const int64_t[::1] offsets):
-    """The str of each item of a read_strings blob, invalid UTF-8 as U+FFFD."""
+cdef Py_ssize_t _items(const uint8_t[::1] blob, const int64_t[::1] offsets, str fn) except -1:
+    """The number of items offsets delimits in blob (0 for no offsets), or
+    InvalidArgumentError naming fn when they point outside it or go backwards."""
     cdef Py_ssize_t n = offsets.shape[0] - 1, i
     if n < 0:
-        return []
+        return 0
     if offsets[0] < 0 or offsets[n] > blob.shape[0]:
-        raise errors.InvalidArgumentError("decode_strings: offsets past the blob")
+        raise errors.InvalidArgumentError(f"{fn}: offsets past the blob")
     for i in range(n):
         if offsets[i + 1] < offsets[i]:
-            raise errors.InvalidArgumentError("decode_strings: offsets go backwards")
+            raise errors.InvalidArgumentError(f"{fn}: offsets go backwards")
+    return n
+
+
+def decode_strings(const uint8_t[::1] blob, const int64_t[::1] offsets):
+    """The str of each item of a read_strings blob, invalid UTF-8 as U+FFFD."""
+    cdef Py_ssize_t n = _items(blob, offsets, "decode_strings"), i
     out = [None] * n
     cdef const char *base = <const char *>&blob[0] if blob.shape[0] else <const char *>""
     for i in range(n):
         out[i] = PyUnicode_DecodeUTF8(base + offsets[i], <Py_ssize_t>(offsets[i + 1] - offsets[i]), "replace")
     return out
-
 
 
 cdef inline uint64_t _fnv1a(const uint8_t *p, Py_ssize_t n) noexcept nogil:
@@ -607,14 +613,7 @@ cdef inline uint64_t _fnv1a(const uint8_t *p, Py_ssize_t n) noexcept nogil:
 def hash_strings(const uint8_t[::1] blob, const int64_t[::1] offsets):
     """The 64-bit FNV-1a hash of each item of a read_strings blob, as uint64
     (hash_bytes of the item's bytes)."""
-    cdef Py_ssize_t n = offsets.shape[0] - 1, i
-    if n < 0:
-        return np.zeros(0, dtype=np.uint64)
-    if offsets[0] < 0 or offsets[n] > blob.shape[0]:
-        raise errors.InvalidArgumentError("hash_strings: offsets past the blob")
-    for i in range(n):
-        if offsets[i + 1] < offsets[i]:
-            raise errors.InvalidArgumentError("hash_strings: offsets go backwards")
+    cdef Py_ssize_t n = _items(blob, offsets, "hash_strings"), i
     out = np.empty(n, dtype=np.uint64)
     cdef uint64_t[::1] o = out
     cdef const uint8_t *base = &blob[0] if blob.shape[0] else <const uint8_t *>""
@@ -627,6 +626,7 @@ def hash_strings(const uint8_t[::1] blob, const int64_t[::1] offsets):
 def hash_bytes(const uint8_t[::1] b):
     """The 64-bit FNV-1a hash of b, as hash_strings gives it for an item."""
     return _fnv1a(&b[0] if b.shape[0] else <const uint8_t *>"", b.shape[0])
+
 
 # ---- encoders (embeddings) ----
 

@@ -197,7 +197,8 @@ class Llama:
     @property
     def metadata(self) -> dict:
         """The GGUF metadata as llama-cpp-python gives it: every value a string."""
-        return {k: str(v) for k, v in self.llm.metadata.items() if not isinstance(v, (list, tuple, np.ndarray, StringArray))}
+        return {k: str(v) for k, v in self.llm.metadata.items()
+                if not isinstance(v, (list, tuple, np.ndarray, StringArray))}
 
     # ---- tokens ----
 

@@ -308,7 +308,8 @@ class _PieceIndex:
             for tid in sorted(order[start:same[k] + 2].tolist()):
                 raw = pieces.raw(tid)
                 if raw in seen:
-                    raise TokenizerError(f"duplicate piece {pieces[tid]!r} in the vocabulary: ids {seen[raw]} and {tid}")
+                    raise TokenizerError(
+                        f"duplicate piece {pieces[tid]!r} in the vocabulary: ids {seen[raw]} and {tid}")
                 seen[raw] = tid
             k += 1
 
@@ -353,13 +354,12 @@ class _Vocab:
     def __init__(self, metadata: dict, kind: str, pre: _Pre | None):
         pieces = _pieces(metadata)
         n = len(pieces)
-        empty = (pieces.lengths() == 0).any() if isinstance(pieces, StringArray) else not all(pieces)
-        if empty:  # llama.cpp names empty pieces so they stay distinct
-            pieces = StringArray.of(p or f"[EMPTY_{i}]" for i, p in enumerate(pieces))
         if not isinstance(pieces, StringArray):
             if not all(isinstance(p, str) for p in pieces):
                 raise TokenizerError(f"{Keys.Tokenizer.LIST} holds an item that is not a string")
             pieces = StringArray.of(pieces)
+        if (pieces.lengths() == 0).any():  # llama.cpp names empty pieces so they stay distinct
+            pieces = StringArray.of(p or f"[EMPTY_{i}]" for i, p in enumerate(pieces))
         self.pieces = pieces
         self.n_vocab = n
         self.ids = _PieceIndex(pieces)

@@ -403,3 +403,22 @@ def test_header_pages_handed_back(tmp_path):
         assert len(g.metadata["t.words"]) == 60000 and g.metadata["t.words"][59999].startswith("piece-059999-")
         assert resident_kib() < 256
         assert np.array_equal(g.tensor_bytes("t"), np.zeros(4096 * 4, dtype=np.uint8))
+
+
+def test_string_blob_helpers_refuse_offsets_outside_the_blob():
+    """_core.decode_strings and hash_strings check the offsets they are given
+    before reading: past the blob, or going backwards, is an error naming the
+    function, not a read out of bounds."""
+    from llminfer import _core
+
+    blob = b"abcdef"
+    for fn in (_core.decode_strings, _core.hash_strings):
+        name = fn.__name__
+        with pytest.raises(InvalidArgumentError, match=f"{name}: offsets past the blob"):
+            fn(blob, np.array([0, 3, 7], dtype=np.int64))
+        with pytest.raises(InvalidArgumentError, match=f"{name}: offsets past the blob"):
+            fn(blob, np.array([-1, 3], dtype=np.int64))
+        with pytest.raises(InvalidArgumentError, match=f"{name}: offsets go backwards"):
+            fn(blob, np.array([0, 4, 2, 6], dtype=np.int64))
+        assert len(fn(blob, np.array([0, 2, 6], dtype=np.int64))) == 2
+        assert len(fn(blob, np.zeros(0, dtype=np.int64))) == 0

@@ -5,7 +5,8 @@
  * Dequantization stays the scalar file's.
  *
  * Every block is turned into signed bytes (a table lookup, vqtbl1q, for the
- * 4-bit levels of IQ4_NL/IQ4_XS/MXFP4, IQ4_XS against Q8_K, the others Q8_0; grid rows of 8 or 4 bytes times sign
+ * 4-bit levels of IQ4_NL/IQ4_XS/MXFP4, IQ4_XS's against Q8_K activations,
+ * the other two's against Q8_0; grid rows of 8 or 4 bytes times sign
  * bytes of +-1 for the grid types; 8 * grid +- 1 for IQ1_S/IQ1_M; t - 1 for
  * the ternary types), multiplied with the activations in int16 (vmull_s8)
  * and summed into int32 lanes; group scales multiply the int32 partial sums.

@@ -110,10 +110,10 @@ static void dot_iq4_xs(int64_t k, const void *w, const void *x, size_t xs, int n
     int8_t q[QK_K];
     int sc[16];
     for (int64_t i = 0; i < k / QK_K; i++) {
+        const float d = li_f16_to_f32(b[i].d);
         unpack_iq4_xs(&b[i], q);
         for (int g = 0; g < 16; g++) sc[g] = iq4_xs_scale(&b[i], g / 2);
-        for (int c = 0; c < nc; c++)
-            acc[c] = grid_block_dot(q, sc, li_f16_to_f32(b[i].d), 1.0f, ACT_ROW(act_q8_K, x, c, xs) + i, acc[c]);
+        for (int c = 0; c < nc; c++) acc[c] = grid_block_dot(q, sc, d, 1.0f, ACT_ROW(act_q8_K, x, c, xs) + i, acc[c]);
     }
     for (int c = 0; c < nc; c++) s[c] = acc[c];
 }

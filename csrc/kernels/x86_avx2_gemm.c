@@ -132,8 +132,10 @@ static inline void ksuper_cols(const li_panel *p, int nr, const char *x, size_t 
                     const __m256i w = _mm256_loadu_si256((const __m256i *)(ws + 32 * j));
                     if (levels) {
                         const __m256i q = _mm256_xor_si256(w, flip), m = _mm256_sign_epi8(q, q);
-                        UNROLL for (int c = 0; c < nc; c++)
-                            h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(m, _mm256_sign_epi8(bcast4(a[c]->qs + 4 * j), q)));
+                        UNROLL for (int c = 0; c < nc; c++) {
+                            const __m256i aq = _mm256_sign_epi8(bcast4(a[c]->qs + 4 * j), q);
+                            h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(m, aq));
+                        }
                     } else {
                         UNROLL for (int c = 0; c < nc; c++)
                             h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(w, bcast4(a[c]->qs + 4 * j)));
@@ -142,12 +144,16 @@ static inline void ksuper_cols(const li_panel *p, int nr, const char *x, size_t 
                 UNROLL for (int c = 0; c < nc; c++) ia[c] = _mm256_add_epi32(ia[c], _mm256_madd_epi16(h[c], sc));
             }
         }
-        /* the mins and offsets: sum over groups of mc * (activation sum of the group) */
-        for (int pr = 0; pr < (levels ? 0 : 8); pr++) {
-            const __m256i mc = _mm256_loadu_si256((const __m256i *)(p->mc + ((size_t)s * 8 + (size_t)pr) * R * 2));
-            for (int c = 0; c < nc; c++)
-                im[c] = _mm256_add_epi32(im[c], _mm256_madd_epi16(mc, bcast4((const int8_t *)(a[c]->bsums + 2 * pr))));
-        }
+        /* the mins and offsets: sum over groups of mc * (activation sum of the group); IQ4_XS's
+         * signed levels have none */
+        if (!levels)
+            for (int pr = 0; pr < 8; pr++) {
+                const __m256i mc = _mm256_loadu_si256((const __m256i *)(p->mc + ((size_t)s * 8 + (size_t)pr) * R * 2));
+                for (int c = 0; c < nc; c++) {
+                    const __m256i bs = bcast4((const int8_t *)(a[c]->bsums + 2 * pr));
+                    im[c] = _mm256_add_epi32(im[c], _mm256_madd_epi16(mc, bs));
+                }
+            }
         const __m256 dw = _mm256_loadu_ps(p->d + s * R), mw = _mm256_loadu_ps(p->m + s * R);
         for (int c = 0; c < nc; c++) acc[c] = ksuper_accumulate(acc[c], ia[c], im[c], dw, mw, a[c]->d, min);
     }

@@ -458,7 +458,8 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, co
             } else {
                 iq4_xs_values(sb + 256 * b, lo, hi);
             }
-            const __m512i ls = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2048 + 16 * b)));
+            const __m512i ls =
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2048 + 16 * b)));
             UNROLL for (int c = 0; c < nc; c++) {
                 const int8_t *q = a[c]->qs + 32 * b;
                 /* one chain from -128 * the block's sum: sum((level + 128) * a) - 128 * sum(a) */
