@@ -5,6 +5,7 @@
 #include "common.h"
 #include "kernels/kernels.h"
 #include "llminfer.h"
+#include "share.h"
 
 #include <time.h>
 
@@ -29,6 +30,51 @@ uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads) {
         total += ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
     }
     return total;
+}
+
+int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, int slow_spins, int32_t *taken_by,
+                   int32_t *times_taken) {
+    li_init();
+    if (units < 0 || units > LI_SHARE_MAX_UNITS || products < 0 || n_threads < 1 || slow_spins < 0 || !taken_by ||
+        !times_taken)
+        return LI_E_ARG;
+    li_share *s = li_share_new(n_threads);
+    if (!s) return LI_E_NOMEM;
+    const int64_t cells = units * (int64_t)products;
+    for (int64_t i = 0; i < cells; i++) {
+        taken_by[i] = -1;
+        times_taken[i] = 0;
+    }
+    int team = 1;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(n_threads)
+#endif
+    {
+        const int ith = li_thread_index(), nth = li_thread_count();
+        if (ith == 0) team = nth;
+        li_share_begin(s, ith);
+        LI_BARRIER();
+        for (int p = 0; p < products; p++) { /* no barrier between products, as wq, wk and wv */
+            li_share_turn t;
+            int64_t u0, u1;
+            li_share_open(s, units, ith, nth, &t);
+            while (li_share_next(s, &t, &u0, &u1))
+                for (int64_t u = u0; u < u1; u++) {
+                    const int64_t i = (int64_t)p * units + u;
+                    taken_by[i] = ith;
+#if defined(_MSC_VER)
+                    _InterlockedIncrement((volatile long *)&times_taken[i]);
+#else
+                    __atomic_fetch_add(&times_taken[i], 1, __ATOMIC_RELAXED);
+#endif
+                    if (ith == slow_thread)
+                        for (volatile int spin = 0; spin < slow_spins; spin++) {
+                        }
+                }
+        }
+    }
+    li_share_free(s);
+    return team;
 }
 
 int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float *result) {

@@ -16,6 +16,7 @@
 #include "kernels/kernels.h"
 #include "llminfer.h"
 #include "matmul.h"
+#include "share.h"
 
 #define MAX_ROPE_TABLES 4
 /* Most experts a MoE layer may have (released models have up to 512). */
@@ -78,6 +79,7 @@ struct li_context {
     int n_tiles;
     char *gemm_scratch;    /* [max_threads] regions of gemm_bytes for prefill panels */
     size_t gemm_bytes;
+    li_share *share;       /* the team's shares of each repacked product (share.h) */
 
     /* mixture of experts (NULL for a dense model); a slot is one (token, choice) */
     float *route;          /* [n_batch, n_expert] router logits, then probabilities */

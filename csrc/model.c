@@ -208,6 +208,7 @@ void li_context_free(li_context *c) {
     free_aligned(c->tqq);
     free(c->tile0);
     free_aligned(c->gemm_scratch);
+    li_share_free(c->share);
     free(c->pos);
     for (int g = 0; g < LI_KV_GROUPS; g++) free(c->kv_row[g]);
     free(c->out_rows);
@@ -391,13 +392,14 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
                              sizeof(float));
     c->tparts = alloc_aligned(nth * tmax * nh * (size_t)c->max_chunks * ps * sizeof(float));
     c->gemm_scratch = alloc_aligned(nth * LI_MAX(c->gemm_bytes, 64));
+    c->share = li_share_new((int)nth);
     c->pos = malloc(nb * sizeof(int32_t));
     for (int g = 0; g < LI_KV_GROUPS; g++) c->kv_row[g] = malloc(nb * sizeof(int32_t));
     c->out_rows = malloc(nb * sizeof(int32_t));
     c->n_spans = malloc(nb * 2 * sizeof(int32_t));
     c->rope_cs = alloc_aligned((size_t)c->n_rope * nb * (size_t)m->n_rot * sizeof(float));
     if (!c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u || !c->scores ||
-        !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->pos || !c->kv_row[0] || !c->kv_row[1] ||
+        !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->share || !c->pos || !c->kv_row[0] || !c->kv_row[1] ||
         !c->out_rows || !c->n_spans || !c->rope_cs || !c->tq || !c->tout || !c->tile0)
         goto nomem;
     for (int a = 0; a < LI_ACT_COUNT; a++) {
@@ -535,7 +537,7 @@ static void matmul(li_context *c, const li_matrix *w, const void *xq, int64_t n,
                    int nth) {
     if (w->packed && li_K->x16[w->type]) { /* repacked at load (repack.h): decode and prefill alike */
         int32_t *scratch = (int32_t *)(void *)(c->gemm_scratch + (size_t)ith * c->gemm_bytes);
-        li_x16_matmul(w->type, w->packed, w->rows, w->k, xq, n, y, y_stride, scratch, ith, nth);
+        li_x16_matmul(w->type, w->packed, w->rows, w->k, xq, n, y, y_stride, scratch, c->share, ith, nth);
         return;
     }
     const li_weight wt = {w->data, w->type, w->rows, w->k, w->nbytes / (size_t)w->rows};
@@ -884,6 +886,8 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     const int64_t E = m->n_embd, n = b->n;
     int64_t lo, hi;
 
+    li_share_begin(c->share, ith); /* the products' shares start afresh, before any is taken */
+    LI_BARRIER();
     li_split(n, ith, nth, &lo, &hi);
     const li_matrix *emb = &m->tok_embd;
     const size_t emb_row = emb->nbytes / (size_t)emb->rows;

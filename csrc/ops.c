@@ -266,9 +266,11 @@ int li_repacked_matmul(const li_repacked *m, const float *x, int64_t n, float *y
     const size_t per_thread = li_x16_scratch_ints(type, k, n) + 1;
     void *xq = malloc(li_act_row_bytes(act, k) * (size_t)n);
     int32_t *scratch = malloc(per_thread * sizeof(int32_t) * (size_t)nt);
-    if (!xq || !scratch) {
+    li_share *share = li_share_new(nt);
+    if (!xq || !scratch || !share) {
         free(xq);
         free(scratch);
+        li_share_free(share);
         return LI_E_NOMEM;
     }
 #ifdef _OPENMP
@@ -276,12 +278,15 @@ int li_repacked_matmul(const li_repacked *m, const float *x, int64_t n, float *y
 #endif
     {
         const int ith = li_thread_index(), nth = li_thread_count();
+        li_share_begin(share, ith);
         li_quantize_acts(type, x, k, n, k, xq, ith, nth);
         LI_BARRIER();
-        li_x16_matmul(type, m->packed, m->rows, k, xq, n, y, m->rows, scratch + per_thread * (size_t)ith, ith, nth);
+        li_x16_matmul(type, m->packed, m->rows, k, xq, n, y, m->rows, scratch + per_thread * (size_t)ith, share,
+                      ith, nth);
     }
     free(xq);
     free(scratch);
+    li_share_free(share);
     return LI_OK;
 }
 

@@ -301,17 +301,12 @@ static void act_terms(int type, const char *a, int64_t nb, int32_t *t) {
     }
 }
 
-void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
-                   int64_t y_stride, int32_t *scratch, int ith, int nth) {
-    const li_x16_fn kernel = li_K->x16[type];
+/* groups [lo, hi) of the product (li_x16_matmul's arguments) */
+static void x16_groups(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
+                       int64_t y_stride, int32_t *scratch, int64_t lo, int64_t hi) {
     const size_t xs = li_act_row_bytes(li_types[type].act_type, k);
     const size_t gb = li_x16_group_bytes(type, k);
-    const int64_t nb = blocks_of(type, k), per_col = nb * terms_per_block(type);
-    if (per_col > 0)
-        for (int64_t c = 0; c < n; c++) /* each thread works out the terms it needs: all of them */
-            act_terms(type, (const char *)xq + (size_t)c * xs, nb, scratch + c * per_col);
-    int64_t lo, hi;
-    li_split(li_x16_groups(rows), ith, nth, &lo, &hi);
+    const int64_t per_col = blocks_of(type, k) * terms_per_block(type);
     if (unpacks(type, n)) {
         uint8_t *vals = (uint8_t *)(((uintptr_t)(scratch + n * per_col) + 63) & ~(uintptr_t)63);
         for (int64_t gi = lo; gi < hi; gi++) {
@@ -332,10 +327,35 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
         const char *g = (const char *)packed + (size_t)gi * gb;
         for (int64_t c0 = 0; c0 < n; c0 += LI_X16_NC) {
             const int nc = (int)LI_MIN(LI_X16_NC, n - c0);
-            kernel(g, gb, ng, k, (const char *)xq + (size_t)c0 * xs, xs, nc, scratch + c0 * per_col,
-                   y + c0 * y_stride + gi * G, (size_t)y_stride, nr);
+            li_K->x16[type](g, gb, ng, k, (const char *)xq + (size_t)c0 * xs, xs, nc, scratch + c0 * per_col,
+                            y + c0 * y_stride + gi * G, (size_t)y_stride, nr);
         }
     }
+}
+
+void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
+                   int64_t y_stride, int32_t *scratch, li_share *share, int ith, int nth) {
+    const size_t xs = li_act_row_bytes(li_types[type].act_type, k);
+    const int64_t nb = blocks_of(type, k), per_col = nb * terms_per_block(type);
+    if (per_col > 0)
+        for (int64_t c = 0; c < n; c++) /* each thread works out the terms it needs: all of them */
+            act_terms(type, (const char *)xq + (size_t)c * xs, nb, scratch + c * per_col);
+    const int64_t groups = li_x16_groups(rows);
+    /* a unit is what one kernel call takes: LI_X16_NG groups in decode */
+    const int64_t per_unit = n == 1 && !unpacks(type, n) ? LI_X16_NG : 1;
+    const int64_t units = (groups + per_unit - 1) / per_unit;
+    if (share && nth > 1 && units <= LI_SHARE_MAX_UNITS) { /* the same test for every thread */
+        li_share_turn t;
+        int64_t u0, u1;
+        li_share_open(share, units, ith, nth, &t);
+        while (li_share_next(share, &t, &u0, &u1))
+            x16_groups(type, packed, rows, k, xq, n, y, y_stride, scratch, u0 * per_unit,
+                       LI_MIN(groups, u1 * per_unit));
+        return;
+    }
+    int64_t lo, hi;
+    li_split(units, ith, nth, &lo, &hi);
+    x16_groups(type, packed, rows, k, xq, n, y, y_stride, scratch, lo * per_unit, LI_MIN(groups, hi * per_unit));
 }
 
 /* ---- a whole model ---- */

@@ -57,6 +57,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "share.h"
+
 struct li_matrix; /* llminfer.h */
 
 #define LI_X16_ROWS 16
@@ -105,9 +107,11 @@ typedef void (*li_x16u_fn)(const void *group, const uint8_t *vals, int64_t k, co
 /* int32s of per-thread scratch li_x16_matmul needs for n activation rows */
 size_t li_x16_scratch_ints(int type, int64_t k, int64_t n);
 /* y[c, r] = dot(W[r], x[c]) from W's repacked groups, thread ith of nth
- * taking its share of groups; scratch: li_x16_scratch_ints of its own */
+ * taking a share of the groups: a fixed one, or with share (share.h; the
+ * whole team calls with it) pieces as it goes; scratch: li_x16_scratch_ints
+ * of its own */
 void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
-                   int64_t y_stride, int32_t *scratch, int ith, int nth);
+                   int64_t y_stride, int32_t *scratch, li_share *share, int ith, int nth);
 
 /* part e of a matrix li_model_repack packed in `parts` parts (a MoE
  * layer's experts), as its own packed matrix; NULL when w is not packed */

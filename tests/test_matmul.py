@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as Q
 
 from kernel_cases import (ACT_32_TYPES, ALL_TYPES, FLOAT_TYPES, QUANT_32, QUANT_TYPES, at_level,
                           isa, random_weight, type_id)
-from llminfer import ops, system
+from llminfer import _core, ops, system
 from llminfer.errors import InvalidArgumentError, ShapeError, UnsupportedTypeError
 
 __all__ = ["isa"]
@@ -250,3 +250,55 @@ def test_repacked_matrix_packs_once_and_follows_the_level():
         at_level("avx2", m.matmul, x, 1)
     with pytest.raises(ShapeError):
         m.matmul(np.ascontiguousarray(x[:, :128]), 1)
+
+
+# ---- sharing a repacked product's groups among the team (csrc/share.h) ----
+
+def fixed_share(units, ith, nth):
+    """common.h's li_split: thread ith's contiguous share of units."""
+    per = -(-units // nth)
+    lo = min(units, per * ith)
+    return lo, min(units, lo + per)
+
+
+@pytest.mark.parametrize("units,products,threads", [(0, 3, 2), (1, 4, 2), (3, 20, 4), (7, 9, 3), (64, 30, 2),
+                                                    (1000, 12, 2), (1000, 12, 5), (65535, 2, 2)])
+def test_share_hands_out_every_unit_once(units, products, threads):
+    """Consecutive products with no barrier between them, as wq, wk and wv:
+    every unit of every product is taken by exactly one thread, whether one
+    thread is slow or none is."""
+    for slow in (-1, 0, threads - 1):
+        team, taken_by, times = _core.share_trace(units, products, threads, slow, 2000 if units < 5000 else 20)
+        assert team == threads
+        assert times.shape == (products, units) and np.array_equal(times, np.ones_like(times)), (
+            f"slow thread {slow}: units taken {np.unique(times).tolist()} times")
+        assert ((taken_by >= 0) & (taken_by < threads)).all()
+
+
+def test_share_moves_work_from_a_slow_thread():
+    """A thread that spins on every unit it takes ends up with fewer than its
+    fixed share: the others take pieces from the back of its share."""
+    units, products = 200, 40
+    team, taken_by, _ = _core.share_trace(units, products, 2, 1, 200000)
+    assert team == 2
+    lo, hi = fixed_share(units, 1, 2)
+    by_other = (taken_by[:, lo:hi] == 0).sum()
+    assert by_other > 0, "thread 0 never took a unit of the slow thread's share"
+    # the owner takes from the front and the others from the back: in each
+    # product, thread 1's share is a run of its own units, then thread 0's
+    share = taken_by[:, lo:hi]
+    assert (np.diff(share, axis=1) <= 0).all()
+
+
+def test_share_with_one_thread_is_in_order():
+    team, taken_by, times = _core.share_trace(50, 3, 1)
+    assert team == 1 and (taken_by == 0).all() and (times == 1).all()
+
+
+def test_share_refuses_bad_arguments():
+    with pytest.raises(InvalidArgumentError):
+        _core.share_trace(65536, 1, 2)
+    with pytest.raises(InvalidArgumentError):
+        _core.share_trace(-1, 1, 2)
+    with pytest.raises(InvalidArgumentError):
+        _core.share_trace(10, 1, 0)

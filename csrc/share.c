@@ -1,0 +1,129 @@
+/* share.c: sharing a product's units among the team (share.h).
+ *
+ * Each thread's remaining share is one 64-bit word, on a cache line of its
+ * own: the product's tag (32 bits), then the front and the back of the units
+ * still untaken (16 bits each). The owner takes from the front, others from
+ * the back, each by a compare-and-swap of the whole word, so a unit is taken
+ * exactly once. A word whose tag is not the taker's product is left from the
+ * product before; its owner has not opened this one yet, and its share is
+ * then the owner's fixed share, which whoever opens the word first writes.
+ * The claims need atomicity only: what a unit writes is ordered for its
+ * readers by the barrier that follows the product.
+ */
+#include <stdlib.h>
+
+#include "common.h"
+#include "context.h" /* li_alloc_aligned */
+#include "share.h"
+
+#if defined(_MSC_VER)
+#include <intrin.h>
+static uint64_t load_word(volatile uint64_t *p) { return *p; } /* aligned 64-bit loads are atomic on x64 and arm64 */
+static int swap_word(volatile uint64_t *p, uint64_t *seen, uint64_t want) {
+    const uint64_t was = (uint64_t)_InterlockedCompareExchange64((volatile long long *)p, (long long)want,
+                                                                 (long long)*seen);
+    if (was == *seen) return 1;
+    *seen = was;
+    return 0;
+}
+#else
+static uint64_t load_word(volatile uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+/* on failure *seen becomes what the word holds */
+static int swap_word(volatile uint64_t *p, uint64_t *seen, uint64_t want) {
+    return __atomic_compare_exchange_n(p, seen, want, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+#endif
+
+typedef struct {
+    volatile uint64_t word; /* tag | front | back */
+    char pad_[56];
+    uint32_t seq;           /* products this thread has opened in the region (its own line: no other thread reads it) */
+    char pad2_[60];
+} share_slot;
+
+struct li_share {
+    int max_threads;
+    share_slot *slot; /* [max_threads] */
+};
+
+static uint64_t pack(uint32_t tag, int64_t front, int64_t back) {
+    return (uint64_t)tag << 32 | (uint64_t)front << 16 | (uint64_t)back;
+}
+static uint32_t tag_of(uint64_t w) { return (uint32_t)(w >> 32); }
+static int64_t front_of(uint64_t w) { return (int64_t)((w >> 16) & 0xffff); }
+static int64_t back_of(uint64_t w) { return (int64_t)(w & 0xffff); }
+
+li_share *li_share_new(int max_threads) {
+    if (max_threads < 1) max_threads = 1;
+    li_share *s = malloc(sizeof(*s));
+    if (!s) return NULL;
+    s->max_threads = max_threads;
+    s->slot = li_alloc_aligned((size_t)max_threads * sizeof(share_slot), 64);
+    if (!s->slot) {
+        free(s);
+        return NULL;
+    }
+    memset((void *)s->slot, 0, (size_t)max_threads * sizeof(share_slot));
+    return s;
+}
+
+void li_share_free(li_share *s) {
+    if (!s) return;
+    li_free_aligned(s->slot);
+    free(s);
+}
+
+void li_share_begin(li_share *s, int ith) {
+    s->slot[ith].word = pack(0, 0, 0);
+    s->slot[ith].seq = 0;
+}
+
+void li_share_open(li_share *s, int64_t units, int ith, int nth, li_share_turn *t) {
+    t->tag = ++s->slot[ith].seq;
+    t->units = units;
+    t->ith = ith;
+    t->nth = nth;
+    t->victim = 0;
+}
+
+int li_share_next(li_share *s, li_share_turn *t, int64_t *u0, int64_t *u1) {
+    for (; t->victim < t->nth; t->victim++) {
+        const int v = (t->ith + t->victim) % t->nth;
+        volatile uint64_t *p = &s->slot[v].word;
+        uint64_t seen = load_word(p);
+        for (;;) {
+            /* The word holds this product, a later one (its owner is past
+             * this product, which then has nothing left there), or an earlier
+             * one: the owner has not opened this product, and its share is
+             * then the fixed one. An earlier product's units are all taken by
+             * then: a thread leaves a product only when every word it can
+             * take from is empty. */
+            const int32_t age = (int32_t)(tag_of(seen) - t->tag);
+            if (age > 0) break;
+            int64_t f, b;
+            if (age == 0) {
+                f = front_of(seen);
+                b = back_of(seen);
+            } else {
+                li_split(t->units, v, t->nth, &f, &b);
+            }
+            const int64_t left = b - f;
+            if (left <= 0) break;
+            int64_t take;
+            uint64_t want;
+            if (t->victim == 0) { /* the owner: an eighth of what is left, from the front */
+                take = LI_MAX(1, left / 8);
+                want = pack(t->tag, f + take, b);
+            } else {              /* another's share: half of what is left, from the back */
+                take = LI_MAX(1, left / 2);
+                want = pack(t->tag, f, b - take);
+            }
+            if (swap_word(p, &seen, want)) {
+                *u0 = t->victim == 0 ? f : b - take;
+                *u1 = *u0 + take;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
