@@ -24,7 +24,10 @@ with no Python loop on its side: `llminfer bench` and `llama-bench` (pp512,
 tg128, one repetition per process, fresh processes interleaved, medians),
 on a random-weight Llama-3.2-1B-shaped model that it writes and quantizes
 with llama-quantize (Q4_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_XS), and on
-SmolLM2 and Gemma 3; each child's peak RSS from its rusage; and the load +
+SmolLM2 and Gemma 3; each child's peak RSS from its rusage; the bytes a
+generated token reads (weights and KV cache) times each engine's tg speed,
+as a fraction of the read bandwidth measured just before and just after that
+run (bench_read at the run's thread count; median over runs); and the load +
 first-token time of a fresh process on the first 1B file:
 
     python bench/compare.py --llama-bench /path/to/llama.cpp/build/bin -r 3
@@ -71,9 +74,9 @@ def worker_llminfer(path, threads):
     return {"load": load, "pp": pp, "tg": tg, "ttft": ttft, "weights": spec.weight_bytes(), "kv": kv}
 
 
-def kv_bytes_per_token(spec, kv_elt=2):
-    """KV bytes read for one generated token at the average position of tg128."""
-    pos = N_PROMPT + N_GEN / 2
+def kv_bytes_per_token(spec, kv_elt=2, pos=N_PROMPT + N_GEN / 2):
+    """KV bytes read for one generated token at position pos (by default the
+    average position of tg128 after a pp512 prompt)."""
     total = 0
     for L in spec.layers:
         span = min(pos, L.sliding_window) if L.sliding_window else pos
@@ -145,18 +148,76 @@ def worker_main(engine, path, threads):
 
 # ---- driver ----
 
-def read_bandwidth(threads):
-    """GB/s reading a 256 MiB buffer with llminfer's probe (median of 5)."""
+def read_bandwidth(threads, buf=None, reps=5):
+    """GB/s reading buf (default: a new 256 MiB buffer) with llminfer's probe
+    (median of reps)."""
     from llminfer import _core
 
-    buf = np.ones(256 << 20, dtype=np.uint8)
-    _core.bench_read(buf, threads)
+    if buf is None:
+        buf = np.ones(256 << 20, dtype=np.uint8)
+        _core.bench_read(buf, threads)
     times = []
-    for _ in range(5):
+    for _ in range(reps):
         t = time.perf_counter()
         _core.bench_read(buf, threads)
         times.append(time.perf_counter() - t)
     return buf.nbytes / statistics.median(times) / 1e9
+
+
+def tg_bytes_per_token(path, n_gen):
+    """What one generated token of llama-bench's tg test reads: the weights
+    (the embedding row aside) and the KV cache at the test's average position
+    (it starts from an empty context)."""
+    from llminfer.gguf_file import GGUFFile
+    from llminfer.models import build_spec
+
+    spec = build_spec(GGUFFile(path))
+    return spec.weight_bytes() + kv_bytes_per_token(spec, pos=n_gen / 2)
+
+
+class ProbeProcess:
+    """The read probe and the bytes-per-token sums, in a process of their
+    own kept for the whole comparison. Here, a probe buffer of hundreds of MB
+    (or a parsed vocabulary) would count in every benchmark child's peak RSS:
+    Linux carries the high-water mark from the fork into the exec'd program."""
+
+    CODE = (
+        "import sys, numpy as np\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "import compare\n"
+        "buf = np.ones(int(sys.argv[2]) << 20, dtype=np.uint8)\n"
+        "for line in sys.stdin:\n"
+        "    what, arg, n = line.rstrip('\\n').split('\\t')\n"
+        "    if what == 'read':\n"
+        "        compare.read_bandwidth(int(arg), buf, reps=1)  # a warm-up read\n"
+        "        print(compare.read_bandwidth(int(arg), buf, reps=int(n)), flush=True)\n"
+        "    else:\n"
+        "        print(compare.tg_bytes_per_token(arg, int(n)), flush=True)\n"
+    )
+
+    def __init__(self, env, mib=512):
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.proc = subprocess.Popen([sys.executable, "-c", self.CODE, here, str(mib)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+
+    def _ask(self, what, arg, n):
+        self.proc.stdin.write(f"{what}\t{arg}\t{n}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the probe process ended")
+        return float(line)
+
+    def read_gbs(self, threads, reps=3):
+        """GB/s of the probe at this thread count (median of reps)."""
+        return self._ask("read", threads, reps)
+
+    def bytes_per_token(self, path, n_gen):
+        return int(self._ask("bytes", path, n_gen))
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def run_worker(python, engine, path, threads, env):
@@ -271,34 +332,53 @@ def llama_bench_mode(a):
         from llminfer import hub
         models += [str(hub.pull("smollm2-135m-instruct")), str(hub.pull("gemma3-270m"))]
     rows = []
+    # The read probe brackets every run: this host's read bandwidth moved
+    # between about 30 and 60 GB/s from one minute to the next, so a figure
+    # taken once would set each run against another machine.
+    probe = ProbeProcess(env) if a.n_gen > 0 else None
     print(f"| model | threads | pp{a.n_prompt} ours | pp{a.n_prompt} llama.cpp | pp x | tg{a.n_gen} ours | "
-          f"tg{a.n_gen} llama.cpp | tg x | peak RSS MB ours / llama.cpp |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"tg{a.n_gen} llama.cpp | tg x | tg bytes/s of read probe, ours / llama.cpp | "
+          f"peak RSS MB ours / llama.cpp |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for path in models:
+        per_token = probe.bytes_per_token(path, a.n_gen) if probe else 0
         for t in threads:
             runs = {"ours": [], "peer": []}
             rss = {"ours": [], "peer": []}
+            of_probe = {"ours": [], "peer": []}
+            probes = []
             for r in range(a.runs):  # interleaved, the order alternating
                 order = ("ours", "peer") if r % 2 == 0 else ("peer", "ours")
                 for who in order:
+                    before = probe.read_gbs(t) if probe else None
                     if who == "ours":
                         res, m = llminfer_bench_once(path, t, a.n_prompt, a.n_gen, env)
                     else:
                         res, m = llama_bench_once(a.llama_bench, path, t, a.n_prompt, a.n_gen)
                     runs[who].append(res)
                     rss[who].append(m)
+                    if probe:
+                        bw = (before + probe.read_gbs(t)) / 2
+                        probes.append(bw)
+                        of_probe[who].append(res["tg"] * per_token / 1e9 / bw)
             tests = [k for k, n in (("pp", a.n_prompt), ("tg", a.n_gen)) if n > 0]  # -p 0 / -n 0 leave one out
             med = {w: {k: statistics.median(x[k] for x in rs) if k in tests else None for k in ("pp", "tg")}
                    for w, rs in runs.items()}
             ratio = {k: med["ours"][k] / med["peer"][k] if k in tests else None for k in ("pp", "tg")}
+            frac = {w: statistics.median(v) if v else None for w, v in of_probe.items()}
             row = {"model": os.path.basename(path), "threads": t, "ours": med["ours"], "peer": med["peer"],
                    "pp_ratio": ratio["pp"], "tg_ratio": ratio["tg"],
-                   "rss_mb_ours": max(rss["ours"]), "rss_mb_peer": max(rss["peer"])}
+                   "rss_mb_ours": max(rss["ours"]), "rss_mb_peer": max(rss["peer"]),
+                   "tg_bytes_per_token": per_token or None, "tg_of_probe_ours": frac["ours"],
+                   "tg_of_probe_peer": frac["peer"], "probe_gbs": [round(b, 1) for b in probes]}
             rows.append(row)
+            probe_range = f" ({min(probes):.0f}-{max(probes):.0f} GB/s)" if probes else ""
             print(f"| {row['model']} | {t} | {fmt(med['ours']['pp'], '.1f')} | {fmt(med['peer']['pp'], '.1f')} | "
                   f"{fmt(ratio['pp'], '.2f')} | {fmt(med['ours']['tg'], '.1f')} | {fmt(med['peer']['tg'], '.1f')} | "
-                  f"{fmt(ratio['tg'], '.2f')} | "
+                  f"{fmt(ratio['tg'], '.2f')} | {fmt(frac['ours'], '.2f')} / {fmt(frac['peer'], '.2f')}{probe_range} | "
                   f"{row['rss_mb_ours']:.0f} / {row['rss_mb_peer']:.0f} |", flush=True)
+    if probe:
+        probe.close()
     first = None
     if not a.model and a.runs:
         f1 = [first_token_seconds(models[0], threads[-1], env) for _ in range(3)]
