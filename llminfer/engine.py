@@ -266,6 +266,16 @@ class Engine:
             pending = [i for i in pending if done[i] < len(items[i][1])]
         return out
 
+    def _logits_buffer(self, size):
+        """The C core's logits output, kept between passes: a fresh array of
+        a few hundred KB per token made glibc grow and trim its heap each time
+        (brk calls, page faults, zeroed pages, and the trim's TLB shootdown
+        interrupting the team on the other cores). Callers get copies."""
+        buf = getattr(self, "_logits", None)
+        if buf is None or buf.size < size:
+            buf = self._logits = np.empty(size, np.float32)
+        return buf[:size]
+
     def _run(self, items, parts, out, n_threads):
         """One pass of the C core over the tokens of `parts`."""
         views, view_of = [], {}
@@ -294,7 +304,7 @@ class Engine:
                 dest.append((i, -1))
             r += n
         width = self._width
-        logits = np.empty(len(dest) * width, np.float32)
+        logits = self._logits_buffer(len(dest) * width)
         self.gguf.check_unchanged()  # a file truncated under its mapping would be a SIGBUS
         t = time.perf_counter()
         self.ctx.decode(tokens, None, pos, seq_idx, want, views, logits, n_threads)
