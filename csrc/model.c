@@ -399,8 +399,8 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     c->n_spans = malloc(nb * 2 * sizeof(int32_t));
     c->rope_cs = alloc_aligned((size_t)c->n_rope * nb * (size_t)m->n_rot * sizeof(float));
     if (!c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u || !c->scores ||
-        !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->share || !c->pos || !c->kv_row[0] || !c->kv_row[1] ||
-        !c->out_rows || !c->n_spans || !c->rope_cs || !c->tq || !c->tout || !c->tile0)
+        !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->share || !c->pos || !c->kv_row[0] ||
+        !c->kv_row[1] || !c->out_rows || !c->n_spans || !c->rope_cs || !c->tq || !c->tout || !c->tile0)
         goto nomem;
     for (int a = 0; a < LI_ACT_COUNT; a++) {
         if (c->xq_row[a] == 0) continue;

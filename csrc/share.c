@@ -4,9 +4,11 @@
  * own: the product's tag (32 bits), then the front and the back of the units
  * still untaken (16 bits each). The owner takes from the front, others from
  * the back, each by a compare-and-swap of the whole word, so a unit is taken
- * exactly once. A word whose tag is not the taker's product is left from the
- * product before; its owner has not opened this one yet, and its share is
- * then the owner's fixed share, which whoever opens the word first writes.
+ * exactly once. A word with an earlier tag is left from a product before
+ * (whose units are all taken): its owner has not opened this one yet, and its
+ * share is then the owner's fixed share, which whoever opens the word first
+ * writes. A word with a later tag belongs to an owner already past this
+ * product, which then has nothing left there.
  * The claims need atomicity only: what a unit writes is ordered for its
  * readers by the barrier that follows the product.
  */
