@@ -197,12 +197,17 @@ class ProbeProcess:
 
     def __init__(self, env, mib=512):
         here = os.path.dirname(os.path.abspath(__file__))
+        # run from bench/: `-c` puts the working folder first on sys.path, and a
+        # checkout's uncompiled llminfer/ there would shadow the installed one
         self.proc = subprocess.Popen([sys.executable, "-c", self.CODE, here, str(mib)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env)
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=here)
 
     def _ask(self, what, arg, n):
-        self.proc.stdin.write(f"{what}\t{arg}\t{n}\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(f"{what}\t{arg}\t{n}\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise RuntimeError("the probe process ended") from None
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError("the probe process ended")

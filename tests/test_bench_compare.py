@@ -1,0 +1,57 @@
+"""bench/compare.py's helper process: the read probe and the bytes a
+generated token reads, kept out of the driver so that they do not count in
+the benchmark children's peak RSS."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from llminfer.gguf_file import GGUFFile
+from llminfer.models import build_spec
+from tiny_models import TinyConfig, write_model
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture(scope="module")
+def compare():
+    spec = importlib.util.spec_from_file_location("compare", BENCH / "compare.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(write_model(tmp_path_factory.mktemp("compare") / "tiny.gguf", TinyConfig(tie_output=False)))
+
+
+def test_probe_process_answers_both_questions(compare, tiny):
+    probe = compare.ProbeProcess(dict(os.environ), mib=16)  # llminfer as this process imports it
+    try:
+        for threads in (1, 2):
+            assert probe.read_gbs(threads) > 0
+        got = probe.bytes_per_token(tiny, 128)
+    finally:
+        probe.close()
+    assert probe.proc.returncode == 0
+    # written out here: the weights a token reads (no embedding table), and
+    # K and V rows of every layer at the average position of 128 generated tokens
+    spec = build_spec(GGUFFile(tiny))
+    weights = spec.output.data.nbytes + sum(
+        m.data.nbytes for L in spec.layers for m in [L.wq, L.wk, L.wv, L.wo] + L.ffn_matrices())
+    kv = sum(64 * spec.n_head_kv * (spec.head_dim + spec.head_dim_v) * 2 for _ in spec.layers)
+    assert got == weights + kv
+
+
+def test_probe_process_reports_its_end(compare, tmp_path):
+    """A helper that fails (here on a file that is not there) is an error in
+    the driver, not a hang or a figure read from nothing."""
+    probe = compare.ProbeProcess(dict(os.environ), mib=1)
+    with pytest.raises(RuntimeError, match="ended"):
+        probe.bytes_per_token(str(tmp_path / "absent.gguf"), 128)
+    with pytest.raises(RuntimeError, match="ended"):
+        probe.read_gbs(1)
+    assert probe.proc.wait() != 0
