@@ -154,6 +154,7 @@ class Engine:
         self.kv = KVCache(self.n_blocks, block_size, used, window, self.ctx.copy_block)
         self.native_seconds = 0.0  # running total of time inside the native forward pass
         self._width = self.n_vocab  # values per output row: n_vocab, or n_embd in hidden_states
+        self._logits = np.empty(0, np.float32)  # _logits_buffer's array
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -266,15 +267,21 @@ class Engine:
             pending = [i for i in pending if done[i] < len(items[i][1])]
         return out
 
+    # the most floats _logits_buffer keeps between passes (16 MiB)
+    _KEEP_LOGITS = 4 << 20
+
     def _logits_buffer(self, size):
-        """The C core's logits output, kept between passes: a fresh array of
-        a few hundred KB per token made glibc grow and trim its heap each time
-        (brk calls, page faults, zeroed pages, and the trim's TLB shootdown
-        interrupting the team on the other cores). Callers get copies."""
-        buf = getattr(self, "_logits", None)
-        if buf is None or buf.size < size:
-            buf = self._logits = np.empty(size, np.float32)
-        return buf[:size]
+        """The C core's logits output. Up to _KEEP_LOGITS floats it is kept
+        between passes: a fresh array of a few hundred KB per token made glibc
+        grow and trim its heap each time (brk calls, page faults, zeroed
+        pages, and the trim's TLB shootdown interrupting the team on the other
+        cores). A larger pass (a prompt's logits for every token) gets an
+        array of its own, so it is not held after. Callers get copies."""
+        if size > self._KEEP_LOGITS:
+            return np.empty(size, np.float32)
+        if self._logits.size < size:
+            self._logits = np.empty(size, np.float32)
+        return self._logits[:size]
 
     def _run(self, items, parts, out, n_threads):
         """One pass of the C core over the tokens of `parts`."""

@@ -233,3 +233,27 @@ def test_unrunnable_tokenizer_fails_at_load(tmp_path):
     bad = write_model(tmp_path / "bad.gguf", TinyConfig(pre="superbpe"))
     with pytest.raises(TokenizerError, match="pre-tokenizer 'superbpe'"):
         Engine(bad, n_ctx=64)
+
+
+def test_kept_logits_buffer_is_bounded_and_never_shared(path):
+    """The logits output the engine keeps between passes holds at most
+    _KEEP_LOGITS floats (a larger pass gets its own array), and what a call
+    returns is the caller's: a later pass does not write into it."""
+    a = Engine(path, n_ctx=256, kv_pool_tokens=512, n_threads=1, block_size=8)
+    b = Engine(path, n_ctx=256, kv_pool_tokens=512, n_threads=1, block_size=8)
+    try:
+        a._KEEP_LOGITS = 2 * a.n_vocab
+        sa, sb = a.new_sequence(), b.new_sequence()
+        ids = toks(7, 6)
+        (big,) = a.decode([(sa, ids, "all")])  # 6 rows: past the bound
+        assert a._logits.size <= a._KEEP_LOGITS
+        (first,) = a.decode([(sa, toks(8, 1))])  # one row: kept
+        kept = first.copy()
+        a.decode([(sa, toks(9, 1))])
+        assert np.array_equal(first, kept)
+        (ref_big,) = b.decode([(sb, ids, "all")])
+        (ref_first,) = b.decode([(sb, toks(8, 1))])
+        assert np.array_equal(big, ref_big) and np.array_equal(first, ref_first)
+    finally:
+        a.close()
+        b.close()
