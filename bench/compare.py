@@ -148,14 +148,11 @@ def worker_main(engine, path, threads):
 
 # ---- driver ----
 
-def read_bandwidth(threads, buf=None, reps=5):
-    """GB/s reading buf (default: a new 256 MiB buffer) with llminfer's probe
-    (median of reps)."""
+def read_bandwidth(threads, buf, reps=5):
+    """GB/s reading buf with llminfer's probe (median of reps); ProbeProcess
+    runs it, away from the benchmark children."""
     from llminfer import _core
 
-    if buf is None:
-        buf = np.ones(256 << 20, dtype=np.uint8)
-        _core.bench_read(buf, threads)
     times = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -177,7 +174,7 @@ def tg_bytes_per_token(path, n_gen):
 
 class ProbeProcess:
     """The read probe and the bytes-per-token sums, in a process of their
-    own kept for the whole comparison. Here, a probe buffer of hundreds of MB
+    own. In the driver, a probe buffer of hundreds of MB
     (or a parsed vocabulary) would count in every benchmark child's peak RSS:
     Linux carries the high-water mark from the fork into the exec'd program."""
 
@@ -423,7 +420,9 @@ def main():
     threads = [int(t) for t in a.threads.split(",")]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-    bw = {t: read_bandwidth(t) for t in threads}
+    probe = ProbeProcess(env)
+    bw = {t: probe.read_gbs(t, reps=5) for t in threads}
+    probe.close()
     rows = []
     for path in models:
         for t in threads:

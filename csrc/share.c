@@ -44,7 +44,6 @@ typedef struct {
 } share_slot;
 
 struct li_share {
-    int max_threads;
     share_slot *slot; /* [max_threads] */
 };
 
@@ -59,7 +58,6 @@ li_share *li_share_new(int max_threads) {
     if (max_threads < 1) max_threads = 1;
     li_share *s = malloc(sizeof(*s));
     if (!s) return NULL;
-    s->max_threads = max_threads;
     s->slot = li_alloc_aligned((size_t)max_threads * sizeof(share_slot), 64);
     if (!s->slot) {
         free(s);
