@@ -56,22 +56,25 @@ static inline void put_nibbles16(uint8_t *blk, int r, const uint8_t qs[16]) {
     for (int j = 0; j < 4; j++) memcpy(blk + 64 * j + 4 * r, qs + 4 * j, 4);
 }
 
+/* the 16 rows' f16 scale (or min) at p, row r's */
+static inline void put_half(uint8_t *p, int r, uint16_t h) { memcpy(p + 2 * r, &h, 2); }
+
 static void pack_q4_0(const char *row, int r, int64_t nb, uint8_t *g) {
-    uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 256);
     for (int64_t b = 0; b < nb; b++) {
         const block_q4_0 *x = (const block_q4_0 *)(const void *)row + b;
-        put_nibbles16(g + (size_t)b * 256, r, x->qs); /* v = q + 8: the stored nibble */
-        d[b * G + r] = x->d;
+        uint8_t *blk = g + (size_t)b * (256 + 32);
+        put_nibbles16(blk, r, x->qs); /* v = q + 8: the stored nibble */
+        put_half(blk + 256, r, x->d);
     }
 }
 
 static void pack_q4_1(const char *row, int r, int64_t nb, uint8_t *g) {
-    uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 256), *m = d + nb * G;
     for (int64_t b = 0; b < nb; b++) {
         const block_q4_1 *x = (const block_q4_1 *)(const void *)row + b;
-        put_nibbles16(g + (size_t)b * 256, r, x->qs);
-        d[b * G + r] = x->d;
-        m[b * G + r] = x->m;
+        uint8_t *blk = g + (size_t)b * (256 + 64);
+        put_nibbles16(blk, r, x->qs);
+        put_half(blk + 256, r, x->d);
+        put_half(blk + 256 + 32, r, x->m);
     }
 }
 
@@ -88,37 +91,37 @@ static inline void put_fifth_bits(uint8_t *chunk, int r, const uint8_t qh[4]) {
 }
 
 static void pack_q5_0(const char *row, int r, int64_t nb, uint8_t *g) {
-    uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 320);
     for (int64_t b = 0; b < nb; b++) {
         const block_q5_0 *x = (const block_q5_0 *)(const void *)row + b;
-        put_nibbles16(g + (size_t)b * 320, r, x->qs); /* v = q + 16 with the fifth bit */
-        put_fifth_bits(g + (size_t)b * 320 + 256, r, x->qh);
-        d[b * G + r] = x->d;
+        uint8_t *blk = g + (size_t)b * (320 + 32);
+        put_nibbles16(blk, r, x->qs); /* v = q + 16 with the fifth bit */
+        put_fifth_bits(blk + 256, r, x->qh);
+        put_half(blk + 320, r, x->d);
     }
 }
 
 static void pack_q5_1(const char *row, int r, int64_t nb, uint8_t *g) {
-    uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 320), *m = d + nb * G;
     for (int64_t b = 0; b < nb; b++) {
         const block_q5_1 *x = (const block_q5_1 *)(const void *)row + b;
-        put_nibbles16(g + (size_t)b * 320, r, x->qs);
-        put_fifth_bits(g + (size_t)b * 320 + 256, r, x->qh);
-        d[b * G + r] = x->d;
-        m[b * G + r] = x->m;
+        uint8_t *blk = g + (size_t)b * (320 + 64);
+        put_nibbles16(blk, r, x->qs);
+        put_fifth_bits(blk + 256, r, x->qh);
+        put_half(blk + 320, r, x->d);
+        put_half(blk + 320 + 32, r, x->m);
     }
 }
 
 static void pack_q8_0(const char *row, int r, int64_t nb, uint8_t *g) {
-    uint16_t *d = (uint16_t *)(void *)(g + (size_t)nb * 512);
     for (int64_t b = 0; b < nb; b++) {
         const block_q8_0 *x = (const block_q8_0 *)(const void *)row + b;
+        uint8_t *blk = g + (size_t)b * (512 + 32);
         for (int j = 0; j < 8; j++) {
             uint32_t v;
             memcpy(&v, x->qs + 4 * j, 4);
             v ^= 0x80808080u; /* q + 128, byte by byte */
-            memcpy(g + (size_t)b * 512 + 64 * j + 4 * r, &v, 4);
+            memcpy(blk + 64 * j + 4 * r, &v, 4);
         }
-        d[b * G + r] = x->d;
+        put_half(blk + 512, r, x->d);
     }
 }
 
@@ -319,7 +322,7 @@ static void x16_groups(int type, const void *packed, int64_t rows, int64_t k, co
         }
         return;
     }
-    /* decode (one row) hands the kernel up to LI_X16_NG groups at once, to read side by side */
+    /* decode (one row) hands the kernel up to LI_X16_NG groups at once, read one after another */
     const int64_t step = n == 1 ? LI_X16_NG : 1;
     for (int64_t gi = lo; gi < hi; gi += step) {
         const int ng = (int)LI_MIN(step, hi - gi);

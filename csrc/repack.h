@@ -17,18 +17,21 @@
  * Layouts (v = the stored unsigned value, e = 0..3 the byte in a lane, r the
  * row in the group, "lane r" = bytes 4r..4r+3 of a 64-byte chunk):
  *
- * Q4_0, per group of nb blocks: qs [nb][4 chunks j][16 rows][4], low nibble
- *   of lane r byte e = v[4j+e], high nibble = v[16+4j+e] (v = q + 8, 0..15);
- *   then d [nb][16] f16. nb * 288 bytes, rounded up to 64.
- * Q4_1: as Q4_0 with v = q (no offset), then d [nb][16] f16, m [nb][16] f16:
- *   nb * 320 bytes, rounded up to 64.
+ * Q4_0, per block of a group of nb blocks: qs [4 chunks j][16 rows][4], low
+ *   nibble of lane r byte e = v[4j+e], high nibble = v[16+4j+e] (v = q + 8,
+ *   0..15); then d [16] f16. 288 bytes a block, the group rounded up to 64.
+ *   Each block's scales follow its values so that a group, and the groups
+ *   after it, are read as one stream in order (x86_avx512_x16.c's
+ *   stream_hint); the same holds for the four types below.
+ * Q4_1: as Q4_0 with v = q (no offset), then d [16] f16, m [16] f16: 320
+ *   bytes a block.
  * Q5_0: per block, Q4_0's 4 chunks of low 4 bits (v = q + 16, 0..31), then a
  *   chunk of fifth bits: bit j of lane r byte e is bit 4 of v[4j+e] (j < 4)
- *   or of v[16+4(j-4)+e] (j >= 4); then d [nb][16] f16. nb * 352 bytes (the
- *   file's 22 per block and row), rounded up to 64.
- * Q5_1: as Q5_0 with v = q, then d and m as Q4_1's: nb * 384 bytes, rounded up to 64.
- * Q8_0: qs [nb][8 chunks j][16][4], byte = q[4j+e] + 128 (unsigned); then
- *   d [nb][16] f16. nb * 544 bytes, rounded up to 64.
+ *   or of v[16+4(j-4)+e] (j >= 4); then d [16] f16. 352 bytes a block (the
+ *   file's 22 per block and row).
+ * Q5_1: as Q5_0 with v = q, then d and m as Q4_1's: 384 bytes a block.
+ * Q8_0: per block, qs [8 chunks j][16][4], byte = q[4j+e] + 128 (unsigned);
+ *   then d [16] f16. 544 bytes a block.
  * Q4_K, per super-block (2368 bytes): qs [32 chunks 8i+j][16][4], low nibble
  *   = v[64i+4j+e], high = v[64i+32+4j+e]; sc [8 sub-blocks][16] u8; mn [4
  *   pairs p][16][2] u8 (the mins of sub-blocks 2p, 2p+1); d [16] f16; dmin [16] f16.
@@ -64,7 +67,7 @@ struct li_matrix; /* llminfer.h */
 #define LI_X16_ROWS 16
 /* most activation rows one kernel call takes */
 #define LI_X16_NC 4
-/* most groups one kernel call takes (decode reads some types' side by side) */
+/* most groups one kernel call takes (a unit of decode's work sharing) */
 #define LI_X16_NG 4
 
 /* 1 when `type` has a repacked layout */

@@ -64,23 +64,6 @@ LI_INLINE void ahead(const uint8_t *p, int bytes) {
     for (int o = 0; o < bytes; o += PREFETCH_STEP) _mm_prefetch((const char *)p + PREFETCH_AHEAD + o, _MM_HINT_T1);
 }
 
-/* `ahead` for ng groups of gb bytes read side by side, p at offset o of its
- * group. Each group is a stream of its own, and PREFETCH_AHEAD bytes on in
- * that stream lie past the group's end, in the same group of the next ng
- * (not in the neighbouring group, which is being read now). Short groups
- * restart the streams often, and the hardware prefetchers, retrained at each
- * start, fell behind: at k = 640 (Gemma 3's width) Q5_0 decode read 13.5
- * GB/s, Q8_0 17.5 and Q4_0 15, against 19-25 at k = 2048. Groups under 24
- * KiB therefore get every line hinted, and at the right distance: 19-21
- * GB/s at k = 576-1024 for all three. Longer groups keep one hint per
- * PREFETCH_STEP: hinting every line there cost Q8_0 a quarter at k = 8192. */
-#define SHORT_GROUP 24576
-LI_INLINE void ahead_groups(const uint8_t *p, int bytes, size_t o, size_t gb, const int ng) {
-    const size_t dist = PREFETCH_AHEAD + (ng > 1 ? (o + PREFETCH_AHEAD) / gb * (size_t)(ng - 1) * gb : 0);
-    const int step = gb < SHORT_GROUP ? 64 : PREFETCH_STEP;
-    for (int i = 0; i < bytes; i += step) _mm_prefetch((const char *)p + dist + i, _MM_HINT_T1);
-}
-
 /* One activation row is read for every group, but a group of a long row
  * (Q6_K at k = 8192: 108 KiB) streams more through L1 than it holds, and the
  * weight lines evicted the activations between one group and the next: Q6_K
@@ -91,6 +74,29 @@ LI_INLINE void ahead_groups(const uint8_t *p, int bytes, size_t o, size_t gb, co
  * decode: prefill reuses each group for several activation rows. */
 LI_INLINE void stream_l1(const uint8_t *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_NTA);
+}
+
+/* The hints for the block of `bytes` at p in a group of 32-value blocks,
+ * whose scales (and mins) follow each block's values (repack.h), so that a
+ * group, and the groups after it, are one stream read in order: one line in
+ * every PREFETCH_STEP bytes, PREFETCH_AHEAD on, and in decode (nc 1) the
+ * block itself into L1 as the first to go (`stream_l1`) where l1 is 1.
+ *
+ * With the scales gathered after all of a group's blocks, and 4 groups read
+ * side by side to keep enough lines in flight, one core read Q4_0 at about
+ * 70% of a plain read (k = 2048), and a bare loop of the same loads, with
+ * no arithmetic at all, did no better: the access pattern, not the work, set
+ * the pace (8 streams, each restarted every group). One stream in order
+ * reads as fast as a plain read. Measured with bench/kernels.py at 1 thread,
+ * k = 2048, against the old layout: Q4_0 72% -> 85% of a plain read, Q8_0
+ * 82% -> 95%, Q5_0 65% -> 88%. The L1 hint helped every type at k = 2048 and
+ * Q4_0, Q4_1 and Q8_0 at k = 8192, but cost Q5_0 a fifth there (its blocks
+ * are 352 bytes, not a whole number of lines): Q5_0 and Q5_1 go without. */
+LI_INLINE void stream_hint(const uint8_t *p, int bytes, const int nc, const int l1) {
+    const uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)bytes;
+    for (uintptr_t o = (a + PREFETCH_STEP - 1) & ~(uintptr_t)(PREFETCH_STEP - 1); o < e; o += PREFETCH_STEP)
+        _mm_prefetch((const char *)o + PREFETCH_AHEAD, _MM_HINT_T1);
+    if (l1 && nc == 1) stream_l1(p, bytes);
 }
 
 LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
@@ -164,15 +170,9 @@ LI_INLINE __m512i block_sum(const __m512i lo[4], const __m512i hi[4], const int8
     return _mm512_add_epi32(s0, hi_shift ? _mm512_srai_epi32(s1, hi_shift) : s1);
 }
 
-/* The kernels of 32-value blocks run ng groups side by side when there is
- * one activation row (decode). One core streaming a single group at a time
- * reached about 20 GB/s on Q4_0 where a plain read reaches 29, though the
- * same kernel runs at 65-70 GB/s on weights already in cache; with 3 to 6
- * groups read in step (4 here) the prefetchers keep enough lines in flight:
- * 25-27 GB/s (k = 4096). The super-block kernels below take one group at a
- * time: side by side they fell from 25 to 17 GB/s (Q4_K, 2 or 4 groups; why
- * is not known: keeping the activations in L1 by cutting k into tiles was
- * slower still). A row's arithmetic is the same whatever ng is. */
+/* Every kernel takes one group at a time, in order (stream_hint above for
+ * the 32-value blocks; the super-block kernels, read side by side, fell from
+ * 25 to 17 GB/s on Q4_K). A row's arithmetic is the same whatever ng is. */
 #define NG LI_X16_NG
 
 /* lane (r, c): group r's 16 rows against activation row c, to y + c * ys + 16 r */
@@ -190,20 +190,19 @@ LI_INLINE void store_lanes(float *y, size_t ys, __m512 acc[NG][NC], const int ng
 
 LI_INLINE void q4_0_cols(const uint8_t *g, size_t gb, const int ng, int64_t nb, const char *x, size_t xs, const int nc,
                          const int32_t *terms, float *y, size_t ys, int nr, const int bits) {
-    const size_t bb = bits == 5 ? 320 : 256; /* bytes of a block's values */
+    const size_t bb = bits == 5 ? 320 : 256, stride = bb + 32; /* a block's values, then its scales */
     __m512 acc[NG][NC];
     ZERO_LANES(acc, _mm512_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
         UNROLL for (int r = 0; r < ng; r++) {
-            const uint8_t *qs = g + r * gb + (size_t)b * bb, *dd = g + r * gb + (size_t)nb * bb;
-            if ((b & 3) == 0) ahead_groups(qs, 4 * (int)bb, (size_t)b * bb, gb, ng);
-            if ((b & 31) == 0) ahead_groups(dd + (size_t)b * 32, 1024, (size_t)nb * bb + (size_t)b * 32, gb, ng);
+            const uint8_t *qs = g + r * gb + (size_t)b * stride, *dd = qs + bb;
+            stream_hint(qs, (int)stride, nc, bits == 4);
             __m512i lo[4], hi[4];
             if (bits == 5)
                 fivebits16(qs, lo, hi);
             else
                 nibbles16(qs, lo, hi);
-            const __m512 dw = f16x16(dd + (size_t)b * 32);
+            const __m512 dw = f16x16(dd);
             UNROLL for (int c = 0; c < nc; c++) {
                 const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
                 const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
@@ -220,24 +219,19 @@ LI_INLINE void q4_0_cols(const uint8_t *g, size_t gb, const int ng, int64_t nb, 
 
 LI_INLINE void q4_1_cols(const uint8_t *g, size_t gb, const int ng, int64_t nb, const char *x, size_t xs, const int nc,
                          float *y, size_t ys, int nr, const int bits) {
-    const size_t bb = bits == 5 ? 320 : 256;
+    const size_t bb = bits == 5 ? 320 : 256, stride = bb + 64; /* values, scales, mins */
     __m512 acc[NG][NC];
     ZERO_LANES(acc, _mm512_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
         UNROLL for (int r = 0; r < ng; r++) {
-            const uint8_t *qs = g + r * gb + (size_t)b * bb, *dd = g + r * gb + (size_t)nb * bb,
-                          *mm = dd + (size_t)nb * 32;
-            if ((b & 3) == 0) ahead_groups(qs, 4 * (int)bb, (size_t)b * bb, gb, ng);
-            if ((b & 31) == 0) {
-                ahead_groups(dd + (size_t)b * 32, 1024, (size_t)nb * bb + (size_t)b * 32, gb, ng);
-                ahead_groups(mm + (size_t)b * 32, 1024, (size_t)nb * (bb + 32) + (size_t)b * 32, gb, ng);
-            }
+            const uint8_t *qs = g + r * gb + (size_t)b * stride, *dd = qs + bb, *mm = dd + 32;
+            stream_hint(qs, (int)stride, nc, bits == 4);
             __m512i lo[4], hi[4];
             if (bits == 5)
                 fivebits16(qs, lo, hi);
             else
                 nibbles16(qs, lo, hi);
-            const __m512 dw = f16x16(dd + (size_t)b * 32), mw = f16x16(mm + (size_t)b * 32);
+            const __m512 dw = f16x16(dd), mw = f16x16(mm);
             UNROLL for (int c = 0; c < nc; c++) {
                 const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_1);
                 const int8_t *a = (const int8_t *)blk + offsetof(act_q8_1, qs);
@@ -260,10 +254,9 @@ LI_INLINE void q8_0_cols(const uint8_t *g, size_t gb, const int ng, int64_t nb, 
     ZERO_LANES(acc, _mm512_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
         UNROLL for (int r = 0; r < ng; r++) {
-            const uint8_t *qs = g + r * gb + (size_t)b * 512, *dd = g + r * gb + (size_t)nb * 512;
-            if ((b & 1) == 0) ahead_groups(qs, 1024, (size_t)b * 512, gb, ng);
-            if ((b & 31) == 0) ahead_groups(dd + (size_t)b * 32, 1024, (size_t)nb * 512 + (size_t)b * 32, gb, ng);
-            const __m512 dw = f16x16(dd + (size_t)b * 32);
+            const uint8_t *qs = g + r * gb + (size_t)b * (512 + 32), *dd = qs + 512;
+            stream_hint(qs, 512 + 32, nc, 1);
+            const __m512 dw = f16x16(dd);
             UNROLL for (int c = 0; c < nc; c++) {
                 const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
                 const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
@@ -480,47 +473,42 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, co
 
 /* up to `most` groups at once with one activation row (decode), otherwise
  * one group at a time */
-#define X16_ENTRY(name, call, most)                                                                               \
+#define X16_ENTRY(name, call)                                                                                     \
     static void x16_##name(const void *group, size_t gb, int ng, int64_t k, const void *xq, size_t xs, int nc,     \
                            const int32_t *terms, float *y, size_t ys, int nr) {                                   \
         const char *x = (const char *)xq;                                                                         \
-        const int step = nc == 1 ? most : 1;                                                                      \
-        for (int i = 0; i < ng; i += step) {                                                                      \
+        for (int i = 0; i < ng; i++) {                                                                            \
             const uint8_t *g = (const uint8_t *)group + (size_t)i * gb;                                           \
             float *yi = y + (size_t)i * LI_X16_ROWS;                                                              \
-            const int m = LI_MIN(step, ng - i), last = i + m == ng ? nr : LI_X16_ROWS;                            \
-            switch (8 * nc + (most > 1 ? m : 1)) {                                                                \
-            case 9: call(1, 1); break;                                                                            \
-            case 10: call(2, 1); break;                                                                           \
-            case 11: call(3, 1); break;                                                                           \
-            case 12: call(4, 1); break;                                                                           \
-            case 17: call(1, 2); break;                                                                           \
-            case 25: call(1, 3); break;                                                                           \
+            const int last = i + 1 == ng ? nr : LI_X16_ROWS;                                                      \
+            switch (nc) {                                                                                         \
+            case 1: call(1, 1); break;                                                                            \
+            case 2: call(1, 2); break;                                                                            \
+            case 3: call(1, 3); break;                                                                            \
             default: call(1, 4); break;                                                                           \
             }                                                                                                     \
         }                                                                                                         \
     }
-LI_STATIC_ASSERT(LI_X16_NC == 4 && LI_X16_NG == 4, "the entries below take up to 4 rows and 4 groups");
+LI_STATIC_ASSERT(LI_X16_NC == 4, "the entries below take up to 4 activation rows");
 
 #define Q4_0_CALL(m, n) q4_0_cols(g, gb, m, k / 32, x, xs, n, terms, yi, ys, last, 4)
 #define Q4_1_CALL(m, n) q4_1_cols(g, gb, m, k / 32, x, xs, n, yi, ys, last, 4)
 #define Q5_0_CALL(m, n) q4_0_cols(g, gb, m, k / 32, x, xs, n, terms, yi, ys, last, 5)
 #define Q5_1_CALL(m, n) q4_1_cols(g, gb, m, k / 32, x, xs, n, yi, ys, last, 5)
 #define Q8_0_CALL(m, n) q8_0_cols(g, gb, m, k / 32, x, xs, n, terms, yi, ys, last)
-/* the super-block kernels take one group at a time (m is 1): see above */
 #define Q4_K_CALL(m, n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last, 0)
 #define Q5_K_CALL(m, n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last, 1)
 #define Q6_K_CALL(m, n) q6_K_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last)
 #define IQ4_XS_CALL(m, n) iq4_xs_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last)
-X16_ENTRY(q4_0, Q4_0_CALL, NG)
-X16_ENTRY(q4_1, Q4_1_CALL, NG)
-X16_ENTRY(q5_0, Q5_0_CALL, NG)
-X16_ENTRY(q5_1, Q5_1_CALL, NG)
-X16_ENTRY(q8_0, Q8_0_CALL, NG)
-X16_ENTRY(q4_K, Q4_K_CALL, 1)
-X16_ENTRY(q5_K, Q5_K_CALL, 1)
-X16_ENTRY(q6_K, Q6_K_CALL, 1)
-X16_ENTRY(iq4_xs, IQ4_XS_CALL, 1)
+X16_ENTRY(q4_0, Q4_0_CALL)
+X16_ENTRY(q4_1, Q4_1_CALL)
+X16_ENTRY(q5_0, Q5_0_CALL)
+X16_ENTRY(q5_1, Q5_1_CALL)
+X16_ENTRY(q8_0, Q8_0_CALL)
+X16_ENTRY(q4_K, Q4_K_CALL)
+X16_ENTRY(q5_K, Q5_K_CALL)
+X16_ENTRY(q6_K, Q6_K_CALL)
+X16_ENTRY(iq4_xs, IQ4_XS_CALL)
 
 /* ---- prefill over a group's values unpacked once (repack.h's li_x16_unpack_fn) ----
  * A prefill call takes at most LI_X16_NC activation rows, so a group met n
