@@ -226,10 +226,12 @@ int li_repacked_create(int type, const void *w, size_t w_bytes, int64_t rows, in
         return li_fail(LI_E_SHAPE, "rows of %lld values are not whole blocks of the type", (long long)k);
     li_repacked *m = calloc(1, sizeof(*m));
     const int64_t ng = li_x16_groups(rows);
-    void *packed = malloc(li_x16_group_bytes(type, k) * (size_t)ng); /* the kernels load unaligned */
+    /* in the pages a model's repacked weights get, so that bench/kernels.py
+     * streams them as decode does (4 KiB pages cost it a TLB walk per page) */
+    void *packed = li_x16_alloc(li_x16_group_bytes(type, k) * (size_t)ng);
     if (!m || !packed) {
         free(m);
-        free(packed);
+        li_free_aligned(packed);
         return LI_E_NOMEM;
     }
     m->type = type;
@@ -251,7 +253,7 @@ int li_repacked_create(int type, const void *w, size_t w_bytes, int64_t rows, in
 
 void li_repacked_free(li_repacked *m) {
     if (!m) return;
-    free(m->packed);
+    li_free_aligned(m->packed);
     free(m);
 }
 

@@ -367,7 +367,7 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
  * where the system gives them on request (Linux's transparent huge pages in
  * "madvise" mode), a stream costs a TLB walk per 2 MiB instead of per 4 KiB. */
 #define HUGE_PAGE ((size_t)2 << 20)
-static void *alloc_packed(size_t size) {
+void *li_x16_alloc(size_t size) {
     const size_t align = size >= HUGE_PAGE ? HUGE_PAGE : 64;
     void *p = li_alloc_aligned(size, align); /* whole huge pages: the advice covers only this block */
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
@@ -477,7 +477,7 @@ int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_th
      * pages cost nothing, so the peak still holds one matrix twice, not the
      * model: each is packed, then its file pages handed back. */
     const size_t total = li_model_repack_size(m, first_layer, with_output);
-    uint8_t *arena = total ? alloc_packed(total) : NULL;
+    uint8_t *arena = total ? li_x16_alloc(total) : NULL;
     size_t off = 0;
     (void)n_threads; /* without OpenMP */
     for (int i = 0; arena && i < n; i++) {
