@@ -88,8 +88,8 @@ LI_INLINE void stream_l1(const uint8_t *p, int bytes) {
  * no arithmetic at all, did no better: the access pattern, not the work, set
  * the pace (8 streams, each restarted every group). One stream in order
  * reads as fast as a plain read. Measured with bench/kernels.py at 1 thread,
- * k = 2048, against the old layout: Q4_0 72% -> 85% of a plain read, Q8_0
- * 82% -> 95%, Q5_0 65% -> 88%. The L1 hint helped every type at k = 2048 and
+ * k = 2048 (its matrices then in 4 KiB pages), against the old layout: Q4_0
+ * 72% -> 85% of a plain read, Q8_0 82% -> 95%, Q5_0 65% -> 88%. The L1 hint helped every type at k = 2048 and
  * Q4_0, Q4_1 and Q8_0 at k = 8192, but cost Q5_0 a fifth there (its blocks
  * are 352 bytes, not a whole number of lines): Q5_0 and Q5_1 go without. */
 LI_INLINE void stream_hint(const uint8_t *p, int bytes, const int nc, const int l1) {
