@@ -89,9 +89,10 @@ LI_INLINE void stream_l1(const uint8_t *p, int bytes) {
  * the pace (8 streams, each restarted every group). One stream in order
  * reads as fast as a plain read. Measured with bench/kernels.py at 1 thread,
  * k = 2048 (its matrices then in 4 KiB pages), against the old layout: Q4_0
- * 72% -> 85% of a plain read, Q8_0 82% -> 95%, Q5_0 65% -> 88%. The L1 hint helped every type at k = 2048 and
- * Q4_0, Q4_1 and Q8_0 at k = 8192, but cost Q5_0 a fifth there (its blocks
- * are 352 bytes, not a whole number of lines): Q5_0 and Q5_1 go without. */
+ * 72% -> 85% of a plain read, Q8_0 82% -> 95%, Q5_0 65% -> 88%. The L1
+ * hint helped every type at k = 2048 and Q4_0, Q4_1 and Q8_0 at k = 8192,
+ * but cost Q5_0 a fifth there (its blocks are 352 bytes, not a whole number
+ * of lines): Q5_0 and Q5_1 go without. */
 LI_INLINE void stream_hint(const uint8_t *p, int bytes, const int nc, const int l1) {
     const uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)bytes;
     for (uintptr_t o = (a + PREFETCH_STEP - 1) & ~(uintptr_t)(PREFETCH_STEP - 1); o < e; o += PREFETCH_STEP)
@@ -172,105 +173,93 @@ LI_INLINE __m512i block_sum(const __m512i lo[4], const __m512i hi[4], const int8
 
 /* Every kernel takes one group at a time, in order (stream_hint above for
  * the 32-value blocks; the super-block kernels, read side by side, fell from
- * 25 to 17 GB/s on Q4_K). A row's arithmetic is the same whatever ng is. */
-#define NG LI_X16_NG
+ * 25 to 17 GB/s on Q4_K). */
 
-/* lane (r, c): group r's 16 rows against activation row c, to y + c * ys + 16 r */
-LI_INLINE void store_lanes(float *y, size_t ys, __m512 acc[NG][NC], const int ng, const int nc, int nr) {
-    UNROLL for (int r = 0; r < ng; r++) UNROLL for (int c = 0; c < nc; c++)
-        store16(y + (size_t)c * ys + LI_X16_ROWS * r, acc[r][c], r == ng - 1 ? nr : LI_X16_ROWS);
+/* lane c: the group's 16 rows against activation row c, to y + c * ys */
+LI_INLINE void store_cols(float *y, size_t ys, const __m512 acc[NC], const int nc, int nr) {
+    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
 }
-
-#define ZERO_LANES(acc, zero) \
-    UNROLL for (int r = 0; r < ng; r++) UNROLL for (int c = 0; c < nc; c++) acc[r][c] = zero
 
 /* ---- Q4_0 (bits 4) and Q5_0 (bits 5): per block, 4 chunks of nibbles
- * (256 bytes) and for Q5_0 a chunk of fifth bits, then the 16 scales after
- * all blocks ---- */
+ * (256 bytes), for Q5_0 a chunk of fifth bits, then the block's 16 scales ---- */
 
-LI_INLINE void q4_0_cols(const uint8_t *g, size_t gb, const int ng, int64_t nb, const char *x, size_t xs, const int nc,
-                         const int32_t *terms, float *y, size_t ys, int nr, const int bits) {
-    const size_t bb = bits == 5 ? 320 : 256, stride = bb + 32; /* a block's values, then its scales */
-    __m512 acc[NG][NC];
-    ZERO_LANES(acc, _mm512_setzero_ps());
-    for (int64_t b = 0; b < nb; b++) {
-        UNROLL for (int r = 0; r < ng; r++) {
-            const uint8_t *qs = g + r * gb + (size_t)b * stride, *dd = qs + bb;
-            stream_hint(qs, (int)stride, nc, bits == 4);
-            __m512i lo[4], hi[4];
-            if (bits == 5)
-                fivebits16(qs, lo, hi);
-            else
-                nibbles16(qs, lo, hi);
-            const __m512 dw = f16x16(dd);
-            UNROLL for (int c = 0; c < nc; c++) {
-                const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
-                const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
-                const __m512i is =
-                    _mm512_sub_epi32(block_sum(lo, hi, a, bits == 5 ? 0 : 4), _mm512_set1_epi32(terms[c * nb + b]));
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[r][c]);
-            }
-        }
-    }
-    store_lanes(y, ys, acc, ng, nc, nr);
-}
-
-/* ---- Q4_1 and Q5_1: Q4_0's and Q5_0's layouts without the offset, the 16 mins after the scales ---- */
-
-LI_INLINE void q4_1_cols(const uint8_t *g, size_t gb, const int ng, int64_t nb, const char *x, size_t xs, const int nc,
+LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
                          float *y, size_t ys, int nr, const int bits) {
-    const size_t bb = bits == 5 ? 320 : 256, stride = bb + 64; /* values, scales, mins */
-    __m512 acc[NG][NC];
-    ZERO_LANES(acc, _mm512_setzero_ps());
+    const size_t bb = bits == 5 ? 320 : 256, stride = bb + 32; /* a block's values, then its scales */
+    __m512 acc[NC];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        UNROLL for (int r = 0; r < ng; r++) {
-            const uint8_t *qs = g + r * gb + (size_t)b * stride, *dd = qs + bb, *mm = dd + 32;
-            stream_hint(qs, (int)stride, nc, bits == 4);
-            __m512i lo[4], hi[4];
-            if (bits == 5)
-                fivebits16(qs, lo, hi);
-            else
-                nibbles16(qs, lo, hi);
-            const __m512 dw = f16x16(dd), mw = f16x16(mm);
-            UNROLL for (int c = 0; c < nc; c++) {
-                const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_1);
-                const int8_t *a = (const int8_t *)blk + offsetof(act_q8_1, qs);
-                const __m512i is = block_sum(lo, hi, a, bits == 5 ? 0 : 4);
-                float sx;
-                memcpy(&sx, blk + offsetof(act_q8_1, s), 4);
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[r][c]);
-                acc[r][c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), acc[r][c]);
-            }
+        const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb;
+        stream_hint(qs, (int)stride, nc, bits == 4);
+        __m512i lo[4], hi[4];
+        if (bits == 5)
+            fivebits16(qs, lo, hi);
+        else
+            nibbles16(qs, lo, hi);
+        const __m512 dw = f16x16(dd);
+        UNROLL for (int c = 0; c < nc; c++) {
+            const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
+            const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
+            const __m512i is =
+                _mm512_sub_epi32(block_sum(lo, hi, a, bits == 5 ? 0 : 4), _mm512_set1_epi32(terms[c * nb + b]));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
         }
     }
-    store_lanes(y, ys, acc, ng, nc, nr);
+    store_cols(y, ys, acc, nc, nr);
 }
 
-/* ---- Q8_0: per block, 8 chunks of q + 128 (512 bytes), the scales after all blocks ---- */
+/* ---- Q4_1 and Q5_1: Q4_0's and Q5_0's layouts without the offset, each block's 16 mins after its scales ---- */
 
-LI_INLINE void q8_0_cols(const uint8_t *g, size_t gb, const int ng, int64_t nb, const char *x, size_t xs, const int nc,
-                         const int32_t *terms, float *y, size_t ys, int nr) {
-    __m512 acc[NG][NC];
-    ZERO_LANES(acc, _mm512_setzero_ps());
+LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, float *y, size_t ys,
+                         int nr, const int bits) {
+    const size_t bb = bits == 5 ? 320 : 256, stride = bb + 64; /* values, scales, mins */
+    __m512 acc[NC];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        UNROLL for (int r = 0; r < ng; r++) {
-            const uint8_t *qs = g + r * gb + (size_t)b * (512 + 32), *dd = qs + 512;
-            stream_hint(qs, 512 + 32, nc, 1);
-            const __m512 dw = f16x16(dd);
-            UNROLL for (int c = 0; c < nc; c++) {
-                const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
-                const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
-                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-                UNROLL for (int j = 0; j < 8; j += 2) {
-                    s0 = dpb(s0, load64(qs + 64 * j), a + 4 * j);
-                    s1 = dpb(s1, load64(qs + 64 * (j + 1)), a + 4 * j + 4);
-                }
-                const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(terms[c * nb + b]));
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[r][c]);
-            }
+        const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb, *mm = dd + 32;
+        stream_hint(qs, (int)stride, nc, bits == 4);
+        __m512i lo[4], hi[4];
+        if (bits == 5)
+            fivebits16(qs, lo, hi);
+        else
+            nibbles16(qs, lo, hi);
+        const __m512 dw = f16x16(dd), mw = f16x16(mm);
+        UNROLL for (int c = 0; c < nc; c++) {
+            const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_1);
+            const int8_t *a = (const int8_t *)blk + offsetof(act_q8_1, qs);
+            const __m512i is = block_sum(lo, hi, a, bits == 5 ? 0 : 4);
+            float sx;
+            memcpy(&sx, blk + offsetof(act_q8_1, s), 4);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
+            acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), acc[c]);
         }
     }
-    store_lanes(y, ys, acc, ng, nc, nr);
+    store_cols(y, ys, acc, nc, nr);
+}
+
+/* ---- Q8_0: per block, 8 chunks of q + 128 (512 bytes), then its 16 scales ---- */
+
+LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
+                         float *y, size_t ys, int nr) {
+    __m512 acc[NC];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *qs = g + (size_t)b * (512 + 32), *dd = qs + 512;
+        stream_hint(qs, 512 + 32, nc, 1);
+        const __m512 dw = f16x16(dd);
+        UNROLL for (int c = 0; c < nc; c++) {
+            const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
+            const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            UNROLL for (int j = 0; j < 8; j += 2) {
+                s0 = dpb(s0, load64(qs + 64 * j), a + 4 * j);
+                s1 = dpb(s1, load64(qs + 64 * (j + 1)), a + 4 * j + 4);
+            }
+            const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(terms[c * nb + b]));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
+        }
+    }
+    store_cols(y, ys, acc, nc, nr);
 }
 
 /* ---- Q4_K and Q5_K ----
@@ -471,8 +460,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, co
 
 /* ---- the table's entries: the lanes (groups x activation rows) as constants ---- */
 
-/* up to `most` groups at once with one activation row (decode), otherwise
- * one group at a time */
+/* ng groups, one after another, each against nc activation rows */
 #define X16_ENTRY(name, call)                                                                                     \
     static void x16_##name(const void *group, size_t gb, int ng, int64_t k, const void *xq, size_t xs, int nc,     \
                            const int32_t *terms, float *y, size_t ys, int nr) {                                   \
@@ -482,24 +470,24 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, co
             float *yi = y + (size_t)i * LI_X16_ROWS;                                                              \
             const int last = i + 1 == ng ? nr : LI_X16_ROWS;                                                      \
             switch (nc) {                                                                                         \
-            case 1: call(1, 1); break;                                                                            \
-            case 2: call(1, 2); break;                                                                            \
-            case 3: call(1, 3); break;                                                                            \
-            default: call(1, 4); break;                                                                           \
+            case 1: call(1); break;                                                                               \
+            case 2: call(2); break;                                                                               \
+            case 3: call(3); break;                                                                               \
+            default: call(4); break;                                                                              \
             }                                                                                                     \
         }                                                                                                         \
     }
 LI_STATIC_ASSERT(LI_X16_NC == 4, "the entries below take up to 4 activation rows");
 
-#define Q4_0_CALL(m, n) q4_0_cols(g, gb, m, k / 32, x, xs, n, terms, yi, ys, last, 4)
-#define Q4_1_CALL(m, n) q4_1_cols(g, gb, m, k / 32, x, xs, n, yi, ys, last, 4)
-#define Q5_0_CALL(m, n) q4_0_cols(g, gb, m, k / 32, x, xs, n, terms, yi, ys, last, 5)
-#define Q5_1_CALL(m, n) q4_1_cols(g, gb, m, k / 32, x, xs, n, yi, ys, last, 5)
-#define Q8_0_CALL(m, n) q8_0_cols(g, gb, m, k / 32, x, xs, n, terms, yi, ys, last)
-#define Q4_K_CALL(m, n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last, 0)
-#define Q5_K_CALL(m, n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last, 1)
-#define Q6_K_CALL(m, n) q6_K_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last)
-#define IQ4_XS_CALL(m, n) iq4_xs_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last)
+#define Q4_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, yi, ys, last, 4)
+#define Q4_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, yi, ys, last, 4)
+#define Q5_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, yi, ys, last, 5)
+#define Q5_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, yi, ys, last, 5)
+#define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, terms, yi, ys, last)
+#define Q4_K_CALL(n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last, 0)
+#define Q5_K_CALL(n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last, 1)
+#define Q6_K_CALL(n) q6_K_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last)
+#define IQ4_XS_CALL(n) iq4_xs_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last)
 X16_ENTRY(q4_0, Q4_0_CALL)
 X16_ENTRY(q4_1, Q4_1_CALL)
 X16_ENTRY(q5_0, Q5_0_CALL)
