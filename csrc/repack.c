@@ -322,17 +322,12 @@ static void x16_groups(int type, const void *packed, int64_t rows, int64_t k, co
         }
         return;
     }
-    /* decode (one row) hands the kernel up to LI_X16_NG groups at once, read one after another */
-    const int64_t step = n == 1 ? LI_X16_NG : 1;
-    for (int64_t gi = lo; gi < hi; gi += step) {
-        const int ng = (int)LI_MIN(step, hi - gi);
-        const int nr = (int)LI_MIN(G, rows - (gi + ng - 1) * G); /* rows of the last group */
+    for (int64_t gi = lo; gi < hi; gi++) {
+        const int nr = (int)LI_MIN(G, rows - gi * G);
         const char *g = (const char *)packed + (size_t)gi * gb;
-        for (int64_t c0 = 0; c0 < n; c0 += LI_X16_NC) {
-            const int nc = (int)LI_MIN(LI_X16_NC, n - c0);
-            li_K->x16[type](g, gb, ng, k, (const char *)xq + (size_t)c0 * xs, xs, nc, scratch + c0 * per_col,
-                            y + c0 * y_stride + gi * G, (size_t)y_stride, nr);
-        }
+        for (int64_t c0 = 0; c0 < n; c0 += LI_X16_NC)
+            li_K->x16[type](g, k, (const char *)xq + (size_t)c0 * xs, xs, (int)LI_MIN(LI_X16_NC, n - c0),
+                            scratch + c0 * per_col, y + c0 * y_stride + gi * G, (size_t)y_stride, nr);
     }
 }
 
@@ -344,7 +339,8 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
         for (int64_t c = 0; c < n; c++) /* each thread works out the terms it needs: all of them */
             act_terms(type, (const char *)xq + (size_t)c * xs, nb, scratch + c * per_col);
     const int64_t groups = li_x16_groups(rows);
-    /* a unit is what one kernel call takes: LI_X16_NG groups in decode */
+    /* a unit of the work sharing: LI_X16_NG groups in decode (a group is
+     * short work there: fewer claims per product), one group in prefill */
     const int64_t per_unit = n == 1 && !unpacks(type, n) ? LI_X16_NG : 1;
     const int64_t units = (groups + per_unit - 1) / per_unit;
     if (share && nth > 1 && units <= LI_SHARE_MAX_UNITS) { /* the same test for every thread */

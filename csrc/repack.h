@@ -67,7 +67,7 @@ struct li_matrix; /* llminfer.h */
 #define LI_X16_ROWS 16
 /* most activation rows one kernel call takes */
 #define LI_X16_NC 4
-/* most groups one kernel call takes (a unit of decode's work sharing) */
+/* groups in a unit of decode's work sharing (li_x16_matmul) */
 #define LI_X16_NG 4
 
 /* 1 when `type` has a repacked layout */
@@ -84,22 +84,21 @@ void *li_x16_alloc(size_t size);
 void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int64_t k, void *dst, int64_t g_lo,
                  int64_t g_hi);
 
-/* y[c * ys + 16 i + r] = dot(row r of group i, activation row c) for groups
- * i < ng <= LI_X16_NG at group + i * gb, r < 16 (r < nr in the last group),
- * c < nc <= LI_X16_NC; xq: activation rows (stride xs) in the type's
+/* y[c * ys + r] = dot(row r of the group, activation row c) for r < nr
+ * <= 16, c < nc <= LI_X16_NC; xq: activation rows (stride xs) in the type's
  * activation format; terms: what li_x16_matmul works out from each
  * activation row, per block, row c's after row c-1's: Q4_0, Q5_0, Q8_0: the
  * block's sum times the stored values' offset (8, 16, 128; IQ4_XS per block
  * of 32, from its Q8_K group sums); Q4_K, Q5_K: the 8 sub-block sums as 4
  * int16 pairs; Q6_K: 32 times each group's sum (16) */
-typedef void (*li_x16_fn)(const void *group, size_t gb, int ng, int64_t k, const void *xq, size_t xs, int nc,
-                          const int32_t *terms, float *y, size_t ys, int nr);
+typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *terms,
+                          float *y, size_t ys, int nr);
 
 /* Prefill of the types whose values take the most unpacking (Q5_K, Q6_K,
  * IQ4_XS) unpacks each group once into LI_X16_UNPACKED(k) bytes, 16 per
  * column, and runs the kernel for every 4 activation rows over those:
  * li_x16_unpack_fn writes them (64-byte aligned vals), li_x16u_fn is
- * li_x16_fn for one group (ng = 1) reading them. The layouts, 4096 bytes per
+ * li_x16_fn reading them. The layouts, 4096 bytes per
  * super-block s, each 64 bytes the 16 rows' 4 values of a chunk as repacked:
  * Q5_K [s][pair i][chunk j][lo: sub-block 2i, hi: 2i + 1] whole values;
  * Q6_K [s][group gi][4 chunks] v = q + 32; IQ4_XS [s][block b][lo 0..3,

@@ -158,6 +158,14 @@ LI_INLINE void fivebits16(const uint8_t *qs, __m512i lo[4], __m512i hi[4]) {
     }
 }
 
+/* a block of Q4_0/Q4_1 (bits 4: nibbles16) or Q5_0/Q5_1 (bits 5: fivebits16) */
+LI_INLINE void values16(const uint8_t *qs, __m512i lo[4], __m512i hi[4], const int bits) {
+    if (bits == 5)
+        fivebits16(qs, lo, hi);
+    else
+        nibbles16(qs, lo, hi);
+}
+
 /* lane r: row r's exact sum over a block of 32 against the activation bytes
  * a: lo[j] holds values 4j..4j+3, hi[j] values 16+4j..16+4j+3 times
  * 2^hi_shift; two chains of four products */
@@ -192,10 +200,7 @@ LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
         const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb;
         stream_hint(qs, (int)stride, nc, bits == 4);
         __m512i lo[4], hi[4];
-        if (bits == 5)
-            fivebits16(qs, lo, hi);
-        else
-            nibbles16(qs, lo, hi);
+        values16(qs, lo, hi, bits);
         const __m512 dw = f16x16(dd);
         UNROLL for (int c = 0; c < nc; c++) {
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
@@ -219,10 +224,7 @@ LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
         const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb, *mm = dd + 32;
         stream_hint(qs, (int)stride, nc, bits == 4);
         __m512i lo[4], hi[4];
-        if (bits == 5)
-            fivebits16(qs, lo, hi);
-        else
-            nibbles16(qs, lo, hi);
+        values16(qs, lo, hi, bits);
         const __m512 dw = f16x16(dd), mw = f16x16(mm);
         UNROLL for (int c = 0; c < nc; c++) {
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_1);
@@ -460,34 +462,30 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, co
 
 /* ---- the table's entries: the lanes (groups x activation rows) as constants ---- */
 
-/* ng groups, one after another, each against nc activation rows */
+/* one group against nc activation rows */
 #define X16_ENTRY(name, call)                                                                                     \
-    static void x16_##name(const void *group, size_t gb, int ng, int64_t k, const void *xq, size_t xs, int nc,     \
-                           const int32_t *terms, float *y, size_t ys, int nr) {                                   \
+    static void x16_##name(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *terms, \
+                           float *y, size_t ys, int nr) {                                                         \
+        const uint8_t *g = (const uint8_t *)group;                                                                \
         const char *x = (const char *)xq;                                                                         \
-        for (int i = 0; i < ng; i++) {                                                                            \
-            const uint8_t *g = (const uint8_t *)group + (size_t)i * gb;                                           \
-            float *yi = y + (size_t)i * LI_X16_ROWS;                                                              \
-            const int last = i + 1 == ng ? nr : LI_X16_ROWS;                                                      \
-            switch (nc) {                                                                                         \
-            case 1: call(1); break;                                                                               \
-            case 2: call(2); break;                                                                               \
-            case 3: call(3); break;                                                                               \
-            default: call(4); break;                                                                              \
-            }                                                                                                     \
+        switch (nc) {                                                                                             \
+        case 1: call(1); break;                                                                                   \
+        case 2: call(2); break;                                                                                   \
+        case 3: call(3); break;                                                                                   \
+        default: call(4); break;                                                                                  \
         }                                                                                                         \
     }
 LI_STATIC_ASSERT(LI_X16_NC == 4, "the entries below take up to 4 activation rows");
 
-#define Q4_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, yi, ys, last, 4)
-#define Q4_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, yi, ys, last, 4)
-#define Q5_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, yi, ys, last, 5)
-#define Q5_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, yi, ys, last, 5)
-#define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, terms, yi, ys, last)
-#define Q4_K_CALL(n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last, 0)
-#define Q5_K_CALL(n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last, 1)
-#define Q6_K_CALL(n) q6_K_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last)
-#define IQ4_XS_CALL(n) iq4_xs_cols(g, NULL, k / QK_K, x, xs, n, terms, yi, ys, last)
+#define Q4_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 4)
+#define Q4_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 4)
+#define Q5_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 5)
+#define Q5_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 5)
+#define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr)
+#define Q4_K_CALL(n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, 0)
+#define Q5_K_CALL(n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, 1)
+#define Q6_K_CALL(n) q6_K_cols(g, NULL, k / QK_K, x, xs, n, terms, y, ys, nr)
+#define IQ4_XS_CALL(n) iq4_xs_cols(g, NULL, k / QK_K, x, xs, n, terms, y, ys, nr)
 X16_ENTRY(q4_0, Q4_0_CALL)
 X16_ENTRY(q4_1, Q4_1_CALL)
 X16_ENTRY(q5_0, Q5_0_CALL)
