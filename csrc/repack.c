@@ -184,13 +184,10 @@ static void pack_q6_K(const char *row, int r, int64_t nb, uint8_t *g) {
             }
         }
         for (int gi = 0; gi < 16; gi++) {
-            uint8_t *n0 = sb + 192 * gi, *n1 = n0 + 64, *h = n0 + 128;
+            uint8_t *p = sb + 192 * gi;
             for (int e = 0; e < 4; e++) {
-                int v[4];
-                for (int t = 0; t < 4; t++) v[t] = u[16 * gi + 4 * t + e];
-                LANE(n0, r, e) = (uint8_t)((v[0] & 15) | (v[1] & 15) << 4);
-                LANE(n1, r, e) = (uint8_t)((v[2] & 15) | (v[3] & 15) << 4);
-                LANE(h, r, e) = (uint8_t)((v[0] >> 4) | (v[1] >> 4) << 2 | (v[2] >> 4) << 4 | (v[3] >> 4) << 6);
+                const int v3 = u[16 * gi + 12 + e];
+                for (int t = 0; t < 3; t++) LANE(p + 64 * t, r, e) = (uint8_t)(u[16 * gi + 4 * t + e] | ((v3 >> (2 * t)) & 3) << 6);
             }
             sb[3072 + 16 * gi + r] = (uint8_t)x->scales[gi];
         }

@@ -45,9 +45,11 @@
  *   row (176 bytes) times 16; one byte per value (Q6_K's way) would be 45%
  *   more to stream per token for two or three fewer instructions per chunk.
  * Q6_K, per super-block (3392 bytes): for each group g of 16 values, three
- *   chunks: N0 (low nibble: low 4 bits of v[16g+e], high nibble: of
- *   v[16g+4+e]), N1 (the same for v[16g+8+e], v[16g+12+e]) and H (bits
- *   2t..2t+1 of byte e: the top 2 bits of v[16g+4t+e]); v = q + 32, 0..63.
+ *   chunks P0, P1, P2: byte e of Pt holds v[16g+4t+e] in bits 0..5 and bits
+ *   2t..2t+1 of v[16g+12+e] in bits 6..7; v = q + 32, 0..63. Three values
+ *   come out with one and each, the fourth with three shifts and three
+ *   bitwise steps: 9 vector steps per group against 17 for nibble chunks
+ *   and a plane of top bits.
  *   Then sc [16 groups][16] i8; d [16] f16; 32 bytes of padding.
  * IQ4_XS, per super-block (2240 bytes): for each of its 8 blocks of 32, 4
  *   chunks of level indices laid out as Q4_0's values; then ls - 32 [8][16]

@@ -343,17 +343,22 @@ LI_INLINE void k45_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const
     UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
 }
 
-/* ---- Q6_K: per super-block (3392 bytes) 16 groups of (N0, N1, H), sc, d ---- */
+/* ---- Q6_K: per super-block (3392 bytes) 16 groups of (P0, P1, P2), sc, d ---- */
 
-/* the four chunks of values 16 gi.. of a super-block from its (N0, N1, H) at p:
- * v = low 4 bits | top 2 bits << 4 (bits 4..5: each shift keeps a byte's own bits there) */
+/* the four chunks of values 16 gi.. of a super-block from its (P0, P1, P2)
+ * at p (repack.h): u[t] = Pt & 0x3F for t < 3; u[3] gathers bits 6..7 of
+ * P0, P1, P2 into its bits 0..1, 2..3, 4..5. Each 16-bit shift brings the
+ * neighbouring byte's bits only into places the selects or the mask drop:
+ * P2 is masked to its bits 6..7 before its shift. */
 LI_INLINE void q6_K_values(const uint8_t *p, __m512i u[4]) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i n0 = load64(p), n1 = load64(p + 64), h = load64(p + 128);
-    u[0] = _mm512_or_si512(_mm512_and_si512(n0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
-    u[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
-    u[2] = _mm512_or_si512(_mm512_and_si512(n1, m4), _mm512_and_si512(h, m30));
-    u[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), m4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
+    const __m512i m6 = _mm512_set1_epi8(0x3F);
+    const __m512i p0 = load64(p), p1 = load64(p + 64), p2 = load64(p + 128);
+    u[0] = _mm512_and_si512(p0, m6);
+    u[1] = _mm512_and_si512(p1, m6);
+    u[2] = _mm512_and_si512(p2, m6);
+    /* 0xE4: c ? a : b, bit by bit */
+    const __m512i lo = _mm512_ternarylogic_epi32(_mm512_srli_epi16(p0, 6), _mm512_srli_epi16(p1, 4), _mm512_set1_epi8(0x03), 0xE4);
+    u[3] = _mm512_ternarylogic_epi32(lo, _mm512_srli_epi16(_mm512_andnot_si512(m6, p2), 2), _mm512_set1_epi8(0x0F), 0xE4);
 }
 
 /* vals: NULL, or the group's values unpacked by x16_unpack_q6_K */
