@@ -78,6 +78,8 @@ struct li_context {
     int32_t *tile0;        /* [n_batch + 1] tile i is the batch rows [tile0[i], tile0[i + 1]) */
     int n_tiles;
     char *gemm_scratch;    /* [max_threads] regions of gemm_bytes for prefill panels */
+    char *embd_rows;       /* [max_threads] regions of embd_row_bytes: an embedding row read from the file */
+    size_t embd_row_bytes;
     size_t gemm_bytes;
     li_share *share;       /* the team's shares of each repacked product (share.h) */
 

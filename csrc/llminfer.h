@@ -201,8 +201,20 @@ typedef struct li_model_desc {
     int attn_temp_floor;         /* > 0 when attn_temp_scale != 0 */
     int embd_release;            /* set by li_model_repack(release): tok_embd is a clean file mapping that
                                   * nothing reads in bulk, and each token's lookup hands its row's pages back */
+    int embd_file;               /* set by li_model_embd_file: with embd_release, a lookup reads its row
+                                  * from embd_fd at embd_offset + the row's place in tok_embd (pread) */
+    int embd_fd;
+    int64_t embd_offset;
     void *packed_arena;          /* NULL, or the one block li_model_repack keeps every repacked matrix in */
 } li_model_desc;
+
+/* Where tok_embd's bytes lie in a file open for reading: descriptor fd
+ * (the caller keeps it open while the description is used), from byte
+ * offset. Once the matrices are repacked with release, each lookup then
+ * reads its row with pread, so the mapping is neither faulted nor handed
+ * back (where pread is missing, or a read comes up short, through the
+ * mapping as before). */
+int li_model_embd_file(li_model_desc *m, int fd, int64_t offset);
 
 /* Check a description for consistency: shapes, types, sizes. */
 int li_model_check(const li_model_desc *m);

@@ -208,6 +208,7 @@ void li_context_free(li_context *c) {
     free_aligned(c->tqq);
     free(c->tile0);
     free_aligned(c->gemm_scratch);
+    free_aligned(c->embd_rows);
     li_share_free(c->share);
     free(c->pos);
     for (int g = 0; g < LI_KV_GROUPS; g++) free(c->kv_row[g]);
@@ -392,6 +393,8 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
                              sizeof(float));
     c->tparts = alloc_aligned(nth * tmax * nh * (size_t)c->max_chunks * ps * sizeof(float));
     c->gemm_scratch = alloc_aligned(nth * LI_MAX(c->gemm_bytes, 64));
+    c->embd_row_bytes = (m->tok_embd.nbytes / (size_t)m->tok_embd.rows + 63) / 64 * 64;
+    c->embd_rows = alloc_aligned(nth * c->embd_row_bytes);
     c->share = li_share_new((int)nth);
     c->pos = malloc(nb * sizeof(int32_t));
     for (int g = 0; g < LI_KV_GROUPS; g++) c->kv_row[g] = malloc(nb * sizeof(int32_t));
@@ -399,7 +402,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     c->n_spans = malloc(nb * 2 * sizeof(int32_t));
     c->rope_cs = alloc_aligned((size_t)c->n_rope * nb * (size_t)m->n_rot * sizeof(float));
     if (!c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u || !c->scores ||
-        !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->share || !c->pos || !c->kv_row[0] ||
+        !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->embd_rows || !c->share || !c->pos || !c->kv_row[0] ||
         !c->kv_row[1] || !c->out_rows || !c->n_spans || !c->rope_cs || !c->tq || !c->tout || !c->tile0)
         goto nomem;
     for (int a = 0; a < LI_ACT_COUNT; a++) {
@@ -898,8 +901,10 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
             continue;
         }
         const char *row = (const char *)emb->data + (size_t)b->token[t] * emb_row;
-        li_K->dequant[emb->type](row, x, E);
-        if (m->embd_release) li_release_row(emb->data, emb->nbytes, row, emb_row);
+        char *copy = c->embd_rows + (size_t)ith * c->embd_row_bytes;
+        const int read = m->embd_release && li_embd_read_row(m, row, emb_row, copy);
+        li_K->dequant[emb->type](read ? copy : row, x, E);
+        if (m->embd_release && !read) li_release_row(emb->data, emb->nbytes, row, emb_row);
         if (m->embd_scale != 1.0f) li_K->scale_f32(x, m->embd_scale, E);
     }
     if (c->probe && embed) probe_team(c, c->x, n, E, LI_PROBE_EMBED, 0);

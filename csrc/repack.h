@@ -64,7 +64,8 @@
 
 #include "share.h"
 
-struct li_matrix; /* llminfer.h */
+struct li_matrix;     /* llminfer.h */
+struct li_model_desc; /* llminfer.h */
 
 #define LI_X16_ROWS 16
 /* most activation rows one kernel call takes */
@@ -128,5 +129,10 @@ const void *li_x16_part(const struct li_matrix *w, int parts, int e);
  * file mapping) was read: hand back the pages a fault on it may have mapped
  * (the 2 MiB-aligned window around it, within the matrix) */
 void li_release_row(const void *base, size_t size, const void *row, size_t n);
+
+/* tok_embd's row at `row` (n bytes, a place in its mapping) into buf from
+ * the file li_model_embd_file named: 1 when all n bytes came, else 0 (read
+ * the mapping instead) */
+int li_embd_read_row(const struct li_model_desc *m, const void *row, size_t n, void *buf);
 
 #endif

@@ -95,6 +95,9 @@ cdef extern from "llminfer.h" nogil:
         float attn_temp_offset
         int attn_temp_floor
         int embd_release
+        int embd_file
+        int embd_fd
+        int64_t embd_offset
         void *packed_arena
 
     int li_model_check(const li_model_desc *m)
@@ -102,6 +105,7 @@ cdef extern from "llminfer.h" nogil:
                         size_t *bytes)
     size_t li_model_repack_size(li_model_desc *m, int first_layer, int with_output)
     void li_model_unpack(li_model_desc *m)
+    int li_model_embd_file(li_model_desc *m, int fd, int64_t offset)
 
     ctypedef struct li_context:
         pass

@@ -8,6 +8,8 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 cimport llminfer._clib as C
 
+import os
+
 import numpy as np
 
 from llminfer import errors
@@ -223,8 +225,10 @@ cdef class ModelDesc:
     cdef C.li_model_desc desc
     cdef C.li_layer_desc *layers
     cdef list _keep
+    cdef int _embd_fd  # embedding_file's duplicate, or -1
 
     def __cinit__(self, spec):
+        self._embd_fd = -1
         self._keep = []
         n_layer = len(spec.layers)
         self.layers = <C.li_layer_desc *>calloc(max(1, n_layer), sizeof(C.li_layer_desc))
@@ -327,9 +331,31 @@ cdef class ModelDesc:
         check(st, "repack")
         return nbytes
 
+    def embedding_file(self, int fd, int64_t offset):
+        """Read the token embedding's rows from the open file descriptor fd,
+        where its bytes start at `offset`, once repack(release=True) has
+        handed its mapped pages back: a lookup is then one pread, with no
+        page fault and no madvise per token. The description keeps a
+        duplicate of fd, closed when it goes."""
+        if offset < 0 or offset + <int64_t>self.desc.tok_embd.nbytes > os.fstat(fd).st_size:
+            raise errors.InvalidArgumentError(
+                f"the token embedding ({self.desc.tok_embd.nbytes} bytes from offset {offset}) "
+                f"does not lie within the file ({os.fstat(fd).st_size} bytes)")
+        own = os.dup(fd)
+        try:
+            check(C.li_model_embd_file(&self.desc, own, offset), "embedding file")
+        except BaseException:
+            os.close(own)
+            raise
+        if self._embd_fd >= 0:
+            os.close(self._embd_fd)
+        self._embd_fd = own
+
     def __dealloc__(self):
         C.li_model_unpack(&self.desc)
         free(self.layers)
+        if self._embd_fd >= 0:
+            os.close(self._embd_fd)
 
 
 cdef class Context:

@@ -452,6 +452,22 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: the file is closed")
         return self._map[info.offset:info.offset + info.nbytes]
 
+    def file_offset(self, array):
+        """Where a contiguous view of the mapped file starts in the file, or
+        None (mmap=False, a closed file, or bytes that are not the map's)."""
+        if not self.mmap or self._map is None or self._fd is None:
+            return None
+        a = np.asarray(array)
+        base = self._map.__array_interface__["data"][0]
+        at = a.__array_interface__["data"][0] - base
+        if not a.flags.c_contiguous or at < 0 or at + a.nbytes > self._map.nbytes:
+            return None
+        return at
+
+    def descriptor(self):
+        """The open file's descriptor (valid until close()), or None."""
+        return self._fd
+
     def check_unchanged(self):
         """Raise GGUFError if the file was truncated or rewritten since it was
         opened. One fstat on the open descriptor, so cheap enough to run

@@ -11,6 +11,7 @@ import pytest
 from llminfer import LLM, SamplingParams, _core
 from llminfer.engine import Engine
 from llminfer.errors import InvalidArgumentError, KVCacheFullError
+from llminfer.gguf_file import GGUFFile
 
 from reference import ReferenceModel
 from tiny_models import TinyConfig, write_model
@@ -150,11 +151,17 @@ def _pages_present(address, size):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/pagemap")
-def test_embedding_lookups_hand_their_pages_back(smollm2_path):
+@pytest.mark.parametrize("through", ["file", "mapping"])
+def test_embedding_lookups_leave_the_mapping_unmapped(smollm2_path, monkeypatch, through):
     """With the file mapped and the head repacked, each token's embedding row
-    is read and the pages a fault on it mapped (the kernel's fault-around and
-    large folios: the 2 MiB-aligned window around it) handed back, so a long prompt leaves the embedding all but unmapped; the
-    logits are those of a copy in memory (mmap=False), which keeps its pages."""
+    is read from the file with pread ("file"), or, where the engine has no
+    file offset for it, through the mapping, after which the pages a fault on
+    it mapped (the kernel's fault-around and large folios: the 2 MiB-aligned
+    window around it) are handed back ("mapping"). Either way a long prompt
+    leaves the embedding all but unmapped, and the logits are those of a copy
+    in memory (mmap=False), which keeps its pages."""
+    if through == "mapping":
+        monkeypatch.setattr(GGUFFile, "file_offset", lambda self, array: None)
     toks = np.random.default_rng(3).choice(49152, 300, replace=False).astype(np.int32)
     out = {}
     for mapped in (True, False):
@@ -176,6 +183,33 @@ def test_embedding_lookups_hand_their_pages_back(smollm2_path):
         finally:
             eng.close()
     assert np.array_equal(out[True], out[False])
+
+
+def test_embedding_file_outside_the_file_is_refused(smollm2_path):
+    eng = Engine(smollm2_path, n_ctx=64, n_threads=1)
+    try:
+        fd = eng.gguf.descriptor()
+        size = os.fstat(fd).st_size
+        for offset in (-1, size - 16):
+            with pytest.raises(InvalidArgumentError, match="does not lie within the file"):
+                eng.desc.embedding_file(fd, offset)
+    finally:
+        eng.close()
+
+
+def test_gguf_file_offset_is_the_tensors_own(smollm2_path):
+    g = GGUFFile(smollm2_path)
+    try:
+        info = g.tensors["token_embd.weight"]
+        assert g.file_offset(g.tensor_bytes("token_embd.weight")) == info.offset
+        assert g.file_offset(np.zeros(16, np.uint8)) is None  # not the map's bytes
+    finally:
+        g.close()
+    g = GGUFFile(smollm2_path, mmap=False)
+    try:
+        assert g.file_offset(g.tensor_bytes("token_embd.weight")) is None  # a copy: no file behind it
+    finally:
+        g.close()
 
 
 def test_repacking_is_skipped_when_the_copy_does_not_fit(monkeypatch, tmp_path):
