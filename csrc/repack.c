@@ -448,8 +448,9 @@ void li_release_row(const void *matrix, size_t size, const void *row, size_t n) 
  * back with madvise, which on a multi-threaded process also flushes the
  * other threads' TLBs: an interrupt to each core the team runs on, a VM
  * exit on a virtual machine. Reading the row with pread touches neither:
- * SmolLM2's 2-thread decode went from 298 to 310 tokens/s with the release
- * skipped (alternating runs; the 1B model's within noise). */
+ * SmolLM2's 2-thread decode went from 281 to 297 tokens/s (tg128,
+ * alternating builds; with the release merely skipped, 298 to 310; the 1B
+ * model's within noise). */
 int li_model_embd_file(li_model_desc *m, int fd, int64_t offset) {
     if (!m) return li_fail(LI_E_ARG, "no model description");
     if (fd < 0 || offset < 0) return li_fail(LI_E_ARG, "file descriptor %d and offset %lld must not be negative", fd, (long long)offset);
@@ -466,7 +467,9 @@ int li_embd_read_row(const li_model_desc *m, const void *row, size_t n, void *bu
     if (!m->embd_file) return 0;
     const char *base = (const char *)m->tok_embd.data, *r = (const char *)row;
     if (r < base || (size_t)(r - base) + n > m->tok_embd.nbytes) return 0;
-    off_t at = (off_t)(m->embd_offset + (int64_t)(r - base));
+    const int64_t at64 = m->embd_offset + (int64_t)(r - base), off_max = sizeof(off_t) >= 8 ? INT64_MAX : INT32_MAX;
+    if (at64 > off_max - (int64_t)n) return 0; /* beyond a 32-bit off_t */
+    const off_t at = (off_t)at64;
     size_t got = 0;
     while (got < n) {
         const ssize_t k = pread(m->embd_fd, (char *)buf + got, n - got, at + (off_t)got);
