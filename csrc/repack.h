@@ -79,11 +79,11 @@ int li_x16_layout(int type);
 size_t li_x16_group_bytes(int type, int64_t k);
 /* groups of a matrix of `rows` rows */
 static inline int64_t li_x16_groups(int64_t rows) { return (rows + LI_X16_ROWS - 1) / LI_X16_ROWS; }
-/* pack groups [g_lo, g_hi) of the matrix src (rows of row_bytes) into dst,
- * which holds all the matrix's groups */
 /* memory for repacked groups, in 2 MiB pages where the system gives them
  * (see repack.c); freed with li_free_aligned, NULL when out of memory */
 void *li_x16_alloc(size_t size);
+/* pack groups [g_lo, g_hi) of the matrix src (rows of row_bytes) into dst,
+ * which holds all the matrix's groups */
 void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int64_t k, void *dst, int64_t g_lo,
                  int64_t g_hi);
 

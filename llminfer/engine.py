@@ -144,8 +144,8 @@ class Engine:
                 else:
                     self.repacked_bytes = self.desc.repack(n_gpu, not gpu_head, self.n_threads, mmap)
                     # the embedding's lookups then pread their rows: no fault, no madvise a token
-                    at = self.gguf.file_offset(self.spec.tok_embd.data)
-                    if mmap and at is not None:
+                    at = self.gguf.file_offset(self.spec.tok_embd.data)  # None unless mapped
+                    if at is not None:
                         self.desc.embedding_file(self.gguf.descriptor(), at)
         except Exception:
             self.gguf.close()

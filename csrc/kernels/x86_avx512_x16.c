@@ -340,7 +340,7 @@ LI_INLINE void k45_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const
             acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(imin[c]), _mm512_mul_ps(mw, dx), acc[c]);
         }
     }
-    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+    store_cols(y, ys, acc, nc, nr);
 }
 
 /* ---- Q6_K: per super-block (3392 bytes) 16 groups of (P0, P1, P2), sc, d ---- */
@@ -395,7 +395,7 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, cons
         UNROLL for (int c = 0; c < nc; c++)
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, _mm512_set1_ps(a[c]->d)), acc[c]);
     }
-    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+    store_cols(y, ys, acc, nc, nr);
 }
 
 /* ---- IQ4_XS: per super-block (2240 bytes) 8 blocks of 4 chunks of level
@@ -462,7 +462,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, co
         UNROLL for (int c = 0; c < nc; c++)
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, _mm512_set1_ps(a[c]->d)), acc[c]);
     }
-    UNROLL for (int c = 0; c < nc; c++) store16(y + (size_t)c * ys, acc[c], nr);
+    store_cols(y, ys, acc, nc, nr);
 }
 
 /* ---- the table's entries: the lanes (groups x activation rows) as constants ---- */
