@@ -202,16 +202,20 @@ static void softmax_row(const li_context *c, float *row, int64_t n, int normaliz
     if (c->kv.kv_type == LI_TYPE_F16) li_round_to_f16(row, n);
 }
 
-/* Attention of the nh heads of kv head kvh for token t over the present
- * positions of [p0, p1). With part == NULL they are all the token sees: the
- * result is normalized into att. Otherwise the unnormalized result goes to
- * part, per head (part_stride apart): max, sum, then head_dim_v values; a span
- * with no present position is marked by sum 0. */
-static void attend_span(li_context *c, int il, int64_t t, int kvh, const int32_t *blocks, int n_blocks, int p0,
-                        int p1, float *part, size_t part_stride, int ith) {
+/* Attention of query heads h0..h0 + nh - 1 of kv head kvh's group for
+ * token t over the present positions of [p0, p1). With part == NULL they are
+ * all the token sees: the result is normalized into att. Otherwise the
+ * unnormalized result goes to part (head h0's), per head (part_stride apart):
+ * max, sum, then head_dim_v values; a span with no present position is
+ * marked by sum 0. Each head's scores, softmax and sum are its own (the
+ * kernels compute every head on its own), so any cut of a group into head
+ * ranges gives the same bits. */
+static void attend_span(li_context *c, int il, int64_t t, int kvh, int h0, int nh, const int32_t *blocks,
+                        int n_blocks, int p0, int p1, float *part, size_t part_stride, int ith) {
     const li_model_desc *m = c->m;
-    const int nh = m->n_head / m->n_head_kv;
     const int64_t hdv = m->head_dim_v;
+    const int group = m->n_head / m->n_head_kv;
+    const int64_t head = t * m->n_head + (int64_t)kvh * group + h0; /* the first head's index */
     row_run runs[LI_ATTN_SPAN + 1];
     const int nr = span_runs(c, blocks, n_blocks, p0, p1, runs);
     int64_t n = 0;
@@ -223,17 +227,16 @@ static void attend_span(li_context *c, int il, int64_t t, int kvh, const int32_t
         }
         return;
     }
-    float *scores = c->scores + (size_t)ith * (size_t)c->tile_max * (size_t)nh * (size_t)c->span;
+    float *scores = c->scores + (size_t)ith * (size_t)c->tile_max * (size_t)group * (size_t)c->span;
     float *vrow = c->vrow + (size_t)ith * (size_t)hdv;
     const size_t ld = (size_t)n;
-    const float *q = c->q + (t * m->n_head + (int64_t)kvh * nh) * m->head_dim;
-    const char *qq = kv_quantized(c) ? (const char *)c->qq + ((size_t)t * (size_t)m->n_head + (size_t)kvh * (size_t)nh) * c->qq_row
-                                     : NULL;
+    const float *q = c->q + head * m->head_dim;
+    const char *qq = kv_quantized(c) ? (const char *)c->qq + (size_t)head * c->qq_row : NULL;
     for (int i = 0, off = 0; i < nr; off += (int)runs[i].n, i++)
         run_scores(c, il, kvh, q, qq, nh, runs[i].r0, runs[i].n, scores + off, ld);
     float mx[64], sum[64]; /* heads per group: checked in li_model_check */
     for (int h = 0; h < nh; h++) softmax_row(c, scores + (size_t)h * ld, n, !part, &mx[h], &sum[h]);
-    float *out = part ? part + 2 : c->att + (t * m->n_head + (int64_t)kvh * nh) * hdv;
+    float *out = part ? part + 2 : c->att + head * hdv;
     const size_t out_stride = part ? part_stride : (size_t)hdv;
     for (int h = 0; h < nh; h++) memset(out + (size_t)h * out_stride, 0, (size_t)hdv * sizeof(float));
     for (int i = 0, off = 0; i < nr; off += (int)runs[i].n, i++)
@@ -286,11 +289,11 @@ static void first_span(const li_context *c, const li_layer_desc *L, const int32_
 }
 
 /* attention of a token whose keys lie in one span: normalized into att */
-static void attend_single(li_context *c, int il, const li_layer_desc *L, int64_t t, int kvh, const int32_t *blocks,
-                          int n_blocks, int ith) {
+static void attend_single(li_context *c, int il, const li_layer_desc *L, int64_t t, int kvh, int h0, int nh,
+                          const int32_t *blocks, int n_blocks, int ith) {
     int p0, p1;
     first_span(c, L, blocks, n_blocks, c->pos[t], &p0, &p1);
-    attend_span(c, il, t, kvh, blocks, n_blocks, p0, p1, NULL, 0, ith);
+    attend_span(c, il, t, kvh, h0, nh, blocks, n_blocks, p0, p1, NULL, 0, ith);
 }
 
 /* the token's table in layer il's group */
@@ -432,6 +435,14 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
     }
 }
 
+/* the span items of token t in split mode: 1 when its keys lie in one span
+ * (group g's count), else every span of its range */
+static int64_t split_spans(const li_context *c, const li_layer_desc *L, int64_t t, int g) {
+    if (c->n_spans[t * 2 + g] <= 1) return 1;
+    const int pos = c->pos[t];
+    return pos / c->span - li_first_visible(L, pos) / c->span + 1;
+}
+
 void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
     const li_model_desc *m = c->m;
     const int nh = m->n_head / m->n_head_kv, g = c->group[il];
@@ -447,30 +458,52 @@ void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int 
         }
         return;
     }
-    /* split: items (token, kv head, span); the parts of head h of token t are
-     * at parts + ((t * n_head + h) * max_chunks + span index) * ps */
+    /* split: items (token, kv head, span, query head), only those that
+     * compute something: a token whose keys lie in one span has one span
+     * item (attend_single), another has every span of its range, empty or
+     * not. Each thread takes a contiguous run of items (li_split), and the
+     * heads of one (token, kv head, span) in its run are one call. Dealing
+     * whole kv heads round-robin left a thread idle: a decoded token short of
+     * 256 positions has n_head_kv items (1 in Gemma 3, 3 in SmolLM2), which
+     * all fell to thread 0 when max_chunks was even. The parts of head h of
+     * token t are at parts + ((t * n_head + h) * max_chunks + span index) * ps */
     const size_t head_stride = (size_t)c->max_chunks * ps;
-    const int64_t total = n * m->n_head_kv * c->max_chunks;
-    for (int64_t i = ith; i < total; i += nth) {
-        const int64_t t = i / ((int64_t)m->n_head_kv * c->max_chunks);
-        const int kvh = (int)(i / c->max_chunks % m->n_head_kv), s_idx = (int)(i % c->max_chunks);
-        const int pos = c->pos[t], first = li_first_visible(L, pos), span = c->span;
-        const int s = first / span + s_idx;
-        if (s > pos / span) continue;
+    int64_t total = 0;
+    int combine = 0; /* whether some token's spans are combined below */
+    for (int64_t t = 0; t < n; t++) {
+        total += (int64_t)m->n_head * split_spans(c, L, t, g);
+        combine |= c->n_spans[t * 2 + g] > 1;
+    }
+    int64_t lo, hi;
+    li_split(total, ith, nth, &lo, &hi);
+    int64_t t = 0, base = 0; /* token t's items start at base */
+    for (int64_t i = lo; i < hi;) {
+        int64_t per_tok = (int64_t)m->n_head * split_spans(c, L, t, g);
+        while (i >= base + per_tok) {
+            base += per_tok;
+            t++;
+            per_tok = (int64_t)m->n_head * split_spans(c, L, t, g);
+        }
+        const int64_t spans = per_tok / m->n_head, r = i - base; /* r: (kv head, span index, head) */
+        const int kvh = (int)(r / (spans * nh)), s_idx = (int)(r / nh % spans), h0 = (int)(r % nh);
+        const int cnt = (int)LI_MIN((int64_t)(nh - h0), hi - i);
+        i += cnt;
         const int32_t *blocks;
         int n_blocks;
         token_table(c, il, t, &blocks, &n_blocks);
         if (c->n_spans[t * 2 + g] <= 1) {
-            if (s_idx == 0) attend_single(c, il, L, t, kvh, blocks, n_blocks, ith);
+            attend_single(c, il, L, t, kvh, h0, cnt, blocks, n_blocks, ith);
             continue;
         }
+        const int pos = c->pos[t], first = li_first_visible(L, pos), span = c->span;
+        const int s = first / span + s_idx;
         const int p0 = LI_MAX(first, s * span), p1 = LI_MIN(pos + 1, (s + 1) * span);
-        float *part = c->parts + ((size_t)t * (size_t)m->n_head + (size_t)kvh * (size_t)nh) * head_stride +
+        float *part = c->parts + ((size_t)t * (size_t)m->n_head + (size_t)kvh * (size_t)nh + (size_t)h0) * head_stride +
                       (size_t)s_idx * ps;
-        attend_span(c, il, t, kvh, blocks, n_blocks, p0, p1, part, head_stride, ith);
+        attend_span(c, il, t, kvh, h0, cnt, blocks, n_blocks, p0, p1, part, head_stride, ith);
     }
+    if (!combine) return; /* the same for every thread: the barrier is everyone's or no one's */
     LI_BARRIER();
-    int64_t lo, hi;
     li_split(n * m->n_head, ith, nth, &lo, &hi);
     for (int64_t i = lo; i < hi; i++) {
         const int64_t t = i / m->n_head;

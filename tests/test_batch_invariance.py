@@ -192,3 +192,28 @@ def test_long_prompts_over_several_spans_and_tiles(tmp_path, arch, kv_type, qtyp
             ref = whole
         for name, got in (("whole", whole), ("chunks of 37", chunks), ("one at a time", steps)):
             assert np.array_equal(got, ref), f"{name}, {threads} thread(s): differs by {np.abs(got - ref).max()}"
+
+
+@pytest.mark.parametrize("arch,n_head,n_head_kv", [("llama", 6, 3), ("gemma3", 4, 1)])
+def test_decode_shares_a_groups_heads_among_threads(tmp_path, arch, n_head, n_head_kv):
+    """A decoded token with few kv heads is shared among the team by query
+    head (attention.c's split items): at 2 threads, 3 kv heads of 2 heads
+    each are cut in the middle one, and Gemma's one kv head of 4 in two. One
+    token at a time, past one attention span (its spans then combined), and
+    through a sliding window of 300 that starts mid-span (gemma3), the logits
+    are those of the prompt run whole, bit for bit."""
+    cfg = TinyConfig(arch=arch, n_head=n_head, n_head_kv=n_head_kv, n_embd=64 * n_head, context_length=1024,
+                     sliding_window=300 if arch == "gemma3" else 0)
+    path = write_model(tmp_path / "heads.gguf", cfg)
+    prompt = toks(6, 330)
+    ref = None
+    for threads in (1, 2):
+        eng = Engine(path, n_ctx=1024, kv_pool_tokens=2048, n_batch=330, n_threads=threads, block_size=16)
+        try:
+            if ref is None:
+                ref = eng.decode([(eng.new_sequence(), prompt, "all")])[0]
+            s = eng.new_sequence()
+            steps = np.concatenate([eng.decode([(s, prompt[i:i + 1], "all")])[0] for i in range(len(prompt))])
+        finally:
+            eng.close()
+        assert np.array_equal(steps, ref), f"{threads} thread(s): differs by {np.abs(steps - ref).max()}"
