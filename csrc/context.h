@@ -98,6 +98,9 @@ struct li_context {
     int32_t *pos;          /* [n_batch] */
     int32_t *kv_row[LI_KV_GROUPS]; /* [n_batch] pool row (block * block_size + slot) a token writes */
     int32_t *out_rows;     /* [n_batch] batch rows whose logits are returned */
+    float *logit_part;     /* [n_batch, max_threads, 2] the (min, max) of each piece of each logits row */
+    int64_t range_rows;    /* the logits rows whose pieces the last decode left there (-1: none) */
+    int range_pieces;      /* pieces per row: the team's size */
     int32_t *n_spans;      /* [n_batch] spans with keys per token and group: [t * 2 + group] */
     const int32_t *seq;    /* the batch's sequence indices */
     const li_seq_view *views;

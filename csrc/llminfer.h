@@ -132,6 +132,8 @@ int li_activation(int fn, const float *x, int64_t n, float *y);
 int li_gated_activation(int fn, const float *g, const float *u, int64_t n, float *y);
 /* row-wise softmax, numerically stable */
 int li_softmax(const float *x, int64_t rows, int64_t k, float *y);
+/* the least and greatest of x[0..n), n >= 1; both NaN when some x is NaN */
+int li_value_range(const float *x, int64_t n, float *lo, float *hi);
 int li_add(const float *a, const float *b, int64_t n, float *y);
 int li_mul(const float *a, const float *b, int64_t n, float *y);
 
@@ -320,6 +322,11 @@ int li_kv_write_block(li_context *c, int group, int block, const void *src, size
  * batch nor on n_threads. */
 int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views, int n_views,
                       float *logits, size_t logits_size, int n_threads);
+/* After a decode that computed n rows of logits on the CPU: each row's least
+ * and greatest value into lo_hi[2 i], lo_hi[2 i + 1] (both NaN when the row
+ * holds a NaN), and 1. 0 when the last decode left no such figures for n
+ * rows (hidden-state output, a head run by a backend, a failed pass). */
+int li_context_logit_range(const li_context *c, float *lo_hi, int64_t n);
 /* ---- encoders (encoder.c): BERT-style models for embeddings ----
  * Post-norm blocks with LayerNorm (weight and bias), attention over every
  * position of the sequence (no causal mask), absolute position embeddings

@@ -213,6 +213,7 @@ void li_context_free(li_context *c) {
     free(c->pos);
     for (int g = 0; g < LI_KV_GROUPS; g++) free(c->kv_row[g]);
     free(c->out_rows);
+    free(c->logit_part);
     free(c->n_spans);
     free(c->layer_rope);
     free(c);
@@ -399,11 +400,13 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     c->pos = malloc(nb * sizeof(int32_t));
     for (int g = 0; g < LI_KV_GROUPS; g++) c->kv_row[g] = malloc(nb * sizeof(int32_t));
     c->out_rows = malloc(nb * sizeof(int32_t));
+    c->logit_part = malloc(nb * nth * 2 * sizeof(float));
+    c->range_rows = -1;
     c->n_spans = malloc(nb * 2 * sizeof(int32_t));
     c->rope_cs = alloc_aligned((size_t)c->n_rope * nb * (size_t)m->n_rot * sizeof(float));
     if (!c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u || !c->scores ||
         !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->embd_rows || !c->share || !c->pos || !c->kv_row[0] ||
-        !c->kv_row[1] || !c->out_rows || !c->n_spans || !c->rope_cs || !c->tq || !c->tout || !c->tile0)
+        !c->kv_row[1] || !c->out_rows || !c->logit_part || !c->n_spans || !c->rope_cs || !c->tq || !c->tout || !c->tile0)
         goto nomem;
     for (int a = 0; a < LI_ACT_COUNT; a++) {
         if (c->xq_row[a] == 0) continue;
@@ -949,6 +952,46 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
         }
     }
     if (c->probe) probe_team(c, logits, n_out, V, LI_PROBE_LOGITS, 0);
+
+    /* each row's least and greatest logit, in nth pieces per row, for the
+     * caller's check of the logits (li_context_logit_range): the team reads
+     * them while they are in its caches, where the caller's own passes over
+     * a large vocabulary's row found them cold (Gemma 3's 262144 logits: two
+     * numpy reductions took ~150 us of a token, the other core idle) */
+    LI_BARRIER();
+    li_split(n_out * nth, ith, nth, &lo, &hi);
+    for (int64_t p = lo; p < hi; p++) {
+        int64_t a, z;
+        li_split(V, (int)(p % nth), nth, &a, &z);
+        float *r = c->logit_part + 2 * p;
+        if (z > a) {
+            li_K->range_f32(logits + (p / nth) * V + a, z - a, &r[0], &r[1]);
+        } else {
+            r[0] = INFINITY;
+            r[1] = -INFINITY;
+        }
+    }
+    if (ith == 0) {
+        c->range_rows = n_out;
+        c->range_pieces = nth;
+    }
+}
+
+int li_context_logit_range(const li_context *c, float *lo_hi, int64_t n) {
+    if (!c || (!lo_hi && n > 0)) return li_fail(LI_E_ARG, "no context or no output");
+    if (c->range_rows != n) return 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float *r = c->logit_part + 2 * i * c->range_pieces;
+        float a = r[0], b = r[1];
+        for (int p = 1; p < c->range_pieces; p++) {
+            const float pa = r[2 * p], pb = r[2 * p + 1];
+            a = pa != pa || a != a ? NAN : LI_MIN(a, pa);
+            b = pb != pb || b != b ? NAN : LI_MAX(b, pb);
+        }
+        lo_hi[2 * i] = a;
+        lo_hi[2 * i + 1] = b;
+    }
+    return 1;
 }
 
 int li_context_set_hidden_output(li_context *c, int on) {
@@ -1079,6 +1122,7 @@ int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views
     li_fail(LI_OK, "%s", "");
     if (!c || !b || !views || (!b->token && !b->embd) || !b->pos || !b->seq)
         return li_fail(LI_E_ARG, "a batch needs tokens (or embeddings), positions, sequences and views");
+    c->range_rows = -1; /* until this pass's head leaves its figures */
     const li_model_desc *m = c->m;
     if (b->n <= 0 || b->n > c->n_batch)
         return li_fail(LI_E_ARG, "a batch of %d tokens; this context takes 1 to %d", b->n, c->n_batch);

@@ -337,6 +337,13 @@ int li_softmax(const float *x, int64_t rows, int64_t k, float *y) {
     return LI_OK;
 }
 
+int li_value_range(const float *x, int64_t n, float *lo, float *hi) {
+    li_init();
+    if (!x || !lo || !hi || n <= 0) return LI_E_ARG;
+    li_K->range_f32(x, n, lo, hi);
+    return LI_OK;
+}
+
 int li_add(const float *a, const float *b, int64_t n, float *y) {
     li_init();
     if (!a || !b || !y || n < 0) return LI_E_ARG;

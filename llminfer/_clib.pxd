@@ -41,6 +41,7 @@ cdef extern from "llminfer.h" nogil:
     int li_activation(int fn, const float *x, int64_t n, float *y)
     int li_gated_activation(int fn, const float *g, const float *u, int64_t n, float *y)
     int li_softmax(const float *x, int64_t rows, int64_t k, float *y)
+    int li_value_range(const float *x, int64_t n, float *lo, float *hi)
     int li_add(const float *a, const float *b, int64_t n, float *y)
     int li_mul(const float *a, const float *b, int64_t n, float *y)
     int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,
@@ -141,6 +142,7 @@ cdef extern from "llminfer.h" nogil:
     int li_kv_write_block(li_context *c, int group, int block, const void *src, size_t size)
     int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views, int n_views,
                           float *logits, size_t logits_size, int n_threads)
+    int li_context_logit_range(const li_context *c, float *lo_hi, int64_t n)
     ctypedef struct li_encoder_layer:
         li_matrix wq, wk, wv
         const float *bq

@@ -190,6 +190,19 @@ def softmax(const float[:, ::1] x):
     return out
 
 
+def value_range(const float[::1] x):
+    """(least, greatest) of x, both NaN when x holds a NaN: the kernel that
+    checks each pass's logits (Context.logit_range)."""
+    cdef float lo = 0, hi = 0
+    cdef int st
+    if x.shape[0] == 0:
+        raise errors.ShapeError("the range of no values")
+    with nogil:
+        st = C.li_value_range(&x[0], x.shape[0], &lo, &hi)
+    check(st, "value range")
+    return lo, hi
+
+
 def binary(str op, const float[::1] a, const float[::1] b):
     out = np.empty(a.shape[0], dtype=np.float32)
     cdef float[::1] y = out
@@ -454,6 +467,20 @@ cdef class Context:
         finally:
             free(views)
         check(st, "forward pass")
+
+    def logit_range(self, float[:, ::1] out):
+        """After a decode: each logits row's least and greatest value into
+        out ([rows, 2], both NaN for a row with a NaN), computed by the team
+        as the pass ended; False (out untouched) when the pass left none for
+        that many rows (a backend's head, hidden-state output)."""
+        if self.ctx == NULL:
+            raise errors.LLMInferError("the context is closed")
+        if out.shape[1] != 2:
+            raise errors.ShapeError(f"logit ranges need 2 columns, got {out.shape[1]}")
+        cdef int st = C.li_context_logit_range(self.ctx, &out[0, 0] if out.shape[0] else NULL, out.shape[0])
+        if st < 0:
+            check(st, "logit range")
+        return st == 1
 
     def copy_block(self, int group, int src, int dst):
         """Copy a block's keys and values in every layer of a group."""

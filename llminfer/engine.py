@@ -159,6 +159,7 @@ class Engine:
         self.native_seconds = 0.0  # running total of time inside the native forward pass
         self._width = self.n_vocab  # values per output row: n_vocab, or n_embd in hidden_states
         self._logits = np.empty(0, np.float32)  # _logits_buffer's array
+        self._ranges = np.empty((0, 2), np.float32)  # each pass's logit ranges (_core.Context.logit_range)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -234,24 +235,35 @@ class Engine:
 
         work: a list of (seq, ids) or (seq, ids, logits) with logits "last"
         (default: the logits after the last id, float32 [n_vocab]), "all"
-        ([len(ids), n_vocab]) or None. Returns one entry per item, in order.
-        The tokens of all items run together, n_batch at a time."""
+        ([len(ids), n_vocab]) or None; or a writable C-contiguous float32
+        array [n_vocab] that receives the last logits (the entry returned is
+        that array: a caller that keeps one buffer gets no allocation, and
+        when the pass has that one row the C core writes it there in place).
+        Returns one entry per item, in order. The tokens of all items run
+        together, n_batch at a time."""
         items = []
+        width = self._width
         for w in work:
             seq, ids = w[0], self.check_ids(w[1])
             want = w[2] if len(w) > 2 else "last"
-            if want not in ("last", "all", None):
-                raise InvalidArgumentError(f"logits must be 'last', 'all' or None, got {want!r}")
+            if isinstance(want, np.ndarray):
+                if (want.dtype != np.float32 or want.shape != (width,) or not want.flags.c_contiguous
+                        or not want.flags.writeable):
+                    raise InvalidArgumentError(f"a logits buffer must be a writable C-contiguous float32 array of "
+                                               f"shape ({width},), got {want.dtype} {want.shape}")
+            elif want not in ("last", "all", None):
+                raise InvalidArgumentError(f"logits must be 'last', 'all', None or a float32 array, got {want!r}")
             if len(seq.tokens) + len(ids) > self.n_ctx:
                 raise ContextFullError(f"{len(seq.tokens)} tokens in the sequence plus {len(ids)} new ones exceed "
                                        f"n_ctx={self.n_ctx}")
             items.append((seq, ids, want))
         if len({id(s) for s, _, _ in items}) != len(items):
             raise InvalidArgumentError("a sequence appears twice in one decode call")
-        width = self._width
-        out = [np.empty((len(ids), width), np.float32) if want == "all" else
+        out = [want if isinstance(want, np.ndarray) else
+               np.empty((len(ids), width), np.float32) if want == "all" else
                (np.empty(width, np.float32) if want == "last" and len(ids) else None)
                for _, ids, want in items]
+        items = [(seq, ids, "last" if isinstance(want, np.ndarray) else want) for seq, ids, want in items]
         nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
         # flat batches: each item's tokens in order, items one after another
         done = [0] * len(items)
@@ -315,7 +327,10 @@ class Engine:
                 dest.append((i, -1))
             r += n
         width = self._width
-        logits = self._logits_buffer(len(dest) * width)
+        # one row, the last of its item: written in place into the item's own
+        # array (a whole row of a large vocabulary per token, copied no more)
+        direct = len(dest) == 1 and dest[0][1] < 0
+        logits = out[dest[0][0]] if direct else self._logits_buffer(len(dest) * width)
         self.gguf.check_unchanged()  # a file truncated under its mapping would be a SIGBUS
         t = time.perf_counter()
         self.ctx.decode(tokens, None, pos, seq_idx, want, views, logits, n_threads)
@@ -324,9 +339,13 @@ class Engine:
         if len(dest):
             def rerun():  # the same pass, for the probe; the cache stays as it is (llminfer.numerics)
                 self.ctx.decode(tokens, None, pos, seq_idx, want, views, np.empty_like(logits), n_threads)
+            if len(self._ranges) < len(dest):
+                self._ranges = np.empty((len(dest), 2), np.float32)
+            ranges = self._ranges[:len(dest)]
             check_logits(rows, f"a batch of {total} tokens (positions {int(pos.min())}..{int(pos.max())})",
-                         locate=lambda **kw: locate_non_finite(self.ctx, rerun, tokens, pos, want, **kw))
-        for k, (i, row) in enumerate(dest):
+                         locate=lambda **kw: locate_non_finite(self.ctx, rerun, tokens, pos, want, **kw),
+                         ranges=ranges if self.ctx.logit_range(ranges) else None)
+        for k, (i, row) in enumerate([] if direct else dest):
             if row < 0:
                 out[i][:] = rows[k]
             else:

@@ -222,6 +222,7 @@ class LLM:
         # it waited (on its own thread, since the lock is reentrant).
         self._owner = None
         self._last_logits = np.zeros(self.spec.n_vocab, dtype=np.float32)
+        self._spare_logits = np.empty_like(self._last_logits)  # the next pass's (_forward)
         self._draft = None
         try:
             if draft_model is not None:
@@ -330,9 +331,17 @@ class LLM:
                                    f"n_ctx={self.n_ctx}")
         if n == 0:
             return np.empty((0, self.n_vocab), np.float32) if logits_all else None
-        (out,) = self._engine.decode([(self._seq, ids, "all" if logits_all else "last")], n_threads=self.n_threads)
-        self._last_logits[:] = out[-1] if logits_all else out
-        return out if logits_all else None
+        if not logits_all:
+            # the C core writes the row into the spare buffer itself, which
+            # then becomes _last_logits: no copy of a large vocabulary's row,
+            # and a pass that fails leaves _last_logits as it was
+            spare = self._spare_logits
+            self._engine.decode([(self._seq, ids, spare)], n_threads=self.n_threads)
+            self._spare_logits, self._last_logits = self._last_logits, spare
+            return None
+        (out,) = self._engine.decode([(self._seq, ids, "all")], n_threads=self.n_threads)
+        self._last_logits[:] = out[-1]
+        return out
 
     def eval(self, ids) -> np.ndarray:  # noqa: A003
         """Append ids to the context; return the logits at every one of them,

@@ -31,18 +31,25 @@ from llminfer.errors import NumericalError
 _HINT = "run `llminfer info --check MODEL` to scan its weights for NaN or infinite values"
 
 
-def check_logits(logits: np.ndarray, where: str, locate: Callable[..., str | None] | None = None) -> None:
+def check_logits(logits: np.ndarray, where: str, locate: Callable[..., str | None] | None = None,
+                 ranges: np.ndarray | None = None) -> None:
     """Raise NumericalError if any row of logits ([n_vocab] or [n, n_vocab])
     holds NaN or an infinity, or has all its values equal. `where` names the
     step for the message ("the prompt's token 12 (position 40)"). locate(),
     called only when the check fails, may say where in the model non-finite
     values first appear (locate_non_finite); for all-equal logits it is
-    called as locate(equal=True) and says nothing when every value is finite."""
+    called as locate(equal=True) and says nothing when every value is finite.
+    ranges: each row's (min, max) when already known ([n, 2], both NaN for a
+    row with a NaN: the C core's figures, _core.Context.logit_range), so the
+    rows are read again only to describe a failure."""
     if logits.size == 0:
         return
     rows = logits.reshape(-1, logits.shape[-1])
-    hi = rows.max(axis=1)    # max and min propagate NaN, and see +-inf
-    lo = rows.min(axis=1)
+    if ranges is not None:
+        lo, hi = ranges[:, 0], ranges[:, 1]
+    else:
+        hi = rows.max(axis=1)    # max and min propagate NaN, and see +-inf
+        lo = rows.min(axis=1)
     bad = ~(np.isfinite(hi) & np.isfinite(lo))
     if bad.any():
         r = int(np.flatnonzero(bad)[0])

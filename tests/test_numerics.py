@@ -13,6 +13,7 @@ from llminfer.errors import InvalidArgumentError, LLMInferError, NumericalError
 from llminfer.gguf_file import GGUFFile
 from llminfer.numerics import check_logits, scan_weights
 
+from kernel_cases import isa  # noqa: F401 (the fixture that runs a test at every kernel level)
 from tiny_models import TinyConfig, write_model
 
 
@@ -40,6 +41,39 @@ def test_all_equal_logits():
     """What an absurd norm epsilon gives: every logit 0."""
     with pytest.raises(NumericalError, match=r"all equal \(0.0\) at position 3"):
         check_logits(np.zeros(10, dtype=np.float32), "position 3")
+
+
+@pytest.mark.parametrize("n", [1, 7, 31, 32, 33, 100, 262144 + 5])
+def test_value_range_kernel(isa, n):
+    """The kernel behind the logits check (li_value_range, as each pass's
+    head ends): numpy's min and max, with an infinity, at every length past
+    the vector loops; NaN anywhere, even at the very end, makes both NaN."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 30).astype(np.float32)
+    assert _core.value_range(x) == (x.min(), x.max())
+    x[rng.integers(n)] = -np.inf
+    assert _core.value_range(x) == (-np.inf, x.max())
+    for at in sorted({0, n // 2, n - 1}):
+        y = x.copy()
+        y[at] = np.nan
+        lo, hi = _core.value_range(y)
+        assert np.isnan(lo) and np.isnan(hi), (at, lo, hi)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_passes_logit_ranges_are_the_logits(tmp_path, isa, threads):
+    """What the team leaves for the check after the head is each row's min
+    and max of the logits handed back, for one row and for several."""
+    path = write_model(tmp_path / "r.gguf", TinyConfig(final_softcap=0.0))
+    with closing(Engine(path, n_ctx=64, n_threads=threads)) as eng:
+        rows = eng.decode([(eng.new_sequence(), list(range(1, 9)), "all")])[0]
+        got = np.empty((len(rows), 2), np.float32)
+        assert eng.ctx.logit_range(got)
+        assert np.array_equal(got, np.stack([rows.min(axis=1), rows.max(axis=1)], axis=1))
+        last = eng.decode([(eng.new_sequence(), [3, 4], "last")])[0]
+        one = np.empty((1, 2), np.float32)
+        assert eng.ctx.logit_range(one) and tuple(one[0]) == (last.min(), last.max())
+        assert not eng.ctx.logit_range(got)  # the last pass had 1 row, not 8
 
 
 def test_numerical_error_does_not_blame_the_caller():

@@ -91,6 +91,9 @@ typedef struct li_kernels {
                            int64_t n, int64_t d, float *out, size_t out_stride);
     /* x[i] = exp(x[i] - mx) in place; returns their sum */
     float (*exp_sum)(float *x, int64_t n, float mx);
+    /* the least and greatest of x[0..n) (n >= 1) into lo and hi; both NaN
+     * when some x is NaN */
+    void (*range_f32)(const float *x, int64_t n, float *lo, float *hi);
 
     /* prefill kernels over packed panels (gemm.h), by panel kind; NULL: the
      * level multiplies batches with its dot kernels */

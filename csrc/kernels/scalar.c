@@ -551,6 +551,18 @@ static void attn_accum_f16(const float *p, size_t p_ld, int nh, const uint16_t *
             axpy_f16(p[(size_t)h * p_ld + (size_t)j], v + (size_t)j * stride, out + (size_t)h * out_stride, d);
 }
 
+static void range_f32(const float *x, int64_t n, float *lo, float *hi) {
+    float a = x[0], b = x[0];
+    int nan = 0;
+    for (int64_t i = 0; i < n; i++) {
+        nan |= x[i] != x[i];
+        a = x[i] < a ? x[i] : a;
+        b = x[i] > b ? x[i] : b;
+    }
+    *lo = nan ? NAN : a;
+    *hi = nan ? NAN : b;
+}
+
 static float exp_sum(float *x, int64_t n, float mx) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -590,4 +602,5 @@ void li_kernels_fill_scalar(li_kernels *t) {
     t->attn_scores_f16 = attn_scores_f16;
     t->attn_accum_f16 = attn_accum_f16;
     t->exp_sum = exp_sum;
+    t->range_f32 = range_f32;
 }

@@ -1347,6 +1347,34 @@ static float exp_sum(float *x, int64_t n, float mx) {
     return (float)sum;
 }
 
+/* min and max in 4 accumulators each, NaN found by an unordered compare */
+static void range_f32(const float *x, int64_t n, float *lo, float *hi) {
+    __m256 mn[4], mx[4], un = _mm256_setzero_ps();
+    for (int r = 0; r < 4; r++) mn[r] = mx[r] = _mm256_set1_ps(x[0]);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int r = 0; r < 4; r++) {
+            const __m256 v = _mm256_loadu_ps(x + i + 8 * r);
+            mn[r] = _mm256_min_ps(mn[r], v);
+            mx[r] = _mm256_max_ps(mx[r], v);
+            un = _mm256_or_ps(un, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+    const __m256 m0 = _mm256_min_ps(_mm256_min_ps(mn[0], mn[1]), _mm256_min_ps(mn[2], mn[3]));
+    const __m256 m1 = _mm256_max_ps(_mm256_max_ps(mx[0], mx[1]), _mm256_max_ps(mx[2], mx[3]));
+    __m128 s = _mm_min_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
+    s = _mm_min_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_min_ss(s, _mm_movehdup_ps(s));
+    float a = _mm_cvtss_f32(s), b = hmax_ps(m1);
+    int nan = _mm256_movemask_ps(un) != 0;
+    for (; i < n; i++) {
+        nan |= x[i] != x[i];
+        a = x[i] < a ? x[i] : a;
+        b = x[i] > b ? x[i] : b;
+    }
+    *lo = nan ? NAN : a;
+    *hi = nan ? NAN : b;
+}
+
 void li_kernels_fill_avx2(li_kernels *t) {
     li_kernels_fill_scalar(t);
     t->isa = LI_ISA_AVX2;
@@ -1374,6 +1402,7 @@ void li_kernels_fill_avx2(li_kernels *t) {
     t->attn_scores_f16 = attn_scores_f16;
     t->attn_accum_f16 = attn_accum_f16;
     t->exp_sum = exp_sum;
+    t->range_f32 = range_f32;
     li_gemm_fill_avx2(t);
     li_kernels_fill_avx2_iq(t); /* x86_avx2_iq.c: the i-quants, ternary types and MXFP4 */
     t->rms_norm = rms_norm;
