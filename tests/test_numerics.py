@@ -63,17 +63,19 @@ def test_value_range_kernel(isa, n):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_passes_logit_ranges_are_the_logits(tmp_path, isa, threads):
     """What the team leaves for the check after the head is each row's min
-    and max of the logits handed back, for one row and for several."""
+    and max of the logits handed back, for one row and for several, with
+    the verdict that they are sound (1); a count of rows the pass did not
+    compute gets none (-1). Unsound rows (0) are the NaN models' below."""
     path = write_model(tmp_path / "r.gguf", TinyConfig(final_softcap=0.0))
     with closing(Engine(path, n_ctx=64, n_threads=threads)) as eng:
         rows = eng.decode([(eng.new_sequence(), list(range(1, 9)), "all")])[0]
         got = np.empty((len(rows), 2), np.float32)
-        assert eng.ctx.logit_range(got)
+        assert eng.ctx.logit_range(got) == 1
         assert np.array_equal(got, np.stack([rows.min(axis=1), rows.max(axis=1)], axis=1))
         last = eng.decode([(eng.new_sequence(), [3, 4], "last")])[0]
         one = np.empty((1, 2), np.float32)
-        assert eng.ctx.logit_range(one) and tuple(one[0]) == (last.min(), last.max())
-        assert not eng.ctx.logit_range(got)  # the last pass had 1 row, not 8
+        assert eng.ctx.logit_range(one) == 1 and tuple(one[0]) == (last.min(), last.max())
+        assert eng.ctx.logit_range(got) == -1  # the last pass had 1 row, not 8
 
 
 def test_numerical_error_does_not_blame_the_caller():
