@@ -10,7 +10,7 @@ import pytest
 
 from llminfer import LLM, SamplingParams, _core
 from llminfer.engine import Engine
-from llminfer.errors import InvalidArgumentError, KVCacheFullError
+from llminfer.errors import InvalidArgumentError, KVCacheFullError, TokenError
 from llminfer.gguf_file import GGUFFile
 
 from reference import ReferenceModel
@@ -291,3 +291,46 @@ def test_kept_logits_buffer_is_bounded_and_never_shared(path):
     finally:
         a.close()
         b.close()
+
+
+def test_logits_into_a_callers_buffer(path):
+    """A float32 array as an item's logits receives the last row in place
+    (alone in its pass, or beside other items whose rows are copied), and is
+    the entry returned; the values are those of "last". A buffer of the
+    wrong type, shape or layout is refused before anything runs."""
+    a = Engine(path, n_ctx=256, kv_pool_tokens=512, n_threads=2, block_size=8)
+    b = Engine(path, n_ctx=256, kv_pool_tokens=512, n_threads=2, block_size=8)
+    try:
+        sa, sb, other = a.new_sequence(), b.new_sequence(), a.new_sequence()
+        buf = np.full(a.n_vocab, np.nan, np.float32)
+        for step, ids in enumerate([toks(3, 5), toks(4, 1), toks(5, 1)]):
+            work = [(sa, ids, buf)] + ([(other, toks(6 + step, 2), "all")] if step == 2 else [])
+            got = a.decode(work)
+            assert got[0] is buf
+            (ref,) = b.decode([(sb, ids, "last")])
+            assert np.array_equal(buf, ref), step
+        s = a.new_sequence()
+        for bad in (np.zeros(a.n_vocab, np.float64), np.zeros(a.n_vocab + 1, np.float32),
+                    np.zeros(2 * a.n_vocab, np.float32)[::2]):
+            with pytest.raises(InvalidArgumentError, match="logits buffer"):
+                a.decode([(s, toks(1, 2), bad)])
+        ro = np.zeros(a.n_vocab, np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(InvalidArgumentError, match="logits buffer"):
+            a.decode([(s, toks(1, 2), ro)])
+        assert s.tokens == []
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("side", ["below", "above"])
+def test_a_decode_steps_ids_are_checked(eng, side):
+    """A step's few int32 ids take Engine.check_ids' plain-Python path (the
+    C core checks them again): one outside the vocabulary is refused with
+    its id named, and nothing is committed."""
+    bad = -1 if side == "below" else eng.n_vocab
+    s = eng.new_sequence()
+    with pytest.raises(TokenError, match=f"token id {bad} is outside the vocabulary"):
+        eng.decode([(s, np.array([1, bad], np.int32))])
+    assert s.tokens == []
