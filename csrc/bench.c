@@ -32,11 +32,11 @@ uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads) {
     return total;
 }
 
-int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, int slow_spins, int32_t *taken_by,
-                   int32_t *times_taken) {
+int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, int slow_spins, int64_t chunk,
+                   int32_t *taken_by, int32_t *times_taken) {
     li_init();
-    if (units < 0 || units > LI_SHARE_MAX_UNITS || products < 0 || n_threads < 1 || slow_spins < 0 || !taken_by ||
-        !times_taken)
+    if (units < 0 || units > LI_SHARE_MAX_UNITS || products < 0 || n_threads < 1 || slow_spins < 0 || chunk < 1 ||
+        !taken_by || !times_taken)
         return LI_E_ARG;
     li_share *s = li_share_new(n_threads);
     if (!s) return LI_E_NOMEM;
@@ -58,6 +58,7 @@ int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, 
             li_share_turn t;
             int64_t u0, u1;
             li_share_open(s, units, ith, nth, &t);
+            t.chunk = chunk;
             while (li_share_next(s, &t, &u0, &u1))
                 for (int64_t u = u0; u < u1; u++) {
                     const int64_t i = (int64_t)p * units + u;

@@ -404,12 +404,14 @@ const char *li_last_error(void);
  * share; returns their sum, so the reads cannot be left out. */
 uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads);
 /* Hands out `products` products of `units` units each (share.h) to a team of
- * n_threads, as consecutive products with no barrier between them; thread
- * slow_thread spins slow_spins times per unit it takes. Writes, per (product,
- * unit), the thread that took it (taken_by) and how many times it was taken
- * (times_taken, 1 when right). Returns the team's size, or a status < 0. */
-int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, int slow_spins, int32_t *taken_by,
-                   int32_t *times_taken);
+ * n_threads, as consecutive products with no barrier between them, each
+ * owner taking at least `chunk` units of its own at a time until its last
+ * few (li_share_turn's chunk, >= 1); thread slow_thread spins slow_spins
+ * times per unit it takes. Writes, per (product, unit), the thread that took
+ * it (taken_by) and how many times it was taken (times_taken, 1 when right).
+ * Returns the team's size, or a status < 0. */
+int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, int slow_spins, int64_t chunk,
+                   int32_t *taken_by, int32_t *times_taken);
 enum li_vec_op {
     LI_VEC_DOT_F32 = 0,     /* *result = a . b            (a, b float) */
     LI_VEC_DOT_F32_F16 = 1, /* *result = a . b            (a float, b f16) */

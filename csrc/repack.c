@@ -337,22 +337,22 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
         for (int64_t c = 0; c < n; c++) /* each thread works out the terms it needs: all of them */
             act_terms(type, (const char *)xq + (size_t)c * xs, nb, scratch + c * per_col);
     const int64_t groups = li_x16_groups(rows);
-    /* a unit of the work sharing: LI_X16_NG groups in decode (a group is
-     * short work there: fewer claims per product), one group in prefill */
-    const int64_t per_unit = n == 1 && !unpacks(type, n) ? LI_X16_NG : 1;
-    const int64_t units = (groups + per_unit - 1) / per_unit;
-    if (share && nth > 1 && units <= LI_SHARE_MAX_UNITS) { /* the same test for every thread */
+    /* a unit of the work sharing is a group; in decode (a group is short
+     * work there) a thread takes at least LI_X16_NG of its own at a time
+     * until its last few, for fewer claims per product, and then one at a
+     * time, so that the other thread waits at most a group at the end */
+    if (share && nth > 1 && groups <= LI_SHARE_MAX_UNITS) { /* the same test for every thread */
         li_share_turn t;
-        int64_t u0, u1;
-        li_share_open(share, units, ith, nth, &t);
-        while (li_share_next(share, &t, &u0, &u1))
-            x16_groups(type, packed, rows, k, xq, n, y, y_stride, scratch, u0 * per_unit,
-                       LI_MIN(groups, u1 * per_unit));
+        int64_t g0, g1;
+        li_share_open(share, groups, ith, nth, &t);
+        if (n == 1 && !unpacks(type, n)) t.chunk = LI_X16_NG;
+        while (li_share_next(share, &t, &g0, &g1))
+            x16_groups(type, packed, rows, k, xq, n, y, y_stride, scratch, g0, g1);
         return;
     }
     int64_t lo, hi;
-    li_split(units, ith, nth, &lo, &hi);
-    x16_groups(type, packed, rows, k, xq, n, y, y_stride, scratch, lo * per_unit, LI_MIN(groups, hi * per_unit));
+    li_split(groups, ith, nth, &lo, &hi);
+    x16_groups(type, packed, rows, k, xq, n, y, y_stride, scratch, lo, hi);
 }
 
 /* ---- a whole model ---- */

@@ -70,7 +70,8 @@ struct li_model_desc; /* llminfer.h */
 #define LI_X16_ROWS 16
 /* most activation rows one kernel call takes */
 #define LI_X16_NC 4
-/* groups in a unit of decode's work sharing (li_x16_matmul) */
+/* the least groups a thread takes of its own share at a time in decode,
+ * until its last few (li_x16_matmul, li_share_turn's chunk) */
 #define LI_X16_NG 4
 
 /* 1 when `type` has a repacked layout */

@@ -84,6 +84,7 @@ void li_share_open(li_share *s, int64_t units, int ith, int nth, li_share_turn *
     t->ith = ith;
     t->nth = nth;
     t->victim = 0;
+    t->chunk = 1;
 }
 
 int li_share_next(li_share *s, li_share_turn *t, int64_t *u0, int64_t *u1) {
@@ -111,8 +112,13 @@ int li_share_next(li_share *s, li_share_turn *t, int64_t *u0, int64_t *u1) {
             if (left <= 0) break;
             int64_t take;
             uint64_t want;
-            if (t->victim == 0) { /* the owner: an eighth of what is left, from the front */
-                take = LI_MAX(1, left / 8);
+            if (t->victim == 0) {
+                /* the owner: an eighth of what is left, from the front, and
+                 * at least a chunk while more than two are left; then one
+                 * unit at a time, so that the last pieces of a product are
+                 * small and a thread that runs out waits little at the
+                 * barrier after it */
+                take = left > 2 * t->chunk ? LI_MAX(t->chunk, left / 8) : 1;
                 want = pack(t->tag, f + take, b);
             } else {              /* another's share: half of what is left, from the back */
                 take = LI_MAX(1, left / 2);

@@ -40,6 +40,7 @@ typedef struct {
     int64_t units;
     int ith, nth;
     int victim;        /* 0: own share; then the other threads in turn */
+    int64_t chunk;     /* the owner's least piece while more than two are left (1 from li_share_open) */
 } li_share_turn;
 
 /* thread ith of nth begins a product of `units` units (<= LI_SHARE_MAX_UNITS) */

@@ -555,11 +555,14 @@ def bench_read(const uint8_t[::1] buf, int n_threads):
     return r
 
 
-def share_trace(int64_t units, int products, int n_threads, int slow_thread=-1, int slow_spins=0):
-    """How the repacked products' units are handed out (csrc/share.h):
+def share_trace(int64_t units, int products, int n_threads, int slow_thread=-1, int slow_spins=0,
+                int64_t chunk=1):
+    """How the repacked products' units are handed out (csrc/share.h), each
+    owner taking at least `chunk` of its own at a time until its last few:
     (team size, taken_by [products, units], times_taken [products, units])."""
-    if units < 0 or products < 0 or n_threads < 1 or slow_spins < 0:
-        raise errors.InvalidArgumentError("units and products must be >= 0, n_threads >= 1, slow_spins >= 0")
+    if units < 0 or products < 0 or n_threads < 1 or slow_spins < 0 or chunk < 1:
+        raise errors.InvalidArgumentError("units and products must be >= 0, n_threads >= 1, slow_spins >= 0, "
+                                          "chunk >= 1")
     taken_by = np.empty((products, units), dtype=np.int32)
     times = np.empty((products, units), dtype=np.int32)
     cdef int32_t[::1] tb = taken_by.reshape(-1)
@@ -567,7 +570,7 @@ def share_trace(int64_t units, int products, int n_threads, int slow_thread=-1, 
     cdef int32_t dummy = 0
     cdef int r
     with nogil:
-        r = C.li_share_trace(units, products, n_threads, slow_thread, slow_spins,
+        r = C.li_share_trace(units, products, n_threads, slow_thread, slow_spins, chunk,
                              &tb[0] if tb.shape[0] else &dummy, &tt[0] if tt.shape[0] else &dummy)
     if r < 0:
         check(r, "share_trace")

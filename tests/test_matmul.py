@@ -266,20 +266,24 @@ def fixed_share(units, ith, nth):
 def test_share_hands_out_every_unit_once(units, products, threads):
     """Consecutive products with no barrier between them, as wq, wk and wv:
     every unit of every product is taken by exactly one thread, whether one
-    thread is slow or none is."""
-    for slow in (-1, 0, threads - 1):
-        team, taken_by, times = _core.share_trace(units, products, threads, slow, 2000 if units < 5000 else 20)
-        assert team == threads
-        assert times.shape == (products, units) and np.array_equal(times, np.ones_like(times)), (
-            f"slow thread {slow}: units taken {np.unique(times).tolist()} times")
-        assert ((taken_by >= 0) & (taken_by < threads)).all()
+    thread is slow or none is, and whether owners take single units or
+    (decode's groups) at least 4 at a time until their last few."""
+    for chunk in (1, 4):
+        for slow in (-1, 0, threads - 1):
+            team, taken_by, times = _core.share_trace(units, products, threads, slow, 2000 if units < 5000 else 20,
+                                                      chunk)
+            assert team == threads
+            assert times.shape == (products, units) and np.array_equal(times, np.ones_like(times)), (
+                f"chunk {chunk}, slow thread {slow}: units taken {np.unique(times).tolist()} times")
+            assert ((taken_by >= 0) & (taken_by < threads)).all()
 
 
-def test_share_moves_work_from_a_slow_thread():
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_share_moves_work_from_a_slow_thread(chunk):
     """A thread that spins on every unit it takes ends up with fewer than its
     fixed share: the others take pieces from the back of its share."""
     units, products = 200, 40
-    team, taken_by, _ = _core.share_trace(units, products, 2, 1, 200000)
+    team, taken_by, _ = _core.share_trace(units, products, 2, 1, 200000, chunk)
     assert team == 2
     lo, hi = fixed_share(units, 1, 2)
     by_other = (taken_by[:, lo:hi] == 0).sum()
@@ -302,3 +306,5 @@ def test_share_refuses_bad_arguments():
         _core.share_trace(-1, 1, 2)
     with pytest.raises(InvalidArgumentError):
         _core.share_trace(10, 1, 0)
+    with pytest.raises(InvalidArgumentError):
+        _core.share_trace(10, 1, 2, chunk=0)
