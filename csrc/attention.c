@@ -476,9 +476,8 @@ void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int 
     }
     int64_t lo, hi;
     li_split(total, ith, nth, &lo, &hi);
-    int64_t t = 0, base = 0; /* token t's items start at base */
+    int64_t t = 0, base = 0, per_tok = (int64_t)m->n_head * split_spans(c, L, 0, g); /* token t's items: base.. */
     for (int64_t i = lo; i < hi;) {
-        int64_t per_tok = (int64_t)m->n_head * split_spans(c, L, t, g);
         while (i >= base + per_tok) {
             base += per_tok;
             t++;

@@ -228,15 +228,17 @@ class Engine:
             # reduction below cost tens of microseconds of a token
             for v in ids.tolist():
                 if not 0 <= v < self.n_vocab:
-                    raise TokenError(f"token id {v} is outside the vocabulary [0, {self.n_vocab})")
+                    raise self._outside_vocabulary(v)
             return ids
         arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
         if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
             raise InvalidArgumentError("token ids must be a flat sequence of integers")
         if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
-            bad = int(arr[(arr < 0) | (arr >= self.n_vocab)][0])
-            raise TokenError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
+            raise self._outside_vocabulary(int(arr[(arr < 0) | (arr >= self.n_vocab)][0]))
         return np.ascontiguousarray(arr, dtype=np.int32)
+
+    def _outside_vocabulary(self, token_id: int) -> TokenError:
+        return TokenError(f"token id {token_id} is outside the vocabulary [0, {self.n_vocab})")
 
     @_locked
     def decode(self, work, n_threads: int | None = None) -> list:
@@ -347,7 +349,6 @@ class Engine:
         t = time.perf_counter()
         self.ctx.decode(tokens, None, pos, seq_idx, want, views, logits, n_threads)
         self.native_seconds += time.perf_counter() - t
-        rows = None if direct else logits.reshape(len(dest), width)
         if len(dest):
             def rerun():  # the same pass, for the probe; the cache stays as it is (llminfer.numerics)
                 self.ctx.decode(tokens, None, pos, seq_idx, want, views, np.empty_like(logits), n_threads)
@@ -362,11 +363,13 @@ class Engine:
                              f"a batch of {total} tokens (positions {int(pos.min())}..{int(pos.max())})",
                              locate=lambda **kw: locate_non_finite(self.ctx, rerun, tokens, pos, want, **kw),
                              ranges=ranges if sound == 0 else None)
-        for k, (i, row) in enumerate([] if direct else dest):
-            if row < 0:
-                out[i][:] = rows[k]
-            else:
-                out[i][row] = rows[k]
+        if not direct:
+            rows = logits.reshape(len(dest), width)
+            for k, (i, row) in enumerate(dest):
+                if row < 0:
+                    out[i][:] = rows[k]
+                else:
+                    out[i][row] = rows[k]
         for i, start, n in parts:
             seq, ids, _ = items[i]
             self.kv.commit(seq, ids[start:start + n])
