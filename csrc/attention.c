@@ -502,7 +502,7 @@ void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int 
         attend_span(c, il, t, kvh, h0, cnt, blocks, n_blocks, p0, p1, part, head_stride, ith);
     }
     if (!combine) return; /* the same for every thread: the barrier is everyone's or no one's */
-    LI_BARRIER();
+    li_share_sync(c->share);
     li_split(n * m->n_head, ith, nth, &lo, &hi);
     for (int64_t i = lo; i < hi; i++) {
         const int64_t t = i / m->n_head;

@@ -7,6 +7,7 @@
 #include "llminfer.h"
 #include "share.h"
 
+#include <stdlib.h>
 #include <time.h>
 
 uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads) {
@@ -74,6 +75,43 @@ int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, 
                 }
         }
     }
+    li_share_free(s);
+    return team;
+}
+
+int li_share_barrier_check(int n_threads, int rounds, int slow_thread, int slow_spins, int slow_every,
+                           int64_t *stale) {
+    li_init();
+    if (n_threads < 1 || rounds < 0 || slow_spins < 0 || slow_every < 1 || !stale) return LI_E_ARG;
+    li_share *s = li_share_new(n_threads);
+    volatile int *mark = calloc((size_t)n_threads, sizeof(int));
+    if (!s || !mark) {
+        li_share_free(s);
+        free((void *)mark);
+        return LI_E_NOMEM;
+    }
+    int64_t bad = 0;
+    int team = 1;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(n_threads) reduction(+ : bad)
+#endif
+    {
+        const int ith = li_thread_index(), nth = li_thread_count();
+        if (ith == 0) team = nth;
+        li_share_begin(s, ith);
+        li_share_sync(s);
+        for (int r = 1; r <= rounds; r++) {
+            if (ith == slow_thread && r % slow_every == 0)
+                for (volatile int spin = 0; spin < slow_spins; spin++) {
+                }
+            mark[ith] = r;
+            li_share_sync(s);
+            for (int j = 0; j < nth; j++) bad += mark[j] != r;
+            li_share_sync(s); /* every slot is read before any is written again */
+        }
+    }
+    *stale = bad;
+    free((void *)mark);
     li_share_free(s);
     return team;
 }

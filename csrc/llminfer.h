@@ -412,6 +412,15 @@ uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads);
  * Returns the team's size, or a status < 0. */
 int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, int slow_spins, int64_t chunk,
                    int32_t *taken_by, int32_t *times_taken);
+/* Runs a team of n_threads through `rounds` rounds of the team's barrier
+ * (li_share_sync): in each, every thread writes the round's number to a slot
+ * of its own, passes the barrier, reads every slot, and passes it again;
+ * thread slow_thread first spins slow_spins times in every round r with
+ * r % slow_every == 0, so that the others wait long enough to sleep. Writes
+ * the number of slots read with another round's number (0 when right) to
+ * *stale. Returns the team's size, or a status < 0. */
+int li_share_barrier_check(int n_threads, int rounds, int slow_thread, int slow_spins, int slow_every,
+                           int64_t *stale);
 enum li_vec_op {
     LI_VEC_DOT_F32 = 0,     /* *result = a . b            (a, b float) */
     LI_VEC_DOT_F32_F16 = 1, /* *result = a . b            (a float, b f16) */

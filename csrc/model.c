@@ -612,12 +612,12 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     pre_norm(m, c->x, L->attn_norm, c->xb, lo, hi);
     const li_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv};
     quantize_rows_for(c, c->xb, E, lo, hi, qkv, 3);
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     matmul(c, &L->wq, acts_for(c, &L->wq), n, c->q, nq, ith, nth);
     matmul(c, &L->wk, acts_for(c, &L->wk), n, c->k, nk, ith, nth);
     matmul(c, &L->wv, acts_for(c, &L->wv), n, c->v, nv, ith, nth);
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     if (m->qk_norm_whole) { /* olmo2: one RMSNorm over all heads of q, one over k */
         li_split(n, ith, nth, &lo, &hi);
@@ -625,23 +625,23 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
             li_K->rms_norm(c->q + t * nq, L->q_norm, c->q + t * nq, nq, m->norm_eps);
             li_K->rms_norm(c->k + t * nk, L->k_norm, c->k + t * nk, nk, m->norm_eps);
         }
-        LI_BARRIER();
+        li_share_sync(c->share);
     }
 
     /* per (token, head): biases, norms, RoPE, cache write */
     const int heads = m->n_head + m->n_head_kv;
     li_split(n * heads, ith, nth, &lo, &hi);
     for (int64_t i = lo; i < hi; i++) li_prepare_head(c, L, il, i / heads, (int)(i % heads));
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     li_attention(c, L, il, n, ith, nth);
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     gated_quantize(c, c->att, NULL, n, na, &L->wo, 0, ith, nth);
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     matmul(c, &L->wo, acts_for(c, &L->wo), n, c->o, E, ith, nth);
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     li_split(n, ith, nth, &lo, &hi);
     residual(m, c->x, c->o, L->post_attn_norm, lo, hi);
@@ -661,7 +661,7 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
     const li_matrix *gu[2] = {&L->w_gate, &L->w_up};
     quantize_rows_for(c, c->xb, E, lo, hi, gu, 2);
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     const size_t row_g = li_act_row_bytes(li_types[L->w_gate.type].act_type, E);
     const size_t row_u = li_act_row_bytes(li_types[L->w_up.type].act_type, E);
@@ -671,14 +671,14 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
         /* the previous chunk's down projection read only xd, which the barrier below orders */
         matmul(c, &L->w_gate, (const char *)acts_for(c, &L->w_gate) + (size_t)c0 * row_g, nc, c->g, F, ith, nth);
         matmul(c, &L->w_up, (const char *)acts_for(c, &L->w_up) + (size_t)c0 * row_u, nc, c->u, F, ith, nth);
-        LI_BARRIER();
+        li_share_sync(c->share);
 
         gated_quantize_to(xd, c->g, c->u, nc, F, &L->w_down, m->gate_fn, ith, nth);
-        LI_BARRIER();
+        li_share_sync(c->share);
 
         matmul(c, &L->w_down, xd, nc, c->o + c0 * E, E, ith, nth);
     }
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     li_split(n, ith, nth, &lo, &hi);
     residual(m, c->x, c->o, L->post_ffn_norm, lo, hi);
@@ -743,15 +743,15 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
     const li_matrix *in[3] = {&L->router, &L->gate_exps, &L->up_exps};
     quantize_rows_for(c, c->xb, E, lo, hi, in, 3);
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     matmul(c, &L->router, acts_for(c, &L->router), n, c->route, NE, ith, nth);
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     li_split(n, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) /* route's row is free after this token's softmax: its probabilities go there */
         route_token(c->route + t * NE, NE, K, c->route + t * NE, c->sel + t * K, c->wsel + t * K);
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     if (ith == 0) { /* counting sort of the slots by expert; a few thousand steps */
         int32_t *off = c->e_off;
@@ -766,7 +766,7 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
         for (int e = NE; e > 0; e--) off[e] = off[e - 1]; /* ... and is put back to its start */
         off[0] = 0;
     }
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     /* each slot's input row: its token's row of xq, in the formats of gate and up */
     const int ag = li_types[L->gate_exps.type].act_type, au = li_types[L->up_exps.type].act_type;
@@ -777,7 +777,7 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
         if (au != ag)
             memcpy((char *)c->xe[au] + (size_t)s * ru, (const char *)c->xq[au] + (size_t)c->slot_tok[s] * ru, ru);
     }
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     for (int e = 0; e < NE; e++) {
         const int64_t s0 = c->e_off[e], cnt = c->e_off[e + 1] - s0;
@@ -788,12 +788,12 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
         matmul(c, &u, (const char *)c->xe[au] + (size_t)s0 * li_act_row_bytes(au, E), cnt, c->u + s0 * Fe, Fe, ith,
                nth);
     }
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     /* the gathered inputs are spent: xe[ad] now takes the down products' inputs */
     const int ad = li_types[L->down_exps.type].act_type;
     gated_quantize_to(c->xe[ad], c->g, c->u, n * K, Fe, &L->down_exps, m->gate_fn, ith, nth);
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     for (int e = 0; e < NE; e++) {
         const int64_t s0 = c->e_off[e], cnt = c->e_off[e + 1] - s0;
@@ -802,7 +802,7 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
         matmul(c, &d, (const char *)c->xe[ad] + (size_t)s0 * li_act_row_bytes(ad, Fe), cnt, c->eo + s0 * E, E, ith,
                nth);
     }
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     li_split(n, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
@@ -860,7 +860,7 @@ static void probe_note(li_context *c, int step, int layer, int64_t row) {
  * share, after a barrier, so any step's split of the rows will do. */
 static void probe_team(li_context *c, const float *x, int64_t n, int64_t w, int step, int layer) {
     int64_t lo, hi;
-    LI_BARRIER();
+    li_share_sync(c->share);
     li_split(n, li_thread_index(), li_thread_count(), &lo, &hi);
     const int64_t bad = first_bad_row(x, lo, hi, w);
     if (bad >= 0) probe_note(c, step, layer, bad);
@@ -893,7 +893,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     int64_t lo, hi;
 
     li_share_begin(c->share, ith); /* the products' shares start afresh, before any is taken */
-    LI_BARRIER();
+    li_share_sync(c->share);
     li_split(n, ith, nth, &lo, &hi);
     const li_matrix *emb = &m->tok_embd;
     const size_t emb_row = emb->nbytes / (size_t)emb->rows;
@@ -924,7 +924,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
         if (c->probe) probe_team(c, c->x, n, E, LI_PROBE_FFN, il);
     }
     if (!head) return;
-    LI_BARRIER();
+    li_share_sync(c->share);
 
     /* logits for the rows asked for; their normed inputs go to xb from row 0 */
     li_split(n_out, ith, nth, &lo, &hi);
@@ -937,11 +937,11 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     }
     const li_matrix *out[1] = {&m->output};
     quantize_rows_for(c, c->xb, E, lo, hi, out, 1);
-    LI_BARRIER();
+    li_share_sync(c->share);
     matmul(c, &m->output, acts_for(c, &m->output), n_out, logits, m->n_vocab, ith, nth);
     const int64_t V = m->n_vocab;
     if (m->logit_scale != 1.0f || m->final_softcap != 0.0f) {
-        LI_BARRIER();
+        li_share_sync(c->share);
         /* granite's logit scale, gemma2's final soft-cap */
         li_split(n_out * V, ith, nth, &lo, &hi);
         const float cap = m->final_softcap;
@@ -958,7 +958,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
      * them while they are in its caches, where the caller's own passes over
      * a large vocabulary's row found them cold (Gemma 3's 262144 logits: two
      * numpy reductions took ~150 us of a token, the other core idle) */
-    LI_BARRIER();
+    li_share_sync(c->share);
     li_split(n_out * nth, ith, nth, &lo, &hi);
     for (int64_t p = lo; p < hi; p++) {
         int64_t a, z;

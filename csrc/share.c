@@ -12,6 +12,9 @@
  * The claims need atomicity only: what a unit writes is ordered for its
  * readers by the barrier that follows the product.
  */
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* sched_getaffinity */
+#endif
 #include <stdlib.h>
 
 #include "common.h"
@@ -43,8 +46,20 @@ typedef struct {
     char pad2_[60];
 } share_slot;
 
+/* li_share_sync's state: arrivals on one line, the generation the waiters
+ * watch on another */
+typedef struct {
+    volatile int arrived;
+    char pad_[60];
+    volatile uint32_t gen; /* +1 as each barrier opens */
+    volatile int sleepers; /* waiters asleep on gen, or about to be */
+    char pad2_[56];
+} team_barrier;
+
 struct li_share {
     share_slot *slot; /* [max_threads] */
+    team_barrier *bar;
+    int spins; /* checks of gen before a waiter sleeps */
 };
 
 static uint64_t pack(uint32_t tag, int64_t front, int64_t back) {
@@ -53,6 +68,73 @@ static uint64_t pack(uint32_t tag, int64_t front, int64_t back) {
 static uint32_t tag_of(uint64_t w) { return (uint32_t)(w >> 32); }
 static int64_t front_of(uint64_t w) { return (int64_t)((w >> 16) & 0xffff); }
 static int64_t back_of(uint64_t w) { return (int64_t)(w & 0xffff); }
+
+#if defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && defined(_OPENMP)
+#define TEAM_FUTEX 1
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* How long a waiter spins before it sleeps. A pass's threads reach each
+ * barrier within microseconds of each other, so a spin of some tens of
+ * microseconds almost never ends in sleep; but with more threads than the
+ * CPUs this process may run on, a spinner holds a CPU a late thread needs,
+ * and it yields at once instead. */
+static int team_spins(int max_threads) {
+    cpu_set_t set;
+    const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    return max_threads > cpus ? 16 : 1 << 15;
+}
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+void li_share_sync(li_share *s) {
+    const int nth = li_thread_count();
+    if (nth <= 1) return;
+    team_barrier *b = s->bar;
+    /* gen moves only when the whole team, this thread included, has arrived:
+     * read before arriving, it is this barrier's generation */
+    const uint32_t g = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&b->arrived, 1, __ATOMIC_ACQ_REL) == nth) {
+        /* the last: reset the count for the next barrier (ordered before gen's
+         * store, which every waiter reads before it arrives again), open */
+        __atomic_store_n(&b->arrived, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->gen, g + 1, __ATOMIC_SEQ_CST);
+        /* with the sleeper's increment and this load both sequentially
+         * consistent, either it is seen here or the sleeper sees the new gen
+         * in futex_wait's check and does not sleep */
+        if (__atomic_load_n(&b->sleepers, __ATOMIC_SEQ_CST) > 0)
+            syscall(SYS_futex, (uint32_t *)&b->gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+        return;
+    }
+    for (int i = 0; i < s->spins; i++) {
+        if (__atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) != g) return;
+        cpu_relax();
+    }
+    __atomic_add_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == g) /* woken, interrupted or gen moved on: look again */
+        syscall(SYS_futex, (uint32_t *)&b->gen, FUTEX_WAIT_PRIVATE, g, NULL, NULL, 0);
+    __atomic_sub_fetch(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+}
+#else
+static int team_spins(int max_threads) {
+    (void)max_threads;
+    return 0;
+}
+
+void li_share_sync(li_share *s) {
+    (void)s;
+    LI_BARRIER();
+}
+#endif
 
 li_share *li_share_new(int max_threads) {
     if (max_threads < 1) max_threads = 1;
@@ -64,11 +146,20 @@ li_share *li_share_new(int max_threads) {
         return NULL;
     }
     memset((void *)s->slot, 0, (size_t)max_threads * sizeof(share_slot));
+    s->bar = li_alloc_aligned(sizeof(team_barrier), 64);
+    if (!s->bar) {
+        li_free_aligned(s->slot);
+        free(s);
+        return NULL;
+    }
+    memset((void *)s->bar, 0, sizeof(team_barrier));
+    s->spins = team_spins(max_threads);
     return s;
 }
 
 void li_share_free(li_share *s) {
     if (!s) return;
+    li_free_aligned(s->bar);
     li_free_aligned(s->slot);
     free(s);
 }

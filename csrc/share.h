@@ -48,4 +48,13 @@ void li_share_open(li_share *s, int64_t units, int ith, int nth, li_share_turn *
 /* the next piece [*u0, *u1) for this thread, or 0 when none is left to take */
 int li_share_next(li_share *s, li_share_turn *t, int64_t *u0, int64_t *u1);
 
+/* A barrier for the team that called li_share_begin, at a point every thread
+ * of the region reaches: what each thread wrote before it is seen by all after
+ * it. On Linux (GCC, Clang) the team's own: a waiter spins a while, then sleeps
+ * on a futex, and the last to arrive makes the wake-up system call only when
+ * someone sleeps (libgomp's barrier makes it at every barrier, ~0.3 us, and a
+ * decode pass of a small model has hundreds of barriers). Elsewhere, the
+ * OpenMP barrier. */
+void li_share_sync(li_share *s);
+
 #endif

@@ -192,6 +192,8 @@ cdef extern from "llminfer.h" nogil:
     uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads)
     int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, int slow_spins, int64_t chunk,
                        int32_t *taken_by, int32_t *times_taken)
+    int li_share_barrier_check(int n_threads, int rounds, int slow_thread, int slow_spins, int slow_every,
+                               int64_t *stale)
     int LI_VEC_DOT_F32, LI_VEC_DOT_F32_F16, LI_VEC_AXPY_F32, LI_VEC_AXPY_F16
     int LI_VEC_SCALE_F32, LI_VEC_F32_TO_F16, LI_VEC_F16_TO_F32
     int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float *result)

@@ -577,6 +577,21 @@ def share_trace(int64_t units, int products, int n_threads, int slow_thread=-1, 
     return r, taken_by, times
 
 
+def share_barrier_check(int n_threads, int rounds, int slow_thread=-1, int slow_spins=0, int slow_every=1):
+    """Runs the team's barrier (csrc/share.h, li_share_sync) `rounds` times,
+    thread slow_thread late by slow_spins spins every slow_every rounds:
+    (team size, slots read stale after a barrier, 0 when right)."""
+    if n_threads < 1 or rounds < 0 or slow_spins < 0 or slow_every < 1:
+        raise errors.InvalidArgumentError("n_threads must be >= 1, rounds and slow_spins >= 0, slow_every >= 1")
+    cdef int64_t stale = 0
+    cdef int r
+    with nogil:
+        r = C.li_share_barrier_check(n_threads, rounds, slow_thread, slow_spins, slow_every, &stale)
+    if r < 0:
+        check(r, "share_barrier_check")
+    return r, stale
+
+
 # element sizes (bytes) of (a, b) per vector op, for the size checks below
 _VEC_OPS = {
     "dot_f32": (C.LI_VEC_DOT_F32, 4, 4), "dot_f32_f16": (C.LI_VEC_DOT_F32_F16, 4, 2),

@@ -299,6 +299,29 @@ def test_share_with_one_thread_is_in_order():
     assert team == 1 and (taken_by == 0).all() and (times == 1).all()
 
 
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_team_barrier_orders_every_write(threads):
+    """The team's barrier (li_share_sync, which the pass uses between its
+    steps): after it, every thread reads what every other wrote before it,
+    with no thread late, one thread late on some rounds by long enough that
+    the others stop spinning and sleep, and with more threads than this
+    machine's CPUs (waiters then yield almost at once)."""
+    for slow in (-1, 0, threads - 1):
+        team, stale = _core.share_barrier_check(threads, 3000, slow, 10_000_000, 300)
+        assert team == threads
+        assert stale == 0, f"slow thread {slow}: {stale} slots read before their round's write"
+
+
+def test_team_barrier_refuses_bad_arguments():
+    with pytest.raises(InvalidArgumentError):
+        _core.share_barrier_check(0, 10)
+    with pytest.raises(InvalidArgumentError):
+        _core.share_barrier_check(2, -1)
+    with pytest.raises(InvalidArgumentError):
+        _core.share_barrier_check(2, 10, slow_every=0)
+    assert _core.share_barrier_check(1, 10) == (1, 0)
+
+
 def test_share_refuses_bad_arguments():
     with pytest.raises(InvalidArgumentError):
         _core.share_trace(65536, 1, 2)
