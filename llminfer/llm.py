@@ -336,7 +336,10 @@ class LLM:
             # then becomes _last_logits: no copy of a large vocabulary's row,
             # and a pass that fails leaves _last_logits as it was
             spare = self._spare_logits
-            self._engine.decode([(self._seq, ids, spare)], n_threads=self.n_threads)
+            if n == 1:
+                self._engine.step(self._seq, ids[0], spare, n_threads=self.n_threads)
+            else:
+                self._engine.decode([(self._seq, ids, spare)], n_threads=self.n_threads)
             self._spare_logits, self._last_logits = self._last_logits, spare
             return None
         (out,) = self._engine.decode([(self._seq, ids, "all")], n_threads=self.n_threads)

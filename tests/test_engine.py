@@ -10,7 +10,7 @@ import pytest
 
 from llminfer import LLM, SamplingParams, _core
 from llminfer.engine import Engine
-from llminfer.errors import InvalidArgumentError, KVCacheFullError, TokenError
+from llminfer.errors import ContextFullError, InvalidArgumentError, KVCacheFullError, TokenError
 from llminfer.gguf_file import GGUFFile
 
 from reference import ReferenceModel
@@ -319,6 +319,45 @@ def test_logits_into_a_callers_buffer(path):
         with pytest.raises(InvalidArgumentError, match="logits buffer"):
             a.decode([(s, toks(1, 2), ro)])
         assert s.tokens == []
+    finally:
+        a.close()
+        b.close()
+
+
+def test_step_is_decode_of_one_token(path):
+    """Engine.step (a generation step without decode's lists) gives the bits
+    decode gives for the same token, commits the same sequence, and refuses a
+    bad token, buffer or thread count, or a full context, with nothing
+    committed."""
+    a = Engine(path, n_ctx=16, kv_pool_tokens=64, n_threads=2, block_size=4)
+    b = Engine(path, n_ctx=16, kv_pool_tokens=64, n_threads=2, block_size=4)
+    try:
+        sa, sb = a.new_sequence(), b.new_sequence()
+        a.decode([(sa, toks(3, 5), None)])
+        b.decode([(sb, toks(3, 5), None)])
+        buf = np.full(a.n_vocab, np.nan, np.float32)
+        for i, t in enumerate(toks(4, 11)):  # across block boundaries, up to n_ctx
+            assert a.step(sa, int(t), buf) is buf
+            (ref,) = b.decode([(sb, np.array([t], np.int32), "last")])
+            assert np.array_equal(buf, ref), i
+        assert sa.tokens == sb.tokens and sa.positions == sb.positions and len(sa.tokens) == a.n_ctx
+        with pytest.raises(ContextFullError):
+            a.step(sa, 1, buf)
+        s = a.new_sequence()
+        for bad in (-1, a.n_vocab):
+            with pytest.raises(TokenError, match="outside the vocabulary"):
+                a.step(s, bad, buf)
+        ro = np.zeros(a.n_vocab, np.float32)
+        ro.flags.writeable = False
+        for bad in (np.zeros(a.n_vocab, np.float64), np.zeros(a.n_vocab + 1, np.float32),
+                    np.zeros(2 * a.n_vocab, np.float32)[::2], ro):
+            with pytest.raises(InvalidArgumentError, match="logits buffer"):
+                a.step(s, 1, bad)
+        with pytest.raises(InvalidArgumentError, match="logits must be a float32 array"):
+            a.step(s, 1, [0.0] * a.n_vocab)
+        with pytest.raises(InvalidArgumentError, match="n_threads"):
+            a.step(s, 1, buf, n_threads=0)
+        assert s.tokens == [] and s.next_pos == 0
     finally:
         a.close()
         b.close()
