@@ -20,6 +20,7 @@ single-sequence front over an engine.
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 import time
@@ -317,8 +318,9 @@ class Engine:
                                        f"shape ({width},), got {a.dtype} {a.shape}")
 
     def _check_pass(self, logits, rows, tokens, pos, seq_idx, want, views, n_threads):
-        """Raise NumericsError if the pass's `rows` rows of logits hold a NaN
-        or an infinity, naming the step and layer that first made one."""
+        """Raise NumericalError if the pass's `rows` rows of logits hold a NaN
+        or an infinity (or a row is all one value), naming the step and layer
+        that first made one."""
         if len(self._ranges) < rows:
             self._ranges = np.empty((rows, 2), np.float32)
         ranges = self._ranges[:rows]
@@ -344,7 +346,10 @@ class Engine:
         a pass, on caches it left cold, each Python statement costs
         microseconds: decode's general path spent about 100 us of a 135M
         model's ~2.7 ms token outside the C core."""
-        token = int(token)
+        try:
+            token = operator.index(token)  # an int or numpy integer, not a float or a string
+        except TypeError:
+            raise InvalidArgumentError(f"a token id must be an integer, got {token!r}") from None
         if not 0 <= token < self.n_vocab:
             raise self._outside_vocabulary(token)
         if not isinstance(logits, np.ndarray):

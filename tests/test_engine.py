@@ -347,6 +347,9 @@ def test_step_is_decode_of_one_token(path):
         for bad in (-1, a.n_vocab):
             with pytest.raises(TokenError, match="outside the vocabulary"):
                 a.step(s, bad, buf)
+        for bad in (1.5, "3", None):
+            with pytest.raises(InvalidArgumentError, match="token id must be an integer"):
+                a.step(s, bad, buf)
         ro = np.zeros(a.n_vocab, np.float32)
         ro.flags.writeable = False
         for bad in (np.zeros(a.n_vocab, np.float64), np.zeros(a.n_vocab + 1, np.float32),
