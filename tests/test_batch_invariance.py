@@ -3,6 +3,10 @@ in its batch, however its prompt is split into passes, whether its prefix
 came from a fork, wherever its blocks lie in the pool, and at any thread
 count; for every weight type at every kernel level this machine has."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -87,6 +91,50 @@ def ways(path, prompt, threads):
     finally:
         eng.close()
     return out
+
+
+# Two threads of a pass confined to one CPU once the engine (and the OpenMP
+# pool, by its repacking) has started with two: a waiter at the team's
+# barrier (li_share_sync) cannot see the other arrive while it spins, so it
+# spins out and sleeps on the futex at nearly every step.
+_ONE_CPU = """
+import os, sys
+import numpy as np
+from llminfer.engine import Engine
+path, out = sys.argv[1], sys.argv[2]
+eng = Engine(path, n_ctx=256, kv_pool_tokens=4096, n_batch=64, n_threads=2, block_size=8)
+cpu = min(os.sched_getaffinity(0))
+for tid in os.listdir("/proc/self/task"):  # every thread's mask: the pool's too
+    os.sched_setaffinity(int(tid), {cpu})
+prompt = np.random.default_rng(1).integers(0, 268, 40).astype(np.int32)
+s = eng.new_sequence()
+rows = [eng.decode([(s, prompt, "all")])[0]]
+buf = np.empty(eng.n_vocab, np.float32)
+for t in (5, 17, 250):
+    rows.append(eng.step(s, t, buf)[None].copy())
+np.save(out, np.concatenate(rows))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
+def test_two_threads_on_one_cpu_give_the_same_bits(models, tmp_path):
+    """The team's barrier when its waiters sleep: a prompt and three decode
+    steps by two threads that share one CPU give one thread's logits."""
+    path = models("Q4_K")
+    out = tmp_path / "logits.npy"
+    r = subprocess.run([sys.executable, "-c", _ONE_CPU, str(path), str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    eng = engine(path, threads=1)
+    try:
+        s = eng.new_sequence()
+        prompt = toks(1, N_PROMPT)
+        ref = [eng.decode([(s, prompt, "all")])[0]]
+        for t in (5, 17, 250):
+            ref.append(eng.decode([(s, np.array([t], np.int32), "all")])[0])
+    finally:
+        eng.close()
+    assert np.array_equal(np.load(out), np.concatenate(ref))
 
 
 @pytest.mark.parametrize("qtype", TYPES)
