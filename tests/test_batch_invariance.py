@@ -13,7 +13,7 @@ import pytest
 from llminfer.engine import Engine
 
 from tiny_models import WEIGHT_TYPES as TYPES
-from tiny_models import TinyConfig, write_model
+from tiny_models import ARCHS, TinyConfig, write_model
 
 N_PROMPT = 40
 
@@ -135,6 +135,23 @@ def test_two_threads_on_one_cpu_give_the_same_bits(models, tmp_path):
     finally:
         eng.close()
     assert np.array_equal(np.load(out), np.concatenate(ref))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_decode_steps_do_not_depend_on_the_thread_count(models, arch):
+    """Generation one token at a time, as Engine.step runs it, in every
+    architecture (post-norms, sliding windows, experts, q/k norms, no
+    pre-norms): one thread and two give the same bits at every step."""
+    path = models("Q4_K", arch)
+    got = {}
+    for threads in (1, 2):
+        eng = Engine(path, n_ctx=64, n_threads=threads, block_size=8)
+        try:
+            s, buf = eng.new_sequence(), np.empty(eng.n_vocab, np.float32)
+            got[threads] = np.array([eng.step(s, int(t), buf).copy() for t in toks(3, 20)])
+        finally:
+            eng.close()
+    assert np.array_equal(got[1], got[2]), f"differs by {np.abs(got[1] - got[2]).max()}"
 
 
 @pytest.mark.parametrize("qtype", TYPES)
