@@ -6,10 +6,12 @@ count; for every weight type at every kernel level this machine has."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import llminfer
 from llminfer.engine import Engine
 
 from tiny_models import WEIGHT_TYPES as TYPES
@@ -122,8 +124,11 @@ def test_two_threads_on_one_cpu_give_the_same_bits(models, tmp_path):
     steps by two threads that share one CPU give one thread's logits."""
     path = models("Q4_K")
     out = tmp_path / "logits.npy"
+    # from tmp_path, with the llminfer under test first on the path: from the
+    # checkout, "-c" would import its sources, uncompiled where CI installed
+    env = dict(os.environ, PYTHONPATH=str(Path(llminfer.__file__).resolve().parent.parent))
     r = subprocess.run([sys.executable, "-c", _ONE_CPU, str(path), str(out)], capture_output=True, text=True,
-                       timeout=300)
+                       timeout=300, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     eng = engine(path, threads=1)
     try:
