@@ -253,11 +253,15 @@ LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
             const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
             __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            UNROLL for (int j = 0; j < 8; j += 2) {
+            __m512i s2 = _mm512_setzero_si512(), s3 = _mm512_setzero_si512();
+            UNROLL for (int j = 0; j < 8; j += 4) {
                 s0 = dpb(s0, load64(qs + 64 * j), a + 4 * j);
                 s1 = dpb(s1, load64(qs + 64 * (j + 1)), a + 4 * j + 4);
+                s2 = dpb(s2, load64(qs + 64 * (j + 2)), a + 4 * j + 8);
+                s3 = dpb(s3, load64(qs + 64 * (j + 3)), a + 4 * j + 12);
             }
-            const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(terms[c * nb + b]));
+            const __m512i is = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(s0, s1), _mm512_add_epi32(s2, s3)),
+                                                _mm512_set1_epi32(terms[c * nb + b]));
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
         }
     }
@@ -302,8 +306,8 @@ LI_INLINE void k45_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const
         for (int i = 0; i < 4; i++) {
             const uint8_t *si = five ? sb + 640 * i + 128 : sb + 512 * i; /* the pair's nibble chunks */
             const __m512i h0 = five && !vals ? load64(si - 128) : m4, h1 = five && !vals ? load64(si - 64) : m4;
-            __m512i sa[NC], sbv[NC];
-            UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = _mm512_setzero_si512();
+            __m512i sa[NC], sbv[NC], sa2[NC], sbv2[NC]; /* odd chunks in chains of their own */
+            UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = sa2[c] = sbv2[c] = _mm512_setzero_si512();
             UNROLL for (int j = 0; j < 8; j++) {
                 __m512i lo, hi;
                 if (vals) {
@@ -317,9 +321,18 @@ LI_INLINE void k45_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const
                     hi = _mm512_andnot_si512(m4, w);
                 }
                 UNROLL for (int c = 0; c < nc; c++) {
-                    sa[c] = dpb(sa[c], lo, a[c]->qs + 64 * i + 4 * j);
-                    sbv[c] = dpb(sbv[c], hi, a[c]->qs + 64 * i + 32 + 4 * j);
+                    if (j & 1) {
+                        sa2[c] = dpb(sa2[c], lo, a[c]->qs + 64 * i + 4 * j);
+                        sbv2[c] = dpb(sbv2[c], hi, a[c]->qs + 64 * i + 32 + 4 * j);
+                    } else {
+                        sa[c] = dpb(sa[c], lo, a[c]->qs + 64 * i + 4 * j);
+                        sbv[c] = dpb(sbv[c], hi, a[c]->qs + 64 * i + 32 + 4 * j);
+                    }
                 }
+            }
+            UNROLL for (int c = 0; c < nc; c++) {
+                sa[c] = _mm512_add_epi32(sa[c], sa2[c]);
+                sbv[c] = _mm512_add_epi32(sbv[c], sbv2[c]);
             }
             const uint8_t *sc = sb + sc_at + 32 * i;
             const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)sc));
@@ -451,10 +464,14 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, co
                 _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2048 + 16 * b)));
             UNROLL for (int c = 0; c < nc; c++) {
                 const int8_t *q = a[c]->qs + 32 * b;
-                /* one chain from -128 * the block's sum: sum((level + 128) * a) - 128 * sum(a) */
-                __m512i is = _mm512_set1_epi32(-terms[c * nb * 8 + 8 * s + b]);
-                UNROLL for (int j = 0; j < 4; j++) is = dpb(is, lo[j], q + 4 * j);
-                UNROLL for (int j = 0; j < 4; j++) is = dpb(is, hi[j], q + 16 + 4 * j);
+                /* sum((level + 128) * a) - 128 * sum(a): the low values in a chain from
+                 * -128 * the block's sum, the high ones in a second chain */
+                __m512i is = _mm512_set1_epi32(-terms[c * nb * 8 + 8 * s + b]), is2 = _mm512_setzero_si512();
+                UNROLL for (int j = 0; j < 4; j++) {
+                    is = dpb(is, lo[j], q + 4 * j);
+                    is2 = dpb(is2, hi[j], q + 16 + 4 * j);
+                }
+                is = _mm512_add_epi32(is, is2);
                 isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(is, ls));
             }
         }
