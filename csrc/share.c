@@ -70,7 +70,6 @@ static int64_t front_of(uint64_t w) { return (int64_t)((w >> 16) & 0xffff); }
 static int64_t back_of(uint64_t w) { return (int64_t)(w & 0xffff); }
 
 #if defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && defined(_OPENMP)
-#define TEAM_FUTEX 1
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>

@@ -264,9 +264,7 @@ class Engine:
                 self._check_buffer(want)
             elif want not in ("last", "all", None):
                 raise InvalidArgumentError(f"logits must be 'last', 'all', None or a float32 array, got {want!r}")
-            if len(seq.tokens) + len(ids) > self.n_ctx:
-                raise ContextFullError(f"{len(seq.tokens)} tokens in the sequence plus {len(ids)} new ones exceed "
-                                       f"n_ctx={self.n_ctx}")
+            self._check_room(seq, len(ids))
             items.append((seq, ids, want))
         if len({id(s) for s, _, _ in items}) != len(items):
             raise InvalidArgumentError("a sequence appears twice in one decode call")
@@ -309,6 +307,18 @@ class Engine:
         if self._logits.size < size:
             self._logits = np.empty(size, np.float32)
         return self._logits[:size]
+
+    def _check_room(self, seq: Sequence, n: int):
+        if len(seq.tokens) + n > self.n_ctx:
+            raise ContextFullError(f"{len(seq.tokens)} tokens in the sequence plus {n} new "
+                                   f"{'one' if n == 1 else 'ones'} exceed n_ctx={self.n_ctx}")
+
+    def _native_pass(self, tokens, pos, seq_idx, want, views, logits, n_threads):
+        """The C core's pass, timed into native_seconds."""
+        self.gguf.check_unchanged()  # a file truncated under its mapping would be a SIGBUS
+        t = time.perf_counter()
+        self.ctx.decode(tokens, None, pos, seq_idx, want, views, logits, n_threads)
+        self.native_seconds += time.perf_counter() - t
 
     def _check_buffer(self, a: np.ndarray):
         """A caller's logits buffer: what the C core may write one row into."""
@@ -355,19 +365,14 @@ class Engine:
         if not isinstance(logits, np.ndarray):
             raise InvalidArgumentError(f"logits must be a float32 array, got {type(logits).__name__}")
         self._check_buffer(logits)
-        if len(seq.tokens) + 1 > self.n_ctx:
-            raise ContextFullError(f"{len(seq.tokens)} tokens in the sequence plus 1 new one exceed "
-                                   f"n_ctx={self.n_ctx}")
+        self._check_room(seq, 1)
         nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
         tokens, pos, seq_idx, want = self._one
         self.kv.reserve(seq, 1)
         views = [self.kv.table_arrays(seq)]
         tokens[0] = token
         pos[0] = seq.next_pos
-        self.gguf.check_unchanged()  # a file truncated under its mapping would be a SIGBUS
-        t = time.perf_counter()
-        self.ctx.decode(tokens, None, pos, seq_idx, want, views, logits, nt)  # dtype, order, writability: Cython's
-        self.native_seconds += time.perf_counter() - t
+        self._native_pass(tokens, pos, seq_idx, want, views, logits, nt)  # dtype, order, writability: Cython's
         self._check_pass(logits, 1, tokens, pos, seq_idx, want, views, nt)
         self.kv.commit(seq, tokens)
         return logits
@@ -407,10 +412,7 @@ class Engine:
         # array (a whole row of a large vocabulary per token, copied no more)
         direct = len(dest) == 1 and dest[0][1] < 0
         logits = out[dest[0][0]] if direct else self._logits_buffer(len(dest) * width)
-        self.gguf.check_unchanged()  # a file truncated under its mapping would be a SIGBUS
-        t = time.perf_counter()
-        self.ctx.decode(tokens, None, pos, seq_idx, want, views, logits, n_threads)
-        self.native_seconds += time.perf_counter() - t
+        self._native_pass(tokens, pos, seq_idx, want, views, logits, n_threads)
         if len(dest):
             self._check_pass(logits, len(dest), tokens, pos, seq_idx, want, views, n_threads)
         if not direct:
