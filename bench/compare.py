@@ -27,8 +27,11 @@ with llama-quantize (Q4_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0, IQ4_XS), and on
 SmolLM2 and Gemma 3; each child's peak RSS from its rusage; the bytes a
 generated token reads (weights and KV cache) times each engine's tg speed,
 as a fraction of the read bandwidth measured just before and just after that
-run (bench_read at the run's thread count; median over runs); and the load +
-first-token time of a fresh process on the first 1B file:
+run (bench_read at the run's thread count; median over the runs whose two
+probes agree: within 15% of each other, and the team barrier's cost on the
+same side of --far-ns, which tells whether the host moved the CPUs during the
+run; a run whose probes disagree is run again, up to --retries times); and
+the load + first-token time of a fresh process on the first 1B file:
 
     python bench/compare.py --llama-bench /path/to/llama.cpp/build/bin -r 3
 """
@@ -36,6 +39,7 @@ first-token time of a fresh process on the first 1B file:
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import resource
@@ -188,6 +192,9 @@ class ProbeProcess:
         "    if what == 'read':\n"
         "        compare.read_bandwidth(int(arg), buf, reps=1)  # a warm-up read\n"
         "        print(compare.read_bandwidth(int(arg), buf, reps=int(n)), flush=True)\n"
+        "    elif what == 'sync':\n"
+        "        from llminfer import _core\n"
+        "        print(_core.bench_sync(int(arg), 20000) * 1e9, flush=True)\n"
         "    else:\n"
         "        print(compare.tg_bytes_per_token(arg, int(n)), flush=True)\n"
     )
@@ -214,12 +221,38 @@ class ProbeProcess:
         """GB/s of the probe at this thread count (median of reps)."""
         return self._ask("read", threads, reps)
 
+    def sync_ns(self, threads=2):
+        """Nanoseconds per pass of the engine's team barrier at this thread
+        count: a cache line's trip between the team's cores, which tells
+        where the host has put them (on this VM, about 30-90 ns when its two
+        CPUs are one core's hyperthreads, about 300 ns when they are cores
+        apart)."""
+        return self._ask("sync", threads, 0)
+
+    def bracket(self, threads):
+        """(read GB/s at this thread count, barrier ns at two threads)."""
+        return self.read_gbs(threads), self.sync_ns(2)
+
     def bytes_per_token(self, path, n_gen):
         return int(self._ask("bytes", path, n_gen))
 
     def close(self):
         self.proc.stdin.close()
         self.proc.wait()
+
+
+def probe_bracket(before, after, res, per_token, far_ns):
+    """One tg run against the probes taken just before and just after it:
+    the brackets agree when both put the team's cores on the same side of
+    far_ns and their read bandwidths are within 15% of each other. host is
+    "near" or "far" (both sides), or "moved"."""
+    (bw0, ns0), (bw1, ns1) = before, after
+    sides = {ns0 >= far_ns, ns1 >= far_ns}
+    host = "moved" if len(sides) > 1 else ("far" if True in sides else "near")
+    agree = host != "moved" and abs(bw0 - bw1) <= 0.15 * max(bw0, bw1)
+    bw = (bw0 + bw1) / 2
+    return {"gbs": [round(bw0, 1), round(bw1, 1)], "sync_ns": [round(ns0), round(ns1)], "host": host,
+            "agree": agree, "of_probe": res["tg"] * per_token / 1e9 / bw if res.get("tg") else None}
 
 
 def run_worker(python, engine, path, threads, env):
@@ -336,7 +369,12 @@ def llama_bench_mode(a):
     rows = []
     # The read probe brackets every run: this host's read bandwidth moved
     # between about 30 and 60 GB/s from one minute to the next, so a figure
-    # taken once would set each run against another machine.
+    # taken once would set each run against another machine. The bandwidth
+    # follows where the VM's two CPUs sit (one core's two hyperthreads, or
+    # two cores apart), which the team barrier's cost shows; a run whose
+    # brackets disagree (the host moved during it) is run again, up to
+    # --retries times, and only runs with agreeing brackets count in the
+    # fraction of the probe.
     probe = ProbeProcess(env) if a.n_gen > 0 else None
     print(f"| model | threads | pp{a.n_prompt} ours | pp{a.n_prompt} llama.cpp | pp x | tg{a.n_gen} ours | "
           f"tg{a.n_gen} llama.cpp | tg x | tg bytes/s of read probe, ours / llama.cpp | "
@@ -347,34 +385,42 @@ def llama_bench_mode(a):
         for t in threads:
             runs = {"ours": [], "peer": []}
             rss = {"ours": [], "peer": []}
-            of_probe = {"ours": [], "peer": []}
-            probes = []
+            brackets = {"ours": [], "peer": []}
             for r in range(a.runs):  # interleaved, the order alternating
                 order = ("ours", "peer") if r % 2 == 0 else ("peer", "ours")
                 for who in order:
-                    before = probe.read_gbs(t) if probe else None
-                    if who == "ours":
-                        res, m = llminfer_bench_once(path, t, a.n_prompt, a.n_gen, env)
-                    else:
-                        res, m = llama_bench_once(a.llama_bench, path, t, a.n_prompt, a.n_gen)
+                    for attempt in range(a.retries + 1):
+                        before = probe.bracket(t) if probe else None
+                        if who == "ours":
+                            res, m = llminfer_bench_once(path, t, a.n_prompt, a.n_gen, env)
+                        else:
+                            res, m = llama_bench_once(a.llama_bench, path, t, a.n_prompt, a.n_gen)
+                        b = probe_bracket(before, probe.bracket(t), res, per_token, a.far_ns) if probe else None
+                        if not b or b["agree"]:
+                            break
                     runs[who].append(res)
                     rss[who].append(m)
-                    if probe:
-                        bw = (before + probe.read_gbs(t)) / 2
-                        probes.append(bw)
-                        of_probe[who].append(res["tg"] * per_token / 1e9 / bw)
+                    if b:
+                        brackets[who].append(b)
             tests = [k for k, n in (("pp", a.n_prompt), ("tg", a.n_gen)) if n > 0]  # -p 0 / -n 0 leave one out
             med = {w: {k: statistics.median(x[k] for x in rs) if k in tests else None for k in ("pp", "tg")}
                    for w, rs in runs.items()}
             ratio = {k: med["ours"][k] / med["peer"][k] if k in tests else None for k in ("pp", "tg")}
-            frac = {w: statistics.median(v) if v else None for w, v in of_probe.items()}
+            frac = {w: statistics.median(b["of_probe"] for b in bs if b["agree"])
+                    if any(b["agree"] for b in bs) else None for w, bs in brackets.items()}
+            probes = [g for bs in brackets.values() for b in bs for g in b["gbs"]]
+            hosts = collections.Counter(b["host"] for bs in brackets.values() for b in bs)
             row = {"model": os.path.basename(path), "threads": t, "ours": med["ours"], "peer": med["peer"],
                    "pp_ratio": ratio["pp"], "tg_ratio": ratio["tg"],
                    "rss_mb_ours": max(rss["ours"]), "rss_mb_peer": max(rss["peer"]),
                    "tg_bytes_per_token": per_token or None, "tg_of_probe_ours": frac["ours"],
-                   "tg_of_probe_peer": frac["peer"], "probe_gbs": [round(b, 1) for b in probes]}
+                   "tg_of_probe_peer": frac["peer"], "probe_gbs": [round(b, 1) for b in probes],
+                   "brackets": brackets}
             rows.append(row)
-            probe_range = f" ({min(probes):.0f}-{max(probes):.0f} GB/s)" if probes else ""
+            probe_range = ""
+            if probes:
+                host = ", ".join(f"{n} {h}" for h, n in sorted(hosts.items()))
+                probe_range = f" ({min(probes):.0f}-{max(probes):.0f} GB/s; runs: {host})"
             print(f"| {row['model']} | {t} | {fmt(med['ours']['pp'], '.1f')} | {fmt(med['peer']['pp'], '.1f')} | "
                   f"{fmt(ratio['pp'], '.2f')} | {fmt(med['ours']['tg'], '.1f')} | {fmt(med['peer']['tg'], '.1f')} | "
                   f"{fmt(ratio['tg'], '.2f')} | {fmt(frac['ours'], '.2f')} / {fmt(frac['peer'], '.2f')}{probe_range} | "
@@ -414,6 +460,12 @@ def main():
     p.add_argument("-m", "--model", action="append", help="GGUF file (repeatable; default: the issue's rows)")
     p.add_argument("-t", "--threads", default="1,2", help="comma-separated thread counts")
     p.add_argument("-r", "--runs", type=int, default=3, help="runs per engine per row (interleaved)")
+    p.add_argument("--retries", type=int, default=2,
+                   help="--llama-bench: runs again, at most this many times, a run whose read-probe brackets "
+                        "disagree (the host moved during it)")
+    p.add_argument("--far-ns", type=float, default=200.0,
+                   help="--llama-bench: a two-thread barrier at least this slow (ns) puts the team's cores "
+                        "apart ('far'), below it near (on this VM: one core's hyperthreads)")
     p.add_argument("--peer-python", default=sys.executable, help="Python that has llama-cpp-python")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()

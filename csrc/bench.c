@@ -33,6 +33,42 @@ uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads) {
     return total;
 }
 
+static double seconds(void) {
+#ifdef _OPENMP
+    return omp_get_wtime();
+#else
+    return (double)clock() / CLOCKS_PER_SEC;
+#endif
+}
+
+/* A team of n_threads passes li_share_sync `rounds` times (after a warm-up
+ * of rounds / 10); returns the seconds per pass. Its cost is the trip of a
+ * cache line between the threads' cores: on a VM whose two CPUs are
+ * sometimes one core's two hyperthreads and sometimes cores apart, it tells
+ * which (bench/compare.py records it beside the read probe). */
+double li_bench_sync(int n_threads, int rounds) {
+    li_init();
+    if (n_threads < 1 || rounds < 1) return -1.0;
+    li_share *s = li_share_new(n_threads);
+    if (!s) return -1.0;
+    double dt = 0.0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(n_threads)
+#endif
+    {
+        const int ith = li_thread_index();
+        li_share_begin(s, ith);
+        li_share_sync(s);
+        for (int r = 0; r < rounds / 10; r++) li_share_sync(s);
+        double t0 = 0.0;
+        if (ith == 0) t0 = seconds();
+        for (int r = 0; r < rounds; r++) li_share_sync(s);
+        if (ith == 0) dt = (seconds() - t0) / rounds;
+    }
+    li_share_free(s);
+    return dt;
+}
+
 int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, int slow_spins, int64_t chunk,
                    int32_t *taken_by, int32_t *times_taken) {
     li_init();
@@ -143,14 +179,6 @@ int li_attn_kernel(int accumulate, const float *a, size_t a_ld, int nh, const ui
     else
         li_K->attn_scores_f16(a, a_ld, nh, cache, stride, n, d, scale, out, out_ld);
     return LI_OK;
-}
-
-static double seconds(void) {
-#ifdef _OPENMP
-    return omp_get_wtime();
-#else
-    return (double)clock() / CLOCKS_PER_SEC;
-#endif
 }
 
 double li_bench_int8_peak(void) {

@@ -403,6 +403,9 @@ const char *li_last_error(void);
 /* Reads `bytes` of buf (8-byte words) on n_threads threads, each its contiguous
  * share; returns their sum, so the reads cannot be left out. */
 uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads);
+/* Seconds per li_share_sync pass of a team of n_threads, timed over `rounds`
+ * passes; -1 on a bad argument or no memory. */
+double li_bench_sync(int n_threads, int rounds);
 /* Hands out `products` products of `units` units each (share.h) to a team of
  * n_threads, as consecutive products with no barrier between them, each
  * owner taking at least `chunk` units of its own at a time until its last

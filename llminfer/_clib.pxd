@@ -190,6 +190,7 @@ cdef extern from "llminfer.h" nogil:
 
     # benchmark and test helpers (bench.c)
     uint64_t li_bench_read(const void *buf, size_t bytes, int n_threads)
+    double li_bench_sync(int n_threads, int rounds)
     int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, int slow_spins, int64_t chunk,
                        int32_t *taken_by, int32_t *times_taken)
     int li_share_barrier_check(int n_threads, int rounds, int slow_thread, int slow_spins, int slow_every,

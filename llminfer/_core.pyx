@@ -555,6 +555,19 @@ def bench_read(const uint8_t[::1] buf, int n_threads):
     return r
 
 
+
+def bench_sync(int n_threads, int rounds=100000):
+    """Seconds per pass through the team's barrier (li_share_sync) for a team
+    of n_threads, timed over `rounds` passes."""
+    if n_threads < 1 or rounds < 1:
+        raise errors.InvalidArgumentError("n_threads and rounds must be >= 1")
+    cdef double r
+    with nogil:
+        r = C.li_bench_sync(n_threads, rounds)
+    if r < 0:
+        raise MemoryError("no memory for the team's barrier")
+    return r
+
 def share_trace(int64_t units, int products, int n_threads, int slow_thread=-1, int slow_spins=0,
                 int64_t chunk=1):
     """How the repacked products' units are handed out (csrc/share.h), each

@@ -33,6 +33,9 @@ def test_probe_process_answers_both_questions(compare, tiny):
     try:
         for threads in (1, 2):
             assert probe.read_gbs(threads) > 0
+            assert probe.sync_ns(threads) > 0
+        bw, ns = probe.bracket(2)
+        assert bw > 0 and ns > 0
         got = probe.bytes_per_token(tiny, 128)
     finally:
         probe.close()
@@ -55,3 +58,32 @@ def test_probe_process_reports_its_end(compare, tmp_path):
     with pytest.raises(RuntimeError, match="ended"):
         probe.read_gbs(1)
     assert probe.proc.wait() != 0
+
+
+def test_bracket_counts_only_runs_the_host_kept_still(compare):
+    """A run counts in the fraction of the probe when the probes on both
+    sides of it agree: the same side of far_ns, bandwidths within 15%."""
+    res = {"tg": 50.0}
+    b = compare.probe_bracket((40.0, 70.0), (36.0, 80.0), res, 10**9 * 0.7, 200)
+    assert b["host"] == "near" and b["agree"]
+    assert b["of_probe"] == pytest.approx(50 * 0.7 / 38)
+    b = compare.probe_bracket((60.0, 300.0), (58.0, 310.0), res, 10**9 * 0.7, 200)
+    assert b["host"] == "far" and b["agree"]
+    b = compare.probe_bracket((36.0, 70.0), (60.0, 300.0), res, 10**9 * 0.7, 200)
+    assert b["host"] == "moved" and not b["agree"]
+    b = compare.probe_bracket((40.0, 70.0), (30.0, 70.0), res, 10**9 * 0.7, 200)
+    assert b["host"] == "near" and not b["agree"]  # 25% apart
+
+
+def test_team_barrier_timing_helper():
+    """bench_sync (the host-placement probe): a time per pass for a team of
+    one and of two, and a clear error for a team of none."""
+    from llminfer import _core
+    from llminfer.errors import InvalidArgumentError
+
+    for threads in (1, 2):
+        assert 0 < _core.bench_sync(threads, 2000) < 1e-3
+    with pytest.raises(InvalidArgumentError):
+        _core.bench_sync(0)
+    with pytest.raises(InvalidArgumentError):
+        _core.bench_sync(2, 0)
