@@ -406,8 +406,8 @@ def llama_bench_mode(a):
             med = {w: {k: statistics.median(x[k] for x in rs) if k in tests else None for k in ("pp", "tg")}
                    for w, rs in runs.items()}
             ratio = {k: med["ours"][k] / med["peer"][k] if k in tests else None for k in ("pp", "tg")}
-            frac = {w: statistics.median(b["of_probe"] for b in bs if b["agree"])
-                    if any(b["agree"] for b in bs) else None for w, bs in brackets.items()}
+            agreeing = {w: [b["of_probe"] for b in bs if b["agree"]] for w, bs in brackets.items()}
+            frac = {w: statistics.median(v) if v else None for w, v in agreeing.items()}
             probes = [g for bs in brackets.values() for b in bs for g in b["gbs"]]
             hosts = collections.Counter(b["host"] for bs in brackets.values() for b in bs)
             row = {"model": os.path.basename(path), "threads": t, "ours": med["ours"], "peer": med["peer"],

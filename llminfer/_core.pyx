@@ -555,7 +555,6 @@ def bench_read(const uint8_t[::1] buf, int n_threads):
     return r
 
 
-
 def bench_sync(int n_threads, int rounds=100000):
     """Seconds per pass through the team's barrier (li_share_sync) for a team
     of n_threads, timed over `rounds` passes."""
@@ -567,6 +566,7 @@ def bench_sync(int n_threads, int rounds=100000):
     if r < 0:
         raise MemoryError("no memory for the team's barrier")
     return r
+
 
 def share_trace(int64_t units, int products, int n_threads, int slow_thread=-1, int slow_spins=0,
                 int64_t chunk=1):
