@@ -53,15 +53,36 @@ LI_INLINE __m512i dpb(__m512i acc, __m512i w, const int8_t *p) {
  * a 600 MB stream of Q4_K groups, one line per 64 bytes reached 21 GB/s,
  * one per 256 bytes 24, one per 1024 bytes 26-29 (of about 28 that plain
  * loads reach); T0, or 2 KiB ahead, gained nothing, and NTA lost (Q4_0
- * and Q6_K, 2-8 KiB ahead). */
+ * and Q6_K, 2-8 KiB ahead).
+ *
+ * The hinted lines are the ones at multiples of PREFETCH_STEP in the stream,
+ * whatever the block size: the super-block kernels once hinted p + o for
+ * o = 0, 1024, .. of each super-block (2240-3392 bytes, not a multiple of
+ * 1024), lines at uneven gaps, and one core read IQ4_XS at 0.89-0.90 of a
+ * plain read, Q4_K 0.92-0.95, Q5_K 0.91-0.92, Q6_K 0.93-0.95; at the
+ * multiples, 8 KiB ahead, 0.94-0.96, 0.95-0.97, 0.95-0.96 and 0.97-0.98
+ * (bench/kernels.py's matrices, k = 4096, 256 MiB; medians of 11 and 21
+ * interleaved runs). Those kernels hint a whole super-block at its start,
+ * so their hints already reach up to a super-block further: 8 KiB on did
+ * as well as or better than 16 there, where the 32-value blocks (Q4_0,
+ * Q8_0), hinted block by block, kept 16. In the 1B models' decode (the same
+ * process alternating the two builds' hints every 32 tokens): one thread
+ * Q6_K +1.9% (13 pairs of 14 faster), Q5_K_M +2.5%, Q4_K_M +0.8%, IQ4_XS
+ * even; two threads on cores apart Q4_K_M +1.5%, IQ4_XS +3.2%. */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 16384
+#endif
+#ifndef PREFETCH_AHEAD_K
+#define PREFETCH_AHEAD_K 8192
 #endif
 #ifndef PREFETCH_STEP
 #define PREFETCH_STEP 1024
 #endif
-LI_INLINE void ahead(const uint8_t *p, int bytes) {
-    for (int o = 0; o < bytes; o += PREFETCH_STEP) _mm_prefetch((const char *)p + PREFETCH_AHEAD + o, _MM_HINT_T1);
+/* an L2 hint for each line of [p, p + bytes) at a multiple of PREFETCH_STEP, `dist` bytes on */
+LI_INLINE void ahead(const uint8_t *p, int bytes, const int dist) {
+    const uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)bytes;
+    for (uintptr_t o = (a + PREFETCH_STEP - 1) & ~(uintptr_t)(PREFETCH_STEP - 1); o < e; o += PREFETCH_STEP)
+        _mm_prefetch((const char *)o + dist, _MM_HINT_T1);
 }
 
 /* One activation row is read for every group, but a group of a long row
@@ -94,9 +115,7 @@ LI_INLINE void stream_l1(const uint8_t *p, int bytes) {
  * but cost Q5_0 a fifth there (its blocks are 352 bytes, not a whole number
  * of lines): Q5_0 and Q5_1 go without. */
 LI_INLINE void stream_hint(const uint8_t *p, int bytes, const int nc, const int l1) {
-    const uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)bytes;
-    for (uintptr_t o = (a + PREFETCH_STEP - 1) & ~(uintptr_t)(PREFETCH_STEP - 1); o < e; o += PREFETCH_STEP)
-        _mm_prefetch((const char *)o + PREFETCH_AHEAD, _MM_HINT_T1);
+    ahead(p, bytes, PREFETCH_AHEAD);
     if (l1 && nc == 1) stream_l1(p, bytes);
 }
 
@@ -297,7 +316,7 @@ LI_INLINE void k45_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * (size_t)sb_bytes;
-        ahead(sb, sb_bytes);
+        ahead(sb, sb_bytes, PREFETCH_AHEAD_K);
         if (nc == 1 && !vals) stream_l1(sb, sb_bytes);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
@@ -381,7 +400,7 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, cons
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 3392;
-        ahead(sb, 3392);
+        ahead(sb, 3392, PREFETCH_AHEAD_K);
         if (nc == 1 && !vals) stream_l1(sb, 3392);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
@@ -442,7 +461,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, co
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 2240;
-        ahead(sb, 2240);
+        ahead(sb, 2240, PREFETCH_AHEAD_K);
         if (nc == 1 && !vals) stream_l1(sb, 2240);
         const act_q8_K *a[NC];
         __m512i isum[NC];
