@@ -114,6 +114,11 @@ typedef struct li_repacked li_repacked;
 int li_repacked_create(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, int n_threads,
                        li_repacked **out);
 int li_repacked_matmul(const li_repacked *m, const float *x, int64_t n, float *y, int n_threads);
+/* count (1 to 32) such products, y_i[n_i, rows_i] = x_i W_i^T, shared by
+ * the team as one (repack.h's li_x16_matmul_parts): each bitwise what
+ * li_repacked_matmul gives it */
+int li_repacked_matmul_joint(const li_repacked *const *ms, const float *const *xs, const int64_t *ns, float *const *ys,
+                             int count, int n_threads);
 void li_repacked_free(li_repacked *m);
 /* vpdpbusd-class int8 multiply-adds per second one thread of the active
  * level reaches on independent register chains (the int8 peak the kernel

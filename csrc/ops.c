@@ -257,39 +257,60 @@ void li_repacked_free(li_repacked *m) {
     free(m);
 }
 
-int li_repacked_matmul(const li_repacked *m, const float *x, int64_t n, float *y, int n_threads) {
+int li_repacked_matmul_joint(const li_repacked *const *ms, const float *const *xs, const int64_t *ns, float *const *ys,
+                             int count, int n_threads) {
     li_init();
-    if (!m || !x || !y || n < 0) return li_fail(LI_E_ARG, "no matrix, input or output");
-    if (!li_x16_available(m->type)) /* the kernel level changed since it was packed */
-        return li_fail(LI_E_TYPE, "the active kernel level has no repacked kernel for type %d", m->type);
-    if (n == 0) return LI_OK;
-    const int type = m->type, act = li_types[type].act_type, nt = team_size(n_threads);
-    const int64_t k = m->k;
-    const size_t per_thread = li_x16_scratch_ints(type, k, n) + 1;
-    void *xq = malloc(li_act_row_bytes(act, k) * (size_t)n);
+    if (!ms || !xs || !ns || !ys || count < 1 || count > LI_X16_MAX_PARTS)
+        return li_fail(LI_E_ARG, "a joint product of %d matrices (1 to %d)", count, LI_X16_MAX_PARTS);
+    li_x16_part_desc parts[LI_X16_MAX_PARTS];
+    size_t at[LI_X16_MAX_PARTS + 1];
+    const float *src[LI_X16_MAX_PARTS];
+    int np = 0;
+    at[0] = 0;
+    for (int i = 0; i < count; i++) {
+        const li_repacked *m = ms[i];
+        if (!m || !xs[i] || !ys[i] || ns[i] < 0) return li_fail(LI_E_ARG, "product %d: no matrix, input or output", i);
+        if (!li_x16_available(m->type)) /* the kernel level changed since it was packed */
+            return li_fail(LI_E_TYPE, "the active kernel level has no repacked kernel for type %d", m->type);
+        if (ns[i] == 0) continue;
+        parts[np] = (li_x16_part_desc){m->type, m->packed, m->rows, m->k, NULL, ns[i], ys[i], m->rows};
+        src[np] = xs[i];
+        at[np + 1] = at[np] + (li_act_row_bytes(li_types[m->type].act_type, m->k) * (size_t)ns[i] + 63) / 64 * 64;
+        np++;
+    }
+    if (np == 0) return LI_OK;
+    const int nt = team_size(n_threads);
+    const size_t per_thread = li_x16_parts_scratch_ints(parts, np) + 1;
+    char *xq = li_alloc_aligned(at[np], 64);
     int32_t *scratch = malloc(per_thread * sizeof(int32_t) * (size_t)nt);
     li_share *share = li_share_new(nt);
     if (!xq || !scratch || !share) {
-        free(xq);
+        li_free_aligned(xq);
         free(scratch);
         li_share_free(share);
         return LI_E_NOMEM;
     }
+    for (int i = 0; i < np; i++) parts[i].xq = xq + at[i];
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
     {
         const int ith = li_thread_index(), nth = li_thread_count();
         li_share_begin(share, ith);
-        li_quantize_acts(type, x, k, n, k, xq, ith, nth);
+        for (int i = 0; i < np; i++)
+            li_quantize_acts(parts[i].type, src[i], parts[i].k, parts[i].n, parts[i].k, xq + at[i], ith, nth);
         LI_BARRIER();
-        li_x16_matmul(type, m->packed, m->rows, k, xq, n, y, m->rows, scratch + per_thread * (size_t)ith, share,
-                      ith, nth);
+        (void)li_x16_matmul_parts(parts, np, scratch + per_thread * (size_t)ith, share, ith, nth); /* np in range */
     }
-    free(xq);
+    li_free_aligned(xq);
     free(scratch);
     li_share_free(share);
     return LI_OK;
+}
+
+int li_repacked_matmul(const li_repacked *m, const float *x, int64_t n, float *y, int n_threads) {
+    if (!m || !x || !y || n < 0) return li_fail(LI_E_ARG, "no matrix, input or output");
+    return li_repacked_matmul_joint(&m, &x, &n, &y, 1, n_threads);
 }
 
 int li_matmul_repacked(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, const float *x,

@@ -270,14 +270,6 @@ static int unpacks(int type, int64_t n) {
     return unpacked_layout(type, n) && li_K->x16_unpack[type] && li_K->x16u[type];
 }
 
-size_t li_x16_scratch_ints(int type, int64_t k, int64_t n) {
-    const size_t terms = (size_t)n * (size_t)(blocks_of(type, k) * terms_per_block(type));
-    /* room for the unpacked values whatever the level: a context sized under
-     * one level may multiply under another */
-    if (!unpacked_layout(type, n)) return terms;
-    return terms + (LI_X16_UNPACKED(k) + 64) / sizeof(int32_t); /* the values, 64-byte aligned */
-}
-
 /* the terms of activation row a (terms_per_block(type) per block) */
 static void act_terms(int type, const char *a, int64_t nb, int32_t *t) {
     for (int64_t b = 0; b < nb; b++) {
@@ -302,57 +294,107 @@ static void act_terms(int type, const char *a, int64_t nb, int32_t *t) {
     }
 }
 
-/* groups [lo, hi) of the product (li_x16_matmul's arguments) */
+/* groups [lo, hi) of the product (li_x16_matmul's arguments): terms as
+ * act_terms left them for the n rows, vals room for one unpacked group */
 static void x16_groups(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
-                       int64_t y_stride, int32_t *scratch, int64_t lo, int64_t hi) {
+                       int64_t y_stride, const int32_t *terms, uint8_t *vals, int64_t lo, int64_t hi) {
     const size_t xs = li_act_row_bytes(li_types[type].act_type, k);
     const size_t gb = li_x16_group_bytes(type, k);
     const int64_t per_col = blocks_of(type, k) * terms_per_block(type);
-    if (unpacks(type, n)) {
-        uint8_t *vals = (uint8_t *)(((uintptr_t)(scratch + n * per_col) + 63) & ~(uintptr_t)63);
-        for (int64_t gi = lo; gi < hi; gi++) {
-            const int nr = (int)LI_MIN(G, rows - gi * G);
-            const char *g = (const char *)packed + (size_t)gi * gb;
-            li_K->x16_unpack[type](g, k, vals);
-            for (int64_t c0 = 0; c0 < n; c0 += LI_X16_NC)
-                li_K->x16u[type](g, vals, k, (const char *)xq + (size_t)c0 * xs, xs, (int)LI_MIN(LI_X16_NC, n - c0),
-                                 scratch + c0 * per_col, y + c0 * y_stride + gi * G, (size_t)y_stride, nr);
-        }
-        return;
-    }
+    const int unpack = unpacks(type, n);
     for (int64_t gi = lo; gi < hi; gi++) {
         const int nr = (int)LI_MIN(G, rows - gi * G);
         const char *g = (const char *)packed + (size_t)gi * gb;
-        for (int64_t c0 = 0; c0 < n; c0 += LI_X16_NC)
-            li_K->x16[type](g, k, (const char *)xq + (size_t)c0 * xs, xs, (int)LI_MIN(LI_X16_NC, n - c0),
-                            scratch + c0 * per_col, y + c0 * y_stride + gi * G, (size_t)y_stride, nr);
+        if (unpack) li_K->x16_unpack[type](g, k, vals);
+        for (int64_t c0 = 0; c0 < n; c0 += LI_X16_NC) {
+            const char *x = (const char *)xq + (size_t)c0 * xs;
+            const int nc = (int)LI_MIN(LI_X16_NC, n - c0);
+            float *yc = y + c0 * y_stride + gi * G;
+            if (unpack)
+                li_K->x16u[type](g, vals, k, x, xs, nc, terms + c0 * per_col, yc, (size_t)y_stride, nr);
+            else
+                li_K->x16[type](g, k, x, xs, nc, terms + c0 * per_col, yc, (size_t)y_stride, nr);
+        }
     }
 }
 
-void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
-                   int64_t y_stride, int32_t *scratch, li_share *share, int ith, int nth) {
-    const size_t xs = li_act_row_bytes(li_types[type].act_type, k);
-    const int64_t nb = blocks_of(type, k), per_col = nb * terms_per_block(type);
-    if (per_col > 0)
-        for (int64_t c = 0; c < n; c++) /* each thread works out the terms it needs: all of them */
-            act_terms(type, (const char *)xq + (size_t)c * xs, nb, scratch + c * per_col);
-    const int64_t groups = li_x16_groups(rows);
+/* int32s of one part's terms for its n rows */
+static size_t part_terms(const li_x16_part_desc *p) {
+    return (size_t)p->n * (size_t)(blocks_of(p->type, p->k) * terms_per_block(p->type));
+}
+
+size_t li_x16_parts_scratch_ints(const li_x16_part_desc *parts, int np) {
+    size_t terms = 0, vals = 0;
+    for (int i = 0; i < np; i++) {
+        terms += part_terms(&parts[i]);
+        if (unpacked_layout(parts[i].type, parts[i].n))
+            vals = LI_MAX(vals, (LI_X16_UNPACKED(parts[i].k) + 64) / sizeof(int32_t)); /* 64-byte aligned */
+    }
+    return terms + vals;
+}
+
+size_t li_x16_scratch_ints(int type, int64_t k, int64_t n) {
+    /* room for the unpacked values whatever the level: a context sized under
+     * one level may multiply under another */
+    const li_x16_part_desc p = {type, NULL, 0, k, NULL, n, NULL, 0};
+    return li_x16_parts_scratch_ints(&p, 1);
+}
+
+/* units [u0, u1) of the joint product: the parts' groups in order, at[i] the first of part i's */
+static void x16_units(const li_x16_part_desc *parts, int np, const int64_t *at, int32_t *const *terms, uint8_t *vals,
+                      int64_t u0, int64_t u1) {
+    for (int i = 0; i < np && u0 < u1; i++) {
+        if (u0 >= at[i + 1]) continue;
+        const int64_t e = LI_MIN(u1, at[i + 1]);
+        const li_x16_part_desc *p = &parts[i];
+        x16_groups(p->type, p->packed, p->rows, p->k, p->xq, p->n, p->y, p->y_stride, terms[i], vals, u0 - at[i],
+                   e - at[i]);
+        u0 = e;
+    }
+}
+
+int li_x16_matmul_parts(const li_x16_part_desc *parts, int np, int32_t *scratch, li_share *share, int ith, int nth) {
+    if (np < 1 || np > LI_X16_MAX_PARTS) return li_fail(LI_E_ARG, "a joint product of %d parts (1 to %d)", np, LI_X16_MAX_PARTS);
+    int32_t *terms[LI_X16_MAX_PARTS];
+    int64_t at[LI_X16_MAX_PARTS + 1];
+    int32_t *t = scratch;
+    int decode = 1;
+    at[0] = 0;
+    for (int i = 0; i < np; i++) { /* each thread works out the terms it needs: all of them */
+        const li_x16_part_desc *p = &parts[i];
+        const size_t xs = li_act_row_bytes(li_types[p->type].act_type, p->k);
+        const int64_t nb = blocks_of(p->type, p->k), per_col = nb * terms_per_block(p->type);
+        terms[i] = t;
+        if (per_col > 0)
+            for (int64_t c = 0; c < p->n; c++) act_terms(p->type, (const char *)p->xq + (size_t)c * xs, nb, t + c * per_col);
+        t += part_terms(p);
+        at[i + 1] = at[i] + li_x16_groups(p->rows);
+        decode &= p->n == 1 && !unpacks(p->type, p->n);
+    }
+    uint8_t *vals = (uint8_t *)(((uintptr_t)t + 63) & ~(uintptr_t)63);
+    const int64_t units = at[np];
     /* a unit of the work sharing is a group; in decode (a group is short
      * work there) a thread takes at least LI_X16_NG of its own at a time
      * until its last few, for fewer claims per product, and then one at a
      * time, so that the other thread waits at most a group at the end */
-    if (share && nth > 1 && groups <= LI_SHARE_MAX_UNITS) { /* the same test for every thread */
-        li_share_turn t;
-        int64_t g0, g1;
-        li_share_open(share, groups, ith, nth, &t);
-        if (n == 1 && !unpacks(type, n)) t.chunk = LI_X16_NG;
-        while (li_share_next(share, &t, &g0, &g1))
-            x16_groups(type, packed, rows, k, xq, n, y, y_stride, scratch, g0, g1);
-        return;
+    if (share && nth > 1 && units <= LI_SHARE_MAX_UNITS) { /* the same test for every thread */
+        li_share_turn st;
+        int64_t u0, u1;
+        li_share_open(share, units, ith, nth, &st);
+        if (decode) st.chunk = LI_X16_NG;
+        while (li_share_next(share, &st, &u0, &u1)) x16_units(parts, np, at, terms, vals, u0, u1);
+        return LI_OK;
     }
     int64_t lo, hi;
-    li_split(groups, ith, nth, &lo, &hi);
-    x16_groups(type, packed, rows, k, xq, n, y, y_stride, scratch, lo, hi);
+    li_split(units, ith, nth, &lo, &hi);
+    x16_units(parts, np, at, terms, vals, lo, hi);
+    return LI_OK;
+}
+
+void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
+                   int64_t y_stride, int32_t *scratch, li_share *share, int ith, int nth) {
+    const li_x16_part_desc p = {type, packed, rows, k, xq, n, y, y_stride};
+    (void)li_x16_matmul_parts(&p, 1, scratch, share, ith, nth);
 }
 
 /* ---- a whole model ---- */

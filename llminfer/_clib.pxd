@@ -32,6 +32,8 @@ cdef extern from "llminfer.h" nogil:
     int li_repacked_create(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, int n_threads,
                            li_repacked **out)
     int li_repacked_matmul(const li_repacked *m, const float *x, int64_t n, float *y, int n_threads)
+    int li_repacked_matmul_joint(const li_repacked *const *ms, const float *const *xs, const int64_t *ns,
+                                 float *const *ys, int count, int n_threads)
     void li_repacked_free(li_repacked *m)
     double li_bench_int8_peak()
     int li_matmul_repacked(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k,

@@ -5,7 +5,7 @@ arrays become pointers, the GIL is released around every kernel, and C
 status codes become llminfer.errors exceptions."""
 
 from libc.math cimport isfinite
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 
 cimport llminfer._clib as C
 
@@ -129,6 +129,43 @@ cdef class RepackedMatrix:
 
     def __dealloc__(self):
         C.li_repacked_free(self.m)
+
+
+def repacked_matmul_joint(products, int n_threads=1):
+    """[x_i W_i^T] for the (RepackedMatrix W_i, float32 x_i [n_i, k_i]) pairs
+    of `products` (1 to 32), shared by the team as one product, as a model's
+    q, k and v projections are: each result bitwise W_i.matmul(x_i)."""
+    cdef int count = len(products), i
+    if not 1 <= count <= 32:
+        raise errors.InvalidArgumentError(f"a joint product takes 1 to 32 products, got {count}")
+    cdef const C.li_repacked *ms[32]
+    cdef const float *xs[32]
+    cdef int64_t ns[32]
+    cdef float *ys[32]
+    cdef RepackedMatrix w
+    cdef uintptr_t xp, yp
+    keep, outs = [], []
+    for i, (w_, x) in enumerate(products):
+        if not isinstance(w_, RepackedMatrix):
+            raise errors.InvalidArgumentError(f"product {i}: a RepackedMatrix is needed, got {type(w_).__name__}")
+        w = w_
+        xa = np.ascontiguousarray(x, dtype=np.float32)
+        if xa.ndim != 2 or xa.shape[1] != w.k:
+            raise errors.ShapeError(f"product {i}: x of shape {xa.shape}, the matrix has k={w.k}")
+        out = np.empty((xa.shape[0], w.rows), dtype=np.float32)
+        keep.append(xa)
+        outs.append(out)
+        xp = xa.ctypes.data
+        yp = out.ctypes.data
+        ms[i] = w.m
+        xs[i] = <const float *>xp
+        ns[i] = xa.shape[0]
+        ys[i] = <float *>yp
+    cdef int st
+    with nogil:
+        st = C.li_repacked_matmul_joint(ms, xs, ns, ys, count, n_threads)
+    check(st, "joint repacked matmul")
+    return outs
 
 
 def bench_int8_peak():

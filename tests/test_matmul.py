@@ -252,6 +252,50 @@ def test_repacked_matrix_packs_once_and_follows_the_level():
         m.matmul(np.ascontiguousarray(x[:, :128]), 1)
 
 
+def test_joint_product_gives_each_product_its_own_bits():
+    """Products shared by the team as one (li_x16_matmul_parts: a layer's
+    q, k and v, gate and up, a MoE layer's experts) give each product what it
+    gives alone, against the scalar level's plain product, whatever the team:
+    mixed types and activation formats, row counts that end in part of a
+    group, decode's one row beside rows enough to unpack groups (8+), and a
+    product of no rows."""
+    from llminfer import _core
+    types = [t for t in (Q.Q4_K, Q.Q6_K, Q.Q4_0, Q.IQ4_XS, Q.Q8_0) if t.name in ops.repacked_types()]
+    if len(types) < 2:
+        pytest.skip(f"the {system.current_isa()} level has fewer than two repacked types")
+    rng = np.random.default_rng(11)
+    shapes = [(100, 512, 1), (37, 512, 9), (64, 256, 3), (16, 256, 0), (200, 512, 1)]
+    mats, xs, refs = [], [], []
+    for i, (rows, k, n) in enumerate(shapes):
+        t = types[i % len(types)]
+        w = random_weight(rng, t, rows, k)
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        mats.append(_core.RepackedMatrix(int(t), w.reshape(-1), rows, k, 2))
+        xs.append(x)
+        refs.append(at_level("scalar", ops.matmul, w, t, (rows, k), x) if n else np.empty((0, rows), np.float32))
+    for threads in (1, 2, 3):
+        outs = _core.repacked_matmul_joint(list(zip(mats, xs)), threads)
+        for (rows, k, n), out, ref in zip(shapes, outs, refs):
+            assert out.shape == (n, rows) and np.array_equal(out, ref), (rows, k, n, threads)
+
+
+def test_joint_product_refuses_bad_lists():
+    from llminfer import _core
+    if "Q4_0" not in ops.repacked_types():
+        pytest.skip(f"the {system.current_isa()} level has no repacked kernels")
+    rng = np.random.default_rng(12)
+    m = _core.RepackedMatrix(int(Q.Q4_0), random_weight(rng, Q.Q4_0, 16, 64).reshape(-1), 16, 64, 1)
+    x = np.ones((1, 64), np.float32)
+    with pytest.raises(InvalidArgumentError, match="1 to 32"):
+        _core.repacked_matmul_joint([], 1)
+    with pytest.raises(InvalidArgumentError, match="1 to 32"):
+        _core.repacked_matmul_joint([(m, x)] * 33, 1)
+    with pytest.raises(InvalidArgumentError, match="RepackedMatrix"):
+        _core.repacked_matmul_joint([(m, x), ("not a matrix", x)], 1)
+    with pytest.raises(ShapeError, match="product 1"):
+        _core.repacked_matmul_joint([(m, x), (m, np.ones((1, 32), np.float32))], 1)
+
+
 # ---- sharing a repacked product's groups among the team (csrc/share.h) ----
 
 def fixed_share(units, ith, nth):
