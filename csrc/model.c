@@ -553,6 +553,48 @@ static void matmul(li_context *c, const li_matrix *w, const void *xq, int64_t n,
         li_matmul_q(&wt, xq, n, y, y_stride, ith, nth);
 }
 
+/* one product of a list for matmuls */
+typedef struct {
+    const li_matrix *w;
+    const void *xq;
+    int64_t n;
+    float *y;
+    int64_t y_stride;
+} product;
+
+/* the products of a list that follow one another with no barrier between
+ * them, each as matmul gives it: runs of repacked ones over fewer than
+ * LI_X16_UNPACK_MIN rows (up to LI_X16_MAX_PARTS, as many as the thread's
+ * scratch holds the terms of) shared as one (li_x16_matmul_parts), the
+ * others one by one. Decode reads the weights at the memory's pace, and
+ * its products' ends and stream starts cost it (repack.h); in 2-thread
+ * decode (alternating 32- and 64-token blocks, pairs faster / all)
+ * SmolLM2 +1.4% (11/14), Gemma 3 270M +1.4%, the 1B Q4_0 +1.2% and
+ * Q4_K_M +0.7% with the CPUs on two cores, the 8-layer Qwen3 MoE +1.9%.
+ * A prompt's products are compute-bound and long: the 1B Q4_K_M's pp512
+ * moved by about 1% either way, as much as two identical builds did in the
+ * same alternation, so prompts keep the separate products. */
+static void matmuls(li_context *c, const product *ps, int np, int ith, int nth) {
+    int32_t *scratch = (int32_t *)(void *)(c->gemm_scratch + (size_t)ith * c->gemm_bytes);
+    li_x16_part_desc parts[LI_X16_MAX_PARTS];
+    for (int i = 0; i < np;) {
+        int j = 0;
+        for (; i + j < np && j < LI_X16_MAX_PARTS; j++) {
+            const product *p = &ps[i + j];
+            if (!p->w->packed || !li_K->x16[p->w->type] || p->n >= LI_X16_UNPACK_MIN) break;
+            parts[j] = (li_x16_part_desc){p->w->type, p->w->packed, p->w->rows, p->w->k, p->xq, p->n, p->y, p->y_stride};
+            if (li_x16_parts_scratch_ints(parts, j + 1) * sizeof(int32_t) > c->gemm_bytes) break;
+        }
+        if (j >= 2) {
+            (void)li_x16_matmul_parts(parts, j, scratch, c->share, ith, nth); /* j is in range */
+            i += j;
+        } else {
+            matmul(c, ps[i].w, ps[i].xq, ps[i].n, ps[i].y, ps[i].y_stride, ith, nth);
+            i++;
+        }
+    }
+}
+
 /* h = fn(g) * u over [n, k] (or src alone when up is NULL), then quantized
  * for w into dst (rows of li_act_row_bytes(act, k)); split by activation
  * blocks so a single token's row is shared by the whole team */
@@ -614,9 +656,10 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     quantize_rows_for(c, c->xb, E, lo, hi, qkv, 3);
     li_share_sync(c->share);
 
-    matmul(c, &L->wq, acts_for(c, &L->wq), n, c->q, nq, ith, nth);
-    matmul(c, &L->wk, acts_for(c, &L->wk), n, c->k, nk, ith, nth);
-    matmul(c, &L->wv, acts_for(c, &L->wv), n, c->v, nv, ith, nth);
+    const product qkv_p[3] = {{&L->wq, acts_for(c, &L->wq), n, c->q, nq},
+                              {&L->wk, acts_for(c, &L->wk), n, c->k, nk},
+                              {&L->wv, acts_for(c, &L->wv), n, c->v, nv}};
+    matmuls(c, qkv_p, 3, ith, nth);
     li_share_sync(c->share);
 
     if (m->qk_norm_whole) { /* olmo2: one RMSNorm over all heads of q, one over k */
@@ -669,8 +712,9 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     for (int64_t c0 = 0; c0 < n; c0 += LI_FFN_CHUNK) {
         const int64_t nc = LI_MIN((int64_t)LI_FFN_CHUNK, n - c0);
         /* the previous chunk's down projection read only xd, which the barrier below orders */
-        matmul(c, &L->w_gate, (const char *)acts_for(c, &L->w_gate) + (size_t)c0 * row_g, nc, c->g, F, ith, nth);
-        matmul(c, &L->w_up, (const char *)acts_for(c, &L->w_up) + (size_t)c0 * row_u, nc, c->u, F, ith, nth);
+        const product gu_p[2] = {{&L->w_gate, (const char *)acts_for(c, &L->w_gate) + (size_t)c0 * row_g, nc, c->g, F},
+                                 {&L->w_up, (const char *)acts_for(c, &L->w_up) + (size_t)c0 * row_u, nc, c->u, F}};
+        matmuls(c, gu_p, 2, ith, nth);
         li_share_sync(c->share);
 
         gated_quantize_to(xd, c->g, c->u, nc, F, &L->w_down, m->gate_fn, ith, nth);
@@ -779,15 +823,27 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     }
     li_share_sync(c->share);
 
+    /* the used experts' products, LI_X16_MAX_PARTS at a time (matmuls) */
+    li_matrix slices[LI_X16_MAX_PARTS];
+    product ps[LI_X16_MAX_PARTS] = {{0}};
+    int np = 0;
     for (int e = 0; e < NE; e++) {
         const int64_t s0 = c->e_off[e], cnt = c->e_off[e + 1] - s0;
         if (cnt == 0) continue;
-        const li_matrix g = expert_slice(&L->gate_exps, NE, e), u = expert_slice(&L->up_exps, NE, e);
-        matmul(c, &g, (const char *)c->xe[ag] + (size_t)s0 * li_act_row_bytes(ag, E), cnt, c->g + s0 * Fe, Fe, ith,
-               nth);
-        matmul(c, &u, (const char *)c->xe[au] + (size_t)s0 * li_act_row_bytes(au, E), cnt, c->u + s0 * Fe, Fe, ith,
-               nth);
+        slices[np] = expert_slice(&L->gate_exps, NE, e);
+        ps[np] = (product){&slices[np], (const char *)c->xe[ag] + (size_t)s0 * li_act_row_bytes(ag, E), cnt,
+                           c->g + s0 * Fe, Fe};
+        np++;
+        slices[np] = expert_slice(&L->up_exps, NE, e);
+        ps[np] = (product){&slices[np], (const char *)c->xe[au] + (size_t)s0 * li_act_row_bytes(au, E), cnt,
+                           c->u + s0 * Fe, Fe};
+        np++;
+        if (np + 2 > LI_X16_MAX_PARTS) {
+            matmuls(c, ps, np, ith, nth);
+            np = 0;
+        }
     }
+    matmuls(c, ps, np, ith, nth);
     li_share_sync(c->share);
 
     /* the gathered inputs are spent: xe[ad] now takes the down products' inputs */
@@ -795,13 +851,19 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     gated_quantize_to(c->xe[ad], c->g, c->u, n * K, Fe, &L->down_exps, m->gate_fn, ith, nth);
     li_share_sync(c->share);
 
+    np = 0;
     for (int e = 0; e < NE; e++) {
         const int64_t s0 = c->e_off[e], cnt = c->e_off[e + 1] - s0;
         if (cnt == 0) continue;
-        const li_matrix d = expert_slice(&L->down_exps, NE, e);
-        matmul(c, &d, (const char *)c->xe[ad] + (size_t)s0 * li_act_row_bytes(ad, Fe), cnt, c->eo + s0 * E, E, ith,
-               nth);
+        slices[np] = expert_slice(&L->down_exps, NE, e);
+        ps[np] = (product){&slices[np], (const char *)c->xe[ad] + (size_t)s0 * li_act_row_bytes(ad, Fe), cnt,
+                           c->eo + s0 * E, E};
+        if (++np == LI_X16_MAX_PARTS) {
+            matmuls(c, ps, np, ith, nth);
+            np = 0;
+        }
     }
+    matmuls(c, ps, np, ith, nth);
     li_share_sync(c->share);
 
     li_split(n, ith, nth, &lo, &hi);
