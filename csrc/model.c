@@ -582,7 +582,8 @@ static void matmuls(li_context *c, const product *ps, int np, int ith, int nth) 
         for (; i + j < np && j < LI_X16_MAX_PARTS; j++) {
             const product *p = &ps[i + j];
             if (!p->w->packed || !li_K->x16[p->w->type] || p->n >= LI_X16_UNPACK_MIN) break;
-            parts[j] = (li_x16_part_desc){p->w->type, p->w->packed, p->w->rows, p->w->k, p->xq, p->n, p->y, p->y_stride};
+            parts[j] =
+                (li_x16_part_desc){p->w->type, p->w->packed, p->w->rows, p->w->k, p->xq, p->n, p->y, p->y_stride};
             if (li_x16_parts_scratch_ints(parts, j + 1) * sizeof(int32_t) > c->gemm_bytes) break;
         }
         if (j >= 2) {

@@ -354,7 +354,8 @@ static void x16_units(const li_x16_part_desc *parts, int np, const int64_t *at, 
 }
 
 int li_x16_matmul_parts(const li_x16_part_desc *parts, int np, int32_t *scratch, li_share *share, int ith, int nth) {
-    if (np < 1 || np > LI_X16_MAX_PARTS) return li_fail(LI_E_ARG, "a joint product of %d parts (1 to %d)", np, LI_X16_MAX_PARTS);
+    if (np < 1 || np > LI_X16_MAX_PARTS)
+        return li_fail(LI_E_ARG, "a joint product of %d parts (1 to %d)", np, LI_X16_MAX_PARTS);
     int32_t *terms[LI_X16_MAX_PARTS];
     int64_t at[LI_X16_MAX_PARTS + 1];
     int32_t *t = scratch;
@@ -366,7 +367,8 @@ int li_x16_matmul_parts(const li_x16_part_desc *parts, int np, int32_t *scratch,
         const int64_t nb = blocks_of(p->type, p->k), per_col = nb * terms_per_block(p->type);
         terms[i] = t;
         if (per_col > 0)
-            for (int64_t c = 0; c < p->n; c++) act_terms(p->type, (const char *)p->xq + (size_t)c * xs, nb, t + c * per_col);
+            for (int64_t c = 0; c < p->n; c++)
+                act_terms(p->type, (const char *)p->xq + (size_t)c * xs, nb, t + c * per_col);
         t += part_terms(p);
         at[i + 1] = at[i] + li_x16_groups(p->rows);
         decode &= p->n == 1 && !unpacks(p->type, p->n);
