@@ -341,6 +341,7 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
     const int nh = m->n_head / m->n_head_kv, g = c->group[il], span = c->span, tmax = c->tile_max;
     const int64_t hd = m->head_dim, hdv = m->head_dim_v;
     const size_t ps = (size_t)hdv + 2, head_stride = (size_t)c->max_chunks * ps;
+    if (ntok <= 0) return; /* make_tiles gives none empty; the spans below read token 0 */
     const int32_t *blocks;
     int n_blocks;
     token_table(c, il, t0, &blocks, &n_blocks);
