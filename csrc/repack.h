@@ -128,10 +128,12 @@ void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const 
  * Shared one by one, each product's end is a place where one thread waits
  * for the other's last group, and each thread's share starts a new stream
  * that its prefetches have not reached: in 2-thread decode on two cores,
- * the 1B model's 512-row k and v read 0.76-0.78 of the bandwidth a plain
+ * the 1B Q4_K_M's 512-row k and v read 0.76-0.78 of the bandwidth a plain
  * read reaches, q 0.91, the 8192-row gate and up 0.98. Shared as one, the
  * units are the parts' groups in order, and a thread's share runs on from
- * one part into the next, which li_model_repack places right after it. */
+ * one part into the next, which li_model_repack places right after it
+ * (q, k, v; gate, up; a MoE layer's chosen experts lie apart, and share
+ * only the one end). */
 typedef struct {
     int type;
     const void *packed;
