@@ -584,8 +584,9 @@ static void matmuls(li_context *c, const product *ps, int np, int ith, int nth) 
             if (!p->w->packed || !li_K->x16[p->w->type] || p->n >= LI_X16_UNPACK_MIN) break;
             parts[j] =
                 (li_x16_part_desc){p->w->type, p->w->packed, p->w->rows, p->w->k, p->xq, p->n, p->y, p->y_stride};
-            if (li_x16_parts_scratch_ints(parts, j + 1) * sizeof(int32_t) > c->gemm_bytes) break;
         }
+        /* the longest run whose terms the scratch holds (their room only grows with the run) */
+        while (j >= 2 && li_x16_parts_scratch_ints(parts, j) * sizeof(int32_t) > c->gemm_bytes) j--;
         if (j >= 2) {
             (void)li_x16_matmul_parts(parts, j, scratch, c->share, ith, nth); /* j is in range */
             i += j;
