@@ -422,7 +422,8 @@ int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, 
                    int32_t *taken_by, int32_t *times_taken);
 /* Runs a team of n_threads through `rounds` rounds of the team's barrier
  * (li_share_sync): in each, every thread writes the round's number to a slot
- * of its own, passes the barrier, reads every slot, and passes it again;
+ * of its own, passes the barrier (li_share_sync_ahead, hinting 64 KiB of a
+ * buffer of its own as it waits), reads every slot, and passes it again;
  * thread slow_thread first spins slow_spins times in every round r with
  * r % slow_every == 0, so that the others wait long enough to sleep. Writes
  * the number of slots read with another round's number (0 when right) to

@@ -574,19 +574,26 @@ typedef struct {
  * A prompt's products are compute-bound and long: the 1B Q4_K_M's pp512
  * moved by about 1% either way, as much as two identical builds did in the
  * same alternation, so prompts keep the separate products. */
+/* The run of ps[0..np) that matmuls shares as one product from ps[0]: its
+ * parts in parts, and its length, 0 when ps[0] is not repacked for the
+ * x16 kernels (or is a prompt's) and goes to matmul alone */
+static int joint_run(const li_context *c, const product *ps, int np, li_x16_part_desc *parts) {
+    int j = 0;
+    for (; j < np && j < LI_X16_MAX_PARTS; j++) {
+        const product *p = &ps[j];
+        if (!p->w->packed || !li_K->x16[p->w->type] || p->n >= LI_X16_UNPACK_MIN) break;
+        parts[j] = (li_x16_part_desc){p->w->type, p->w->packed, p->w->rows, p->w->k, p->xq, p->n, p->y, p->y_stride};
+    }
+    /* the longest run whose terms the scratch holds (their room only grows with the run) */
+    while (j >= 2 && li_x16_parts_scratch_ints(parts, j) * sizeof(int32_t) > c->gemm_bytes) j--;
+    return j;
+}
+
 static void matmuls(li_context *c, const product *ps, int np, int ith, int nth) {
     int32_t *scratch = (int32_t *)(void *)(c->gemm_scratch + (size_t)ith * c->gemm_bytes);
     li_x16_part_desc parts[LI_X16_MAX_PARTS];
     for (int i = 0; i < np;) {
-        int j = 0;
-        for (; i + j < np && j < LI_X16_MAX_PARTS; j++) {
-            const product *p = &ps[i + j];
-            if (!p->w->packed || !li_K->x16[p->w->type] || p->n >= LI_X16_UNPACK_MIN) break;
-            parts[j] =
-                (li_x16_part_desc){p->w->type, p->w->packed, p->w->rows, p->w->k, p->xq, p->n, p->y, p->y_stride};
-        }
-        /* the longest run whose terms the scratch holds (their room only grows with the run) */
-        while (j >= 2 && li_x16_parts_scratch_ints(parts, j) * sizeof(int32_t) > c->gemm_bytes) j--;
+        const int j = joint_run(c, ps + i, np - i, parts);
         if (j >= 2) {
             (void)li_x16_matmul_parts(parts, j, scratch, c->share, ith, nth); /* j is in range */
             i += j;
@@ -595,6 +602,21 @@ static void matmuls(li_context *c, const product *ps, int np, int ith, int nth) 
             i++;
         }
     }
+}
+
+/* The barrier before matmuls(c, ps, np): while a thread waits there (for
+ * the thread that alone adds a decoded row's residual, norms and quantizes
+ * it, or for the other's end of the product before), it hints the start of
+ * its share of the first product to L2 (li_share_sync_ahead), and reads
+ * during a wait in which the memory had nothing to do. Decode's products
+ * only: a prompt's are compute-bound. */
+static void sync_before(li_context *c, const product *ps, int np, int ith, int nth) {
+    li_x16_part_desc parts[LI_X16_MAX_PARTS];
+    const void *p = NULL;
+    size_t bytes = 0;
+    const int j = np > 0 ? joint_run(c, ps, np, parts) : 0;
+    if (j >= 1) li_x16_parts_head(parts, j, ith, nth, &p, &bytes);
+    li_share_sync_ahead(c->share, p, bytes);
 }
 
 /* h = fn(g) * u over [n, k] (or src alone when up is NULL), then quantized
@@ -656,11 +678,10 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     pre_norm(m, c->x, L->attn_norm, c->xb, lo, hi);
     const li_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv};
     quantize_rows_for(c, c->xb, E, lo, hi, qkv, 3);
-    li_share_sync(c->share);
-
     const product qkv_p[3] = {{&L->wq, acts_for(c, &L->wq), n, c->q, nq},
                               {&L->wk, acts_for(c, &L->wk), n, c->k, nk},
                               {&L->wv, acts_for(c, &L->wv), n, c->v, nv}};
+    sync_before(c, qkv_p, 3, ith, nth);
     matmuls(c, qkv_p, 3, ith, nth);
     li_share_sync(c->share);
 
@@ -683,9 +704,9 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     li_share_sync(c->share);
 
     gated_quantize(c, c->att, NULL, n, na, &L->wo, 0, ith, nth);
-    li_share_sync(c->share);
-
-    matmul(c, &L->wo, acts_for(c, &L->wo), n, c->o, E, ith, nth);
+    const product wo_p = {&L->wo, acts_for(c, &L->wo), n, c->o, E};
+    sync_before(c, &wo_p, 1, ith, nth);
+    matmuls(c, &wo_p, 1, ith, nth);
     li_share_sync(c->share);
 
     li_split(n, ith, nth, &lo, &hi);
@@ -706,7 +727,6 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
     const li_matrix *gu[2] = {&L->w_gate, &L->w_up};
     quantize_rows_for(c, c->xb, E, lo, hi, gu, 2);
-    li_share_sync(c->share);
 
     const size_t row_g = li_act_row_bytes(li_types[L->w_gate.type].act_type, E);
     const size_t row_u = li_act_row_bytes(li_types[L->w_up.type].act_type, E);
@@ -716,13 +736,14 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
         /* the previous chunk's down projection read only xd, which the barrier below orders */
         const product gu_p[2] = {{&L->w_gate, (const char *)acts_for(c, &L->w_gate) + (size_t)c0 * row_g, nc, c->g, F},
                                  {&L->w_up, (const char *)acts_for(c, &L->w_up) + (size_t)c0 * row_u, nc, c->u, F}};
+        if (c0 == 0) sync_before(c, gu_p, 2, ith, nth); /* after the quantized rows */
         matmuls(c, gu_p, 2, ith, nth);
         li_share_sync(c->share);
 
         gated_quantize_to(xd, c->g, c->u, nc, F, &L->w_down, m->gate_fn, ith, nth);
-        li_share_sync(c->share);
-
-        matmul(c, &L->w_down, xd, nc, c->o + c0 * E, E, ith, nth);
+        const product down_p = {&L->w_down, xd, nc, c->o + c0 * E, E};
+        sync_before(c, &down_p, 1, ith, nth);
+        matmuls(c, &down_p, 1, ith, nth);
     }
     li_share_sync(c->share);
 
@@ -769,6 +790,38 @@ static li_matrix expert_slice(const li_matrix *w, int n_expert, int e) {
     const li_matrix out = {(const char *)w->data + (size_t)e * bytes, w->type, rows, w->k, bytes,
                            li_x16_part(w, n_expert, e)};
     return out;
+}
+
+/* The used experts' products of one step, from expert *e on: for each
+ * expert with slots, a product per matrix of ws[0..nw) (its slice, the
+ * slots' inputs from xin[i] in that matrix's activation format, n_in wide,
+ * out[i] n_out wide), as many as LI_X16_MAX_PARTS holds whole; *e moves past
+ * the experts taken. Returns the products' count, 0 when none is left. */
+static int expert_batch(const li_context *c, const li_matrix *const *ws, void *const *xin, float *const *out, int nw,
+                        int64_t n_in, int64_t n_out, int *e, li_matrix *slices, product *ps) {
+    const int NE = c->m->n_expert;
+    int np = 0;
+    for (; *e < NE && np + nw <= LI_X16_MAX_PARTS; (*e)++) {
+        const int64_t s0 = c->e_off[*e], cnt = c->e_off[*e + 1] - s0;
+        if (cnt == 0) continue;
+        for (int i = 0; i < nw; i++, np++) {
+            const size_t row = li_act_row_bytes(li_types[ws[i]->type].act_type, n_in);
+            slices[np] = expert_slice(ws[i], NE, *e);
+            ps[np] = (product){&slices[np], (const char *)xin[i] + (size_t)s0 * row, cnt, out[i] + s0 * n_out, n_out};
+        }
+    }
+    return np;
+}
+
+/* A step's expert products, LI_X16_MAX_PARTS at a time (matmuls), after the
+ * barrier that ends the step before (sync_before) */
+static void expert_products(li_context *c, const li_matrix *const *ws, void *const *xin, float *const *out, int nw,
+                            int64_t n_in, int64_t n_out, int ith, int nth) {
+    li_matrix slices[LI_X16_MAX_PARTS];
+    product ps[LI_X16_MAX_PARTS];
+    int e = 0, np = expert_batch(c, ws, xin, out, nw, n_in, n_out, &e, slices, ps);
+    sync_before(c, ps, np, ith, nth);
+    for (; np > 0; np = expert_batch(c, ws, xin, out, nw, n_in, n_out, &e, slices, ps)) matmuls(c, ps, np, ith, nth);
 }
 
 /* The feed-forward half of a MoE layer. Each token is routed to k experts;
@@ -823,49 +876,21 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
         if (au != ag)
             memcpy((char *)c->xe[au] + (size_t)s * ru, (const char *)c->xq[au] + (size_t)c->slot_tok[s] * ru, ru);
     }
-    li_share_sync(c->share);
 
-    /* the used experts' products, LI_X16_MAX_PARTS at a time (matmuls) */
-    li_matrix slices[LI_X16_MAX_PARTS];
-    product ps[LI_X16_MAX_PARTS] = {{0}};
-    int np = 0;
-    for (int e = 0; e < NE; e++) {
-        const int64_t s0 = c->e_off[e], cnt = c->e_off[e + 1] - s0;
-        if (cnt == 0) continue;
-        slices[np] = expert_slice(&L->gate_exps, NE, e);
-        ps[np] = (product){&slices[np], (const char *)c->xe[ag] + (size_t)s0 * li_act_row_bytes(ag, E), cnt,
-                           c->g + s0 * Fe, Fe};
-        np++;
-        slices[np] = expert_slice(&L->up_exps, NE, e);
-        ps[np] = (product){&slices[np], (const char *)c->xe[au] + (size_t)s0 * li_act_row_bytes(au, E), cnt,
-                           c->u + s0 * Fe, Fe};
-        np++;
-        if (np + 2 > LI_X16_MAX_PARTS) {
-            matmuls(c, ps, np, ith, nth);
-            np = 0;
-        }
-    }
-    matmuls(c, ps, np, ith, nth);
+    /* the used experts' gate and up products */
+    const li_matrix *gu[2] = {&L->gate_exps, &L->up_exps};
+    void *gu_in[2] = {c->xe[ag], c->xe[au]};
+    float *gu_out[2] = {c->g, c->u};
+    expert_products(c, gu, gu_in, gu_out, 2, E, Fe, ith, nth);
     li_share_sync(c->share);
 
     /* the gathered inputs are spent: xe[ad] now takes the down products' inputs */
     const int ad = li_types[L->down_exps.type].act_type;
     gated_quantize_to(c->xe[ad], c->g, c->u, n * K, Fe, &L->down_exps, m->gate_fn, ith, nth);
-    li_share_sync(c->share);
-
-    np = 0;
-    for (int e = 0; e < NE; e++) {
-        const int64_t s0 = c->e_off[e], cnt = c->e_off[e + 1] - s0;
-        if (cnt == 0) continue;
-        slices[np] = expert_slice(&L->down_exps, NE, e);
-        ps[np] = (product){&slices[np], (const char *)c->xe[ad] + (size_t)s0 * li_act_row_bytes(ad, Fe), cnt,
-                           c->eo + s0 * E, E};
-        if (++np == LI_X16_MAX_PARTS) {
-            matmuls(c, ps, np, ith, nth);
-            np = 0;
-        }
-    }
-    matmuls(c, ps, np, ith, nth);
+    const li_matrix *down[1] = {&L->down_exps};
+    void *down_in[1] = {c->xe[ad]};
+    float *down_out[1] = {c->eo};
+    expert_products(c, down, down_in, down_out, 1, Fe, E, ith, nth);
     li_share_sync(c->share);
 
     li_split(n, ith, nth, &lo, &hi);
@@ -1001,8 +1026,9 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     }
     const li_matrix *out[1] = {&m->output};
     quantize_rows_for(c, c->xb, E, lo, hi, out, 1);
-    li_share_sync(c->share);
-    matmul(c, &m->output, acts_for(c, &m->output), n_out, logits, m->n_vocab, ith, nth);
+    const product head_p = {&m->output, acts_for(c, &m->output), n_out, logits, m->n_vocab};
+    sync_before(c, &head_p, 1, ith, nth);
+    matmuls(c, &head_p, 1, ith, nth);
     const int64_t V = m->n_vocab;
     if (m->logit_scale != 1.0f || m->final_softcap != 0.0f) {
         li_share_sync(c->share);

@@ -393,6 +393,25 @@ int li_x16_matmul_parts(const li_x16_part_desc *parts, int np, int32_t *scratch,
     return LI_OK;
 }
 
+void li_x16_parts_head(const li_x16_part_desc *parts, int np, int ith, int nth, const void **p, size_t *bytes) {
+    int64_t units = 0, lo, hi;
+    *p = NULL;
+    *bytes = 0;
+    for (int i = 0; i < np; i++) units += li_x16_groups(parts[i].rows);
+    li_split(units, ith, nth, &lo, &hi);
+    for (int i = 0; i < np && lo < hi; i++) { /* lo - at: lo's place in part i */
+        const int64_t ng = li_x16_groups(parts[i].rows);
+        if (lo < ng) {
+            const size_t gb = li_x16_group_bytes(parts[i].type, parts[i].k);
+            *p = (const char *)parts[i].packed + (size_t)lo * gb;
+            *bytes = (size_t)(LI_MIN(hi, ng) - lo) * gb;
+            return;
+        }
+        lo -= ng;
+        hi -= ng;
+    }
+}
+
 void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
                    int64_t y_stride, int32_t *scratch, li_share *share, int ith, int nth) {
     const li_x16_part_desc p = {type, packed, rows, k, xq, n, y, y_stride};

@@ -151,6 +151,12 @@ size_t li_x16_parts_scratch_ints(const li_x16_part_desc *parts, int np);
  * computes a group; LI_E_ARG (nothing done) for np outside 1..LI_X16_MAX_PARTS */
 int li_x16_matmul_parts(const li_x16_part_desc *parts, int np, int32_t *scratch, li_share *share, int ith, int nth);
 
+/* Where thread ith of nth starts in the joint product of parts: *p the
+ * first group of its share (the fixed share li_x16_matmul_parts starts it
+ * on, whether shared or not) and *bytes the rest of that share within the
+ * same part, for li_share_sync_ahead; *p NULL, *bytes 0 where it has none */
+void li_x16_parts_head(const li_x16_part_desc *parts, int np, int ith, int nth, const void **p, size_t *bytes);
+
 /* part e of a matrix li_model_repack packed in `parts` parts (a MoE
  * layer's experts), as its own packed matrix; NULL when w is not packed */
 const void *li_x16_part(const struct li_matrix *w, int parts, int e);

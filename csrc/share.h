@@ -21,6 +21,7 @@
 #ifndef LLMINFER_SHARE_H
 #define LLMINFER_SHARE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* the most units a shared product may have; a larger one keeps fixed shares */
@@ -56,5 +57,13 @@ int li_share_next(li_share *s, li_share_turn *t, int64_t *u0, int64_t *u1);
  * decode pass of a small model has hundreds of barriers). Elsewhere, the
  * OpenMP barrier. */
 void li_share_sync(li_share *s);
+
+/* li_share_sync for the barrier just before a product: while this thread
+ * waits for the others, it hints the lines of [p, p + bytes) (the start of
+ * its own share of that product, li_x16_parts_head) into L2, up to
+ * LI_SHARE_AHEAD_MAX bytes, so that the memory reads its weights during a
+ * wait in which it read nothing. A hint changes no result, only when a line
+ * arrives. p NULL (or bytes 0): li_share_sync. */
+void li_share_sync_ahead(li_share *s, const void *p, size_t bytes);
 
 #endif

@@ -346,7 +346,8 @@ def test_share_with_one_thread_is_in_order():
 @pytest.mark.parametrize("threads", [2, 3, 8])
 def test_team_barrier_orders_every_write(threads):
     """The team's barrier (li_share_sync, which the pass uses between its
-    steps): after it, every thread reads what every other wrote before it,
+    steps, and li_share_sync_ahead, before a product, whose waiters hint
+    lines to L2 as they spin): after it, every thread reads what every other wrote before it,
     with no thread late, one thread late on some rounds by long enough that
     the others stop spinning and sleep, and with more threads than this
     machine's CPUs (waiters then yield almost at once)."""
