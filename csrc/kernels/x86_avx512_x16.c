@@ -100,8 +100,7 @@ LI_INLINE void stream_l1(const uint8_t *p, int bytes) {
 /* The hints for the block of `bytes` at p in a group of 32-value blocks,
  * whose scales (and mins) follow each block's values (repack.h), so that a
  * group, and the groups after it, are one stream read in order: one line in
- * every PREFETCH_STEP bytes, PREFETCH_AHEAD on, and in decode (nc 1) the
- * block itself into L1 as the first to go (`stream_l1`) where l1 is 1.
+ * every PREFETCH_STEP bytes, PREFETCH_AHEAD on.
  *
  * With the scales gathered after all of a group's blocks, and 4 groups read
  * side by side to keep enough lines in flight, one core read Q4_0 at about
@@ -110,14 +109,16 @@ LI_INLINE void stream_l1(const uint8_t *p, int bytes) {
  * the pace (8 streams, each restarted every group). One stream in order
  * reads as fast as a plain read. Measured with bench/kernels.py at 1 thread,
  * k = 2048 (its matrices then in 4 KiB pages), against the old layout: Q4_0
- * 72% -> 85% of a plain read, Q8_0 82% -> 95%, Q5_0 65% -> 88%. The L1
- * hint helped every type at k = 2048 and Q4_0, Q4_1 and Q8_0 at k = 8192,
- * but cost Q5_0 a fifth there (its blocks are 352 bytes, not a whole number
- * of lines): Q5_0 and Q5_1 go without. */
-LI_INLINE void stream_hint(const uint8_t *p, int bytes, const int nc, const int l1) {
-    ahead(p, bytes, PREFETCH_AHEAD);
-    if (l1 && nc == 1) stream_l1(p, bytes);
-}
+ * 72% -> 85% of a plain read, Q8_0 82% -> 95%, Q5_0 65% -> 88%.
+ *
+ * These blocks take no L1 hint (stream_l1), unlike the super-blocks: in the
+ * 1B models' decode (fresh processes alternating with and without, tg128,
+ * medians of 5-6 pairs) dropping it made Q8_0 +9.6% at 1 thread and +7.3%
+ * at 2 (about the probe's bandwidth then), Q4_0 +2.5% and +2.1%, SmolLM2's
+ * Q4_1 +4.5% and +4.7%, and Gemma 3 270M +4.8% at 1 thread. (It had helped
+ * in bench/kernels.py's matrices, on 4 KiB pages and with the scales still
+ * gathered at each group's end; Q5_0 and Q5_1 already went without.) */
+LI_INLINE void stream_hint(const uint8_t *p, int bytes) { ahead(p, bytes, PREFETCH_AHEAD); }
 
 LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
 
@@ -217,7 +218,7 @@ LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb;
-        stream_hint(qs, (int)stride, nc, bits == 4);
+        stream_hint(qs, (int)stride);
         __m512i lo[4], hi[4];
         values16(qs, lo, hi, bits);
         const __m512 dw = f16x16(dd);
@@ -241,7 +242,7 @@ LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb, *mm = dd + 32;
-        stream_hint(qs, (int)stride, nc, bits == 4);
+        stream_hint(qs, (int)stride);
         __m512i lo[4], hi[4];
         values16(qs, lo, hi, bits);
         const __m512 dw = f16x16(dd), mw = f16x16(mm);
@@ -266,7 +267,7 @@ LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * (512 + 32), *dd = qs + 512;
-        stream_hint(qs, 512 + 32, nc, 1);
+        stream_hint(qs, 512 + 32);
         const __m512 dw = f16x16(dd);
         UNROLL for (int c = 0; c < nc; c++) {
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
