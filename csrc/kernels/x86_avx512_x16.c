@@ -90,9 +90,10 @@ LI_INLINE void ahead(const uint8_t *p, int bytes, const int dist) {
  * weight lines evicted the activations between one group and the next: Q6_K
  * decode fell from 29 GB/s at k = 2048 to 18 at k >= 4096 (28-29 when the
  * activations were made to stay in L1). A non-temporal hint on each line of
- * the block about to be read (already in L2: `ahead`) fills it into L1 as
- * the first to go, and the activations stay: 28-30 GB/s at every k. Only for
- * decode: prefill reuses each group for several activation rows. */
+ * a super-block shortly before it is read (already in L2: `ahead`; how far
+ * before, in each kernel) fills it into L1 as the first to go, and the
+ * activations stay: 28-30 GB/s at every k. Only for decode: prefill reuses
+ * each group for several activation rows. */
 LI_INLINE void stream_l1(const uint8_t *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_NTA);
 }
@@ -318,7 +319,13 @@ LI_INLINE void k45_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * (size_t)sb_bytes;
         ahead(sb, sb_bytes, PREFETCH_AHEAD_K);
-        if (nc == 1 && !vals) stream_l1(sb, sb_bytes);
+        /* the next super-block into L1 (the group's next, or the next
+         * group's first, which a share reads next): hinted at the one about
+         * to be read, the lines came too late, and the 1B Q4_K_M and Q5_K_M
+         * decode 2.9-3.7% slower at 1 and 2 threads (fresh processes
+         * alternating, 4 pairs each, all faster one ahead); IQ4_XS does the
+         * same; Q6_K (3392 bytes) hints half a super-block ahead. */
+        if (nc == 1 && !vals) stream_l1(sb + sb_bytes, sb_bytes);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC], imin[NC];
@@ -402,7 +409,10 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, cons
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 3392;
         ahead(sb, 3392, PREFETCH_AHEAD_K);
-        if (nc == 1 && !vals) stream_l1(sb, 3392);
+        /* half a super-block ahead (26 lines): one whole ahead cost 4% at 2
+         * threads, at the one read 6.2% at 1 thread against this (2 threads
+         * even; fresh processes alternating, 4 pairs) */
+        if (nc == 1 && !vals) stream_l1(sb + 1664, 3392);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC];
@@ -463,7 +473,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, co
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 2240;
         ahead(sb, 2240, PREFETCH_AHEAD_K);
-        if (nc == 1 && !vals) stream_l1(sb, 2240);
+        if (nc == 1 && !vals) stream_l1(sb + 2240, 2240); /* one ahead, as k45_cols: +4.4% at 2 threads, +10.8% at 1 */
         const act_q8_K *a[NC];
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) {
