@@ -562,18 +562,6 @@ typedef struct {
     int64_t y_stride;
 } product;
 
-/* the products of a list that follow one another with no barrier between
- * them, each as matmul gives it: runs of repacked ones over fewer than
- * LI_X16_UNPACK_MIN rows (up to LI_X16_MAX_PARTS, as many as the thread's
- * scratch holds the terms of) shared as one (li_x16_matmul_parts), the
- * others one by one. Decode reads the weights at the memory's pace, and
- * its products' ends and stream starts cost it (repack.h); in 2-thread
- * decode (alternating 32- and 64-token blocks, pairs faster / all)
- * SmolLM2 +1.4% (11/14), Gemma 3 270M +1.4%, the 1B Q4_0 +1.2% and
- * Q4_K_M +0.7% with the CPUs on two cores, the 8-layer Qwen3 MoE +1.9%.
- * A prompt's products are compute-bound and long: the 1B Q4_K_M's pp512
- * moved by about 1% either way, as much as two identical builds did in the
- * same alternation, so prompts keep the separate products. */
 /* The run of ps[0..np) that matmuls shares as one product from ps[0]: its
  * parts in parts, and its length, 0 when ps[0] is not repacked for the
  * x16 kernels (or is a prompt's) and goes to matmul alone */
@@ -589,6 +577,18 @@ static int joint_run(const li_context *c, const product *ps, int np, li_x16_part
     return j;
 }
 
+/* the products of a list that follow one another with no barrier between
+ * them, each as matmul gives it: runs of repacked ones over fewer than
+ * LI_X16_UNPACK_MIN rows (up to LI_X16_MAX_PARTS, as many as the thread's
+ * scratch holds the terms of) shared as one (li_x16_matmul_parts), the
+ * others one by one. Decode reads the weights at the memory's pace, and
+ * its products' ends and stream starts cost it (repack.h); in 2-thread
+ * decode (alternating 32- and 64-token blocks, pairs faster / all)
+ * SmolLM2 +1.4% (11/14), Gemma 3 270M +1.4%, the 1B Q4_0 +1.2% and
+ * Q4_K_M +0.7% with the CPUs on two cores, the 8-layer Qwen3 MoE +1.9%.
+ * A prompt's products are compute-bound and long: the 1B Q4_K_M's pp512
+ * moved by about 1% either way, as much as two identical builds did in the
+ * same alternation, so prompts keep the separate products. */
 static void matmuls(li_context *c, const product *ps, int np, int ith, int nth) {
     int32_t *scratch = (int32_t *)(void *)(c->gemm_scratch + (size_t)ith * c->gemm_bytes);
     li_x16_part_desc parts[LI_X16_MAX_PARTS];
