@@ -60,8 +60,8 @@ void li_share_sync(li_share *s);
 
 /* li_share_sync for the barrier just before a product: while this thread
  * waits for the others, it hints the lines of [p, p + bytes) (the start of
- * its own share of that product, li_x16_parts_head) into L2, up to
- * LI_SHARE_AHEAD_MAX bytes, so that the memory reads its weights during a
+ * its own share of that product, li_x16_parts_head) into L2, up to 128 KiB
+ * (share.c's AHEAD_MAX), so that the memory reads its weights during a
  * wait in which it read nothing. A hint changes no result, only when a line
  * arrives. p NULL (or bytes 0): li_share_sync. */
 void li_share_sync_ahead(li_share *s, const void *p, size_t bytes);
