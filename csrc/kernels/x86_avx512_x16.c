@@ -309,8 +309,14 @@ LI_INLINE void q5_K_values(const uint8_t *si, const __m512i h0, const __m512i h1
     *hi = or_nibble(_mm512_srli_epi16(w, 4), bit4(h1, j));
 }
 
-/* vals: NULL, or the group's values unpacked by x16_unpack_q5_K (Q5_K only) */
-LI_INLINE void k45_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
+/* unpacked (a constant): read the group's values from vals, as
+ * x16_unpack_q5_K left them (Q5_K only), instead of from g. It was once
+ * `vals != NULL`, known only at run time in the x16u entries: GCC kept both
+ * ways to the values there, with a branch per chunk and registers given to
+ * the unused one, and the Q5_K prefill kernel alone ran at 553 GOP/s
+ * against 737 with the constant (k = 2048, 4 columns a call, in L1); a
+ * 1-thread pp512 of the 1B Q5_K_M +1.6%, IQ4_XS and Q6_K +1.5-1.8%. */
+LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
                         const int32_t *terms, float *y, size_t ys, int nr, const int five) {
     const int sc_at = five ? 2560 : 2048, sb_bytes = sc_at + 320; /* sc 128, mn 128, d and dmin 64 */
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -325,19 +331,19 @@ LI_INLINE void k45_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const
          * decode 2.9-3.7% slower at 1 and 2 threads (fresh processes
          * alternating, 4 pairs each, all faster one ahead); IQ4_XS does the
          * same; Q6_K (3392 bytes) hints half a super-block ahead. */
-        if (nc == 1 && !vals) stream_l1(sb + sb_bytes, sb_bytes);
+        if (nc == 1 && !unpacked) stream_l1(sb + sb_bytes, sb_bytes);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC], imin[NC];
         UNROLL for (int c = 0; c < nc; c++) isum[c] = imin[c] = _mm512_setzero_si512();
         for (int i = 0; i < 4; i++) {
             const uint8_t *si = five ? sb + 640 * i + 128 : sb + 512 * i; /* the pair's nibble chunks */
-            const __m512i h0 = five && !vals ? load64(si - 128) : m4, h1 = five && !vals ? load64(si - 64) : m4;
+            const __m512i h0 = five && !unpacked ? load64(si - 128) : m4, h1 = five && !unpacked ? load64(si - 64) : m4;
             __m512i sa[NC], sbv[NC], sa2[NC], sbv2[NC]; /* odd chunks in chains of their own */
             UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = sa2[c] = sbv2[c] = _mm512_setzero_si512();
             UNROLL for (int j = 0; j < 8; j++) {
                 __m512i lo, hi;
-                if (vals) {
+                if (unpacked) {
                     lo = load64(vals + q5_K_unpacked(s, i, j));
                     hi = load64(vals + q5_K_unpacked(s, i, j) + 64);
                 } else if (five) {
@@ -401,8 +407,8 @@ LI_INLINE void q6_K_values(const uint8_t *p, __m512i u[4]) {
     u[3] = _mm512_ternarylogic_epi32(lo, _mm512_srli_epi16(_mm512_andnot_si512(m6, p2), 2), _mm512_set1_epi8(0x0F), 0xE4);
 }
 
-/* vals: NULL, or the group's values unpacked by x16_unpack_q6_K */
-LI_INLINE void q6_K_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
+/* unpacked (a constant): the values from vals, as x16_unpack_q6_K left them */
+LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
                          const int32_t *terms, float *y, size_t ys, int nr) {
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
@@ -412,14 +418,14 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, cons
         /* half a super-block ahead (26 lines): one whole ahead cost 4% at 2
          * threads, at the one read 6.2% at 1 thread against this (2 threads
          * even; fresh processes alternating, 4 pairs) */
-        if (nc == 1 && !vals) stream_l1(sb + 1664, 3392);
+        if (nc == 1 && !unpacked) stream_l1(sb + 1664, 3392);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         for (int gi = 0; gi < 16; gi++) {
             __m512i u[4];
-            if (vals)
+            if (unpacked)
                 UNROLL for (int t = 0; t < 4; t++) u[t] = load64(vals + q6_K_unpacked(s, gi) + 64 * t);
             else
                 q6_K_values(sb + 192 * gi, u);
@@ -465,15 +471,15 @@ LI_INLINE void iq4_xs_values(const uint8_t *p, __m512i lo[4], __m512i hi[4]) {
     }
 }
 
-/* vals: NULL, or the group's values unpacked by x16_unpack_iq4_xs */
-LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
+/* unpacked (a constant): the values from vals, as x16_unpack_iq4_xs left them */
+LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
                            const int32_t *terms, float *y, size_t ys, int nr) {
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 2240;
         ahead(sb, 2240, PREFETCH_AHEAD_K);
-        if (nc == 1 && !vals) stream_l1(sb + 2240, 2240); /* one ahead, as k45_cols: +4.4% at 2 threads, +10.8% at 1 */
+        if (nc == 1 && !unpacked) stream_l1(sb + 2240, 2240); /* one ahead, as k45_cols: +4.4% at 2 threads, +10.8% at 1 */
         const act_q8_K *a[NC];
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) {
@@ -482,7 +488,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const uint8_t *vals, int64_t nb, co
         }
         for (int b = 0; b < 8; b++) {
             __m512i lo[4], hi[4];
-            if (vals) {
+            if (unpacked) {
                 UNROLL for (int j = 0; j < 4; j++) {
                     lo[j] = load64(vals + iq4_xs_unpacked(s, b) + 64 * j);
                     hi[j] = load64(vals + iq4_xs_unpacked(s, b) + 256 + 64 * j);
@@ -534,10 +540,10 @@ LI_STATIC_ASSERT(LI_X16_NC == 4, "the entries below take up to 4 activation rows
 #define Q5_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 5)
 #define Q5_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 5)
 #define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr)
-#define Q4_K_CALL(n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, 0)
-#define Q5_K_CALL(n) k45_cols(g, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, 1)
-#define Q6_K_CALL(n) q6_K_cols(g, NULL, k / QK_K, x, xs, n, terms, y, ys, nr)
-#define IQ4_XS_CALL(n) iq4_xs_cols(g, NULL, k / QK_K, x, xs, n, terms, y, ys, nr)
+#define Q4_K_CALL(n) k45_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, 0)
+#define Q5_K_CALL(n) k45_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, 1)
+#define Q6_K_CALL(n) q6_K_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr)
+#define IQ4_XS_CALL(n) iq4_xs_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr)
 X16_ENTRY(q4_0, Q4_0_CALL)
 X16_ENTRY(q4_1, Q4_1_CALL)
 X16_ENTRY(q5_0, Q5_0_CALL)
@@ -609,9 +615,9 @@ static void x16_unpack_iq4_xs(const void *group, int64_t k, uint8_t *vals) {
         default: call(4); break;                                                                                   \
         }                                                                                                          \
     }
-#define Q5_K_UCALL(n) k45_cols(g, vals, k / QK_K, x, xs, n, terms, y, ys, nr, 1)
-#define Q6_K_UCALL(n) q6_K_cols(g, vals, k / QK_K, x, xs, n, terms, y, ys, nr)
-#define IQ4_XS_UCALL(n) iq4_xs_cols(g, vals, k / QK_K, x, xs, n, terms, y, ys, nr)
+#define Q5_K_UCALL(n) k45_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr, 1)
+#define Q6_K_UCALL(n) q6_K_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr)
+#define IQ4_XS_UCALL(n) iq4_xs_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr)
 UNPACKED_ENTRY(q5_K, Q5_K_UCALL)
 UNPACKED_ENTRY(q6_K, Q6_K_UCALL)
 UNPACKED_ENTRY(iq4_xs, IQ4_XS_UCALL)
