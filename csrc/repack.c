@@ -310,8 +310,9 @@ static void x16_groups(int type, const void *packed, int64_t rows, int64_t k, co
          * in its first column chunk, and the prefetchers alone brought it
          * in at a few GB/s: unpacking Q5_K took 7% of a 1-thread pp512.
          * While one group is worked on, the next is hinted into L2, a share
-         * of its lines after each chunk. */
-        const char *next = chunks > 1 && gi + 1 < hi ? g + gb : NULL;
+         * of its lines after each chunk (past hi too: the work sharing
+         * usually hands this thread the group after its claim next). */
+        const char *next = chunks > 1 && gi + 1 < li_x16_groups(rows) ? g + gb : NULL;
         size_t hinted = 0;
         if (unpack) li_K->x16_unpack[type](g, k, vals);
         for (int64_t c0 = 0; c0 < n; c0 += LI_X16_NC) {
