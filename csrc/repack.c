@@ -280,7 +280,7 @@ static void act_terms(int type, const char *a, int64_t nb, int32_t *t) {
             t[b] = s * (type == LI_TYPE_Q4_0 ? 8 : type == LI_TYPE_Q5_0 ? 16 : 128); /* the stored values' offset */
         } else if (type == LI_TYPE_IQ4_XS) { /* block b of 32: group sums 2 (b % 8) and the next of super-block b / 8 */
             const act_q8_K *x = (const act_q8_K *)(const void *)a + b / 8;
-            t[b] = 128 * (x->bsums[2 * (b % 8)] + x->bsums[2 * (b % 8) + 1]);
+            t[b] = -128 * (x->bsums[2 * (b % 8)] + x->bsums[2 * (b % 8) + 1]); /* negated: the kernel's chain starts there */
         } else if (type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K) {
             const act_q8_K *x = (const act_q8_K *)(const void *)a + b;
             for (int p = 0; p < 4; p++) {
@@ -289,7 +289,7 @@ static void act_terms(int type, const char *a, int64_t nb, int32_t *t) {
             }
         } else if (type == LI_TYPE_Q6_K) {
             const act_q8_K *x = (const act_q8_K *)(const void *)a + b;
-            for (int g = 0; g < 16; g++) t[16 * b + g] = 32 * x->bsums[g];
+            for (int g = 0; g < 16; g++) t[16 * b + g] = -32 * x->bsums[g]; /* negated, as IQ4_XS's */
         }
     }
 }

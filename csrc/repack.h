@@ -53,8 +53,8 @@
  *   Then sc [16 groups][16] i8; d [16] f16; 32 bytes of padding.
  * IQ4_XS, per super-block (2240 bytes): for each of its 8 blocks of 32, 4
  *   chunks of level indices laid out as Q4_0's values; then ls - 32 [8][16]
- *   i8; d [16] f16; 32 bytes of padding. Its terms are Q8_0's (offset 128:
- *   the kernel looks levels up + 128).
+ *   i8; d [16] f16; 32 bytes of padding. The kernel looks levels up + 128,
+ *   and its terms take the offset out as Q8_0's do (negated: below).
  * A last group with fewer than 16 rows is padded with zero rows. */
 #ifndef LLMINFER_REPACK_H
 #define LLMINFER_REPACK_H
@@ -92,9 +92,11 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
  * <= 16, c < nc <= LI_X16_NC; xq: activation rows (stride xs) in the type's
  * activation format; terms: what li_x16_matmul works out from each
  * activation row, per block, row c's after row c-1's: Q4_0, Q5_0, Q8_0: the
- * block's sum times the stored values' offset (8, 16, 128; IQ4_XS per block
- * of 32, from its Q8_K group sums); Q4_K, Q5_K: the 8 sub-block sums as 4
- * int16 pairs; Q6_K: 32 times each group's sum (16) */
+ * block's sum times the stored values' offset (8, 16, 128); IQ4_XS: minus
+ * 128 times each block of 32's sum (from its Q8_K group sums); Q4_K, Q5_K:
+ * the 8 sub-block sums as 4 int16 pairs; Q6_K: minus 32 times each group's
+ * sum (16). The last two are negated so that a kernel starts a sum's chain
+ * from the broadcast term, a load, with no negation or subtraction. */
 typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *terms,
                           float *y, size_t ys, int nr);
 

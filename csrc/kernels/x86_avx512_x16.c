@@ -123,6 +123,25 @@ LI_INLINE void stream_hint(const uint8_t *p, int bytes) { ahead(p, bytes, PREFET
 
 LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
 
+/* t in every lane. With several activation columns (prefill), through a
+ * general register (a scalar load, then vpbroadcastd from it): there every
+ * vpdpbusd reads its activation bytes with a vector load and the weights
+ * take more, so the vector loads, not the multiply pipes, set the pace
+ * (Zen 5), and a broadcast load is one more of them. Q6_K's prefill kernel:
+ * 600 GOP/s with its terms broadcast from memory, 670-680 this way (4
+ * columns a call, in L1). IQ4_XS's kernel took its terms this way before
+ * they were stored negated (a negation in a register forced it) and keeps
+ * it; Q4_K's and Q5_K's mins, 4 per 64 products, take a broadcast load
+ * (through a register: 2-3% slower, within this test's noise). */
+LI_INLINE __m512i term_bcast(int32_t t, const int via_register) {
+#if defined(__GNUC__)
+    if (via_register) __asm__("" : "+r"(t));
+#else
+    (void)via_register;
+#endif
+    return _mm512_set1_epi32(t);
+}
+
 /* 16 f16 at p as floats */
 LI_INLINE __m512 f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)); }
 
@@ -432,11 +451,18 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
             const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 3072 + 16 * gi)));
             UNROLL for (int c = 0; c < nc; c++) {
                 const int8_t *q = a[c]->qs + 16 * gi;
-                __m512i t0 = dpb(_mm512_setzero_si512(), u[0], q);
+                /* the offset's term (negated): with several columns it starts
+                 * the first chain (term_bcast); decode, with one, has fewer
+                 * chains to overlap, and a chain that waited for the term's
+                 * load ran 1-2.5% slower (1B Q6_K, 1 thread): there it is
+                 * added after the sum */
+                const int32_t term = terms[(c * nb + s) * 16 + gi];
+                __m512i t0 = dpb(nc > 1 ? term_bcast(term, 1) : _mm512_setzero_si512(), u[0], q);
                 __m512i t1 = dpb(_mm512_setzero_si512(), u[1], q + 4);
                 t0 = dpb(t0, u[2], q + 8);
                 t1 = dpb(t1, u[3], q + 12);
-                const __m512i t = _mm512_sub_epi32(_mm512_add_epi32(t0, t1), _mm512_set1_epi32(terms[(c * nb + s) * 16 + gi]));
+                __m512i t = _mm512_add_epi32(t0, t1);
+                if (nc == 1) t = _mm512_add_epi32(t, _mm512_set1_epi32(term));
                 isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(t, sc));
             }
         }
@@ -502,7 +528,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
                 const int8_t *q = a[c]->qs + 32 * b;
                 /* sum((level + 128) * a) - 128 * sum(a): the low values in a chain from
                  * -128 * the block's sum, the high ones in a second chain */
-                __m512i is = _mm512_set1_epi32(-terms[c * nb * 8 + 8 * s + b]), is2 = _mm512_setzero_si512();
+                __m512i is = term_bcast(terms[c * nb * 8 + 8 * s + b], 1), is2 = _mm512_setzero_si512();
                 UNROLL for (int j = 0; j < 4; j++) {
                     is = dpb(is, lo[j], q + 4 * j);
                     is2 = dpb(is2, hi[j], q + 16 + 4 * j);
