@@ -1,6 +1,7 @@
 /* common.h: small helpers shared by every C file: float16/bfloat16 bit
  * conversions (exact, round-to-nearest-even, the same results as numpy and
- * F16C), and the threading shims that hide whether OpenMP is compiled in.
+ * F16C), the threading shims that hide whether OpenMP is compiled in, and
+ * an L2 prefetch hint.
  */
 #ifndef LLMINFER_COMMON_H
 #define LLMINFER_COMMON_H
@@ -96,5 +97,16 @@ LI_INLINE void li_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
     *lo = LI_MIN(n, per * ith);
     *hi = LI_MIN(n, *lo + per);
 }
+
+/* A hint that the line holding p will be read soon, into L2 (x86:
+ * prefetcht1); nothing where the compiler offers no way to say it. */
+#if defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
+#include <xmmintrin.h>
+LI_INLINE void li_hint_l2(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T1); }
+#elif defined(__GNUC__) || defined(__clang__)
+LI_INLINE void li_hint_l2(const void *p) { __builtin_prefetch(p, 0, 2); }
+#else
+LI_INLINE void li_hint_l2(const void *p) { (void)p; }
+#endif
 
 #endif

@@ -302,7 +302,7 @@ static void x16_groups(int type, const void *packed, int64_t rows, int64_t k, co
     const size_t gb = li_x16_group_bytes(type, k);
     const int64_t per_col = blocks_of(type, k) * terms_per_block(type);
     const int unpack = unpacks(type, n);
-    const int64_t chunks = (n + LI_X16_NC - 1) / LI_X16_NC;
+    const int64_t chunks = (n + LI_X16_NC - 1) / LI_X16_NC, groups = li_x16_groups(rows);
     for (int64_t gi = lo; gi < hi; gi++) {
         const int nr = (int)LI_MIN(G, rows - gi * G);
         const char *g = (const char *)packed + (size_t)gi * gb;
@@ -312,13 +312,13 @@ static void x16_groups(int type, const void *packed, int64_t rows, int64_t k, co
          * While one group is worked on, the next is hinted into L2, a share
          * of its lines after each chunk (past hi too: the work sharing
          * usually hands this thread the group after its claim next). */
-        const char *next = chunks > 1 && gi + 1 < li_x16_groups(rows) ? g + gb : NULL;
+        const char *next = chunks > 1 && gi + 1 < groups ? g + gb : NULL;
         size_t hinted = 0;
         if (unpack) li_K->x16_unpack[type](g, k, vals);
         for (int64_t c0 = 0; c0 < n; c0 += LI_X16_NC) {
             if (next)
                 for (const size_t upto = gb * (size_t)(c0 / LI_X16_NC + 1) / (size_t)chunks; hinted < upto; hinted += 64)
-                    __builtin_prefetch(next + hinted, 0, 2);
+                    li_hint_l2(next + hinted);
             const char *x = (const char *)xq + (size_t)c0 * xs;
             const int nc = (int)LI_MIN(LI_X16_NC, n - c0);
             float *yc = y + c0 * y_stride + gi * G;

@@ -95,8 +95,9 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
  * block's sum times the stored values' offset (8, 16, 128); IQ4_XS: minus
  * 128 times each block of 32's sum (from its Q8_K group sums); Q4_K, Q5_K:
  * the 8 sub-block sums as 4 int16 pairs; Q6_K: minus 32 times each group's
- * sum (16). The last two are negated so that a kernel starts a sum's chain
- * from the broadcast term, a load, with no negation or subtraction. */
+ * sum (16). The last two are negated: the kernels add them (IQ4_XS's, and
+ * Q6_K's in prefill, as the start of a sum's chain), with no negation or
+ * subtraction. */
 typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *terms,
                           float *y, size_t ys, int nr);
 
