@@ -344,13 +344,18 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * (size_t)sb_bytes;
         ahead(sb, sb_bytes, PREFETCH_AHEAD_K);
-        /* the next super-block into L1 (the group's next, or the next
-         * group's first, which a share reads next): hinted at the one about
-         * to be read, the lines came too late, and the 1B Q4_K_M and Q5_K_M
-         * decode 2.9-3.7% slower at 1 and 2 threads (fresh processes
-         * alternating, 4 pairs each, all faster one ahead); IQ4_XS does the
-         * same; Q6_K (3392 bytes) hints half a super-block ahead. */
-        if (nc == 1 && !unpacked) stream_l1(sb + sb_bytes, sb_bytes);
+        /* the super-block two on into L1 (in the group, or in the group a
+         * share reads next). Hinted at the one about to be read, the lines
+         * came too late: the 1B Q4_K_M and Q5_K_M decode 2.9-3.7% slower at
+         * 1 and 2 threads than one ahead (fresh processes alternating, 4
+         * pairs each). Two ahead against one, in one process alternating
+         * blocks of 64 tokens (scratch knobs, pairs faster / all): 1 thread
+         * Q4_K_M +2.9% (16/16), Q5_K_M +3.1% (16/16); 2 threads, where the
+         * placement of the two CPUs moves the figures by more, Q4_K_M +2.2%
+         * and +0.4% (16/24, 24/40), Q5_K_M -1.1% (11/30). Three ahead lost
+         * 1.3% at 1 thread (1/12) and four 2.6% at 2 (3/24). IQ4_XS and Q6_K
+         * lead by about as many bytes. */
+        if (nc == 1 && !unpacked) stream_l1(sb + 2 * sb_bytes, sb_bytes);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC], imin[NC];
@@ -434,10 +439,13 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 3392;
         ahead(sb, 3392, PREFETCH_AHEAD_K);
-        /* half a super-block ahead (26 lines): one whole ahead cost 4% at 2
-         * threads, at the one read 6.2% at 1 thread against this (2 threads
-         * even; fresh processes alternating, 4 pairs) */
-        if (nc == 1 && !unpacked) stream_l1(sb + 1664, 3392);
+        /* one and a half super-blocks ahead (k45_cols's lead in bytes), in
+         * one process alternating blocks of 64 tokens, 1 thread: +3.6%
+         * against half a super-block (11/12), and one and a half +2.2%
+         * against one (11/12), two -3.8% against one and a half (1/12); 2
+         * threads +5.4% and -1.1% against half (18/24, 10/24), the 1B Q4_K_M
+         * (its Q6_K tensors) +1.5% (15/24) */
+        if (nc == 1 && !unpacked) stream_l1(sb + 5088, 3392);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC];
@@ -505,7 +513,10 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 2240;
         ahead(sb, 2240, PREFETCH_AHEAD_K);
-        if (nc == 1 && !unpacked) stream_l1(sb + 2240, 2240); /* one ahead, as k45_cols: +4.4% at 2 threads, +10.8% at 1 */
+        /* two ahead, as k45_cols. One ahead against none: +4.4% at 2
+         * threads, +10.8% at 1 (fresh processes alternating); two against
+         * one, in one process: 1 thread +3.1% (12/12), 2 threads -0.8% (7/24) */
+        if (nc == 1 && !unpacked) stream_l1(sb + 2 * 2240, 2240);
         const act_q8_K *a[NC];
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) {
