@@ -82,6 +82,8 @@ struct li_context {
     size_t embd_row_bytes;
     size_t gemm_bytes;
     li_share *share;       /* the team's shares of each repacked product (share.h) */
+    uint32_t passes;       /* decode passes of a 2-thread team (thread 0's count), for placement_probe */
+    int probe_now;         /* whether this pass probes (thread 0 sets it before the pass's first barrier) */
 
     /* mixture of experts (NULL for a dense model); a slot is one (token, choice) */
     float *route;          /* [n_batch, n_expert] router logits, then probabilities */

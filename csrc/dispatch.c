@@ -172,6 +172,7 @@ static li_kernels tables[LI_ISA_COUNT];
 static int tables_ready = 0;
 static int current_isa = LI_ISA_SCALAR;
 const li_kernels *li_K = &tables[LI_ISA_SCALAR];
+volatile int li_x16_near;
 
 void li_ops_init(void); /* ops.c: the lookup tables */
 

@@ -972,6 +972,35 @@ int li_context_probe_result(const li_context *c, li_probe_result *out) {
     return LI_OK;
 }
 
+/* Where the host put a 2-thread team: a pass through the team's barrier
+ * takes ~30-90 ns when its two CPUs are one core's hyperthreads and ~300 ns
+ * when they are cores apart (this VM moves them between the two every few
+ * seconds; bench/compare.py's probe reads the same signal). Sharing a core,
+ * each thread decodes at about half the pace, and the super-block kernels'
+ * L1 hints then do better a shorter way ahead (li_x16_near). Every thread
+ * calls this, every PROBE_EVERY decode passes; thread 0 times each of
+ * PROBE_SYNCS barriers and keeps the least, its clock's two reads included
+ * (here 90-120 ns near, 210-330 ns apart; the first barriers of a pass,
+ * the worker just woken, take longer). A few us a probe: under 0.1% of a
+ * 135M model's 2 ms token. */
+#define PROBE_SYNCS 8
+#define PROBE_EVERY 8
+#define NEAR_SYNC_S 160e-9
+static void placement_probe(li_context *c, int ith) {
+#ifdef _OPENMP
+    double best = 1.0;
+    for (int i = 0; i < PROBE_SYNCS; i++) {
+        const double t0 = omp_get_wtime();
+        li_share_sync(c->share);
+        best = LI_MIN(best, omp_get_wtime() - t0);
+    }
+    if (ith == 0) li_x16_near = best < NEAR_SYNC_S;
+#else
+    (void)c;
+    (void)ith;
+#endif
+}
+
 /* The team's share of a pass: the embedding (embed), layers [l0, l1), then
  * the head (head). The CPU-only pass is all three in one region. */
 static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float *logits, int embed, int l0, int l1,
@@ -982,7 +1011,13 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     int64_t lo, hi;
 
     li_share_begin(c->share, ith); /* the products' shares start afresh, before any is taken */
+    /* thread 0 alone counts the passes, and its choice crosses the barrier:
+     * the whole team takes the probe's barriers, or none of it (each call
+     * is a parallel region of its own, whose end orders the next write) */
+    const int decode2 = nth == 2 && n == 1;
+    if (ith == 0 && decode2) c->probe_now = c->passes++ % PROBE_EVERY == 0;
     li_share_sync(c->share);
+    if (decode2 && c->probe_now) placement_probe(c, ith);
     li_split(n, ith, nth, &lo, &hi);
     const li_matrix *emb = &m->tok_embd;
     const size_t emb_row = emb->nbytes / (size_t)emb->rows;

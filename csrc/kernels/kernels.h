@@ -122,6 +122,12 @@ int li_act_block_size(int act);
 /* the scalar activation (SIMD levels hand it the elements past their last full vector) */
 void li_act_apply_scalar(int fn, const float *x, const float *u, float *y, int64_t n);
 
+/* Nonzero while the decode team's two threads seem to share one core (two
+ * hyperthreads: model.c's placement probe); the x16 super-block kernels then
+ * hint into L1 a shorter way ahead. A hint's distance only, never a result:
+ * any value, from any thread, is correct. */
+extern volatile int li_x16_near;
+
 /* the tables, filled once by dispatch.c */
 void li_kernels_fill_scalar(li_kernels *t);
 void li_kernels_fill_scalar_iq(li_kernels *t); /* scalar_iq.c */

@@ -338,6 +338,7 @@ LI_INLINE void q5_K_values(const uint8_t *si, const __m512i h0, const __m512i h1
 LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
                         const int32_t *terms, float *y, size_t ys, int nr, const int five) {
     const int sc_at = five ? 2560 : 2048, sb_bytes = sc_at + 320; /* sc 128, mn 128, d and dmin 64 */
+    const int near = li_x16_near;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
@@ -345,17 +346,19 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
         const uint8_t *sb = g + (size_t)s * (size_t)sb_bytes;
         ahead(sb, sb_bytes, PREFETCH_AHEAD_K);
         /* the super-block two on into L1 (in the group, or in the group a
-         * share reads next). Hinted at the one about to be read, the lines
-         * came too late: the 1B Q4_K_M and Q5_K_M decode 2.9-3.7% slower at
-         * 1 and 2 threads than one ahead (fresh processes alternating, 4
-         * pairs each). Two ahead against one, in one process alternating
-         * blocks of 64 tokens (scratch knobs, pairs faster / all): 1 thread
-         * Q4_K_M +2.9% (16/16), Q5_K_M +3.1% (16/16); 2 threads, where the
-         * placement of the two CPUs moves the figures by more, Q4_K_M +2.2%
-         * and +0.4% (16/24, 24/40), Q5_K_M -1.1% (11/30). Three ahead lost
-         * 1.3% at 1 thread (1/12) and four 2.6% at 2 (3/24). IQ4_XS and Q6_K
-         * lead by about as many bytes. */
-        if (nc == 1 && !unpacked) stream_l1(sb + 2 * sb_bytes, sb_bytes);
+         * share reads next), or the next one while the team's two threads
+         * share a core (li_x16_near). Hinted at the one about to be read,
+         * the lines came too late: the 1B Q4_K_M and Q5_K_M decode 2.9-3.7%
+         * slower at 1 and 2 threads than one ahead (fresh processes
+         * alternating, 4 pairs each). Two ahead against one, in one process
+         * alternating blocks of 64 tokens (scratch knobs, pairs faster /
+         * all): 1 thread Q4_K_M +2.9% (16/16), Q5_K_M +3.1% (16/16); 2
+         * threads Q4_K_M +2.1% with the CPUs on cores apart (24/28), -2.0%
+         * on one core's hyperthreads (4/12), where each thread goes at half
+         * the pace and the same lead in bytes is twice as long in time.
+         * Three ahead lost 1.3% at 1 thread (1/12) and four 2.6% at 2
+         * (3/24). IQ4_XS and Q6_K lead by about as many bytes. */
+        if (nc == 1 && !unpacked) stream_l1(sb + (near ? 1 : 2) * sb_bytes, sb_bytes);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC], imin[NC];
@@ -434,18 +437,19 @@ LI_INLINE void q6_K_values(const uint8_t *p, __m512i u[4]) {
 /* unpacked (a constant): the values from vals, as x16_unpack_q6_K left them */
 LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
                          const int32_t *terms, float *y, size_t ys, int nr) {
+    const int near = li_x16_near;
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 3392;
         ahead(sb, 3392, PREFETCH_AHEAD_K);
-        /* one and a half super-blocks ahead (k45_cols's lead in bytes), in
-         * one process alternating blocks of 64 tokens, 1 thread: +3.6%
-         * against half a super-block (11/12), and one and a half +2.2%
-         * against one (11/12), two -3.8% against one and a half (1/12); 2
-         * threads +5.4% and -1.1% against half (18/24, 10/24), the 1B Q4_K_M
-         * (its Q6_K tensors) +1.5% (15/24) */
-        if (nc == 1 && !unpacked) stream_l1(sb + 5088, 3392);
+        /* one and a half super-blocks ahead (k45_cols's lead in bytes), half
+         * of one near (li_x16_near), in one process alternating blocks of
+         * 64 tokens, 1 thread: +3.6% against half a super-block (11/12),
+         * and one and a half +2.2% against one (11/12), two -3.8% against
+         * one and a half (1/12); 2 threads, one and a half against half:
+         * +7.3% with the CPUs apart (27/27), -1.3% near (4/9) */
+        if (nc == 1 && !unpacked) stream_l1(sb + (near ? 1664 : 5088), 3392);
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC];
@@ -508,15 +512,17 @@ LI_INLINE void iq4_xs_values(const uint8_t *p, __m512i lo[4], __m512i hi[4]) {
 /* unpacked (a constant): the values from vals, as x16_unpack_iq4_xs left them */
 LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
                            const int32_t *terms, float *y, size_t ys, int nr) {
+    const int near = li_x16_near;
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * 2240;
         ahead(sb, 2240, PREFETCH_AHEAD_K);
-        /* two ahead, as k45_cols. One ahead against none: +4.4% at 2
-         * threads, +10.8% at 1 (fresh processes alternating); two against
-         * one, in one process: 1 thread +3.1% (12/12), 2 threads -0.8% (7/24) */
-        if (nc == 1 && !unpacked) stream_l1(sb + 2 * 2240, 2240);
+        /* two ahead, one near, as k45_cols. One ahead against none: +4.4%
+         * at 2 threads, +10.8% at 1 (fresh processes alternating); two
+         * against one, in one process: 1 thread +3.1% (12/12), 2 threads
+         * near -1.4% (14/36) */
+        if (nc == 1 && !unpacked) stream_l1(sb + (near ? 1 : 2) * 2240, 2240);
         const act_q8_K *a[NC];
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) {
