@@ -133,11 +133,9 @@ LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const vo
  * they were stored negated (a negation in a register forced it) and keeps
  * it; Q4_K's and Q5_K's mins, 4 per 64 products, take a broadcast load
  * (through a register: 2-3% slower, within this test's noise). */
-LI_INLINE __m512i term_bcast(int32_t t, const int via_register) {
+LI_INLINE __m512i term_bcast(int32_t t) {
 #if defined(__GNUC__)
-    if (via_register) __asm__("" : "+r"(t));
-#else
-    (void)via_register;
+    __asm__("" : "+r"(t));
 #endif
     return _mm512_set1_epi32(t);
 }
@@ -469,7 +467,7 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
                  * load ran 1-2.5% slower (1B Q6_K, 1 thread): there it is
                  * added after the sum */
                 const int32_t term = terms[(c * nb + s) * 16 + gi];
-                __m512i t0 = dpb(nc > 1 ? term_bcast(term, 1) : _mm512_setzero_si512(), u[0], q);
+                __m512i t0 = dpb(nc > 1 ? term_bcast(term) : _mm512_setzero_si512(), u[0], q);
                 __m512i t1 = dpb(_mm512_setzero_si512(), u[1], q + 4);
                 t0 = dpb(t0, u[2], q + 8);
                 t1 = dpb(t1, u[3], q + 12);
@@ -545,7 +543,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
                 const int8_t *q = a[c]->qs + 32 * b;
                 /* sum((level + 128) * a) - 128 * sum(a): the low values in a chain from
                  * -128 * the block's sum, the high ones in a second chain */
-                __m512i is = term_bcast(terms[c * nb * 8 + 8 * s + b], 1), is2 = _mm512_setzero_si512();
+                __m512i is = term_bcast(terms[c * nb * 8 + 8 * s + b]), is2 = _mm512_setzero_si512();
                 UNROLL for (int j = 0; j < 4; j++) {
                     is = dpb(is, lo[j], q + 4 * j);
                     is2 = dpb(is2, hi[j], q + 16 + 4 * j);
