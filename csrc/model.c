@@ -1016,6 +1016,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
      * is a parallel region of its own, whose end orders the next write) */
     const int decode2 = nth == 2 && n == 1;
     if (ith == 0 && decode2) c->probe_now = c->passes++ % PROBE_EVERY == 0;
+    if (ith == 0 && nth != 2 && li_x16_near) li_x16_near = 0; /* no team of two shares a core now */
     li_share_sync(c->share);
     if (decode2 && c->probe_now) placement_probe(c, ith);
     li_split(n, ith, nth, &lo, &hi);
