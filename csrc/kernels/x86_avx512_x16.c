@@ -112,14 +112,25 @@ LI_INLINE void stream_l1(const uint8_t *p, int bytes) {
  * k = 2048 (its matrices then in 4 KiB pages), against the old layout: Q4_0
  * 72% -> 85% of a plain read, Q8_0 82% -> 95%, Q5_0 65% -> 88%.
  *
- * These blocks take no L1 hint (stream_l1), unlike the super-blocks: in the
- * 1B models' decode (fresh processes alternating with and without, tg128,
- * medians of 5-6 pairs) dropping it made Q8_0 +9.6% at 1 thread and +7.3%
- * at 2 (about the probe's bandwidth then), Q4_0 +2.5% and +2.1%, SmolLM2's
- * Q4_1 +4.5% and +4.7%, and Gemma 3 270M +4.8% at 1 thread. (It had helped
- * in bench/kernels.py's matrices, on 4 KiB pages and with the scales still
- * gathered at each group's end; Q5_0 and Q5_1 already went without.) */
+ * In decode they also take an L1 hint, L1_LEAD_32 bytes on (stream_l1_at).
+ * Once these blocks hinted the block about to be read, which came too late
+ * and cost instructions: dropping that made the 1B Q8_0 decode +9.6% at 1
+ * thread. A lead of 4 KiB, in one process alternating blocks of 48 tokens
+ * (pairs faster / all): Q8_0 +24% at 1 thread (8/8; 26.7 -> 33 tokens/s,
+ * 0.81 -> 1.0 of the probe) and at 2 (8/8), Q4_0 +5.9% at 1 thread (8/8)
+ * and +8.0% at 2 on cores apart (12/12), +1.9% on one core's hyperthreads
+ * (10/12), SmolLM2's Q4_1 +12% at 1 thread (8/8) and +10% at 2 (5/8). Against 4 KiB:
+ * 8 KiB -2.5% (1 thread, 1/6) and -1.8% (2, 1/6); 2 KiB -4.7% (0/6) and -3.8% (1/6),
+ * on one core's hyperthreads as well as apart. */
 LI_INLINE void stream_hint(const uint8_t *p, int bytes) { ahead(p, bytes, PREFETCH_AHEAD); }
+
+#define L1_LEAD_32 4096
+/* an NTA hint on each line that starts in [p, p + bytes), L1_LEAD_32 on: the
+ * blocks tile the stream, so each line is hinted once */
+LI_INLINE void stream_l1_at(const uint8_t *p, int bytes) {
+    const uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)bytes;
+    for (uintptr_t o = (a + 63) & ~(uintptr_t)63; o < e; o += 64) _mm_prefetch((const char *)o + L1_LEAD_32, _MM_HINT_NTA);
+}
 
 LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
 
@@ -237,6 +248,7 @@ LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb;
         stream_hint(qs, (int)stride);
+        if (nc == 1) stream_l1_at(qs, (int)stride);
         __m512i lo[4], hi[4];
         values16(qs, lo, hi, bits);
         const __m512 dw = f16x16(dd);
@@ -261,6 +273,7 @@ LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb, *mm = dd + 32;
         stream_hint(qs, (int)stride);
+        if (nc == 1) stream_l1_at(qs, (int)stride);
         __m512i lo[4], hi[4];
         values16(qs, lo, hi, bits);
         const __m512 dw = f16x16(dd), mw = f16x16(mm);
@@ -286,6 +299,7 @@ LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * (512 + 32), *dd = qs + 512;
         stream_hint(qs, 512 + 32);
+        if (nc == 1) stream_l1_at(qs, 512 + 32);
         const __m512 dw = f16x16(dd);
         UNROLL for (int c = 0; c < nc; c++) {
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
