@@ -125,11 +125,11 @@ LI_INLINE void stream_l1(const uint8_t *p, int bytes) {
 LI_INLINE void stream_hint(const uint8_t *p, int bytes) { ahead(p, bytes, PREFETCH_AHEAD); }
 
 #define L1_LEAD_32 4096
-/* an NTA hint on each line that starts in [p, p + bytes), L1_LEAD_32 on: the
- * blocks tile the stream, so each line is hinted once */
-LI_INLINE void stream_l1_at(const uint8_t *p, int bytes) {
+/* stream_l1's hint on each line that starts in [p, p + bytes), `lead` bytes
+ * on: pieces that tile the stream hint each line once */
+LI_INLINE void stream_l1_at(const uint8_t *p, int bytes, int lead) {
     const uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)bytes;
-    for (uintptr_t o = (a + 63) & ~(uintptr_t)63; o < e; o += 64) _mm_prefetch((const char *)o + L1_LEAD_32, _MM_HINT_NTA);
+    for (uintptr_t o = (a + 63) & ~(uintptr_t)63; o < e; o += 64) _mm_prefetch((const char *)o + lead, _MM_HINT_NTA);
 }
 
 LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
@@ -248,7 +248,7 @@ LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb;
         stream_hint(qs, (int)stride);
-        if (nc == 1) stream_l1_at(qs, (int)stride);
+        if (nc == 1) stream_l1_at(qs, (int)stride, L1_LEAD_32);
         __m512i lo[4], hi[4];
         values16(qs, lo, hi, bits);
         const __m512 dw = f16x16(dd);
@@ -273,7 +273,7 @@ LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb, *mm = dd + 32;
         stream_hint(qs, (int)stride);
-        if (nc == 1) stream_l1_at(qs, (int)stride);
+        if (nc == 1) stream_l1_at(qs, (int)stride, L1_LEAD_32);
         __m512i lo[4], hi[4];
         values16(qs, lo, hi, bits);
         const __m512 dw = f16x16(dd), mw = f16x16(mm);
@@ -299,7 +299,7 @@ LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * (512 + 32), *dd = qs + 512;
         stream_hint(qs, 512 + 32);
-        if (nc == 1) stream_l1_at(qs, 512 + 32);
+        if (nc == 1) stream_l1_at(qs, 512 + 32, L1_LEAD_32);
         const __m512 dw = f16x16(dd);
         UNROLL for (int c = 0; c < nc; c++) {
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
@@ -369,13 +369,19 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
          * on one core's hyperthreads (4/12), where each thread goes at half
          * the pace and the same lead in bytes is twice as long in time.
          * Three ahead lost 1.3% at 1 thread (1/12) and four 2.6% at 2
-         * (3/24). IQ4_XS and Q6_K lead by about as many bytes. */
-        if (nc == 1 && !unpacked) stream_l1(sb + (near ? 1 : 2) * sb_bytes, sb_bytes);
+         * (3/24). IQ4_XS and Q6_K lead by about as many bytes.
+         * A quarter of the lines at the start of each pair of sub-blocks
+         * (below), not all of them at the super-block's start: in one
+         * process alternating blocks of 48 tokens, Q5_K_M +2.7% at 1
+         * thread (8/8) and +2.5% at 2 near (8/8), Q4_K_M +1.4% at 1 (7/8)
+         * and even at 2 (4/8). */
+        const int l1_lead = (near ? 1 : 2) * sb_bytes, quarter = sb_bytes / 4;
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC], imin[NC];
         UNROLL for (int c = 0; c < nc; c++) isum[c] = imin[c] = _mm512_setzero_si512();
         for (int i = 0; i < 4; i++) {
+            if (nc == 1 && !unpacked) stream_l1_at(sb + i * quarter, i == 3 ? sb_bytes - 3 * quarter : quarter, l1_lead);
             const uint8_t *si = five ? sb + 640 * i + 128 : sb + 512 * i; /* the pair's nibble chunks */
             const __m512i h0 = five && !unpacked ? load64(si - 128) : m4, h1 = five && !unpacked ? load64(si - 64) : m4;
             __m512i sa[NC], sbv[NC], sa2[NC], sbv2[NC]; /* odd chunks in chains of their own */
@@ -460,13 +466,16 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
          * 64 tokens, 1 thread: +3.6% against half a super-block (11/12),
          * and one and a half +2.2% against one (11/12), two -3.8% against
          * one and a half (1/12); 2 threads, one and a half against half:
-         * +7.3% with the CPUs apart (27/27), -1.3% near (4/9) */
-        if (nc == 1 && !unpacked) stream_l1(sb + (near ? 1664 : 5088), 3392);
+         * +7.3% with the CPUs apart (27/27), -1.3% near (4/9). A quarter
+         * of the lines every 4 groups (below), as k45_cols spreads them:
+         * +1.5% and +2.5% at 1 thread (5/8, 6/8), +2.0% at 2 near (7/8) */
+        const int l1_lead = near ? 1664 : 5088;
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         for (int gi = 0; gi < 16; gi++) {
+            if (nc == 1 && !unpacked && (gi & 3) == 0) stream_l1_at(sb + 848 * (gi >> 2), 848, l1_lead);
             __m512i u[4];
             if (unpacked)
                 UNROLL for (int t = 0; t < 4; t++) u[t] = load64(vals + q6_K_unpacked(s, gi) + 64 * t);
@@ -533,7 +542,9 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
         /* two ahead, one near, as k45_cols. One ahead against none: +4.4%
          * at 2 threads, +10.8% at 1 (fresh processes alternating); two
          * against one, in one process: 1 thread +3.1% (12/12), 2 threads
-         * near -1.4% (14/36) */
+         * near -1.4% (14/36). Spread as k45_cols spreads them, a quarter
+         * of the lines every 2 blocks: -0.9% at 1 thread (2/8), -2.1% at 2
+         * (3/8), so all of them here */
         if (nc == 1 && !unpacked) stream_l1(sb + (near ? 1 : 2) * 2240, 2240);
         const act_q8_K *a[NC];
         __m512i isum[NC];
