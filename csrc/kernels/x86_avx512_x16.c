@@ -93,9 +93,12 @@ LI_INLINE void ahead(const uint8_t *p, int bytes, const int dist) {
  * a super-block shortly before it is read (already in L2: `ahead`; how far
  * before, in each kernel) fills it into L1 as the first to go, and the
  * activations stay: 28-30 GB/s at every k. Only for decode: prefill reuses
- * each group for several activation rows. */
-LI_INLINE void stream_l1(const uint8_t *p, int bytes) {
-    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_NTA);
+ * each group for several activation rows. stream_l1_at hints each line
+ * that starts in [p, p + bytes), `lead` bytes on: pieces that tile the
+ * stream hint each line once. */
+LI_INLINE void stream_l1_at(const uint8_t *p, int bytes, int lead) {
+    const uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)bytes;
+    for (uintptr_t o = (a + 63) & ~(uintptr_t)63; o < e; o += 64) _mm_prefetch((const char *)o + lead, _MM_HINT_NTA);
 }
 
 /* The hints for the block of `bytes` at p in a group of 32-value blocks,
@@ -125,12 +128,6 @@ LI_INLINE void stream_l1(const uint8_t *p, int bytes) {
 LI_INLINE void stream_hint(const uint8_t *p, int bytes) { ahead(p, bytes, PREFETCH_AHEAD); }
 
 #define L1_LEAD_32 4096
-/* stream_l1's hint on each line that starts in [p, p + bytes), `lead` bytes
- * on: pieces that tile the stream hint each line once */
-LI_INLINE void stream_l1_at(const uint8_t *p, int bytes, int lead) {
-    const uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)bytes;
-    for (uintptr_t o = (a + 63) & ~(uintptr_t)63; o < e; o += 64) _mm_prefetch((const char *)o + lead, _MM_HINT_NTA);
-}
 
 LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
 
@@ -475,7 +472,7 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         for (int gi = 0; gi < 16; gi++) {
-            if (nc == 1 && !unpacked && (gi & 3) == 0) stream_l1_at(sb + 848 * (gi >> 2), 848, l1_lead);
+            if (nc == 1 && !unpacked && (gi & 3) == 0) stream_l1_at(sb + 3392 / 4 * (gi >> 2), 3392 / 4, l1_lead);
             __m512i u[4];
             if (unpacked)
                 UNROLL for (int t = 0; t < 4; t++) u[t] = load64(vals + q6_K_unpacked(s, gi) + 64 * t);
@@ -545,7 +542,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
          * near -1.4% (14/36). Spread as k45_cols spreads them, a quarter
          * of the lines every 2 blocks: -0.9% at 1 thread (2/8), -2.1% at 2
          * (3/8), so all of them here */
-        if (nc == 1 && !unpacked) stream_l1(sb + (near ? 1 : 2) * 2240, 2240);
+        if (nc == 1 && !unpacked) stream_l1_at(sb, 2240, (near ? 1 : 2) * 2240);
         const act_q8_K *a[NC];
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) {
