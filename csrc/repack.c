@@ -24,10 +24,10 @@
 
 #define G LI_X16_ROWS
 #define PACK_CHUNK 64 /* groups packed before their rows' pages go back */
-#define Q4_K_SB 2368 /* 2048 values + 128 sc + 128 mn + 32 d + 32 dmin */
-#define Q5_K_SB 2880 /* Q4_K's 2048 nibbles + 512 fifth bits, then its scales */
+#define Q4_K_SB 2304 /* 192 sc and mn + 32 d + 32 dmin, then 2048 values: the file's 144 bytes x 16 */
+#define Q5_K_SB 2816 /* Q4_K's scales, then its 2048 nibbles + 512 fifth bits: 176 x 16 */
 #define Q6_K_SB 3392 /* 3072 values + 256 sc + 32 d + 32 padding */
-#define IQ4_XS_SB 2240 /* 2048 indices + 128 scales + 32 d + 32 padding */
+#define IQ4_XS_SB 2176 /* 96 scales + 32 d, then 2048 indices: the file's 136 bytes x 16 */
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
@@ -126,17 +126,32 @@ static void pack_q8_0(const char *row, int r, int64_t nb, uint8_t *g) {
     }
 }
 
-/* Q4_K's and Q5_K's scales after the values, at t: sc [8 sub-blocks][16] u8;
- * mn [4 pairs p][16][2] u8 (the mins of sub-blocks 2p, 2p+1); d [16] f16;
- * dmin [16] f16 */
+/* Value i (0..63) of 256 six-bit values in three chunks at p, as Q6_K's
+ * values are (x86_avx512_x16.c's six_bits): bits 0..5 of byte i for i <
+ * 192, else bits 2t..2t+1 of it in bits 6..7 of byte 64t + i - 192, t =
+ * 0..2. Bytes mix rows' values, so each write keeps the other bits. */
+static void put_six(uint8_t *p, int i, unsigned v) {
+    if (i < 192) {
+        p[i] = (uint8_t)((p[i] & 0xC0) | v);
+        return;
+    }
+    for (int t = 0; t < 3; t++) {
+        uint8_t *b = p + 64 * t + (i - 192);
+        *b = (uint8_t)((*b & 0x3F) | ((v >> (2 * t)) & 3) << 6);
+    }
+}
+
+/* Q4_K's and Q5_K's scales at the super-block's start, t: 256 six-bit
+ * values (put_six), sc [8 sub-blocks][16] then mn [4 pairs p][16][2] (the
+ * mins of sub-blocks 2p, 2p+1), in 192 bytes; d [16] f16; dmin [16] f16 */
 static void put_k_scales(uint8_t *t, int r, const uint8_t scales[12], uint16_t d, uint16_t dmin) {
     int sc[8], mn[8];
     unpack_k_scales(scales, sc, mn);
     for (int j = 0; j < 8; j++) {
-        t[16 * j + r] = (uint8_t)sc[j];
-        t[128 + 32 * (j / 2) + 2 * r + j % 2] = (uint8_t)mn[j];
+        put_six(t, 16 * j + r, (unsigned)sc[j]);
+        put_six(t, 128 + 32 * (j / 2) + 2 * r + j % 2, (unsigned)mn[j]);
     }
-    uint16_t *dd = (uint16_t *)(void *)(t + 256);
+    uint16_t *dd = (uint16_t *)(void *)(t + 192);
     dd[r] = d;
     dd[G + r] = dmin;
 }
@@ -146,8 +161,8 @@ static void pack_q4_K(const char *row, int r, int64_t nb, uint8_t *g) {
         const block_q4_K *x = (const block_q4_K *)(const void *)row + s;
         uint8_t *sb = g + (size_t)s * Q4_K_SB;
         /* byte 32i + t of qs holds v[64i + t] low and v[64i + 32 + t] high: chunk 8i + j's lane as it is */
-        for (int c = 0; c < 32; c++) memcpy(sb + 64 * c + 4 * r, x->qs + 4 * c, 4);
-        put_k_scales(sb + 2048, r, x->scales, x->d, x->dmin);
+        put_k_scales(sb, r, x->scales, x->d, x->dmin);
+        for (int c = 0; c < 32; c++) memcpy(sb + 256 + 64 * c + 4 * r, x->qs + 4 * c, 4);
     }
 }
 
@@ -158,14 +173,15 @@ static void pack_q5_K(const char *row, int r, int64_t nb, uint8_t *g) {
     for (int64_t s = 0; s < nb; s++) {
         const block_q5_K *x = (const block_q5_K *)(const void *)row + s;
         uint8_t *sb = g + (size_t)s * Q5_K_SB;
-        for (int c = 0; c < 32; c++) memcpy(sb + 640 * (c / 8) + 128 + 64 * (c % 8) + 4 * r, x->qs + 4 * c, 4);
+        put_k_scales(sb, r, x->scales, x->d, x->dmin);
+        uint8_t *v = sb + 256; /* the pairs */
+        for (int c = 0; c < 32; c++) memcpy(v + 640 * (c / 8) + 128 + 64 * (c % 8) + 4 * r, x->qs + 4 * c, 4);
         for (int sub = 0; sub < 8; sub++)
             for (int e = 0; e < 4; e++) {
                 unsigned h = 0;
                 for (int j = 0; j < 8; j++) h |= (unsigned)((x->qh[4 * j + e] >> sub) & 1) << j;
-                LANE(sb + 640 * (sub / 2) + 64 * (sub % 2), r, e) = (uint8_t)h;
+                LANE(v + 640 * (sub / 2) + 64 * (sub % 2), r, e) = (uint8_t)h;
             }
-        put_k_scales(sb + 2560, r, x->scales, x->d, x->dmin);
     }
 }
 
@@ -197,16 +213,31 @@ static void pack_q6_K(const char *row, int r, int64_t nb, uint8_t *g) {
     }
 }
 
+/* IQ4_XS's scale i = 16 b + r (ls, 0..63) of the 128 at p, as
+ * x86_avx512_x16.c's iq4_xs_scales reads them: i < 64 in bits 0..5 of byte
+ * i; i >= 64 its bits 0..3 in byte 64 + (i - 64) % 32 (the low nibble for
+ * i < 96), bits 4..5 in bits 6..7 of byte i - 64. Bytes mix rows' values,
+ * so each write keeps the other bits. */
+static void put_iq4_xs_scale(uint8_t *p, int i, unsigned v) {
+    if (i < 64) {
+        p[i] = (uint8_t)((p[i] & 0xC0) | v);
+        return;
+    }
+    uint8_t *nib = p + 64 + (i - 64) % 32;
+    *nib = (uint8_t)(i < 96 ? (*nib & 0xF0) | (v & 15) : (*nib & 0x0F) | (v & 15) << 4);
+    p[i - 64] = (uint8_t)((p[i - 64] & 0x3F) | (v >> 4) << 6);
+}
+
 static void pack_iq4_xs(const char *row, int r, int64_t nb, uint8_t *g) {
     for (int64_t s = 0; s < nb; s++) {
         const block_iq4_xs *x = (const block_iq4_xs *)(const void *)row + s;
         uint8_t *sb = g + (size_t)s * IQ4_XS_SB;
         for (int b = 0; b < 8; b++) {
             /* a block's 16 bytes hold index i in the low nibble and i + 16 in the high, as Q4_0 */
-            put_nibbles16(sb + 256 * b, r, x->qs + 16 * b);
-            sb[2048 + 16 * b + r] = (uint8_t)(int8_t)iq4_xs_scale(x, b);
+            put_nibbles16(sb + 128 + 256 * b, r, x->qs + 16 * b);
+            put_iq4_xs_scale(sb, 16 * b + r, (unsigned)(iq4_xs_scale(x, b) + 32));
         }
-        ((uint16_t *)(void *)(sb + 2176))[r] = x->d;
+        ((uint16_t *)(void *)(sb + 96))[r] = x->d;
     }
 }
 
@@ -262,7 +293,8 @@ static int64_t blocks_of(int type, int64_t k) {
 
 /* the types repack.h gives an unpacked layout, from n activation rows */
 static int unpacked_layout(int type, int64_t n) {
-    return n >= LI_X16_UNPACK_MIN && (type == LI_TYPE_Q5_K || type == LI_TYPE_Q6_K || type == LI_TYPE_IQ4_XS);
+    return n >= LI_X16_UNPACK_MIN &&
+           (type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K || type == LI_TYPE_Q6_K || type == LI_TYPE_IQ4_XS);
 }
 
 /* whether li_x16_matmul unpacks each group once for n activation rows */

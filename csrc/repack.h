@@ -32,18 +32,26 @@
  * Q5_1: as Q5_0 with v = q, then d and m as Q4_1's: 384 bytes a block.
  * Q8_0: per block, qs [8 chunks j][16][4], byte = q[4j+e] + 128 (unsigned);
  *   then d [16] f16. 544 bytes a block.
- * Q4_K, per super-block (2368 bytes): qs [32 chunks 8i+j][16][4], low nibble
- *   = v[64i+4j+e], high = v[64i+32+4j+e]; sc [8 sub-blocks][16] u8; mn [4
- *   pairs p][16][2] u8 (the mins of sub-blocks 2p, 2p+1); d [16] f16; dmin [16] f16.
- * Q5_K, per super-block (2880 bytes): for each pair i of sub-blocks (640
- *   bytes), 2 chunks of fifth bits (chunk s = 2i + t: bit j of lane r byte e
- *   = bit 4 of v[32s + 4j + e]) and then Q4_K's 8 chunks 8i+j of the low 4
- *   bits, so that the kernel reads the stream in order (the fifth bits
- *   gathered after all the nibbles made each sub-block pair wait on a load
- *   the prefetchers had not reached: 10 GB/s instead of 20+); then sc, mn,
- *   d, dmin as Q4_K's. The file's size per
- *   row (176 bytes) times 16; one byte per value (Q6_K's way) would be 45%
- *   more to stream per token for two or three fewer instructions per chunk.
+ * Q4_K, per super-block (2304 bytes, the file's 144 per row times 16):
+ *   the sub-blocks' scales and mins in 6 bits (192 bytes): 256 values, sc
+ *   [8 sub-blocks][16] then mn [4 pairs p][16][2] (the mins of sub-blocks
+ *   2p, 2p+1), stored as Q6_K's values are (below): value i < 192 in bits
+ *   0..5 of byte i, bits 2t..2t+1 of value 192 + e in bits 6..7 of byte 64t
+ *   + e; d [16] f16; dmin [16] f16; then qs [32 chunks 8i+j][16][4], low
+ *   nibble = v[64i+4j+e], high = v[64i+32+4j+e]. The scales come first, so
+ *   the kernel reads each super-block in order; one byte per scale (256
+ *   bytes, after the values) made the stream 2.8% longer than the file's,
+ *   and the 1B Q4_K_M's 2-thread decode on one core's two hyperthreads was
+ *   5.2% slower (fresh processes alternating, 5 of 6 pairs).
+ * Q5_K, per super-block (2816 bytes, 176 times 16): Q4_K's scales, d and
+ *   dmin; then for each pair i of sub-blocks (640 bytes) 2 chunks of fifth
+ *   bits (chunk s = 2i + t: bit j of lane r byte e = bit 4 of v[32s + 4j +
+ *   e]) and then Q4_K's 8 chunks 8i+j of the low 4 bits, so that the kernel
+ *   reads the stream in order (the fifth bits gathered after all the
+ *   nibbles made each sub-block pair wait on a load the prefetchers had not
+ *   reached: 10 GB/s instead of 20+). One byte per value (Q6_K's way) would
+ *   be 45% more to stream per token for two or three fewer instructions per
+ *   chunk.
  * Q6_K, per super-block (3392 bytes): for each group g of 16 values, three
  *   chunks P0, P1, P2: byte e of Pt holds v[16g+4t+e] in bits 0..5 and bits
  *   2t..2t+1 of v[16g+12+e] in bits 6..7; v = q + 32, 0..63. Three values
@@ -51,9 +59,12 @@
  *   bitwise steps: 9 vector steps per group against 17 for nibble chunks
  *   and a plane of top bits.
  *   Then sc [16 groups][16] i8; d [16] f16; 32 bytes of padding.
- * IQ4_XS, per super-block (2240 bytes): for each of its 8 blocks of 32, 4
- *   chunks of level indices laid out as Q4_0's values; then ls - 32 [8][16]
- *   i8; d [16] f16; 32 bytes of padding. The kernel looks levels up + 128,
+ * IQ4_XS, per super-block (2176 bytes, 136 times 16): the blocks' scales
+ *   ls (0..63) [8 blocks][16] in 96 bytes: value i < 64 in bits 0..5 of
+ *   byte i; for i >= 64 bits 0..3 in byte 64 + (i - 64) % 32 (the low
+ *   nibble for i < 96, else the high) and bits 4..5 in bits 6..7 of byte i
+ *   - 64; d [16] f16; then for each of its 8 blocks of 32, 4 chunks of level
+ *   indices laid out as Q4_0's values. The kernel looks levels up + 128,
  *   and its terms take the offset out as Q8_0's do (negated: below).
  * A last group with fewer than 16 rows is padded with zero rows. */
 #ifndef LLMINFER_REPACK_H
@@ -101,16 +112,18 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
 typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *terms,
                           float *y, size_t ys, int nr);
 
-/* Prefill of the types whose values take the most unpacking (Q5_K, Q6_K,
- * IQ4_XS) unpacks each group once into LI_X16_UNPACKED(k) bytes, 16 per
- * column, and runs the kernel for every 4 activation rows over those:
- * li_x16_unpack_fn writes them (64-byte aligned vals), li_x16u_fn is
- * li_x16_fn reading them. The layouts, 4096 bytes per
- * super-block s, each 64 bytes the 16 rows' 4 values of a chunk as repacked:
- * Q5_K [s][pair i][chunk j][lo: sub-block 2i, hi: 2i + 1] whole values;
- * Q6_K [s][group gi][4 chunks] v = q + 32; IQ4_XS [s][block b][lo 0..3,
- * hi 0..3] levels + 128. Used from LI_X16_UNPACK_MIN activation rows. */
-#define LI_X16_UNPACKED(k) ((size_t)(k) * LI_X16_ROWS)
+/* Prefill of the super-block types unpacks each group once into
+ * LI_X16_UNPACKED(k) bytes and runs the kernel for every 4 activation rows
+ * over those: li_x16_unpack_fn writes them (64-byte aligned vals),
+ * li_x16u_fn is li_x16_fn reading them. The values (Q5_K, Q6_K, IQ4_XS),
+ * 4096 bytes per super-block s, each 64 bytes the 16 rows' 4 values of a
+ * chunk as repacked: Q5_K [s][pair i][chunk j][lo: sub-block 2i, hi: 2i +
+ * 1] whole values; Q6_K [s][group gi][4 chunks] v = q + 32; IQ4_XS
+ * [s][block b][lo 0..3, hi 0..3] levels + 128. Then, from byte 16 k, 256
+ * bytes per super-block of scales as bytes (Q4_K, Q5_K: sc [8][16], mn
+ * [4][16][2]; IQ4_XS: ls - 32 [8][16] i8): Q4_K's values are read from the
+ * group itself. Used from LI_X16_UNPACK_MIN activation rows. */
+#define LI_X16_UNPACKED(k) ((size_t)(k) * (LI_X16_ROWS + 1))
 #define LI_X16_UNPACK_MIN 8
 typedef void (*li_x16_unpack_fn)(const void *group, int64_t k, uint8_t *vals);
 typedef void (*li_x16u_fn)(const void *group, const uint8_t *vals, int64_t k, const void *xq, size_t xs, int nc,

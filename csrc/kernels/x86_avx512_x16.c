@@ -317,11 +317,36 @@ LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     store_cols(y, ys, acc, nc, nr);
 }
 
+/* 256 values of 6 bits from three chunks (P0, P1, P2) at p (repack.h: Q6_K's
+ * values, Q4_K's and Q5_K's sub-block scales and mins): u[t] = Pt & 0x3F for
+ * t < 3; u[3] gathers bits 6..7 of P0, P1, P2 into its bits 0..1, 2..3,
+ * 4..5. Each 16-bit shift brings the neighbouring byte's bits only into
+ * places the selects or the mask drop: P2 is masked to its bits 6..7
+ * before its shift. */
+LI_INLINE void six_bits(const uint8_t *p, __m512i u[4]) {
+    const __m512i m6 = _mm512_set1_epi8(0x3F);
+    const __m512i p0 = load64(p), p1 = load64(p + 64), p2 = load64(p + 128);
+    u[0] = _mm512_and_si512(p0, m6);
+    u[1] = _mm512_and_si512(p1, m6);
+    u[2] = _mm512_and_si512(p2, m6);
+    /* 0xE4: c ? a : b, bit by bit */
+    const __m512i lo = _mm512_ternarylogic_epi32(_mm512_srli_epi16(p0, 6), _mm512_srli_epi16(p1, 4), _mm512_set1_epi8(0x03), 0xE4);
+    u[3] = _mm512_ternarylogic_epi32(lo, _mm512_srli_epi16(_mm512_andnot_si512(m6, p2), 2), _mm512_set1_epi8(0x0F), 0xE4);
+}
+
+/* a super-block's scales as bytes, from the 6-bit form it is stored in, for
+ * the kernels' byte loads (a union, so the bytes sit 64-byte aligned) */
+typedef union {
+    __m512i v[4];
+    uint8_t b[256];
+} scale_bytes;
+
 /* ---- Q4_K and Q5_K ----
- * Q4_K, per super-block (2368 bytes): 32 chunks of nibbles, sc, mn, d, dmin.
- * Q5_K (2880 bytes): for each pair of sub-blocks 2 chunks of fifth bits and
- * its 8 chunks of nibbles, then the same sc, mn, d, dmin; whole values
- * 0..31. With `five` a constant, each kernel keeps only its own unpacking. */
+ * Q4_K, per super-block (2304 bytes): sc and mn in 6 bits (192), d, dmin,
+ * then 32 chunks of nibbles. Q5_K (2816 bytes): the same scales, then for
+ * each pair of sub-blocks 2 chunks of fifth bits and its 8 chunks of
+ * nibbles; whole values 0..31. With `five` a constant, each kernel keeps
+ * only its own unpacking. */
 
 /* where repack.h's unpacked layouts put super-block s's values: Q5_K's
  * chunk j of pair i (lo, then hi 64 bytes on), Q6_K's group gi (4 chunks),
@@ -346,13 +371,22 @@ LI_INLINE void q5_K_values(const uint8_t *si, const __m512i h0, const __m512i h1
  * 1-thread pp512 of the 1B Q5_K_M +1.6%, IQ4_XS and Q6_K +1.5-1.8%. */
 LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
                         const int32_t *terms, float *y, size_t ys, int nr, const int five) {
-    const int sc_at = five ? 2560 : 2048, sb_bytes = sc_at + 320; /* sc 128, mn 128, d and dmin 64 */
+    const int sb_bytes = five ? 2816 : 2304; /* sc and mn 192, d and dmin 64, then the values */
     const int near = li_x16_near;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * (size_t)sb_bytes;
+        /* sc [8 sub-blocks][16], mn [4 pairs][16][2] as bytes: unpacked, from
+         * vals (li_x16_unpack_fn left them there once for the group), else
+         * worked out here from the super-block's first lines. Worked out a
+         * super-block ahead instead (s + 1's while s is multiplied), the 1B
+         * Q4_K_M decoded 7.7% slower at 1 thread (8/8, one process
+         * alternating blocks of 48 tokens). */
+        scale_bytes own;
+        if (!unpacked) six_bits(sb, own.v);
+        const uint8_t *scm = unpacked ? vals + (size_t)nb * 4096 + 256 * (size_t)s : own.b;
         ahead(sb, sb_bytes, PREFETCH_AHEAD_K);
         /* the super-block two on into L1 (in the group, or in the group a
          * share reads next), or the next one while the team's two threads
@@ -379,13 +413,13 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
         UNROLL for (int c = 0; c < nc; c++) isum[c] = imin[c] = _mm512_setzero_si512();
         for (int i = 0; i < 4; i++) {
             if (nc == 1 && !unpacked) stream_l1_at(sb + i * quarter, i == 3 ? sb_bytes - 3 * quarter : quarter, l1_lead);
-            const uint8_t *si = five ? sb + 640 * i + 128 : sb + 512 * i; /* the pair's nibble chunks */
+            const uint8_t *si = five ? sb + 256 + 640 * i + 128 : sb + 256 + 512 * i; /* the pair's nibble chunks */
             const __m512i h0 = five && !unpacked ? load64(si - 128) : m4, h1 = five && !unpacked ? load64(si - 64) : m4;
             __m512i sa[NC], sbv[NC], sa2[NC], sbv2[NC]; /* odd chunks in chains of their own */
             UNROLL for (int c = 0; c < nc; c++) sa[c] = sbv[c] = sa2[c] = sbv2[c] = _mm512_setzero_si512();
             UNROLL for (int j = 0; j < 8; j++) {
                 __m512i lo, hi;
-                if (unpacked) {
+                if (unpacked && five) {
                     lo = load64(vals + q5_K_unpacked(s, i, j));
                     hi = load64(vals + q5_K_unpacked(s, i, j) + 64);
                 } else if (five) {
@@ -409,7 +443,7 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
                 sa[c] = _mm512_add_epi32(sa[c], sa2[c]);
                 sbv[c] = _mm512_add_epi32(sbv[c], sbv2[c]);
             }
-            const uint8_t *sc = sb + sc_at + 32 * i;
+            const uint8_t *sc = scm + 32 * i;
             const __m512i sc0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)sc));
             const __m512i sc1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sc + 16)));
             UNROLL for (int c = 0; c < nc; c++)
@@ -417,11 +451,11 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
                                                                      _mm512_mullo_epi32(five ? sbv[c] : _mm512_srai_epi32(sbv[c], 4), sc1)));
         }
         UNROLL for (int p = 0; p < 4; p++) { /* lane r: mn(2p) * sum(2p) + mn(2p+1) * sum(2p+1) */
-            const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(sb + sc_at + 128 + 32 * p)));
+            const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(scm + 128 + 32 * p)));
             UNROLL for (int c = 0; c < nc; c++)
                 imin[c] = _mm512_dpwssd_epi32(imin[c], mn, _mm512_set1_epi32(terms[(c * nb + s) * 4 + p]));
         }
-        const __m512 dw = f16x16(sb + sc_at + 256), mw = f16x16(sb + sc_at + 288);
+        const __m512 dw = f16x16(sb + 192), mw = f16x16(sb + 224);
         UNROLL for (int c = 0; c < nc; c++) {
             const __m512 dx = _mm512_set1_ps(a[c]->d);
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, dx), acc[c]);
@@ -432,22 +466,6 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
 }
 
 /* ---- Q6_K: per super-block (3392 bytes) 16 groups of (P0, P1, P2), sc, d ---- */
-
-/* the four chunks of values 16 gi.. of a super-block from its (P0, P1, P2)
- * at p (repack.h): u[t] = Pt & 0x3F for t < 3; u[3] gathers bits 6..7 of
- * P0, P1, P2 into its bits 0..1, 2..3, 4..5. Each 16-bit shift brings the
- * neighbouring byte's bits only into places the selects or the mask drop:
- * P2 is masked to its bits 6..7 before its shift. */
-LI_INLINE void q6_K_values(const uint8_t *p, __m512i u[4]) {
-    const __m512i m6 = _mm512_set1_epi8(0x3F);
-    const __m512i p0 = load64(p), p1 = load64(p + 64), p2 = load64(p + 128);
-    u[0] = _mm512_and_si512(p0, m6);
-    u[1] = _mm512_and_si512(p1, m6);
-    u[2] = _mm512_and_si512(p2, m6);
-    /* 0xE4: c ? a : b, bit by bit */
-    const __m512i lo = _mm512_ternarylogic_epi32(_mm512_srli_epi16(p0, 6), _mm512_srli_epi16(p1, 4), _mm512_set1_epi8(0x03), 0xE4);
-    u[3] = _mm512_ternarylogic_epi32(lo, _mm512_srli_epi16(_mm512_andnot_si512(m6, p2), 2), _mm512_set1_epi8(0x0F), 0xE4);
-}
 
 /* unpacked (a constant): the values from vals, as x16_unpack_q6_K left them */
 LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
@@ -477,7 +495,7 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
             if (unpacked)
                 UNROLL for (int t = 0; t < 4; t++) u[t] = load64(vals + q6_K_unpacked(s, gi) + 64 * t);
             else
-                q6_K_values(sb + 192 * gi, u);
+                six_bits(sb + 192 * gi, u);
             const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 3072 + 16 * gi)));
             UNROLL for (int c = 0; c < nc; c++) {
                 const int8_t *q = a[c]->qs + 16 * gi;
@@ -503,8 +521,8 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
     store_cols(y, ys, acc, nc, nr);
 }
 
-/* ---- IQ4_XS: per super-block (2240 bytes) 8 blocks of 4 chunks of level
- * indices, the blocks' signed scales (ls - 32), d. A level through the
+/* ---- IQ4_XS: per super-block (2176 bytes) the blocks' scales ls in 6 bits,
+ * d, then 8 blocks of 4 chunks of level indices. A level through the
  * table in every 128-bit lane (vpshufb), + 128 to be unsigned; the 128 comes
  * out as 128 * the block's sum. Against Q8_K a block's sum times its scale
  * (vpmulld) adds into the super-block's integer sum, and scalar_iq.c's one
@@ -527,6 +545,21 @@ LI_INLINE void iq4_xs_values(const uint8_t *p, __m512i lo[4], __m512i hi[4]) {
     }
 }
 
+/* the super-block's 128 block scales ls - 32 (8 blocks of 16 rows) as
+ * signed bytes, from the 96 bytes at p (repack.h): blocks 0..3's ls whole
+ * in bits 0..5 of the first chunk, bits 4..5 of blocks 4..7's in its bits
+ * 6..7, and their bits 0..3 in 32 bytes of nibbles (values 0..31 low, 32..63
+ * high) */
+LI_INLINE void iq4_xs_scales(const uint8_t *p, __m512i ls[2]) {
+    const __m512i p0 = load64(p), m4 = _mm512_set1_epi8(0x0F), b32 = _mm512_set1_epi8(32);
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(p + 64));
+    const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+    /* 0xEA: A & B | C: the nibbles, then bits 6..7 of the first chunk moved to 4..5 */
+    const __m512i hi = _mm512_ternarylogic_epi32(qq, m4, _mm512_and_si512(_mm512_srli_epi16(p0, 2), _mm512_set1_epi8(0x30)), 0xEA);
+    ls[0] = _mm512_sub_epi8(_mm512_and_si512(p0, _mm512_set1_epi8(0x3F)), b32);
+    ls[1] = _mm512_sub_epi8(hi, b32);
+}
+
 /* unpacked (a constant): the values from vals, as x16_unpack_iq4_xs left them */
 LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
                            const int32_t *terms, float *y, size_t ys, int nr) {
@@ -534,15 +567,18 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
-        const uint8_t *sb = g + (size_t)s * 2240;
-        ahead(sb, 2240, PREFETCH_AHEAD_K);
+        const uint8_t *sb = g + (size_t)s * 2176;
+        ahead(sb, 2176, PREFETCH_AHEAD_K);
         /* two ahead, one near, as k45_cols. One ahead against none: +4.4%
          * at 2 threads, +10.8% at 1 (fresh processes alternating); two
          * against one, in one process: 1 thread +3.1% (12/12), 2 threads
          * near -1.4% (14/36). Spread as k45_cols spreads them, a quarter
          * of the lines every 2 blocks: -0.9% at 1 thread (2/8), -2.1% at 2
          * (3/8), so all of them here */
-        if (nc == 1 && !unpacked) stream_l1_at(sb, 2240, (near ? 1 : 2) * 2240);
+        if (nc == 1 && !unpacked) stream_l1_at(sb, 2176, (near ? 1 : 2) * 2176);
+        scale_bytes lsb; /* ls - 32 [8 blocks][16]: unpacked, from vals */
+        if (!unpacked) iq4_xs_scales(sb, lsb.v);
+        const uint8_t *ls_at = unpacked ? vals + (size_t)nb * 4096 + 256 * (size_t)s : lsb.b;
         const act_q8_K *a[NC];
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) {
@@ -557,10 +593,9 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
                     hi[j] = load64(vals + iq4_xs_unpacked(s, b) + 256 + 64 * j);
                 }
             } else {
-                iq4_xs_values(sb + 256 * b, lo, hi);
+                iq4_xs_values(sb + 128 + 256 * b, lo, hi);
             }
-            const __m512i ls =
-                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(sb + 2048 + 16 * b)));
+            const __m512i ls = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(ls_at + 16 * b)));
             UNROLL for (int c = 0; c < nc; c++) {
                 const int8_t *q = a[c]->qs + 32 * b;
                 /* sum((level + 128) * a) - 128 * sum(a): the low values in a chain from
@@ -574,7 +609,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
                 isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(is, ls));
             }
         }
-        const __m512 d = f16x16(sb + 2176);
+        const __m512 d = f16x16(sb + 96);
         UNROLL for (int c = 0; c < nc; c++)
             acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, _mm512_set1_ps(a[c]->d)), acc[c]);
     }
@@ -625,11 +660,25 @@ X16_ENTRY(iq4_xs, IQ4_XS_CALL)
  * values unpacked once per group into 16 bytes per column (k = 2048, 512
  * rows). The unpacked values are the same bytes, so the sums are too. */
 
+/* where super-block s's scales go as bytes, after the values (repack.h) */
+LI_INLINE uint8_t *unpacked_scales(uint8_t *vals, int64_t k, int64_t s) { return vals + LI_X16_ROWS * (size_t)k + 256 * (size_t)s; }
+
+static void x16_unpack_q4_K(const void *group, int64_t k, uint8_t *vals) {
+    for (int64_t s = 0; s < k / QK_K; s++) {
+        __m512i u[4];
+        six_bits((const uint8_t *)group + (size_t)s * 2304, u);
+        UNROLL for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(unpacked_scales(vals, k, s) + 64 * t), u[t]);
+    }
+}
+
 static void x16_unpack_q5_K(const void *group, int64_t k, uint8_t *vals) {
     for (int64_t s = 0; s < k / QK_K; s++) {
-        const uint8_t *sb = (const uint8_t *)group + (size_t)s * 2880;
+        const uint8_t *sb = (const uint8_t *)group + (size_t)s * 2816;
+        __m512i u[4];
+        six_bits(sb, u);
+        UNROLL for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(unpacked_scales(vals, k, s) + 64 * t), u[t]);
         UNROLL for (int i = 0; i < 4; i++) {
-            const uint8_t *si = sb + 640 * i + 128;
+            const uint8_t *si = sb + 256 + 640 * i + 128;
             const __m512i h0 = load64(si - 128), h1 = load64(si - 64);
             UNROLL for (int j = 0; j < 8; j++) {
                 __m512i lo, hi;
@@ -646,7 +695,7 @@ static void x16_unpack_q6_K(const void *group, int64_t k, uint8_t *vals) {
         const uint8_t *sb = (const uint8_t *)group + (size_t)s * 3392;
         for (int gi = 0; gi < 16; gi++) {
             __m512i u[4];
-            q6_K_values(sb + 192 * gi, u);
+            six_bits(sb + 192 * gi, u);
             UNROLL for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(vals + q6_K_unpacked(s, gi) + 64 * t), u[t]);
         }
     }
@@ -654,10 +703,13 @@ static void x16_unpack_q6_K(const void *group, int64_t k, uint8_t *vals) {
 
 static void x16_unpack_iq4_xs(const void *group, int64_t k, uint8_t *vals) {
     for (int64_t s = 0; s < k / QK_K; s++) {
-        const uint8_t *sb = (const uint8_t *)group + (size_t)s * 2240;
+        const uint8_t *sb = (const uint8_t *)group + (size_t)s * 2176;
+        __m512i ls[2];
+        iq4_xs_scales(sb, ls);
+        UNROLL for (int t = 0; t < 2; t++) _mm512_storeu_si512((void *)(unpacked_scales(vals, k, s) + 64 * t), ls[t]);
         for (int b = 0; b < 8; b++) {
             __m512i lo[4], hi[4];
-            iq4_xs_values(sb + 256 * b, lo, hi);
+            iq4_xs_values(sb + 128 + 256 * b, lo, hi);
             UNROLL for (int j = 0; j < 4; j++) {
                 _mm512_storeu_si512((void *)(vals + iq4_xs_unpacked(s, b) + 64 * j), lo[j]);
                 _mm512_storeu_si512((void *)(vals + iq4_xs_unpacked(s, b) + 256 + 64 * j), hi[j]);
@@ -678,9 +730,11 @@ static void x16_unpack_iq4_xs(const void *group, int64_t k, uint8_t *vals) {
         default: call(4); break;                                                                                   \
         }                                                                                                          \
     }
+#define Q4_K_UCALL(n) k45_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr, 0)
 #define Q5_K_UCALL(n) k45_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr, 1)
 #define Q6_K_UCALL(n) q6_K_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr)
 #define IQ4_XS_UCALL(n) iq4_xs_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr)
+UNPACKED_ENTRY(q4_K, Q4_K_UCALL)
 UNPACKED_ENTRY(q5_K, Q5_K_UCALL)
 UNPACKED_ENTRY(q6_K, Q6_K_UCALL)
 UNPACKED_ENTRY(iq4_xs, IQ4_XS_UCALL)
@@ -764,6 +818,8 @@ void li_x16_fill_avx512(li_kernels *t) {
     t->x16[LI_TYPE_IQ4_XS] = x16_iq4_xs;
     accum_f16_avx2 = t->attn_accum_f16;
     t->attn_accum_f16 = attn_accum_f16_512;
+    t->x16_unpack[LI_TYPE_Q4_K] = x16_unpack_q4_K;
+    t->x16u[LI_TYPE_Q4_K] = x16u_q4_K;
     t->x16_unpack[LI_TYPE_Q5_K] = x16_unpack_q5_K;
     t->x16u[LI_TYPE_Q5_K] = x16u_q5_K;
     t->x16_unpack[LI_TYPE_Q6_K] = x16_unpack_q6_K;
