@@ -334,6 +334,10 @@ LI_INLINE void six_bits(const uint8_t *p, __m512i u[4]) {
     u[3] = _mm512_ternarylogic_epi32(lo, _mm512_srli_epi16(_mm512_andnot_si512(m6, p2), 2), _mm512_set1_epi8(0x0F), 0xE4);
 }
 
+/* where super-block s of a group of k values keeps its scales as bytes in
+ * the unpacked layout, after the values (repack.h) */
+LI_INLINE size_t unpacked_scales(int64_t k, int64_t s) { return LI_X16_ROWS * (size_t)k + 256 * (size_t)s; }
+
 /* a super-block's scales as bytes, from the 6-bit form it is stored in, for
  * the kernels' byte loads (a union, so the bytes sit 64-byte aligned) */
 typedef union {
@@ -386,7 +390,7 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
          * alternating blocks of 48 tokens). */
         scale_bytes own;
         if (!unpacked) six_bits(sb, own.v);
-        const uint8_t *scm = unpacked ? vals + (size_t)nb * 4096 + 256 * (size_t)s : own.b;
+        const uint8_t *scm = unpacked ? vals + unpacked_scales(nb * QK_K, s) : own.b;
         ahead(sb, sb_bytes, PREFETCH_AHEAD_K);
         /* the super-block two on into L1 (in the group, or in the group a
          * share reads next), or the next one while the team's two threads
@@ -578,7 +582,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
         if (nc == 1 && !unpacked) stream_l1_at(sb, 2176, (near ? 1 : 2) * 2176);
         scale_bytes lsb; /* ls - 32 [8 blocks][16]: unpacked, from vals */
         if (!unpacked) iq4_xs_scales(sb, lsb.v);
-        const uint8_t *ls_at = unpacked ? vals + (size_t)nb * 4096 + 256 * (size_t)s : lsb.b;
+        const uint8_t *ls_at = unpacked ? vals + unpacked_scales(nb * QK_K, s) : lsb.b;
         const act_q8_K *a[NC];
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) {
@@ -660,14 +664,11 @@ X16_ENTRY(iq4_xs, IQ4_XS_CALL)
  * values unpacked once per group into 16 bytes per column (k = 2048, 512
  * rows). The unpacked values are the same bytes, so the sums are too. */
 
-/* where super-block s's scales go as bytes, after the values (repack.h) */
-LI_INLINE uint8_t *unpacked_scales(uint8_t *vals, int64_t k, int64_t s) { return vals + LI_X16_ROWS * (size_t)k + 256 * (size_t)s; }
-
 static void x16_unpack_q4_K(const void *group, int64_t k, uint8_t *vals) {
     for (int64_t s = 0; s < k / QK_K; s++) {
         __m512i u[4];
         six_bits((const uint8_t *)group + (size_t)s * 2304, u);
-        UNROLL for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(unpacked_scales(vals, k, s) + 64 * t), u[t]);
+        UNROLL for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(vals + unpacked_scales(k, s) + 64 * t), u[t]);
     }
 }
 
@@ -676,7 +677,7 @@ static void x16_unpack_q5_K(const void *group, int64_t k, uint8_t *vals) {
         const uint8_t *sb = (const uint8_t *)group + (size_t)s * 2816;
         __m512i u[4];
         six_bits(sb, u);
-        UNROLL for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(unpacked_scales(vals, k, s) + 64 * t), u[t]);
+        UNROLL for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(vals + unpacked_scales(k, s) + 64 * t), u[t]);
         UNROLL for (int i = 0; i < 4; i++) {
             const uint8_t *si = sb + 256 + 640 * i + 128;
             const __m512i h0 = load64(si - 128), h1 = load64(si - 64);
@@ -706,7 +707,7 @@ static void x16_unpack_iq4_xs(const void *group, int64_t k, uint8_t *vals) {
         const uint8_t *sb = (const uint8_t *)group + (size_t)s * 2176;
         __m512i ls[2];
         iq4_xs_scales(sb, ls);
-        UNROLL for (int t = 0; t < 2; t++) _mm512_storeu_si512((void *)(unpacked_scales(vals, k, s) + 64 * t), ls[t]);
+        UNROLL for (int t = 0; t < 2; t++) _mm512_storeu_si512((void *)(vals + unpacked_scales(k, s) + 64 * t), ls[t]);
         for (int b = 0; b < 8; b++) {
             __m512i lo[4], hi[4];
             iq4_xs_values(sb + 128 + 256 * b, lo, hi);
