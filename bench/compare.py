@@ -30,7 +30,8 @@ as a fraction of the read bandwidth measured just before and just after that
 run (bench_read at the run's thread count; median over the runs whose two
 probes agree: within 15% of each other, and the team barrier's cost on the
 same side of --far-ns, which tells whether the host moved the CPUs during the
-run; a run whose probes disagree is run again, up to --retries times); and
+run; a run whose probes disagree is run again, up to --retries times; then
+the same median for each placement the runs found, near and far); and
 the load + first-token time of a fresh process on the first 1B file:
 
     python bench/compare.py --llama-bench /path/to/llama.cpp/build/bin -r 3
@@ -300,6 +301,26 @@ def bench_child(cmd, env=None):
     return out, usage.ru_maxrss / 1024  # KiB on Linux
 
 
+def of_probe_summary(brackets):
+    """(fraction, by_host) from each engine's brackets (probe_bracket's):
+    the median fraction of the probe over the runs whose brackets agree, and
+    the same for each placement those runs found ("near", "far"), with how
+    many runs each median is over. The two placements read at different
+    rates, and a model's fixed costs per token weigh more the faster its
+    weights are read, so one median over both says little about either."""
+    frac = {}
+    for w, bs in brackets.items():
+        v = [b["of_probe"] for b in bs if b["agree"]]
+        frac[w] = statistics.median(v) if v else None
+    by_host = {}
+    for h in ("near", "far"):
+        v = {w: [b["of_probe"] for b in bs if b["agree"] and b["host"] == h] for w, bs in brackets.items()}
+        if any(v.values()):
+            by_host[h] = {w: statistics.median(x) if x else None for w, x in v.items()}
+            by_host[h]["runs"] = {w: len(x) for w, x in v.items()}
+    return frac, by_host
+
+
 def fmt(v, spec):
     """v formatted, or "-" for a test left out"""
     return "-" if v is None else format(v, spec)
@@ -377,7 +398,7 @@ def llama_bench_mode(a):
     # fraction of the probe.
     probe = ProbeProcess(env) if a.n_gen > 0 else None
     print(f"| model | threads | pp{a.n_prompt} ours | pp{a.n_prompt} llama.cpp | pp x | tg{a.n_gen} ours | "
-          f"tg{a.n_gen} llama.cpp | tg x | tg bytes/s of read probe, ours / llama.cpp | "
+          f"tg{a.n_gen} llama.cpp | tg x | tg bytes/s of read probe, ours / llama.cpp (all runs; by placement) | "
           f"peak RSS MB ours / llama.cpp |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for path in models:
@@ -406,21 +427,23 @@ def llama_bench_mode(a):
             med = {w: {k: statistics.median(x[k] for x in rs) if k in tests else None for k in ("pp", "tg")}
                    for w, rs in runs.items()}
             ratio = {k: med["ours"][k] / med["peer"][k] if k in tests else None for k in ("pp", "tg")}
-            agreeing = {w: [b["of_probe"] for b in bs if b["agree"]] for w, bs in brackets.items()}
-            frac = {w: statistics.median(v) if v else None for w, v in agreeing.items()}
+            frac, by_host = of_probe_summary(brackets)
             probes = [g for bs in brackets.values() for b in bs for g in b["gbs"]]
             hosts = collections.Counter(b["host"] for bs in brackets.values() for b in bs)
             row = {"model": os.path.basename(path), "threads": t, "ours": med["ours"], "peer": med["peer"],
                    "pp_ratio": ratio["pp"], "tg_ratio": ratio["tg"],
                    "rss_mb_ours": max(rss["ours"]), "rss_mb_peer": max(rss["peer"]),
                    "tg_bytes_per_token": per_token or None, "tg_of_probe_ours": frac["ours"],
-                   "tg_of_probe_peer": frac["peer"], "probe_gbs": [round(b, 1) for b in probes],
+                   "tg_of_probe_peer": frac["peer"], "tg_of_probe_by_host": by_host,
+                   "probe_gbs": [round(b, 1) for b in probes],
                    "brackets": brackets}
             rows.append(row)
             probe_range = ""
             if probes:
                 host = ", ".join(f"{n} {h}" for h, n in sorted(hosts.items()))
-                probe_range = f" ({min(probes):.0f}-{max(probes):.0f} GB/s; runs: {host})"
+                places = "".join(f"; {h} {fmt(f['ours'], '.2f')} / {fmt(f['peer'], '.2f')} "
+                                 f"({f['runs']['ours']} / {f['runs']['peer']})" for h, f in by_host.items())
+                probe_range = f" ({min(probes):.0f}-{max(probes):.0f} GB/s; runs of both: {host}{places})"
             print(f"| {row['model']} | {t} | {fmt(med['ours']['pp'], '.1f')} | {fmt(med['peer']['pp'], '.1f')} | "
                   f"{fmt(ratio['pp'], '.2f')} | {fmt(med['ours']['tg'], '.1f')} | {fmt(med['peer']['tg'], '.1f')} | "
                   f"{fmt(ratio['tg'], '.2f')} | {fmt(frac['ours'], '.2f')} / {fmt(frac['peer'], '.2f')}{probe_range} | "

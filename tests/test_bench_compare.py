@@ -75,6 +75,28 @@ def test_bracket_counts_only_runs_the_host_kept_still(compare):
     assert b["host"] == "near" and not b["agree"]  # 25% apart
 
 
+def test_fraction_of_the_probe_by_placement(compare):
+    """The table's fraction of the probe: a median over each engine's
+    agreeing runs, and one per placement those runs found; a run whose
+    probes disagree counts in neither."""
+    per_token = 10**9 * 0.7
+    near = [compare.probe_bracket((40.0, 70.0), (40.0, 70.0), {"tg": tg}, per_token, 200) for tg in (50.0, 56.0, 53.0)]
+    far = [compare.probe_bracket((70.0, 300.0), (70.0, 300.0), {"tg": 80.0}, per_token, 200)]
+    moved = [compare.probe_bracket((40.0, 70.0), (70.0, 300.0), {"tg": 90.0}, per_token, 200)]
+    frac, by_host = compare.of_probe_summary({"ours": near + far + moved, "peer": near[:1]})
+    # the median of the 4 agreeing fractions: 0.875, 0.98, 0.9275 near, 0.8 far
+    assert frac["ours"] == pytest.approx((50 + 53) / 2 * 0.7 / 40)
+    assert frac["peer"] == pytest.approx(50 * 0.7 / 40)
+    assert by_host["near"]["ours"] == pytest.approx(53 * 0.7 / 40)
+    assert by_host["far"]["ours"] == pytest.approx(80 * 0.7 / 70)
+    assert by_host["far"]["peer"] is None
+    assert by_host["near"]["runs"] == {"ours": 3, "peer": 1}
+    assert by_host["far"]["runs"] == {"ours": 1, "peer": 0}
+    assert "moved" not in by_host
+    frac, by_host = compare.of_probe_summary({"ours": moved, "peer": []})
+    assert frac == {"ours": None, "peer": None} and by_host == {}
+
+
 def test_team_barrier_timing_helper():
     """bench_sync (the host-placement probe): a time per pass for a team of
     one and of two, and a clear error for a team of none."""
