@@ -24,10 +24,6 @@
 
 #define G LI_X16_ROWS
 #define PACK_CHUNK 64 /* groups packed before their rows' pages go back */
-#define Q4_K_SB 2304 /* 192 sc and mn + 32 d + 32 dmin, then 2048 values: the file's 144 bytes x 16 */
-#define Q5_K_SB 2816 /* Q4_K's scales, then its 2048 nibbles + 512 fifth bits: 176 x 16 */
-#define Q6_K_SB 3392 /* 3072 values + 256 sc + 32 d + 32 padding */
-#define IQ4_XS_SB 2176 /* 96 scales + 32 d, then 2048 indices: the file's 136 bytes x 16 */
 
 static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
 
@@ -38,10 +34,10 @@ size_t li_x16_group_bytes(int type, int64_t k) {
     case LI_TYPE_Q5_0: return round64((size_t)(k / 32) * (320 + 32));
     case LI_TYPE_Q5_1: return round64((size_t)(k / 32) * (320 + 64));
     case LI_TYPE_Q8_0: return round64((size_t)(k / 32) * (512 + 32));
-    case LI_TYPE_Q4_K: return (size_t)(k / QK_K) * Q4_K_SB;
-    case LI_TYPE_Q5_K: return (size_t)(k / QK_K) * Q5_K_SB;
-    case LI_TYPE_Q6_K: return (size_t)(k / QK_K) * Q6_K_SB;
-    case LI_TYPE_IQ4_XS: return (size_t)(k / QK_K) * IQ4_XS_SB;
+    case LI_TYPE_Q4_K: return (size_t)(k / QK_K) * LI_X16_SB_Q4_K;
+    case LI_TYPE_Q5_K: return (size_t)(k / QK_K) * LI_X16_SB_Q5_K;
+    case LI_TYPE_Q6_K: return (size_t)(k / QK_K) * LI_X16_SB_Q6_K;
+    case LI_TYPE_IQ4_XS: return (size_t)(k / QK_K) * LI_X16_SB_IQ4_XS;
     default: return 0;
     }
 }
@@ -159,7 +155,7 @@ static void put_k_scales(uint8_t *t, int r, const uint8_t scales[12], uint16_t d
 static void pack_q4_K(const char *row, int r, int64_t nb, uint8_t *g) {
     for (int64_t s = 0; s < nb; s++) {
         const block_q4_K *x = (const block_q4_K *)(const void *)row + s;
-        uint8_t *sb = g + (size_t)s * Q4_K_SB;
+        uint8_t *sb = g + (size_t)s * LI_X16_SB_Q4_K;
         /* byte 32i + t of qs holds v[64i + t] low and v[64i + 32 + t] high: chunk 8i + j's lane as it is */
         put_k_scales(sb, r, x->scales, x->d, x->dmin);
         for (int c = 0; c < 32; c++) memcpy(sb + 256 + 64 * c + 4 * r, x->qs + 4 * c, 4);
@@ -172,7 +168,7 @@ static void pack_q4_K(const char *row, int r, int64_t nb, uint8_t *g) {
 static void pack_q5_K(const char *row, int r, int64_t nb, uint8_t *g) {
     for (int64_t s = 0; s < nb; s++) {
         const block_q5_K *x = (const block_q5_K *)(const void *)row + s;
-        uint8_t *sb = g + (size_t)s * Q5_K_SB;
+        uint8_t *sb = g + (size_t)s * LI_X16_SB_Q5_K;
         put_k_scales(sb, r, x->scales, x->d, x->dmin);
         uint8_t *v = sb + 256; /* the pairs */
         for (int c = 0; c < 32; c++) memcpy(v + 640 * (c / 8) + 128 + 64 * (c % 8) + 4 * r, x->qs + 4 * c, 4);
@@ -189,7 +185,7 @@ static void pack_q6_K(const char *row, int r, int64_t nb, uint8_t *g) {
     uint8_t u[QK_K]; /* q + 32, 0..63: unpack.h's unpack_q6_K in loops the compiler vectorizes */
     for (int64_t s = 0; s < nb; s++) {
         const block_q6_K *x = (const block_q6_K *)(const void *)row + s;
-        uint8_t *sb = g + (size_t)s * Q6_K_SB;
+        uint8_t *sb = g + (size_t)s * LI_X16_SB_Q6_K;
         for (int hh = 0; hh < 2; hh++) {
             const uint8_t *ql = x->ql + 64 * hh, *qh = x->qh + 32 * hh;
             uint8_t *o = u + 128 * hh;
@@ -231,7 +227,7 @@ static void put_iq4_xs_scale(uint8_t *p, int i, unsigned v) {
 static void pack_iq4_xs(const char *row, int r, int64_t nb, uint8_t *g) {
     for (int64_t s = 0; s < nb; s++) {
         const block_iq4_xs *x = (const block_iq4_xs *)(const void *)row + s;
-        uint8_t *sb = g + (size_t)s * IQ4_XS_SB;
+        uint8_t *sb = g + (size_t)s * LI_X16_SB_IQ4_XS;
         for (int b = 0; b < 8; b++) {
             /* a block's 16 bytes hold index i in the low nibble and i + 16 in the high, as Q4_0 */
             put_nibbles16(sb + 128 + 256 * b, r, x->qs + 16 * b);

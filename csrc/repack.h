@@ -79,6 +79,11 @@ struct li_matrix;     /* llminfer.h */
 struct li_model_desc; /* llminfer.h */
 
 #define LI_X16_ROWS 16
+/* a group's super-block, as laid out above: the repacking writes it, the kernels read it */
+#define LI_X16_SB_Q4_K 2304  /* 192 sc and mn + 32 d + 32 dmin, then 2048 values: the file's 144 bytes x 16 */
+#define LI_X16_SB_Q5_K 2816  /* Q4_K's scales, then its 2048 nibbles + 512 fifth bits: 176 x 16 */
+#define LI_X16_SB_Q6_K 3392  /* 3072 values + 256 sc + 32 d + 32 padding */
+#define LI_X16_SB_IQ4_XS 2176 /* 96 scales + 32 d, then 2048 indices: the file's 136 bytes x 16 */
 /* most activation rows one kernel call takes */
 #define LI_X16_NC 4
 /* the least groups a thread takes of its own share at a time in decode,

@@ -375,7 +375,7 @@ LI_INLINE void q5_K_values(const uint8_t *si, const __m512i h0, const __m512i h1
  * 1-thread pp512 of the 1B Q5_K_M +1.6%, IQ4_XS and Q6_K +1.5-1.8%. */
 LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
                         const int32_t *terms, float *y, size_t ys, int nr, const int five) {
-    const int sb_bytes = five ? 2816 : 2304; /* sc and mn 192, d and dmin 64, then the values */
+    const int sb_bytes = five ? LI_X16_SB_Q5_K : LI_X16_SB_Q4_K; /* sc and mn 192, d and dmin 64, then the values */
     const int near = li_x16_near;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[NC];
@@ -478,8 +478,8 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
-        const uint8_t *sb = g + (size_t)s * 3392;
-        ahead(sb, 3392, PREFETCH_AHEAD_K);
+        const uint8_t *sb = g + (size_t)s * LI_X16_SB_Q6_K;
+        ahead(sb, LI_X16_SB_Q6_K, PREFETCH_AHEAD_K);
         /* one and a half super-blocks ahead (k45_cols's lead in bytes), half
          * of one near (li_x16_near), in one process alternating blocks of
          * 64 tokens, 1 thread: +3.6% against half a super-block (11/12),
@@ -494,7 +494,7 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         for (int gi = 0; gi < 16; gi++) {
-            if (nc == 1 && !unpacked && (gi & 3) == 0) stream_l1_at(sb + 3392 / 4 * (gi >> 2), 3392 / 4, l1_lead);
+            if (nc == 1 && !unpacked && (gi & 3) == 0) stream_l1_at(sb + LI_X16_SB_Q6_K / 4 * (gi >> 2), LI_X16_SB_Q6_K / 4, l1_lead);
             __m512i u[4];
             if (unpacked)
                 UNROLL for (int t = 0; t < 4; t++) u[t] = load64(vals + q6_K_unpacked(s, gi) + 64 * t);
@@ -571,15 +571,15 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
-        const uint8_t *sb = g + (size_t)s * 2176;
-        ahead(sb, 2176, PREFETCH_AHEAD_K);
+        const uint8_t *sb = g + (size_t)s * LI_X16_SB_IQ4_XS;
+        ahead(sb, LI_X16_SB_IQ4_XS, PREFETCH_AHEAD_K);
         /* two ahead, one near, as k45_cols. One ahead against none: +4.4%
          * at 2 threads, +10.8% at 1 (fresh processes alternating); two
          * against one, in one process: 1 thread +3.1% (12/12), 2 threads
          * near -1.4% (14/36). Spread as k45_cols spreads them, a quarter
          * of the lines every 2 blocks: -0.9% at 1 thread (2/8), -2.1% at 2
          * (3/8), so all of them here */
-        if (nc == 1 && !unpacked) stream_l1_at(sb, 2176, (near ? 1 : 2) * 2176);
+        if (nc == 1 && !unpacked) stream_l1_at(sb, LI_X16_SB_IQ4_XS, (near ? 1 : 2) * LI_X16_SB_IQ4_XS);
         scale_bytes lsb; /* ls - 32 [8 blocks][16]: unpacked, from vals */
         if (!unpacked) iq4_xs_scales(sb, lsb.v);
         const uint8_t *ls_at = unpacked ? vals + unpacked_scales(nb * QK_K, s) : lsb.b;
@@ -664,20 +664,25 @@ X16_ENTRY(iq4_xs, IQ4_XS_CALL)
  * values unpacked once per group into 16 bytes per column (k = 2048, 512
  * rows). The unpacked values are the same bytes, so the sums are too. */
 
+/* super-block s's scales, nv vectors of bytes, where the unpacked layout keeps them */
+LI_INLINE void put_scale_bytes(uint8_t *vals, int64_t k, int64_t s, const __m512i *v, const int nv) {
+    UNROLL for (int t = 0; t < nv; t++) _mm512_storeu_si512((void *)(vals + unpacked_scales(k, s) + 64 * t), v[t]);
+}
+
 static void x16_unpack_q4_K(const void *group, int64_t k, uint8_t *vals) {
     for (int64_t s = 0; s < k / QK_K; s++) {
         __m512i u[4];
-        six_bits((const uint8_t *)group + (size_t)s * 2304, u);
-        UNROLL for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(vals + unpacked_scales(k, s) + 64 * t), u[t]);
+        six_bits((const uint8_t *)group + (size_t)s * LI_X16_SB_Q4_K, u);
+        put_scale_bytes(vals, k, s, u, 4);
     }
 }
 
 static void x16_unpack_q5_K(const void *group, int64_t k, uint8_t *vals) {
     for (int64_t s = 0; s < k / QK_K; s++) {
-        const uint8_t *sb = (const uint8_t *)group + (size_t)s * 2816;
+        const uint8_t *sb = (const uint8_t *)group + (size_t)s * LI_X16_SB_Q5_K;
         __m512i u[4];
         six_bits(sb, u);
-        UNROLL for (int t = 0; t < 4; t++) _mm512_storeu_si512((void *)(vals + unpacked_scales(k, s) + 64 * t), u[t]);
+        put_scale_bytes(vals, k, s, u, 4);
         UNROLL for (int i = 0; i < 4; i++) {
             const uint8_t *si = sb + 256 + 640 * i + 128;
             const __m512i h0 = load64(si - 128), h1 = load64(si - 64);
@@ -693,7 +698,7 @@ static void x16_unpack_q5_K(const void *group, int64_t k, uint8_t *vals) {
 
 static void x16_unpack_q6_K(const void *group, int64_t k, uint8_t *vals) {
     for (int64_t s = 0; s < k / QK_K; s++) {
-        const uint8_t *sb = (const uint8_t *)group + (size_t)s * 3392;
+        const uint8_t *sb = (const uint8_t *)group + (size_t)s * LI_X16_SB_Q6_K;
         for (int gi = 0; gi < 16; gi++) {
             __m512i u[4];
             six_bits(sb + 192 * gi, u);
@@ -704,10 +709,10 @@ static void x16_unpack_q6_K(const void *group, int64_t k, uint8_t *vals) {
 
 static void x16_unpack_iq4_xs(const void *group, int64_t k, uint8_t *vals) {
     for (int64_t s = 0; s < k / QK_K; s++) {
-        const uint8_t *sb = (const uint8_t *)group + (size_t)s * 2176;
+        const uint8_t *sb = (const uint8_t *)group + (size_t)s * LI_X16_SB_IQ4_XS;
         __m512i ls[2];
         iq4_xs_scales(sb, ls);
-        UNROLL for (int t = 0; t < 2; t++) _mm512_storeu_si512((void *)(vals + unpacked_scales(k, s) + 64 * t), ls[t]);
+        put_scale_bytes(vals, k, s, ls, 2);
         for (int b = 0; b < 8; b++) {
             __m512i lo[4], hi[4];
             iq4_xs_values(sb + 128 + 256 * b, lo, hi);
