@@ -217,3 +217,82 @@ def test_queue_autoscaling_policy_follows_the_servers_queue():
     assert rs.queue_autoscaling_policy(ctx([8, 8], [0, 0]))[0] == 2     # 16 held at 8 a replica
     assert rs.queue_autoscaling_policy(ctx([8, 8], [9, 0]))[0] == 4     # 25 held: 4
     assert rs.queue_autoscaling_policy(ctx([64, 64], [64, 0]))[0] == 4  # capped at the maximum
+
+
+# ---- the Ingress's failover, replicas lost at chosen points ----
+
+class _ScriptedHandle:
+    """Stands in for the LLMServer deployment handle in front of the Ingress's
+    app: call i's replica yields scripts[i] (a head dict, then body bytes), and
+    raises an exception found there, as a lost replica's stream raises Ray's."""
+
+    def __init__(self, scripts):
+        self.scripts, self.calls = list(scripts), 0
+
+    def options(self, **kwargs):
+        return self
+
+    @property
+    def handle_http(self):
+        return self
+
+    def remote(self, req):
+        script = self.scripts[self.calls]
+        self.calls += 1
+
+        async def stream():
+            for part in script:
+                if isinstance(part, BaseException):
+                    raise part
+                yield part
+        return stream()
+
+
+def _through_ingress(scripts):
+    import asyncio
+
+    import httpx
+
+    handle = _ScriptedHandle(scripts)
+    app = rs.build_ingress_app(handle, retries=2)
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as client:
+            return await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    return asyncio.run(go()), handle.calls
+
+
+def _json_head(body):
+    return {"status": 200, "headers": [("content-type", "application/json"), ("content-length", str(len(body)))]}
+
+
+def test_ingress_fails_over_until_an_answer_is_whole():
+    lost = ray.exceptions.ActorDiedError
+    answer = b'{"choices": [{"message": {"content": "Paris"}}]}'
+    # the whole answer, then the replica lost before its stream's end: the answer stands
+    r, calls = _through_ingress([[_json_head(answer), answer, lost()]])
+    assert (r.status_code, r.content, calls) == (200, answer, 1)
+    assert r.headers[rs.FAILOVER_HEADER] == "0"
+    # lost halfway through the body: nothing went out, the next replica answers
+    r, calls = _through_ingress([[_json_head(answer), answer[:10], lost()], [_json_head(answer), answer]])
+    assert (r.status_code, r.content, calls) == (200, answer, 2)
+    assert r.headers[rs.FAILOVER_HEADER] == "1"
+    # every replica lost before answering: 503, retryable
+    r, calls = _through_ingress([[lost()]] * 3)
+    assert (r.status_code, calls) == (503, 3)
+    assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "replica_unavailable"
+
+
+def test_ingress_ends_a_stream_whose_replica_is_lost_with_an_error_event():
+    lost = ray.exceptions.ActorDiedError
+    head = {"status": 200, "headers": [("content-type", "text/event-stream")]}
+    event = b'data: {"choices": [{"delta": {"content": "Pa"}}]}\n\n'
+    r, calls = _through_ingress([[head, event, event, lost()]])
+    assert (r.status_code, calls) == (200, 1)
+    events = [e for e in r.content.split(b"\n\n") if e]
+    assert events[:2] == [event.strip()] * 2
+    assert b'"replica_lost"' in events[2] and len(events) == 3
+    # lost before its first event: failed over
+    r, calls = _through_ingress([[head, lost()], [head, event]])
+    assert (r.status_code, r.content, calls) == (200, event, 2)

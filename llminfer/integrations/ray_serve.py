@@ -26,9 +26,10 @@ Two deployments make one application:
   replicas' queue lengths as the tie-breaker and the bound on imbalance.
 
 Faults: a replica that dies is restarted by Ray. A request it held fails
-over to another replica when nothing of its answer has reached the client
-(the whole of a non-streamed answer, or a stream before its first byte);
-a stream already under way ends with an OpenAI-shaped error event whose code
+over to another replica when nothing of its answer has reached the client:
+the Ingress holds a non-streamed answer until it is whole (so it fails over
+wherever its replica is lost, and the client never gets half a document), and
+a stream fails over before its first event. A stream already under way ends with an OpenAI-shaped error event whose code
 is ``replica_lost`` (retryable), and a request no replica can take gets 503
 with ``Retry-After``. No request is left without an answer.
 
@@ -401,6 +402,16 @@ def build_ingress_app(server, retries: int = 2):
 
     stream_handle = server.options(stream=True)
 
+    def is_sse(head) -> bool:
+        return any(k.lower() == "content-type" and v.startswith("text/event-stream") for k, v in head["headers"])
+
+    def complete(head, body: bytes) -> bool:
+        """Whether body is all of the answer its head announced (content-length)."""
+        for k, v in head["headers"]:
+            if k.lower() == "content-length":
+                return v.strip().isdigit() and int(v) == len(body)
+        return False
+
     async def forward(request):
         body = await request.body()
         path = request.url.path
@@ -410,25 +421,43 @@ def build_ingress_app(server, retries: int = 2):
         last = None
         for attempt in range(retries + 1):
             gen = stream_handle.handle_http.remote(req)
+            head, chunks = None, []
             try:
                 head = await gen.__anext__()
-                first = await gen.__anext__()  # failover stays possible until a byte is out
+                if is_sse(head):
+                    try:
+                        chunks.append(await gen.__anext__())  # failover stays possible until a byte is out
+                    except StopAsyncIteration:
+                        pass
+                else:
+                    # a whole answer (JSON, an error) is held until its end:
+                    # a replica lost anywhere before that fails over, and
+                    # the client never sees half a document
+                    async for chunk in gen:
+                        chunks.append(chunk)
             except StopAsyncIteration:
-                first = b""
+                pass
             except _lost_errors() as exc:
-                last = exc
-                logger.warning("replica lost before answering (attempt %d): %s", attempt + 1, exc)
-                await asyncio.sleep(0.2 * (attempt + 1))
-                continue
+                if head is None or is_sse(head) or not complete(head, b"".join(chunks)):
+                    last = exc
+                    logger.warning("replica lost before answering (attempt %d): %s", attempt + 1, exc)
+                    await asyncio.sleep(0.2 * (attempt + 1))
+                    continue
+                # the answer arrived whole, only the stream's end was lost
             headers = dict(head["headers"])
             headers[FAILOVER_HEADER] = str(attempt)
-            return StreamingResponse(_rest(gen, first, head), status_code=head["status"], headers=headers)
+            if not is_sse(head):
+                headers.pop("content-length", None)  # Response sets it from the body
+                return Response(b"".join(chunks), status_code=head["status"], headers=headers)
+            return StreamingResponse(_rest(gen, chunks[0] if chunks else b""), status_code=head["status"],
+                                     headers=headers)
         return Response(_openai_error(f"no llminfer replica could take the request ({type(last).__name__}); "
                                       f"retry", "replica_unavailable", 503),
                         status_code=503, media_type="application/json", headers={"Retry-After": "1"})
 
-    async def _rest(gen, first, head):
-        sse = any(k.lower() == "content-type" and v.startswith("text/event-stream") for k, v in head["headers"])
+    async def _rest(gen, first):
+        """The rest of an event stream; a replica lost mid-stream ends it with
+        an OpenAI-shaped error event (the client has the events before it)."""
         if first:
             yield first
         try:
@@ -436,13 +465,8 @@ def build_ingress_app(server, retries: int = 2):
                 yield chunk
         except _lost_errors() as exc:
             logger.warning("replica lost mid-stream: %s", exc)
-            if sse:
-                yield b"data: " + _openai_error("the llminfer replica serving this stream was lost; the answer "
-                                                "is incomplete: retry the request", "replica_lost", 503) + b"\n\n"
-            # a non-SSE body cut short ends the connection early: the client
-            # sees an incomplete response, never a silently complete one
-            else:
-                raise
+            yield b"data: " + _openai_error("the llminfer replica serving this stream was lost; the answer "
+                                            "is incomplete: retry the request", "replica_lost", 503) + b"\n\n"
 
     methods = ["GET", "POST", "PUT", "DELETE", "OPTIONS"]
     return Starlette(routes=[Route("/{path:path}", forward, methods=methods)])
