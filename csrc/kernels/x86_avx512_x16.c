@@ -127,6 +127,21 @@ LI_INLINE void stream_l1_at(const uint8_t *p, int bytes, int lead) {
  * on one core's hyperthreads as well as apart. */
 LI_INLINE void stream_hint(const uint8_t *p, int bytes) { ahead(p, bytes, PREFETCH_AHEAD); }
 
+/* Whether a kernel hints its stream into L2 (ahead, stream_hint). In decode
+ * (one activation column) the L1 hints (stream_l1_at) lead the loads by a
+ * few KiB, and the L2 hints on top now cost more than they bring, except
+ * while the team's two threads share a core (li_x16_near), where each reads
+ * at half the pace. Without them in decode, in one process alternating
+ * blocks of 48 tokens with and without (pairs faster / all): 1 thread, the
+ * 1B Q4_K_M +3.3% (6/6), Q6_K +4.0% (6/6), IQ4_XS +3.0% (6/6), SmolLM2's
+ * Q4_1 +2.6% (5/6), Q4_0 even; 2 threads on cores apart, Q4_K_M +5.0%
+ * (6/6), Q6_K +3.6% (5/5), Q5_K_M +2.1% (8/10), IQ4_XS +3.6% (13/14), Q4_0
+ * +2.6% (7/8); near, Q6_K -4.4% (2/5) and Q4_0 -2.8% (2/8), so they stay
+ * there. Q8_0 lost without them everywhere (-1.4% at 1 thread, -1.7%
+ * apart, -2.5% near), as did Gemma 3 at 1 thread (its layers' Q5_0), so
+ * those keep them, and so does a prompt (several columns, no L1 hints). */
+LI_INLINE int l2_hints(int nc, int near) { return nc > 1 || near; }
+
 #define L1_LEAD_32 4096
 
 LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
@@ -240,11 +255,12 @@ LI_INLINE void store_cols(float *y, size_t ys, const __m512 acc[NC], const int n
 LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
                          float *y, size_t ys, int nr, const int bits) {
     const size_t bb = bits == 5 ? 320 : 256, stride = bb + 32; /* a block's values, then its scales */
+    const int l2 = bits == 5 || l2_hints(nc, li_x16_near);
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb;
-        stream_hint(qs, (int)stride);
+        if (l2) stream_hint(qs, (int)stride);
         if (nc == 1) stream_l1_at(qs, (int)stride, L1_LEAD_32);
         __m512i lo[4], hi[4];
         values16(qs, lo, hi, bits);
@@ -265,11 +281,12 @@ LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
 LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, float *y, size_t ys,
                          int nr, const int bits) {
     const size_t bb = bits == 5 ? 320 : 256, stride = bb + 64; /* values, scales, mins */
+    const int l2 = bits == 5 || l2_hints(nc, li_x16_near);
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb, *mm = dd + 32;
-        stream_hint(qs, (int)stride);
+        if (l2) stream_hint(qs, (int)stride);
         if (nc == 1) stream_l1_at(qs, (int)stride, L1_LEAD_32);
         __m512i lo[4], hi[4];
         values16(qs, lo, hi, bits);
@@ -391,7 +408,7 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
         scale_bytes own;
         if (!unpacked) six_bits(sb, own.v);
         const uint8_t *scm = unpacked ? vals + unpacked_scales(nb * QK_K, s) : own.b;
-        ahead(sb, sb_bytes, PREFETCH_AHEAD_K);
+        if (unpacked || l2_hints(nc, near)) ahead(sb, sb_bytes, PREFETCH_AHEAD_K);
         /* the super-block two on into L1 (in the group, or in the group a
          * share reads next), or the next one while the team's two threads
          * share a core (li_x16_near). Hinted at the one about to be read,
@@ -479,7 +496,7 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * LI_X16_SB_Q6_K;
-        ahead(sb, LI_X16_SB_Q6_K, PREFETCH_AHEAD_K);
+        if (unpacked || l2_hints(nc, near)) ahead(sb, LI_X16_SB_Q6_K, PREFETCH_AHEAD_K);
         /* one and a half super-blocks ahead (k45_cols's lead in bytes), half
          * of one near (li_x16_near), in one process alternating blocks of
          * 64 tokens, 1 thread: +3.6% against half a super-block (11/12),
@@ -572,7 +589,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * LI_X16_SB_IQ4_XS;
-        ahead(sb, LI_X16_SB_IQ4_XS, PREFETCH_AHEAD_K);
+        if (unpacked || l2_hints(nc, near)) ahead(sb, LI_X16_SB_IQ4_XS, PREFETCH_AHEAD_K);
         /* two ahead, one near, as k45_cols. One ahead against none: +4.4%
          * at 2 threads, +10.8% at 1 (fresh processes alternating); two
          * against one, in one process: 1 thread +3.1% (12/12), 2 threads
