@@ -282,6 +282,9 @@ def test_ingress_fails_over_until_an_answer_is_whole():
     r, calls = _through_ingress([[lost()]] * 3)
     assert (r.status_code, calls) == (503, 3)
     assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "replica_unavailable"
+    # a replica whose app ends without starting a response: 502, named
+    r, calls = _through_ingress([[]])
+    assert (r.status_code, calls) == (502, 1) and r.json()["error"]["code"] == "replica_no_answer"
 
 
 def test_ingress_ends_a_stream_whose_replica_is_lost_with_an_error_event():

@@ -444,6 +444,10 @@ def build_ingress_app(server, retries: int = 2):
                     await asyncio.sleep(0.2 * (attempt + 1))
                     continue
                 # the answer arrived whole, only the stream's end was lost
+            if head is None:  # the replica's app ended without starting a response
+                return Response(_openai_error("the llminfer replica ended the request without an answer",
+                                              "replica_no_answer", 502), status_code=502,
+                                media_type="application/json")
             headers = dict(head["headers"])
             headers[FAILOVER_HEADER] = str(attempt)
             if not is_sse(head):
