@@ -29,9 +29,10 @@ Faults: a replica that dies is restarted by Ray. A request it held fails
 over to another replica when nothing of its answer has reached the client:
 the Ingress holds a non-streamed answer until it is whole (so it fails over
 wherever its replica is lost, and the client never gets half a document), and
-a stream fails over before its first event. A stream already under way ends with an OpenAI-shaped error event whose code
-is ``replica_lost`` (retryable), and a request no replica can take gets 503
-with ``Retry-After``. No request is left without an answer.
+a stream fails over before its first event. A stream already under way ends
+with an OpenAI-shaped error event whose code is ``replica_lost``
+(retryable), and a request no replica can take gets 503 with
+``Retry-After``. No request is left without an answer.
 
 The routing key is the prompt's text; the router hashes it in chunks of
 ``chunk_chars`` characters as a chain (each chunk's hash covers all text
@@ -421,14 +422,12 @@ def build_ingress_app(server, retries: int = 2):
         last = None
         for attempt in range(retries + 1):
             gen = stream_handle.handle_http.remote(req)
-            head, chunks = None, []
+            head, chunks, sse = None, [], False
             try:
                 head = await gen.__anext__()
-                if is_sse(head):
-                    try:
-                        chunks.append(await gen.__anext__())  # failover stays possible until a byte is out
-                    except StopAsyncIteration:
-                        pass
+                sse = is_sse(head)
+                if sse:
+                    chunks.append(await gen.__anext__())  # failover stays possible until a byte is out
                 else:
                     # a whole answer (JSON, an error) is held until its end:
                     # a replica lost anywhere before that fails over, and
@@ -438,7 +437,7 @@ def build_ingress_app(server, retries: int = 2):
             except StopAsyncIteration:
                 pass
             except _lost_errors() as exc:
-                if head is None or is_sse(head) or not complete(head, b"".join(chunks)):
+                if head is None or sse or not complete(head, b"".join(chunks)):
                     last = exc
                     logger.warning("replica lost before answering (attempt %d): %s", attempt + 1, exc)
                     await asyncio.sleep(0.2 * (attempt + 1))
@@ -450,7 +449,7 @@ def build_ingress_app(server, retries: int = 2):
                                 media_type="application/json")
             headers = dict(head["headers"])
             headers[FAILOVER_HEADER] = str(attempt)
-            if not is_sse(head):
+            if not sse:
                 headers.pop("content-length", None)  # Response sets it from the body
                 return Response(b"".join(chunks), status_code=head["status"], headers=headers)
             return StreamingResponse(_rest(gen, chunks[0] if chunks else b""), status_code=head["status"],
