@@ -140,8 +140,9 @@ LI_INLINE void stream_hint(const uint8_t *p, int bytes) { ahead(p, bytes, PREFET
  * 1B Q4_K_M +3.3% (6/6), Q6_K +4.0% (6/6), IQ4_XS +3.0% (6/6), SmolLM2's
  * Q4_1 +2.6% (5/6), Q4_0 even; 2 threads on cores apart, Q4_K_M +5.0%
  * (6/6), Q6_K +3.6% (5/5), Q5_K_M +2.1% (8/10), IQ4_XS +3.6% (13/14), Q4_0
- * +2.6% (7/8); near, Q6_K -4.4% (2/5) and Q4_0 -2.8% (2/8), so they stay
- * there. Q8_0 lost without them everywhere (-1.4% at 1 thread, -1.7%
+ * +2.6% (7/8); near, Q4_0 -2.8% (2/8), and again -2.1% (4/12), so they
+ * stay there (Q6_K's -4.4% near, in 2 pairs of 5, did not hold up:
+ * q6_K_cols). Q8_0 lost without them everywhere (-1.4% at 1 thread, -1.7%
  * apart, -2.5% near), as did Gemma 3 at 1 thread (its layers' Q5_0), so
  * those keep them, and so does a prompt (several columns, no L1 hints). */
 LI_INLINE int l2_hints(int nc, int near) { return nc > 1 || near; }
@@ -495,21 +496,29 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
 /* unpacked (a constant): the values from vals, as x16_unpack_q6_K left them */
 LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
                          const int32_t *terms, float *y, size_t ys, int nr) {
-    const int near = li_x16_near;
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * LI_X16_SB_Q6_K;
-        if (unpacked || l2_hints(nc, near)) ahead(sb, LI_X16_SB_Q6_K, PREFETCH_AHEAD_K);
-        /* one and a half super-blocks ahead (k45_cols's lead in bytes), half
-         * of one near (li_x16_near), in one process alternating blocks of
-         * 64 tokens, 1 thread: +3.6% against half a super-block (11/12),
-         * and one and a half +2.2% against one (11/12), two -3.8% against
-         * one and a half (1/12); 2 threads, one and a half against half:
-         * +7.3% with the CPUs apart (27/27), -1.3% near (4/9). A quarter
-         * of the lines every 4 groups (below), as k45_cols spreads them:
-         * +1.5% and +2.5% at 1 thread (5/8, 6/8), +2.0% at 2 near (7/8) */
-        const int l1_lead = near ? 1664 : 5088;
+        /* Unlike the other super-block kernels, this one ignores
+         * li_x16_near: with the team's two threads on one core's
+         * hyperthreads, decoding as it does apart (no L2 hints, the L1 lead
+         * below) against the half super-block lead and L2 hints it once
+         * took there, in one process alternating blocks of 32 tokens, pairs
+         * kept only while the barrier read near (faster / all): the 1B Q6_K
+         * +7.3% (10/10) and +12.1% (14/14), its Q4_K_M (30% Q6_K bytes)
+         * +2.3% (6/10). Each half of the change alone: +2.2% (no L2 hints,
+         * 8/10) and +1.7% (the longer lead, 7/10). */
+        if (unpacked || l2_hints(nc, 0)) ahead(sb, LI_X16_SB_Q6_K, PREFETCH_AHEAD_K);
+        /* one and a half super-blocks ahead (k45_cols's lead in bytes), in
+         * one process alternating blocks of 64 tokens, 1 thread: +3.6%
+         * against half a super-block (11/12), and one and a half +2.2%
+         * against one (11/12), two -3.8% against one and a half (1/12); 2
+         * threads, one and a half against half: +7.3% with the CPUs apart
+         * (27/27). A quarter of the lines every 4 groups (below), as
+         * k45_cols spreads them: +1.5% and +2.5% at 1 thread (5/8, 6/8),
+         * +2.0% at 2 near (7/8) */
+        const int l1_lead = 5088;
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
         __m512i isum[NC];
