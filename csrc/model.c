@@ -976,7 +976,7 @@ int li_context_probe_result(const li_context *c, li_probe_result *out) {
  * takes ~30-90 ns when its two CPUs are one core's hyperthreads and ~300 ns
  * when they are cores apart (this VM moves them between the two every few
  * seconds; bench/compare.py's probe reads the same signal). Sharing a core,
- * each thread decodes at about half the pace, and the super-block kernels'
+ * each thread decodes at about half the pace, and most super-block kernels'
  * L1 hints then do better a shorter way ahead (li_x16_near). Every thread
  * calls this, every PROBE_EVERY decode passes; thread 0 times each of
  * PROBE_SYNCS barriers and keeps the least, its clock's two reads included

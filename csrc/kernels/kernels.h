@@ -123,9 +123,10 @@ int li_act_block_size(int act);
 void li_act_apply_scalar(int fn, const float *x, const float *u, float *y, int64_t n);
 
 /* Nonzero while the decode team's two threads seem to share one core (two
- * hyperthreads: model.c's placement probe); the x16 super-block kernels then
- * hint into L1 a shorter way ahead. A hint's distance only, never a result:
- * any value, from any thread, is correct. */
+ * hyperthreads: model.c's placement probe); the x16 decode kernels then keep
+ * their L2 hints, and the Q4_K, Q5_K and IQ4_XS ones hint into L1 a shorter
+ * way ahead (Q6_K's ignores it). Hints only, never a result: any value, from
+ * any thread, is correct. */
 extern volatile int li_x16_near;
 
 /* the tables, filled once by dispatch.c */
