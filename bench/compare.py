@@ -35,6 +35,11 @@ the same median for each placement the runs found, near and far); and
 the load + first-token time of a fresh process on the first 1B file:
 
     python bench/compare.py --llama-bench /path/to/llama.cpp/build/bin -r 3
+
+-d N runs every test at a context of N tokens (llama-bench's -d: a random
+prompt of N tokens first, untimed), for decode over a long cache:
+
+    python bench/compare.py --llama-bench BIN_DIR -m model.gguf -d 4096 -p 512 -n 32
 """
 
 from __future__ import annotations
@@ -166,15 +171,15 @@ def read_bandwidth(threads, buf, reps=5):
     return buf.nbytes / statistics.median(times) / 1e9
 
 
-def tg_bytes_per_token(path, n_gen):
+def tg_bytes_per_token(path, n_gen, n_depth=0):
     """What one generated token of llama-bench's tg test reads: the weights
     (the embedding row aside) and the KV cache at the test's average position
-    (it starts from an empty context)."""
+    (it starts from a context of n_depth tokens, -d)."""
     from llminfer.gguf_file import GGUFFile
     from llminfer.models import build_spec
 
     spec = build_spec(GGUFFile(path))
-    return spec.weight_bytes() + kv_bytes_per_token(spec, pos=n_gen / 2)
+    return spec.weight_bytes() + kv_bytes_per_token(spec, pos=n_depth + n_gen / 2)
 
 
 class ProbeProcess:
@@ -189,7 +194,7 @@ class ProbeProcess:
         "import compare\n"
         "buf = np.ones(int(sys.argv[2]) << 20, dtype=np.uint8)\n"
         "for line in sys.stdin:\n"
-        "    what, arg, n = line.rstrip('\\n').split('\\t')\n"
+        "    what, arg, n, d = line.rstrip('\\n').split('\\t')\n"
         "    if what == 'read':\n"
         "        compare.read_bandwidth(int(arg), buf, reps=1)  # a warm-up read\n"
         "        print(compare.read_bandwidth(int(arg), buf, reps=int(n)), flush=True)\n"
@@ -197,7 +202,7 @@ class ProbeProcess:
         "        from llminfer import _core\n"
         "        print(_core.bench_sync(int(arg), 20000) * 1e9, flush=True)\n"
         "    else:\n"
-        "        print(compare.tg_bytes_per_token(arg, int(n)), flush=True)\n"
+        "        print(compare.tg_bytes_per_token(arg, int(n), int(d)), flush=True)\n"
     )
 
     def __init__(self, env, mib=512):
@@ -207,9 +212,9 @@ class ProbeProcess:
         self.proc = subprocess.Popen([sys.executable, "-c", self.CODE, here, str(mib)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, cwd=here)
 
-    def _ask(self, what, arg, n):
+    def _ask(self, what, arg, n, d=0):
         try:
-            self.proc.stdin.write(f"{what}\t{arg}\t{n}\n")
+            self.proc.stdin.write(f"{what}\t{arg}\t{n}\t{d}\n")
             self.proc.stdin.flush()
         except BrokenPipeError:
             raise RuntimeError("the probe process ended") from None
@@ -234,8 +239,8 @@ class ProbeProcess:
         """(read GB/s at this thread count, barrier ns at two threads)."""
         return self.read_gbs(threads), self.sync_ns(2)
 
-    def bytes_per_token(self, path, n_gen):
-        return int(self._ask("bytes", path, n_gen))
+    def bytes_per_token(self, path, n_gen, n_depth=0):
+        return int(self._ask("bytes", path, n_gen, n_depth))
 
     def close(self):
         self.proc.stdin.close()
@@ -326,9 +331,9 @@ def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
-def llama_bench_once(bin_dir, path, threads, n_prompt, n_gen):
+def llama_bench_once(bin_dir, path, threads, n_prompt, n_gen, n_depth=0):
     cmd = [os.path.join(bin_dir, "llama-bench"), "-m", path, "-t", str(threads), "-p", str(n_prompt),
-           "-n", str(n_gen), "-r", "1", "-o", "json"]
+           "-n", str(n_gen), "-d", str(n_depth), "-r", "1", "-o", "json"]
     out, rss = bench_child(cmd)
     res = {}
     for row in json.loads(out):
@@ -337,9 +342,9 @@ def llama_bench_once(bin_dir, path, threads, n_prompt, n_gen):
     return res, rss
 
 
-def llminfer_bench_once(path, threads, n_prompt, n_gen, env):
+def llminfer_bench_once(path, threads, n_prompt, n_gen, env, n_depth=0):
     cmd = [sys.executable, "-m", "llminfer", "bench", "-m", path, "-t", str(threads), "-p", str(n_prompt),
-           "-n", str(n_gen), "-r", "1", "-o", "json"]
+           "-n", str(n_gen), "-d", str(n_depth), "-r", "1", "-o", "json"]
     out, rss = bench_child(cmd, env)
     res = {}
     for row in json.loads(out)["results"]:
@@ -397,12 +402,13 @@ def llama_bench_mode(a):
     # --retries times, and only runs with agreeing brackets count in the
     # fraction of the probe.
     probe = ProbeProcess(env) if a.n_gen > 0 else None
-    print(f"| model | threads | pp{a.n_prompt} ours | pp{a.n_prompt} llama.cpp | pp x | tg{a.n_gen} ours | "
-          f"tg{a.n_gen} llama.cpp | tg x | tg bytes/s of read probe, ours / llama.cpp (all runs; by placement) | "
+    at = f" @ d{a.n_depth}" if a.n_depth else ""
+    print(f"| model | threads | pp{a.n_prompt}{at} ours | pp{a.n_prompt}{at} llama.cpp | pp x | tg{a.n_gen}{at} ours | "
+          f"tg{a.n_gen}{at} llama.cpp | tg x | tg bytes/s of read probe, ours / llama.cpp (all runs; by placement) | "
           f"peak RSS MB ours / llama.cpp |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for path in models:
-        per_token = probe.bytes_per_token(path, a.n_gen) if probe else 0
+        per_token = probe.bytes_per_token(path, a.n_gen, a.n_depth) if probe else 0
         for t in threads:
             runs = {"ours": [], "peer": []}
             rss = {"ours": [], "peer": []}
@@ -413,9 +419,9 @@ def llama_bench_mode(a):
                     for attempt in range(a.retries + 1):
                         before = probe.bracket(t) if probe else None
                         if who == "ours":
-                            res, m = llminfer_bench_once(path, t, a.n_prompt, a.n_gen, env)
+                            res, m = llminfer_bench_once(path, t, a.n_prompt, a.n_gen, env, a.n_depth)
                         else:
-                            res, m = llama_bench_once(a.llama_bench, path, t, a.n_prompt, a.n_gen)
+                            res, m = llama_bench_once(a.llama_bench, path, t, a.n_prompt, a.n_gen, a.n_depth)
                         b = probe_bracket(before, probe.bracket(t), res, per_token, a.far_ns) if probe else None
                         if not b or b["agree"]:
                             break
@@ -430,7 +436,8 @@ def llama_bench_mode(a):
             frac, by_host = of_probe_summary(brackets)
             probes = [g for bs in brackets.values() for b in bs for g in b["gbs"]]
             hosts = collections.Counter(b["host"] for bs in brackets.values() for b in bs)
-            row = {"model": os.path.basename(path), "threads": t, "ours": med["ours"], "peer": med["peer"],
+            row = {"model": os.path.basename(path), "threads": t, "n_depth": a.n_depth, "ours": med["ours"],
+                   "peer": med["peer"],
                    "pp_ratio": ratio["pp"], "tg_ratio": ratio["tg"],
                    "rss_mb_ours": max(rss["ours"]), "rss_mb_peer": max(rss["peer"]),
                    "tg_bytes_per_token": per_token or None, "tg_of_probe_ours": frac["ours"],
@@ -479,6 +486,8 @@ def main():
     p.add_argument("--no-small", action="store_true", help="--llama-bench: leave out the SmolLM2 and Gemma 3 rows")
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="--llama-bench: prompt tokens")
     p.add_argument("-n", "--n-gen", type=int, default=128, help="--llama-bench: generated tokens")
+    p.add_argument("-d", "--n-depth", type=int, default=0,
+                   help="--llama-bench: context length each test starts at (llama-bench's -d; untimed)")
     p.add_argument("--worker", nargs=3, metavar=("ENGINE", "MODEL", "THREADS"), help=argparse.SUPPRESS)
     p.add_argument("-m", "--model", action="append", help="GGUF file (repeatable; default: the issue's rows)")
     p.add_argument("-t", "--threads", default="1,2", help="comma-separated thread counts")

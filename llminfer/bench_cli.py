@@ -4,7 +4,8 @@ The bench follows llama-bench: one untimed warm-up run, then -r timed runs
 per (thread count, test), each row printed as soon as it is measured, in
 llama-bench's markdown table (or CSV, or JSON at the end). Its columns:
 model (architecture, size class, file type), size, params, backend,
-threads, test (pp512 = a 512-token prompt, tg128 = 128 generated tokens),
+threads, test (pp512 = a 512-token prompt, tg128 = 128 generated tokens;
+"@ d4096" when the test starts at a context of 4096 tokens, -d),
 t/s (mean ± standard deviation over the runs, as llama-bench gives it).
 """
 
@@ -62,17 +63,20 @@ def model_facts(gguf_file) -> dict:
             "model_size": size, "model_n_params": n}
 
 
-def _run(llm, n_prompt, n_gen, threads, seed):
+def _run(llm, n_prompt, n_gen, threads, seed, depth=None):
     """(seconds) of one test: a random prompt of n_prompt tokens in one go, or
     n_gen random tokens one at a time, as llama-bench's tg: each pass computes
     (and checks) its logits, and the next id is drawn, not picked from them
     (an argmax over the logits, cold from the pass, is work llama-bench does
-    not do: 12-65 us of a 135M model's ~2.7 ms token here)."""
+    not do: 12-65 us of a 135M model's ~2.7 ms token here). depth: a saved
+    state (llm.save_state) the test starts from, untimed (llama-bench's -d)."""
     # Python's generator, not numpy's: numpy.random imports secrets and with it
     # 3 MiB of libcrypto, which would count in the peak RSS compared with llama-bench
     rng = random.Random(seed)
     llm.n_threads = threads
     llm.reset()
+    if depth is not None:
+        llm.load_state(depth)
     if n_prompt:
         ids = np.array([rng.randrange(llm.n_vocab) for _ in range(n_prompt)], dtype=np.int32)
         t = time.perf_counter()
@@ -100,7 +104,7 @@ class _Printer:
             self.out.write("| " + " | ".join(("-" * (w - 1) + ":") if a == ">" else "-" * w
                                              for _, w, a in COLUMNS) + " |\n")
         elif self.fmt == "csv":
-            self.out.write("model_type,model_size,model_n_params,backend,n_threads,n_prompt,n_gen,"
+            self.out.write("model_type,model_size,model_n_params,backend,n_threads,n_prompt,n_gen,n_depth,"
                            "avg_ts,stddev_ts\n")
         self.out.flush()
 
@@ -113,7 +117,8 @@ class _Printer:
         elif self.fmt == "csv":
             buf = io.StringIO()
             csv.writer(buf).writerow([r[k] for k in ("model_type", "model_size", "model_n_params", "backend",
-                                                     "n_threads", "n_prompt", "n_gen", "avg_ts", "stddev_ts")])
+                                                     "n_threads", "n_prompt", "n_gen", "n_depth", "avg_ts",
+                                                     "stddev_ts")])
             self.out.write(buf.getvalue())
         self.out.flush()
 
@@ -135,9 +140,25 @@ def mean_sd(rates):
     return mean, math.sqrt(sum((r - mean) ** 2 for r in rates) / (len(rates) - 1))
 
 
+def depth_state(llm, n_depth: int, threads: int, log=None) -> bytes:
+    """The state after a random prompt of n_depth tokens (llama-bench's -d:
+    the context the test runs at), computed once, as llama-bench computes
+    it once per depth and restores it before each run."""
+    if log:
+        log(f"bench: a context of {n_depth} tokens, {threads} threads")
+    rng = random.Random(-2 % 2**32)
+    llm.n_threads = threads
+    llm.reset()
+    llm._forward(np.array([rng.randrange(llm.n_vocab) for _ in range(n_depth)], dtype=np.int32), logits_all=False)
+    state = llm.save_state()
+    llm.reset()
+    return state
+
+
 def bench(llm, n_prompt: int, n_gen: int, threads_list, repetitions: int, fmt: str = "md", out=None,
-          log=None) -> list:
-    """Run the tests and print each row as it is measured; returns the rows."""
+          log=None, depths=(0,)) -> list:
+    """Run the tests and print each row as it is measured; returns the rows.
+    depths: context lengths each test starts at (llama-bench's -d)."""
     out = out or sys.stdout
     facts = model_facts(llm._gguf)
     printer = _Printer(fmt, out)
@@ -146,18 +167,21 @@ def bench(llm, n_prompt: int, n_gen: int, threads_list, repetitions: int, fmt: s
     gpu_layers = getattr(llm.engine, "n_gpu_layers", 0) or 0
     backend = f"CPU+GPU({gpu_layers} layers)" if gpu_layers else "CPU"
     for threads in threads_list:
-        for p, g in tests:
-            if log:
-                log(f"bench: warm-up {'pp' if p else 'tg'}{p or g}, {threads} threads")
-            _run(llm, min(p, 32), min(g, 4), threads, seed=-1 % 2**32)  # untimed: pages, caches, team
-            times = [_run(llm, p, g, threads, seed=r) for r in range(repetitions)]
-            rates = [(p or g) / t for t in times]
-            mean, sd = mean_sd(rates)
-            printer.row({**facts, "backend": backend, "n_threads": threads, "n_prompt": p, "n_gen": g,
-                         "test": f"pp{p}" if p else f"tg{g}", "avg_ts": mean, "stddev_ts": sd,
-                         "samples_ts": rates,
-                         # the names of earlier llminfer versions' JSON, kept for scripts that read it
-                         "model": str(llm.model_path), "arch": llm.architecture, "threads": threads,
-                         "tokens_per_second": mean, "stdev": sd, "runs": len(rates)})
+        for d in depths:
+            state = depth_state(llm, d, threads, log) if d else None
+            for p, g in tests:
+                name = (f"pp{p}" if p else f"tg{g}") + (f" @ d{d}" if d else "")
+                if log:
+                    log(f"bench: warm-up {name}, {threads} threads")
+                _run(llm, min(p, 32), min(g, 4), threads, seed=-1 % 2**32)  # untimed: pages, caches, team
+                times = [_run(llm, p, g, threads, seed=r, depth=state) for r in range(repetitions)]
+                rates = [(p or g) / t for t in times]
+                mean, sd = mean_sd(rates)
+                printer.row({**facts, "backend": backend, "n_threads": threads, "n_prompt": p, "n_gen": g,
+                             "n_depth": d, "test": name, "avg_ts": mean, "stddev_ts": sd,
+                             "samples_ts": rates,
+                             # the names of earlier llminfer versions' JSON, kept for scripts that read it
+                             "model": str(llm.model_path), "arch": llm.architecture, "threads": threads,
+                             "tokens_per_second": mean, "stdev": sd, "runs": len(rates)})
     printer.end()
     return printer.rows

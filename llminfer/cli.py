@@ -52,14 +52,19 @@ def _non_negative_int(text):
     return v
 
 
-def _int_list(text):
+def _int_list(text, least=1):
     try:
         vals = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not vals or any(v <= 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    if not vals or any(v < least for v in vals):
+        kind = "positive" if least == 1 else "non-negative"
+        raise argparse.ArgumentTypeError(f"expected {kind} integers, got {text!r}")
     return vals
+
+
+def _int_list0(text):
+    return _int_list(text, least=0)
 
 
 def _add_model(p, ctx_default=4096):
@@ -234,10 +239,10 @@ def cmd_bench(a):
 
     fmt = "json" if a.json else a.output
     with _load(a, **{}) as llm:
-        need = a.n_prompt + a.n_gen + 1
+        need = a.n_prompt + a.n_gen + max(a.depths) + 1
         if need > llm.n_ctx:
-            raise LLMInferError(f"-p {a.n_prompt} -n {a.n_gen} needs a context of {need}; use -c")
-        bench(llm, a.n_prompt, a.n_gen, a.threads_list, a.repetitions, fmt=fmt, log=_err)
+            raise LLMInferError(f"-p {a.n_prompt} -n {a.n_gen} -d {max(a.depths)} needs a context of {need}; use -c")
+        bench(llm, a.n_prompt, a.n_gen, a.threads_list, a.repetitions, fmt=fmt, log=_err, depths=a.depths)
     return 0
 
 
@@ -476,8 +481,10 @@ def build_parser():
                    help="comma-separated thread counts (None: the physical cores)")
     b.add_argument("-r", "--repetitions", type=_positive_int, default=3, metavar="N",
                    help="timed runs per test, after one untimed warm-up")
+    b.add_argument("-d", "--n-depth", dest="depths", type=_int_list0, default=[0], metavar="N[,N...]",
+                   help="comma-separated context lengths each test starts at (a random prompt, untimed)")
     b.add_argument("-c", "--ctx-size", type=_positive_int, default=None, metavar="N",
-                   help="context length (None: enough for -p and -n, at least 512)")
+                   help="context length (None: enough for -p, -n and -d, at least 512)")
     b.add_argument("-b", "--batch-size", type=_positive_int, default=512, metavar="N",
                    help="most prompt tokens per forward pass")
     b.add_argument("-ctk", "--kv-type", default="f16", choices=["f16", "f32", "q8_0", "q4_0"], help="KV cache type")
@@ -582,7 +589,7 @@ def main(argv=None) -> int:
 
         a.threads_list = a.threads_list or [default_threads()]
         a.threads = max(a.threads_list)
-        a.ctx_size = a.ctx_size or max(512, a.n_prompt + a.n_gen + 1)
+        a.ctx_size = a.ctx_size or max(512, a.n_prompt + a.n_gen + max(a.depths) + 1)
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning

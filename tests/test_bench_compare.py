@@ -37,6 +37,7 @@ def test_probe_process_answers_both_questions(compare, tiny):
         bw, ns = probe.bracket(2)
         assert bw > 0 and ns > 0
         got = probe.bytes_per_token(tiny, 128)
+        deep = probe.bytes_per_token(tiny, 128, 1000)
     finally:
         probe.close()
     assert probe.proc.returncode == 0
@@ -47,6 +48,8 @@ def test_probe_process_answers_both_questions(compare, tiny):
         m.data.nbytes for L in spec.layers for m in [L.wq, L.wk, L.wv, L.wo] + L.ffn_matrices())
     kv = sum(64 * spec.n_head_kv * (spec.head_dim + spec.head_dim_v) * 2 for _ in spec.layers)
     assert got == weights + kv
+    # from a context of 1000 tokens (-d 1000) the average position is 1064
+    assert deep == weights + kv * 1064 // 64
 
 
 def test_probe_process_reports_its_end(compare, tmp_path):

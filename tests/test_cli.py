@@ -235,6 +235,31 @@ def test_bench_json(capsys, tiny):
     assert [r["test"] for r in json.loads(out)["results"]] == ["tg4"]
 
 
+def test_bench_depth_names_each_test_with_its_context(capsys, tiny):
+    code, out, _ = run_main(capsys, "bench", "-m", tiny, "-p", 8, "-n", 2, "-d", "0,24", "-r", 1, "-t", 1, "--json")
+    assert code == 0
+    rows = json.loads(out)["results"]
+    assert [(r["test"], r["n_depth"]) for r in rows] == [("pp8", 0), ("tg2", 0), ("pp8 @ d24", 24),
+                                                         ("tg2 @ d24", 24)]
+    code, _, err = run_main(capsys, "bench", "-m", tiny, "-p", 8, "-n", 2, "-d", 100, "-c", 64, "-t", 1)
+    assert code == 1
+    assert_one_line_error(err, "-d 100", "111")
+
+
+def test_bench_depth_state_holds_that_many_tokens(tiny):
+    from llminfer.bench_cli import _run, depth_state
+
+    with llminfer.LLM(tiny, n_ctx=64, n_threads=1) as llm:
+        state = depth_state(llm, 24, 1)
+        assert llm.tokens == []
+        llm.load_state(state)
+        assert len(llm.tokens) == 24
+        # a test's run starts there: a tg run of 4 after it fills 28 positions of 64, a run of 41 would need 65
+        _run(llm, 0, 4, 1, seed=0, depth=state)
+        with pytest.raises(llminfer.errors.ContextFullError):
+            _run(llm, 0, 41, 1, seed=0, depth=state)
+
+
 def test_bench_mean_and_sd_are_the_statistics_module_s():
     import statistics
 
@@ -327,7 +352,7 @@ def test_errors_are_one_line(capsys, tiny, tmp_path):
 
 def test_bad_flags_exit_with_usage(capsys, tiny):
     for argv in (["run", "-m", tiny, "-p", "hi", "-n", "-1"], ["bench", "-m", tiny, "-p", "-3"],
-                 ["run", "-m", tiny, "-p", "hi", "-c", "0"], ["frobnicate"]):
+                 ["bench", "-m", tiny, "-d", "-5"], ["run", "-m", tiny, "-p", "hi", "-c", "0"], ["frobnicate"]):
         with pytest.raises(SystemExit) as e:
             cli.main([str(a) for a in argv])
         assert e.value.code == 2
