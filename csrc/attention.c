@@ -125,6 +125,23 @@ static int span_runs(const li_context *c, const int32_t *blocks, int n_blocks, i
     return nr;
 }
 
+/* Hints run's rows of kv head kvh (K, or V when `v`) into L2, HINT_RUNS
+ * runs ahead of the kernels that read them. A head's rows lie n_head_kv
+ * rows apart in the pool, a stride the hardware prefetchers follow poorly,
+ * and the kernels' own hints lead by 8 rows, within a run: runs are blocks
+ * of 32 rows by default, and a hint past a run's end would land on rows of
+ * whatever block follows in the pool. The 1B (8 kv heads) at a context of
+ * 4096, 1 thread, in one process alternating: +8-12% two runs ahead, +7%
+ * one run ahead; SmolLM2's tg128 even. */
+#define HINT_RUNS 2
+static void hint_run(const li_context *c, int il, int kvh, const row_run *run, int v) {
+    const size_t row = v ? c->v_row : c->k_row, stride = (size_t)c->m->n_head_kv * row;
+    if (stride == row) return; /* one kv head: the rows are contiguous, and the prefetchers stream them */
+    const char *p = v ? v_at(c, il, run->r0, kvh) : k_at(c, il, run->r0, kvh);
+    for (int64_t j = 0; j < run->n; j++, p += stride)
+        for (size_t b = 0; b < row; b += 64) li_hint_l2(p + b);
+}
+
 /* scores of the group's nh heads (queries q, or qq quantized) against rows
  * [r0, r0 + n) into out (row ld) */
 static void run_scores(li_context *c, int il, int kvh, const float *q, const char *qq, int nh, int64_t r0, int64_t n,
@@ -232,15 +249,21 @@ static void attend_span(li_context *c, int il, int64_t t, int kvh, int h0, int n
     const size_t ld = (size_t)n;
     const float *q = c->q + head * m->head_dim;
     const char *qq = kv_quantized(c) ? (const char *)c->qq + (size_t)head * c->qq_row : NULL;
-    for (int i = 0, off = 0; i < nr; off += (int)runs[i].n, i++)
+    for (int i = 0; i < HINT_RUNS && i < nr; i++) hint_run(c, il, kvh, &runs[i], 0);
+    for (int i = 0, off = 0; i < nr; off += (int)runs[i].n, i++) {
+        if (i + HINT_RUNS < nr) hint_run(c, il, kvh, &runs[i + HINT_RUNS], 0);
         run_scores(c, il, kvh, q, qq, nh, runs[i].r0, runs[i].n, scores + off, ld);
+    }
+    for (int i = 0; i < HINT_RUNS && i < nr; i++) hint_run(c, il, kvh, &runs[i], 1);
     float mx[64], sum[64]; /* heads per group: checked in li_model_check */
     for (int h = 0; h < nh; h++) softmax_row(c, scores + (size_t)h * ld, n, !part, &mx[h], &sum[h]);
     float *out = part ? part + 2 : c->att + head * hdv;
     const size_t out_stride = part ? part_stride : (size_t)hdv;
     for (int h = 0; h < nh; h++) memset(out + (size_t)h * out_stride, 0, (size_t)hdv * sizeof(float));
-    for (int i = 0, off = 0; i < nr; off += (int)runs[i].n, i++)
+    for (int i = 0, off = 0; i < nr; off += (int)runs[i].n, i++) {
+        if (i + HINT_RUNS < nr) hint_run(c, il, kvh, &runs[i + HINT_RUNS], 1);
         run_accum(c, il, kvh, scores + off, ld, nh, runs[i].r0, runs[i].n, out, out_stride, vrow);
+    }
     for (int h = 0; part && h < nh; h++) {
         part[(size_t)h * part_stride] = mx[h];
         part[(size_t)h * part_stride + 1] = sum[h];
@@ -330,6 +353,8 @@ static void accum_range(li_context *c, int il, int kvh, const row_run *runs, int
     int64_t off = 0;
     for (int i = 0; i < nr; off += runs[i].n, i++) {
         const int lo = LI_MAX(a, runs[i].p), hi = LI_MIN(b, runs[i].p + (int)runs[i].n);
+        if (hi > lo && i + HINT_RUNS < nr && runs[i + HINT_RUNS].p < b)
+            hint_run(c, il, kvh, &runs[i + HINT_RUNS], 1);
         if (hi > lo)
             run_accum(c, il, kvh, p + off + (lo - runs[i].p), ld, nq, runs[i].r0 + (lo - runs[i].p), hi - lo, out,
                       out_stride, vrow);
@@ -384,10 +409,14 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
         if (n == 0) continue;
         const int nq = (ib - ia + 1) * nh;
         const size_t ld = (size_t)n;
-        for (int r = 0, off = 0; r < nr; off += (int)runs[r].n, r++)
+        for (int i = 0; i < HINT_RUNS && i < nr; i++) hint_run(c, il, kvh, &runs[i], 0);
+        for (int r = 0, off = 0; r < nr; off += (int)runs[r].n, r++) {
+            if (r + HINT_RUNS < nr) hint_run(c, il, kvh, &runs[r + HINT_RUNS], 0);
             run_scores(c, il, kvh, tq + (size_t)ia * (size_t)nh * (size_t)hd,
                        tqq ? tqq + (size_t)ia * (size_t)nh * c->qq_row : NULL, nq, runs[r].r0, runs[r].n, scores + off,
                        ld);
+        }
+        for (int i = 0; i < HINT_RUNS && i < nr; i++) hint_run(c, il, kvh, &runs[i], 1);
         for (int i = ia; i <= ib; i++) {
             const int64_t off = present_in(runs, nr, lo[ia], lo[i]);
             present[i] = present_in(runs, nr, lo[i], hi[i]);

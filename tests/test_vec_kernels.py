@@ -97,3 +97,28 @@ def test_attention_sums_are_the_same_bits_at_every_vector_width(d):
             at_level(level, _core.attn_kernel, True, p, cache, d, 1.0, out)
             outs.append(out)
         assert np.array_equal(outs[0], outs[1]), f"d={d} nh={nh}"
+
+
+@pytest.mark.parametrize("d", [64, 128, 80])
+def test_a_score_does_not_depend_on_what_is_computed_beside_it(isa, d):
+    """Batch invariance rests on this: a (head, row) score is the same bits
+    whether its call has 1 to 7 heads (the SIMD kernels take them 4 at a
+    time), and whether its row is first, in the middle or alone in the call
+    (they take rows in pairs, and an odd last row alone)."""
+    rng = np.random.default_rng(d + 7)
+    n, stride = 37, d + 32
+    cache = rng.standard_normal((n, stride)).astype(np.float16)
+    q = rng.standard_normal((7, d)).astype(np.float32)
+    whole = np.zeros((7, n), np.float32)
+    _core.attn_kernel(False, q, cache.view(np.uint16), d, 0.125, whole)
+    for h in range(7):  # one head at a time, and three heads from h
+        one = np.zeros((1, n), np.float32)
+        _core.attn_kernel(False, q[h:h + 1], cache.view(np.uint16), d, 0.125, one)
+        assert np.array_equal(one[0], whole[h]), f"head {h} alone"
+        three = np.zeros((min(3, 7 - h), n), np.float32)
+        _core.attn_kernel(False, q[h:h + 3], cache.view(np.uint16), d, 0.125, three)
+        assert np.array_equal(three, whole[h:h + 3]), f"heads {h}.."
+    for a, b in ((0, 1), (5, 6), (3, 21), (20, 37), (36, 37)):  # rows [a, b) in a call of their own
+        part = np.zeros((7, b - a), np.float32)
+        _core.attn_kernel(False, q, np.ascontiguousarray(cache[a:b]).view(np.uint16), d, 0.125, part)
+        assert np.array_equal(part, whole[:, a:b]), f"rows {a}:{b}"
