@@ -68,15 +68,15 @@ def _run(llm, n_prompt, n_gen, threads, seed, depth=None):
     n_gen random tokens one at a time, as llama-bench's tg: each pass computes
     (and checks) its logits, and the next id is drawn, not picked from them
     (an argmax over the logits, cold from the pass, is work llama-bench does
-    not do: 12-65 us of a 135M model's ~2.7 ms token here). depth: a saved
-    state (llm.save_state) the test starts from, untimed (llama-bench's -d)."""
+    not do: 12-65 us of a 135M model's ~2.7 ms token here). depth: token ids
+    evaluated first, untimed: the context the test starts at (llama-bench's -d)."""
     # Python's generator, not numpy's: numpy.random imports secrets and with it
     # 3 MiB of libcrypto, which would count in the peak RSS compared with llama-bench
     rng = random.Random(seed)
     llm.n_threads = threads
     llm.reset()
-    if depth is not None:
-        llm.load_state(depth)
+    if depth is not None and len(depth):
+        llm._forward(depth, logits_all=False)
     if n_prompt:
         ids = np.array([rng.randrange(llm.n_vocab) for _ in range(n_prompt)], dtype=np.int32)
         t = time.perf_counter()
@@ -140,19 +140,14 @@ def mean_sd(rates):
     return mean, math.sqrt(sum((r - mean) ** 2 for r in rates) / (len(rates) - 1))
 
 
-def depth_state(llm, n_depth: int, threads: int, log=None) -> bytes:
-    """The state after a random prompt of n_depth tokens (llama-bench's -d:
-    the context the test runs at), computed once, as llama-bench computes
-    it once per depth and restores it before each run."""
-    if log:
-        log(f"bench: a context of {n_depth} tokens, {threads} threads")
+def depth_ids(llm, n_depth: int) -> np.ndarray:
+    """A random prompt of n_depth token ids, which each run of a test at that
+    depth evaluates first, untimed (llama-bench's -d). llama-bench evaluates
+    it once and restores a saved state before each run; a saved state is a
+    copy of the cache (twice over while it is made), which would count in
+    the peak memory set beside llama-bench's, so here each run evaluates it."""
     rng = random.Random(-2 % 2**32)
-    llm.n_threads = threads
-    llm.reset()
-    llm._forward(np.array([rng.randrange(llm.n_vocab) for _ in range(n_depth)], dtype=np.int32), logits_all=False)
-    state = llm.save_state()
-    llm.reset()
-    return state
+    return np.array([rng.randrange(llm.n_vocab) for _ in range(n_depth)], dtype=np.int32)
 
 
 def bench(llm, n_prompt: int, n_gen: int, threads_list, repetitions: int, fmt: str = "md", out=None,
@@ -168,7 +163,9 @@ def bench(llm, n_prompt: int, n_gen: int, threads_list, repetitions: int, fmt: s
     backend = f"CPU+GPU({gpu_layers} layers)" if gpu_layers else "CPU"
     for threads in threads_list:
         for d in depths:
-            state = depth_state(llm, d, threads, log) if d else None
+            state = depth_ids(llm, d)
+            if d and log:
+                log(f"bench: each run below first evaluates a context of {d} tokens, untimed")
             for p, g in tests:
                 name = (f"pp{p}" if p else f"tg{g}") + (f" @ d{d}" if d else "")
                 if log:

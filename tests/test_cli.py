@@ -246,18 +246,16 @@ def test_bench_depth_names_each_test_with_its_context(capsys, tiny):
     assert_one_line_error(err, "-d 100", "111")
 
 
-def test_bench_depth_state_holds_that_many_tokens(tiny):
-    from llminfer.bench_cli import _run, depth_state
+def test_bench_runs_start_at_their_depth(tiny):
+    from llminfer.bench_cli import _run, depth_ids
 
     with llminfer.LLM(tiny, n_ctx=64, n_threads=1) as llm:
-        state = depth_state(llm, 24, 1)
-        assert llm.tokens == []
-        llm.load_state(state)
-        assert len(llm.tokens) == 24
-        # a test's run starts there: a tg run of 4 after it fills 28 positions of 64, a run of 41 would need 65
-        _run(llm, 0, 4, 1, seed=0, depth=state)
+        ids = depth_ids(llm, 24)
+        assert len(ids) == 24 and 0 <= ids.min() and ids.max() < llm.n_vocab
+        # a tg run of 4 after the 24 fills 28 positions of 64; a run of 41 would need 65
+        _run(llm, 0, 4, 1, seed=0, depth=ids)
         with pytest.raises(llminfer.errors.ContextFullError):
-            _run(llm, 0, 41, 1, seed=0, depth=state)
+            _run(llm, 0, 41, 1, seed=0, depth=ids)
 
 
 def test_bench_mean_and_sd_are_the_statistics_module_s():
