@@ -142,6 +142,11 @@ static void hint_run(const li_context *c, int il, int kvh, const row_run *run, i
         for (size_t b = 0; b < row; b += 64) li_hint_l2(p + b);
 }
 
+/* hint_run over runs[a, b), those of them that exist (nr in all) */
+static void hint_runs(const li_context *c, int il, int kvh, const row_run *runs, int nr, int a, int b, int v) {
+    for (int i = a; i < b && i < nr; i++) hint_run(c, il, kvh, &runs[i], v);
+}
+
 /* scores of the group's nh heads (queries q, or qq quantized) against rows
  * [r0, r0 + n) into out (row ld) */
 static void run_scores(li_context *c, int il, int kvh, const float *q, const char *qq, int nh, int64_t r0, int64_t n,
@@ -249,19 +254,19 @@ static void attend_span(li_context *c, int il, int64_t t, int kvh, int h0, int n
     const size_t ld = (size_t)n;
     const float *q = c->q + head * m->head_dim;
     const char *qq = kv_quantized(c) ? (const char *)c->qq + (size_t)head * c->qq_row : NULL;
-    for (int i = 0; i < HINT_RUNS && i < nr; i++) hint_run(c, il, kvh, &runs[i], 0);
+    hint_runs(c, il, kvh, runs, nr, 0, HINT_RUNS, 0);
     for (int i = 0, off = 0; i < nr; off += (int)runs[i].n, i++) {
-        if (i + HINT_RUNS < nr) hint_run(c, il, kvh, &runs[i + HINT_RUNS], 0);
+        hint_runs(c, il, kvh, runs, nr, i + HINT_RUNS, i + HINT_RUNS + 1, 0);
         run_scores(c, il, kvh, q, qq, nh, runs[i].r0, runs[i].n, scores + off, ld);
     }
-    for (int i = 0; i < HINT_RUNS && i < nr; i++) hint_run(c, il, kvh, &runs[i], 1);
+    hint_runs(c, il, kvh, runs, nr, 0, HINT_RUNS, 1);
     float mx[64], sum[64]; /* heads per group: checked in li_model_check */
     for (int h = 0; h < nh; h++) softmax_row(c, scores + (size_t)h * ld, n, !part, &mx[h], &sum[h]);
     float *out = part ? part + 2 : c->att + head * hdv;
     const size_t out_stride = part ? part_stride : (size_t)hdv;
     for (int h = 0; h < nh; h++) memset(out + (size_t)h * out_stride, 0, (size_t)hdv * sizeof(float));
     for (int i = 0, off = 0; i < nr; off += (int)runs[i].n, i++) {
-        if (i + HINT_RUNS < nr) hint_run(c, il, kvh, &runs[i + HINT_RUNS], 1);
+        hint_runs(c, il, kvh, runs, nr, i + HINT_RUNS, i + HINT_RUNS + 1, 1);
         run_accum(c, il, kvh, scores + off, ld, nh, runs[i].r0, runs[i].n, out, out_stride, vrow);
     }
     for (int h = 0; part && h < nh; h++) {
@@ -409,14 +414,14 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
         if (n == 0) continue;
         const int nq = (ib - ia + 1) * nh;
         const size_t ld = (size_t)n;
-        for (int i = 0; i < HINT_RUNS && i < nr; i++) hint_run(c, il, kvh, &runs[i], 0);
+        hint_runs(c, il, kvh, runs, nr, 0, HINT_RUNS, 0);
         for (int r = 0, off = 0; r < nr; off += (int)runs[r].n, r++) {
-            if (r + HINT_RUNS < nr) hint_run(c, il, kvh, &runs[r + HINT_RUNS], 0);
+            hint_runs(c, il, kvh, runs, nr, r + HINT_RUNS, r + HINT_RUNS + 1, 0);
             run_scores(c, il, kvh, tq + (size_t)ia * (size_t)nh * (size_t)hd,
                        tqq ? tqq + (size_t)ia * (size_t)nh * c->qq_row : NULL, nq, runs[r].r0, runs[r].n, scores + off,
                        ld);
         }
-        for (int i = 0; i < HINT_RUNS && i < nr; i++) hint_run(c, il, kvh, &runs[i], 1);
+        hint_runs(c, il, kvh, runs, nr, 0, HINT_RUNS, 1);
         for (int i = ia; i <= ib; i++) {
             const int64_t off = present_in(runs, nr, lo[ia], lo[i]);
             present[i] = present_in(runs, nr, lo[i], hi[i]);
