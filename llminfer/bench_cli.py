@@ -75,7 +75,7 @@ def _run(llm, n_prompt, n_gen, threads, seed, depth=None):
     rng = random.Random(seed)
     llm.n_threads = threads
     llm.reset()
-    if depth is not None and len(depth):
+    if depth is not None:
         llm._forward(depth, logits_all=False)
     if n_prompt:
         ids = np.array([rng.randrange(llm.n_vocab) for _ in range(n_prompt)], dtype=np.int32)
@@ -163,7 +163,7 @@ def bench(llm, n_prompt: int, n_gen: int, threads_list, repetitions: int, fmt: s
     backend = f"CPU+GPU({gpu_layers} layers)" if gpu_layers else "CPU"
     for threads in threads_list:
         for d in depths:
-            state = depth_ids(llm, d)
+            ids = depth_ids(llm, d) if d else None
             if d and log:
                 log(f"bench: each run below first evaluates a context of {d} tokens, untimed")
             for p, g in tests:
@@ -171,7 +171,7 @@ def bench(llm, n_prompt: int, n_gen: int, threads_list, repetitions: int, fmt: s
                 if log:
                     log(f"bench: warm-up {name}, {threads} threads")
                 _run(llm, min(p, 32), min(g, 4), threads, seed=-1 % 2**32)  # untimed: pages, caches, team
-                times = [_run(llm, p, g, threads, seed=r, depth=state) for r in range(repetitions)]
+                times = [_run(llm, p, g, threads, seed=r, depth=ids) for r in range(repetitions)]
                 rates = [(p or g) / t for t in times]
                 mean, sd = mean_sd(rates)
                 printer.row({**facts, "backend": backend, "n_threads": threads, "n_prompt": p, "n_gen": g,
