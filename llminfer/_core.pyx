@@ -546,12 +546,31 @@ cdef class Context:
         """The bytes of one block of a group, over all its layers (bytes)."""
         if self.ctx == NULL:
             raise errors.LLMInferError("the context is closed")
-        cdef size_t size = C.li_kv_group_block_bytes(self.ctx, group)
-        out = bytearray(size)
-        cdef unsigned char[::1] view = out
-        check(C.li_kv_read_block(self.ctx, group, block, &view[0] if size else NULL, size),
-              "reading a KV block")
-        return bytes(out)
+        return self.read_blocks(b"", [(group, block)])
+
+    def read_blocks(self, bytes head, blocks):
+        """head, then the bytes of each (group, block) of blocks in turn, as
+        one bytes object filled in place: a saved state's bytes are made
+        once, with no list of block copies to join (which took twice the
+        state's size while it was made)."""
+        if self.ctx == NULL:
+            raise errors.LLMInferError("the context is closed")
+        pairs = [(int(g), int(b)) for g, b in blocks]
+        cdef size_t total = len(head), size
+        for g, b in pairs:
+            total += C.li_kv_group_block_bytes(self.ctx, g)
+        out = PyBytes_FromStringAndSize(NULL, total)
+        cdef char *p = PyBytes_AS_STRING(out)
+        cdef size_t at = len(head)
+        if at:
+            memcpy(p, <const char *>head, at)
+        cdef int group, block
+        for group, block in pairs:
+            size = C.li_kv_group_block_bytes(self.ctx, group)
+            check(C.li_kv_read_block(self.ctx, group, block, p + at if size else NULL, size),
+                  "reading a KV block")
+            at += size
+        return out
 
     def write_block(self, int group, int block, const unsigned char[::1] data):
         """Overwrite one block of a group with bytes read_block gave."""

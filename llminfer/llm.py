@@ -792,14 +792,22 @@ class LLM:
             state.load(self, blob)
 
     def save_session(self, path) -> None:
-        """save_state() to a file (written whole, then renamed into place)."""
+        """save_state()'s bytes to a file, a KV block at a time (no copy of
+        the whole cache in memory), then renamed into place."""
         import os
 
-        data = self.save_state()
+        from llminfer import state
+
         tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            with self._lock, open(tmp, "wb") as f:
+                self._check_open()
+                state.write(self, f)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
 
     def load_session(self, path) -> None:
         """load_state() from a file save_session() wrote."""

@@ -61,20 +61,19 @@ def model_fingerprint(gguf) -> str:
     return gguf._state_fingerprint
 
 
-def save(llm) -> bytes:
-    """The state of llm's context as bytes."""
+def _layout(llm):
+    """What a state holds ahead of its KV blocks (magic, header, logits), and
+    the (group, block) pairs whose bytes follow, in order."""
     from llminfer import __version__
 
     eng = llm.engine
     seq = llm._seq
     groups = {}
-    blobs = []
+    blocks = []
     for g in eng.kv.groups:
         table = list(seq.tables[g])
-        present = [b for b in table if b >= 0]
-        size = eng.ctx.block_bytes(g)
-        groups[str(g)] = {"table": table, "block_bytes": size}
-        blobs += [eng.ctx.read_block(g, b) for b in present]
+        groups[str(g)] = {"table": table, "block_bytes": eng.ctx.block_bytes(g)}
+        blocks += [(g, b) for b in table if b >= 0]
     header = {
         "format": FORMAT_VERSION, "llminfer": __version__, "model": model_fingerprint(eng.gguf),
         "model_name": os.path.basename(str(llm.model_path)), "kv_type": eng.kv_type,
@@ -84,7 +83,23 @@ def save(llm) -> bytes:
     }
     head = json.dumps(header, separators=(",", ":")).encode()
     logits = np.ascontiguousarray(llm._last_logits, dtype="<f4").tobytes()
-    return b"".join([MAGIC, struct.pack("<I", len(head)), head, logits] + blobs)
+    return b"".join([MAGIC, struct.pack("<I", len(head)), head, logits]), blocks
+
+
+def save(llm) -> bytes:
+    """The state of llm's context as bytes, made in place: the process holds
+    one copy of the cache's blocks beside the cache, not two."""
+    head, blocks = _layout(llm)
+    return llm.engine.ctx.read_blocks(head, blocks)
+
+
+def write(llm, f) -> None:
+    """save()'s bytes written to the binary file f a block at a time, so a
+    session file costs no copy of the whole cache in memory."""
+    head, blocks = _layout(llm)
+    f.write(head)
+    for g, b in blocks:
+        f.write(llm.engine.ctx.read_block(g, b))
 
 
 def _parse(blob):

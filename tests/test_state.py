@@ -113,3 +113,30 @@ def test_block_io_is_bounds_checked(files):
             ctx.read_block(0, bad)
     with pytest.raises(Exception, match="bytes"):
         ctx.write_block(0, 0, b"\x00" * (size - 1))
+
+
+def test_a_state_is_made_without_a_second_copy_of_the_cache(files, tmp_path):
+    """save_state builds its bytes in place and save_session writes a block
+    at a time: what Python allocates on the way stays under half the cache's
+    bytes beyond the result (joining a list of block copies took twice)."""
+    import tracemalloc
+
+    a = LLM(files["llama"], n_ctx=512, n_threads=1, kv_type="f32")
+    a.eval([3 + i % 200 for i in range(400)])
+    ctx = a.engine.ctx
+    cache = ctx.block_bytes(0) * sum(1 for b in a._seq.tables[0] if b >= 0)
+    tracemalloc.start()
+    try:
+        blob = a.save_state()
+        _, peak = tracemalloc.get_traced_memory()
+        assert len(blob) > cache and peak - len(blob) < cache // 2
+        del blob
+        tracemalloc.reset_peak()
+        a.save_session(tmp_path / "s.llmstate")
+        _, peak = tracemalloc.get_traced_memory()
+        assert peak < cache // 2
+    finally:
+        tracemalloc.stop()
+    b = LLM(files["llama"], n_ctx=512, n_threads=1, kv_type="f32")
+    b.load_session(tmp_path / "s.llmstate")
+    np.testing.assert_array_equal(b.eval([3]), a.eval([3]))
