@@ -486,6 +486,12 @@ static int check_block_io(const li_context *c, int group, int block, const void 
     const size_t want = li_kv_group_block_bytes(c, group);
     if (size != want)
         return li_fail(LI_E_SHAPE, "a block of group %d takes %zu bytes, the buffer has %zu", group, want, size);
+    for (int il = 0; il < c->be_layers; il++) /* their pools are the backend's: no k_pool[il] here */
+        if (c->group[il] == group)
+            return li_fail(LI_E_ARG,
+                           "the KV cache of layers 0-%d is on the %s backend; KV blocks (saved states) are read "
+                           "and written only with every layer on the CPU (n_gpu_layers=0)",
+                           c->be_layers - 1, c->be_ops->name);
     return LI_OK;
 }
 

@@ -156,3 +156,22 @@ def test_bad_input_on_gpu(smollm2_path):
         assert "vocabulary" in str(e.value) or "token" in str(e.value).lower()
     finally:
         eng.close()
+
+
+@needs_gpu
+def test_a_state_of_offloaded_layers_is_refused_by_name(smollm2_path):
+    """The offloaded layers' KV cache is on the device: saving or restoring a
+    state raises, naming n_gpu_layers, instead of reading CPU pools that do
+    not exist; a CPU-only state still loads into a CPU LLM."""
+    from llminfer.llm import LLM
+
+    g = LLM(smollm2_path, n_ctx=128, n_gpu_layers=2)
+    g.eval(g.tokenize("The capital of France is"))
+    with pytest.raises(InvalidArgumentError, match="n_gpu_layers"):
+        g.save_state()
+    c = LLM(smollm2_path, n_ctx=128)
+    c.eval(c.tokenize("The capital of France is"))
+    blob = c.save_state()
+    with pytest.raises(InvalidArgumentError, match="n_gpu_layers"):
+        g.load_state(blob)
+    assert g.tokens == []
