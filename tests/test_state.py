@@ -140,3 +140,14 @@ def test_a_state_is_made_without_a_second_copy_of_the_cache(files, tmp_path):
     b = LLM(files["llama"], n_ctx=512, n_threads=1, kv_type="f32")
     b.load_session(tmp_path / "s.llmstate")
     np.testing.assert_array_equal(b.eval([3]), a.eval([3]))
+
+
+def test_a_session_that_cannot_be_saved_leaves_no_file(files, tmp_path):
+    from llminfer.errors import LLMInferError
+
+    a = LLM(files["llama"], n_ctx=64, n_threads=1)
+    a.eval([1, 2, 3])
+    a.close()
+    with pytest.raises(LLMInferError, match="closed"):
+        a.save_session(tmp_path / "s.llmstate")
+    assert list(tmp_path.iterdir()) == []
