@@ -139,6 +139,7 @@ def load(llm, blob):
         positions = [int(p) for p in header["positions"]]
         groups = {str(g): {"table": [int(b) for b in v["table"]], "block_bytes": int(v["block_bytes"])}
                   for g, v in header["groups"].items()}
+        next_pos, swa_floor = int(header["next_pos"]), int(header["swa_floor"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise InvalidArgumentError(f"the state's header is corrupt: {type(e).__name__}: {e}") from None
     if len(positions) != len(tokens) or any(not 0 <= t < llm.n_vocab for t in tokens):
@@ -147,6 +148,9 @@ def load(llm, blob):
         raise InvalidArgumentError(f"the state holds {len(tokens)} tokens, more than n_ctx={llm.n_ctx}")
     if sorted(int(g) for g in groups) != sorted(eng.kv.groups):
         raise InvalidArgumentError("the state's KV groups do not match this model's")
+    why = _layout_fault(positions, next_pos, swa_floor, groups, eng.block_size)
+    if why:
+        raise InvalidArgumentError(f"the state's header is corrupt: {why}")
     n_logits = llm.n_vocab * 4
     need = n_logits + sum(g["block_bytes"] * sum(1 for b in g["table"] if b >= 0) for g in groups.values())
     if len(payload) != need:
@@ -164,10 +168,46 @@ def load(llm, blob):
         raise
     seq.tokens = list(tokens)
     seq.positions = positions
-    seq.next_pos = int(header["next_pos"])
-    seq.swa_floor = int(header["swa_floor"])
+    seq.next_pos = next_pos
+    seq.swa_floor = swa_floor
     llm._last_logits[:] = np.frombuffer(payload[:n_logits], dtype="<f4")
     llm._owner = None
+
+
+def _layout_fault(positions, next_pos, swa_floor, groups, bs):
+    """What makes a header's tokens and block tables a layout the cache
+    never holds (None when nothing does). The attention reads every row of a
+    present block below the token's position, so a table that claims a
+    block for positions no token was written at would feed it whatever the
+    pool held there.
+
+    What the cache holds: positions rising from 0 to next_pos - 1, less the
+    whole blocks a context shift dropped; a block is present in the table
+    exactly when the sequence holds its positions, except that the
+    sliding-window group gives back the blocks below swa_floor (a multiple
+    of the block size)."""
+    pos = np.asarray(positions, dtype=np.int64)
+    if pos.size and (pos[0] < 0 or np.any(np.diff(pos) <= 0)):
+        return "its positions do not rise from 0"
+    if next_pos != (int(pos[-1]) + 1 if pos.size else 0):
+        return f"next_pos {next_pos} does not follow its last position"
+    if not 0 <= swa_floor <= next_pos or swa_floor % bs:
+        return f"swa_floor {swa_floor} is not a block boundary at or before next_pos {next_pos}"
+    n_blocks = -(-next_pos // bs)
+    held = np.bincount(pos // bs, minlength=n_blocks)
+    whole = np.minimum(bs, next_pos - np.arange(n_blocks) * bs)  # positions of each block below next_pos
+    if np.any((held != 0) & (held != whole)):
+        return "a block holds only some of its positions"
+    for g, info in groups.items():
+        table = np.asarray(info["table"], dtype=np.int64)
+        if table.size < n_blocks:
+            return f"group {g}'s table of {table.size} blocks does not reach next_pos {next_pos}"
+        want = held > 0
+        if int(g) == SWA:
+            want[:swa_floor // bs] = False
+        if np.any((table[:n_blocks] >= 0) != want):
+            return f"group {g}'s table disagrees with the positions it holds"
+    return None
 
 
 def _restore_blocks(eng, seq, groups, payload, at):

@@ -151,3 +151,66 @@ def test_a_session_that_cannot_be_saved_leaves_no_file(files, tmp_path):
     with pytest.raises(LLMInferError, match="closed"):
         a.save_session(tmp_path / "s.llmstate")
     assert list(tmp_path.iterdir()) == []
+
+
+def _states_after(files, arch, n_ctx, max_tokens, **kw):
+    a = LLM(files[arch], n_ctx=n_ctx, n_threads=1)
+    no_end = {t: float("-inf") for t in a.tokenizer.eog_ids}  # generate all max_tokens
+    a.complete(a.tokenize(PROMPT), max_tokens=max_tokens, temperature=0, logit_bias=no_end, **kw)
+    return a, a.save_state()
+
+
+@pytest.mark.parametrize("arch, n_ctx, shift", [("gemma3", 256, False), ("llama", 128, True)])
+def test_states_the_engine_makes_past_a_window_or_a_shift_load(files, arch, n_ctx, shift):
+    """The layouts a long generation leaves, gemma3's sliding-window blocks
+    given back (swa_floor > 0) and a context shift's dropped blocks (gaps in
+    the positions), pass the loader's layout checks and restore exactly."""
+    a, blob = _states_after(files, arch, n_ctx, 200 if shift else 120, context_shift=shift)
+    seq = a._seq
+    if shift:
+        assert seq.next_pos > len(seq.tokens) and -1 in seq.tables[0]
+    else:
+        assert seq.swa_floor > 0
+    b = LLM(files[arch], n_ctx=n_ctx, n_threads=1)
+    b.load_state(blob)
+    assert (b._seq.positions, b._seq.next_pos, b._seq.swa_floor) == (seq.positions, seq.next_pos, seq.swa_floor)
+    np.testing.assert_array_equal(b.eval([5]), a.eval([5]))
+
+
+def _edit_header(blob, **changes):
+    import json
+    import struct
+
+    from llminfer.state import MAGIC
+
+    (n,) = struct.unpack_from("<I", blob, len(MAGIC))
+    start = len(MAGIC) + 4
+    header = json.loads(blob[start:start + n])
+    for key, change in changes.items():
+        header[key] = change(header[key])
+    head = json.dumps(header).encode()
+    return MAGIC + struct.pack("<I", len(head)) + head + blob[start + n:]
+
+
+def _claim_dropped_block(groups):
+    table = groups["0"]["table"]
+    table[table.index(-1)] = 0
+    return groups
+
+
+@pytest.mark.parametrize("change, why", [
+    (dict(next_pos=lambda p: p + 40), "next_pos"),      # the pass would read rows no token wrote
+    (dict(next_pos=lambda p: "x"), "ValueError"),
+    (dict(positions=lambda ps: ps[:2][::-1] + ps[2:]), "positions"),
+    (dict(positions=lambda ps: [p + 1 for p in ps], next_pos=lambda p: p + 1), "some of its positions"),
+    (dict(swa_floor=lambda f: f + 3), "swa_floor"),
+    (dict(groups=_claim_dropped_block), "table disagrees"),
+])
+def test_a_header_whose_tables_and_positions_disagree_is_refused(files, change, why):
+    a, blob = _states_after(files, "llama", 128, 200, context_shift=True)
+    b = LLM(files["llama"], n_ctx=128, n_threads=1)
+    with pytest.raises(InvalidArgumentError, match=f"corrupt.*{why}"):
+        b.load_state(_edit_header(blob, **change))
+    assert b.engine.kv_usage()["full-attention"]["used"] == 0
+    b.load_state(blob)
+    np.testing.assert_array_equal(b.eval([5]), a.eval([5]))
