@@ -75,11 +75,12 @@ class Engine:
     model: a .gguf path or a known model name (llminfer.hub). n_ctx: most
     tokens one sequence may hold. kv_pool_tokens: positions the KV pool holds
     for all sequences together (default n_ctx). n_batch: most tokens per
-    forward pass. kv_type: "f16" (default), "f32", "q8_0" or "q4_0".
-    block_size: positions per KV block. n_gpu_layers: layers run on the GPU
-    (the first N; -1: all and the output head; 0: none), on device main_gpu
-    (llminfer.gpu). repack: rewrite the weights at load into the layout the
-    CPU's kernels read fastest, where it has such kernels (same results)."""
+    forward pass (cut to kv_pool_tokens where larger). kv_type: "f16"
+    (default), "f32", "q8_0" or "q4_0". block_size: positions per KV block.
+    n_gpu_layers: layers run on the GPU (the first N; -1: all and the output
+    head; 0: none), on device main_gpu (llminfer.gpu). repack: rewrite the
+    weights at load into the layout the CPU's kernels read fastest, where it
+    has such kernels (same results)."""
 
     def __init__(self, model, n_ctx: int = 4096, kv_pool_tokens: int | None = None, n_batch: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", block_size: int = 32, mmap: bool = True,
@@ -90,6 +91,9 @@ class Engine:
         for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("kv_pool_tokens", pool)):
             if v > MAX_POSITIONS:
                 raise InvalidArgumentError(f"{name}={v} is more than the {MAX_POSITIONS} positions the engine indexes")
+        # a pass writes a KV row per token, so none holds more tokens than the
+        # pool: a larger n_batch would only size scratch no pass can use
+        n_batch = min(n_batch, pool)
         n_threads = check_threads(n_threads)  # a team larger than the CPUs is capped, with a warning
         if not isinstance(kv_type, str) or kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")

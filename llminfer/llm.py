@@ -168,7 +168,7 @@ class LLM:
     model: a path to a .gguf file, or a known model name (see llminfer.hub;
     fetched on first use). n_ctx: context length in tokens. n_threads: threads
     for the native kernels (default: physical cores). n_batch: most prompt
-    tokens evaluated per forward pass. seed: default seed for sampling.
+    tokens evaluated per forward pass (at most n_ctx). seed: default seed for sampling.
     kv_type: "f16" (default) or "f32" for the KV cache. chat_format /
     chat_template: override the chat prompt format (see llminfer.chat).
     n_gpu_layers: the first N layers run on the GPU (-1: every layer and the

@@ -97,6 +97,23 @@ def test_pool_running_out_names_the_pool(path):
         e.close()
 
 
+def test_an_n_batch_past_the_pool_is_cut_to_it(path):
+    """n_batch sizes the pass's scratch; no pass holds more tokens than the
+    KV pool, so a larger one (1e9 asked for 1e9 tokens of scratch, and raised
+    OutOfMemoryError) is cut to kv_pool_tokens, and a whole-context prompt
+    gives the logits it gives in passes of 16 tokens."""
+    e = Engine(path, n_ctx=64, kv_pool_tokens=96, n_batch=10**9, n_threads=1, block_size=8)
+    ref = Engine(path, n_ctx=64, kv_pool_tokens=96, n_batch=16, n_threads=1, block_size=8)
+    try:
+        assert e.n_batch == 96
+        ids = toks(3, 64)
+        got = e.decode([(e.new_sequence(), ids, "all")])[0]
+        np.testing.assert_array_equal(got, ref.decode([(ref.new_sequence(), ids, "all")])[0])
+    finally:
+        e.close()
+        ref.close()
+
+
 def test_context_shift_drops_blocks_without_recomputing(eng, path):
     """Dropping whole blocks from the middle masks their positions: the
     following tokens see exactly the reference's attention over the tokens
