@@ -103,7 +103,9 @@ def write(llm, f) -> None:
 
 
 def _parse(blob):
-    blob = memoryview(bytes(blob) if not isinstance(blob, (bytes, bytearray, memoryview)) else blob)
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise InvalidArgumentError(f"a state must be bytes (from save_state()), got {type(blob).__name__}")
+    blob = memoryview(blob)
     if len(blob) < len(MAGIC) + 4 or bytes(blob[:len(MAGIC) - 1]) != MAGIC[:-1]:
         raise InvalidArgumentError("not an llminfer state (bad magic): use bytes from save_state() or a file "
                                    "from save_session()")

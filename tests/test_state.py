@@ -214,3 +214,10 @@ def test_a_header_whose_tables_and_positions_disagree_is_refused(files, change, 
     assert b.engine.kv_usage()["full-attention"]["used"] == 0
     b.load_state(blob)
     np.testing.assert_array_equal(b.eval([5]), a.eval([5]))
+
+
+def test_a_state_that_is_not_bytes_is_refused(files):
+    a = LLM(files["llama"], n_ctx=64, n_threads=1)
+    for bad in ("LLMIKV", None, [1, 2]):
+        with pytest.raises(InvalidArgumentError, match="must be bytes"):
+            a.load_state(bad)
