@@ -103,8 +103,12 @@ def write(llm, f) -> None:
 
 
 def _parse(blob):
-    if not isinstance(blob, (bytes, bytearray, memoryview)):
-        raise InvalidArgumentError(f"a state must be bytes (from save_state()), got {type(blob).__name__}")
+    if not isinstance(blob, (bytes, bytearray)):
+        try:  # any other buffer (a memoryview, an mmap, a numpy array) as its bytes
+            blob = bytes(memoryview(blob))
+        except TypeError:
+            raise InvalidArgumentError(f"a state must be bytes (from save_state()), got "
+                                       f"{type(blob).__name__}") from None
     blob = memoryview(blob)
     if len(blob) < len(MAGIC) + 4 or bytes(blob[:len(MAGIC) - 1]) != MAGIC[:-1]:
         raise InvalidArgumentError("not an llminfer state (bad magic): use bytes from save_state() or a file "

@@ -221,3 +221,7 @@ def test_a_state_that_is_not_bytes_is_refused(files):
     for bad in ("LLMIKV", None, [1, 2]):
         with pytest.raises(InvalidArgumentError, match="must be bytes"):
             a.load_state(bad)
+    a.eval([1, 2, 3])
+    blob = a.save_state()
+    a.load_state(np.frombuffer(blob, np.uint8))  # another buffer of the same bytes loads
+    assert a.tokens == [1, 2, 3]
