@@ -5,6 +5,7 @@ bound and Prometheus metrics."""
 
 import json
 import math
+import re
 import signal
 import socket
 import threading
@@ -149,6 +150,93 @@ def test_chat_streamed_and_not(server, client, model):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
     assert full.choices[0].finish_reason in ("stop", "length")
+
+
+# ---- structured output ----
+
+# each bounds its output to fewer tokens than max_tokens, so a constrained
+# generation closes its JSON and ends with "stop" whatever the model says
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 1, "maxItems": 3},
+    {"type": "object", "properties": {"ok": {"type": "boolean"},
+                                      "n": {"type": "integer", "minimum": -99, "maximum": 99}},
+     "required": ["ok", "n"], "additionalProperties": False},
+]
+
+
+def _json_chat(client, model, k, stream=False, temperature=0, seed=None, n=1):
+    kw = dict(model=model, messages=[{"role": "user", "content": f"Describe thing {k} as JSON."}], max_tokens=96,
+              temperature=temperature, seed=seed, n=n,
+              response_format={"type": "json_schema", "json_schema": {"name": f"s{k}", "schema": SCHEMAS[k]}})
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **kw))
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), finish[-1]
+    out = client.chat.completions.create(**kw)
+    return [(c.message.content, c.finish_reason) for c in out.choices] if n > 1 else \
+        (out.choices[0].message.content, out.choices[0].finish_reason)
+
+
+def test_response_format_json_schema_as_the_library_gives_it(server, client, model, smollm2_path):
+    """Each schema's output parses and validates, ends with "stop", and is
+    the text LLM.create_chat_completion gives for the same request
+    (greedy); streamed, and with the schemas' requests batched together."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from llminfer import LLM
+
+    alone = [_json_chat(client, model, k) for k in range(len(SCHEMAS))]
+    with LLM(smollm2_path, n_ctx=512, n_threads=1) as llm:
+        for k, (text, finish) in enumerate(alone):
+            assert finish == "stop", text
+            jsonschema.validate(json.loads(text), SCHEMAS[k])
+            lib = llm.create_chat_completion(
+                [{"role": "user", "content": f"Describe thing {k} as JSON."}], max_tokens=96, temperature=0,
+                response_format={"type": "json_schema", "json_schema": {"name": f"s{k}", "schema": SCHEMAS[k]}})
+            assert text == lib["choices"][0]["message"]["content"]
+    assert _json_chat(client, model, 0, stream=True) == alone[0]
+    with ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(lambda i: _json_chat(client, model, i % 3, stream=i >= 3), range(6)))
+    assert together == alone + alone
+    for text, finish in _json_chat(client, model, 2, temperature=1.0, seed=11, n=3):  # sampled choices
+        assert finish == "stop"
+        jsonschema.validate(json.loads(text), SCHEMAS[2])
+    wait_idle(server.url)
+
+
+def test_json_object_and_llama_server_grammar_fields(server, client, model):
+    out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "A JSON object:"}],
+                                         max_tokens=200, temperature=0, response_format={"type": "json_object"})
+    text = out.choices[0].message.content
+    assert text.lstrip().startswith("{")
+    if out.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    gbnf = 'root ::= ("yes" | "no") " because " [a-z ]{3,20} "."'
+    for seed in range(3):
+        c = client.completions.create(model=model, prompt="Is water wet? Answer:", max_tokens=40, seed=seed,
+                                      extra_body={"grammar": gbnf})
+        assert re.fullmatch(r"(yes|no) because [a-z ]{3,20}\.", c.choices[0].text), c.choices[0].text
+    c = client.completions.create(model=model, prompt="Days in a week:", max_tokens=8, temperature=0,
+                                  extra_body={"json_schema": {"type": "integer", "minimum": 0, "maximum": 99}})
+    assert 0 <= json.loads(c.choices[0].text) <= 99 and c.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": 7}}}},
+     "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": "json"}, "response_format"),
+    ({"grammar": "root ::= ("}, "grammar"),
+    ({"json_schema": {"type": "integer"}, "grammar": 'root ::= "a"'}, "json_schema"),
+])
+def test_bad_structured_requests_are_400(server, client, model, extra, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                       extra_body=extra)
+    assert e.value.body["param"] == param and e.value.body["message"]
+    wait_idle(server.url)
 
 
 # ---- batching ----
@@ -350,7 +438,7 @@ def test_bad_chat_requests_and_limits(server, client, model):
 ODD_VALUES = [None, "x", -1, 0, 2.5, 1e308, True, [1], {"a": 1}]
 FIELDS = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty",
           "frequency_penalty", "seed", "n", "stop", "logprobs", "logit_bias", "ignore_eos", "stream", "model",
-          "stream_options", "best_of", "suffix", "echo", "user"]
+          "stream_options", "best_of", "suffix", "echo", "user", "response_format", "json_schema", "grammar"]
 
 
 def test_odd_values_in_every_field_never_break_the_server(server, model):

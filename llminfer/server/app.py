@@ -42,6 +42,7 @@ from llminfer.sampling import SamplingParams
 from llminfer.server.args import ServeArgs
 from llminfer.server.metrics import Metrics
 from llminfer.server.scheduler import FinishEvent, Request, Scheduler, TokenEvent
+from llminfer.structured import grammar_from_args
 
 log = logging.getLogger("llminfer.server")
 
@@ -244,9 +245,7 @@ class _Server:
         _int(body, "best_of", 1, 1, 1)  # only 1 is supported
         if body.get("tools"):
             raise _bad("tools are not supported", "tools")
-        fmt = body.get("response_format")
-        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-            raise _bad("only response_format {\"type\": \"text\"} is supported", "response_format")
+        grammar = self.grammar(body)
         name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
         max_tokens = _int(body, name, None if chat else 16, 1, self.max_tokens_limit)
         bias = body.get("logit_bias")
@@ -287,7 +286,21 @@ class _Server:
                 raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
         else:
             logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
-        return params, max_tokens, n, _stops(body), _bool(body, "ignore_eos", False), logprobs
+        return params, max_tokens, n, _stops(body), _bool(body, "ignore_eos", False), logprobs, grammar
+
+    @staticmethod
+    def grammar(body):
+        """The Grammar a request's output must follow, or None: OpenAI's
+        response_format (json_object, json_schema), or llama-server's
+        `json_schema` and `grammar` (GBNF or Lark) fields; at most one."""
+        given = {k: body.get(k) for k in ("response_format", "json_schema", "grammar") if body.get(k) is not None}
+        if not given:
+            return None
+        param = next(iter(given))
+        try:
+            return grammar_from_args(**given)
+        except LLMInferError as e:  # GrammarError, InvalidArgumentError: the request's to mend
+            raise _bad(str(e), param) from None
 
     def prompt_ids(self, body) -> list:
         """Completions' prompt: a string, a list of ids, or a list of either (several prompts)."""
@@ -370,7 +383,7 @@ class _Job:
     """The engine requests of one HTTP request (prompts x n choices) and the
     queue their events arrive on."""
 
-    def __init__(self, server: _Server, prompts, params, max_tokens, n, stops, ignore_eos, logprobs):
+    def __init__(self, server: _Server, prompts, params, max_tokens, n, stops, ignore_eos, logprobs, grammar=None):
         self.server = server
         self.queue: asyncio.Queue = asyncio.Queue()
         self.reqs = []
@@ -378,7 +391,7 @@ class _Job:
             for j in range(n):
                 p = params if params.seed is None or j == 0 else params.replace(seed=params.seed + j)
                 r = Request(ids, p, max_tokens[i], stops=stops, ignore_eos=ignore_eos, logprobs=logprobs,
-                            out=self.queue)
+                            grammar=grammar, out=self.queue)
                 r.index = i * n + j
                 r.first_of_prompt = j == 0
                 self.reqs.append(r)
@@ -474,7 +487,7 @@ class _Logprobs:
 
 
 async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool):
-    params, max_tokens, n, stops, ignore_eos, logprobs = server.sampling(body, chat)
+    params, max_tokens, n, stops, ignore_eos, logprobs, grammar = await run_in_threadpool(server.sampling, body, chat)
     stream = _bool(body, "stream", False)
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
@@ -489,7 +502,7 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
     if len(prompts) * n > MAX_PROMPTS:
         raise _bad(f"{len(prompts)} prompts x n={n} choices is more than {MAX_PROMPTS} generations", "n")
     limits = [server.check_length(p, max_tokens) for p in prompts]
-    job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs)
+    job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar)
     job.submit()
     prefix = "chatcmpl-" if chat else "cmpl-"
     meta = {"id": prefix + uuid.uuid4().hex, "object": "chat.completion" if chat else "text_completion",

@@ -50,6 +50,7 @@ from llminfer.llm import _StopMatcher
 from llminfer.sampling import Sampler, SamplingParams, _largest
 from llminfer.server.metrics import Metrics
 from llminfer.server.prefix_cache import PrefixCache
+from llminfer.structured import Constraint
 
 _ids = itertools.count()
 log = logging.getLogger("llminfer.server")
@@ -92,6 +93,7 @@ class Request:
     stops: list = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    grammar: object = None  # a llminfer.structured.Grammar the output follows
     out: object = None
     rid: int = field(default_factory=lambda: next(_ids))
     # --- engine-thread state ---
@@ -123,6 +125,9 @@ class _Run:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.matcher = _StopMatcher(req.stops)
         self.tokenizer = tokenizer
+        # its mask for the next token is computed on a worker thread while
+        # the forward pass runs (llminfer.structured)
+        self.constraint = Constraint(req.grammar, tokenizer, n_vocab) if req.grammar is not None else None
 
 
 class Scheduler:
@@ -414,6 +419,8 @@ class Scheduler:
     def _sample(self, req, logits, now, events) -> int:
         run = self._runs[req.rid]
         history = req.tokens() if run.sampler.params.penalties_on else ()
+        if run.constraint is not None:
+            logits = run.constraint.apply(logits)
         tok = run.sampler.sample(logits, history)
         if self.metrics is not None:
             if req.first_token_time is None:
@@ -432,7 +439,13 @@ class Scheduler:
         events.append((req, TokenEvent(tok, text, lp, top)))
         if stopped:
             self._finish(req, "stop", events, held_back=False)
-        elif len(req.output) >= req.max_tokens or len(req.seq.tokens) + 1 > self.engine.n_ctx:
+            return 1
+        if run.constraint is not None:
+            run.constraint.advance(tok)
+            if run.constraint.done:  # the grammar is complete: end as the model's EOS would
+                self._finish(req, "stop", events)
+                return 1
+        if len(req.output) >= req.max_tokens or len(req.seq.tokens) + 1 > self.engine.n_ctx:
             self._finish(req, "length", events)
         return 1
 
@@ -464,6 +477,8 @@ class Scheduler:
             self.kv.free(req.seq)
             req.seq = None
         run = self._runs.pop(req.rid, None)
+        if run is not None and run.constraint is not None:
+            run.constraint.close()
         text = ""
         if run is not None and held_back and reason in ("stop", "length"):
             text, stopped = run.matcher.push(run.decoder.decode(b"", final=True))
