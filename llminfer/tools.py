@@ -399,16 +399,13 @@ def call_grammar(fmt, funcs, tokenizer) -> Grammar:
 
 # ---- the chat completion ----
 
-def chat_with_tools(llm, messages, tools, tool_choice, max_tokens, stream, kwargs):
-    """create_chat_completion with tools: render, generate (constrained when a
-    call is required), parse; an OpenAI chat.completion dict or its chunks."""
-    funcs, choice = check_tools(tools, tool_choice)
-    for k in ("grammar", "json_schema", "response_format"):
-        if kwargs.get(k) is not None and choice not in ("none", "auto"):
-            raise InvalidArgumentError(f"{k} cannot be combined with tool_choice={choice!r}")
-    fmt_obj = llm.chat_format
+def tool_prompt(fmt_obj, metadata, tokenizer, messages, funcs, choice):
+    """A chat with tools as its model reads it: (prompt text, the functions
+    offered, the format to parse the reply in, the call grammar or None).
+    funcs and choice: what check_tools gave. The grammar is set when a call
+    is required ("required" or a named function)."""
     template = fmt_obj.template
-    fam = detect_format(template, llm.metadata)
+    fam = detect_format(template, metadata)
     knows = _template_knows_tools(template)
     msgs = prepare_messages(messages, knows, fam)
     offered = funcs if choice in ("auto", "required") else [f for f in funcs if f["name"] == choice]
@@ -426,15 +423,28 @@ def chat_with_tools(llm, messages, tools, tool_choice, max_tokens, stream, kwarg
             else:
                 msgs = [{"role": "system", "content": system}] + list(msgs)
     text = fmt_obj.render(msgs, add_generation_prompt=True, **extra)
+    parse_fmt = fam if knows else "hermes"
+    grammar = call_grammar(parse_fmt, offered, tokenizer) if choice not in ("none", "auto") else None
+    return text, offered, parse_fmt, grammar
+
+
+def chat_with_tools(llm, messages, tools, tool_choice, max_tokens, stream, kwargs):
+    """create_chat_completion with tools: render, generate (constrained when a
+    call is required), parse; an OpenAI chat.completion dict or its chunks."""
+    funcs, choice = check_tools(tools, tool_choice)
+    for k in ("grammar", "json_schema", "response_format"):
+        if kwargs.get(k) is not None and choice not in ("none", "auto"):
+            raise InvalidArgumentError(f"{k} cannot be combined with tool_choice={choice!r}")
+    fmt_obj = llm.chat_format
+    text, offered, parse_fmt, grammar = tool_prompt(fmt_obj, llm.metadata, llm.tokenizer, messages, funcs, choice)
     ids = llm.tokenize(text, add_bos=not fmt_obj.adds_bos, special=True)
-    if choice not in ("none", "auto"):
-        kwargs = dict(kwargs, grammar=call_grammar(fam if knows else "hermes", offered, llm.tokenizer))
+    if grammar is not None:
+        kwargs = dict(kwargs, grammar=grammar)
     stops = list(fmt_obj.stop_texts) + _stops(kwargs.pop("stop", None))
     out = llm.complete(ids, max_tokens=max_tokens, stop=stops, stream=stream, **kwargs)
     created = int(time.time())
     cid = f"chatcmpl-{created}-{uuid.uuid4().hex[:6]}"
     model = str(llm.model_path)
-    parse_fmt = fam if knows else "hermes"
     if stream:
         return _stream_chunks(llm, out, offered, parse_fmt, cid, created, model)
     content, calls = _parse(llm, out, parse_fmt) if offered else (out.text, [])
@@ -469,56 +479,83 @@ def _parse(llm, out, fmt):
 _MARKERS = ("<tool_call>", "[TOOL_CALLS]", "functools[", "<|tool_call|>", "<|python_tag|>", "```")
 
 
+class ToolCallStream:
+    """A streamed reply split into the content to send now and the tool calls
+    at its end: text goes out as it comes until a tool-call marker might
+    begin (or, for bare-JSON formats, a reply opens with "{" or "["); from
+    there on it is held back, and finish() parses the whole reply.
+
+        s = ToolCallStream(fmt)
+        for piece in pieces: send(s.feed(piece))        # "" while held back
+        content, calls = s.finish(full_text)             # the held text when no call parses
+    """
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+        self.sent, self.held = "", ""
+        self.holding = False
+
+    def feed(self, piece: str) -> str:
+        self.held += piece
+        if self.holding:
+            return ""
+        if not (self.sent + self.held).strip() and not self.held.strip():
+            return ""
+        lead = (self.sent + self.held).lstrip()
+        if lead[:1] in "{[" and not self.sent.strip():
+            self.holding = True
+            return ""
+        cut = _marker_start(self.held)
+        if cut is None:
+            out, self.held = self.held, ""
+        elif cut > 0:
+            out, self.held = self.held[:cut], self.held[cut:]
+            self.holding = any(self.held.startswith(m) for m in _MARKERS) or self.holding
+        else:
+            out = ""
+            self.holding = any(self.held.startswith(m) for m in _MARKERS)
+        self.sent += out
+        return out
+
+    def finish(self, full: str):
+        """(content still to send, calls): full is the whole reply with its
+        special tokens written out."""
+        content, calls = parse_tool_calls(full, self.fmt)
+        return ("" if calls else self.held), calls
+
+
 def _stream_chunks(llm, stream, offered, fmt, cid, created, model):
-    """OpenAI's chunks: text as content deltas until a tool-call marker might
-    begin (or, for bare-JSON formats, a reply opening with "{" or "["); from
-    there on the text is held back, parsed at the end, and each call sent as
-    OpenAI streams one: a delta with its index, id, type and name (arguments
-    ""), then its arguments."""
+    """OpenAI's chunks (ToolCallStream), each call sent as OpenAI streams
+    one: a delta with its index, id, type and name (arguments ""), then its
+    arguments."""
     def chunk(delta, finish=None):
         return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
 
     yield chunk({"role": "assistant", "content": ""})
-    sent, held = "", ""
-    holding = False
+    split = ToolCallStream(fmt)
     for piece in stream:
-        if not offered:
-            if piece:
-                yield chunk({"content": piece})
-            continue
-        held += piece
-        if not holding:
-            if not (sent + held).strip() and not held.strip():
-                continue
-            lead = (sent + held).lstrip()
-            if lead[:1] in "{[" and not sent.strip():
-                holding = True
-                continue
-            cut = _marker_start(held)
-            if cut is None:
-                sent += held
-                yield chunk({"content": held})
-                held = ""
-            elif cut > 0:
-                sent += held[:cut]
-                yield chunk({"content": held[:cut]})
-                held = held[cut:]
-                holding = any(held.startswith(m) for m in _MARKERS) or holding
-            else:
-                holding = any(held.startswith(m) for m in _MARKERS)
+        out = split.feed(piece) if offered else piece
+        if out:
+            yield chunk({"content": out})
     result = stream.result
-    finish = result.finish_reason
     calls = []
     if offered:
-        content, calls = _parse(llm, result, fmt)
-        if not calls and held:
-            yield chunk({"content": held})
+        rest, calls = split.finish(llm.detokenize(result.tokens, skip_special=False))
+        if rest:
+            yield chunk({"content": rest})
+    for delta in tool_call_deltas(calls):
+        yield chunk(delta)
+    yield chunk({}, "tool_calls" if calls else result.finish_reason)
+
+
+def tool_call_deltas(calls):
+    """The stream deltas of parsed calls, as OpenAI sends them: per call its
+    index, id, type and name with empty arguments, then its arguments."""
     for i, call in enumerate(openai_tool_calls(calls)):
-        yield chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                     "function": {"name": call["function"]["name"], "arguments": ""}}]})
-        yield chunk({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]})
-    yield chunk({}, "tool_calls" if calls else finish)
+        yield {"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                               "function": {"name": call["function"]["name"], "arguments": ""}}]}
+        yield {"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]}
 
 
 def _marker_start(text):

@@ -239,6 +239,106 @@ def test_bad_structured_requests_are_400(server, client, model, extra, param):
     wait_idle(server.url)
 
 
+# ---- tool calls ----
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                        "unit": {"enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "The time in a time zone",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 12}},
+                       "required": ["zone"], "additionalProperties": False}}},
+]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _calls(message):
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+
+
+def _streamed_calls(chunks):
+    """(content, [(name, arguments)], finish) from a stream's deltas, joined as a client joins them."""
+    content, calls, finish = "", {}, None
+    for c in chunks:
+        if not c.choices:
+            continue
+        d = c.choices[0].delta
+        content += d.content or ""
+        for tc in d.tool_calls or []:
+            entry = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+            entry["name"] += tc.function.name or ""
+            entry["arguments"] += tc.function.arguments or ""
+        finish = c.choices[0].finish_reason or finish
+    return content, [(e["name"], json.loads(e["arguments"])) for _, e in sorted(calls.items())], finish
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}, "auto",
+                                    "none"])
+def test_tool_calls_as_the_library_makes_them(server, client, model, smollm2_path, choice):
+    """tools and tool_choice: the reply (greedy) is what
+    LLM.create_chat_completion gives, content and calls alike, whole and
+    streamed; a required or named call always parses and fits its schema."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from llminfer import LLM
+
+    kw = dict(model=model, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=80, temperature=0)
+    out = client.chat.completions.create(**kw)
+    msg, finish = out.choices[0].message, out.choices[0].finish_reason
+    with LLM(smollm2_path, n_ctx=512, n_threads=1) as llm:
+        lib = llm.create_chat_completion(ASK, tools=TOOLS, tool_choice=choice, max_tokens=80, temperature=0)
+    lib_msg = lib["choices"][0]["message"]
+    lib_calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                 for c in lib_msg.get("tool_calls") or []]
+    assert (msg.content, _calls(msg), finish) == (lib_msg["content"], lib_calls, lib["choices"][0]["finish_reason"])
+    if choice == "none":
+        assert not msg.tool_calls and msg.content
+    if choice not in ("auto", "none"):
+        assert finish == "tool_calls" and len(msg.tool_calls) == 1 and msg.tool_calls[0].id
+        name, args = _calls(msg)[0]
+        want = "get_time" if isinstance(choice, dict) else name
+        assert name == want
+        jsonschema.validate(args, next(t for t in TOOLS if t["function"]["name"] == name)["function"]["parameters"])
+    content, calls, sfinish = _streamed_calls(client.chat.completions.create(stream=True, **kw))
+    assert (content or None, calls, sfinish) == (msg.content or None, _calls(msg), finish)
+    wait_idle(server.url)
+
+
+def test_a_tool_exchange_goes_on(server, client, model):
+    """The follow-up turn: the assistant's call (content null) and the tool's
+    answer render, and the model replies."""
+    first = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           max_tokens=80, temperature=0).choices[0].message
+    call = first.tool_calls[0]
+    history = ASK + [{"role": "assistant", "content": None,
+                      "tool_calls": [{"id": call.id, "type": "function",
+                                      "function": {"name": call.function.name,
+                                                   "arguments": call.function.arguments}}]},
+                     {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}]
+    reply = client.chat.completions.create(model=model, messages=history, tools=TOOLS, max_tokens=24,
+                                           temperature=0)
+    assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert reply.choices[0].message.content or reply.choices[0].message.tool_calls
+    wait_idle(server.url)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools"),
+    ({"tools": "get_weather"}, "tools"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+])
+def test_bad_tool_requests_are_400(server, model, extra, param):
+    r = httpx.post(server.url + "/v1/chat/completions",
+                   json={"model": model, "messages": ASK, "max_tokens": 4, **extra}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    wait_idle(server.url)
+
+
 # ---- batching ----
 
 def _ask(client, model, i, stream):
@@ -418,7 +518,8 @@ def test_bad_chat_requests_and_limits(server, client, model):
                  {"messages": [{"role": "user", "content": ["not a part"]}]},
                  {"messages": [{"role": "user", "content": 5}]}, {"messages": ["hi"]},
                  {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3},
-                 {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}):
+                 {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+                 {"messages": [{"role": "assistant", "content": None, "tool_calls": "x"}]}):
         r = httpx.post(server.url + "/v1/chat/completions", json={"model": model, **body})
         assert r.status_code == 400, (body, r.text)
     with pytest.raises(openai.BadRequestError):
@@ -438,7 +539,8 @@ def test_bad_chat_requests_and_limits(server, client, model):
 ODD_VALUES = [None, "x", -1, 0, 2.5, 1e308, True, [1], {"a": 1}]
 FIELDS = ["prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty",
           "frequency_penalty", "seed", "n", "stop", "logprobs", "logit_bias", "ignore_eos", "stream", "model",
-          "stream_options", "best_of", "suffix", "echo", "user", "response_format", "json_schema", "grammar"]
+          "stream_options", "best_of", "suffix", "echo", "user", "response_format", "json_schema", "grammar",
+          "tools", "tool_choice"]
 
 
 def test_odd_values_in_every_field_never_break_the_server(server, model):

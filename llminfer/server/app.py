@@ -43,6 +43,8 @@ from llminfer.server.args import ServeArgs
 from llminfer.server.metrics import Metrics
 from llminfer.server.scheduler import FinishEvent, Request, Scheduler, TokenEvent
 from llminfer.structured import grammar_from_args
+from llminfer.tools import (ToolCallStream, check_tools, detect_format, openai_tool_calls, parse_tool_calls,
+                            prepare_messages, tool_call_deltas, tool_prompt)
 
 log = logging.getLogger("llminfer.server")
 
@@ -243,8 +245,6 @@ class _Server:
         if body.get("suffix"):
             raise _bad("suffix is not supported", "suffix")
         _int(body, "best_of", 1, 1, 1)  # only 1 is supported
-        if body.get("tools"):
-            raise _bad("tools are not supported", "tools")
         grammar = self.grammar(body)
         name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
         max_tokens = _int(body, name, None if chat else 16, 1, self.max_tokens_limit)
@@ -324,8 +324,9 @@ class _Server:
         except LLMInferError as e:
             raise _bad(f"cannot tokenize the prompt: {e}", "prompt") from None
 
-    def chat_ids(self, body) -> tuple[list, list]:
-        """(prompt ids, the chat format's stop texts) of a chat request's messages."""
+    def chat_ids(self, body) -> tuple[list, list, object]:
+        """(prompt ids, the chat format's stop texts, its _Tools or None) of a
+        chat request's messages (and tools)."""
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise _bad("messages must be a non-empty list", "messages")
@@ -347,13 +348,35 @@ class _Server:
             elif not isinstance(content, str):
                 raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
             role = "system" if m["role"] == "developer" else m["role"]
-            plain.append({"role": role, "content": content})
+            msg = {"role": role, "content": content}
+            # a tool exchange: the assistant's calls, and the tool's answer to one
+            if m.get("tool_calls") is not None:
+                if not isinstance(m["tool_calls"], list) or not all(
+                        isinstance(c, dict) and isinstance(c.get("function"), dict) for c in m["tool_calls"]):
+                    raise _bad(f"messages[{i}].tool_calls must be a list of {{'function': {{...}}}}", "messages")
+                msg["tool_calls"] = m["tool_calls"]
+            for key in ("tool_call_id", "name"):
+                if isinstance(m.get(key), str):
+                    msg[key] = m[key]
+            plain.append(msg)
+        tools = None
         try:
             fmt = self.chat_format
-            text = fmt.render(plain, add_generation_prompt=True)
+            if body.get("tools") is not None or body.get("tool_choice") is not None:
+                try:
+                    funcs, choice = check_tools(body.get("tools"), body.get("tool_choice"))
+                except InvalidArgumentError as e:
+                    raise _bad(str(e), "tool_choice" if "tool_choice" in str(e) else "tools") from None
+                text, offered, parse_fmt, grammar = tool_prompt(fmt, self.engine.gguf.metadata, self.tokenizer,
+                                                                plain, funcs, choice)
+                tools = _Tools(offered, parse_fmt, grammar, choice)
+            else:
+                knows = "tools" in fmt.template
+                text = fmt.render(prepare_messages(plain, knows, detect_format(fmt.template, {})),
+                                  add_generation_prompt=True)
         except LLMInferError as e:
             raise _bad(f"the chat template cannot render these messages: {e}", "messages") from None
-        return self.tokenize(text, add_special=not fmt.adds_bos), list(fmt.stop_texts)
+        return self.tokenize(text, add_special=not fmt.adds_bos), list(fmt.stop_texts), tools
 
     def check_length(self, ids, max_tokens) -> int:
         if not ids:
@@ -368,6 +391,18 @@ class _Server:
             raise _bad(f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: more than this "
                        f"model's context of {self.n_ctx} tokens", "max_tokens", "context_length_exceeded")
         return max_tokens
+
+
+class _Tools:
+    """A chat request's tools: the functions offered, the reply's format, the
+    grammar of a required call (or None) and tool_choice."""
+
+    def __init__(self, offered, fmt, grammar, choice):
+        self.offered, self.fmt, self.grammar, self.choice = offered, fmt, grammar, choice
+
+    def reply(self, tokenizer, tokens):
+        """The whole reply with its special tokens written out, to parse."""
+        return b"".join(tokenizer.token_bytes(t, skip_special=False) for t in tokens).decode("utf-8", "replace")
 
 
 def _dispatch(events):
@@ -397,6 +432,7 @@ class _Job:
                 self.reqs.append(r)
         self.open = len(self.reqs)
         self.finish: dict = {}
+        self.tools = None  # a chat's _Tools: its replies are parsed for calls
 
     def submit(self):
         sched = self.server.scheduler
@@ -493,10 +529,18 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
     if opts is not None and not isinstance(opts, dict):
         raise _bad("stream_options must be an object", "stream_options")
     include_usage = bool((opts or {}).get("include_usage", False))
+    tools = None
     if chat:
-        ids, chat_stops = await run_in_threadpool(server.chat_ids, body)
+        ids, chat_stops, tools = await run_in_threadpool(server.chat_ids, body)
         prompts = [ids]
         stops = chat_stops + stops
+        if tools is not None and tools.grammar is not None:
+            if grammar is not None:
+                raise _bad(f"response_format, json_schema and grammar cannot be combined with "
+                           f"tool_choice={tools.choice!r}", "tool_choice")
+            grammar = tools.grammar
+        if tools is not None and not tools.offered:
+            tools = None  # tool_choice "none": a plain reply
     else:
         prompts = await run_in_threadpool(server.prompt_ids, body)
     if len(prompts) * n > MAX_PROMPTS:
@@ -507,6 +551,7 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
     prefix = "chatcmpl-" if chat else "cmpl-"
     meta = {"id": prefix + uuid.uuid4().hex, "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": server.model_name}
+    job.tools = tools
     if stream:
         return _SSEResponse(_stream(server, job, meta, chat, include_usage), job.cancel)
     return await _collect(server, request, job, meta, chat)
@@ -514,12 +559,14 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
 
 async def _collect(server, request, job: _Job, meta, chat) -> Response:
     texts = {r.index: [] for r in job.reqs}
+    tokens = {r.index: [] for r in job.reqs}
     lps = {r.index: _Logprobs(server, chat) for r in job.reqs if r.logprobs is not None}
 
     async def gather():
         async for req, ev in job.events():
             if isinstance(ev, TokenEvent):
                 texts[req.index].append(ev.text)
+                tokens[req.index].append(ev.token)
                 if req.index in lps:
                     lps[req.index].add(ev)
             else:
@@ -542,8 +589,13 @@ async def _collect(server, request, job: _Job, meta, chat) -> Response:
         lp = lps[r.index].result() if r.index in lps else None
         reason = _reason(job.finish[r.index])
         if chat:
-            choices.append({"index": r.index, "message": {"role": "assistant", "content": text},
-                            "logprobs": lp, "finish_reason": reason})
+            message = {"role": "assistant", "content": text}
+            if job.tools is not None:
+                content, calls = parse_tool_calls(job.tools.reply(server.tokenizer, tokens[r.index]), job.tools.fmt)
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": openai_tool_calls(calls)}
+                    reason = "tool_calls"
+            choices.append({"index": r.index, "message": message, "logprobs": lp, "finish_reason": reason})
         else:
             choices.append({"index": r.index, "text": text, "logprobs": lp, "finish_reason": reason})
     return JSONResponse({**meta, "choices": choices, "usage": job.usage()})
@@ -581,6 +633,9 @@ async def _stream(server, job: _Job, meta, chat, include_usage):
     obj = "chat.completion.chunk" if chat else "text_completion"
     base = {**meta, "object": obj}
     lps = {r.index: _Logprobs(server, chat) for r in job.reqs if r.logprobs is not None}
+    tools = job.tools
+    splits = {r.index: ToolCallStream(tools.fmt) for r in job.reqs} if tools is not None else {}
+    tokens = {r.index: [] for r in job.reqs}
     if chat:
         for r in job.reqs:
             yield _sse({**base, "choices": [{"index": r.index, "delta": {"role": "assistant", "content": ""},
@@ -588,9 +643,11 @@ async def _stream(server, job: _Job, meta, chat, include_usage):
     async for req, ev in job.events():
         if isinstance(ev, TokenEvent):
             lp = lps[req.index].add(ev) if req.index in lps else None
-            if not ev.text and lp is None:
+            tokens[req.index].append(ev.token)
+            text = splits[req.index].feed(ev.text) if splits else ev.text
+            if not text and lp is None:
                 continue
-            body = {"delta": {"content": ev.text}} if chat else {"text": ev.text}
+            body = {"delta": {"content": text}} if chat else {"text": text}
             yield _sse({**base, "choices": [{"index": req.index, **body, "logprobs": lp, "finish_reason": None}]})
             continue
         if ev.reason == "error":
@@ -599,8 +656,19 @@ async def _stream(server, job: _Job, meta, chat, include_usage):
             job.cancel()
             break
         last = job.open == 0
-        body = ({"delta": {"content": ev.text} if ev.text else {}} if chat else {"text": ev.text})
-        chunk = {**base, "choices": [{"index": req.index, **body, "logprobs": None, "finish_reason": _reason(ev)}]}
+        reason, text = _reason(ev), ev.text
+        if splits:
+            split = splits[req.index]
+            now = split.feed(text)
+            rest, calls = split.finish(tools.reply(server.tokenizer, tokens[req.index]))
+            text = now + rest
+            for delta in tool_call_deltas(calls):
+                yield _sse({**base, "choices": [{"index": req.index, "delta": delta, "logprobs": None,
+                                                "finish_reason": None}]})
+            if calls:
+                reason = "tool_calls"
+        body = ({"delta": {"content": text} if text else {}} if chat else {"text": text})
+        chunk = {**base, "choices": [{"index": req.index, **body, "logprobs": None, "finish_reason": reason}]}
         if last and not include_usage:
             chunk["usage"] = job.usage()
         yield _sse(chunk)
