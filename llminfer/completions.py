@@ -75,21 +75,25 @@ def token_logprobs(logits: np.ndarray, tok: int, top_n: int):
 
 def fim_ids(llm, prompt: str, suffix: str) -> list:
     """The token ids of a fill-in-the-middle prompt."""
-    meta = llm.metadata
+    return fim_layout(llm.metadata, llm.tokenizer, llm.n_vocab, llm.model_path, prompt, suffix)
+
+
+def fim_layout(meta, tok, n_vocab: int, name, prompt: str, suffix: str) -> list:
+    """fim_ids from the model's metadata and tokenizer (name: the model, for
+    the error)."""
     ids = {}
     for role, keys in _FIM_KEYS.items():
         found = next((meta[k] for k in keys if k in meta), None)
-        if found is None or not 0 <= int(found) < llm.n_vocab:
+        if found is None or not 0 <= int(found) < n_vocab:
             raise InvalidArgumentError(
-                f"suffix= needs a fill-in-the-middle model, and {llm.model_path} names no {role} token "
+                f"suffix= needs a fill-in-the-middle model, and {name} names no {role} token "
                 f"({keys[0]}); use a coder model trained for infilling")
         ids[role] = int(found)
     if not isinstance(prompt, str) or not isinstance(suffix, str):
         raise InvalidArgumentError("with suffix=, the prompt and the suffix must be strings")
-    tok = llm.tokenizer
     head = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
-    return (head + [ids["pre"]] + llm.tokenize(prompt, add_bos=False) + [ids["suf"]]
-            + llm.tokenize(suffix, add_bos=False) + [ids["mid"]])
+    return (head + [ids["pre"]] + tok.encode(prompt, add_bos=False, special=False) + [ids["suf"]]
+            + tok.encode(suffix, add_bos=False, special=False) + [ids["mid"]])
 
 
 def _piece(llm, t) -> str:

@@ -339,6 +339,43 @@ def test_bad_tool_requests_are_400(server, model, extra, param):
     wait_idle(server.url)
 
 
+# ---- fill in the middle ----
+
+@pytest.fixture(scope="module")
+def fim_server(tmp_path_factory):
+    """A tiny random model whose metadata names FIM tokens (SmolLM2's names none)."""
+    from tiny_models import TinyConfig, vocab, write_model
+
+    tokens, _ = vocab()
+    fim = {k: tokens.index(c) for k, c in (("pre", "x"), ("suf", "y"), ("mid", "z"))}
+    path = write_model(tmp_path_factory.mktemp("fim") / "fim.gguf", TinyConfig(tie_output=False), extra_uint32={
+        "tokenizer.ggml.fim_pre_token_id": fim["pre"], "tokenizer.ggml.fim_suf_token_id": fim["suf"],
+        "tokenizer.ggml.fim_mid_token_id": fim["mid"]})
+    s = ServerThread(ServeArgs(model=str(path), n_ctx=96, n_threads=1))
+    yield s, path
+    s.stop()
+
+
+def test_suffix_fills_in_the_middle_as_the_library_does(fim_server, server, model):
+    from llminfer import LLM
+
+    srv, path = fim_server
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    name = c.models.list().data[0].id
+    out = c.completions.create(model=name, prompt="the cat", suffix=" the mat", max_tokens=5, temperature=0)
+    with LLM(path, n_ctx=96, n_threads=1) as llm:
+        lib = llm.create_completion("the cat", suffix=" the mat", max_tokens=5, temperature=0)
+    assert out.choices[0].text == lib["choices"][0]["text"]
+    assert out.usage.prompt_tokens == lib["usage"]["prompt_tokens"]
+    for body, param in (({"prompt": ["a", "b"], "suffix": "c"}, "prompt"), ({"prompt": "a", "suffix": 5}, "suffix")):
+        r = httpx.post(srv.url + "/v1/completions", json={"model": name, "max_tokens": 2, **body}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    # a model that names no FIM tokens says so
+    r = httpx.post(server.url + "/v1/completions", json={"model": model, "prompt": "def f():", "suffix": "  return 1",
+                                                         "max_tokens": 2}, timeout=60)
+    assert r.status_code == 400 and "fill-in-the-middle" in r.json()["error"]["message"]
+
+
 # ---- batching ----
 
 def _ask(client, model, i, stream):
@@ -495,6 +532,7 @@ BAD = [
     ({"prompt": ["hi"] * 10, "n": 10}, 400, "n"),
     ({"prompt": "hi", "seed": 1.5}, 400, "seed"),
     ({"prompt": "hi", "echo": True}, 400, "echo"),
+    ({"prompt": "hi", "suffix": "x"}, 400, "suffix"),  # SmolLM2 names no FIM tokens
     ({"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
     ({"prompt": "hi", "stream": "yes"}, 400, "stream"),
 ]

@@ -36,6 +36,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from llminfer.completions import fim_layout
 from llminfer.engine import Engine
 from llminfer.errors import InvalidArgumentError, LLMInferError
 from llminfer.sampling import SamplingParams
@@ -242,8 +243,6 @@ class _Server:
         for name in ("echo",):
             if body.get(name):
                 raise _bad(f"{name} is not supported", name)
-        if body.get("suffix"):
-            raise _bad("suffix is not supported", "suffix")
         _int(body, "best_of", 1, 1, 1)  # only 1 is supported
         grammar = self.grammar(body)
         name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
@@ -303,8 +302,21 @@ class _Server:
             raise _bad(str(e), param) from None
 
     def prompt_ids(self, body) -> list:
-        """Completions' prompt: a string, a list of ids, or a list of either (several prompts)."""
+        """Completions' prompt: a string, a list of ids, or a list of either
+        (several prompts); with a suffix, one string laid out for
+        fill-in-the-middle."""
         p = body.get("prompt")
+        suffix = body.get("suffix")
+        if suffix is not None and suffix != "":
+            if not isinstance(suffix, str):
+                raise _bad("suffix must be a string", "suffix")
+            if not isinstance(p, str):
+                raise _bad("with a suffix, the prompt must be one string", "prompt")
+            try:
+                return [fim_layout(self.engine.gguf.metadata, self.tokenizer, self.n_vocab, self.model_name, p,
+                                   suffix)]
+            except LLMInferError as e:
+                raise _bad(str(e), "suffix") from None
         if isinstance(p, list) and p and not isinstance(p[0], int) and len(p) > MAX_PROMPTS:
             raise _bad(f"at most {MAX_PROMPTS} prompts in one request, got {len(p)}", "prompt")
         if isinstance(p, str):
