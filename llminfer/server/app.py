@@ -559,11 +559,11 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
         raise _bad(f"{len(prompts)} prompts x n={n} choices is more than {MAX_PROMPTS} generations", "n")
     limits = [server.check_length(p, max_tokens) for p in prompts]
     job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar)
+    job.tools = tools
     job.submit()
     prefix = "chatcmpl-" if chat else "cmpl-"
     meta = {"id": prefix + uuid.uuid4().hex, "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": server.model_name}
-    job.tools = tools
     if stream:
         return _SSEResponse(_stream(server, job, meta, chat, include_usage), job.cancel)
     return await _collect(server, request, job, meta, chat)
