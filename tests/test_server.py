@@ -121,6 +121,12 @@ def test_models_health_and_tokenize(server, model):
     assert ids["count"] == len(ids["tokens"]) > 0
     text = httpx.post(server.url + "/detokenize", json={"tokens": ids["tokens"]}).json()["prompt"]
     assert text == "Hello world"
+    # a chat's prompt, as a chat completion would read it (its usage counts the same tokens)
+    msgs = [{"role": "user", "content": "Hello world"}]
+    chat = httpx.post(server.url + "/tokenize", json={"messages": msgs}).json()
+    out = httpx.post(server.url + "/v1/chat/completions",
+                     json={"model": model, "messages": msgs, "max_tokens": 1}, timeout=60).json()
+    assert chat["count"] == out["usage"]["prompt_tokens"] > ids["count"]
 
 
 def test_completion_streamed_and_not(server, client, model):

@@ -757,7 +757,7 @@ async def tokenize(server: _Server, request: HTTPRequest):
     server.check_model(body)
     add_special = _bool(body, "add_special_tokens", True)
     if "messages" in body:
-        ids, _ = await run_in_threadpool(server.chat_ids, body)
+        ids, _, _ = await run_in_threadpool(server.chat_ids, body)
     else:
         text = body.get("prompt", body.get("content"))
         if not isinstance(text, str):
