@@ -345,6 +345,53 @@ def test_bad_tool_requests_are_400(server, model, extra, param):
     wait_idle(server.url)
 
 
+# ---- embeddings ----
+
+def test_embeddings_are_what_llm_embed_gives(server, client, model, smollm2_path):
+    """/v1/embeddings (the openai client asks for base64 by default) gives
+    LLM.embed's vectors bit for bit, as floats too and from token ids; run
+    while a generation streams, neither changes the other."""
+    from llminfer import LLM
+
+    texts = ["The cat sat on the mat.", "A completely different sentence about the stock market.", "x"]
+    with LLM(smollm2_path, n_ctx=512, n_threads=1) as llm:
+        want = np.array(llm.embed(texts), dtype=np.float32)
+        ids = llm.tokenize(texts[0])
+    got = client.embeddings.create(model=model, input=texts)
+    assert [d.index for d in got.data] == [0, 1, 2] and got.usage.prompt_tokens > 10
+    np.testing.assert_array_equal(np.array([d.embedding for d in got.data], dtype=np.float32), want)
+    floats = httpx.post(server.url + "/v1/embeddings", json={"model": model, "input": texts[1],
+                                                             "encoding_format": "float"}, timeout=60).json()
+    np.testing.assert_array_equal(np.array(floats["data"][0]["embedding"], dtype=np.float32), want[1])
+    from_ids = client.embeddings.create(model=model, input=ids, encoding_format="float")
+    np.testing.assert_array_equal(np.array(from_ids.data[0].embedding, dtype=np.float32), want[0])
+
+    kw = dict(model=model, prompt="Once upon a time", max_tokens=48, temperature=0, extra_body={"ignore_eos": True})
+    alone = client.completions.create(**kw).choices[0].text
+    with ThreadPoolExecutor(2) as ex:
+        gen = ex.submit(lambda: "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw)
+                                        if c.choices))
+        time.sleep(0.05)
+        during = [ex.submit(client.embeddings.create, model=model, input=texts) for _ in range(3)]
+        assert gen.result() == alone
+        for f in during:
+            np.testing.assert_array_equal(np.array([d.embedding for d in f.result().data], dtype=np.float32), want)
+    wait_idle(server.url)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": []}, "input"), ({"input": ""}, "input"), ({"input": [[]]}, "input"), ({"input": 5}, "input"),
+    ({"input": [1, 10 ** 9]}, "input"), ({"input": ["ok", 5]}, "input"), ({"input": ["a"] * 300}, "input"),
+    ({"input": "word " * 600}, "input"), ({"input": "a", "encoding_format": "hex"}, "encoding_format"),
+    ({"input": "a", "dimensions": 7}, "dimensions"),
+])
+def test_bad_embedding_requests_are_400(server, model, body, param):
+    r = httpx.post(server.url + "/v1/embeddings", json={"model": model, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    wait_idle(server.url)
+
+
 # ---- fill in the middle ----
 
 @pytest.fixture(scope="module")

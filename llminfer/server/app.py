@@ -21,6 +21,7 @@ at the next engine step.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import json
 import logging
@@ -30,6 +31,7 @@ import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import numpy as np
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HTTPRequest
@@ -37,8 +39,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llminfer.completions import fim_layout
+from llminfer.embeddings import l2_normalize, pool
 from llminfer.engine import Engine
-from llminfer.errors import InvalidArgumentError, LLMInferError
+from llminfer.errors import InvalidArgumentError, KVCacheFullError, LLMInferError
+from llminfer.models import bert
 from llminfer.sampling import SamplingParams
 from llminfer.server.args import ServeArgs
 from llminfer.server.metrics import Metrics
@@ -55,6 +59,7 @@ MAX_STOP_CHARS = 1024   # per stop string: each is searched for after every toke
 MAX_PROMPTS = 64        # prompts x n choices in one request
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024   # entries
+MAX_EMBED_INPUTS = 256  # inputs of one embeddings request
 
 
 class APIError(Exception):
@@ -145,6 +150,7 @@ class _Server:
                              n_threads=args.n_threads, kv_type=args.kv_type, n_gpu_layers=args.n_gpu_layers)
         self.tokenizer = self.engine.tokenizer
         self.n_ctx = self.engine.n_ctx
+        self.n_embd = self.engine.spec.n_embd
         self.n_vocab = self.engine.n_vocab
         self.max_tokens_limit = min(args.max_tokens_limit or self.n_ctx, self.n_ctx)
         given = str(args.model)
@@ -389,6 +395,42 @@ class _Server:
         except LLMInferError as e:
             raise _bad(f"the chat template cannot render these messages: {e}", "messages") from None
         return self.tokenize(text, add_special=not fmt.adds_bos), list(fmt.stop_texts), tools
+
+    def embed_ids(self, body) -> list:
+        """The token ids of an embeddings request's input: a string, a list of
+        token ids, or a list of either (at most MAX_EMBED_INPUTS)."""
+        x = body.get("input")
+        if isinstance(x, str) or (isinstance(x, list) and x and all(isinstance(t, int) for t in x)):
+            x = [x]
+        if not isinstance(x, list) or not x:
+            raise _bad("input must be a string, a list of token ids, or a non-empty list of either", "input")
+        if len(x) > MAX_EMBED_INPUTS:
+            raise _bad(f"at most {MAX_EMBED_INPUTS} inputs in one request, got {len(x)}", "input")
+        out = []
+        for item in x:
+            if isinstance(item, str):
+                try:
+                    ids = self.tokenizer.encode(item, add_bos=True, special=False)
+                except LLMInferError as e:
+                    raise _bad(f"cannot tokenize the input: {e}", "input") from None
+            elif isinstance(item, list) and not any(isinstance(t, bool) for t in item):
+                ids = self.check_ids(item, "input")
+            else:
+                raise _bad("input must be a string, a list of token ids, or a non-empty list of either", "input")
+            if not ids:
+                raise _bad("an empty input has no embedding", "input")
+            if len(ids) > self.n_ctx:
+                raise _bad(f"an input has {len(ids)} tokens; this model's context is {self.n_ctx}", "input",
+                           "context_length_exceeded")
+            out.append(ids)
+        return out
+
+    @property
+    def pooling(self) -> str:
+        """How the model's GGUF says to pool token vectors (mean when it says nothing)."""
+        meta = self.engine.gguf.metadata
+        declared = meta.get(f"{self.engine.gguf.architecture}.pooling_type")
+        return bert.POOLING.get(int(declared) if declared is not None else 1, "mean")
 
     def check_length(self, ids, max_tokens) -> int:
         if not ids:
@@ -776,6 +818,49 @@ async def detokenize(server: _Server, request: HTTPRequest):
     return JSONResponse({"prompt": server.tokenizer.decode(ids)})
 
 
+async def embeddings(server: _Server, request: HTTPRequest):
+    """OpenAI's embeddings: the model's final normed hidden states, pooled as
+    its GGUF declares (mean when it declares none) and scaled to unit L2
+    norm, as LLM.embed gives them. Run on the engine thread between two
+    steps, one input at a time in a sequence of its own."""
+    body = await server.read_json(request)
+    server.check_model(body)
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise _bad("encoding_format must be 'float' or 'base64'", "encoding_format")
+    dims = body.get("dimensions")
+    if dims is not None and dims != server.n_embd:
+        raise _bad(f"this model's embeddings have {server.n_embd} dimensions; dimensions cannot change that",
+                   "dimensions")
+    items = await run_in_threadpool(server.embed_ids, body)
+    pooling = server.pooling
+
+    def work(eng):
+        out = []
+        for ids in items:
+            seq = eng.new_sequence()
+            try:
+                hidden = eng.hidden_states(seq, ids, "all")
+            finally:
+                eng.free(seq)
+            out.append(l2_normalize(pool(hidden, pooling)))
+        return out
+
+    blocks = max(-(-len(ids) // server.engine.block_size) for ids in items)
+    try:
+        vecs = await asyncio.wrap_future(server.scheduler.call(work, blocks))
+    except KVCacheFullError:
+        raise APIError(503, "the KV pool has no room for this input now; try again later",
+                       code="kv_pool_full") from None
+    data = []
+    for i, v in enumerate(vecs):
+        emb = base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() if fmt == "base64" else v.tolist()
+        data.append({"object": "embedding", "embedding": emb, "index": i})
+    n = sum(len(ids) for ids in items)
+    return JSONResponse({"object": "list", "data": data, "model": server.model_name,
+                         "usage": {"prompt_tokens": n, "total_tokens": n}})
+
+
 async def health(server: _Server, request: HTTPRequest):
     if not server.scheduler.alive:
         return APIError(503, "the engine is not running").response()
@@ -805,6 +890,7 @@ def create_app(engine_args: ServeArgs | dict) -> Starlette:
         Route("/v1/completions", _endpoint(server, completions), methods=["POST"]),
         Route("/v1/chat/completions", _endpoint(server, chat_completions), methods=["POST"]),
         Route("/v1/models", _endpoint(server, models), methods=["GET"]),
+        Route("/v1/embeddings", _endpoint(server, embeddings), methods=["POST"]),
         Route("/tokenize", _endpoint(server, tokenize), methods=["POST"]),
         Route("/detokenize", _endpoint(server, detokenize), methods=["POST"]),
         Route("/health", _endpoint(server, health, auth=False), methods=["GET"]),

@@ -40,6 +40,7 @@ import math
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -157,6 +158,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._inbox: deque = deque()
         self._cancels: deque = deque()
+        self._calls: deque = deque()  # (fn, Future, blocks): work run on the engine thread between steps
         self._stop = False
         self._thread = None
         self._in_flight = 0  # submitted and not finished
@@ -204,6 +206,19 @@ class Scheduler:
             self._cond.notify()
         return True
 
+    def call(self, fn, blocks: int = 0) -> Future:
+        """Run fn(engine) on the engine thread between two steps, where it
+        owns the engine and the KV pool: it may hold up to `blocks` blocks
+        at a time (the prefix cache gives back what it must), and frees them
+        before it returns. A Future of its result."""
+        fut = Future()
+        with self._cond:
+            if self._stop:
+                raise InvalidArgumentError("the engine is not running")
+            self._calls.append((fn, fut, blocks))
+            self._cond.notify()
+        return fut
+
     def cancel(self, req: Request):
         """Stop a request (its client went away); its blocks go back before the next step."""
         with self._cond:
@@ -218,7 +233,8 @@ class Scheduler:
     def _loop(self):
         while True:
             with self._cond:
-                while not (self._stop or self._inbox or self._cancels or self.running or self.waiting):
+                while not (self._stop or self._inbox or self._cancels or self._calls or self.running
+                           or self.waiting):
                     self._cond.wait()
                 if self._stop:
                     break
@@ -226,6 +242,10 @@ class Scheduler:
                 self._inbox.clear()
                 cancels = list(self._cancels)
                 self._cancels.clear()
+                calls = list(self._calls)
+                self._calls.clear()
+            for fn, fut, blocks in calls:
+                self._call(fn, fut, blocks)
             events = []
             try:
                 self.waiting.extend(arrivals)
@@ -244,6 +264,8 @@ class Scheduler:
                     self.deliver(events)
             except Exception:  # noqa: BLE001
                 log.exception("could not deliver a step's events")
+        for _, fut, _ in self._calls:
+            fut.set_exception(InvalidArgumentError("the engine stopped"))
         events = []
         for r in list(self.running) + list(self.waiting) + list(self._inbox):
             self._finish(r, "abort", events)
@@ -251,6 +273,17 @@ class Scheduler:
             self.cache.clear()
         if events:
             self.deliver(events)
+
+    def _call(self, fn, fut, blocks):
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            short = blocks - self.kv.pools[FULL].free_blocks if FULL in self.kv.groups else 0
+            if short > 0 and self.cache is not None:  # cached blocks nobody holds make room
+                self.cache.evict(short)
+            fut.set_result(fn(self.engine))
+        except BaseException as e:  # noqa: BLE001 - the caller's to answer
+            fut.set_exception(e)
 
     def _stats(self) -> dict:
         pool = self.kv.pools[FULL] if FULL in self.kv.groups else self.kv.pools[SWA]
