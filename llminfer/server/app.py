@@ -821,8 +821,9 @@ async def detokenize(server: _Server, request: HTTPRequest):
 async def embeddings(server: _Server, request: HTTPRequest):
     """OpenAI's embeddings: the model's final normed hidden states, pooled as
     its GGUF declares (mean when it declares none) and scaled to unit L2
-    norm, as LLM.embed gives them. Run on the engine thread between two
-    steps, one input at a time in a sequence of its own."""
+    norm, as LLM.embed gives them. Each input runs on the engine thread in
+    a sequence of its own, between two batching steps (one input a step,
+    so the streams go on between them)."""
     body = await server.read_json(request)
     server.check_model(body)
     fmt = body.get("encoding_format", "float")
@@ -835,20 +836,20 @@ async def embeddings(server: _Server, request: HTTPRequest):
     items = await run_in_threadpool(server.embed_ids, body)
     pooling = server.pooling
 
-    def work(eng):
-        out = []
-        for ids in items:
+    def work(ids):
+        def run(eng):
             seq = eng.new_sequence()
             try:
                 hidden = eng.hidden_states(seq, ids, "all")
             finally:
                 eng.free(seq)
-            out.append(l2_normalize(pool(hidden, pooling)))
-        return out
+            return l2_normalize(pool(hidden, pooling))
+        return run
 
-    blocks = max(-(-len(ids) // server.engine.block_size) for ids in items)
+    bs = server.engine.block_size
+    futures = [server.scheduler.call(work(ids), -(-len(ids) // bs)) for ids in items]  # one input a step
     try:
-        vecs = await asyncio.wrap_future(server.scheduler.call(work, blocks))
+        vecs = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
     except KVCacheFullError:
         raise APIError(503, "the KV pool has no room for this input now; try again later",
                        code="kv_pool_full") from None

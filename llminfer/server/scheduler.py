@@ -207,10 +207,11 @@ class Scheduler:
         return True
 
     def call(self, fn, blocks: int = 0) -> Future:
-        """Run fn(engine) on the engine thread between two steps, where it
-        owns the engine and the KV pool: it may hold up to `blocks` blocks
-        at a time (the prefix cache gives back what it must), and frees them
-        before it returns. A Future of its result."""
+        """Run fn(engine) on the engine thread between two steps (one call a
+        step, in order), where it owns the engine and the KV pool: it may
+        hold up to `blocks` blocks at a time (the prefix cache gives back
+        what it must), and frees them before it returns. A Future of its
+        result."""
         fut = Future()
         with self._cond:
             if self._stop:
@@ -242,10 +243,11 @@ class Scheduler:
                 self._inbox.clear()
                 cancels = list(self._cancels)
                 self._cancels.clear()
-                calls = list(self._calls)
-                self._calls.clear()
-            for fn, fut, blocks in calls:
-                self._call(fn, fut, blocks)
+                # one call a step, so that a long run of them (an embeddings
+                # request of many inputs) does not stall the streams
+                call = self._calls.popleft() if self._calls else None
+            if call is not None:
+                self._call(*call)
             events = []
             try:
                 self.waiting.extend(arrivals)
@@ -265,7 +267,8 @@ class Scheduler:
             except Exception:  # noqa: BLE001
                 log.exception("could not deliver a step's events")
         for _, fut, _ in self._calls:
-            fut.set_exception(InvalidArgumentError("the engine stopped"))
+            if fut.set_running_or_notify_cancel():  # (one its caller cancelled is done already)
+                fut.set_exception(InvalidArgumentError("the engine stopped"))
         events = []
         for r in list(self.running) + list(self.waiting) + list(self._inbox):
             self._finish(r, "abort", events)
