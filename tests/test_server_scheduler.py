@@ -281,3 +281,42 @@ def test_sliding_window_model_batches_and_preempts(tmp_path):
         assert [t for t, _ in got] == want
         assert h.metrics.preemptions > 0
         assert all(p.used_blocks == 0 for p in h.engine.kv.pools)
+
+
+def test_calls_run_on_the_engine_thread_one_a_step(path):
+    """Scheduler.call: fn(engine) runs on the engine thread, one call per
+    step while requests run (they go on between calls and get what they get
+    alone), its blocks come from the pool with the prefix cache giving back
+    what it must, and an exception reaches its future only."""
+    ps = prompts(2, length=20, seed=7)
+    want = alone(path, ps)
+    # 24 blocks of 8 and the pool's slack: the first run's 10 left in the
+    # prefix cache, the two requests' 6-12 as they grow, and a 90-token call
+    # (12): the cache must give some back (without it: KVCacheFullError)
+    with Harness(path, n_ctx=128, pool=192) as h:
+        h.run([greedy(prompts(1, length=80, seed=8)[0], max_tokens=4)])
+        assert h.sched.cache.evictable() == 10
+        seen = []
+
+        def probe(eng):
+            seen.append((threading.current_thread().name, h.sched.steps))
+            seq = eng.new_sequence()
+            try:
+                return eng.hidden_states(seq, list(range(1, 91)), "last")
+            finally:
+                eng.free(seq)
+
+        reqs = make_requests(ps)
+        h.submit(reqs)
+        futs = [h.sched.call(probe, blocks=12) for _ in range(4)]
+        bad = h.sched.call(lambda eng: 1 / 0)
+        outs = [f.result(60) for f in futs]
+        with pytest.raises(ZeroDivisionError):
+            bad.result(60)
+        assert [t for t, _ in h.wait(reqs)] == want
+        assert {name for name, _ in seen} == {"llminfer-engine"}
+        steps = [s for _, s in seen]
+        assert steps == sorted(steps) and len(set(steps)) == len(steps)  # never two calls in one step
+        for o in outs[1:]:
+            np.testing.assert_array_equal(o, outs[0])
+        assert h.used_by_requests() == 0
