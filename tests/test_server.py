@@ -392,6 +392,44 @@ def test_bad_embedding_requests_are_400(server, model, body, param):
     wait_idle(server.url)
 
 
+@pytest.fixture(scope="module")
+def encoder_server(tmp_path_factory):
+    from tiny_models import write_encoder
+
+    path = write_encoder(tmp_path_factory.mktemp("enc") / "bert.gguf", arch="bert", qtype="Q8_0")
+    s = ServerThread(ServeArgs(model=str(path), n_threads=1))
+    yield s, path
+    s.stop()
+
+
+def test_an_encoder_model_serves_embeddings_only(encoder_server):
+    """A bert GGUF: /v1/embeddings gives Embedder's vectors bit for bit; a
+    completion or chat is a 400 saying the model only embeds; the tokenizer
+    endpoints, health and metrics work."""
+    from llminfer import Embedder
+
+    srv, path = encoder_server
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    name = c.models.list().data[0].id
+    texts = ["the cat sat on the mat", "a dog ran"]
+    with Embedder(path, n_threads=1) as e:
+        want = np.array(e.embed(texts), dtype=np.float32)
+        n_tokens = sum(len(e._ids(t, True)) for t in texts)
+    got = c.embeddings.create(model=name, input=texts)
+    np.testing.assert_array_equal(np.array([d.embedding for d in got.data], dtype=np.float32), want)
+    assert got.usage.prompt_tokens == n_tokens
+    for call in (lambda: c.completions.create(model=name, prompt="hi", max_tokens=2),
+                 lambda: c.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])):
+        with pytest.raises(openai.BadRequestError) as err:
+            call()
+        assert err.value.body["code"] == "model_not_generative" and "embedding model" in err.value.body["message"]
+    assert httpx.post(srv.url + "/tokenize", json={"messages": [{"role": "user", "content": "x"}]}).status_code == 400
+    ids = httpx.post(srv.url + "/tokenize", json={"prompt": "the cat"}).json()["tokens"]
+    assert httpx.post(srv.url + "/detokenize", json={"tokens": ids}).status_code == 200
+    assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
+    assert metrics(srv.url)[("llminfer:num_requests_running", frozenset())] == 0
+
+
 # ---- fill in the middle ----
 
 @pytest.fixture(scope="module")

@@ -39,9 +39,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llminfer.completions import fim_layout
-from llminfer.embeddings import l2_normalize, pool
+from llminfer import hub
+from llminfer.embeddings import Embedder, l2_normalize, pool
 from llminfer.engine import Engine
 from llminfer.errors import InvalidArgumentError, KVCacheFullError, LLMInferError
+from llminfer.gguf_file import GGUFFile
 from llminfer.models import bert
 from llminfer.sampling import SamplingParams
 from llminfer.server.args import ServeArgs
@@ -138,44 +140,75 @@ def _stops(body) -> list:
 
 
 class _Server:
-    """The engine, its scheduler and what the endpoints share."""
+    """The engine, its scheduler and what the endpoints share; or, for an
+    encoder model (bert, nomic-bert), its Embedder alone: such a server
+    answers /v1/embeddings and the tokenizer endpoints, and says so to a
+    completion."""
 
     def __init__(self, args: ServeArgs):
         self.args = args
-        pool = args.kv_pool_tokens or 4 * args.n_ctx
-        if pool < args.n_ctx:
-            raise InvalidArgumentError(f"kv_pool_tokens={pool} is less than n_ctx={args.n_ctx}: one request "
-                                       f"of the full context would never fit")
-        self.engine = Engine(args.model, n_ctx=args.n_ctx, kv_pool_tokens=pool, n_batch=args.max_batch_tokens,
-                             n_threads=args.n_threads, kv_type=args.kv_type, n_gpu_layers=args.n_gpu_layers)
-        self.tokenizer = self.engine.tokenizer
-        self.n_ctx = self.engine.n_ctx
-        self.n_embd = self.engine.spec.n_embd
-        self.n_vocab = self.engine.n_vocab
+        self.engine = self.scheduler = self.embedder = None
+        path = hub.resolve(args.model)
+        with GGUFFile(path) as f:
+            encoder = f.architecture in bert.ARCHS
+        if encoder:
+            self.embedder = Embedder(path, n_threads=args.n_threads, n_ctx=args.n_ctx)
+            self.tokenizer = self.embedder.tokenizer
+            self.n_ctx, self.n_embd = self.embedder.n_ctx, self.embedder.n_embd
+            self.n_vocab = self.tokenizer.n_vocab
+            model_path = self.embedder.model_path
+        else:
+            pool = args.kv_pool_tokens or 4 * args.n_ctx
+            if pool < args.n_ctx:
+                raise InvalidArgumentError(f"kv_pool_tokens={pool} is less than n_ctx={args.n_ctx}: one request "
+                                           f"of the full context would never fit")
+            self.engine = Engine(path, n_ctx=args.n_ctx, kv_pool_tokens=pool, n_batch=args.max_batch_tokens,
+                                 n_threads=args.n_threads, kv_type=args.kv_type, n_gpu_layers=args.n_gpu_layers)
+            self.tokenizer = self.engine.tokenizer
+            self.n_ctx = self.engine.n_ctx
+            self.n_embd = self.engine.spec.n_embd
+            self.n_vocab = self.engine.n_vocab
+            model_path = self.engine.model_path
         self.max_tokens_limit = min(args.max_tokens_limit or self.n_ctx, self.n_ctx)
         given = str(args.model)
-        stem = Path(self.engine.model_path).name
+        stem = Path(model_path).name
         stem = stem[:-5] if stem.endswith(".gguf") else stem
         self.model_name = args.served_model_name or (stem if ("/" in given or given.endswith(".gguf")) else given)
-        self.model_aliases = {self.model_name, given, stem, str(self.engine.model_path),
-                              Path(self.engine.model_path).name}
+        self.model_aliases = {self.model_name, given, stem, str(model_path), Path(model_path).name}
         self.created = int(time.time())
         self._chat_format = None
-        self.metrics = Metrics(self.model_name, gauges=lambda: self.scheduler.stats)
-        self.scheduler = Scheduler(self.engine, self._deliver, max_batch_tokens=args.max_batch_tokens,
-                                   max_running=args.max_running, max_waiting=args.max_waiting,
-                                   prefix_caching=args.prefix_caching, metrics=self.metrics)
+        if encoder:
+            self.metrics = Metrics(self.model_name)
+        else:
+            self.metrics = Metrics(self.model_name, gauges=lambda: self.scheduler.stats)
+            self.scheduler = Scheduler(self.engine, self._deliver, max_batch_tokens=args.max_batch_tokens,
+                                       max_running=args.max_running, max_waiting=args.max_waiting,
+                                       prefix_caching=args.prefix_caching, metrics=self.metrics)
         self.loop = None
 
     # ---- lifetime ----
 
     def start(self):
         self.loop = asyncio.get_running_loop()
-        self.scheduler.start()
+        if self.scheduler is not None:
+            self.scheduler.start()
 
     def stop(self):
-        self.scheduler.stop()
-        self.engine.close()
+        if self.scheduler is not None:
+            self.scheduler.stop()
+            self.engine.close()
+        else:
+            self.embedder.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.scheduler.alive if self.scheduler is not None else self.embedder is not None
+
+    def check_generates(self):
+        """A completion asked of an encoder model: 400 saying what it serves."""
+        if self.engine is None:
+            raise _bad(f"{self.model_name} is an embedding model (an encoder): this server answers "
+                       f"/v1/embeddings, /tokenize and /detokenize", "model", "model_not_generative")
 
     def _deliver(self, events):
         """From the engine thread: hand a step's events to the event loop in one call."""
@@ -189,6 +222,7 @@ class _Server:
 
     @property
     def chat_format(self):
+        self.check_generates()
         if self._chat_format is None:
             from llminfer.chat import chat_format_for
 
@@ -428,6 +462,8 @@ class _Server:
     @property
     def pooling(self) -> str:
         """How the model's GGUF says to pool token vectors (mean when it says nothing)."""
+        if self.embedder is not None:
+            return self.embedder.pooling
         meta = self.engine.gguf.metadata
         declared = meta.get(f"{self.engine.gguf.architecture}.pooling_type")
         return bert.POOLING.get(int(declared) if declared is not None else 1, "mean")
@@ -779,12 +815,14 @@ def _endpoint(server: _Server, fn, auth=True):
 async def completions(server: _Server, request: HTTPRequest):
     body = await server.read_json(request)
     server.check_model(body)
+    server.check_generates()
     return await _run_job(server, request, body, chat=False)
 
 
 async def chat_completions(server: _Server, request: HTTPRequest):
     body = await server.read_json(request)
     server.check_model(body)
+    server.check_generates()
     return await _run_job(server, request, body, chat=True)
 
 
@@ -834,6 +872,10 @@ async def embeddings(server: _Server, request: HTTPRequest):
         raise _bad(f"this model's embeddings have {server.n_embd} dimensions; dimensions cannot change that",
                    "dimensions")
     items = await run_in_threadpool(server.embed_ids, body)
+    n = sum(len(ids) for ids in items)
+    if server.embedder is not None:  # an encoder: its own lock, off the event loop
+        vecs = await run_in_threadpool(server.embedder.embed, items)
+        return _embeddings_response(server, vecs, fmt, n)
     pooling = server.pooling
 
     def work(ids):
@@ -853,17 +895,21 @@ async def embeddings(server: _Server, request: HTTPRequest):
     except KVCacheFullError:
         raise APIError(503, "the KV pool has no room for this input now; try again later",
                        code="kv_pool_full") from None
+    return _embeddings_response(server, vecs, fmt, n)
+
+
+def _embeddings_response(server, vecs, fmt, n_tokens) -> JSONResponse:
     data = []
     for i, v in enumerate(vecs):
-        emb = base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() if fmt == "base64" else v.tolist()
+        v = np.asarray(v, dtype="<f4")
+        emb = base64.b64encode(v.tobytes()).decode() if fmt == "base64" else v.tolist()
         data.append({"object": "embedding", "embedding": emb, "index": i})
-    n = sum(len(ids) for ids in items)
     return JSONResponse({"object": "list", "data": data, "model": server.model_name,
-                         "usage": {"prompt_tokens": n, "total_tokens": n}})
+                         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
 
 async def health(server: _Server, request: HTTPRequest):
-    if not server.scheduler.alive:
+    if not server.alive:
         return APIError(503, "the engine is not running").response()
     return JSONResponse({"status": "ok"})
 
