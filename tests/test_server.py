@@ -430,6 +430,45 @@ def test_an_encoder_model_serves_embeddings_only(encoder_server):
     assert metrics(srv.url)[("llminfer:num_requests_running", frozenset())] == 0
 
 
+# ---- echo ----
+
+def test_echo_gives_the_prompt_and_its_logprobs(server, client, model, smollm2_path):
+    """echo: the prompt before each completion; with logprobs, the prompt
+    tokens' log-probabilities given the tokens before them (the first has
+    none), as the model's logits give them; max_tokens 0 asks for those
+    alone, as evaluation harnesses (lm-eval's loglikelihood) do."""
+    from llminfer import LLM
+
+    prompt = "The quick brown fox jumps over the lazy dog"
+    only = client.completions.create(model=model, prompt=prompt, max_tokens=0, echo=True, logprobs=2)
+    c = only.choices[0]
+    assert c.text == prompt and only.usage.completion_tokens == 0
+    with LLM(smollm2_path, n_ctx=512, n_threads=1) as llm:
+        ids = llm.tokenize(prompt)
+        rows = llm.eval(ids).astype(np.float64)
+    lse = np.log(np.exp(rows - rows.max(axis=1, keepdims=True)).sum(axis=1)) + rows.max(axis=1)
+    want = [rows[i - 1, ids[i]] - lse[i - 1] for i in range(1, len(ids))]
+    lp = c.logprobs
+    assert lp.token_logprobs[0] is None and len(lp.token_logprobs) == len(ids) == only.usage.prompt_tokens
+    np.testing.assert_allclose(lp.token_logprobs[1:], want, rtol=0, atol=1e-4)
+    assert all(len(t) >= 1 for t in lp.top_logprobs[1:])
+    assert lp.text_offset == sorted(lp.text_offset) and "".join(lp.tokens) == prompt
+
+    plain = client.completions.create(model=model, prompt=prompt, max_tokens=6, temperature=0)
+    both = client.completions.create(model=model, prompt=prompt, max_tokens=6, temperature=0, echo=True, logprobs=1)
+    assert both.choices[0].text == prompt + plain.choices[0].text
+    assert both.choices[0].logprobs.token_logprobs[:len(ids)] == lp.token_logprobs
+    assert len(both.choices[0].logprobs.tokens) == len(ids) + both.usage.completion_tokens
+    chunks = list(client.completions.create(model=model, prompt=prompt, max_tokens=6, temperature=0, echo=True,
+                                            logprobs=1, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == both.choices[0].text
+    streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens]
+    assert streamed == both.choices[0].logprobs.tokens
+    two = client.completions.create(model=model, prompt=["Red is", "Blue is"], max_tokens=0, echo=True, n=2)
+    assert [ch.text for ch in two.choices] == ["Red is", "Red is", "Blue is", "Blue is"]
+    wait_idle(server.url)
+
+
 # ---- fill in the middle ----
 
 @pytest.fixture(scope="module")
@@ -622,7 +661,8 @@ BAD = [
     ({"prompt": ["hi"] * 100}, 400, "prompt"),
     ({"prompt": ["hi"] * 10, "n": 10}, 400, "n"),
     ({"prompt": "hi", "seed": 1.5}, 400, "seed"),
-    ({"prompt": "hi", "echo": True}, 400, "echo"),
+    ({"prompt": "hi", "echo": True, "suffix": "x"}, 400, "echo"),
+    ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),  # 0 only with echo
     ({"prompt": "hi", "suffix": "x"}, 400, "suffix"),  # SmolLM2 names no FIM tokens
     ({"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
     ({"prompt": "hi", "stream": "yes"}, 400, "stream"),

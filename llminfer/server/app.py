@@ -279,14 +279,18 @@ class _Server:
         return list(ids)
 
     def sampling(self, body, chat: bool):
-        """(SamplingParams, max_tokens or None, n, stops, ignore_eos, logprobs)."""
-        for name in ("echo",):
-            if body.get(name):
-                raise _bad(f"{name} is not supported", name)
+        """(SamplingParams, max_tokens or None, n, stops, ignore_eos, logprobs,
+        grammar, echo). With echo (completions), max_tokens may be 0: the
+        prompt's own log-probabilities alone, as evaluation harnesses ask."""
+        echo = _bool(body, "echo", False)
+        if echo and chat:
+            raise _bad("echo is for completions, not chat completions", "echo")
+        if echo and body.get("suffix"):
+            raise _bad("echo cannot be combined with suffix", "echo")
         _int(body, "best_of", 1, 1, 1)  # only 1 is supported
         grammar = self.grammar(body)
         name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-        max_tokens = _int(body, name, None if chat else 16, 1, self.max_tokens_limit)
+        max_tokens = _int(body, name, None if chat else 16, 0 if echo else 1, self.max_tokens_limit)
         bias = body.get("logit_bias")
         if bias is not None:
             if not isinstance(bias, dict):
@@ -325,7 +329,7 @@ class _Server:
                 raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
         else:
             logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
-        return params, max_tokens, n, _stops(body), _bool(body, "ignore_eos", False), logprobs, grammar
+        return params, max_tokens, n, _stops(body), _bool(body, "ignore_eos", False), logprobs, grammar, echo
 
     @staticmethod
     def grammar(body):
@@ -471,6 +475,11 @@ class _Server:
     def check_length(self, ids, max_tokens) -> int:
         if not ids:
             raise _bad("the prompt is empty", "prompt")
+        if max_tokens == 0:  # echo alone: the prompt may fill the context
+            if len(ids) > self.n_ctx:
+                raise _bad(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx} tokens",
+                           "prompt", "context_length_exceeded")
+            return 0
         room = self.n_ctx - len(ids)
         if room < 1:
             raise _bad(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx} tokens, "
@@ -518,11 +527,13 @@ class _Job:
                 r = Request(ids, p, max_tokens[i], stops=stops, ignore_eos=ignore_eos, logprobs=logprobs,
                             grammar=grammar, out=self.queue)
                 r.index = i * n + j
+                r.prompt_index = i
                 r.first_of_prompt = j == 0
                 self.reqs.append(r)
         self.open = len(self.reqs)
         self.finish: dict = {}
         self.tools = None  # a chat's _Tools: its replies are parsed for calls
+        self.echoes = None  # with echo, each prompt's _Echo
 
     def submit(self):
         sched = self.server.scheduler
@@ -613,7 +624,8 @@ class _Logprobs:
 
 
 async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool):
-    params, max_tokens, n, stops, ignore_eos, logprobs, grammar = await run_in_threadpool(server.sampling, body, chat)
+    params, max_tokens, n, stops, ignore_eos, logprobs, grammar, echo = await run_in_threadpool(
+        server.sampling, body, chat)
     stream = _bool(body, "stream", False)
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
@@ -636,21 +648,104 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
     if len(prompts) * n > MAX_PROMPTS:
         raise _bad(f"{len(prompts)} prompts x n={n} choices is more than {MAX_PROMPTS} generations", "n")
     limits = [server.check_length(p, max_tokens) for p in prompts]
-    job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar)
-    job.tools = tools
-    job.submit()
     prefix = "chatcmpl-" if chat else "cmpl-"
     meta = {"id": prefix + uuid.uuid4().hex, "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": server.model_name}
+    echoes = await _echoes(server, body, prompts, logprobs) if echo else None
+    if max_tokens == 0:
+        return _echo_only(server, meta, echoes, n, stream, include_usage)
+    job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar)
+    job.tools = tools
+    job.echoes = echoes
+    job.submit()
     if stream:
         return _SSEResponse(_stream(server, job, meta, chat, include_usage), job.cancel)
     return await _collect(server, request, job, meta, chat)
 
 
+class _Echo:
+    """A prompt given back before its completion (echo): its text, and when
+    logprobs are asked, an event per prompt token (the first has no
+    logprob: nothing comes before it)."""
+
+    def __init__(self, text, events):
+        self.text, self.events = text, events
+
+    def logprobs(self, server) -> _Logprobs | None:
+        if self.events is None:
+            return None
+        lp = _Logprobs(server, chat=False)
+        for ev in self.events:
+            lp.add(ev)
+        return lp
+
+
+async def _echoes(server, body, prompts, logprobs) -> list:
+    """Each prompt's _Echo. Its log-probabilities come from its logits on
+    the engine thread, in a sequence of its own, 256 positions a pass (the
+    logits of a whole long prompt at once would be n_vocab floats a token)."""
+    p = body.get("prompt")
+    texts = [p] if isinstance(p, str) else list(p) if isinstance(p, list) and all(isinstance(x, str) for x in p) \
+        else [server.tokenizer.decode(ids) for ids in prompts]
+    if logprobs is None:
+        return [_Echo(t, None) for t in texts]
+
+    def entries(ids):
+        def run(eng):
+            seq = eng.new_sequence()
+            events = [TokenEvent(ids[0], "", None, [])]
+            try:
+                for a in range(0, len(ids), 256):
+                    chunk = ids[a:a + 256]
+                    rows = eng.decode([(seq, chunk, "all")])[0]
+                    for i in range(len(chunk)):
+                        if a + i + 1 < len(ids):
+                            tok = ids[a + i + 1]
+                            lp, top = Scheduler._logprobs(rows[i], tok, logprobs)
+                            events.append(TokenEvent(tok, "", lp, top))
+            finally:
+                eng.free(seq)
+            return events
+        return run
+
+    bs = server.engine.block_size
+    futures = [server.scheduler.call(entries(ids), -(-len(ids) // bs)) for ids in prompts]
+    try:
+        events = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    except KVCacheFullError:
+        raise APIError(503, "the KV pool has no room for this prompt now; try again later",
+                       code="kv_pool_full") from None
+    return [_Echo(t, ev) for t, ev in zip(texts, events)]
+
+
+def _echo_only(server, meta, echoes, n, stream, include_usage):
+    """max_tokens 0 with echo: each prompt (n times) and its logprobs, nothing generated."""
+    choices = []
+    for i, e in enumerate(echoes):
+        lp = e.logprobs(server)
+        for j in range(n):
+            choices.append({"index": i * n + j, "text": e.text, "logprobs": lp.result() if lp else None,
+                            "finish_reason": "length"})
+    n_prompt = sum(len(e.events) if e.events is not None else len(server.tokenizer.encode(e.text)) for e in echoes)
+    usage = {"prompt_tokens": n_prompt, "completion_tokens": 0, "total_tokens": n_prompt}
+    if not stream:
+        return JSONResponse({**meta, "choices": choices, "usage": usage})
+
+    async def chunks():
+        for c in choices:
+            yield _sse({**meta, "choices": [{**c, "finish_reason": None}]})
+            yield _sse({**meta, "choices": [{"index": c["index"], "text": "", "logprobs": None,
+                                             "finish_reason": "length"}]})
+        if include_usage:
+            yield _sse({**meta, "choices": [], "usage": usage})
+        yield b"data: [DONE]\n\n"
+    return _SSEResponse(chunks(), lambda: None)
+
+
 async def _collect(server, request, job: _Job, meta, chat) -> Response:
     texts = {r.index: [] for r in job.reqs}
     tokens = {r.index: [] for r in job.reqs}
-    lps = {r.index: _Logprobs(server, chat) for r in job.reqs if r.logprobs is not None}
+    lps = _choice_logprobs(server, job, chat)
 
     async def gather():
         async for req, ev in job.events():
@@ -687,8 +782,25 @@ async def _collect(server, request, job: _Job, meta, chat) -> Response:
                     reason = "tool_calls"
             choices.append({"index": r.index, "message": message, "logprobs": lp, "finish_reason": reason})
         else:
+            if job.echoes is not None:
+                text = job.echoes[r.prompt_index].text + text
             choices.append({"index": r.index, "text": text, "logprobs": lp, "finish_reason": reason})
     return JSONResponse({**meta, "choices": choices, "usage": job.usage()})
+
+
+def _choice_logprobs(server, job, chat) -> dict:
+    """Each choice's _Logprobs (those that asked), starting with its prompt's
+    when it is echoed."""
+    out = {}
+    for r in job.reqs:
+        if r.logprobs is None:
+            continue
+        lp = _Logprobs(server, chat)
+        if job.echoes is not None:
+            for ev in job.echoes[r.prompt_index].events or ():
+                lp.add(ev)
+        out[r.index] = lp
+    return out
 
 
 async def _until_disconnect(coro, receive) -> bool:
@@ -722,7 +834,12 @@ def _sse(obj) -> bytes:
 async def _stream(server, job: _Job, meta, chat, include_usage):
     obj = "chat.completion.chunk" if chat else "text_completion"
     base = {**meta, "object": obj}
-    lps = {r.index: _Logprobs(server, chat) for r in job.reqs if r.logprobs is not None}
+    lps = _choice_logprobs(server, job, chat)
+    if job.echoes is not None:  # the prompt first, with its logprobs
+        for r in job.reqs:
+            lp = lps[r.index].result() if r.index in lps else None
+            yield _sse({**base, "choices": [{"index": r.index, "text": job.echoes[r.prompt_index].text,
+                                             "logprobs": lp, "finish_reason": None}]})
     tools = job.tools
     splits = {r.index: ToolCallStream(tools.fmt) for r in job.reqs} if tools is not None else {}
     tokens = {r.index: [] for r in job.reqs}
