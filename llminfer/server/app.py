@@ -653,7 +653,7 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
             "created": int(time.time()), "model": server.model_name}
     echoes = await _echoes(server, body, prompts, logprobs) if echo else None
     if max_tokens == 0:
-        return _echo_only(server, meta, echoes, n, stream, include_usage)
+        return _echo_only(server, meta, echoes, prompts, n, stream, include_usage)
     job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar)
     job.tools = tools
     job.echoes = echoes
@@ -718,7 +718,7 @@ async def _echoes(server, body, prompts, logprobs) -> list:
     return [_Echo(t, ev) for t, ev in zip(texts, events)]
 
 
-def _echo_only(server, meta, echoes, n, stream, include_usage):
+def _echo_only(server, meta, echoes, prompts, n, stream, include_usage):
     """max_tokens 0 with echo: each prompt (n times) and its logprobs, nothing generated."""
     choices = []
     for i, e in enumerate(echoes):
@@ -726,7 +726,7 @@ def _echo_only(server, meta, echoes, n, stream, include_usage):
         for j in range(n):
             choices.append({"index": i * n + j, "text": e.text, "logprobs": lp.result() if lp else None,
                             "finish_reason": "length"})
-    n_prompt = sum(len(e.events) if e.events is not None else len(server.tokenizer.encode(e.text)) for e in echoes)
+    n_prompt = sum(len(ids) for ids in prompts)
     usage = {"prompt_tokens": n_prompt, "completion_tokens": 0, "total_tokens": n_prompt}
     if not stream:
         return JSONResponse({**meta, "choices": choices, "usage": usage})
