@@ -451,7 +451,7 @@ def test_echo_gives_the_prompt_and_its_logprobs(server, client, model, smollm2_p
     lp = c.logprobs
     assert lp.token_logprobs[0] is None and len(lp.token_logprobs) == len(ids) == only.usage.prompt_tokens
     np.testing.assert_allclose(lp.token_logprobs[1:], want, rtol=0, atol=1e-4)
-    assert all(len(t) >= 1 for t in lp.top_logprobs[1:])
+    assert lp.top_logprobs[0] is None and all(len(t) >= 1 for t in lp.top_logprobs[1:])
     assert lp.text_offset == sorted(lp.text_offset) and "".join(lp.tokens) == prompt
 
     plain = client.completions.create(model=model, prompt=prompt, max_tokens=6, temperature=0)
@@ -621,6 +621,12 @@ def test_logprobs_match_the_model(server, client, model, smollm2_path):
         values = list(top.values())
         assert values == sorted(values, reverse=True) and all(v <= 0 for v in values)
         assert math.isclose(chosen, values[0], abs_tol=1e-6)  # greedy takes the most likely
+        assert top[tok] == chosen  # the chosen token is listed
+    # sampled, with no alternatives asked: the chosen token alone, as OpenAI gives it
+    zero = client.completions.create(model=model, prompt=prompt, max_tokens=3, temperature=1.0, seed=2, logprobs=0)
+    lz = zero.choices[0].logprobs
+    assert [list(t) for t in lz.top_logprobs] == [[t] for t in lz.tokens]
+    assert [t[k] for t, k in zip(lz.top_logprobs, lz.tokens)] == lz.token_logprobs
     ids = httpx.post(server.url + "/tokenize", json={"prompt": prompt}).json()["tokens"]
     with LLM(smollm2_path, n_ctx=64, n_threads=1) as llm:
         logits = llm.eval(ids)[-1].astype(np.float64)
@@ -643,7 +649,7 @@ BAD = [
     ({"prompt": "hi", "temperature": 5}, 400, "temperature"),
     ({"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
     ({"prompt": "hi", "top_p": 0}, 400, "top_p"),
-    ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),  # 0 only with echo
     ({"prompt": "hi", "max_tokens": 10 ** 9}, 400, "max_tokens"),
     ({"prompt": "hi", "max_tokens": 512}, 400, "max_tokens"),  # with the prompt, past n_ctx=512
     ({"prompt": "word " * 600}, 400, "prompt"),
@@ -662,7 +668,6 @@ BAD = [
     ({"prompt": ["hi"] * 10, "n": 10}, 400, "n"),
     ({"prompt": "hi", "seed": 1.5}, 400, "seed"),
     ({"prompt": "hi", "echo": True, "suffix": "x"}, 400, "echo"),
-    ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),  # 0 only with echo
     ({"prompt": "hi", "suffix": "x"}, 400, "suffix"),  # SmolLM2 names no FIM tokens
     ({"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
     ({"prompt": "hi", "stream": "yes"}, 400, "stream"),

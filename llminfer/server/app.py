@@ -604,10 +604,13 @@ class _Logprobs:
             item = {"token": text, "logprob": ev.logprob, "bytes": list(b), "top_logprobs": top}
             self.content.append(item)
             return {"content": [item]}
-        top = {}
-        for t, lp in ev.top:
-            top.setdefault(self._piece(t).decode("utf-8", errors="replace"), lp)
-        part = {"tokens": [text], "token_logprobs": [ev.logprob], "top_logprobs": [top] if ev.top else None,
+        top = None  # an echoed first token has no logprob, and no alternatives
+        if ev.logprob is not None:
+            top = {}
+            for t, lp in ev.top:
+                top.setdefault(self._piece(t).decode("utf-8", errors="replace"), lp)
+            top.setdefault(text, ev.logprob)  # OpenAI lists the chosen token too (up to logprobs + 1)
+        part = {"tokens": [text], "token_logprobs": [ev.logprob], "top_logprobs": [top],
                 "text_offset": [self.offset]}
         self.tokens.append(text)
         self.lps.append(ev.logprob)
