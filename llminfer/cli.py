@@ -238,6 +238,9 @@ def cmd_bench(a):
     from llminfer.bench_cli import bench
 
     fmt = "json" if a.json else a.output
+    if not a.n_prompt and not a.n_gen:
+        raise LLMInferError("-p 0 -n 0 leaves no test to run: give -p N for a prompt test, -n N for generation, "
+                            "or both")
     with _load(a, **{}) as llm:
         need = a.n_prompt + a.n_gen + max(a.depths) + 1
         if need > llm.n_ctx:

@@ -233,6 +233,9 @@ def test_bench_json(capsys, tiny):
         assert r["tokens_per_second"] > 0 and r["stdev"] >= 0
     code, out, _ = run_main(capsys, "bench", "-m", tiny, "-p", 0, "-n", 4, "-r", 1, "-t", 1, "--json")
     assert [r["test"] for r in json.loads(out)["results"]] == ["tg4"]
+    code, out, err = run_main(capsys, "bench", "-m", tiny, "-p", 0, "-n", 0, "-t", 1)
+    assert code == 1 and not out
+    assert_one_line_error(err, "-p 0 -n 0", "no test")
 
 
 def test_bench_depth_names_each_test_with_its_context(capsys, tiny):
