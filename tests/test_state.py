@@ -160,16 +160,16 @@ def _states_after(files, arch, n_ctx, max_tokens, **kw):
     return a, a.save_state()
 
 
-@pytest.mark.parametrize("arch, n_ctx, shift", [("gemma3", 256, False), ("llama", 128, True)])
+@pytest.mark.parametrize("arch, n_ctx, shift", [("gemma3", 256, False), ("llama", 128, True), ("gemma3", 128, True)])
 def test_states_the_engine_makes_past_a_window_or_a_shift_load(files, arch, n_ctx, shift):
     """The layouts a long generation leaves, gemma3's sliding-window blocks
     given back (swa_floor > 0) and a context shift's dropped blocks (gaps in
     the positions), pass the loader's layout checks and restore exactly."""
-    a, blob = _states_after(files, arch, n_ctx, 200 if shift else 120, context_shift=shift)
+    a, blob = _states_after(files, arch, n_ctx, 300 if shift else 120, context_shift=shift)
     seq = a._seq
     if shift:
         assert seq.next_pos > len(seq.tokens) and -1 in seq.tables[0]
-    else:
+    if arch == "gemma3":
         assert seq.swa_floor > 0
     b = LLM(files[arch], n_ctx=n_ctx, n_threads=1)
     b.load_state(blob)
