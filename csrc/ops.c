@@ -365,6 +365,55 @@ int li_value_range(const float *x, int64_t n, float *lo, float *hi) {
     return LI_OK;
 }
 
+/* a ranks below b: a smaller value, or the same value at a higher id */
+static int ranks_below(const float *x, int32_t a, int32_t b) { return x[a] < x[b] || (x[a] == x[b] && a > b); }
+
+/* restore the min-heap h[0..k) (root: the lowest ranked) from slot i down */
+static void sift_down(const float *x, int32_t *h, int64_t k, int64_t i) {
+    for (;;) {
+        int64_t low = i;
+        const int64_t l = 2 * i + 1, r = l + 1;
+        if (l < k && ranks_below(x, h[l], h[low])) low = l;
+        if (r < k && ranks_below(x, h[r], h[low])) low = r;
+        if (low == i) return;
+        const int32_t t = h[i];
+        h[i] = h[low];
+        h[low] = t;
+        i = low;
+    }
+}
+
+/* One pass keeping the k best so far in a min-heap: an element enters only
+ * when it is greater than the heap's least (equal never enters: its id is
+ * higher than every id kept), which over a vocabulary's logits is rare once
+ * the first few thousand are seen, so the pass is mostly one compare an
+ * element. Sampling's top-k in numpy took several passes over the logits,
+ * ~100 us a token on the caches a forward pass leaves cold. */
+int li_top_k_f32(const float *x, int64_t n, int64_t k, int32_t *ids) {
+    if (!x || !ids || n <= 0 || n > INT32_MAX || k <= 0 || k > n) return LI_E_ARG;
+    for (int64_t i = 0; i < k; i++) ids[i] = (int32_t)i;
+    for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(x, ids, k, i);
+    float least = x[ids[0]];
+    enum { BLOCK = 32 };
+    for (int64_t i = k; i < n; i += BLOCK) {
+        const int64_t end = LI_MIN(n, i + BLOCK);
+        if (end - i == BLOCK) {
+            /* a whole block's compares with no branch and a constant count:
+             * the compiler makes them a few vector compares */
+            int any = 0;
+            for (int j = 0; j < BLOCK; j++) any |= x[i + j] > least;
+            if (!any) continue;
+        }
+        for (int64_t j = i; j < end; j++)
+            if (x[j] > least) {
+                ids[0] = (int32_t)j;
+                sift_down(x, ids, k, 0);
+                least = x[ids[0]];
+            }
+    }
+    return LI_OK;
+}
+
 int li_add(const float *a, const float *b, int64_t n, float *y) {
     li_init();
     if (!a || !b || !y || n < 0) return LI_E_ARG;

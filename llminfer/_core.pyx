@@ -241,6 +241,21 @@ def value_range(const float[::1] x):
     return lo, hi
 
 
+def top_k(const float[::1] x, int64_t k):
+    """The ids (int64) of the k largest of x (no NaN), in no particular
+    order; of values equal to the k-th largest, the lowest ids
+    (sampling's top-k, csrc/ops.c)."""
+    out = np.empty(k if k > 0 else 0, dtype=np.int32)
+    cdef int32_t[::1] ids = out
+    cdef int st
+    if k <= 0 or k > x.shape[0]:
+        raise errors.InvalidArgumentError(f"top_k: k must be in [1, {x.shape[0]}], got {k}")
+    with nogil:
+        st = C.li_top_k_f32(&x[0], x.shape[0], k, &ids[0])
+    check(st, "top-k")
+    return out.astype(np.int64)
+
+
 def binary(str op, const float[::1] a, const float[::1] b):
     out = np.empty(a.shape[0], dtype=np.float32)
     cdef float[::1] y = out
