@@ -139,8 +139,9 @@ int li_gated_activation(int fn, const float *g, const float *u, int64_t n, float
 int li_softmax(const float *x, int64_t rows, int64_t k, float *y);
 /* the least and greatest of x[0..n), n >= 1; both NaN when some x is NaN */
 int li_value_range(const float *x, int64_t n, float *lo, float *hi);
-/* The ids of the k largest of x[0..n) (1 <= k <= n, no NaN) into ids, in no
- * particular order; of values equal to the k-th largest, the lowest ids. */
+/* The ids of the k largest of x[0..n) (1 <= k <= n, no NaN) into ids, the
+ * largest value first and, among equal values, the lowest id first (so of
+ * values equal to the k-th largest, the lowest ids are the ones kept). */
 int li_top_k_f32(const float *x, int64_t n, int64_t k, int32_t *ids);
 int li_add(const float *a, const float *b, int64_t n, float *y);
 int li_mul(const float *a, const float *b, int64_t n, float *y);

@@ -411,6 +411,14 @@ int li_top_k_f32(const float *x, int64_t n, int64_t k, int32_t *ids) {
                 least = x[ids[0]];
             }
     }
+    /* heap sort: the least ranked goes to the end each time, leaving the
+     * ids best first (larger values first, lower ids first among equals) */
+    for (int64_t m = k - 1; m > 0; m--) {
+        const int32_t t = ids[0];
+        ids[0] = ids[m];
+        ids[m] = t;
+        sift_down(x, ids, m, 0);
+    }
     return LI_OK;
 }
 

@@ -242,9 +242,9 @@ def value_range(const float[::1] x):
 
 
 def top_k(const float[::1] x, int64_t k):
-    """The ids (int64) of the k largest of x (no NaN), in no particular
-    order; of values equal to the k-th largest, the lowest ids
-    (sampling's top-k, csrc/ops.c)."""
+    """The ids (int64) of the k largest of x (no NaN), largest value first
+    and lowest id first among equals (so of values equal to the k-th
+    largest, the lowest ids): sampling's top-k, csrc/ops.c."""
     out = np.empty(k if k > 0 else 0, dtype=np.int32)
     cdef int32_t[::1] ids = out
     cdef int st

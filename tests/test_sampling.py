@@ -524,20 +524,23 @@ def test_large_vocab_default_params_sample_in_the_kept_set():
 def test_the_c_top_k_keeps_the_k_largest_lowest_ids_first_among_ties(n):
     """_core.top_k (csrc/ops.c), which _largest uses up to _C_TOP_K, against
     a lexsort: the k largest values, and of those equal to the k-th, the
-    lowest ids; with ties everywhere (rounded values), -inf, and every k
-    near the block edges of its scan."""
+    lowest ids, in the lexsort's order (value descending, id ascending);
+    with ties everywhere (rounded values), -inf, and every k near the block
+    edges of its scan. _top_sorted gives that order whichever way it goes."""
     from llminfer import _core
-    from llminfer.sampling import _C_TOP_K, _largest
+    from llminfer.sampling import _C_TOP_K, _largest, _top_sorted
 
     rng = np.random.default_rng(n)
     for x in ((rng.standard_normal(n) * 3).astype(np.float32), np.round(rng.standard_normal(n)).astype(np.float32),
               np.where(rng.random(n) < 0.5, -np.inf, rng.standard_normal(n)).astype(np.float32)):
         order = np.lexsort((np.arange(n), -x.astype(np.float64)))
         for k in sorted({1, 2, 5, 31, 32, 33, 40, 256, n - 1, n} & set(range(1, n + 1))):
-            want = set(order[:k].tolist())
-            assert set(_core.top_k(x, k).tolist()) == want, (n, k)
+            want = order[:k].tolist()
+            assert _core.top_k(x, k).tolist() == want, (n, k)
             if k < n:
-                assert set(_largest(x, k).tolist()) == want
+                assert set(_largest(x, k).tolist()) == set(want)
+                assert _top_sorted(x, k)[0].tolist() == want
+                assert _top_sorted(x.astype(np.float64), k)[0].tolist() == want  # the numpy way
     assert _C_TOP_K >= 40  # the default top_k goes through it
     with pytest.raises(InvalidArgumentError):
         _core.top_k(np.zeros(4, np.float32), 5)
