@@ -11,6 +11,7 @@ answering. Skipped where Ray Serve or the openai client is not installed.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
 import socket
 import time
@@ -131,6 +132,16 @@ def test_served_answers_prefix_affinity_and_replica_loss(cluster, smollm2_path):
             got = list(ex.map(lambda sq: _chat(client, *sq), jobs))
         for (s, q), (text, _) in zip(jobs, got):
             assert text == alone[(s, q)]
+
+        # the server's other endpoints pass through the Ingress as they are
+        vec = client.embeddings.create(model="llminfer", input=["a cat", "a dog"])
+        assert [d.index for d in vec.data] == [0, 1] and len(vec.data[0].embedding) == 576
+        schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                  "required": ["n"], "additionalProperties": False}
+        out = client.chat.completions.create(
+            model="llminfer", messages=[{"role": "user", "content": "A number?"}], max_tokens=20,
+            response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+        assert 0 <= json.loads(out.choices[0].message.content)["n"] <= 9
 
         stats = rs.cluster_stats("llminfer")
         assert stats["replicas"] == 2
