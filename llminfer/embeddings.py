@@ -136,7 +136,7 @@ class Embedder(_Embedding):
             from llminfer.llm import LLM
 
             arch = self.gguf.architecture
-            declared = self.gguf.metadata.get(f"{arch}.pooling_type")
+            declared = declared_pooling(self.gguf.metadata, arch)
             trained = self.gguf.metadata.get(f"{arch}.context_length")
             self.gguf.close()
             default = min(2048, int(trained)) if isinstance(trained, (int, np.integer)) and trained > 0 else 2048
@@ -145,7 +145,7 @@ class Embedder(_Embedding):
             self.n_threads = self._llm.n_threads
             self.n_ctx = self._llm.n_ctx
             self.n_embd = self._llm.spec.n_embd
-            self.pooling = pooling or bert.POOLING.get(int(declared) if declared is not None else 1, "mean")
+            self.pooling = pooling or declared
 
     def _ids(self, item, truncate):
         if isinstance(item, str):
@@ -188,6 +188,23 @@ class Embedder(_Embedding):
         return f"Embedder({self.model_name!r}, arch={arch}, pooling={self.pooling})"
 
 
+def declared_pooling(metadata, arch: str) -> str:
+    """The pooling a decoder model's GGUF declares ({arch}.pooling_type),
+    mean when it declares none."""
+    declared = metadata.get(f"{arch}.pooling_type")
+    return bert.POOLING.get(int(declared) if declared is not None else 1, "mean")
+
+
+def engine_hidden(eng, ids) -> np.ndarray:
+    """The final normed hidden states [len(ids), n_embd] of ids on an Engine,
+    in a sequence of their own, given back after."""
+    seq = eng.new_sequence()
+    try:
+        return eng.hidden_states(seq, ids, "all")
+    finally:
+        eng.free(seq)
+
+
 def decoder_hidden(llm, ids) -> np.ndarray:
     """The final normed hidden states [len(ids), n_embd] of a decoder model
     for ids, in a sequence of their own (the LLM's context is untouched)."""
@@ -196,11 +213,7 @@ def decoder_hidden(llm, ids) -> np.ndarray:
         eng = llm.engine
         if len(ids) > eng.n_ctx:
             raise ContextFullError(f"the input has {len(ids)} tokens; n_ctx is {eng.n_ctx}")
-        seq = eng.new_sequence()
-        try:
-            return eng.hidden_states(seq, ids, "all")
-        finally:
-            eng.free(seq)
+        return engine_hidden(eng, ids)
 
 
 class DecoderEmbedding(_Embedding):
@@ -208,9 +221,7 @@ class DecoderEmbedding(_Embedding):
 
     def __init__(self, llm):
         self._llm = llm
-        arch = llm.architecture
-        declared = llm.metadata.get(f"{arch}.pooling_type")
-        self.pooling = bert.POOLING.get(int(declared) if declared is not None else 1, "mean")
+        self.pooling = declared_pooling(llm.metadata, llm.architecture)
         self.model_name = str(llm.model_path)
         self.tokenizer = llm.tokenizer
 
