@@ -281,9 +281,7 @@ class Scheduler:
         if not fut.set_running_or_notify_cancel():
             return
         try:
-            short = blocks - self.kv.pools[FULL].free_blocks if FULL in self.kv.groups else 0
-            if short > 0 and self.cache is not None:  # cached blocks nobody holds make room
-                self.cache.evict(short)
+            self._make_room(blocks)
             fut.set_result(fn(self.engine))
         except BaseException as e:  # noqa: BLE001 - the caller's to answer
             fut.set_exception(e)
@@ -361,12 +359,17 @@ class Scheduler:
                     f"a prompt of {len(req.prompt)} tokens does not fit in the KV pool "
                     f"({self.kv.pools[FULL].n_blocks} blocks of {self.kv.block_size})"))
             return
-        # make room: give back cached blocks nobody holds
+        self._make_room(planned[FULL])
+        self._run(work, events)
+
+    def _make_room(self, blocks: int):
+        """Free blocks for `blocks` of the full-attention pool, giving back
+        cached blocks nobody holds as needed (the cache exists only for
+        models whose layers are all full-attention)."""
         if self.cache is not None:
-            short = planned[FULL] - self.kv.pools[FULL].free_blocks
+            short = blocks - self.kv.pools[FULL].free_blocks
             if short > 0:
                 self.cache.evict(short)
-        self._run(work, events)
 
     def _youngest(self, exclude):
         for r in reversed(self.running):
