@@ -40,7 +40,7 @@ from starlette.routing import Route
 
 from llminfer.completions import fim_layout
 from llminfer import hub
-from llminfer.embeddings import Embedder, l2_normalize, pool
+from llminfer.embeddings import Embedder, declared_pooling, engine_hidden, l2_normalize, pool
 from llminfer.engine import Engine
 from llminfer.errors import InvalidArgumentError, KVCacheFullError, LLMInferError
 from llminfer.gguf_file import GGUFFile
@@ -50,8 +50,8 @@ from llminfer.server.args import ServeArgs
 from llminfer.server.metrics import Metrics
 from llminfer.server.scheduler import FinishEvent, Request, Scheduler, TokenEvent
 from llminfer.structured import grammar_from_args
-from llminfer.tools import (ToolCallStream, check_tools, detect_format, openai_tool_calls, parse_tool_calls,
-                            prepare_messages, tool_call_deltas, tool_prompt)
+from llminfer.tools import (ToolCallStream, check_tools, openai_tool_calls, parse_tool_calls, tool_call_deltas,
+                            tool_prompt)
 
 log = logging.getLogger("llminfer.server")
 
@@ -415,23 +415,17 @@ class _Server:
                 if isinstance(m.get(key), str):
                     msg[key] = m[key]
             plain.append(msg)
-        tools = None
+        try:  # no tools: ([], "none"), and the messages render as the library renders them
+            funcs, choice = check_tools(body.get("tools"), body.get("tool_choice"))
+        except InvalidArgumentError as e:
+            raise _bad(str(e), "tool_choice" if "tool_choice" in str(e) else "tools") from None
         try:
             fmt = self.chat_format
-            if body.get("tools") is not None or body.get("tool_choice") is not None:
-                try:
-                    funcs, choice = check_tools(body.get("tools"), body.get("tool_choice"))
-                except InvalidArgumentError as e:
-                    raise _bad(str(e), "tool_choice" if "tool_choice" in str(e) else "tools") from None
-                text, offered, parse_fmt, grammar = tool_prompt(fmt, self.engine.gguf.metadata, self.tokenizer,
-                                                                plain, funcs, choice)
-                tools = _Tools(offered, parse_fmt, grammar, choice)
-            else:
-                knows = "tools" in fmt.template
-                text = fmt.render(prepare_messages(plain, knows, detect_format(fmt.template, {})),
-                                  add_generation_prompt=True)
+            text, offered, parse_fmt, grammar = tool_prompt(fmt, self.engine.gguf.metadata, self.tokenizer, plain,
+                                                            funcs, choice)
         except LLMInferError as e:
             raise _bad(f"the chat template cannot render these messages: {e}", "messages") from None
+        tools = _Tools(offered, parse_fmt, grammar, choice) if offered else None  # tool_choice "none": plain
         return self.tokenize(text, add_special=not fmt.adds_bos), list(fmt.stop_texts), tools
 
     def embed_ids(self, body) -> list:
@@ -468,9 +462,7 @@ class _Server:
         """How the model's GGUF says to pool token vectors (mean when it says nothing)."""
         if self.embedder is not None:
             return self.embedder.pooling
-        meta = self.engine.gguf.metadata
-        declared = meta.get(f"{self.engine.gguf.architecture}.pooling_type")
-        return bert.POOLING.get(int(declared) if declared is not None else 1, "mean")
+        return declared_pooling(self.engine.gguf.metadata, self.engine.gguf.architecture)
 
     def check_length(self, ids, max_tokens) -> int:
         if not ids:
@@ -494,14 +486,12 @@ class _Server:
 
 class _Tools:
     """A chat request's tools: the functions offered, the reply's format, the
-    grammar of a required call (or None) and tool_choice."""
+    grammar of a required call (or None) and tool_choice. A reply is parsed
+    with its special tokens written out, as the library's tools._parse reads
+    it (tokenizer.decode(..., skip_special=False))."""
 
     def __init__(self, offered, fmt, grammar, choice):
         self.offered, self.fmt, self.grammar, self.choice = offered, fmt, grammar, choice
-
-    def reply(self, tokenizer, tokens):
-        """The whole reply with its special tokens written out, to parse."""
-        return b"".join(tokenizer.token_bytes(t, skip_special=False) for t in tokens).decode("utf-8", "replace")
 
 
 def _dispatch(events):
@@ -644,8 +634,6 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
                 raise _bad(f"response_format, json_schema and grammar cannot be combined with "
                            f"tool_choice={tools.choice!r}", "tool_choice")
             grammar = tools.grammar
-        if tools is not None and not tools.offered:
-            tools = None  # tool_choice "none": a plain reply
     else:
         prompts = await run_in_threadpool(server.prompt_ids, body)
     if len(prompts) * n > MAX_PROMPTS:
@@ -711,14 +699,22 @@ async def _echoes(server, body, prompts, logprobs) -> list:
             return events
         return run
 
-    bs = server.engine.block_size
-    futures = [server.scheduler.call(entries(ids), -(-len(ids) // bs)) for ids in prompts]
-    try:
-        events = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-    except KVCacheFullError:
-        raise APIError(503, "the KV pool has no room for this prompt now; try again later",
-                       code="kv_pool_full") from None
+    events = await _on_engine(server, prompts, entries, "prompt")
     return [_Echo(t, ev) for t, ev in zip(texts, events)]
+
+
+async def _on_engine(server, items, work, what: str) -> list:
+    """[work(ids)(engine) for ids in items], each run on the engine thread
+    between two batching steps (Scheduler.call: one a step, so the streams
+    go on between them) with the blocks of its ids to hold; a pool with no
+    room for them now is a 503."""
+    bs = server.engine.block_size
+    futures = [server.scheduler.call(work(ids), -(-len(ids) // bs)) for ids in items]
+    try:
+        return await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    except KVCacheFullError:
+        raise APIError(503, f"the KV pool has no room for this {what} now; try again later",
+                       code="kv_pool_full") from None
 
 
 def _echo_only(server, meta, echoes, prompts, n, stream, include_usage):
@@ -779,7 +775,8 @@ async def _collect(server, request, job: _Job, meta, chat) -> Response:
         if chat:
             message = {"role": "assistant", "content": text}
             if job.tools is not None:
-                content, calls = parse_tool_calls(job.tools.reply(server.tokenizer, tokens[r.index]), job.tools.fmt)
+                content, calls = parse_tool_calls(server.tokenizer.decode(tokens[r.index], skip_special=False),
+                                                 job.tools.fmt)
                 if calls:
                     message = {"role": "assistant", "content": content, "tool_calls": openai_tool_calls(calls)}
                     reason = "tool_calls"
@@ -796,13 +793,9 @@ def _choice_logprobs(server, job, chat) -> dict:
     when it is echoed."""
     out = {}
     for r in job.reqs:
-        if r.logprobs is None:
-            continue
-        lp = _Logprobs(server, chat)
-        if job.echoes is not None:
-            for ev in job.echoes[r.prompt_index].events or ():
-                lp.add(ev)
-        out[r.index] = lp
+        if r.logprobs is not None:
+            echoed = job.echoes[r.prompt_index].logprobs(server) if job.echoes is not None else None
+            out[r.index] = echoed or _Logprobs(server, chat)
     return out
 
 
@@ -870,7 +863,7 @@ async def _stream(server, job: _Job, meta, chat, include_usage):
         if splits:
             split = splits[req.index]
             now = split.feed(text)
-            rest, calls = split.finish(tools.reply(server.tokenizer, tokens[req.index]))
+            rest, calls = split.finish(server.tokenizer.decode(tokens[req.index], skip_special=False))
             text = now + rest
             for delta in tool_call_deltas(calls):
                 yield _sse({**base, "choices": [{"index": req.index, "delta": delta, "logprobs": None,
@@ -999,22 +992,9 @@ async def embeddings(server: _Server, request: HTTPRequest):
     pooling = server.pooling
 
     def work(ids):
-        def run(eng):
-            seq = eng.new_sequence()
-            try:
-                hidden = eng.hidden_states(seq, ids, "all")
-            finally:
-                eng.free(seq)
-            return l2_normalize(pool(hidden, pooling))
-        return run
+        return lambda eng: l2_normalize(pool(engine_hidden(eng, ids), pooling))
 
-    bs = server.engine.block_size
-    futures = [server.scheduler.call(work(ids), -(-len(ids) // bs)) for ids in items]  # one input a step
-    try:
-        vecs = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-    except KVCacheFullError:
-        raise APIError(503, "the KV pool has no room for this input now; try again later",
-                       code="kv_pool_full") from None
+    vecs = await _on_engine(server, items, work, "input")
     return _embeddings_response(server, vecs, fmt, n)
 
 
