@@ -571,17 +571,14 @@ cdef class Context:
         if self.ctx == NULL:
             raise errors.LLMInferError("the context is closed")
         pairs = [(int(g), int(b)) for g, b in blocks]
-        cdef size_t total = len(head), size
-        for g, b in pairs:
-            total += C.li_kv_group_block_bytes(self.ctx, g)
-        out = PyBytes_FromStringAndSize(NULL, total)
+        sizes = [C.li_kv_group_block_bytes(self.ctx, g) for g, _ in pairs]
+        out = PyBytes_FromStringAndSize(NULL, len(head) + sum(sizes))
         cdef char *p = PyBytes_AS_STRING(out)
-        cdef size_t at = len(head)
+        cdef size_t at = len(head), size
         if at:
             memcpy(p, <const char *>head, at)
         cdef int group, block
-        for group, block in pairs:
-            size = C.li_kv_group_block_bytes(self.ctx, group)
+        for (group, block), size in zip(pairs, sizes):
             check(C.li_kv_read_block(self.ctx, group, block, p + at if size else NULL, size),
                   "reading a KV block")
             at += size

@@ -144,8 +144,8 @@ def depth_ids(llm, n_depth: int) -> np.ndarray:
     """A random prompt of n_depth token ids, which each run of a test at that
     depth evaluates first, untimed (llama-bench's -d). llama-bench evaluates
     it once and restores a saved state before each run; a saved state is a
-    copy of the cache (twice over while it is made), which would count in
-    the peak memory set beside llama-bench's, so here each run evaluates it."""
+    copy of the cache, which would count in the peak memory set beside
+    llama-bench's, so here each run evaluates it."""
     rng = random.Random(-2 % 2**32)
     return np.array([rng.randrange(llm.n_vocab) for _ in range(n_depth)], dtype=np.int32)
 
