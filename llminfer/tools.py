@@ -487,7 +487,7 @@ class ToolCallStream:
 
         s = ToolCallStream(fmt)
         for piece in pieces: send(s.feed(piece))        # "" while held back
-        content, calls = s.finish(full_text)             # the held text when no call parses
+        rest, calls = s.finish(full_text)                # rest: the held text, when no call parses
     """
 
     def __init__(self, fmt: str):
@@ -499,7 +499,7 @@ class ToolCallStream:
         self.held += piece
         if self.holding:
             return ""
-        if not (self.sent + self.held).strip() and not self.held.strip():
+        if not (self.sent + self.held).strip():
             return ""
         lead = (self.sent + self.held).lstrip()
         if lead[:1] in "{[" and not self.sent.strip():
