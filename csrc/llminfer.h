@@ -227,6 +227,10 @@ typedef struct li_model_desc {
  * mapping as before). */
 int li_model_embd_file(li_model_desc *m, int fd, int64_t offset);
 
+/* The size and modification time (ns; whole seconds on Windows) of the open
+ * file fd, to tell whether a mapped file changed since it was opened. */
+int li_file_stamp(int fd, int64_t *size, int64_t *mtime_ns);
+
 /* Check a description for consistency: shapes, types, sizes. */
 int li_model_check(const li_model_desc *m);
 

@@ -110,6 +110,7 @@ cdef extern from "llminfer.h" nogil:
     size_t li_model_repack_size(li_model_desc *m, int first_layer, int with_output)
     void li_model_unpack(li_model_desc *m)
     int li_model_embd_file(li_model_desc *m, int fd, int64_t offset)
+    int li_file_stamp(int fd, int64_t *size, int64_t *mtime_ns)
 
     ctypedef struct li_context:
         pass

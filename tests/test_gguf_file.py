@@ -247,6 +247,26 @@ def test_check_unchanged_sees_truncation(tmp_path):
     f.close()
 
 
+def test_check_unchanged_sees_a_rewrite_of_the_same_size(tmp_path):
+    """The stamp is the size and the modification time: a file rewritten in
+    place at its old size is a change too. The stamp is os.fstat's."""
+    from llminfer import _core
+    p = corrupt(tmp_path, tiny_llama())
+    f = GGUFFile(p)
+    st = os.fstat(f.descriptor())
+    assert _core.file_stamp(f.descriptor()) == (st.st_size, st.st_mtime_ns)
+    assert _core.file_stamp_is(f.descriptor(), st.st_size, st.st_mtime_ns)
+    assert not _core.file_stamp_is(f.descriptor(), st.st_size, st.st_mtime_ns + 1)
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    with pytest.raises(GGUFError, match="changed on disk while loaded"):
+        f.check_unchanged()
+    f.close()
+    fd = os.open(p, os.O_RDONLY)
+    os.close(fd)
+    with pytest.raises(OSError, match="stamp"):
+        _core.file_stamp(fd)
+
+
 def test_check_unchanged_ignores_a_file_renamed_over(tmp_path):
     p = corrupt(tmp_path, tiny_llama())
     f = GGUFFile(p)
