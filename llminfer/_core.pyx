@@ -279,7 +279,7 @@ def rope(float[:, :, ::1] x, const int32_t[::1] pos, int64_t n_rot, float freq_b
 
 # ---- models ----
 
-from libc.stdlib cimport calloc, free
+from libc.stdlib cimport calloc, free, realloc
 from cpython.pycapsule cimport PyCapsule_GetPointer
 
 
@@ -433,6 +433,9 @@ cdef class Context:
     cdef readonly ModelDesc model
     cdef readonly int n_batch, max_threads, n_vocab, n_embd, kv_type, block_size
     cdef readonly tuple n_blocks
+    # step()'s block tables: each group's Python list copied here, grown as it grows
+    cdef int32_t *table[2]
+    cdef Py_ssize_t table_room[2]
 
     def __cinit__(self, ModelDesc model, int kv_type, int block_size, n_blocks, int n_batch,
                   int max_threads, backend=None, int n_backend_layers=0, bint backend_output=False,
@@ -521,6 +524,63 @@ cdef class Context:
             free(views)
         check(st, "forward pass")
 
+    cdef int _table_view(self, int g, list blocks, C.li_seq_view *view) except -1:
+        """blocks (a sequence's table of group g, Python ints) into table[g], for view"""
+        cdef Py_ssize_t n = len(blocks), i
+        cdef int32_t *grown
+        if n > self.table_room[g]:
+            grown = <int32_t *>realloc(self.table[g], <size_t>n * sizeof(int32_t))
+            if grown == NULL:
+                raise MemoryError()
+            self.table[g] = grown
+            self.table_room[g] = n
+        for i in range(n):
+            self.table[g][i] = blocks[i]
+        view.blocks[g] = self.table[g] if n else NULL
+        view.n_blocks[g] = <int>n
+        return 0
+
+    def step(self, int token, int pos, full, swa, float[::1] logits, int width, int n_threads):
+        """One token of one sequence (sequence index 0), its logits into
+        logits: decode for a generation step without its arrays. full, swa:
+        the sequence's block tables (lists of ints, or None for a group the
+        model does not use). Returns what logit_range would for the row (1:
+        sound, 0: not, -1: no figures), or -2 without running anything when
+        logits is not `width` long. Right after a pass, on caches it left
+        cold, the block tables made int32 arrays for decode and the separate
+        logit_range call cost a 135M model's token 4.6 and 6.8 us."""
+        if self.ctx == NULL:
+            raise errors.LLMInferError("the context is closed")
+        if logits.shape[0] != width:
+            return -2
+        cdef int32_t tok = token, p = pos, sq = 0
+        cdef signed char want = 1
+        cdef C.li_batch b
+        b.n = 1
+        b.token = &tok
+        b.embd = NULL
+        b.pos = &p
+        b.seq = &sq
+        b.logits = &want
+        cdef C.li_seq_view view
+        view.blocks[0] = view.blocks[1] = NULL
+        view.n_blocks[0] = view.n_blocks[1] = 0
+        if full is not None:
+            self._table_view(0, full, &view)
+        if swa is not None:
+            self._table_view(1, swa, &view)
+        cdef int st
+        cdef float r[2]
+        with nogil:
+            st = C.li_context_decode(self.ctx, &b, &view, 1, &logits[0], logits.shape[0], n_threads)
+            if st == C.LI_OK:
+                st = C.li_context_logit_range(self.ctx, r, 1)
+        if st < 0:
+            check(st, "forward pass")
+        if st == 0:
+            return -1
+        return 1 if isfinite(r[0]) and isfinite(r[1]) and (self.n_vocab <= 1 or r[0] != r[1]) else 0
+
     def logit_range(self, float[:, ::1] out):
         """After a decode: each logits row's least and greatest value into
         out ([rows, 2], both NaN for a row with a NaN), computed by the team
@@ -602,6 +662,8 @@ cdef class Context:
     def __dealloc__(self):
         if self.ctx != NULL:
             C.li_context_free(self.ctx)
+        free(self.table[0])
+        free(self.table[1])
 
 
 def file_stamp(int fd):

