@@ -131,6 +131,7 @@ struct li_context {
 void li_prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t t, int h);
 /* att = softmax(q k^T * scale) v for every token and head of the batch */
 void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth);
+void li_attention_prefetch(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth);
 /* spans holding at least one key visible to a token at pos with this table */
 int li_count_spans(const li_context *c, const li_layer_desc *L, const int32_t *blocks, int n_blocks, int pos);
 /* the first position a token at pos sees in layer L */

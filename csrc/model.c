@@ -689,6 +689,7 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
                               {&L->wv, acts_for(c, &L->wv), n, c->v, nv}};
     sync_before(c, qkv_p, 3, ith, nth);
     matmuls(c, qkv_p, 3, ith, nth);
+    li_attention_prefetch(c, L, il, n, ith, nth);
     li_share_sync(c->share);
 
     if (m->qk_norm_whole) { /* olmo2: one RMSNorm over all heads of q, one over k */
