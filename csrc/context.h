@@ -78,6 +78,8 @@ struct li_context {
     int32_t *tile0;        /* [n_batch + 1] tile i is the batch rows [tile0[i], tile0[i + 1]) */
     int n_tiles;
     char *gemm_scratch;    /* [max_threads] regions of gemm_bytes for prefill panels */
+    char *own;             /* [max_threads] regions of own_bytes: a decoded row's copy per thread (own_rows) */
+    size_t own_bytes;
     char *embd_rows;       /* [max_threads] regions of embd_row_bytes: an embedding row read from the file */
     size_t embd_row_bytes;
     size_t gemm_bytes;

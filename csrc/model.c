@@ -209,6 +209,7 @@ void li_context_free(li_context *c) {
     free(c->tile0);
     free_aligned(c->gemm_scratch);
     free_aligned(c->embd_rows);
+    free_aligned(c->own);
     li_share_free(c->share);
     free(c->pos);
     for (int g = 0; g < LI_KV_GROUPS; g++) free(c->kv_row[g]);
@@ -396,6 +397,9 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     c->gemm_scratch = alloc_aligned(nth * LI_MAX(c->gemm_bytes, 64));
     c->embd_row_bytes = (m->tok_embd.nbytes / (size_t)m->tok_embd.rows + 63) / 64 * 64;
     c->embd_rows = alloc_aligned(nth * c->embd_row_bytes);
+    c->own_bytes = 2 * (((size_t)m->n_embd * sizeof(float) + 63) / 64 * 64);
+    for (int a = 0; a < LI_ACT_COUNT; a++) c->own_bytes += (c->xq_row[a] + 63) / 64 * 64;
+    c->own = alloc_aligned(nth * c->own_bytes);
     c->share = li_share_new((int)nth);
     c->pos = malloc(nb * sizeof(int32_t));
     for (int g = 0; g < LI_KV_GROUPS; g++) c->kv_row[g] = malloc(nb * sizeof(int32_t));
@@ -405,7 +409,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     c->n_spans = malloc(nb * 2 * sizeof(int32_t));
     c->rope_cs = alloc_aligned((size_t)c->n_rope * nb * (size_t)m->n_rot * sizeof(float));
     if (!c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u || !c->scores ||
-        !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->embd_rows || !c->share || !c->pos || !c->kv_row[0] ||
+        !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->embd_rows || !c->own || !c->share || !c->pos || !c->kv_row[0] ||
         !c->kv_row[1] || !c->out_rows || !c->logit_part || !c->n_spans || !c->rope_cs || !c->tq || !c->tout || !c->tile0)
         goto nomem;
     for (int a = 0; a < LI_ACT_COUNT; a++) {
@@ -529,16 +533,21 @@ int li_kv_write_block(li_context *c, int group, int block, const void *src, size
 
 /* xq in the activation formats of the given weights, from rows [lo, hi) of
  * src; rows are packed (stride li_act_row_bytes(a, k)), as li_matmul_q reads them */
-static void quantize_rows_for(li_context *c, const float *src, int64_t k, int64_t lo, int64_t hi,
-                              const li_matrix *const *ws, int nw) {
+static void quantize_rows_to(void *const *xq, const float *src, int64_t k, int64_t lo, int64_t hi,
+                             const li_matrix *const *ws, int nw) {
     int done = 0; /* bit set of formats already written */
     for (int i = 0; i < nw; i++) {
         const int a = li_types[ws[i]->type].act_type;
         if (done & (1 << a)) continue;
         done |= 1 << a;
         const size_t row = li_act_row_bytes(a, k);
-        for (int64_t t = lo; t < hi; t++) li_K->quant_act[a](src + t * k, (char *)c->xq[a] + (size_t)t * row, k);
+        for (int64_t t = lo; t < hi; t++) li_K->quant_act[a](src + t * k, (char *)xq[a] + (size_t)t * row, k);
     }
+}
+
+static void quantize_rows_for(li_context *c, const float *src, int64_t k, int64_t lo, int64_t hi,
+                              const li_matrix *const *ws, int nw) {
+    quantize_rows_to(c->xq, src, k, lo, hi, ws, nw);
 }
 
 /* the activations a weight reads: xq in its format, as quantize_rows_for or gated_quantize left them */
@@ -672,6 +681,94 @@ static void pre_norm(const li_model_desc *m, const float *x, const float *w, flo
     }
 }
 
+/* ---- a decoded row, each thread's own ----
+ *
+ * A pass of one token (decode) has one row to norm and quantize before each
+ * half's first products, and one residual to add after each half: split by
+ * rows, thread 0 did them while the others waited at a barrier, and then
+ * read its quantized row from another core. With own rows every thread
+ * keeps the residual stream's row itself (thread 0 in x, the others in
+ * their region of `own`), adds each half's output to it, and norms and
+ * quantizes it into its own xb and xq: the same operations on the same
+ * values, so the same bits in every thread, and no barrier before the
+ * half's products. Dense models only (a MoE half adds its residual split by
+ * rows), of short rows (own_rows). */
+typedef struct {
+    float *x;                /* [n_embd] the residual stream's row */
+    float *xb;               /* [n_embd] its normed copy, or an output normed before it is added */
+    void *xq[LI_ACT_COUNT];  /* xb quantized, in each format of xq */
+} own_row;
+
+/* whether a pass of n tokens on nth threads keeps own rows: a row of up to
+ * OWN_ROWS_MAX_EMBD, whose norm and quantization cost each thread less than
+ * the barrier and the wait they replace. Tokens alternating with and without
+ * in one process (32-token blocks, 2 threads, medians): SmolLM2 (576) -2.0%
+ * a token with its CPUs apart and -1.7% on one core, Gemma 3 270M (640)
+ * -1.4% apart; the 1B (2048) +0.6% apart (Q4_K_M) and on one core (Q4_0),
+ * its shared row's wait being one in which the others read ahead
+ * (sync_before). */
+#define OWN_ROWS_MAX_EMBD 1024
+static int own_rows(const li_context *c, int64_t n, int nth) {
+    return n == 1 && nth > 1 && c->m->n_expert == 0 && c->m->n_embd <= OWN_ROWS_MAX_EMBD;
+}
+
+static own_row own_of(const li_context *c, int ith) {
+    char *base = c->own + (size_t)ith * c->own_bytes;
+    const size_t e = ((size_t)c->m->n_embd * sizeof(float) + 63) / 64 * 64;
+    own_row r;
+    r.x = ith == 0 ? c->x : (float *)(void *)base; /* thread 0's is x itself, which the head and probes read */
+    r.xb = (float *)(void *)(base + e);
+    size_t at = 2 * e;
+    for (int a = 0; a < LI_ACT_COUNT; a++) {
+        r.xq[a] = c->xq_row[a] ? base + at : NULL;
+        at += (c->xq_row[a] + 63) / 64 * 64;
+    }
+    return r;
+}
+
+/* residual() of one row into a thread's own x: o, shared by the team, is
+ * normed and scaled in the thread's xb, where residual() works on o itself */
+static void own_residual(const li_model_desc *m, const own_row *r, const float *o, const float *post_norm) {
+    const int64_t E = m->n_embd;
+    const float *add = o;
+    if (post_norm || m->residual_scale != 1.0f) {
+        memcpy(r->xb, o, (size_t)E * sizeof(float));
+        if (post_norm) li_K->rms_norm(r->xb, post_norm, r->xb, E, m->norm_eps);
+        if (m->residual_scale != 1.0f) li_K->scale_f32(r->xb, m->residual_scale, E);
+        add = r->xb;
+    }
+    li_K->add_f32(r->x, add, r->x, E);
+}
+
+/* A half's input for its first products ws[0..nw): x normed by norm_w into
+ * xb and quantized into xq, for the rows [lo, hi) (shared rows) or the
+ * thread's own row; xq gets where each format's rows are. Shared rows need
+ * the barrier before the products (sync_before); own rows do not. */
+static void half_input(li_context *c, const float *norm_w, const li_matrix *const *ws, int nw, int own, int ith,
+                       int64_t lo, int64_t hi, void **xq) {
+    const li_model_desc *m = c->m;
+    if (own) {
+        const own_row r = own_of(c, ith);
+        pre_norm(m, r.x, norm_w, r.xb, 0, 1);
+        quantize_rows_to(r.xq, r.xb, m->n_embd, 0, 1, ws, nw);
+        memcpy(xq, r.xq, sizeof(r.xq));
+    } else {
+        pre_norm(m, c->x, norm_w, c->xb, lo, hi);
+        quantize_rows_for(c, c->xb, m->n_embd, lo, hi, ws, nw);
+        memcpy(xq, c->xq, sizeof(c->xq));
+    }
+}
+
+/* x += a half's output o: the thread's own row, or rows [lo, hi) */
+static void half_output(li_context *c, const float *post_norm, int own, int ith, int64_t lo, int64_t hi) {
+    if (own) {
+        const own_row r = own_of(c, ith);
+        own_residual(c->m, &r, c->o, post_norm);
+    } else {
+        residual(c->m, c->x, c->o, post_norm, lo, hi);
+    }
+}
+
 /* The attention half: reads x, adds the attention output to it. */
 static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
     const li_model_desc *m = c->m;
@@ -680,14 +777,15 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     const int64_t nv = (int64_t)m->n_head_kv * m->head_dim_v, na = (int64_t)m->n_head * m->head_dim_v;
     int64_t lo, hi;
 
+    const int own = own_rows(c, n, nth);
     li_split(n, ith, nth, &lo, &hi);
-    pre_norm(m, c->x, L->attn_norm, c->xb, lo, hi);
     const li_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv};
-    quantize_rows_for(c, c->xb, E, lo, hi, qkv, 3);
-    const product qkv_p[3] = {{&L->wq, acts_for(c, &L->wq), n, c->q, nq},
-                              {&L->wk, acts_for(c, &L->wk), n, c->k, nk},
-                              {&L->wv, acts_for(c, &L->wv), n, c->v, nv}};
-    sync_before(c, qkv_p, 3, ith, nth);
+    void *xq[LI_ACT_COUNT];
+    half_input(c, L->attn_norm, qkv, 3, own, ith, lo, hi, xq);
+    const product qkv_p[3] = {{&L->wq, xq[li_types[L->wq.type].act_type], n, c->q, nq},
+                              {&L->wk, xq[li_types[L->wk.type].act_type], n, c->k, nk},
+                              {&L->wv, xq[li_types[L->wv.type].act_type], n, c->v, nv}};
+    if (!own) sync_before(c, qkv_p, 3, ith, nth);
     matmuls(c, qkv_p, 3, ith, nth);
     li_attention_prefetch(c, L, il, n, ith, nth);
     li_share_sync(c->share);
@@ -717,7 +815,7 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     li_share_sync(c->share);
 
     li_split(n, ith, nth, &lo, &hi);
-    residual(m, c->x, c->o, L->post_attn_norm, lo, hi);
+    half_output(c, L->post_attn_norm, own, ith, lo, hi);
 }
 
 /* The feed-forward half (gated: act(x Wg^T) * (x Wu^T), then Wd): reads x,
@@ -730,10 +828,11 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     const int64_t E = m->n_embd, F = m->n_ff;
     int64_t lo, hi;
 
+    const int own = own_rows(c, n, nth);
     li_split(n, ith, nth, &lo, &hi);
-    pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
     const li_matrix *gu[2] = {&L->w_gate, &L->w_up};
-    quantize_rows_for(c, c->xb, E, lo, hi, gu, 2);
+    void *xq[LI_ACT_COUNT];
+    half_input(c, L->ffn_norm, gu, 2, own, ith, lo, hi, xq);
 
     const size_t row_g = li_act_row_bytes(li_types[L->w_gate.type].act_type, E);
     const size_t row_u = li_act_row_bytes(li_types[L->w_up.type].act_type, E);
@@ -741,9 +840,10 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     for (int64_t c0 = 0; c0 < n; c0 += LI_FFN_CHUNK) {
         const int64_t nc = LI_MIN((int64_t)LI_FFN_CHUNK, n - c0);
         /* the previous chunk's down projection read only xd, which the barrier below orders */
-        const product gu_p[2] = {{&L->w_gate, (const char *)acts_for(c, &L->w_gate) + (size_t)c0 * row_g, nc, c->g, F},
-                                 {&L->w_up, (const char *)acts_for(c, &L->w_up) + (size_t)c0 * row_u, nc, c->u, F}};
-        if (c0 == 0) sync_before(c, gu_p, 2, ith, nth); /* after the quantized rows */
+        const product gu_p[2] = {
+            {&L->w_gate, (const char *)xq[li_types[L->w_gate.type].act_type] + (size_t)c0 * row_g, nc, c->g, F},
+            {&L->w_up, (const char *)xq[li_types[L->w_up.type].act_type] + (size_t)c0 * row_u, nc, c->u, F}};
+        if (c0 == 0 && !own) sync_before(c, gu_p, 2, ith, nth); /* after the quantized rows */
         matmuls(c, gu_p, 2, ith, nth);
         li_share_sync(c->share);
 
@@ -755,7 +855,7 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     li_share_sync(c->share);
 
     li_split(n, ith, nth, &lo, &hi);
-    residual(m, c->x, c->o, L->post_ffn_norm, lo, hi);
+    half_output(c, L->post_ffn_norm, own, ith, lo, hi);
 }
 
 /* ---- mixture of experts ---- */
@@ -1043,6 +1143,10 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
         if (m->embd_scale != 1.0f) li_K->scale_f32(x, m->embd_scale, E);
     }
     if (c->probe && embed) probe_team(c, c->x, n, E, LI_PROBE_EMBED, 0);
+    if (own_rows(c, n, nth) && l1 > l0) { /* each thread's own copy of the row (thread 0's is x) */
+        li_share_sync(c->share);
+        if (ith > 0) memcpy(own_of(c, ith).x, c->x, (size_t)E * sizeof(float));
+    }
 
     /* the embedding rows and each half's first and last steps are split the
      * same way, so consecutive steps need no barrier between them */
