@@ -470,17 +470,6 @@ static int64_t split_spans(const li_context *c, const li_layer_desc *L, int64_t 
     return pos / c->span - li_first_visible(L, pos) / c->span + 1;
 }
 
-/* Hints into L2 the cached rows (keys and values) that li_attention's split
- * mode (a decoded token) will read in this thread, its own row too, which
- * li_prepare_head writes: up to PREFETCH_MAX bytes, from the first. Called
- * as the thread ends its share of the q, k and v products, the rows arrive
- * while the team passes the barrier and prepares the heads; without it,
- * attention read them from memory a few rows ahead at a time, the weights'
- * stream having pushed them out of every cache (SmolLM2, 2 threads, tg128
- * positions: attention 134 us of a 1.69 ms token, 102 with it). Tokens
- * alternating in one process, 32-token blocks: SmolLM2 -0.8% and -1.2% a
- * token with its CPUs apart (500 and 281 blocks each), -0.5% on one core;
- * the 1B Q4_K_M -0.2% apart. */
 /* A thread's run of split mode's items (token, kv head, span, query head),
  * those that compute something: a token whose keys lie in one span has one
  * span item, another has every span of its range, empty or not. Each thread
@@ -540,6 +529,17 @@ static int split_walk_next(const li_context *c, const li_layer_desc *L, int il, 
     return 1;
 }
 
+/* Hints into L2 the cached rows (keys and values) that li_attention's split
+ * mode (a decoded token) will read in this thread, its own row too, which
+ * li_prepare_head writes: up to PREFETCH_MAX bytes, from the first. Called
+ * as the thread ends its share of the q, k and v products, the rows arrive
+ * while the team passes the barrier and prepares the heads; without it,
+ * attention read them from memory a few rows ahead at a time, the weights'
+ * stream having pushed them out of every cache (SmolLM2, 2 threads, tg128
+ * positions: attention 134 us of a 1.69 ms token, 102 with it). Tokens
+ * alternating in one process, 32-token blocks: SmolLM2 -0.8% and -1.2% a
+ * token with its CPUs apart (500 and 281 blocks each), -0.5% on one core;
+ * the 1B Q4_K_M -0.2% apart. */
 #define PREFETCH_MAX ((size_t)96 << 10)
 void li_attention_prefetch(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
     if (!c->split) return;

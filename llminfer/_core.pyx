@@ -579,7 +579,11 @@ cdef class Context:
             check(st, "forward pass")
         if st == 0:
             return -1
-        return 1 if isfinite(r[0]) and isfinite(r[1]) and (self.n_vocab <= 1 or r[0] != r[1]) else 0
+        return 1 if self._sound(r[0], r[1]) else 0
+
+    cdef bint _sound(self, float lo, float hi) noexcept:
+        """whether a logits row of least lo and greatest hi passes: finite, and not all one value"""
+        return isfinite(lo) and isfinite(hi) and (self.n_vocab <= 1 or lo != hi)
 
     def logit_range(self, float[:, ::1] out):
         """After a decode: each logits row's least and greatest value into
@@ -601,9 +605,8 @@ cdef class Context:
         if st == 0:
             return -1
         cdef Py_ssize_t i
-        cdef bint wide = self.n_vocab > 1
         for i in range(out.shape[0]):
-            if not (isfinite(out[i, 0]) and isfinite(out[i, 1])) or (wide and out[i, 0] == out[i, 1]):
+            if not self._sound(out[i, 0], out[i, 1]):
                 return 0
         return 1
 
@@ -666,12 +669,17 @@ cdef class Context:
         free(self.table[1])
 
 
+cdef int _stamp(int fd, int64_t *size, int64_t *mtime) except -1:
+    if C.li_file_stamp(fd, size, mtime) != C.LI_OK:
+        raise OSError(f"the file's stamp: {C.li_last_error().decode('utf-8', 'replace')}")
+    return 0
+
+
 def file_stamp(int fd):
     """(size, modification time in ns) of the open file fd (csrc/file.c).
     Raises OSError when fd is not open."""
     cdef int64_t size = 0, mtime = 0
-    if C.li_file_stamp(fd, &size, &mtime) != C.LI_OK:
-        raise OSError(f"the file's stamp: {C.li_last_error().decode('utf-8', 'replace')}")
+    _stamp(fd, &size, &mtime)
     return size, mtime
 
 
@@ -681,8 +689,7 @@ def file_stamp_is(int fd, int64_t size, int64_t mtime_ns):
     (os.fstat's stat_result cost a 135M model's token 9 us on caches the
     pass before had left cold). Raises OSError when fd is not open."""
     cdef int64_t now_size = 0, now_mtime = 0
-    if C.li_file_stamp(fd, &now_size, &now_mtime) != C.LI_OK:
-        raise OSError(f"the file's stamp: {C.li_last_error().decode('utf-8', 'replace')}")
+    _stamp(fd, &now_size, &now_mtime)
     return now_size == size and now_mtime == mtime_ns
 
 
