@@ -143,6 +143,14 @@ int li_value_range(const float *x, int64_t n, float *lo, float *hi);
  * largest value first and, among equal values, the lowest id first (so of
  * values equal to the k-th largest, the lowest ids are the ones kept). */
 int li_top_k_f32(const float *x, int64_t n, int64_t k, int32_t *ids);
+/* Top-p's cut over x[0..n) (no NaN) with weights e (exp(x - max), float32):
+ * going down x (larger first, lower ids first among equals) and counting
+ * only tokens of weight > 0 and x >= floor_x, the token where the running
+ * weight first reaches target. *v its logit and *r how many tokens of that
+ * logit the cut keeps (it and those of lower id), >= 1; *r = 0 when the
+ * tokens at or above floor_x weigh less than target. scratch: 12 * n bytes. */
+int li_top_p_cut(const float *x, const float *e, int64_t n, double target, float floor_x, void *scratch,
+                 float *v, int64_t *r);
 int li_add(const float *a, const float *b, int64_t n, float *y);
 int li_mul(const float *a, const float *b, int64_t n, float *y);
 

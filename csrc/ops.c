@@ -7,6 +7,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.h"
 #include "context.h"
@@ -420,6 +421,165 @@ int li_top_k_f32(const float *x, int64_t n, int64_t k, int32_t *ids) {
         ids[m] = t;
         sift_down(x, ids, m, 0);
     }
+    return LI_OK;
+}
+
+/* ---- top-p's cut ---- */
+
+/* a token that may hold the cut: its logit, its weight, its id */
+typedef struct {
+    float x, e;
+    int32_t id;
+} cut_token;
+
+/* the order top-p keeps tokens in: larger logits first, lower ids first among equals */
+static int keeps_before(const cut_token *a, const cut_token *b) {
+    return a->x > b->x || (a->x == b->x && a->id < b->id);
+}
+
+static void swap_tokens(cut_token *a, cut_token *b) {
+    const cut_token t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* The token of a[0..m) (m >= 1) at which the running weight, in
+ * keeps_before's order, first reaches need (> 0); the last when rounding
+ * leaves it short. A quickselect by weight: each round splits the tokens
+ * around a pivot (the median of three) and goes on in the side that holds
+ * the point, so no more than the tokens around it are ever sorted. */
+static cut_token cut_select(cut_token *a, int64_t m, double need) {
+    while (m > 16) {
+        cut_token *lo = &a[0], *mid = &a[m / 2], *hi = &a[m - 1];
+        if (keeps_before(mid, lo)) swap_tokens(mid, lo);
+        if (keeps_before(hi, mid)) swap_tokens(hi, mid);
+        if (keeps_before(mid, lo)) swap_tokens(mid, lo);
+        swap_tokens(mid, hi); /* the pivot goes last */
+        const cut_token piv = a[m - 1];
+        int64_t s = 0;
+        double g = 0.0; /* the weight of the tokens before the pivot */
+        for (int64_t i = 0; i < m - 1; i++)
+            if (keeps_before(&a[i], &piv)) {
+                g += a[i].e;
+                swap_tokens(&a[i], &a[s++]);
+            }
+        swap_tokens(&a[s], &a[m - 1]);
+        if (g >= need) { /* g >= need > 0: this side is not empty */
+            m = s;
+        } else if (g + piv.e >= need || s + 1 == m) {
+            return piv;
+        } else {
+            need -= g + piv.e;
+            a += s + 1;
+            m -= s + 1;
+        }
+    }
+    for (int64_t i = 1; i < m; i++) /* insertion sort of the last few */
+        for (int64_t j = i; j > 0 && keeps_before(&a[j], &a[j - 1]); j--) swap_tokens(&a[j], &a[j - 1]);
+    double acc = 0.0;
+    for (int64_t i = 0; i < m; i++) {
+        acc += a[i].e;
+        if (acc >= need) return a[i];
+    }
+    return a[m - 1];
+}
+
+/* A weight's bucket: its exponent and 5 bits of its mantissa (a bucket
+ * spans about 2% of a binade); weights in [0, 1] fall in 4096 of them, and
+ * larger weights in higher buckets, so the buckets go in the tokens' order */
+#define CUT_BUCKETS 4096
+static uint32_t cut_bucket(float e) {
+    uint32_t b;
+    memcpy(&b, &e, sizeof(b));
+    return b >> 18;
+}
+
+/* The cut among candidates c[0..m) (weights in (0, 1]) that weigh target or
+ * more in all: the weight of each bucket, the bucket where the running
+ * weight from the top reaches target, and then a quickselect among that
+ * bucket's tokens alone. Sets *v and returns how many tokens of that logit
+ * are kept (all of them are in that bucket: equal logits, equal weights). */
+static int64_t cut_among(cut_token *c, int64_t m, double target, float *v) {
+    double mass[CUT_BUCKETS] = {0};
+    for (int64_t i = 0; i < m; i++) mass[LI_MIN(cut_bucket(c[i].e), CUT_BUCKETS - 1)] += c[i].e;
+    double above = 0.0;
+    int64_t k = CUT_BUCKETS - 1;
+    for (; k > 0; k--) {
+        if (mass[k] > 0.0 && above + mass[k] >= target) break;
+        above += mass[k];
+    }
+    int64_t mk = 0; /* the bucket's tokens to the front */
+    for (int64_t i = 0; i < m; i++)
+        if ((int64_t)LI_MIN(cut_bucket(c[i].e), CUT_BUCKETS - 1) == k) swap_tokens(&c[mk++], &c[i]);
+    if (mk == 0) { /* rounding: no bucket reached target; the last token of all */
+        cut_token last = c[0];
+        for (int64_t i = 1; i < m; i++)
+            if (keeps_before(&last, &c[i])) last = c[i];
+        *v = last.x;
+        int64_t tied = 0;
+        for (int64_t i = 0; i < m; i++) tied += c[i].x == last.x;
+        return tied;
+    }
+    const double need = target - above;
+    cut_token cut = c[0];
+    if (need > 0.0) {
+        cut = cut_select(c, mk, need);
+    } else { /* top-p 0: the bucket's first token */
+        for (int64_t i = 1; i < mk; i++)
+            if (keeps_before(&c[i], &cut)) cut = c[i];
+    }
+    int64_t tied = 0;
+    for (int64_t i = 0; i < mk; i++) tied += c[i].x == cut.x && c[i].id <= cut.id;
+    *v = cut.x;
+    return tied;
+}
+
+/* The weights the candidates are taken down to, in turn, until they weigh
+ * enough: real logits mostly reach top-p among the tokens of weight >= 2^-10
+ * of the largest (a few hundred), and a pass that finds few candidates is
+ * mostly vector compares */
+static const float cut_floors[] = {0x1p-10f, 0x1p-20f, 0.0f};
+
+int li_top_p_cut(const float *x, const float *e, int64_t n, double target, float floor_x, void *scratch,
+                 float *v, int64_t *r) {
+    if (!x || !e || !scratch || !v || !r || n <= 0 || n > INT32_MAX || !(target >= 0.0)) return LI_E_ARG;
+    cut_token *c = (cut_token *)scratch;
+    enum { BLOCK = 32 };
+    for (size_t f = 0; f < sizeof(cut_floors) / sizeof(cut_floors[0]); f++) {
+        const float t = cut_floors[f];
+        int64_t m = 0;
+        double mass = 0.0;
+        int left_out = 0; /* tokens at or above floor_x that weigh less than t */
+        for (int64_t i = 0; i < n; i += BLOCK) {
+            const int64_t end = LI_MIN(n, i + BLOCK);
+            if (end - i == BLOCK) { /* most blocks hold no candidate: a few vector compares */
+                int any = 0, out = 0;
+                for (int j = 0; j < BLOCK; j++) {
+                    const int above = x[i + j] >= floor_x;
+                    any |= above & (e[i + j] >= t) & (e[i + j] > 0.0f);
+                    out |= above & (e[i + j] < t) & (e[i + j] > 0.0f);
+                }
+                left_out |= out;
+                if (!any) continue;
+            }
+            for (int64_t j = i; j < end; j++) {
+                if (!(x[j] >= floor_x && e[j] > 0.0f)) continue;
+                if (e[j] >= t) {
+                    c[m++] = (cut_token){x[j], e[j], (int32_t)j};
+                    mass += e[j];
+                } else {
+                    left_out = 1;
+                }
+            }
+        }
+        if (m > 0 && mass >= target) {
+            *v = 0.0f;
+            *r = cut_among(c, m, target, v);
+            return LI_OK;
+        }
+        if (!left_out) break; /* a lower t would add nothing */
+    }
+    *r = 0; /* every weighted token at or above floor_x falls short */
     return LI_OK;
 }
 

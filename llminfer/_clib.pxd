@@ -45,6 +45,8 @@ cdef extern from "llminfer.h" nogil:
     int li_softmax(const float *x, int64_t rows, int64_t k, float *y)
     int li_value_range(const float *x, int64_t n, float *lo, float *hi)
     int li_top_k_f32(const float *x, int64_t n, int64_t k, int32_t *ids)
+    int li_top_p_cut(const float *x, const float *e, int64_t n, double target, float floor_x, void *scratch,
+                     float *v, int64_t *r)
     int li_add(const float *a, const float *b, int64_t n, float *y)
     int li_mul(const float *a, const float *b, int64_t n, float *y)
     int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,

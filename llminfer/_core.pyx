@@ -256,6 +256,23 @@ def top_k(const float[::1] x, int64_t k):
     return out.astype(np.int64)
 
 
+def top_p_cut(const float[::1] x, const float[::1] e, double target, float floor_x, float[::1] scratch):
+    """Top-p's cut (csrc/ops.c li_top_p_cut): (logit, how many tokens of that
+    logit are kept) or None when the tokens at or above floor_x weigh less
+    than target. e: the weights exp(x - max); scratch: 3 * len(x) floats."""
+    cdef int64_t n = x.shape[0]
+    cdef float v = 0
+    cdef int64_t r = 0
+    cdef int st
+    if n == 0 or e.shape[0] != n or scratch.shape[0] < 3 * n:
+        raise errors.InvalidArgumentError(f"top_p_cut: {n} logits, {e.shape[0]} weights, "
+                                          f"{scratch.shape[0]} scratch floats (3 per logit)")
+    with nogil:
+        st = C.li_top_p_cut(&x[0], &e[0], n, target, floor_x, &scratch[0], &v, &r)
+    check(st, "top-p cut")
+    return (v, r) if r > 0 else None
+
+
 def binary(str op, const float[::1] a, const float[::1] b):
     out = np.empty(a.shape[0], dtype=np.float32)
     cdef float[::1] y = out

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from llminfer import sampling
+from llminfer import _core, sampling
 from llminfer.errors import InvalidArgumentError, LLMInferError, NumericalError, ShapeError, TokenError
 from llminfer.sampling import Sampler, SamplingParams
 
@@ -120,11 +120,9 @@ def test_chain_matches_reference_small_vocab():
 
 def test_chain_matches_reference_with_large_vocab_paths(monkeypatch):
     # Shrink the size thresholds so a 3000-token vocabulary takes every path
-    # a 262k one does: the sampled top-k threshold, the exact head and the
-    # banded search of top-p, the dense weights and the blocked draw.
+    # a 262k one does: the sampled top-k threshold, the dense weights and
+    # the blocked draw.
     monkeypatch.setattr(sampling, "_SAMPLE_SIZE", 64)
-    monkeypatch.setattr(sampling, "_HEAD", 64)
-    monkeypatch.setattr(sampling, "_BAND_SORT", 16)
     monkeypatch.setattr(sampling, "_BLOCK", 16)
     check_against_reference(3000, full_grid(3000), seed=2)
 
@@ -544,3 +542,76 @@ def test_the_c_top_k_keeps_the_k_largest_lowest_ids_first_among_ties(n):
     assert _C_TOP_K >= 40  # the default top_k goes through it
     with pytest.raises(InvalidArgumentError):
         _core.top_k(np.zeros(4, np.float32), 5)
+
+
+# -- top-p's cut in C (li_top_p_cut), against a full sort ---------------------
+
+def cut_by_sort(x, e, target, floor_x):
+    """(v, r) or None as li_top_p_cut defines them, by a full sort; "ambiguous"
+    when the running weight passes within rounding of target."""
+    order = np.lexsort((np.arange(x.size), -x))
+    order = order[(x[order] >= floor_x) & (e[order] > 0)]
+    cum = np.cumsum(e[order].astype(np.float64))
+    if cum.size == 0 or cum[-1] < target:
+        return None
+    if np.any(np.abs(cum - target) <= 1e-9 * max(target, 1e-300)) and target > 0:
+        return "ambiguous"
+    c = int(np.searchsorted(cum, target, side="left"))
+    v = x[order[c]]
+    return v, int(np.count_nonzero(x[order[:c + 1]] == v))
+
+
+def cut_cases(rng):
+    n = 70000
+    yield "gauss3", rng.standard_normal(n) * 3
+    yield "peaked", np.concatenate(([9.0, 8.5], rng.standard_normal(n - 2)))
+    # weights between 2^-20 and 2^-10 of the top hold the cut (the second pass)
+    yield "mid tail", np.concatenate(([0.0], np.full(n - 1, -9.0) + rng.random(n - 1) * 0.01))
+    # weights under 2^-20 hold it: only the pass over every token finds it
+    yield "deep tail", np.concatenate(([0.0], np.full(n - 1, -14.0) + rng.random(n - 1) * 0.01))
+    yield "integers (ties)", rng.integers(-6, 2, n).astype(np.float64)
+    masked = rng.standard_normal(n) * 2
+    masked[rng.random(n) < 0.4] = -np.inf
+    yield "some -inf", masked
+    yield "all equal", np.zeros(n)
+    yield "short", rng.standard_normal(50)
+
+
+def test_top_p_cut_matches_a_full_sort():
+    rng = np.random.default_rng(20)
+    checked = 0
+    for name, values in cut_cases(rng):
+        x = f32(values)
+        e = np.exp(x - x.max())
+        total = e.sum(dtype=np.float64)
+        scratch = np.empty(3 * x.size, dtype=np.float32)
+        for top_p in (0.0, 0.3, 0.9, 0.95, 0.999):
+            for floor_x in (-np.inf, float(x.max()) - 3.0, float(x.max()) - 10.0):
+                target = top_p * total
+                want = cut_by_sort(x, e, target, np.float32(floor_x))
+                if want == "ambiguous":
+                    continue
+                got = _core.top_p_cut(x, e, target, np.float32(floor_x), scratch)
+                assert got == want, (name, top_p, floor_x)
+                checked += 1
+    assert checked >= 100
+
+
+def test_top_p_cut_refuses_bad_buffers():
+    x = f32(np.zeros(10))
+    e = np.ones(10, dtype=np.float32)
+    with pytest.raises(InvalidArgumentError, match="scratch"):
+        _core.top_p_cut(x, e, 1.0, -np.inf, np.empty(29, dtype=np.float32))
+    with pytest.raises(InvalidArgumentError, match="weights"):
+        _core.top_p_cut(x, e[:9], 1.0, -np.inf, np.empty(30, dtype=np.float32))
+    with pytest.raises(InvalidArgumentError):
+        _core.top_p_cut(x, e, float("nan"), -np.inf, np.empty(30, dtype=np.float32))
+
+
+def test_top_p_of_strided_logits_equals_a_copy():
+    rng = np.random.default_rng(21)
+    wide = f32(rng.standard_normal(2 * 5000) * 3)
+    p = SamplingParams(temperature=1.0, top_k=0, top_p=0.8, min_p=0.0, seed=0)
+    view = wide[::2]
+    assert not view.flags.c_contiguous
+    np.testing.assert_array_equal(Sampler(p, 5000).probabilities(view), Sampler(p, 5000).probabilities(view.copy()))
