@@ -22,19 +22,21 @@ def main():
     p.add_argument("-t", "--threads", type=int, default=None)
     p.add_argument("-r", "--runs", type=int, default=3)
     a = p.parse_args()
-    print(f"{'model':<36} {'sampler':<28} {'tokens/s':>9} {'outside native':>15}")
+    print(f"{'model':<36} {'sampler':<32} {'tokens/s':>9} {'outside native':>15}")
     for m in a.models:
         with llminfer.LLM(m, n_ctx=1024, n_threads=a.threads) as llm:
             for name, kw in (("greedy", {"temperature": 0}),
                              ("default (top-k 40, top-p, min-p)", {"seed": 1}),
-                             ("+ repeat penalty 1.1", {"seed": 1, "repeat_penalty": 1.1})):
+                             ("+ repeat penalty 1.1", {"seed": 1, "repeat_penalty": 1.1}),
+                             ("top-k off, top-p 0.95", {"seed": 1, "top_k": 0, "top_p": 0.95, "min_p": 0.0}),
+                             ("top-k off, top-p 0.9, min-p", {"seed": 1, "top_k": 0, "top_p": 0.9})):
                 shares, speeds = [], []
                 for _ in range(a.runs):
                     llm.reset()
                     out = llm.complete(PROMPT, max_tokens=a.n, stop=None, **kw)
                     shares.append(out.timings.python_share)
                     speeds.append(out.timings.generation_tokens_per_second)
-                print(f"{str(llm.model_path.name)[:36]:<36} {name:<28} {statistics.median(speeds):>9.1f} "
+                print(f"{str(llm.model_path.name)[:36]:<36} {name:<32} {statistics.median(speeds):>9.1f} "
                       f"{100 * statistics.median(shares):>14.1f}%")
     return 0
 
