@@ -544,6 +544,7 @@ int li_top_p_cut(const float *x, const float *e, int64_t n, double target, float
                  float *v, int64_t *r) {
     if (!x || !e || !scratch || !v || !r || n <= 0 || n > INT32_MAX || !(target >= 0.0)) return LI_E_ARG;
     cut_token *c = (cut_token *)scratch;
+    const int no_floor = isinf(floor_x) && floor_x < 0.0f;
     enum { BLOCK = 32 };
     for (size_t f = 0; f < sizeof(cut_floors) / sizeof(cut_floors[0]); f++) {
         const float t = cut_floors[f];
@@ -552,7 +553,14 @@ int li_top_p_cut(const float *x, const float *e, int64_t n, double target, float
         int left_out = 0; /* tokens at or above floor_x that weigh less than t */
         for (int64_t i = 0; i < n; i += BLOCK) {
             const int64_t end = LI_MIN(n, i + BLOCK);
-            if (end - i == BLOCK) { /* most blocks hold no candidate: a few vector compares */
+            if (end - i == BLOCK && no_floor) { /* the weights alone: one compare a token */
+                int any = 0;
+                for (int j = 0; j < BLOCK; j++) any |= e[i + j] >= t;
+                if (!any) {
+                    left_out |= t > 0.0f; /* (weights of 0 count as left out: one pass more at most) */
+                    continue;
+                }
+            } else if (end - i == BLOCK) { /* most blocks hold no candidate: a few vector compares */
                 int any = 0, out = 0;
                 for (int j = 0; j < BLOCK; j++) {
                     const int above = x[i + j] >= floor_x;
