@@ -22,6 +22,7 @@ TEXT = ("The history of the city begins in the early medieval period, when a sma
 
 CHAINS = (
     ("top-k off, temperature 0.7", dict(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0)),
+    ("top-k off, temperature 1 (OpenAI's defaults)", dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)),
     ("top-k off, top-p 0.95", dict(temperature=0.7, top_k=0, top_p=0.95, min_p=0.0)),
     ("top-k off, top-p 0.9, min-p 0.05", dict(temperature=0.8, top_k=0, top_p=0.9, min_p=0.05)),
     ("default (top-k 40, top-p, min-p)", dict()),
@@ -40,7 +41,7 @@ def main():
     p.add_argument("-r", "--repeats", type=int, default=10, help="passes over the rows")
     p.add_argument("--rows", type=int, default=24, help="positions of the text sampled")
     a = p.parse_args()
-    print(f"{'model':<34} {'vocab':>7} {'chain':<34} {'us / sample':>12}")
+    print(f"{'model':<34} {'vocab':>7} {'chain':<46} {'us / sample':>12}")
     for m in a.models:
         with llminfer.LLM(m, n_ctx=512) as llm:
             rows = row_logits(llm, a.rows)
@@ -55,7 +56,7 @@ def main():
                 for r in rows:
                     s.sample(r)
                 times.append((time.perf_counter() - t) / len(rows))
-            print(f"{name:<34} {rows[0].size:>7} {label:<34} {1e6 * statistics.median(times):>12.0f}")
+            print(f"{name:<34} {rows[0].size:>7} {label:<46} {1e6 * statistics.median(times):>12.0f}")
     return 0
 
 
