@@ -1,7 +1,7 @@
 """Load test of `llminfer serve` against llama.cpp's llama-server.
 
 N clients at once on loopback, each streaming one completion of a distinct
-~15-token prompt (64 tokens, temperature 0, ignore_eos), for N = 1, 2, 4, 8,
+~15-token prompt (64 tokens, temperature 0 unless --temperature, ignore_eos), for N = 1, 2, 4, 8,
 16, 32. Reported per server and N: aggregate completion tokens per second
 (all tokens over the wall time of the round), and the p50 / p99 time to
 first token and inter-token latency over every client's stream.
@@ -79,10 +79,12 @@ class Server:
         self.log.close()
 
 
-async def one_stream(client, url, text, max_tokens):
+async def one_stream(client, url, text, max_tokens, temperature=0.0, seed=0):
     """(completion tokens, time to first token, [inter-token gaps]) of one streamed completion."""
-    body = {"prompt": text, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+    body = {"prompt": text, "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
+    if temperature > 0:
+        body["seed"] = seed
     t0 = time.perf_counter()
     times, usage = [], None
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
@@ -102,13 +104,14 @@ async def one_stream(client, url, text, max_tokens):
     return n, times[0] - t0, list(np.diff(times))
 
 
-async def round_of(url, n, max_tokens):
+async def round_of(url, n, max_tokens, temperature=0.0):
     import httpx
 
     limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(one_stream(client, url, prompt(i, n), max_tokens) for i in range(n)))
+        results = await asyncio.gather(*(one_stream(client, url, prompt(i, n), max_tokens, temperature, i)
+                                         for i in range(n)))
         wall = time.perf_counter() - t0
     tokens = sum(r[0] for r in results)
     ttft = [r[1] for r in results]
@@ -119,12 +122,12 @@ async def round_of(url, n, max_tokens):
             "itl_p99": float(np.percentile(itl, 99)) if itl else float("nan")}
 
 
-def measure(server: Server, clients, max_tokens):
+def measure(server: Server, clients, max_tokens, temperature=0.0):
     server.wait_ready()
     asyncio.run(round_of(server.url, 1, 8))  # warm-up: first-touch of weights and pools
     out = []
     for n in clients:
-        r = asyncio.run(round_of(server.url, n, max_tokens))
+        r = asyncio.run(round_of(server.url, n, max_tokens, temperature))
         r["server"] = server.name
         out.append(r)
         print(f"  {server.name:>12} N={n:<3} {r['tok_s']:8.1f} tok/s  TTFT p50 {r['ttft_p50'] * 1e3:7.0f} ms "
@@ -139,6 +142,8 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", "--clients", default="1,2,4,8,16,32", help="comma-separated client counts")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="each stream's (OpenAI's other defaults: top-p 1, no top-k); above 0, client i sends seed i")
     ap.add_argument("--ctx", type=int, default=4096, help="llama-server's -c (shared by its 32 slots)")
     ap.add_argument("--peer", default=str(PEER), help="the llama-server binary")
     ap.add_argument("--no-peer", action="store_true", help="measure llminfer only")
@@ -171,10 +176,11 @@ def main(argv=None) -> int:
     for srv in runs:
         # one server at a time: each gets the machine to itself
         try:
-            results += measure(srv, clients, a.max_tokens)
+            results += measure(srv, clients, a.max_tokens, a.temperature)
         finally:
             srv.stop()
-    print(f"\nmodel {Path(model).name}, {a.threads} threads, {a.max_tokens} tokens per client, temperature 0\n")
+    print(f"\nmodel {Path(model).name}, {a.threads} threads, {a.max_tokens} tokens per client, "
+          f"temperature {a.temperature:g}\n")
     print(f"| {'server':<12} | {'N':>3} | {'tok/s':>8} | {'TTFT p50':>9} | {'TTFT p99':>9} | {'ITL p50':>8} | "
           f"{'ITL p99':>8} |")
     print(f"|{'-' * 14}|{'-' * 5}|{'-' * 10}|{'-' * 11}|{'-' * 11}|{'-' * 10}|{'-' * 10}|")
