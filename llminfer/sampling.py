@@ -29,8 +29,9 @@ numpy happens to order ties.
 Speed matters at 262,144-token vocabularies, so nothing sorts or
 partitions the whole vocabulary when it can be avoided: top-k takes a
 threshold from a strided sample and partitions only the few logits above it
-(_largest); top-p with top-k off finds its cut in C among the tokens heavy enough to
-hold it (csrc/ops.c, li_top_p_cut); the draw inverts the CDF block by block (_pick).
+(_largest); top-p with top-k off finds its cut in C among the tokens heavy
+enough to hold it (csrc/ops.c, li_top_p_cut); the draw inverts the CDF block
+by block (_pick).
 """
 
 from __future__ import annotations
