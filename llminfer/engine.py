@@ -69,6 +69,11 @@ class RepackWarning(UserWarning):
 REPACK_HEADROOM = 256 << 20
 
 
+def _is_view(want) -> bool:
+    """Whether a decode item's logits request is "view" (it may be an array)."""
+    return isinstance(want, str) and want == "view"
+
+
 class Engine:
     """A model loaded with a paged KV cache for many sequences.
 
@@ -256,7 +261,11 @@ class Engine:
         ([len(ids), n_vocab]) or None; or a writable C-contiguous float32
         array [n_vocab] that receives the last logits (the entry returned is
         that array: a caller that keeps one buffer gets no allocation, and
-        when the pass has that one row the C core writes it there in place).
+        when the pass has that one row the C core writes it there in place);
+        or "view": the last logits as a read-only view of the engine's own
+        output, good until its next pass (no copy, no allocation: what a
+        server's batch of many sequences wants; a call whose tokens take
+        more than one pass gets copies instead).
         Returns one entry per item, in order. The tokens of all items run
         together, n_batch at a time."""
         items = []
@@ -266,17 +275,22 @@ class Engine:
             want = w[2] if len(w) > 2 else "last"
             if isinstance(want, np.ndarray):
                 self._check_buffer(want)
-            elif want not in ("last", "all", None):
-                raise InvalidArgumentError(f"logits must be 'last', 'all', None or a float32 array, got {want!r}")
+            elif want not in ("last", "all", "view", None):
+                raise InvalidArgumentError(f"logits must be 'last', 'all', 'view', None or a float32 array, "
+                                           f"got {want!r}")
             self._check_room(seq, len(ids))
             items.append((seq, ids, want))
         if len({id(s) for s, _, _ in items}) != len(items):
             raise InvalidArgumentError("a sequence appears twice in one decode call")
+        if sum(len(ids) for _, ids, _ in items) > self.n_batch:  # a later pass would overwrite a view
+            items = [(seq, ids, "last" if _is_view(want) else want) for seq, ids, want in items]
         out = [want if isinstance(want, np.ndarray) else
                np.empty((len(ids), width), np.float32) if want == "all" else
                (np.empty(width, np.float32) if want == "last" and len(ids) else None)
                for _, ids, want in items]
-        items = [(seq, ids, "last" if isinstance(want, np.ndarray) else want) for seq, ids, want in items]
+        as_view = {i for i, (_, ids, want) in enumerate(items) if _is_view(want) and len(ids)}
+        items = [(seq, ids, "last" if isinstance(want, np.ndarray) or _is_view(want) else want)
+                 for seq, ids, want in items]
         nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
         # flat batches: each item's tokens in order, items one after another
         done = [0] * len(items)
@@ -290,7 +304,7 @@ class Engine:
                 n = min(budget, len(items[i][1]) - done[i])
                 parts.append((i, done[i], n))
                 budget -= n
-            self._run(items, parts, out, nt)
+            self._run(items, parts, out, nt, as_view)
             for i, start, n in parts:
                 done[i] = start + n
             pending = [i for i in pending if done[i] < len(items[i][1])]
@@ -299,14 +313,17 @@ class Engine:
     # the most floats _logits_buffer keeps between passes (16 MiB)
     _KEEP_LOGITS = 4 << 20
 
-    def _logits_buffer(self, size):
+    def _logits_buffer(self, size, keep=False):
         """The C core's logits output. Up to _KEEP_LOGITS floats it is kept
         between passes: a fresh array of a few hundred KB per token made glibc
         grow and trim its heap each time (brk calls, page faults, zeroed
         pages, and the trim's TLB shootdown interrupting the team on the other
         cores). A larger pass (a prompt's logits for every token) gets an
-        array of its own, so it is not held after. Callers get copies."""
-        if size > self._KEEP_LOGITS:
+        array of its own, so it is not held after, unless `keep`: a batch
+        of "view" rows (a server's sequences, one row each, every step: 32
+        of Gemma 3's 262144 are 32 MiB) keeps its buffer. Callers get
+        copies, or views of it."""
+        if size > self._KEEP_LOGITS and not keep:
             return np.empty(size, np.float32)
         if self._logits.size < size:
             self._logits = np.empty(size, np.float32)
@@ -406,8 +423,9 @@ class Engine:
         self.kv.commit_one(seq, token)
         return logits
 
-    def _run(self, items, parts, out, n_threads):
-        """One pass of the C core over the tokens of `parts`."""
+    def _run(self, items, parts, out, n_threads, as_view=()):
+        """One pass of the C core over the tokens of `parts`; the items in
+        `as_view` get their last row as a view of the pass's output."""
         views, view_of = [], {}
         for i, start, n in parts:
             seq = items[i][0]
@@ -439,15 +457,18 @@ class Engine:
         width = self._width
         # one row, the last of its item: written in place into the item's own
         # array (a whole row of a large vocabulary per token, copied no more)
-        direct = len(dest) == 1 and dest[0][1] < 0
-        logits = out[dest[0][0]] if direct else self._logits_buffer(len(dest) * width)
+        direct = len(dest) == 1 and dest[0][1] < 0 and dest[0][0] not in as_view
+        logits = out[dest[0][0]] if direct else self._logits_buffer(len(dest) * width, keep=bool(as_view))
         self._native_pass(tokens, pos, seq_idx, want, views, logits, n_threads)
         if len(dest):
             self._check_pass(logits, len(dest), tokens, pos, seq_idx, want, views, n_threads)
         if not direct:
             rows = logits.reshape(len(dest), width)
             for k, (i, row) in enumerate(dest):
-                if row < 0:
+                if i in as_view:
+                    out[i] = rows[k]
+                    out[i].flags.writeable = False
+                elif row < 0:
                     out[i][:] = rows[k]
                 else:
                     out[i][row] = rows[k]

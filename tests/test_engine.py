@@ -376,6 +376,43 @@ def test_logits_into_a_callers_buffer(path):
         b.close()
 
 
+def test_logits_as_views_of_the_engines_output(path):
+    """"view" gives the last row as a read-only view of the pass's output
+    (beside items of other kinds), with the values of "last"; past the
+    bound that frees a large buffer, a batch of views keeps its buffer. A
+    call whose tokens take more than one pass gets copies, which a later
+    pass does not change."""
+    a = Engine(path, n_ctx=256, kv_pool_tokens=1024, n_threads=2, block_size=8, n_batch=16)
+    b = Engine(path, n_ctx=256, kv_pool_tokens=1024, n_threads=2, block_size=8, n_batch=16)
+    try:
+        a._KEEP_LOGITS = 2 * a.n_vocab
+        sa = [a.new_sequence() for _ in range(4)]
+        sb = [b.new_sequence() for _ in range(4)]
+        for step in range(3):
+            ids = [toks(10 * step + i, 3 if step == 0 else 1) for i in range(4)]
+            got = a.decode([(s, x, "view") for s, x in zip(sa[:3], ids)] + [(sa[3], ids[3], "all")])
+            want = [b.decode([(s, x, "last")])[0] for s, x in zip(sb, ids)]
+            for g, w in zip(got[:3], want):
+                assert not g.flags.writeable and g.base is not None
+                assert np.array_equal(g, w), step
+            assert np.array_equal(got[3][-1], want[3])
+            assert a._logits.size >= 6 * a.n_vocab  # kept past _KEEP_LOGITS: the batch has views
+        # 2 x 10 tokens, n_batch 16: two passes, so copies
+        ids = [toks(40, 10), toks(41, 10)]
+        got = a.decode([(s, x, "view") for s, x in zip(sa[:2], ids)])
+        kept = [g.copy() for g in got]
+        assert all(g.flags.writeable for g in got)
+        a.decode([(s, toks(42 + i, 1), "view") for i, s in enumerate(sa[:2])])
+        assert all(np.array_equal(g, k) for g, k in zip(got, kept))
+        want = [b.decode([(s, x, "last")])[0] for s, x in zip(sb[:2], ids)]
+        assert all(np.array_equal(g, w) for g, w in zip(got, want))
+        with pytest.raises(InvalidArgumentError, match="'view'"):
+            a.decode([(a.new_sequence(), toks(1, 2), "views")])
+    finally:
+        a.close()
+        b.close()
+
+
 def test_step_is_decode_of_one_token(path):
     """Engine.step (a generation step without decode's lists) gives the bits
     decode gives for the same token, commits the same sequence, and refuses a
