@@ -245,6 +245,32 @@ static void need_expert_act(li_context *c, const li_matrix *w) {
     need_scratch(c, w);
 }
 
+/* a thread's own copy of a decoded row (own_rows, below) */
+typedef struct {
+    float *x;                /* [n_embd] the residual stream's row */
+    float *xb;               /* [n_embd] its normed copy, or an output normed before it is added */
+    void *xq[LI_ACT_COUNT];  /* xb quantized, in each format of xq */
+} own_row;
+
+/* The layout of one thread's region of c->own: x, xb, then xq in each
+ * format, each on cache lines of its own. With r, fills it for thread ith
+ * from the region at base (thread 0's x is c->x itself, which the head and
+ * probes read); returns the region's size, which li_context_create
+ * allocates for every thread by this same walk. */
+static size_t own_layout(const li_context *c, char *base, int ith, own_row *r) {
+    const size_t e = ((size_t)c->m->n_embd * sizeof(float) + 63) / 64 * 64;
+    if (r) {
+        r->x = ith == 0 ? c->x : (float *)(void *)base;
+        r->xb = (float *)(void *)(base + e);
+    }
+    size_t at = 2 * e;
+    for (int a = 0; a < LI_ACT_COUNT; a++) {
+        if (r) r->xq[a] = c->xq_row[a] ? base + at : NULL;
+        at += (c->xq_row[a] + 63) / 64 * 64;
+    }
+    return at;
+}
+
 /* one RoPE table per distinct (base, scale) */
 static int rope_table(li_context *c, float keys[][2], const li_layer_desc *ly) {
     for (int t = 0; t < c->n_rope; t++)
@@ -397,8 +423,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     c->gemm_scratch = alloc_aligned(nth * LI_MAX(c->gemm_bytes, 64));
     c->embd_row_bytes = (m->tok_embd.nbytes / (size_t)m->tok_embd.rows + 63) / 64 * 64;
     c->embd_rows = alloc_aligned(nth * c->embd_row_bytes);
-    c->own_bytes = 2 * (((size_t)m->n_embd * sizeof(float) + 63) / 64 * 64);
-    for (int a = 0; a < LI_ACT_COUNT; a++) c->own_bytes += (c->xq_row[a] + 63) / 64 * 64;
+    c->own_bytes = own_layout(c, NULL, 0, NULL);
     c->own = alloc_aligned(nth * c->own_bytes);
     c->share = li_share_new((int)nth);
     c->pos = malloc(nb * sizeof(int32_t));
@@ -692,13 +717,8 @@ static void pre_norm(const li_model_desc *m, const float *x, const float *w, flo
  * quantizes it into its own xb and xq: the same operations on the same
  * values, so the same bits in every thread, and no barrier before the
  * half's products. Dense models only (a MoE half adds its residual split by
- * rows), of short rows (own_rows). */
-typedef struct {
-    float *x;                /* [n_embd] the residual stream's row */
-    float *xb;               /* [n_embd] its normed copy, or an output normed before it is added */
-    void *xq[LI_ACT_COUNT];  /* xb quantized, in each format of xq */
-} own_row;
-
+ * rows), of short rows (own_rows). A thread's row is an own_row, laid out
+ * by own_layout (with the context's allocation, above). */
 /* whether a pass of n tokens on nth threads keeps own rows: a row of up to
  * OWN_ROWS_MAX_EMBD, whose norm and quantization cost each thread less than
  * the barrier and the wait they replace. Tokens alternating with and without
@@ -713,16 +733,8 @@ static int own_rows(const li_context *c, int64_t n, int nth) {
 }
 
 static own_row own_of(const li_context *c, int ith) {
-    char *base = c->own + (size_t)ith * c->own_bytes;
-    const size_t e = ((size_t)c->m->n_embd * sizeof(float) + 63) / 64 * 64;
     own_row r;
-    r.x = ith == 0 ? c->x : (float *)(void *)base; /* thread 0's is x itself, which the head and probes read */
-    r.xb = (float *)(void *)(base + e);
-    size_t at = 2 * e;
-    for (int a = 0; a < LI_ACT_COUNT; a++) {
-        r.xq[a] = c->xq_row[a] ? base + at : NULL;
-        at += (c->xq_row[a] + 63) / 64 * 64;
-    }
+    (void)own_layout(c, c->own + (size_t)ith * c->own_bytes, ith, &r);
     return r;
 }
 
