@@ -86,6 +86,23 @@ int li_isa_current(void);
  * Not to be called while another thread is computing. */
 int li_isa_select(int isa);
 
+/* Where decode's repacked kernels hint the weight stream ahead of their
+ * loads (csrc/kernels/x86_avx512_x16.c): into L1 as the first line to go
+ * (prefetchnta, the way AMD's cores read fastest) or into L2 (prefetcht1:
+ * Intel's, whose prefetchnta fills L1 alone and left one core at a third of
+ * its read pace). li_init picks by the CPU's vendor; a hint never changes a
+ * result. Not to be changed while another thread is computing. */
+enum li_stream_hint {
+    LI_STREAM_L1_NTA = 0,
+    LI_STREAM_L2 = 1,
+    LI_STREAM_COUNT = 2
+};
+const char *li_stream_hint_name(int kind);
+int li_stream_hint_default(void);
+int li_stream_hint_current(void);
+/* LI_E_ARG for a kind out of range */
+int li_stream_hint_select(int kind);
+
 int li_openmp_enabled(void);
 int li_max_threads(void);
 

@@ -17,6 +17,11 @@ cdef extern from "llminfer.h" nogil:
     int li_isa_best()
     int li_isa_current()
     int li_isa_select(int isa)
+    int LI_STREAM_COUNT
+    const char *li_stream_hint_name(int kind)
+    int li_stream_hint_default()
+    int li_stream_hint_current()
+    int li_stream_hint_select(int kind)
     int li_openmp_enabled()
     int li_max_threads()
 

@@ -62,6 +62,26 @@ def isa_select(int isa):
     check(C.li_isa_select(isa), f"selecting kernel level {isa_name(isa)!r}")
 
 
+def stream_hint_name(int kind):
+    return C.li_stream_hint_name(kind).decode()
+
+
+def stream_hint_count():
+    return C.LI_STREAM_COUNT
+
+
+def stream_hint_default():
+    return C.li_stream_hint_default()
+
+
+def stream_hint_current():
+    return C.li_stream_hint_current()
+
+
+def stream_hint_select(int kind):
+    check(C.li_stream_hint_select(kind), f"selecting stream hint {kind}")
+
+
 def openmp_enabled():
     return bool(C.li_openmp_enabled())
 

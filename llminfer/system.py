@@ -10,6 +10,11 @@ the OS kills the process only when the pages are touched) is refused.
 The level is chosen at import from what the CPU reports. LLMINFER_ISA
 (scalar, avx2, avx512, neon, neon_dot) forces a level no better than the best one
 available, so tests can run every kernel path on one machine.
+
+Decode's kernels hint the weights they stream into a cache a few KiB ahead
+of their loads: into L1 as the first line to go on AMD's cores ("l1_nta"),
+into L2 elsewhere ("l2"). LLMINFER_PREFETCH forces one of the two; a hint
+never changes a result, only the pace.
 """
 
 from __future__ import annotations
@@ -51,6 +56,22 @@ def select_isa(name):
 
 def current_isa():
     return ISA_NAMES[_core.isa_current()]
+
+
+STREAM_HINTS = tuple(_core.stream_hint_name(i) for i in range(_core.stream_hint_count()))
+
+
+def select_prefetch(name):
+    """Hint decode's weight stream `name` ("l1_nta" or "l2") from now on (not
+    while others compute); the results are the same either way."""
+    key = str(name).strip().lower()
+    if key not in STREAM_HINTS:
+        raise InvalidArgumentError(f"unknown prefetch kind {name!r}; known kinds: {', '.join(STREAM_HINTS)}")
+    _core.stream_hint_select(STREAM_HINTS.index(key))
+
+
+def current_prefetch():
+    return STREAM_HINTS[_core.stream_hint_current()]
 
 
 def _physical_cores():
@@ -184,6 +205,8 @@ def system_info():
         "isa": current_isa(),
         "isa_best": ISA_NAMES[_core.isa_best()],
         "isa_available": available_isas(),
+        "prefetch": current_prefetch(),
+        "prefetch_default": STREAM_HINTS[_core.stream_hint_default()],
         "openmp": _core.openmp_enabled(),
         "n_threads": default_threads(),
     }
@@ -193,6 +216,9 @@ def _apply_environment():
     forced = os.environ.get("LLMINFER_ISA", "").strip()
     if forced:
         select_isa(forced)
+    hint = os.environ.get("LLMINFER_PREFETCH", "").strip()
+    if hint:
+        select_prefetch(hint)
 
 
 _apply_environment()

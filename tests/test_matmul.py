@@ -376,3 +376,33 @@ def test_share_refuses_bad_arguments():
         _core.share_trace(10, 1, 0)
     with pytest.raises(InvalidArgumentError):
         _core.share_trace(10, 1, 2, chunk=0)
+
+
+@pytest.fixture
+def prefetch_restored():
+    before = system.current_prefetch()
+    yield
+    system.select_prefetch(before)
+
+
+@pytest.mark.parametrize("kind", system.STREAM_HINTS)
+@pytest.mark.parametrize("t", REPACK_TYPES, ids=type_id)
+def test_decode_stream_hints_change_no_bit(prefetch_restored, kind, t):
+    """Decode's repacked kernels hint their weight stream into L1 (AMD) or L2
+    (elsewhere), a branch in every block's hints: either way one and two
+    activation rows get the scalar kernel's bits, on matrices long enough that
+    the hints run a few KiB ahead of the loads and past the matrix's end."""
+    if t.name not in ops.repacked_types():
+        pytest.skip(f"the {system.current_isa()} level has no repacked kernel for {t.name}")
+    system.select_prefetch(kind)
+    assert system.current_prefetch() == kind
+    rng = np.random.default_rng(700 + int(t))
+    k = 32 * 32 if t in QUANT_32 else 4 * 256
+    rows = 40
+    w = random_weight(rng, t, rows, k)
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    for n in (1, 2):
+        ref = at_level("scalar", ops.matmul, w, t, (rows, k), x[:n])
+        for threads in (1, 2):
+            got = ops.matmul(w, t, (rows, k), x[:n], n_threads=threads, repacked=True)
+            assert np.array_equal(got, ref), f"{t.name} {kind} n={n} threads={threads}"

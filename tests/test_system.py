@@ -1,6 +1,7 @@
 """llminfer.system's limits: the thread cap and the memory check the engine
 applies when a model is loaded."""
 
+import os
 import warnings
 
 import numpy as np
@@ -78,3 +79,45 @@ def test_kernels_cap_a_huge_team():
     np.testing.assert_allclose(got, np.full((2, 4), 64.0), rtol=1e-2)
     with pytest.raises(InvalidArgumentError):
         ops.matmul(w, "Q8_0", (4, 64), x, n_threads=True)
+
+
+def test_prefetch_kind_selected_and_refused():
+    """LLMINFER_PREFETCH's kinds: the default follows the CPU's vendor, each
+    kind can be selected and read back, an unknown one is refused naming the
+    known ones, and system_info reports the kind in use."""
+    from llminfer import system
+    before = system.current_prefetch()
+    assert set(system.STREAM_HINTS) == {"l1_nta", "l2"}
+    try:
+        for kind in system.STREAM_HINTS:
+            system.select_prefetch(f" {kind.upper()} ")
+            assert system.current_prefetch() == kind == system.system_info()["prefetch"]
+        with pytest.raises(InvalidArgumentError, match="l1_nta, l2"):
+            system.select_prefetch("nta")
+        assert system.current_prefetch() == system.STREAM_HINTS[-1]  # a refused kind changes nothing
+    finally:
+        system.select_prefetch(before)
+    vendor = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            vendor = next((line.split(":")[1].strip() for line in f if line.startswith("vendor_id")), "")
+    except OSError:
+        pass
+    if vendor in ("AuthenticAMD", "GenuineIntel"):
+        want = "l1_nta" if vendor == "AuthenticAMD" else "l2"
+        assert system.system_info()["prefetch_default"] == want
+
+
+def test_prefetch_environment_variable(tmp_path):
+    """LLMINFER_PREFETCH at import selects the kind; a bad value fails the
+    import with the error naming it."""
+    import subprocess
+    import sys
+    code = "from llminfer import system; print(system.current_prefetch())"
+    for kind in ("l1_nta", "l2"):
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "LLMINFER_PREFETCH": kind},
+                             capture_output=True, text=True, cwd=tmp_path)
+        assert out.returncode == 0 and out.stdout.strip() == kind, out.stderr
+    bad = subprocess.run([sys.executable, "-c", code], env={**os.environ, "LLMINFER_PREFETCH": "l3"},
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode != 0 and "unknown prefetch kind 'l3'" in bad.stderr

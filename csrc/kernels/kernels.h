@@ -129,6 +129,11 @@ void li_act_apply_scalar(int fn, const float *x, const float *u, float *y, int64
  * any thread, is correct. */
 extern volatile int li_x16_near;
 
+/* Where the x16 decode kernels hint the weight stream a few KiB ahead of
+ * their loads (enum li_stream_hint): LI_STREAM_L1_NTA into L1 as the first
+ * line to go, LI_STREAM_L2 into L2. Hints only, like li_x16_near. */
+extern volatile int li_x16_stream;
+
 /* the tables, filled once by dispatch.c */
 void li_kernels_fill_scalar(li_kernels *t);
 void li_kernels_fill_scalar_iq(li_kernels *t); /* scalar_iq.c */

@@ -98,6 +98,10 @@ LI_INLINE void ahead(const uint8_t *p, int bytes, const int dist) {
  * stream hint each line once. */
 LI_INLINE void stream_l1_at(const uint8_t *p, int bytes, int lead) {
     const uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)bytes;
+    if (li_x16_stream == LI_STREAM_L2) { /* the same lines into L2 (dispatch.c: Intel) */
+        for (uintptr_t o = (a + 63) & ~(uintptr_t)63; o < e; o += 64) _mm_prefetch((const char *)o + lead, _MM_HINT_T1);
+        return;
+    }
     for (uintptr_t o = (a + 63) & ~(uintptr_t)63; o < e; o += 64) _mm_prefetch((const char *)o + lead, _MM_HINT_NTA);
 }
 
