@@ -315,6 +315,17 @@ LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
 
 /* ---- Q8_0: per block, 8 chunks of q + 128 (512 bytes), then its 16 scales ---- */
 
+/* Q8_0's decode hints into L2 (li_x16_stream: Intel) lead by twice the L1
+ * hints' bytes: the 1B Q8_0 at 1 thread 13.0-13.2 tokens/s against
+ * 11.9-12.6 at 6 KiB (4 pairs, fresh processes alternating), +2.5% at 2.
+ * Twice the lead changed nothing for the 1B Q4_0 (1 and 2 threads), and
+ * half of it won 3-10% there but lost 9% on SmolLM2's Q4_1 at 2 threads
+ * (two runs each), so the others keep L1_LEAD_32. bench/compare.py's
+ * fresh processes, interleaved with llama-bench, did not separate the two
+ * (12.6 tokens/s, 3 runs, after; 12.8, 4 runs, before): that host's
+ * memory moved by 10-20% from one minute to the next. */
+#define Q8_0_L2_LEAD (2 * L1_LEAD_32)
+
 LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
                          float *y, size_t ys, int nr) {
     __m512 acc[NC];
@@ -322,7 +333,7 @@ LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * (512 + 32), *dd = qs + 512;
         stream_hint(qs, 512 + 32);
-        if (nc == 1) stream_l1_at(qs, 512 + 32, L1_LEAD_32);
+        if (nc == 1) stream_l1_at(qs, 512 + 32, li_x16_stream == LI_STREAM_L2 ? Q8_0_L2_LEAD : L1_LEAD_32);
         const __m512 dw = f16x16(dd);
         UNROLL for (int c = 0; c < nc; c++) {
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
