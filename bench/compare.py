@@ -49,6 +49,7 @@ import collections
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -301,6 +302,9 @@ def bench_child(cmd, env=None):
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode < 0:  # llama.cpp's AMX prompt path on some Xeons: SIGSEGV (README, Performance)
+        name = signal.Signals(-proc.returncode).name if -proc.returncode in signal.valid_signals() else "a signal"
+        raise RuntimeError(f"{' '.join(cmd)} was killed by {name}")
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed with status {proc.returncode}")
     return out, usage.ru_maxrss / 1024  # KiB on Linux
