@@ -180,7 +180,7 @@ static int tables_ready = 0;
 static int current_isa = LI_ISA_SCALAR;
 const li_kernels *li_K = &tables[LI_ISA_SCALAR];
 volatile int li_x16_near;
-volatile int li_x16_stream = LI_STREAM_L1_NTA;
+int li_x16_stream = LI_STREAM_L1_NTA;
 
 void li_ops_init(void); /* ops.c: the lookup tables */
 

@@ -131,8 +131,10 @@ extern volatile int li_x16_near;
 
 /* Where the x16 decode kernels hint the weight stream a few KiB ahead of
  * their loads (enum li_stream_hint): LI_STREAM_L1_NTA into L1 as the first
- * line to go, LI_STREAM_L2 into L2. Hints only, like li_x16_near. */
-extern volatile int li_x16_stream;
+ * line to go, LI_STREAM_L2 into L2. Hints only, like li_x16_near, but
+ * set only between passes (li_init, li_stream_hint_select), so not
+ * volatile: a kernel's loop may read it once. */
+extern int li_x16_stream;
 
 /* the tables, filled once by dispatch.c */
 void li_kernels_fill_scalar(li_kernels *t);
