@@ -132,23 +132,31 @@ int li_share_barrier_check(int n_threads, int rounds, int slow_thread, int slow_
     }
     int64_t bad = 0;
     int team = 1;
+    /* three parallel regions on the one li_share, the second a thread short
+     * (when there is one to spare): a thread that sat a region out comes
+     * back with its arrival line as the region before left it */
+    const int teams[3] = {n_threads, n_threads > 1 ? n_threads - 1 : 1, n_threads};
+    for (int q = 0, r0 = 0; q < 3; q++) {
+        const int r1 = q == 2 ? rounds : r0 + rounds / 3; /* rounds [r0 + 1, r1] */
 #ifdef _OPENMP
-#pragma omp parallel num_threads(n_threads) reduction(+ : bad)
+#pragma omp parallel num_threads(teams[q]) reduction(+ : bad)
 #endif
-    {
-        const int ith = li_thread_index(), nth = li_thread_count();
-        if (ith == 0) team = nth;
-        li_share_begin(s, ith);
-        li_share_sync(s);
-        for (int r = 1; r <= rounds; r++) {
-            if (ith == slow_thread && r % slow_every == 0)
-                for (volatile int spin = 0; spin < slow_spins; spin++) {
-                }
-            mark[ith] = r;
-            li_share_sync_ahead(s, hinted + (size_t)ith * ahead, ahead);
-            for (int j = 0; j < nth; j++) bad += mark[j] != r;
-            li_share_sync(s); /* every slot is read before any is written again */
+        {
+            const int ith = li_thread_index(), nth = li_thread_count();
+            if (ith == 0 && q == 0) team = nth;
+            li_share_begin(s, ith);
+            li_share_sync(s);
+            for (int r = r0 + 1; r <= r1; r++) {
+                if (ith == slow_thread && r % slow_every == 0)
+                    for (volatile int spin = 0; spin < slow_spins; spin++) {
+                    }
+                mark[ith] = r;
+                li_share_sync_ahead(s, hinted + (size_t)ith * ahead, ahead);
+                for (int j = 0; j < nth; j++) bad += mark[j] != r;
+                li_share_sync(s); /* every slot is read before any is written again */
+            }
         }
+        r0 = r1;
     }
     *stale = bad;
     free(hinted);

@@ -458,9 +458,11 @@ int li_share_trace(int64_t units, int products, int n_threads, int slow_thread, 
  * of its own, passes the barrier (li_share_sync_ahead, hinting 64 KiB of a
  * buffer of its own as it waits), reads every slot, and passes it again;
  * thread slow_thread first spins slow_spins times in every round r with
- * r % slow_every == 0, so that the others wait long enough to sleep. Writes
- * the number of slots read with another round's number (0 when right) to
- * *stale. Returns the team's size, or a status < 0. */
+ * r % slow_every == 0, so that the others wait long enough to sleep. The
+ * rounds run in three parallel regions on one li_share, the second with a
+ * thread fewer when n_threads > 1. Writes the number of slots read with
+ * another round's number (0 when right) to *stale. Returns the team's size
+ * (the first region's), or a status < 0. */
 int li_share_barrier_check(int n_threads, int rounds, int slow_thread, int slow_spins, int slow_every,
                            int64_t *stale);
 enum li_vec_op {

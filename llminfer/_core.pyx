@@ -787,8 +787,10 @@ def share_trace(int64_t units, int products, int n_threads, int slow_thread=-1, 
 def share_barrier_check(int n_threads, int rounds, int slow_thread=-1, int slow_spins=0, int slow_every=1):
     """Runs the team's barrier (csrc/share.h: li_share_sync_ahead, hinting a
     buffer while it waits, then li_share_sync) `rounds` times,
-    thread slow_thread late by slow_spins spins every slow_every rounds:
-    (team size, slots read stale after a barrier, 0 when right)."""
+    thread slow_thread late by slow_spins spins every slow_every rounds, in
+    three parallel regions on one share (the second a thread short when
+    there is one to spare): (team size, slots read stale after a barrier, 0
+    when right)."""
     if n_threads < 1 or rounds < 0 or slow_spins < 0 or slow_every < 1:
         raise errors.InvalidArgumentError("n_threads must be >= 1, rounds and slow_spins >= 0, slow_every >= 1")
     cdef int64_t stale = 0

@@ -14,10 +14,16 @@ so the error comes from the activations and from float32 sums:
   FLOAT_REL of sum |w_i x_i|.
 """
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+import llminfer
 from kernel_cases import (ACT_32_TYPES, ALL_TYPES, FLOAT_TYPES, QUANT_32, QUANT_TYPES, at_level,
                           isa, random_weight, type_id)
 from llminfer import _core, ops, system
@@ -344,17 +350,34 @@ def test_share_with_one_thread_is_in_order():
 
 
 @pytest.mark.parametrize("threads", [2, 3, 8])
-def test_team_barrier_orders_every_write(threads):
+def test_team_barrier_orders_every_write(threads, tmp_path):
     """The team's barrier (li_share_sync, which the pass uses between its
     steps, and li_share_sync_ahead, before a product, whose waiters hint
     lines to L2 as they spin): after it, every thread reads what every other wrote before it,
     with no thread late, one thread late on some rounds by long enough that
     the others stop spinning and sleep, and with more threads than this
-    machine's CPUs (waiters then yield almost at once)."""
-    for slow in (-1, 0, threads - 1):
-        team, stale = _core.share_barrier_check(threads, 3000, slow, 10_000_000, 300)
+    machine's CPUs (waiters then yield almost at once); and when one of the
+    team sits out a parallel region and comes back to the next, with its
+    arrival as it left it (the rounds run in three regions, the second a
+    thread short)."""
+    # in a child process: a barrier that loses count hangs rather than fails
+    code = ("import sys; from llminfer import _core\n"
+            "for slow in (-1, 0, int(sys.argv[1]) - 1):\n"
+            "    print(slow, *_core.share_barrier_check(int(sys.argv[1]), 3000, slow, 10_000_000, 300))\n")
+    # from tmp_path, with the llminfer under test first on the path: from the
+    # checkout, "-c" would import its sources, uncompiled where CI installed
+    env = dict(os.environ, PYTHONPATH=str(Path(llminfer.__file__).resolve().parent.parent))
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(threads)], capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a team of {threads} did not get through its barriers in 300 s")
+    assert r.returncode == 0, r.stderr[-2000:]
+    for line in r.stdout.splitlines():
+        slow, team, stale = map(int, line.split())
         assert team == threads
         assert stale == 0, f"slow thread {slow}: {stale} slots read before their round's write"
+    assert len(r.stdout.splitlines()) == 3
 
 
 def test_team_barrier_refuses_bad_arguments():
