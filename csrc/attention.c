@@ -490,21 +490,31 @@ typedef struct {
     int n_blocks;
 } split_item;
 
-/* The positions the span item s_idx of token t covers (split_walk_next's
- * p0, p1), plus SPLIT_ITEM_COST for the item's own setup: what it costs. */
+/* The positions [*p0, *p1) that span item s_idx of token t covers (blocks:
+ * the token's table): the one span first_span finds for a token whose keys
+ * lie in one span, else span s_idx of its range. Returns whether the token's
+ * keys lie in one span. */
+static int split_item_span(const li_context *c, const li_layer_desc *L, int il, int64_t t, const int32_t *blocks,
+                           int n_blocks, int s_idx, int *p0, int *p1) {
+    const int pos = c->pos[t];
+    if (c->n_spans[t * 2 + c->group[il]] <= 1) {
+        first_span(c, L, blocks, n_blocks, pos, p0, p1);
+        return 1;
+    }
+    const int first = li_first_visible(L, pos), s = first / c->span + s_idx;
+    *p0 = LI_MAX(first, s * c->span);
+    *p1 = LI_MIN(pos + 1, (s + 1) * c->span);
+    return 0;
+}
+
+/* The positions span item s_idx of token t covers, plus SPLIT_ITEM_COST for
+ * the item's own setup: what it costs. */
 #define SPLIT_ITEM_COST 8
 static int64_t split_item_cost(const li_context *c, const li_layer_desc *L, int il, int64_t t, int s_idx) {
-    int p0, p1;
-    if (c->n_spans[t * 2 + c->group[il]] <= 1) {
-        const int32_t *blocks;
-        int n_blocks;
-        token_table(c, il, t, &blocks, &n_blocks);
-        first_span(c, L, blocks, n_blocks, c->pos[t], &p0, &p1);
-    } else {
-        const int pos = c->pos[t], first = li_first_visible(L, pos), s = first / c->span + s_idx;
-        p0 = LI_MAX(first, s * c->span);
-        p1 = LI_MIN(pos + 1, (s + 1) * c->span);
-    }
+    const int32_t *blocks;
+    int n_blocks, p0, p1;
+    token_table(c, il, t, &blocks, &n_blocks);
+    (void)split_item_span(c, L, il, t, blocks, n_blocks, s_idx, &p0, &p1);
     return LI_MAX(0, p1 - p0) + SPLIT_ITEM_COST;
 }
 
@@ -584,14 +594,7 @@ static int split_walk_next(const li_context *c, const li_layer_desc *L, int il, 
     it->cnt = (int)LI_MIN((int64_t)(nh - it->h0), w->hi - w->i);
     w->i += it->cnt;
     token_table(c, il, it->t, &it->blocks, &it->n_blocks);
-    it->single = c->n_spans[it->t * 2 + g] <= 1;
-    if (it->single) {
-        first_span(c, L, it->blocks, it->n_blocks, c->pos[it->t], &it->p0, &it->p1);
-    } else {
-        const int pos = c->pos[it->t], first = li_first_visible(L, pos), s = first / c->span + it->s_idx;
-        it->p0 = LI_MAX(first, s * c->span);
-        it->p1 = LI_MIN(pos + 1, (s + 1) * c->span);
-    }
+    it->single = split_item_span(c, L, il, it->t, it->blocks, it->n_blocks, it->s_idx, &it->p0, &it->p1);
     return 1;
 }
 
