@@ -108,8 +108,16 @@ class KVCache:
         return s
 
     def free(self, s: Sequence):
-        """Give back every block of s; s is empty afterwards (and may be reused)."""
-        self.truncate(s, 0)
+        """Give back every block of s, committed or only reserved (a pass that
+        failed after reserve() leaves blocks that hold no token); s is empty
+        afterwards (and may be reused)."""
+        for g in self.groups:
+            for b in s.tables[g]:
+                if b >= 0:
+                    self.pools[g].release(b)
+            s.tables[g] = []
+        s.tokens, s.positions = [], []
+        s.next_pos = s.swa_floor = 0
         self.sequences.pop(s.seq_id, None)
 
     def fork(self, s: Sequence) -> Sequence:
@@ -137,11 +145,10 @@ class KVCache:
         return max(0, s.positions[n - 1] + 1 - self.window + 1) >= s.swa_floor
 
     def truncate(self, s: Sequence, n: int):
-        """Keep the first n tokens of s; blocks past them are given back."""
+        """Keep the first n tokens of s; blocks past them are given back, also
+        those reserved for tokens that were never committed (a failed pass)."""
         if n < 0 or n > len(s.tokens):
             raise InvalidArgumentError(f"cannot truncate a sequence of {len(s.tokens)} tokens to {n}")
-        if n == len(s.tokens):
-            return
         next_pos = s.positions[n - 1] + 1 if n else 0
         if not self.can_truncate(s, n):
             raise InvalidArgumentError(
@@ -225,8 +232,18 @@ class KVCache:
 
     def reserve(self, s: Sequence, n: int):
         """Make blocks ready for the positions next_pos .. next_pos + n - 1:
-        new blocks from the pools, shared blocks copied before they are written."""
+        new blocks from the pools, shared blocks copied before they are written.
+        All or nothing: a pool without room for all of them raises before any
+        block is taken."""
         bs = self.block_size
+        need = self.blocks_needed(s, n)
+        for g in self.groups:
+            if need[g] > self.pools[g].free_blocks:
+                pool = self.pools[g]
+                raise KVCacheFullError(
+                    f"the {pool.name} KV pool has {pool.free_blocks} free blocks of {pool.block_size} positions, "
+                    f"and {n} more positions of sequence {s.seq_id} need {need[g]}; free sequences, or create "
+                    f"the engine with a larger kv_pool_tokens")
         first, last = s.next_pos, s.next_pos + n - 1
         for g in self.groups:
             t, pool = s.tables[g], self.pools[g]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from llminfer.engine import Engine
-from llminfer.errors import InvalidArgumentError
+from llminfer.errors import InvalidArgumentError, KVCacheFullError
 from llminfer.kv_cache import FULL, KVCache
 
 from tiny_models import TinyConfig, write_model
@@ -82,6 +82,61 @@ def test_adopt_refuses_what_it_cannot_hold():
     swa = KVCache((8, 8), 4, (True, True), 8, None)
     with pytest.raises(InvalidArgumentError, match="sliding-window"):
         swa.adopt(swa.new_sequence(), [], [])
+
+
+def test_reserve_is_all_or_nothing():
+    """A pool without room for all the blocks a write needs takes none of them."""
+    kv, _ = make_cache(n_blocks=4)
+    a = kv.new_sequence()
+    fill(kv, a, list(range(10)))  # 3 blocks
+    b = kv.new_sequence()
+    with pytest.raises(KVCacheFullError, match="1 free blocks"):
+        kv.reserve(b, 8)  # 2 blocks
+    assert kv.pools[FULL].free_blocks == 1 and b.tables[FULL] == []
+    # copy-on-write counts too: a fork writing into the shared last block
+    c = kv.fork(a)
+    with pytest.raises(KVCacheFullError):
+        kv.reserve(c, 7)  # a copy of block 2 and a new block 3
+    assert kv.pools[FULL].free_blocks == 1 and c.tables[FULL] == a.tables[FULL]
+
+
+@pytest.mark.parametrize("committed", [0, 5])
+def test_free_gives_back_blocks_reserved_for_a_pass_that_failed(committed):
+    """A pass that fails after reserve() leaves blocks that hold no token;
+    free (and truncate) give them back all the same."""
+    kv, _ = make_cache(n_blocks=8)
+    s = kv.new_sequence()
+    fill(kv, s, list(range(committed)))
+    kv.reserve(s, 12)  # the pass then fails: nothing committed
+    assert kv.pools[FULL].used_blocks > 0
+    kv.truncate(s, committed)
+    assert kv.pools[FULL].used_blocks == -(-committed // 4)
+    kv.reserve(s, 12)
+    kv.free(s)
+    assert kv.pools[FULL].used_blocks == 0 and s.tables[FULL] == [] and len(s) == 0
+
+
+def test_failed_batches_and_embeddings_leave_the_pool_as_they_found_it(path):
+    """LLM.generate over more prompts than the pool holds, and embed() on a
+    busy context, raise KVCacheFullError and hold no block afterwards."""
+    from llminfer import LLM
+
+    with LLM(path, n_ctx=96, kv_pool_tokens=96, n_threads=1) as llm:  # 3 + 2 blocks of 32
+        used = lambda: llm.engine.kv_usage()["full-attention"]["used"]  # noqa: E731
+        ids = lambda n, i=0: [(7 * k + i) % 200 + 10 for k in range(n)]  # noqa: E731
+        prompts = [ids(40, i) for i in range(6)]  # 6 sequences of 2 blocks > 5
+        with pytest.raises(KVCacheFullError):
+            llm.generate(prompts, max_tokens=4, temperature=0)
+        assert used() == 0
+        llm.generate(prompts[:2], max_tokens=4, temperature=0)  # the pool works again
+        assert used() == 0
+        llm.generate(ids(80), max_tokens=8, temperature=0)  # the context holds 3 blocks
+        busy = used()
+        assert busy > 0
+        for _ in range(3):
+            with pytest.raises(KVCacheFullError):
+                llm.embed(llm.detokenize(ids(50, 1)))  # 83 tokens: 3 blocks
+            assert used() == busy
 
 
 @pytest.fixture(scope="module")

@@ -808,6 +808,49 @@ def test_queue_bound_answers_429(guarded):
     assert ok.status_code == 200
 
 
+@pytest.fixture(scope="module")
+def tight(smollm2_path):
+    """A pool of 10 blocks of 32 positions, no more than one request of n_ctx needs."""
+    s = ServerThread(ServeArgs(model=str(smollm2_path), n_ctx=256, kv_pool_tokens=256, n_threads=1))
+    yield s
+    s.stop()
+
+
+def test_refused_side_requests_give_back_their_blocks(tight):
+    """Embeddings and echo + logprobs run beside the batch; when the pool is
+    busy their first pass fails (a 503), and the blocks it had taken go back:
+    the server goes idle at zero usage and serves a full-context request
+    after (before, every refusal leaked them, for good)."""
+    long = " ".join(f"w{i}" for i in range(400))
+    ids = httpx.post(tight.url + "/tokenize", json={"prompt": long}).json()["tokens"][:240]
+    prompt = httpx.post(tight.url + "/detokenize", json={"tokens": ids}).json()["prompt"]
+    body = {"prompt": "Count: 1, 2, 3,", "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
+    refused = 0
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", tight.url + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            got = 0
+            while got < 100:  # the stream now holds 4 of the 10 blocks
+                if next(lines).startswith("data: "):
+                    got += 1
+            for _ in range(3):
+                for path, req in (("/v1/embeddings", {"input": prompt}),
+                                  ("/v1/completions", {"prompt": prompt, "max_tokens": 0, "echo": True,
+                                                       "logprobs": 1})):
+                    out = c.post(tight.url + path, json=req)
+                    assert out.status_code in (200, 503), out.text
+                    if out.status_code == 503:
+                        assert out.json()["error"]["code"] == "kv_pool_full"
+                        refused += 1
+            for _ in lines:
+                pass
+    assert refused > 0  # the case under test happened
+    wait_idle(tight.url, timeout=20)
+    full = httpx.post(tight.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0},
+                      timeout=60)
+    assert full.status_code == 200 and full.json()["usage"]["completion_tokens"] == 8
+
+
 # ---- the command ----
 
 def test_serve_command_starts_and_stops(smollm2_path, tmp_path):
