@@ -302,7 +302,7 @@ def bench_child(cmd, env=None):
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode < 0:  # llama.cpp's AMX prompt path on some Xeons: SIGSEGV (README, Performance)
+    if proc.returncode < 0:  # llama.cpp's AMX prompt path on some Xeons: SIGSEGV (docs/performance.md)
         name = signal.Signals(-proc.returncode).name if -proc.returncode in signal.valid_signals() else "a signal"
         raise RuntimeError(f"{' '.join(cmd)} was killed by {name}")
     if proc.returncode != 0:
