@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from llminfer.errors import InvalidArgumentError
+from llminfer.generation import token_logprobs
 from llminfer.sampling import SamplingParams
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; the legacy API allowed 5
@@ -52,25 +53,6 @@ def check_logprobs(n):
                           or not 0 <= n <= MAX_TOP_LOGPROBS):
         raise InvalidArgumentError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}] (how many "
                                    f"alternatives to list), got {n!r}")
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits.astype(np.float64)
-    z -= z.max()
-    z -= np.log(np.exp(z).sum())
-    return z
-
-
-def token_logprobs(logits: np.ndarray, tok: int, top_n: int):
-    """(log-probability of tok, [(token, log-probability)] of the top_n most
-    likely, descending, equal ones by id) under logits."""
-    lp = log_softmax(logits)
-    top = []
-    if top_n:
-        ids = np.argpartition(-lp, min(top_n, lp.size - 1))[:top_n] if top_n < lp.size else np.arange(lp.size)
-        ids = ids[np.lexsort((ids, -lp[ids]))]
-        top = [(int(i), float(lp[i])) for i in ids]
-    return float(lp[tok]), top
 
 
 def fim_ids(llm, prompt: str, suffix: str) -> list:

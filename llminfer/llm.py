@@ -34,6 +34,7 @@ from llminfer.completions import (check_logprobs, token_logprobs, wants_chat_ext
                                   wants_completion_extras)
 from llminfer.engine import KV_TYPES, Engine, check_positive_int
 from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError
+from llminfer.generation import Generator
 from llminfer.sampling import Sampler, SamplingParams
 from llminfer.structured import Constraint, grammar_from_args
 
@@ -880,56 +881,31 @@ def _is_prompt_list(prompt) -> bool:
 
 
 class _SequenceRun:
-    """One sequence of a batched generation: its sampler, the text so far and
-    its stop conditions."""
+    """One sequence of a batched generation: its Generator, and the
+    Completion it fills."""
 
     def __init__(self, llm, prompt_ids, params, stops, result: Completion, grammar=None):
-        self.llm = llm
-        self.sampler = Sampler(params, llm.n_vocab, llm.tokenizer)
-        self.constraint = None if grammar is None else Constraint(grammar, llm.tokenizer, llm.n_vocab)
-        self.history = list(prompt_ids)
-        self.matcher = _StopMatcher(stops)
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        constraint = None if grammar is None else Constraint(grammar, llm.tokenizer, llm.n_vocab)
+        self.gen = Generator(Sampler(params, llm.n_vocab, llm.tokenizer), llm.tokenizer, stops, constraint,
+                             prompt_ids, None if result.logprobs is None else result.top_logprobs)
         self.result = result
         result.finish_reason = "length"
 
     def step(self, logits, last: bool):
         """Sample the next token; returns it, or None when the sequence ends."""
-        if self.constraint is not None:
-            logits = self.constraint.apply(logits)
-        tok = self.sampler.sample(logits, self.history)
-        r = self.result
-        if tok in self.llm.tokenizer.eog_ids:
-            r.finish_reason = "stop"
-            self._finish(False)
-            return None
-        r.tokens.append(tok)
-        if r.logprobs is not None:
-            r.logprobs.append(token_logprobs(logits, tok, r.top_logprobs))
-        self.history.append(tok)
-        text, stopped = self.matcher.push(self.decoder.decode(self.llm.tokenizer.token_bytes(tok)))
+        gen, r = self.gen, self.result
+        tok = gen.next_token(logits)
+        event, reason = gen.emit(tok, logits)
+        if event is not None:
+            r.tokens.append(tok)
+            if r.logprobs is not None:
+                r.logprobs.append((event.logprob, event.top))
+            r.text += event.text
+        if reason is None and not last:
+            return tok
+        text, r.finish_reason = gen.finish(reason or "length")
         r.text += text
-        if stopped:
-            r.finish_reason = "stop"
-            return None
-        if self.constraint is not None:
-            self.constraint.advance(tok)
-            if self.constraint.done:
-                r.finish_reason = "stop"
-                self._finish(False)
-                return None
-        if last:
-            self._finish(False)
-            return None
-        return tok
-
-    def _finish(self, stopped):
-        text, stopped = self.matcher.push(self.decoder.decode(b"", final=True))
-        if stopped:
-            self.result.finish_reason = "stop"
-        else:
-            text += self.matcher.flush()
-        self.result.text += text
+        return None
 
 
 class _Stream:

@@ -43,12 +43,13 @@ from llminfer import hub
 from llminfer.embeddings import Embedder, declared_pooling, engine_hidden, l2_normalize, pool
 from llminfer.engine import Engine
 from llminfer.errors import InvalidArgumentError, KVCacheFullError, LLMInferError
+from llminfer.generation import TokenEvent, token_logprobs
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import bert
 from llminfer.sampling import SamplingParams
 from llminfer.server.args import ServeArgs
 from llminfer.server.metrics import Metrics
-from llminfer.server.scheduler import FinishEvent, Request, Scheduler, TokenEvent
+from llminfer.server.scheduler import FinishEvent, Request, Scheduler
 from llminfer.structured import grammar_from_args
 from llminfer.tools import (ToolCallStream, check_tools, openai_tool_calls, parse_tool_calls, tool_call_deltas,
                             tool_prompt)
@@ -692,7 +693,7 @@ async def _echoes(server, body, prompts, logprobs) -> list:
                     for i in range(len(chunk)):
                         if a + i + 1 < len(ids):
                             tok = ids[a + i + 1]
-                            lp, top = Scheduler._logprobs(rows[i], tok, logprobs)
+                            lp, top = token_logprobs(rows[i], tok, logprobs)
                             events.append(TokenEvent(tok, "", lp, top))
             finally:
                 eng.free(seq)

@@ -33,10 +33,8 @@ other threads only submit, cancel and read `stats`.
 
 from __future__ import annotations
 
-import codecs
 import itertools
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -47,26 +45,14 @@ import numpy as np
 
 from llminfer.errors import InvalidArgumentError, LLMInferError
 from llminfer.kv_cache import FULL, SWA
-from llminfer.llm import _StopMatcher
-from llminfer.sampling import Sampler, SamplingParams, _largest
+from llminfer.generation import Generator, TokenEvent
+from llminfer.sampling import Sampler, SamplingParams
 from llminfer.server.metrics import Metrics
 from llminfer.server.prefix_cache import PrefixCache
 from llminfer.structured import Constraint
 
 _ids = itertools.count()
 log = logging.getLogger("llminfer.server")
-
-
-@dataclass
-class TokenEvent:
-    """One generated token: its id, the text it completes (may be empty: a
-    partial UTF-8 character or a possible stop string is held back), and
-    when asked for, its log-probability and the top alternatives."""
-
-    token: int
-    text: str
-    logprob: float | None = None
-    top: list | None = None  # [(token id, logprob)], most likely first
 
 
 @dataclass
@@ -118,17 +104,14 @@ class Request:
         return len(self.prompt) + len(self.output) - (len(self.seq.tokens) if self.seq is not None else 0)
 
 
-class _Run:
-    """A request's sampler and text decoding (made at first admission)."""
-
-    def __init__(self, req: Request, n_vocab: int, tokenizer):
-        self.sampler = Sampler(req.params, n_vocab)
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.matcher = _StopMatcher(req.stops)
-        self.tokenizer = tokenizer
-        # its mask for the next token is computed on a worker thread while
-        # the forward pass runs (llminfer.structured)
-        self.constraint = Constraint(req.grammar, tokenizer, n_vocab) if req.grammar is not None else None
+def _generator(req: Request, n_vocab: int, tokenizer) -> Generator:
+    """A request's sampler, grammar, stop strings and text (made at first
+    admission; it lives across preemptions, which recompute the context)."""
+    # the grammar's mask for the next token is computed on a worker thread
+    # while the forward pass runs (llminfer.structured)
+    constraint = Constraint(req.grammar, tokenizer, n_vocab) if req.grammar is not None else None
+    return Generator(Sampler(req.params, n_vocab), tokenizer, req.stops, constraint, req.prompt, req.logprobs,
+                     req.ignore_eos)
 
 
 class Scheduler:
@@ -383,7 +366,7 @@ class Scheduler:
         eng = self.engine
         if req.rid not in self._runs:
             try:
-                self._runs[req.rid] = _Run(req, eng.n_vocab, self.tokenizer)
+                self._runs[req.rid] = _generator(req, eng.n_vocab, self.tokenizer)
             except LLMInferError as e:
                 self._finish(req, "error", events, e)  # takes it off the queue
                 return True
@@ -459,11 +442,8 @@ class Scheduler:
             self.metrics.on_tokens(generated, now)
 
     def _sample(self, req, logits, now, events) -> int:
-        run = self._runs[req.rid]
-        history = req.tokens() if run.sampler.params.penalties_on else ()
-        if run.constraint is not None:
-            logits = run.constraint.apply(logits)
-        tok = run.sampler.sample(logits, history)
+        gen = self._runs[req.rid]
+        tok = gen.next_token(logits)
         if self.metrics is not None:
             if req.first_token_time is None:
                 self.metrics.on_first_token(now - req.arrival)
@@ -472,37 +452,17 @@ class Scheduler:
         if req.first_token_time is None:
             req.first_token_time = now
         req.last_token_time = now
-        if tok in self.eog and not req.ignore_eos:
-            self._finish(req, "stop", events)
-            return 1
-        req.output.append(tok)
-        lp, top = self._logprobs(logits, tok, req.logprobs) if req.logprobs is not None else (None, None)
-        text, stopped = run.matcher.push(run.decoder.decode(self.tokenizer.token_bytes(tok)))
-        events.append((req, TokenEvent(tok, text, lp, top)))
-        if stopped:
-            self._finish(req, "stop", events, held_back=False)
-            return 1
-        if run.constraint is not None:
-            run.constraint.advance(tok)
-            if run.constraint.done:  # the grammar is complete: end as the model's EOS would
-                self._finish(req, "stop", events)
-                return 1
-        if len(req.output) >= req.max_tokens or len(req.seq.tokens) + 1 > self.engine.n_ctx:
-            self._finish(req, "length", events)
+        event, reason = gen.emit(tok, logits)
+        if event is not None:
+            req.output.append(tok)
+            events.append((req, event))
+        if reason is None and (len(req.output) >= req.max_tokens or len(req.seq.tokens) + 1 > self.engine.n_ctx):
+            reason = "length"
+        if reason is not None:
+            self._finish(req, reason, events)
         return 1
 
-    @staticmethod
-    def _logprobs(logits, tok, k):
-        m = float(logits.max())
-        lse = m + math.log(float(np.exp(logits - m, dtype=np.float32).sum(dtype=np.float64)))
-        top = []
-        if k:
-            ids = _largest(logits, k)
-            ids = ids[np.lexsort((ids, -logits[ids]))]
-            top = [(int(i), float(logits[i]) - lse) for i in ids]
-        return float(logits[tok]) - lse, top
-
-    def _finish(self, req, reason, events, error=None, held_back=True):
+    def _finish(self, req, reason, events, error=None):
         """End req: its blocks go back at once, a FinishEvent goes out."""
         if req.done:
             return
@@ -518,16 +478,10 @@ class Scheduler:
         if req.seq is not None:
             self.kv.free(req.seq)
             req.seq = None
-        run = self._runs.pop(req.rid, None)
-        if run is not None and run.constraint is not None:
-            run.constraint.close()
+        gen = self._runs.pop(req.rid, None)
         text = ""
-        if run is not None and held_back and reason in ("stop", "length"):
-            text, stopped = run.matcher.push(run.decoder.decode(b"", final=True))
-            if stopped:
-                reason = "stop"
-            else:
-                text += run.matcher.flush()
+        if gen is not None:
+            text, reason = gen.finish(reason)
         events.append((req, FinishEvent(reason, text, len(req.prompt), len(req.output), req.cached_tokens or 0,
                                         error)))
         if self.metrics is not None:
