@@ -17,9 +17,10 @@ that implies, beside the machine's measured read bandwidth.
 
     PYTHONPATH=. python bench/compare.py                      # the issue's rows
     PYTHONPATH=. python bench/compare.py -m model.gguf -t 2 -r 5 --json
-Needs llminfer and llama-cpp-python importable by the same Python.
+Needs llminfer importable here, and llama-cpp-python in the Python given by
+--peer-python or $LLMINFER_PEER_PYTHON, or else in this one.
 
---llama-bench BIN_DIR compares against llama.cpp's own C++ harness instead,
+--llama-bench compares against llama.cpp's own C++ harness instead,
 with no Python loop on its side: `llminfer bench` and `llama-bench` (pp512,
 tg128, one repetition per process, fresh processes interleaved, medians),
 on a random-weight Llama-3.2-1B-shaped model that it writes and quantizes
@@ -32,14 +33,17 @@ probes agree: within 15% of each other, and the team barrier's cost on the
 same side of --far-ns, which tells whether the host moved the CPUs during the
 run; a run whose probes disagree is run again, up to --retries times; then
 the same median for each placement the runs found, near and far); and
-the load + first-token time of a fresh process on the first 1B file:
+the load + first-token time of a fresh process on the first 1B file.
+llama-bench and llama-quantize are found in --llama-cpp BIN_DIR (llama.cpp's
+build/bin), else in $LLMINFER_LLAMA_CPP, else on the PATH:
 
-    python bench/compare.py --llama-bench /path/to/llama.cpp/build/bin -r 3
+    python bench/compare.py --llama-bench --llama-cpp /path/to/llama.cpp/build/bin -r 3
+    LLMINFER_LLAMA_CPP=/path/to/llama.cpp/build/bin python bench/compare.py --llama-bench -r 3
 
 -d N runs every test at a context of N tokens (llama-bench's -d: a random
 prompt of N tokens first, untimed), for decode over a long cache:
 
-    python bench/compare.py --llama-bench BIN_DIR -m model.gguf -d 4096 -p 512 -n 32
+    python bench/compare.py --llama-bench -m model.gguf -d 4096 -p 512 -n 32
 """
 
 from __future__ import annotations
@@ -49,13 +53,15 @@ import collections
 import json
 import os
 import resource
-import signal
 import statistics
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, when this file is loaded by its path
+import peer  # noqa: E402
 
 N_PROMPT = 512
 N_GEN = 128
@@ -296,20 +302,6 @@ def default_models():
 LB_PRESETS = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS")
 
 
-def bench_child(cmd, env=None):
-    """(stdout, peak RSS MB) of one child, its rusage taken with os.wait4."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode < 0:  # llama.cpp's AMX prompt path on some Xeons: SIGSEGV (docs/performance.md)
-        name = signal.Signals(-proc.returncode).name if -proc.returncode in signal.valid_signals() else "a signal"
-        raise RuntimeError(f"{' '.join(cmd)} was killed by {name}")
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed with status {proc.returncode}")
-    return out, usage.ru_maxrss / 1024  # KiB on Linux
-
-
 def of_probe_summary(brackets):
     """(fraction, by_host) from each engine's brackets (probe_bracket's):
     the median fraction of the probe over the runs whose brackets agree, and
@@ -335,21 +327,10 @@ def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
-def llama_bench_once(bin_dir, path, threads, n_prompt, n_gen, n_depth=0):
-    cmd = [os.path.join(bin_dir, "llama-bench"), "-m", path, "-t", str(threads), "-p", str(n_prompt),
-           "-n", str(n_gen), "-d", str(n_depth), "-r", "1", "-o", "json"]
-    out, rss = bench_child(cmd)
-    res = {}
-    for row in json.loads(out):
-        key = "pp" if row["n_prompt"] and not row["n_gen"] else "tg"
-        res[key] = row["avg_ts"]
-    return res, rss
-
-
 def llminfer_bench_once(path, threads, n_prompt, n_gen, env, n_depth=0):
     cmd = [sys.executable, "-m", "llminfer", "bench", "-m", path, "-t", str(threads), "-p", str(n_prompt),
            "-n", str(n_gen), "-d", str(n_depth), "-r", "1", "-o", "json"]
-    out, rss = bench_child(cmd, env)
+    out, rss = peer.run_child(cmd, env)
     res = {}
     for row in json.loads(out)["results"]:
         key = "pp" if row["n_prompt"] and not row["n_gen"] else "tg"
@@ -363,13 +344,14 @@ def first_token_seconds(path, threads, env):
     code = ("import time; t = time.perf_counter(); import llminfer; "
             f"llm = llminfer.LLM({path!r}, n_ctx=512, n_threads={threads}); "
             "llm.complete('Hi', max_tokens=1, temperature=0); print(time.perf_counter() - t)")
-    out, _ = bench_child([sys.executable, "-c", code], env)
+    out, _ = peer.run_child([sys.executable, "-c", code], env)
     return float(out.strip().splitlines()[-1])
 
 
-def make_laptop_models(bin_dir, work, presets):
+def make_laptop_models(quantize, work, presets):
     """The issue's laptop-scale files: a random Llama-3.2-1B-shaped F16 GGUF
-    (bench/make_model.py), quantized by llama-quantize to each preset."""
+    (bench/make_model.py), quantized by llama-quantize (the path quantize)
+    to each preset."""
     os.makedirs(work, exist_ok=True)
     f16 = os.path.join(work, "llama1b-f16.gguf")
     if not os.path.exists(f16):
@@ -381,7 +363,7 @@ def make_laptop_models(bin_dir, work, presets):
         out = os.path.join(work, f"llama1b-{preset.lower()}.gguf")
         if not os.path.exists(out):
             print(f"quantizing {out}", file=sys.stderr)
-            subprocess.run([os.path.join(bin_dir, "llama-quantize"), f16, out, preset],
+            subprocess.run([quantize, f16, out, preset],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         paths.append(out)
     return paths
@@ -392,7 +374,9 @@ def llama_bench_mode(a):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
     threads = [int(t) for t in a.threads.split(",")]
     presets = [p.strip() for p in a.presets.split(",") if p.strip()]
-    models = a.model or make_laptop_models(a.llama_bench, a.work, presets)
+    bin_dir = a.llama_cpp or a.llama_bench or None
+    exe = peer.llama_cpp_tool("llama-bench", bin_dir)
+    models = a.model or make_laptop_models(peer.llama_cpp_tool("llama-quantize", bin_dir), a.work, presets)
     if not a.model and not a.no_small:
         from llminfer import hub
         models += [str(hub.pull("smollm2-135m-instruct")), str(hub.pull("gemma3-270m"))]
@@ -425,7 +409,7 @@ def llama_bench_mode(a):
                         if who == "ours":
                             res, m = llminfer_bench_once(path, t, a.n_prompt, a.n_gen, env, a.n_depth)
                         else:
-                            res, m = llama_bench_once(a.llama_bench, path, t, a.n_prompt, a.n_gen, a.n_depth)
+                            res, m = peer.llama_bench(exe, path, t, a.n_prompt, a.n_gen, a.n_depth)
                         b = probe_bracket(before, probe.bracket(t), res, per_token, a.far_ns) if probe else None
                         if not b or b["agree"]:
                             break
@@ -481,9 +465,10 @@ def llama_bench_mode(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--llama-bench", metavar="BIN_DIR",
-                   help="llama.cpp's build/bin (llama-bench, llama-quantize): compare `llminfer bench` with "
-                        "llama-bench on the laptop-scale rows (made here if absent) and SmolLM2 and Gemma 3")
+    p.add_argument("--llama-bench", nargs="?", const="", metavar="BIN_DIR",
+                   help="compare `llminfer bench` with llama.cpp's llama-bench on the laptop-scale rows (made here "
+                        "with llama-quantize if absent) and SmolLM2 and Gemma 3; BIN_DIR, if given, is --llama-cpp's")
+    peer.add_llama_cpp_arg(p, help_extra="; given, it selects --llama-bench")
     p.add_argument("--work", default=os.path.expanduser("~/.cache/llminfer/bench"),
                    help="--llama-bench: where the made 1B models are kept")
     p.add_argument("--presets", default=",".join(LB_PRESETS), help="--llama-bench: llama-quantize presets of the 1B rows")
@@ -502,14 +487,15 @@ def main():
     p.add_argument("--far-ns", type=float, default=200.0,
                    help="--llama-bench: a two-thread barrier at least this slow (ns) puts the team's cores "
                         "apart ('far'), below it near (on this VM: one core's hyperthreads)")
-    p.add_argument("--peer-python", default=sys.executable, help="Python that has llama-cpp-python")
+    peer.add_peer_python_arg(p)
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     if a.worker:
         worker_main(a.worker[0], a.worker[1], int(a.worker[2]))
         return 0
-    if a.llama_bench:
+    if a.llama_bench is not None or a.llama_cpp:
         return llama_bench_mode(a)
+    peer_python = peer.peer_python(a.peer_python)
 
     models = a.model or default_models()
     threads = [int(t) for t in a.threads.split(",")]
@@ -525,7 +511,7 @@ def main():
             for r in range(a.runs):
                 order = ("llminfer", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "llminfer")
                 for engine in order:
-                    python = sys.executable if engine == "llminfer" else a.peer_python
+                    python = sys.executable if engine == "llminfer" else peer_python
                     runs[engine].append(run_worker(python, "llminfer" if engine == "llminfer" else "llamacpp",
                                                    path, t, env))
             med = {e: {k: statistics.median(r[k] for r in rs) for k in ("load", "pp", "tg", "ttft", "rss_mb")}

@@ -4,14 +4,18 @@ llama.cpp's CUDA build (llama-bench) at the same offloads.
 For each model and offload, llminfer runs in a fresh process: load with
 n_gpu_layers, evaluate an n_prompt-token prompt in one batch (prefill, pp),
 then n_gen tokens one at a time (decode, tg), repeated -r times; medians.
-llama-bench (built with -DGGML_CUDA=ON, given with --llama-bench) runs the
-same pp/tg sizes with -ngl 0, half and 99. The table shows tok/s and the
-ratio llminfer / llama.cpp (above 1: llminfer faster).
+llama-bench (of a build with -DGGML_CUDA=ON, in --llama-cpp BIN_DIR, else in
+$LLMINFER_LLAMA_CPP, else on the PATH; --llama-bench, the older flag, also
+takes the binary) runs the same pp/tg sizes with -ngl 0, half and 99; without
+one the llama.cpp columns show "-". The table shows tok/s and the ratio
+llminfer / llama.cpp (above 1: llminfer faster).
 
-    PYTHONPATH=. python bench/gpu_offload.py -m /work/models/llama1b-q4_k_m.gguf \\
+    PYTHONPATH=. python bench/gpu_offload.py -m llama1b-q4_k_m.gguf \\
         -m ~/.cache/llminfer/models/SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --llama-bench /path/to/llama.cpp/build-cuda/bin/llama-bench
+        --llama-cpp /path/to/llama.cpp/build-cuda/bin
     PYTHONPATH=. python bench/gpu_offload.py -m model.gguf -p 64 -n 16 -r 1   # a quick look
+(llama1b-q4_k_m.gguf: bench/make_model.py's random Llama-3.2-1B, quantized
+with llama-quantize.)
 Needs a GPU build of llminfer (LLMINFER_CUDA=1 pip install .) and a device;
 without one it says so and stops.
 """
@@ -25,6 +29,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+import peer
 
 
 def worker(path, ngl, n_prompt, n_gen, threads):
@@ -55,18 +61,17 @@ def run_llminfer(path, ngl, a):
 
 
 def run_llama_bench(binary, path, ngl, a):
-    """(pp tok/s, tg tok/s) from llama-bench -o json, or None."""
-    if not binary or not os.path.exists(binary):
+    """(pp tok/s, tg tok/s) from llama-bench, or None without one or when it
+    fails (said on stderr)."""
+    if not binary:
         return None
-    cmd = [binary, "-m", path, "-p", str(a.n_prompt), "-n", str(a.n_gen), "-ngl", str(99 if ngl == -1 else ngl),
-           "-r", str(a.repetitions), "-t", str(a.threads), "-o", "json"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
+    try:
+        res, _ = peer.llama_bench(binary, path, a.threads, a.n_prompt, a.n_gen, reps=a.repetitions,
+                                  n_gpu_layers=99 if ngl == -1 else ngl)
+    except (RuntimeError, ValueError) as e:
+        print(f"llama-bench: {e}", file=sys.stderr)
         return None
-    rows = json.loads(r.stdout)
-    pp = next((x["avg_ts"] for x in rows if x.get("n_prompt") and not x.get("n_gen")), None)
-    tg = next((x["avg_ts"] for x in rows if x.get("n_gen") and not x.get("n_prompt")), None)
-    return pp, tg
+    return res.get("pp"), res.get("tg")
 
 
 def n_layers(path):
@@ -91,7 +96,7 @@ def main():
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--llama-bench", help="llama-bench of a llama.cpp CUDA build")
+    peer.add_llama_cpp_arg(ap, "--llama-bench", help_extra="; a CUDA build's")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
@@ -100,6 +105,13 @@ def main():
     info = gpu.info()
     if not info["available"]:
         sys.exit(f"no usable GPU: {info['reason']}")
+    try:
+        bench = peer.llama_cpp_tool("llama-bench", a.llama_cpp)
+    except SystemExit as e:
+        if a.llama_cpp:  # asked for and not there: an error; otherwise the llama.cpp columns stay empty
+            raise
+        print(f"{e}: llminfer only", file=sys.stderr)
+        bench = None
     rows = []
     for path in a.model:
         nl = n_layers(path)
@@ -107,9 +119,9 @@ def main():
             runs = [run_llminfer(path, ngl, a) for _ in range(a.repetitions)]
             pp = statistics.median(r["pp"] for r in runs)
             tg = statistics.median(r["tg"] for r in runs)
-            peer = run_llama_bench(a.llama_bench, path, ngl, a)
+            peer_ts = run_llama_bench(bench, path, ngl, a)
             rows.append({"model": os.path.basename(path), "ngl": ngl, "pp": pp, "tg": tg,
-                         "peer_pp": peer[0] if peer else None, "peer_tg": peer[1] if peer else None})
+                         "peer_pp": peer_ts[0] if peer_ts else None, "peer_tg": peer_ts[1] if peer_ts else None})
     if a.json:
         print(json.dumps({"device": info["devices"], "rows": rows}, indent=1))
         return

@@ -1,7 +1,7 @@
 """llama.cpp's logits for given token ids, through llama-cpp-python.
 
 Run with the Python that has llama_cpp (not llminfer's):
-    /work/venv-peer/bin/peer-python bench/peer_logits.py MODEL.gguf IDS.npy OUT.npy [--n-ctx 512]
+    $LLMINFER_PEER_PYTHON bench/peer_logits.py MODEL.gguf IDS.npy OUT.npy [--n-ctx 512]
 
 IDS.npy holds int32 token ids; OUT.npy gets float32 logits [n_tokens,
 n_vocab], every position's, from one batched evaluation of the ids. Used by

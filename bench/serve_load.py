@@ -6,8 +6,13 @@ N clients at once on loopback, each streaming one completion of a distinct
 (all tokens over the wall time of the round), and the p50 / p99 time to
 first token and inter-token latency over every client's stream.
 
-    python bench/serve_load.py -m /work/models/llama1b-q4_k_m.gguf -t 2
+    python bench/serve_load.py -m llama1b-q4_k_m.gguf -t 2 --llama-cpp /path/to/llama.cpp/build/bin
     python bench/serve_load.py -m smollm2-135m-instruct -n 1,2 --no-peer
+
+llama-server is found in --llama-cpp BIN_DIR (--peer, the older flag, takes
+the binary itself), else in $LLMINFER_LLAMA_CPP, else on the PATH.
+(llama1b-q4_k_m.gguf: bench/make_model.py's random Llama-3.2-1B, quantized
+with llama-quantize.)
 
 Each server runs alone (started, measured, stopped), on the same GGUF, with
 the same thread count; llama-server with -np 32 (32 parallel slots) and
@@ -29,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-PEER = Path("/work/peer/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server")
+import peer
 SUBJECTS = ["rivers", "bread", "owls", "trains", "glass", "tides", "maps", "bees", "salt", "clocks", "moss",
             "kites", "ink", "wolves", "copper", "fog"]
 
@@ -137,21 +142,25 @@ def measure(server: Server, clients, max_tokens, temperature=0.0):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-m", "--model", default="/work/models/llama1b-q4_k_m.gguf", help="GGUF path or known model name")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", required=True, help="GGUF path or known model name")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", "--clients", default="1,2,4,8,16,32", help="comma-separated client counts")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="each stream's (OpenAI's other defaults: top-p 1, no top-k); above 0, client i sends seed i")
     ap.add_argument("--ctx", type=int, default=4096, help="llama-server's -c (shared by its 32 slots)")
-    ap.add_argument("--peer", default=str(PEER), help="the llama-server binary")
+    peer.add_llama_cpp_arg(ap, "--peer")
     ap.add_argument("--no-peer", action="store_true", help="measure llminfer only")
     ap.add_argument("--no-ours", action="store_true", help="measure llama-server only")
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--logs", default=".", help="folder for the servers' logs")
     a = ap.parse_args(argv)
     clients = [int(x) for x in a.clients.split(",") if x.strip()]
+    try:
+        server = None if a.no_peer else peer.llama_cpp_tool("llama-server", a.llama_cpp)
+    except SystemExit as e:
+        raise SystemExit(f"{e}; or measure llminfer alone with --no-peer") from None
     from llminfer import hub
 
     model = str(hub.resolve(a.model))
@@ -163,15 +172,12 @@ def main(argv=None) -> int:
                                         "-c", "1024", "--kv-pool-tokens", str(max(8192, slots * 256)),
                                         "--max-running", str(slots), "--port", str(port),
                                         "--log-level", "warning"], port, os.path.join(a.logs, "serve_llminfer.log")))
-    if not a.no_peer:
-        if not Path(a.peer).exists():
-            print(f"llama-server not found at {a.peer}: measuring llminfer only", file=sys.stderr)
-        else:
-            port = free_port()
-            runs.append(Server("llama-server", [a.peer, "-m", model, "-t", str(a.threads), "-tb", str(a.threads),
-                                                "-np", str(slots), "-c", str(max(a.ctx, slots * 128)),
-                                                "--host", "127.0.0.1", "--port", str(port)],
-                               port, os.path.join(a.logs, "serve_llama_server.log")))
+    if server:
+        port = free_port()
+        runs.append(Server("llama-server", [server, "-m", model, "-t", str(a.threads), "-tb", str(a.threads),
+                                            "-np", str(slots), "-c", str(max(a.ctx, slots * 128)),
+                                            "--host", "127.0.0.1", "--port", str(port)],
+                           port, os.path.join(a.logs, "serve_llama_server.log")))
     results = []
     for srv in runs:
         # one server at a time: each gets the machine to itself

@@ -12,11 +12,16 @@ Tasks (chat prompts, greedy, every run from the same prompt):
 
 Modes: plain (spec="off"), ngram (prompt lookup), and draft rows: each model
 drafted by a Q4_0 requantization of itself (made with llminfer's quantizer
-into --cache on first use), and, when --big exists, SmolLM2-135M drafting
-for that larger model of the same vocabulary. The default --big is the
-random-weight 1B Llama (/work/models/llama1b-q4_k_m.gguf, SmolLM2's
-vocabulary): its text is noise, so its acceptance rate means nothing; the
-row shows only what a draft pass costs against a target 8x its size.
+into --cache on first use), and, with --big, SmolLM2-135M drafting for that
+larger model of the same vocabulary. bench/make_model.py writes one, a
+random-weight 1B Llama with SmolLM2's vocabulary:
+
+    python bench/make_model.py -o llama1b-f16.gguf
+    llama-quantize llama1b-f16.gguf llama1b-q4_k_m.gguf Q4_K_M
+    PYTHONPATH=. python bench/speculative.py --big llama1b-q4_k_m.gguf
+
+Its text is noise, so its acceptance rate means nothing; the row shows only
+what a draft pass costs against a target 8x its size.
 
 Figures are LLM timings' generation tokens/s (prompt excluded; the prompt is
 cached between the runs of one model, and a draft model's prefill counts as
@@ -36,7 +41,6 @@ from pathlib import Path
 from llminfer import LLM, hub
 
 MODELS = {"smollm2": "smollm2-135m-instruct", "gemma3": "gemma3-270m"}
-BIG = "/work/models/llama1b-q4_k_m.gguf"
 
 
 # ---- prompts ----
@@ -174,8 +178,8 @@ def main():
     ap.add_argument("--tasks", default="code,summary,story")
     ap.add_argument("--code-lines", type=int, default=300)
     ap.add_argument("--no-draft", action="store_true", help="skip the draft-model rows")
-    ap.add_argument("--big", default=BIG, help="a larger model with SmolLM2's vocabulary, drafted by "
-                                               "SmolLM2-135M ('' to skip)")
+    ap.add_argument("--big", default="", help="a larger model with SmolLM2's vocabulary, drafted by "
+                                              "SmolLM2-135M (default: none)")
     ap.add_argument("--cache", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache"),
                     help="where requantized draft models are written")
     ap.add_argument("--tiny", action="store_true", help="a quick check: 1 thread, 24 tokens, 1 run, "
@@ -183,6 +187,8 @@ def main():
     a = ap.parse_args()
     if a.tiny:
         a.models, a.threads, a.new, a.runs, a.code_lines, a.big = "smollm2", "1", 24, 1, 40, ""
+    if a.big and not Path(a.big).exists():
+        ap.error(f"--big {a.big}: no such file")
     a.threads = [int(t) for t in a.threads.split(",")]
     wanted = a.tasks.split(",")
     task_prompts = {k: v for k, v in tasks(a.code_lines).items() if k in wanted}
@@ -194,7 +200,7 @@ def main():
         draft = None if a.no_draft else requantized(model, Path(a.cache))
         with LLM(model, n_ctx=n_ctx, draft_model=draft, spec="off") as llm:
             bench_model(name, llm, "Q4_0 self" if draft else None, task_prompts, a, rows)
-    if a.big and Path(a.big).exists():
+    if a.big:
         with LLM(a.big, n_ctx=n_ctx, draft_model=MODELS["smollm2"], spec="off") as llm:
             bench_model(Path(a.big).stem + " (random)", llm, "smollm2-135m", task_prompts, a, rows)
     bad = [r for r in rows if not r[8]]

@@ -2,7 +2,7 @@
 
 Run with a Python that has llama-cpp-python (the peer) as well as llminfer:
 
-    PYTHONPATH=. /work/peer/venv/bin/python bench/tokenizer_parity.py [model.gguf ...]
+    PYTHONPATH=. $LLMINFER_PEER_PYTHON bench/tokenizer_parity.py [model.gguf ...]
 
 Without arguments it checks the known models (fetched into the cache by
 name). Each battery string (tests/test_tokenizer.py) is encoded under every

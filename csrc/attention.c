@@ -130,9 +130,8 @@ static int span_runs(const li_context *c, const int32_t *blocks, int n_blocks, i
  * rows apart in the pool, a stride the hardware prefetchers follow poorly,
  * and the kernels' own hints lead by 8 rows, within a run: runs are blocks
  * of 32 rows by default, and a hint past a run's end would land on rows of
- * whatever block follows in the pool. The 1B (8 kv heads) at a context of
- * 4096, 1 thread, in one process alternating: +8-12% two runs ahead, +7%
- * one run ahead; SmolLM2's tg128 even. */
+ * whatever block follows in the pool. Two runs ahead gives the lines time to
+ * arrive (docs/kernel-tuning.md#attention-hint-runs). */
 #define HINT_RUNS 2
 static void hint_run(const li_context *c, int il, int kvh, const row_run *run, int v) {
     const size_t row = v ? c->v_row : c->k_row, stride = (size_t)c->m->n_head_kv * row;
@@ -546,13 +545,9 @@ static int64_t split_item_at(const li_context *c, const li_layer_desc *L, int il
 
 /* Each thread takes a contiguous run of the items, the runs as near equal
  * in cost as whole items allow; which thread computes an item changes
- * nothing in what it computes. Runs of equal counts once gave one thread
- * more full spans and the other more short last ones: SmolLM2 (9 heads, 3
- * kv heads) at 2 threads over positions 256-1008, thread 0 had 18% more
- * head-positions and ended its run 8.8k cycles after thread 1 in each
- * layer, by cost 0.6k (one span item is about 5% of a token's cost there,
- * so a run can miss an even half by half of that; with 32 heads and 8 kv
- * heads equal counts were already even). */
+ * nothing in what it computes. Runs of equal counts gave one thread more
+ * full spans and the other more short last ones, and the first to finish
+ * waited at the barrier (docs/kernel-tuning.md#attention-split-by-cost). */
 static void split_walk_begin(const li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth,
                              split_walk *w) {
     const int g = c->group[il];
@@ -604,11 +599,8 @@ static int split_walk_next(const li_context *c, const li_layer_desc *L, int il, 
  * as the thread ends its share of the q, k and v products, the rows arrive
  * while the team passes the barrier and prepares the heads; without it,
  * attention read them from memory a few rows ahead at a time, the weights'
- * stream having pushed them out of every cache (SmolLM2, 2 threads, tg128
- * positions: attention 134 us of a 1.69 ms token, 102 with it). Tokens
- * alternating in one process, 32-token blocks: SmolLM2 -0.8% and -1.2% a
- * token with its CPUs apart (500 and 281 blocks each), -0.5% on one core;
- * the 1B Q4_K_M -0.2% apart. */
+ * stream having pushed them out of every cache
+ * (docs/kernel-tuning.md#attention-prefetch). */
 #define PREFETCH_MAX ((size_t)96 << 10)
 void li_attention_prefetch(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
     if (!c->split) return;

@@ -212,18 +212,12 @@ void li_init(void) {
 }
 
 /* The x16 decode kernels were tuned on Zen 5, whose prefetchnta fills L1
- * from a stream as fast as plain loads read it. On an Intel Xeon with
- * AVX-512 (2 vCPUs, 480 MiB L3) the same hints held SmolLM2's 1-thread
- * decode to 57-59 tokens/s, 95% of its samples on the instruction after
- * the prefetchnta: there it fills L1 alone, past L2 and its streamer, and
- * each line waits on one of L1's few fill buffers. Hinted into L2 at the
- * same lead (llminfer bench tg64, fresh processes alternating, 2 runs
- * each): SmolLM2 1 thread 197-208 tokens/s, 2 threads 430-444 (107-111
- * with NTA); the 1B Q4_0 20.7-21.7 and 40.7-41.2, the 1B Q4_K_M 19.8-20.5
- * and 38.9-39.4. Into L1 by prefetcht0 did less (17.6-18.1 and 36.9, 18.2-
- * 18.9 and 35.6-36.5 on the 1B), and so did no hints at all (18.6-18.8 and
- * 36.2-36.7; SmolLM2 144-149 and 326). Other vendors get the L2 hints: the
- * NTA fill is the way AMD's cores are known to read a stream. */
+ * from a stream as fast as plain loads read it. On Intel it fills L1 alone,
+ * past L2 and its streamer, and each line waits on one of L1's few fill
+ * buffers: there the same lines hinted into L2 at the same lead decode
+ * fastest, ahead of prefetcht0 and of no hints at all. Other vendors get
+ * the L2 hints: the NTA fill is the way AMD's cores are known to read a
+ * stream. Measurements: docs/kernel-tuning.md#dispatch-stream-hint */
 int li_stream_hint_default(void) {
 #if defined(LI_ARCH_X86)
     return cpu()->amd ? LI_STREAM_L1_NTA : LI_STREAM_L2;

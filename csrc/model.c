@@ -622,13 +622,10 @@ static int joint_run(const li_context *c, const product *ps, int np, li_x16_part
  * LI_X16_UNPACK_MIN rows (up to LI_X16_MAX_PARTS, as many as the thread's
  * scratch holds the terms of) shared as one (li_x16_matmul_parts), the
  * others one by one. Decode reads the weights at the memory's pace, and
- * its products' ends and stream starts cost it (repack.h); in 2-thread
- * decode (alternating 32- and 64-token blocks, pairs faster / all)
- * SmolLM2 +1.4% (11/14), Gemma 3 270M +1.4%, the 1B Q4_0 +1.2% and
- * Q4_K_M +0.7% with the CPUs on two cores, the 8-layer Qwen3 MoE +1.9%.
- * A prompt's products are compute-bound and long: the 1B Q4_K_M's pp512
- * moved by about 1% either way, as much as two identical builds did in the
- * same alternation, so prompts keep the separate products. */
+ * its products' ends and stream starts cost it (repack.h). A prompt's
+ * products are compute-bound and long: sharing them changed nothing
+ * measurable, so prompts keep the separate products
+ * (docs/kernel-tuning.md#model-joint-products). */
 static void matmuls(li_context *c, const product *ps, int np, int ith, int nth) {
     int32_t *scratch = (int32_t *)(void *)(c->gemm_scratch + (size_t)ith * c->gemm_bytes);
     li_x16_part_desc parts[LI_X16_MAX_PARTS];

@@ -1110,10 +1110,8 @@ static void softmax(float *x, int64_t k) {
  * from ggml's f16 table, which the peer's results depend on. SiLU's two
  * tables (value and slope, 256 KiB each) had been gathered here too, but a
  * decode pass streams megabytes of weights between one layer's gating and
- * the next, and the gathers missed L2: the 1B shape's gating took ~1.4% of
- * a 2-thread token, and computing it made the token 2.4% faster (in one
- * process, alternating, 16 of 20 pairs). The scalar and NEON levels keep
- * the table. */
+ * the next, and the gathers missed L2; computing it is faster
+ * (docs/kernel-tuning.md#avx2-silu). The scalar and NEON levels keep the table. */
 static void act_apply(int fn, const float *x, const float *u, float *y, int64_t n) {
     const int silu = fn == LI_FN_SILU;
     const __m256 hi = _mm256_set1_ps(silu ? LI_SILU_HI : LI_GELU_HI);

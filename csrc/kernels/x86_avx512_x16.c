@@ -47,28 +47,12 @@ LI_INLINE __m512i dpb(__m512i acc, __m512i w, const int8_t *p) {
 }
 
 /* Decode streams each group from memory once, and the hardware prefetchers
- * alone kept one core at about 60% of the bandwidth it reaches on a plain
- * read (Zen 5). A hint to L2 PREFETCH_AHEAD bytes further on, one line in
- * every PREFETCH_STEP bytes of the stream, lets them run ahead: measured on
- * a 600 MB stream of Q4_K groups, one line per 64 bytes reached 21 GB/s,
- * one per 256 bytes 24, one per 1024 bytes 26-29 (of about 28 that plain
- * loads reach); T0, or 2 KiB ahead, gained nothing, and NTA lost (Q4_0
- * and Q6_K, 2-8 KiB ahead).
- *
- * The hinted lines are the ones at multiples of PREFETCH_STEP in the stream,
- * whatever the block size: the super-block kernels once hinted p + o for
- * o = 0, 1024, .. of each super-block (2240-3392 bytes, not a multiple of
- * 1024), lines at uneven gaps, and one core read IQ4_XS at 0.89-0.90 of a
- * plain read, Q4_K 0.92-0.95, Q5_K 0.91-0.92, Q6_K 0.93-0.95; at the
- * multiples, 8 KiB ahead, 0.94-0.96, 0.95-0.97, 0.95-0.96 and 0.97-0.98
- * (bench/kernels.py's matrices, k = 4096, 256 MiB; medians of 11 and 21
- * interleaved runs). Those kernels hint a whole super-block at its start,
- * so their hints already reach up to a super-block further: 8 KiB on did
- * as well as or better than 16 there, where the 32-value blocks (Q4_0,
- * Q8_0), hinted block by block, kept 16. In the 1B models' decode (the same
- * process alternating the two builds' hints every 32 tokens): one thread
- * Q6_K +1.9% (13 pairs of 14 faster), Q5_K_M +2.5%, Q4_K_M +0.8%, IQ4_XS
- * even; two threads on cores apart Q4_K_M +1.5%, IQ4_XS +3.2%. */
+ * alone fall behind a plain read. A hint to L2 PREFETCH_AHEAD bytes on, for
+ * the lines at multiples of PREFETCH_STEP in the stream (sparse, and evenly
+ * spaced whatever the block size), lets them run ahead. The super-block
+ * kernels hint a whole super-block at its start, which already reaches a
+ * super-block further, so they lead by less (PREFETCH_AHEAD_K).
+ * Measurements: docs/kernel-tuning.md#x16-l2-stream-hints */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 16384
 #endif
@@ -87,15 +71,14 @@ LI_INLINE void ahead(const uint8_t *p, int bytes, const int dist) {
 
 /* One activation row is read for every group, but a group of a long row
  * (Q6_K at k = 8192: 108 KiB) streams more through L1 than it holds, and the
- * weight lines evicted the activations between one group and the next: Q6_K
- * decode fell from 29 GB/s at k = 2048 to 18 at k >= 4096 (28-29 when the
- * activations were made to stay in L1). A non-temporal hint on each line of
- * a super-block shortly before it is read (already in L2: `ahead`; how far
- * before, in each kernel) fills it into L1 as the first to go, and the
- * activations stay: 28-30 GB/s at every k. Only for decode: prefill reuses
- * each group for several activation rows. stream_l1_at hints each line
- * that starts in [p, p + bytes), `lead` bytes on: pieces that tile the
- * stream hint each line once. */
+ * weight lines would evict the activations between one group and the next.
+ * A non-temporal hint on each line of a super-block shortly before it is
+ * read (already in L2: `ahead`; how far before, in each kernel) fills it
+ * into L1 as the first to go, and the activations stay. Only for decode:
+ * prefill reuses each group for several activation rows. stream_l1_at hints
+ * each line that starts in [p, p + bytes), `lead` bytes on: pieces that
+ * tile the stream hint each line once. Measurements:
+ * docs/kernel-tuning.md#x16-l1-stream-hints */
 LI_INLINE void stream_l1_at(const uint8_t *p, int bytes, int lead) {
     const uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)bytes;
     if (li_x16_stream == LI_STREAM_L2) { /* the same lines into L2 (dispatch.c: Intel) */
@@ -108,47 +91,24 @@ LI_INLINE void stream_l1_at(const uint8_t *p, int bytes, int lead) {
 /* The hints for the block of `bytes` at p in a group of 32-value blocks,
  * whose scales (and mins) follow each block's values (repack.h), so that a
  * group, and the groups after it, are one stream read in order: one line in
- * every PREFETCH_STEP bytes, PREFETCH_AHEAD on.
+ * every PREFETCH_STEP bytes, PREFETCH_AHEAD on. Scales gathered after a
+ * group's blocks made several streams, each restarted every group, and the
+ * access pattern, not the work, set the pace; one stream in order reads as
+ * fast as a plain read.
  *
- * With the scales gathered after all of a group's blocks, and 4 groups read
- * side by side to keep enough lines in flight, one core read Q4_0 at about
- * 70% of a plain read (k = 2048), and a bare loop of the same loads, with
- * no arithmetic at all, did no better: the access pattern, not the work, set
- * the pace (8 streams, each restarted every group). One stream in order
- * reads as fast as a plain read. Measured with bench/kernels.py at 1 thread,
- * k = 2048 (its matrices then in 4 KiB pages), against the old layout: Q4_0
- * 72% -> 85% of a plain read, Q8_0 82% -> 95%, Q5_0 65% -> 88%.
- *
- * In decode they also take an L1 hint, L1_LEAD_32 bytes on (stream_l1_at).
- * Once these blocks hinted the block about to be read, which came too late
- * and cost instructions: dropping that made the 1B Q8_0 decode +9.6% at 1
- * thread. A lead of 4 KiB, in one process alternating blocks of 48 tokens
- * (pairs faster / all): Q8_0 +24% at 1 thread (8/8; 26.7 -> 33 tokens/s,
- * 0.81 -> 1.0 of the probe) and at 2 (8/8), Q4_0 +5.9% at 1 thread (8/8)
- * and +8.0% at 2 on cores apart (12/12), +1.9% on one core's hyperthreads
- * (10/12), SmolLM2's Q4_1 +12% at 1 thread (8/8) and +10% at 2 (5/8). Against 4 KiB:
- * 8 KiB -2.5% (1 thread, 1/6) and -1.8% (2, 1/6); 2 KiB -4.7% (0/6) and -3.8% (1/6),
- * on one core's hyperthreads as well as apart. Since the L2 hints left
- * decode (l2_hints below), 6 KiB against 4, same method (blocks of 48
- * tokens): the 1B Q8_0 +3.0% at 2 threads (11/12) and +1.9% at 1 (12/12),
- * SmolLM2 +1.2% (8/12) and +2.7% (9/12), Q4_0 and Gemma 3 even; 8 KiB
- * against 6: Q8_0 -0.8% and -1.6% (3/12). */
+ * In decode they also take an L1 hint, L1_LEAD_32 bytes on (stream_l1_at):
+ * a hint at the block about to be read comes too late and costs
+ * instructions; a lead of a few KiB arrives in time, and longer or shorter
+ * ones decoded slower. Measurements: docs/kernel-tuning.md#x16-32-value-blocks */
 LI_INLINE void stream_hint(const uint8_t *p, int bytes) { ahead(p, bytes, PREFETCH_AHEAD); }
 
 /* Whether a kernel hints its stream into L2 (ahead, stream_hint). In decode
  * (one activation column) the L1 hints (stream_l1_at) lead the loads by a
- * few KiB, and the L2 hints on top now cost more than they bring, except
- * while the team's two threads share a core (li_x16_near), where each reads
- * at half the pace. Without them in decode, in one process alternating
- * blocks of 48 tokens with and without (pairs faster / all): 1 thread, the
- * 1B Q4_K_M +3.3% (6/6), Q6_K +4.0% (6/6), IQ4_XS +3.0% (6/6), SmolLM2's
- * Q4_1 +2.6% (5/6), Q4_0 even; 2 threads on cores apart, Q4_K_M +5.0%
- * (6/6), Q6_K +3.6% (5/5), Q5_K_M +2.1% (8/10), IQ4_XS +3.6% (13/14), Q4_0
- * +2.6% (7/8); near, Q4_0 -2.8% (2/8), and again -2.1% (4/12), so they
- * stay there (Q6_K's -4.4% near, in 2 pairs of 5, did not hold up:
- * q6_K_cols). Q8_0 lost without them everywhere (-1.4% at 1 thread, -1.7%
- * apart, -2.5% near), as did Gemma 3 at 1 thread (its layers' Q5_0), so
- * those keep them, and so does a prompt (several columns, no L1 hints). */
+ * few KiB, and the L2 hints on top cost more than they bring, except while
+ * the team's two threads share a core (li_x16_near), where each reads at
+ * half the pace. Q8_0 and the 5-bit 32-value types lose without them and
+ * keep them, and so does a prompt (several columns, no L1 hints).
+ * Measurements: docs/kernel-tuning.md#x16-l2-hints-in-decode */
 LI_INLINE int l2_hints(int nc, int near) { return nc > 1 || near; }
 
 #define L1_LEAD_32 6144
@@ -158,13 +118,12 @@ LI_INLINE __m512i load64(const uint8_t *p) { return _mm512_loadu_si512((const vo
 /* t in every lane. With several activation columns (prefill), through a
  * general register (a scalar load, then vpbroadcastd from it): there every
  * vpdpbusd reads its activation bytes with a vector load and the weights
- * take more, so the vector loads, not the multiply pipes, set the pace
- * (Zen 5), and a broadcast load is one more of them. Q6_K's prefill kernel:
- * 600 GOP/s with its terms broadcast from memory, 670-680 this way (4
- * columns a call, in L1). IQ4_XS's kernel took its terms this way before
- * they were stored negated (a negation in a register forced it) and keeps
- * it; Q4_K's and Q5_K's mins, 4 per 64 products, take a broadcast load
- * (through a register: 2-3% slower, within this test's noise). */
+ * take more, so the vector loads, not the multiply pipes, set the pace, and
+ * a broadcast load is one more of them. IQ4_XS's kernel took its terms this
+ * way before they were stored negated (a negation in a register forced it)
+ * and keeps it; Q4_K's and Q5_K's mins, few per product, take a broadcast
+ * load (a register gained nothing there). Measurements:
+ * docs/kernel-tuning.md#x16-term-broadcast */
 LI_INLINE __m512i term_bcast(int32_t t) {
 #if defined(__GNUC__)
     __asm__("" : "+r"(t));
@@ -250,8 +209,8 @@ LI_INLINE __m512i block_sum(const __m512i lo[4], const __m512i hi[4], const int8
 }
 
 /* Every kernel takes one group at a time, in order (stream_hint above for
- * the 32-value blocks; the super-block kernels, read side by side, fell from
- * 25 to 17 GB/s on Q4_K). */
+ * the 32-value blocks): groups read side by side make several streams, which
+ * read slower than one (docs/kernel-tuning.md#x16-one-group-at-a-time). */
 
 /* lane c: the group's 16 rows against activation row c, to y + c * ys */
 LI_INLINE void store_cols(float *y, size_t ys, const __m512 acc[NC], const int nc, int nr) {
@@ -262,9 +221,8 @@ LI_INLINE void store_cols(float *y, size_t ys, const __m512 acc[NC], const int n
  * (256 bytes), for Q5_0 a chunk of fifth bits, then the block's 16 scales ---- */
 
 /* Q4_0's decode hints into L2 (li_x16_stream: Intel) lead by half the L1
- * hints' bytes: the 1B Q4_0 at 1 thread 21.5-21.9 tokens/s against
- * 19.9-20.7 at 6 KiB (4 of 4 pairs, fresh processes alternating), even at
- * 2 threads (2 of 4). Q5_0, untested so, keeps L1_LEAD_32. */
+ * hints' bytes, which Q4_0 decoded faster with on Intel; Q5_0, not measured
+ * so, keeps L1_LEAD_32. Measurements: docs/kernel-tuning.md#x16-q4_0-l2-lead */
 #define Q4_0_L2_LEAD (L1_LEAD_32 / 2)
 
 LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
@@ -322,14 +280,9 @@ LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
 /* ---- Q8_0: per block, 8 chunks of q + 128 (512 bytes), then its 16 scales ---- */
 
 /* Q8_0's decode hints into L2 (li_x16_stream: Intel) lead by twice the L1
- * hints' bytes: the 1B Q8_0 at 1 thread 13.0-13.2 tokens/s against
- * 11.9-12.6 at 6 KiB (4 pairs, fresh processes alternating), +2.5% at 2.
- * Twice the lead changed nothing for the 1B Q4_0 (1 and 2 threads), and
- * half of it won 3-10% there but lost 9% on SmolLM2's Q4_1 at 2 threads
- * (two runs each), so the others keep L1_LEAD_32. bench/compare.py's
- * fresh processes, interleaved with llama-bench, did not separate the two
- * (12.6 tokens/s, 3 runs, after; 12.8, 4 runs, before): that host's
- * memory moved by 10-20% from one minute to the next. */
+ * hints' bytes, which Q8_0 decoded faster with on Intel; the other types
+ * gained nothing from it and keep L1_LEAD_32. Measurements:
+ * docs/kernel-tuning.md#x16-q8_0-l2-lead */
 #define Q8_0_L2_LEAD (2 * L1_LEAD_32)
 
 LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
@@ -410,12 +363,10 @@ LI_INLINE void q5_K_values(const uint8_t *si, const __m512i h0, const __m512i h1
 }
 
 /* unpacked (a constant): read the group's values from vals, as
- * x16_unpack_q5_K left them (Q5_K only), instead of from g. It was once
- * `vals != NULL`, known only at run time in the x16u entries: GCC kept both
- * ways to the values there, with a branch per chunk and registers given to
- * the unused one, and the Q5_K prefill kernel alone ran at 553 GOP/s
- * against 737 with the constant (k = 2048, 4 columns a call, in L1); a
- * 1-thread pp512 of the 1B Q5_K_M +1.6%, IQ4_XS and Q6_K +1.5-1.8%. */
+ * x16_unpack_q5_K left them (Q5_K only), instead of from g. A constant, not
+ * `vals != NULL` at run time: with the run-time test GCC kept both ways to
+ * the values, with a branch per chunk and registers given to the unused
+ * one. Measurements: docs/kernel-tuning.md#x16-unpacked-constant */
 LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
                         const int32_t *terms, float *y, size_t ys, int nr, const int five) {
     const int sb_bytes = five ? LI_X16_SB_Q5_K : LI_X16_SB_Q4_K; /* sc and mn 192, d and dmin 64, then the values */
@@ -427,32 +378,21 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
         const uint8_t *sb = g + (size_t)s * (size_t)sb_bytes;
         /* sc [8 sub-blocks][16], mn [4 pairs][16][2] as bytes: unpacked, from
          * vals (li_x16_unpack_fn left them there once for the group), else
-         * worked out here from the super-block's first lines. Worked out a
-         * super-block ahead instead (s + 1's while s is multiplied), the 1B
-         * Q4_K_M decoded 7.7% slower at 1 thread (8/8, one process
-         * alternating blocks of 48 tokens). */
+         * worked out here from the super-block's first lines (a super-block
+         * ahead decoded slower: docs/kernel-tuning.md#x16-k45). */
         scale_bytes own;
         if (!unpacked) six_bits(sb, own.v);
         const uint8_t *scm = unpacked ? vals + unpacked_scales(nb * QK_K, s) : own.b;
         if (unpacked || l2_hints(nc, near)) ahead(sb, sb_bytes, PREFETCH_AHEAD_K);
         /* the super-block two on into L1 (in the group, or in the group a
          * share reads next), or the next one while the team's two threads
-         * share a core (li_x16_near). Hinted at the one about to be read,
-         * the lines came too late: the 1B Q4_K_M and Q5_K_M decode 2.9-3.7%
-         * slower at 1 and 2 threads than one ahead (fresh processes
-         * alternating, 4 pairs each). Two ahead against one, in one process
-         * alternating blocks of 64 tokens (scratch knobs, pairs faster /
-         * all): 1 thread Q4_K_M +2.9% (16/16), Q5_K_M +3.1% (16/16); 2
-         * threads Q4_K_M +2.1% with the CPUs on cores apart (24/28), -2.0%
-         * on one core's hyperthreads (4/12), where each thread goes at half
-         * the pace and the same lead in bytes is twice as long in time.
-         * Three ahead lost 1.3% at 1 thread (1/12) and four 2.6% at 2
-         * (3/24). IQ4_XS and Q6_K lead by about as many bytes.
-         * A quarter of the lines at the start of each pair of sub-blocks
-         * (below), not all of them at the super-block's start: in one
-         * process alternating blocks of 48 tokens, Q5_K_M +2.7% at 1
-         * thread (8/8) and +2.5% at 2 near (8/8), Q4_K_M +1.4% at 1 (7/8)
-         * and even at 2 (4/8). */
+         * share a core (li_x16_near), where each thread goes at half the
+         * pace and the same lead in bytes is twice as long in time: nearer,
+         * the lines came too late; further ahead decoded slower.
+         * IQ4_XS and Q6_K lead by about as many bytes. A quarter of the
+         * lines at the start of each pair of sub-blocks (below), not all of
+         * them at the super-block's start, spreads the hints through the
+         * loads. Measurements: docs/kernel-tuning.md#x16-k45 */
         const int l1_lead = (near ? 1 : 2) * sb_bytes, quarter = sb_bytes / 4;
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
@@ -523,22 +463,12 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
         const uint8_t *sb = g + (size_t)s * LI_X16_SB_Q6_K;
         /* Unlike the other super-block kernels, this one ignores
          * li_x16_near: with the team's two threads on one core's
-         * hyperthreads, decoding as it does apart (no L2 hints, the L1 lead
-         * below) against the half super-block lead and L2 hints it once
-         * took there, in one process alternating blocks of 32 tokens, pairs
-         * kept only while the barrier read near (faster / all): the 1B Q6_K
-         * +7.3% (10/10) and +12.1% (14/14), its Q4_K_M (30% Q6_K bytes)
-         * +2.3% (6/10). Each half of the change alone: +2.2% (no L2 hints,
-         * 8/10) and +1.7% (the longer lead, 7/10). */
+         * hyperthreads it decodes faster as it does apart (no L2 hints, the
+         * L1 lead below). Measurements: docs/kernel-tuning.md#x16-q6_k */
         if (unpacked || l2_hints(nc, 0)) ahead(sb, LI_X16_SB_Q6_K, PREFETCH_AHEAD_K);
-        /* one and a half super-blocks ahead (k45_cols's lead in bytes), in
-         * one process alternating blocks of 64 tokens, 1 thread: +3.6%
-         * against half a super-block (11/12), and one and a half +2.2%
-         * against one (11/12), two -3.8% against one and a half (1/12); 2
-         * threads, one and a half against half: +7.3% with the CPUs apart
-         * (27/27). A quarter of the lines every 4 groups (below), as
-         * k45_cols spreads them: +1.5% and +2.5% at 1 thread (5/8, 6/8),
-         * +2.0% at 2 near (7/8) */
+        /* one and a half super-blocks ahead (k45_cols's lead in bytes),
+         * a quarter of the lines every 4 groups (below), as k45_cols spreads
+         * them (docs/kernel-tuning.md#x16-q6_k) */
         const int l1_lead = 5088;
         const act_q8_K *a[NC];
         UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
@@ -556,9 +486,8 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
                 const int8_t *q = a[c]->qs + 16 * gi;
                 /* the offset's term (negated): with several columns it starts
                  * the first chain (term_bcast); decode, with one, has fewer
-                 * chains to overlap, and a chain that waited for the term's
-                 * load ran 1-2.5% slower (1B Q6_K, 1 thread): there it is
-                 * added after the sum */
+                 * chains to overlap, and a chain that waits for the term's
+                 * load runs slower: there it is added after the sum */
                 const int32_t term = terms[(c * nb + s) * 16 + gi];
                 __m512i t0 = dpb(nc > 1 ? term_bcast(term) : _mm512_setzero_si512(), u[0], q);
                 __m512i t1 = dpb(_mm512_setzero_si512(), u[1], q + 4);
@@ -583,9 +512,7 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
  * (vpmulld) adds into the super-block's integer sum, and scalar_iq.c's one
  * acc = fma(isum, d * dx, acc) follows. With Q8_0 activations each block
  * took a conversion, a multiply and an fma, which share the pipes vpdpbusd
- * needs: over unpacked values (k = 2048 and 8192, 512 rows) the prefill
- * kernel went from 328 and 343 GOP/s (70-73% of the int8 peak) to 345 and
- * 366 (vpmulld costs most of what the float steps did). ---- */
+ * needs (docs/kernel-tuning.md#x16-iq4_xs). ---- */
 
 /* block b's levels + 128 from its 4 chunks of indices at p: lo[j] values
  * 4j.., hi[j] values 16 + 4j.. */
@@ -624,12 +551,9 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * LI_X16_SB_IQ4_XS;
         if (unpacked || l2_hints(nc, near)) ahead(sb, LI_X16_SB_IQ4_XS, PREFETCH_AHEAD_K);
-        /* two ahead, one near, as k45_cols. One ahead against none: +4.4%
-         * at 2 threads, +10.8% at 1 (fresh processes alternating); two
-         * against one, in one process: 1 thread +3.1% (12/12), 2 threads
-         * near -1.4% (14/36). Spread as k45_cols spreads them, a quarter
-         * of the lines every 2 blocks: -0.9% at 1 thread (2/8), -2.1% at 2
-         * (3/8), so all of them here */
+        /* two ahead, one near, as k45_cols, but all of the lines at the
+         * super-block's start: spread as k45_cols spreads them, they were
+         * slower here (docs/kernel-tuning.md#x16-iq4_xs) */
         if (nc == 1 && !unpacked) stream_l1_at(sb, LI_X16_SB_IQ4_XS, (near ? 1 : 2) * LI_X16_SB_IQ4_XS);
         scale_bytes lsb; /* ls - 32 [8 blocks][16]: unpacked, from vals */
         if (!unpacked) iq4_xs_scales(sb, lsb.v);
@@ -711,9 +635,9 @@ X16_ENTRY(iq4_xs, IQ4_XS_CALL)
  * A prefill call takes at most LI_X16_NC activation rows, so a group met n
  * rows n / 4 times, and the types whose values take the most work to unpack
  * (Q5_K's fifth bits, Q6_K's two planes, IQ4_XS's level lookups) spent it
- * that often: Q6_K's kernel ran at 235-240 GOP/s against 280-305 with the
- * values unpacked once per group into 16 bytes per column (k = 2048, 512
- * rows). The unpacked values are the same bytes, so the sums are too. */
+ * that often; they unpack once per group instead
+ * (docs/kernel-tuning.md#x16-unpack-once). The unpacked values are the same
+ * bytes, so the sums are too. */
 
 /* super-block s's scales, nv vectors of bytes, where the unpacked layout keeps them */
 LI_INLINE void put_scale_bytes(uint8_t *vals, int64_t k, int64_t s, const __m512i *v, const int nv) {
