@@ -296,25 +296,37 @@ def _unloadable_types(g) -> list:
             f"kernels for {name}" for name, names in sorted(by_type.items())]
 
 
+def _progress(label, unit):
+    """progress(done, total) for a long operation: on a terminal one bar on
+    stderr, redrawn in place as the percentage moves; otherwise (a log file)
+    a plain line at each tenth. unit "MB": done and total are bytes."""
+    shown = [-1]
+    tty = sys.stderr.isatty()
+    count = (lambda n: f"{n / 1e6:.0f}") if unit == "MB" else str
+
+    def progress(done, total):
+        pct = 100 * done // max(1, total)
+        step = pct if tty else pct // 10 * 10
+        if step == shown[0]:
+            return
+        shown[0] = step
+        if tty:
+            bar = "#" * (pct // 4)
+            end = "\n" if done >= total else ""
+            sys.stderr.write(f"\r{label} [{bar:<25}] {count(done)}/{count(total)} {unit} {pct:3d}%{end}")
+        else:
+            sys.stderr.write(f"{label}: {count(done)}/{count(total)} {unit} ({pct}%)\n")
+        sys.stderr.flush()
+
+    return progress
+
+
 def _check_weights(g) -> int:
     """info --check: dequantize every tensor looking for NaN/inf; 1 if any."""
     from llminfer.numerics import scan_weights
 
-    shown = [-1]
-
-    def progress(done, total):
-        if not sys.stderr.isatty():
-            return
-        pct = 100 * done // max(1, total)
-        if pct != shown[0]:
-            shown[0] = pct
-            bar = "#" * (pct // 4)
-            sys.stderr.write(f"\rchecking weights [{bar:<25}] {pct:3d}%")
-            sys.stderr.flush()
-
+    progress = _progress("checking weights", "MB")
     bad, skipped = scan_weights(g, progress)
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")
     for name in skipped:
         print(f"  not checked: {name} (a type llminfer cannot dequantize)")
     for b in bad:
@@ -383,7 +395,8 @@ def cmd_chat(a):
 def cmd_quantize(a):
     from llminfer.quantize_model import quantize_model
 
-    quantize_model(hub.resolve(a.model), a.output, a.type, a.threads, log=_err)
+    quantize_model(hub.resolve(a.model), a.output, a.type, a.threads, log=_err,
+                   progress=_progress(f"quantizing to {a.type}", "tensors"), allow_requantize=a.allow_requantize)
     return 0
 
 
@@ -509,13 +522,17 @@ def build_parser():
 
     from llminfer.quantize_model import PRESETS
 
-    z = command("quantize", "requantize a model with llminfer's quantizers",
-                "llminfer quantize -m model-f16.gguf -o model-q4_k_m.gguf --type Q4_K_M")
-    z.add_argument("-m", "--model", required=True, metavar="MODEL", help="the model to requantize")
+    z = command("quantize", "quantize a model with llminfer's quantizers, as llama-quantize",
+                "llminfer quantize -m model-f16.gguf -o model-q4_k_m.gguf --type Q4_K_M",
+                "llminfer quantize -m model-Q8_0.gguf -o model-q4_0.gguf --type Q4_0 --allow-requantize")
+    z.add_argument("-m", "--model", required=True, metavar="MODEL", help="the model to quantize")
     z.add_argument("-o", "--output", required=True, help="the GGUF file to write")
     z.add_argument("--type", required=True, type=str.upper, choices=PRESETS, help="the quantization preset")
     z.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N",
                    help="threads (None: the physical cores)")
+    z.add_argument("--allow-requantize", action="store_true",
+                   help="quantize a model whose weights are already quantized (each pass adds its rounding "
+                        "error; quantize the F16/BF16/F32 original when you have it)")
     z.set_defaults(func=cmd_quantize)
 
     v = command("serve", "an OpenAI-compatible HTTP server with continuous batching: /v1/completions, "

@@ -7,6 +7,7 @@ llminfer.perplexity, GGUFFile), which tests/test_llm.py checks on its own.
 """
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -485,3 +486,53 @@ def test_info_names_the_types_it_cannot_load(capsys, tmp_path):
     assert "cannot load: 1 tensor(s) of type NVFP4 (e.g. blk.0.ffn_up.weight)" in out
     code, out, _ = run_main(capsys, "info", "-m", write_model(tmp_path / "ok.gguf", TinyConfig(qtype="IQ4_XS")))
     assert code == 0 and "cannot load" not in out
+
+
+# ---------------------------------------------------------------- issue 54: what Ollama and llama.cpp users expect
+
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_quantize_refuses_to_requantize_without_the_flag(capsys, float_model, tmp_path):
+    """As llama-quantize: a model whose weights are already quantized is
+    refused (one line naming --allow-requantize), unless the flag is given."""
+    q8 = tmp_path / "q8.gguf"
+    assert run_main(capsys, "quantize", "-m", float_model, "-o", q8, "--type", "Q8_0")[0] == 0
+    q4 = tmp_path / "q4.gguf"
+    code, _, err = run_main(capsys, "quantize", "-m", q8, "-o", q4, "--type", "Q4_0")
+    assert code == 1
+    assert_one_line_error(err, "already quantized", "Q8_0", "--allow-requantize")
+    assert not q4.exists()
+    code, _, err = run_main(capsys, "quantize", "-m", q8, "-o", q4, "--type", "Q4_0", "--allow-requantize")
+    assert code == 0 and q4.exists()
+    with GGUFFile(q4) as g:
+        assert g.tensors["blk.0.attn_q.weight"].type_name == "Q4_0"
+
+
+def test_quantize_shows_one_progress_bar(capsys, float_model, tmp_path, monkeypatch):
+    """Progress is tensors done / total on stderr: one bar redrawn in place on
+    a terminal, a plain line at each tenth otherwise; not a line per tensor."""
+    with GGUFFile(float_model) as g:
+        n = len(g.tensors)
+    code, out, err = run_main(capsys, "quantize", "-m", float_model, "-o", tmp_path / "a.gguf", "--type", "Q8_0")
+    assert code == 0 and out == ""
+    lines = err.strip().splitlines()
+    steps = [line for line in lines if line.startswith("quantizing to Q8_0: ")]
+    assert steps[-1] == f"quantizing to Q8_0: {n}/{n} tensors (100%)"
+    assert 2 <= len(steps) <= 11 and len(lines) == len(steps) + 1 and lines[-1].startswith("wrote ")
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert cli.main(["quantize", "-m", str(float_model), "-o", str(tmp_path / "b.gguf"), "--type", "Q8_0"]) == 0
+    text = term.getvalue()
+    bar, rest = text.split("\n", 1)
+    draws = bar.split("\r")[1:]
+    assert bar.startswith("\r") and len(draws) >= 2
+    assert all(re.fullmatch(r"quantizing to Q8_0 \[#*\s*\] \d+/\d+ tensors +\d+%", d) for d in draws), draws
+    assert draws[-1].endswith(f"{n}/{n} tensors 100%")
+    assert rest.startswith("wrote ") and rest.count("\n") == 1
