@@ -52,6 +52,16 @@ def _non_negative_int(text):
     return v
 
 
+def _port(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {text!r}") from None
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {v}")
+    return v
+
+
 def _int_list(text, least=1):
     try:
         vals = [int(v) for v in text.split(",") if v.strip()]
@@ -542,7 +552,8 @@ def build_parser():
     v.add_argument("-m", "--model", default=hub.DEFAULT_MODEL,
                    help=f"GGUF path or known model name (default: {hub.DEFAULT_MODEL})")
     v.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    v.add_argument("--port", type=_positive_int, default=8000, help="TCP port to listen on")
+    v.add_argument("--port", type=_port, default=8000,
+                   help="TCP port to listen on (1-65535; taken before the model loads, so a port in use fails at once)")
     v.add_argument("-t", "--threads", type=_positive_int, default=None,
                    help="threads for the native kernels (default: physical cores)")
     v.add_argument("-c", "--ctx-size", type=_positive_int, default=4096, help="most tokens of one request")

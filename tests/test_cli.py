@@ -536,3 +536,54 @@ def test_quantize_shows_one_progress_bar(capsys, float_model, tmp_path, monkeypa
     assert all(re.fullmatch(r"quantizing to Q8_0 \[#*\s*\] \d+/\d+ tensors +\d+%", d) for d in draws), draws
     assert draws[-1].endswith(f"{n}/{n} tensors 100%")
     assert rest.startswith("wrote ") and rest.count("\n") == 1
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_rejects_a_port_out_of_range(capsys, tmp_path):
+    for port in ("70000", "0", "-1", "http"):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["serve", "-m", str(tmp_path / "never-loaded.gguf"), "--port", port])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "usage:" in err and "1-65535" in err and "Traceback" not in err
+
+
+def test_serve_checks_the_port_before_loading_the_model(capsys, tmp_path):
+    """A port in use fails at once, before the model loads: here the model
+    does not even exist, and the error is about the port."""
+    import socket
+
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, _, err = run_main(capsys, "serve", "-m", tmp_path / "missing.gguf", "--port", port)
+    assert code == 1
+    assert_one_line_error(err, f"127.0.0.1:{port}", "in use", "--port")
+    assert "missing.gguf" not in err
+
+
+def test_serve_logs_model_context_threads_and_url(capsys, tiny, monkeypatch):
+    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    served = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: served.append(
+        [s.getsockname() for s in sockets]))
+    port = _free_port()
+    code, _, err = run_main(capsys, "serve", "-m", tiny, "--port", port, "-t", 1, "-c", 128)
+    assert code == 0 and len(served) == 1
+    # uvicorn is handed the socket taken before the model loaded
+    assert served[0] == [("127.0.0.1", port)]
+    assert re.search(rf"model {re.escape(str(tiny))}\b", err)
+    assert re.search(r"context: 128 tokens", err)
+    assert re.search(r"threads: 1\b", err)
+    assert f"http://127.0.0.1:{port}" in err
