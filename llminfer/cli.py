@@ -19,6 +19,7 @@
 MODEL is a .gguf path, a known model name (`llminfer pull --list`), or
 hf://ORG/REPO/FILE.gguf (fetched through huggingface_hub's cache).
 Generated text goes to stdout; progress, timings and errors to stderr.
+docs/cli.md says how the commands behave, for users of Ollama and llama.cpp.
 """
 
 from __future__ import annotations
