@@ -703,6 +703,7 @@ def build_parser():
                  "llminfer rm gemma3-270m", "llminfer rm hf://ORG/REPO/model.gguf", "llminfer rm hf://ORG/REPO")
     rm.add_argument("name", help="a known model name, hf://ORG/REPO/FILE (that file) or hf://ORG/REPO (all of it)")
     rm.set_defaults(func=cmd_rm)
+    p.commands = sub.choices  # each command's parser, for main's usage errors
     return p
 
 
@@ -729,7 +730,7 @@ def main(argv=None) -> int:
         if a.command == "run" and not any(x.startswith("-") for x in extra):
             a.args = list(a.args) + extra
         else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            parser.commands[a.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if a.command == "bench":
         from llminfer.system import default_threads
 
