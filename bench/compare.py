@@ -291,7 +291,7 @@ def default_models():
             from llminfer.quantize_model import quantize_model
 
             print(f"making {out} with llminfer's quantizer", file=sys.stderr)
-            quantize_model(smol, out, preset)
+            quantize_model(smol, out, preset, allow_requantize=True)
         models.append(out)
     models.append(str(hub.pull("gemma3-270m")))
     return models

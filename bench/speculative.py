@@ -126,7 +126,7 @@ def requantized(src: str, cache: Path, qtype: str = "Q4_0") -> str:
     if not out.exists():
         cache.mkdir(parents=True, exist_ok=True)
         print(f"# quantizing {src} to {out}", file=sys.stderr, flush=True)
-        quantize_model(src, str(out), qtype, None, log=lambda m: None)
+        quantize_model(src, str(out), qtype, None, allow_requantize=True)
     return str(out)
 
 

@@ -1,8 +1,10 @@
 """The `llminfer` command: llama.cpp-style flags over the Python API.
 
-    llminfer run -m smollm2-135m-instruct -p "Once upon a time" -n 64
+    llminfer run smollm2-135m-instruct "Why is the sky blue?"    (as `ollama run`)
+    llminfer run gemma3-270m "Once upon a time" -n 64
+    cat notes.txt | llminfer run smollm2-135m-instruct          (the prompt from stdin)
     llminfer run -m MODEL -f code.txt --spec ngram --temp 0     (speculative decoding)
-    llminfer chat -m smollm2-135m-instruct --system "Be brief."
+    llminfer chat smollm2-135m-instruct --system "Be brief."
     llminfer tokenize -m MODEL "Hello world"
     llminfer perplexity -m MODEL -f text.txt -c 512
     llminfer bench -m MODEL -p 512 -n 128 -t 1,2 -o md
@@ -17,6 +19,7 @@
 MODEL is a .gguf path, a known model name (`llminfer pull --list`), or
 hf://ORG/REPO/FILE.gguf (fetched through huggingface_hub's cache).
 Generated text goes to stdout; progress, timings and errors to stderr.
+docs/cli.md says how the commands behave, for users of Ollama and llama.cpp.
 """
 
 from __future__ import annotations
@@ -52,6 +55,16 @@ def _non_negative_int(text):
     return v
 
 
+def _port(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {text!r}") from None
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {v}")
+    return v
+
+
 def _int_list(text, least=1):
     try:
         vals = [int(v) for v in text.split(",") if v.strip()]
@@ -67,9 +80,16 @@ def _int_list0(text):
     return _int_list(text, least=0)
 
 
-def _add_model(p, ctx_default=4096):
-    p.add_argument("-m", "--model", default=hub.DEFAULT_MODEL, metavar="MODEL",
-                   help="GGUF path, known model name or hf://ORG/REPO/FILE.gguf")
+def _add_model(p, ctx_default=4096, positional=False):
+    """The model and context flags; positional: MODEL may also come as the
+    first positional argument (as `ollama run MODEL`), so -m defaults to None."""
+    if positional:
+        p.add_argument("-m", "--model", default=None, metavar="MODEL",
+                       help=f"GGUF path, known model name or hf://ORG/REPO/FILE.gguf (None: the first "
+                            f"positional argument, else {hub.DEFAULT_MODEL})")
+    else:
+        p.add_argument("-m", "--model", default=hub.DEFAULT_MODEL, metavar="MODEL",
+                       help="GGUF path, known model name or hf://ORG/REPO/FILE.gguf")
     p.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N",
                    help="threads for the native kernels (None: the physical cores)")
     p.add_argument("-c", "--ctx-size", type=_positive_int, default=ctx_default, metavar="N",
@@ -155,23 +175,106 @@ def _print_timings(t):
 
 # ---- commands ----
 
-def cmd_run(a):
-    if a.file:
+def _model_and_words(a, words) -> list:
+    """Set a.model from the first positional argument when -m is not given
+    (`llminfer run MODEL PROMPT...`); the words left."""
+    words = list(words or [])
+    if a.model is None:
+        a.model = words.pop(0) if words else hub.DEFAULT_MODEL
+    return words
+
+
+def _read_stdin() -> str:
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LLMInferError(f"standard input is not UTF-8 text: {e.reason} at byte {e.start}") from None
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return sys.stdin is None or sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _run_prompt(a):
+    """The prompt of `run`: the words after MODEL, -p, -f FILE (- for stdin),
+    or else standard input when it is not a terminal; None when there is
+    none (a terminal: run chats)."""
+    words = _model_and_words(a, a.args)
+    given = [x for x in (" ".join(words) if words else None, a.prompt, a.file) if x is not None]
+    if len(given) > 1:
+        raise LLMInferError("give the prompt one way: after MODEL, with -p TEXT, or with -f FILE")
+    if a.file == "-":
+        prompt = _read_stdin()
+    elif a.file is not None:
         prompt = _read_text(a.file)
-    elif a.prompt is not None:
-        prompt = a.prompt
+    elif given:
+        prompt = given[0]
+    elif not _stdin_is_terminal():
+        prompt = _read_stdin()
+        if not prompt.strip():
+            raise LLMInferError("the prompt is empty: standard input held no text; give a prompt after MODEL, "
+                                "with -p TEXT or with -f FILE")
     else:
-        raise LLMInferError("give a prompt with -p TEXT or -f FILE")
+        return None
+    return prompt
+
+
+def _has_template(llm) -> bool:
+    from llminfer.chat import GGUF_TEMPLATE_KEY
+
+    return bool(llm.metadata.get(GGUF_TEMPLATE_KEY))
+
+
+def _ended_at_once(result, chat) -> None:
+    """Say why a reply is empty, instead of printing an empty line."""
+    if result.tokens:
+        _err("llminfer: the reply is empty: a --stop text came first")
+        return
+    hint = ("; try another prompt, or --raw to continue the text without the chat template" if chat else
+            "; try another prompt, or sampling (--temp) to draw another first token")
+    _err(f"llminfer: the model ended its reply at once (end-of-generation token){hint}")
+
+
+def cmd_run(a):
+    prompt = _run_prompt(a)
     with _load(a) as llm:
-        stream = llm.complete(prompt, max_tokens=a.n_predict, stop=a.stop or None, stream=True,
-                              **_sampling_kwargs(a))
+        chat = not a.raw and _has_template(llm)
+        if prompt is None:
+            if chat:  # `ollama run MODEL` on a terminal: a conversation
+                from llminfer.chat_repl import repl
+
+                return repl(llm, system=a.system, max_tokens=a.n_predict, sampling=_sampling_kwargs(a))
+            raise LLMInferError("give a prompt after MODEL, with -p TEXT, -f FILE, or on standard input "
+                                f"({llm.model_path.name} has no chat template to chat with)")
+        if a.system is not None and not chat:
+            raise LLMInferError("--system needs a model with a chat template (and no --raw)")
+        if chat:
+            messages = ([{"role": "system", "content": a.system}] if a.system else []) + \
+                       [{"role": "user", "content": prompt}]
+            stream = llm.chat_completion(messages, max_tokens=a.n_predict, stop=a.stop or None, stream=True,
+                                         **_sampling_kwargs(a))
+        else:
+            stream = llm.complete(prompt, max_tokens=a.n_predict, stop=a.stop or None, stream=True,
+                                  **_sampling_kwargs(a))
         if a.echo:
-            sys.stdout.write(prompt)
+            sys.stdout.write(prompt if prompt.endswith("\n") or not chat else prompt + "\n")
         for piece in stream:
             sys.stdout.write(piece)
             sys.stdout.flush()
-        sys.stdout.write("\n")
-        _print_timings(stream.result.timings)
+        result = stream.result
+        empty = not result.text and a.n_predict > 0 and result.finish_reason == "stop"
+        if not empty or a.echo:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        if empty:
+            _ended_at_once(result, chat)
+        _print_timings(result.timings)
     return 0
 
 
@@ -296,25 +399,37 @@ def _unloadable_types(g) -> list:
             f"kernels for {name}" for name, names in sorted(by_type.items())]
 
 
+def _progress(label, unit):
+    """progress(done, total) for a long operation: on a terminal one bar on
+    stderr, redrawn in place as the percentage moves; otherwise (a log file)
+    a plain line at each tenth. unit "MB": done and total are bytes."""
+    shown = [-1]
+    tty = sys.stderr.isatty()
+    count = (lambda n: f"{n / 1e6:.0f}") if unit == "MB" else str
+
+    def progress(done, total):
+        pct = 100 * done // max(1, total)
+        step = pct if tty else pct // 10 * 10
+        if step == shown[0]:
+            return
+        shown[0] = step
+        if tty:
+            bar = "#" * (pct // 4)
+            end = "\n" if done >= total else ""
+            sys.stderr.write(f"\r{label} [{bar:<25}] {count(done)}/{count(total)} {unit} {pct:3d}%{end}")
+        else:
+            sys.stderr.write(f"{label}: {count(done)}/{count(total)} {unit} ({pct}%)\n")
+        sys.stderr.flush()
+
+    return progress
+
+
 def _check_weights(g) -> int:
     """info --check: dequantize every tensor looking for NaN/inf; 1 if any."""
     from llminfer.numerics import scan_weights
 
-    shown = [-1]
-
-    def progress(done, total):
-        if not sys.stderr.isatty():
-            return
-        pct = 100 * done // max(1, total)
-        if pct != shown[0]:
-            shown[0] = pct
-            bar = "#" * (pct // 4)
-            sys.stderr.write(f"\rchecking weights [{bar:<25}] {pct:3d}%")
-            sys.stderr.flush()
-
+    progress = _progress("checking weights", "MB")
     bad, skipped = scan_weights(g, progress)
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")
     for name in skipped:
         print(f"  not checked: {name} (a type llminfer cannot dequantize)")
     for b in bad:
@@ -376,6 +491,10 @@ def cmd_rm(a):
 def cmd_chat(a):
     from llminfer.chat_repl import repl
 
+    if a.args is not None and a.model is not None:
+        raise LLMInferError(f"give the model once: {a.args!r} and -m {a.model!r}")
+    _model_and_words(a, [a.args] if a.args is not None else [])
+
     with _load(a, chat_format=a.chat_format) as llm:
         return repl(llm, system=a.system, max_tokens=a.n_predict, sampling=_sampling_kwargs(a))
 
@@ -383,7 +502,8 @@ def cmd_chat(a):
 def cmd_quantize(a):
     from llminfer.quantize_model import quantize_model
 
-    quantize_model(hub.resolve(a.model), a.output, a.type, a.threads, log=_err)
+    quantize_model(hub.resolve(a.model), a.output, a.type, a.threads, log=_err,
+                   progress=_progress(f"quantizing to {a.type}", "tensors"), allow_requantize=a.allow_requantize)
     return 0
 
 
@@ -417,8 +537,8 @@ def build_parser():
 
     p = argparse.ArgumentParser(prog="llminfer", description="Run GGUF language models on the CPU.",
                                 formatter_class=_Help, epilog=_examples(
-                                    "llminfer run -p 'Once upon a time' -n 64",
-                                    "llminfer chat -m gemma3-270m",
+                                    "llminfer run smollm2-135m-instruct 'Why is the sky blue?'",
+                                    "llminfer chat smollm2-135m-instruct",
                                     "llminfer pull hf://ORG/REPO/model-Q4_K_M.gguf",
                                     "llminfer bench -m model.gguf -t 1,2"))
     p.add_argument("--version", action="version", version=f"llminfer {__version__}")
@@ -428,12 +548,22 @@ def build_parser():
         return sub.add_parser(name, help=help, description=help, formatter_class=_Help,
                               epilog=_examples(*examples))
 
-    r = command("run", "generate text after a prompt, streamed to stdout",
-                "llminfer run -p 'The capital of France is' -n 16 --temp 0",
-                "llminfer run -m model.gguf -f prompt.txt --stop '\\n\\n'")
-    _add_model(r)
+    r = command("run", "answer a prompt, streamed to stdout: through the model's chat template when it has "
+                       "one (an instruct model), else as a continuation of the text",
+                "llminfer run smollm2-135m-instruct 'Why is the sky blue?'",
+                "llminfer run gemma3-270m 'The capital of France is' -n 16 --temp 0",
+                "echo 'Summarize: ...' | llminfer run smollm2-135m-instruct",
+                "llminfer run model.gguf -f prompt.txt --raw --stop '\\n\\n'",
+                "llminfer run smollm2-135m-instruct          (no prompt, on a terminal: a chat)")
+    r.add_argument("args", nargs="*", metavar="MODEL [PROMPT ...]",
+                   help="the model, then the prompt (its words are joined with spaces); with -m, all are the "
+                        "prompt; no prompt: standard input when it is not a terminal, else a chat")
+    _add_model(r, positional=True)
     r.add_argument("-p", "--prompt", help="the prompt")
-    r.add_argument("-f", "--file", help="read the prompt from this file")
+    r.add_argument("-f", "--file", help="read the prompt from this file (- for standard input)")
+    r.add_argument("--raw", action="store_true",
+                   help="continue the prompt as plain text, without the model's chat template")
+    r.add_argument("--system", help="system message (models with a chat template)")
     r.add_argument("-n", "--n-predict", type=_non_negative_int, default=128, metavar="N",
                    help="most tokens to generate")
     r.add_argument("--stop", action="append", help="stop before this text (repeatable)")
@@ -442,9 +572,11 @@ def build_parser():
     _add_spec(r)
     r.set_defaults(func=cmd_run)
 
-    c = command("chat", "interactive chat in the terminal",
-                "llminfer chat --system 'Be brief.'", "llminfer chat -m model.gguf --chat-format chatml")
-    _add_model(c)
+    c = command("chat", "interactive chat in the terminal (/? lists its commands)",
+                "llminfer chat smollm2-135m-instruct --system 'Be brief.'",
+                "llminfer chat -m model.gguf --chat-format chatml")
+    c.add_argument("args", nargs="?", metavar="MODEL", help="the model (the same as -m)")
+    _add_model(c, positional=True)
     c.add_argument("--system", help="system message")
     c.add_argument("--chat-format", help="force a chat format: chatml, gemma or llama3 (None: the file's template)")
     c.add_argument("-n", "--n-predict", type=_non_negative_int, default=512, metavar="N",
@@ -509,13 +641,17 @@ def build_parser():
 
     from llminfer.quantize_model import PRESETS
 
-    z = command("quantize", "requantize a model with llminfer's quantizers",
-                "llminfer quantize -m model-f16.gguf -o model-q4_k_m.gguf --type Q4_K_M")
-    z.add_argument("-m", "--model", required=True, metavar="MODEL", help="the model to requantize")
+    z = command("quantize", "quantize a model with llminfer's quantizers, as llama-quantize",
+                "llminfer quantize -m model-f16.gguf -o model-q4_k_m.gguf --type Q4_K_M",
+                "llminfer quantize -m model-Q8_0.gguf -o model-q4_0.gguf --type Q4_0 --allow-requantize")
+    z.add_argument("-m", "--model", required=True, metavar="MODEL", help="the model to quantize")
     z.add_argument("-o", "--output", required=True, help="the GGUF file to write")
     z.add_argument("--type", required=True, type=str.upper, choices=PRESETS, help="the quantization preset")
     z.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N",
                    help="threads (None: the physical cores)")
+    z.add_argument("--allow-requantize", action="store_true",
+                   help="quantize a model whose weights are already quantized (each pass adds its rounding "
+                        "error; quantize the F16/BF16/F32 original when you have it)")
     z.set_defaults(func=cmd_quantize)
 
     v = command("serve", "an OpenAI-compatible HTTP server with continuous batching: /v1/completions, "
@@ -525,7 +661,8 @@ def build_parser():
     v.add_argument("-m", "--model", default=hub.DEFAULT_MODEL,
                    help=f"GGUF path or known model name (default: {hub.DEFAULT_MODEL})")
     v.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    v.add_argument("--port", type=_positive_int, default=8000, help="TCP port to listen on")
+    v.add_argument("--port", type=_port, default=8000,
+                   help="TCP port to listen on (1-65535; taken before the model loads, so a port in use fails at once)")
     v.add_argument("-t", "--threads", type=_positive_int, default=None,
                    help="threads for the native kernels (default: physical cores)")
     v.add_argument("-c", "--ctx-size", type=_positive_int, default=4096, help="most tokens of one request")
@@ -566,6 +703,7 @@ def build_parser():
                  "llminfer rm gemma3-270m", "llminfer rm hf://ORG/REPO/model.gguf", "llminfer rm hf://ORG/REPO")
     rm.add_argument("name", help="a known model name, hf://ORG/REPO/FILE (that file) or hf://ORG/REPO (all of it)")
     rm.set_defaults(func=cmd_rm)
+    p.commands = sub.choices  # each command's parser, for main's usage errors
     return p
 
 
@@ -586,7 +724,13 @@ def _stdout_gone():
 
 def main(argv=None) -> int:
     parser = build_parser()
-    a = parser.parse_args(argv)
+    a, extra = parser.parse_known_args(argv)
+    if extra:
+        # `run MODEL -n 16 PROMPT`: argparse ends the positionals at the first flag
+        if a.command == "run" and not any(x.startswith("-") for x in extra):
+            a.args = list(a.args) + extra
+        else:
+            parser.commands[a.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if a.command == "bench":
         from llminfer.system import default_threads
 

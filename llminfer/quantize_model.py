@@ -1,6 +1,7 @@
 """Requantize a GGUF model to another tensor type with our own quantizers.
 
-    llminfer quantize -m SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2.Q4_0.gguf --type Q4_0
+    llminfer quantize -m model-f16.gguf -o model.Q4_0.gguf --type Q4_0
+    llminfer quantize -m SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2.Q4_0.gguf --type Q4_0 --allow-requantize
 
 Every weight matrix is dequantized (exactly, as gguf's reference does) and
 quantized to the target; vectors (norms, biases) stay as they are. Presets
@@ -16,6 +17,10 @@ follow llama.cpp's naming:
   embedding) in Q6_K, as llama.cpp keeps it.
 A matrix whose rows are not a multiple of 256 falls back as llama.cpp's
 does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL).
+A model whose weights are already quantized is refused unless
+allow_requantize (llama-quantize's --allow-requantize): its weights carry
+the first quantization's error, which the second adds to; quantize the
+F16/BF16/F32 original instead.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ PRESETS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K
 _FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
                "Q4_K": 14, "Q4_K_M": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32}
 
+
+_UNQUANTIZED = (T.F32, T.F16, T.BF16, T.F64)
 
 _FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL}
 
@@ -92,9 +99,21 @@ def _copy_metadata(src: GGUFFile, w: gguf.GGUFWriter, preset: str):
         w.add_file_type(_FILE_TYPES[preset])  # llama-quantize always records it
 
 
-def quantize_model(src_path, dst_path, preset: str, n_threads=None, log=None) -> dict:
+def quantized_weights(src: GGUFFile) -> dict:
+    """{type name: count} of the weight matrices of src that are already in a
+    quantized type (empty for an F32/F16/BF16 model)."""
+    counts = {}
+    for info in src.tensors.values():
+        if len(info.shape) >= 2 and T(info.qtype) not in _UNQUANTIZED:
+            counts[T(info.qtype).name] = counts.get(T(info.qtype).name, 0) + 1
+    return counts
+
+
+def quantize_model(src_path, dst_path, preset: str, n_threads=None, log=None, progress=None,
+                   allow_requantize: bool = False) -> dict:
     """Write dst_path; returns {tensor name: type name} of what was written.
 
+    log(line): the closing line; progress(done, total): after each tensor.
     The file is written beside dst_path under a temporary name and renamed
     when complete, so a failure leaves no partial model behind."""
     preset = preset.upper()
@@ -106,9 +125,16 @@ def quantize_model(src_path, dst_path, preset: str, n_threads=None, log=None) ->
         raise InvalidArgumentError(f"the output {dst} is the input model; write to another file")
     t0 = time.perf_counter()
     with GGUFFile(src_path) as src:
+        already = quantized_weights(src)
+        if already and not allow_requantize:
+            kinds = ", ".join(f"{n} {name}" for name, n in sorted(already.items()))
+            raise InvalidArgumentError(
+                f"{src_path} is already quantized ({kinds} weight matrices): quantizing it again adds a second "
+                f"rounding error to the first; quantize its F16/BF16/F32 original instead, or pass "
+                f"--allow-requantize (allow_requantize=True) to do it anyway")
         partial = dst.with_name(dst.name + ".partial")
         try:
-            written = _write(src, partial, preset, n_threads, log)
+            written = _write(src, partial, preset, n_threads, progress)
             os.replace(partial, dst)
         finally:
             if partial.exists():
@@ -118,7 +144,7 @@ def quantize_model(src_path, dst_path, preset: str, n_threads=None, log=None) ->
     return written
 
 
-def _write(src: GGUFFile, dst_path, preset, n_threads, log) -> dict:
+def _write(src: GGUFFile, dst_path, preset, n_threads, progress) -> dict:
     arch = src.architecture
     n_layer = int(src.metadata.get(f"{arch}.block_count", 0))
     tied = "output.weight" not in src.tensors
@@ -127,12 +153,15 @@ def _write(src: GGUFFile, dst_path, preset, n_threads, log) -> dict:
     w = gguf.GGUFWriter(str(dst_path), arch)
     _copy_metadata(src, w, preset)
     written = {}
+    total = len(src.tensors)
     for i, (name, info) in enumerate(src.tensors.items()):
         qt = T(info.qtype)
         raw = np.ascontiguousarray(src.tensor_bytes(name))
         if len(info.shape) < 2:
             w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType(int(qt)))  # vectors keep their type
             written[name] = qt.name
+            if progress:
+                progress(i + 1, total)
             continue
         rows = int(np.prod(info.shape[:-1]))
         new = target_type(name, info.shape, preset, n_layer, tied)
@@ -143,8 +172,8 @@ def _write(src: GGUFFile, dst_path, preset, n_threads, log) -> dict:
             data = ops.quantize(values, new, n_threads=n_threads)
         w.add_tensor(name, data.reshape(rows, -1), raw_dtype=gguf.GGMLQuantizationType(int(new)))
         written[name] = new.name
-        if log:
-            log(f"[{i + 1}/{len(src.tensors)}] {name:<32} {qt.name:>5} -> {new.name:<5}")
+        if progress:
+            progress(i + 1, total)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

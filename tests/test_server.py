@@ -888,7 +888,10 @@ def test_serve_command_starts_and_stops(smollm2_path, tmp_path):
 def test_serve_command_refuses_bad_arguments(tmp_path, capsys):
     from llminfer.cli import main
 
-    assert main(["serve", "-m", str(tmp_path / "missing.gguf")]) == 1
+    with socket.socket() as s:  # a free port: serve binds it before it looks for the model
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["serve", "-m", str(tmp_path / "missing.gguf"), "--port", str(port)]) == 1
     assert "missing.gguf" in capsys.readouterr().err
     assert main(["serve", "-c", "1024", "--kv-pool-tokens", "512"]) == 1
     assert "--kv-pool-tokens 512 is less than --ctx-size 1024" in capsys.readouterr().err

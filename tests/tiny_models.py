@@ -112,11 +112,13 @@ def vocab():
     return tokens, types
 
 
-def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, extra_uint32=None) -> str:
+def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, extra_uint32=None,
+                extra_strings=None) -> str:
     """Write the model; declared_arch replaces general.architecture (and the
     metadata prefix), tensor_hook(name, data, qtype) may return None to drop a
     tensor or a replacement (data, qtype) to corrupt it. extra_uint32: more
-    metadata keys with integer values (FIM token ids, say)."""
+    metadata keys with integer values (FIM token ids, say); extra_strings:
+    with string values (tokenizer.chat_template, say)."""
     rng = np.random.default_rng(cfg.seed)
     tokens, types = vocab()
     n_vocab = len(tokens)
@@ -175,6 +177,8 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
     w.add_bool("tokenizer.ggml.add_bos_token", True)
     for key, value in (extra_uint32 or {}).items():
         w.add_uint32(key, value)
+    for key, value in (extra_strings or {}).items():
+        w.add_string(key, value)
 
     def add(name, data, t):
         if tensor_hook is not None:

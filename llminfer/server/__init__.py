@@ -38,10 +38,61 @@ def create_app(engine_args):
     return make(engine_args)
 
 
-def serve(engine_args, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"):
-    """Load the model and serve it with uvicorn until interrupted."""
+def bind(host: str, port: int):
+    """A TCP socket bound to (host, port), with SO_REUSEADDR as uvicorn
+    binds it; an LLMInferError saying why when the address cannot be had
+    (taken by another program, a privileged port, an unknown host)."""
+    import errno
+    import socket
+
+    from llminfer.errors import LLMInferError
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise LLMInferError(f"cannot listen on {host}:{port}: {host!r} is not an address of this machine "
+                            f"({e})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        why = {errno.EADDRINUSE: "the port is in use (another server?); choose another with --port",
+               errno.EACCES: "ports below 1024 need privileges; choose another with --port",
+               errno.EADDRNOTAVAIL: f"{host} is not an address of this machine"}.get(e.errno, e.strerror)
+        raise LLMInferError(f"cannot listen on {host}:{port}: {why}") from None
+    return sock
+
+
+def _url(host, port) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def serve(engine_args, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", log=None):
+    """Take the port, then load the model (a port in use fails at once, not
+    after the load), say what is served where (log(line); default: stderr),
+    and serve it with uvicorn until interrupted."""
     _need_deps()
+    import sys
+
     import uvicorn
 
-    app = create_app(engine_args)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    sock = bind(host, port)
+    try:
+        app = create_app(engine_args)
+        server = app.state.server
+        worker = server.engine if server.engine is not None else server.embedder
+        url = _url(host, port)
+        log(f"llminfer serve: model {worker.model_path} (clients name it {server.model_name!r})")
+        pool = server.args.kv_pool_tokens or 4 * server.args.n_ctx  # as _Server sizes it
+        log(f"  context: {server.n_ctx} tokens per request"
+            + (f", a KV pool of {pool} tokens for all of them" if server.engine is not None else ""))
+        log(f"  threads: {worker.n_threads}")
+        log(f"  listening on {url} (OpenAI API: {url}/v1)")
+        config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
