@@ -125,6 +125,7 @@ class Embedder(_Embedding):
                 self.spec = bert.build(self.gguf)
                 self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
                 self.desc = _core.EncoderDesc(self.spec)
+                self.desc.watch_faults(self.gguf.fault_token, self.gguf.path)
             except Exception:
                 self.gguf.close()
                 raise

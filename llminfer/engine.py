@@ -123,6 +123,7 @@ class Engine:
             self._tokenizer = None
             self.n_threads = n_threads
             self.desc = _core.ModelDesc(self.spec)
+            self.desc.watch_faults(self.gguf.fault_token, self.gguf.path)  # a truncation during a pass
             groups = [_core.layer_kv_group(self.desc, i) for i in range(self.spec.n_layer)]
             used = [FULL in groups, SWA in groups]
             window = max((L.sliding_window for L in self.spec.layers), default=0)

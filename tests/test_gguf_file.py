@@ -442,3 +442,105 @@ def test_string_blob_helpers_refuse_offsets_outside_the_blob():
             fn(blob, np.array([0, 4, 2, 6], dtype=np.int64))
         assert len(fn(blob, np.array([0, 2, 6], dtype=np.int64))) == 2
         assert len(fn(blob, np.zeros(0, dtype=np.int64))) == 0
+
+
+# ---- a mapped file truncated during a pass (csrc/fault.c) ----
+
+# The truncation lands after the pass's check_unchanged(), while the pass
+# runs: the test switches the check off to make that window certain. Run in
+# a child, so that a regression (SIGBUS, returncode -7) fails the test
+# instead of killing pytest.
+_TRUNCATED_CHILD = r"""
+import os, shutil, sys
+from llminfer import LLM
+from llminfer.errors import GGUFError
+src, copy, mode = sys.argv[1:4]
+shutil.copy(src, copy)
+
+def truncate_under(engine):
+    engine.gguf.check_unchanged = lambda: None  # as if the file shrank after the check
+    os.truncate(copy, os.path.getsize(copy) // 2)  # the tensors' pages past the middle vanish
+
+if mode == "llm":
+    llm = LLM(copy, n_ctx=64, n_threads=2)
+    truncate_under(llm.engine)
+    for attempt in range(2):  # the pass that faulted, then every later one
+        try:
+            llm.generate("hello there", max_tokens=4) if attempt == 0 else llm.eval([1, 2, 3])
+        except GGUFError as e:
+            assert copy in str(e) and "truncated" in str(e), e
+        else:
+            raise SystemExit(f"attempt {attempt}: no GGUFError")
+    other = LLM(src, n_ctx=64, n_threads=2)  # an intact model still loads and runs
+    assert len(other.eval([1, 2, 3])) == 3
+    print("ok")
+else:
+    from starlette.testclient import TestClient
+    from llminfer.server import ServeArgs, create_app
+    app = create_app(ServeArgs(model=copy, n_ctx=128, n_threads=1, max_batch_tokens=64))
+    with TestClient(app) as client:
+        truncate_under(app.state.server.engine)
+        for attempt in range(2):
+            r = client.post("/v1/completions", json={"prompt": "hello there", "max_tokens": 4})
+            assert 400 <= r.status_code < 600, (r.status_code, r.text)
+            assert "truncated" in r.json()["error"]["message"], r.text
+        assert client.get("/health").status_code in (200, 503)
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["llm", "server"])
+def test_truncation_during_a_pass_is_an_error_not_sigbus(tmp_path, mode):
+    if mode == "server":
+        pytest.importorskip("starlette")
+        pytest.importorskip("httpx")
+    src = write_model(tmp_path / "tiny.gguf", TinyConfig())
+    copy = tmp_path / "copy.gguf"
+    out = subprocess.run([sys.executable, "-c", _TRUNCATED_CHILD, src, str(copy), mode], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (out.returncode, out.stderr[-3000:])
+
+
+def test_a_watch_ends_with_its_map(tmp_path):
+    from llminfer import _core
+    p = write_model(tmp_path / "tiny.gguf", TinyConfig(n_layer=1))
+    f = GGUFFile(p)
+    token = f.fault_token
+    assert token >= 0 and not _core.fault_hit(token)
+    view = f.tensor_bytes("output_norm.weight")
+    f.close()  # a view outlives close(): the map, and its watch, stay
+    assert f.fault_token >= 0
+    kept = f.fault_token
+    del view
+    import gc
+    gc.collect()
+    assert not _core.fault_hit(kept)
+    assert GGUFFile(p, mmap=False).fault_token == -1
+
+
+_FOREIGN_SIGBUS_CHILD = r"""
+import mmap, os, signal, sys
+from llminfer import LLM
+model, other, how = sys.argv[1:4]
+llm = LLM(model, n_ctx=64)  # its mapping watched: the handler is installed
+if how == "kill":
+    os.kill(os.getpid(), signal.SIGBUS)
+else:  # a mapping that is not a model's, truncated under it
+    with open(other, "wb") as f:
+        f.write(b"x" * (1 << 16))
+    f = open(other, "r+b")
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    os.truncate(other, 0)
+    print(m[1 << 15])
+print("survived")
+"""
+
+
+@pytest.mark.parametrize("how", ["fault", "kill"])
+def test_a_sigbus_outside_the_models_still_kills(tmp_path, how):
+    """The handler catches only faults in a watched model mapping: any other
+    SIGBUS (a fault elsewhere, a signal sent) ends the process as before."""
+    src = write_model(tmp_path / "tiny.gguf", TinyConfig(n_layer=1))
+    out = subprocess.run([sys.executable, "-c", _FOREIGN_SIGBUS_CHILD, src, str(tmp_path / "other"), how],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == -7 and "survived" not in out.stdout, (out.returncode, out.stdout, out.stderr[-2000:])
