@@ -267,6 +267,13 @@ int li_fault_watch(const void *start, size_t length, int64_t *token);
 int li_fault_unwatch(int64_t token);
 int li_fault_hit(int64_t token);
 
+/* The first unit of a stored tensor (nbytes of type `type`) whose scale is
+ * NaN or infinite into *unit (-1 if none): a block for the quantized types
+ * (its f16 d, dmin or m; MXFP4's exponent 0xFF), an element for F32, F16
+ * and BF16. release: hand the scanned pages of a mapped file back as it
+ * goes (never for anonymous memory: it would be zeroed). */
+int li_first_nonfinite(int type, const void *data, size_t nbytes, int release, int64_t *unit);
+
 /* Check a description for consistency: shapes, types, sizes. */
 int li_model_check(const li_model_desc *m);
 

@@ -121,6 +121,7 @@ cdef extern from "llminfer.h" nogil:
     int li_fault_watch(const void *start, size_t length, int64_t *token)
     int li_fault_unwatch(int64_t token)
     int li_fault_hit(int64_t token)
+    int li_first_nonfinite(int type, const void *data, size_t nbytes, int release, int64_t *unit)
 
     ctypedef struct li_context:
         pass

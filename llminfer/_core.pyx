@@ -774,6 +774,22 @@ def fault_hit(int64_t token):
     return C.li_fault_hit(token) != 0
 
 
+def first_nonfinite(int qtype, const uint8_t[::1] data, bint release=False):
+    """The first block (an element for F32, F16, BF16) of stored tensor data
+    whose scale is NaN or infinite, or -1; None for a type with no known
+    layout. release: hand a mapped file's pages back as they are read."""
+    cdef int64_t unit = -1
+    cdef int st
+    cdef size_t n = data.shape[0]
+    cdef const uint8_t *p = &data[0] if n else NULL
+    with nogil:
+        st = C.li_first_nonfinite(qtype, p, n, release, &unit)
+    if st == C.LI_E_TYPE:
+        return None
+    check(st, "checking scales")
+    return unit
+
+
 def layer_kv_group(ModelDesc model, int layer):
     """0 when layer's keys live in the full-attention pool, 1 in the sliding-window pool."""
     return C.li_layer_kv_group(&model.desc, layer)

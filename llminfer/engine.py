@@ -122,6 +122,8 @@ class Engine:
             self._tokenizer_plan = Tokenizer.plan(self.gguf.metadata)
             self._tokenizer = None
             self.n_threads = n_threads
+            # a NaN block scale would give finite, wrong logits (csrc/finite.c)
+            self.gguf.check_finite()
             self.desc = _core.ModelDesc(self.spec)
             self.desc.watch_faults(self.gguf.fault_token, self.gguf.path)  # a truncation during a pass
             groups = [_core.layer_kv_group(self.desc, i) for i in range(self.spec.n_layer)]

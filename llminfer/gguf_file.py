@@ -62,6 +62,9 @@ _SCALARS = {
     GGUFValueType.FLOAT64: ("<d", np.float64),
 }
 
+# tensor types whose every element is a float (check_finite scans values, not block scales)
+_FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+
 # sanity bounds: far above any real model, low enough to refuse garbage early
 _MAX_TENSORS = 1 << 20
 _MAX_KV = 1 << 20
@@ -349,6 +352,31 @@ class GGUFFile:
         if token >= 0:
             self._unwatch = weakref.finalize(mm, core.fault_unwatch, token)
         return token
+
+    def check_finite(self, names=None):
+        """Raise GGUFError naming the first tensor (of `names`, or all) with a
+        NaN or infinite block scale (d, dmin, m; every value of an F32, F16 or
+        BF16 tensor): such a block decodes to non-finite weights, and the
+        forward pass's activation quantizers turn those into finite garbage
+        rather than NaN logits (csrc/finite.c). The check reads each
+        tensor's scales once, in C; a mapped file's pages go back as they are
+        read. Tensors of types with no known layout are skipped.
+        LLMINFER_CHECK_SCALES=0 skips the check (for tests of what a pass
+        does with non-finite weights)."""
+        from llminfer import _core
+        if os.environ.get("LLMINFER_CHECK_SCALES", "1") == "0":
+            return
+        for name in (self.tensors if names is None else names):
+            info = self.tensors[name]
+            unit = _core.first_nonfinite(info.qtype, self.tensor_bytes(name), self.mmap)
+            if unit is None or unit < 0:
+                continue
+            block, _ = GGML_QUANT_SIZES[GGMLQuantizationType(info.qtype)]
+            k = info.shape[-1]
+            what = "value" if info.qtype in _FLOAT_TYPES else "block scale"
+            raise GGUFError(f"{self.path}: tensor {name!r} ({info.type_name}) has a NaN or infinite {what} "
+                            f"in {'element' if what == 'value' else 'block'} {unit} (row {unit * block // k}): "
+                            f"the file is corrupt")
 
     def _release_header(self):
         """Hand the header's pages back to the page cache: everything in it

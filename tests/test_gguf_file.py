@@ -518,6 +518,87 @@ def test_a_watch_ends_with_its_map(tmp_path):
     assert GGUFFile(p, mmap=False).fault_token == -1
 
 
+# ---- non-finite block scales (csrc/finite.c) ----
+
+# where a block's f16 d lies, per type (blocks.h; gguf's quants.py)
+_SCALE_AT = {"Q4_0": 0, "Q8_0": 0, "Q4_1": 2, "Q5_0": 0, "Q4_K": 0, "Q5_K": 2, "Q6_K": 208, "Q2_K": 82,
+             "Q3_K": 108, "IQ4_XS": 0, "IQ4_NL": 0, "TQ2_0": 64}
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16",
+                                   "F32"])
+@pytest.mark.parametrize("bad", [0x7E00, 0x7C00, 0xFC00])  # NaN, +inf, -inf (f16)
+def test_a_nonfinite_block_scale_is_refused_at_load(tmp_path, qtype, bad):
+    """One block of blk.0.attn_q with a NaN or infinite scale ran with finite,
+    wrong logits: the activation quantizers drop a NaN. The load refuses it,
+    naming the tensor and the block."""
+    from llminfer import LLM
+    t = gguf.GGMLQuantizationType[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[t]
+    which = 3  # a block of row 0 (a K-quant's row has one)
+
+    def hook(name, data, qt):
+        if name != "blk.0.attn_q.weight":
+            return data, qt
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1).copy()
+        if qtype == "F32":
+            raw.view(np.uint32)[which] = {0x7E00: 0x7FC00000, 0x7C00: 0x7F800000, 0xFC00: 0xFF800000}[bad]
+        elif qtype == "BF16":
+            raw.view(np.uint16)[which] = {0x7E00: 0x7FC0, 0x7C00: 0x7F80, 0xFC00: 0xFF80}[bad]
+        elif qtype == "F16":
+            raw.view(np.uint16)[which] = bad
+        else:
+            at = (which if block == 32 else 0) * size + _SCALE_AT[qtype]
+            raw[at:at + 2] = np.array([bad], np.uint16).view(np.uint8)
+        return raw.view(data.dtype).reshape(data.shape), qt
+
+    p = write_model(tmp_path / "bad.gguf", TinyConfig(qtype=qtype), tensor_hook=hook)
+    unit = which if (block == 1 or block == 32) else 0
+    for mmap in (True, False):
+        with pytest.raises(GGUFError, match=rf"'blk\.0\.attn_q\.weight' \({qtype}\).* {unit} \(row 0\)"):
+            LLM(p, n_ctx=64, mmap=mmap)
+    good = write_model(tmp_path / "good.gguf", TinyConfig(qtype=qtype))
+    LLM(good, n_ctx=64).eval([1, 2])  # the intact file loads and runs
+
+
+def test_first_nonfinite_scans_every_scale_layout():
+    """Each type's d (and dmin or m) is where gguf's numpy code reads it: a
+    NaN put there makes gguf dequantize that block to NaN, and the C scan
+    names that block; a NaN in the quantized values' bytes is not a scale."""
+    from llminfer import _core
+    for name in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+                 "IQ4_XS", "TQ1_0", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"]:
+        t = gguf.GGMLQuantizationType[name]
+        block, size = gguf.GGML_QUANT_SIZES[t]
+        clean = np.zeros(4 * size, np.uint8)  # zero scales: every block finite
+        assert _core.first_nonfinite(int(t), clean) == -1, name
+        found = 0
+        for at in range(size - 1):  # every byte pair of block 2 set to an f16 NaN
+            raw = clean.copy()
+            raw[2 * size + at:2 * size + at + 2] = np.array([0x7E00], np.uint16).view(np.uint8)
+            nonfinite = not np.isfinite(gguf.quants.dequantize(raw.reshape(4, size), t)).all()
+            got = _core.first_nonfinite(int(t), raw)
+            assert got == (2 if nonfinite else -1), (name, at, got)
+            found += got == 2
+        assert found >= 1, name
+    # IQ1_M's d lies in the top nibbles of its four scale words; MXFP4's
+    # exponent 0xFF is E8M0's NaN (gguf reads it as 2^127)
+    iq1_m = gguf.GGMLQuantizationType.IQ1_M
+    size = gguf.GGML_QUANT_SIZES[iq1_m][1]
+    raw = np.zeros(4 * size, np.uint8)
+    raw[3 * size - 8:3 * size].view(np.uint16)[:] = 0xF000 | 0x0111  # d = 0xFFFF, sub-scales 1
+    assert not np.isfinite(gguf.quants.dequantize(raw.reshape(4, size), iq1_m)).all()
+    assert _core.first_nonfinite(int(iq1_m), raw) == 2
+    mxfp4 = gguf.GGMLQuantizationType.MXFP4
+    size = gguf.GGML_QUANT_SIZES[mxfp4][1]
+    raw = np.zeros(4 * size, np.uint8)
+    raw[size] = 0xFE
+    assert _core.first_nonfinite(int(mxfp4), raw) == -1
+    raw[2 * size] = 0xFF
+    assert _core.first_nonfinite(int(mxfp4), raw) == 2
+    assert _core.first_nonfinite(28, np.zeros(8, np.uint8)) is None  # a type with no layout (I64)
+
+
 _FOREIGN_SIGBUS_CHILD = r"""
 import mmap, os, signal, sys
 from llminfer import LLM
