@@ -256,6 +256,24 @@ int li_model_embd_file(li_model_desc *m, int fd, int64_t offset);
  * file fd, to tell whether a mapped file changed since it was opened. */
 int li_file_stamp(int fd, int64_t *size, int64_t *mtime_ns);
 
+/* Watch [start, start + length), a mapped file: a SIGBUS at an address in
+ * it (the file truncated under the map) maps zero pages over the rest of the
+ * range instead of killing the process, and li_fault_hit says so after.
+ * Other SIGBUS go to the handler before ours (csrc/fault.c). *token names
+ * the watch (-1 where watching is a no-op); LI_E_NOMEM when every slot is in
+ * use. li_fault_unwatch before the range is unmapped; a stale token is a
+ * no-op. li_fault_hit: 1 once a fault in the range was caught, else 0. */
+int li_fault_watch(const void *start, size_t length, int64_t *token);
+int li_fault_unwatch(int64_t token);
+int li_fault_hit(int64_t token);
+
+/* The first unit of a stored tensor (nbytes of type `type`) whose scale is
+ * NaN or infinite into *unit (-1 if none): a block for the quantized types
+ * (its f16 d, dmin or m; MXFP4's exponent 0xFF), an element for F32, F16
+ * and BF16. release: hand the scanned pages of a mapped file back as it
+ * goes (never for anonymous memory: it would be zeroed). */
+int li_first_nonfinite(int type, const void *data, size_t nbytes, int release, int64_t *unit);
+
 /* Check a description for consistency: shapes, types, sizes. */
 int li_model_check(const li_model_desc *m);
 

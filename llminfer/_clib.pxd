@@ -118,6 +118,10 @@ cdef extern from "llminfer.h" nogil:
     void li_model_unpack(li_model_desc *m)
     int li_model_embd_file(li_model_desc *m, int fd, int64_t offset)
     int li_file_stamp(int fd, int64_t *size, int64_t *mtime_ns)
+    int li_fault_watch(const void *start, size_t length, int64_t *token)
+    int li_fault_unwatch(int64_t token)
+    int li_fault_hit(int64_t token)
+    int li_first_nonfinite(int type, const void *data, size_t nbytes, int release, int64_t *unit)
 
     ctypedef struct li_context:
         pass

@@ -329,9 +329,12 @@ cdef class ModelDesc:
     cdef C.li_layer_desc *layers
     cdef list _keep
     cdef int _embd_fd  # embedding_file's duplicate, or -1
+    cdef int64_t _fault  # watch_faults's token, or -1
+    cdef str _fault_path
 
     def __cinit__(self, spec):
         self._embd_fd = -1
+        self._fault = -1
         self._keep = []
         n_layer = len(spec.layers)
         self.layers = <C.li_layer_desc *>calloc(max(1, n_layer), sizeof(C.li_layer_desc))
@@ -414,6 +417,17 @@ cdef class ModelDesc:
         m.rows = mat.rows
         m.k = mat.k
         m.nbytes = data.shape[0]
+        return 0
+
+    def watch_faults(self, int64_t token, str path):
+        """Refuse every pass once the watched mapping of path (token:
+        fault_watch's) lost a page under a pass (the file truncated)."""
+        self._fault = token
+        self._fault_path = path
+
+    cdef int check_faults(self) except -1:
+        if self._fault >= 0 and C.li_fault_hit(self._fault):
+            raise _truncated(self._fault_path)
         return 0
 
     def repack_size(self, int first_layer=0, bint with_output=True):
@@ -544,6 +558,7 @@ cdef class Context:
         cdef int i, g
         cdef int st
         cdef float *out = &logits[0] if logits.shape[0] else NULL
+        self.model.check_faults()
         keep = []
         try:
             for i in range(nv):
@@ -559,6 +574,7 @@ cdef class Context:
                 st = C.li_context_decode(self.ctx, &b, views, nv, out, logits.shape[0], n_threads)
         finally:
             free(views)
+        self.model.check_faults()  # a page of the file lost under the pass: its results are zeros' work
         check(st, "forward pass")
 
     cdef int _table_view(self, int g, list blocks, C.li_seq_view *view) except -1:
@@ -606,12 +622,14 @@ cdef class Context:
             self._table_view(0, full, &view)
         if swa is not None:
             self._table_view(1, swa, &view)
+        self.model.check_faults()
         cdef int st
         cdef float r[2]
         with nogil:
             st = C.li_context_decode(self.ctx, &b, &view, 1, &logits[0], logits.shape[0], n_threads)
             if st == C.LI_OK:
                 st = C.li_context_logit_range(self.ctx, r, 1)
+        self.model.check_faults()
         if st < 0:
             check(st, "forward pass")
         if st == 0:
@@ -728,6 +746,48 @@ def file_stamp_is(int fd, int64_t size, int64_t mtime_ns):
     cdef int64_t now_size = 0, now_mtime = 0
     _stamp(fd, &now_size, &now_mtime)
     return now_size == size and now_mtime == mtime_ns
+
+
+def _truncated(path):
+    return errors.GGUFError(
+        f"{path}: the model file was truncated or changed on disk while in use: a forward pass read "
+        f"pages of it that no longer exist, so its results were discarded, and the model refuses "
+        f"further passes. Load it again, or load with mmap=False to keep a private copy")
+
+
+def fault_watch(uintptr_t start, size_t length):
+    """Watch a mapped file's address range [start, start + length) for the
+    SIGBUS of a page lost to truncation (csrc/fault.c); returns the watch's
+    token (-1 where watching is a no-op)."""
+    cdef int64_t token = -1
+    check(C.li_fault_watch(<const void *>start, length, &token), "watching a mapping")
+    return token
+
+
+def fault_unwatch(int64_t token):
+    """End a watch, before its range is unmapped."""
+    C.li_fault_unwatch(token)
+
+
+def fault_hit(int64_t token):
+    """Whether a fault in the watched range was caught."""
+    return C.li_fault_hit(token) != 0
+
+
+def first_nonfinite(int qtype, const uint8_t[::1] data, bint release=False):
+    """The first block (an element for F32, F16, BF16) of stored tensor data
+    whose scale is NaN or infinite, or -1; None for a type with no known
+    layout. release: hand a mapped file's pages back as they are read."""
+    cdef int64_t unit = -1
+    cdef int st
+    cdef size_t n = data.shape[0]
+    cdef const uint8_t *p = &data[0] if n else NULL
+    with nogil:
+        st = C.li_first_nonfinite(qtype, p, n, release, &unit)
+    if st == C.LI_E_TYPE:
+        return None
+    check(st, "checking scales")
+    return unit
 
 
 def layer_kv_group(ModelDesc model, int layer):
@@ -950,9 +1010,12 @@ cdef class EncoderDesc:
     cdef C.li_encoder_desc desc
     cdef C.li_encoder_layer *layers
     cdef list _keep
+    cdef int64_t _fault  # as ModelDesc's
+    cdef str _fault_path
 
     def __cinit__(self, spec):
         self._keep = []
+        self._fault = -1
         n_layer = len(spec.layers)
         self.layers = <C.li_encoder_layer *>calloc(max(1, n_layer), sizeof(C.li_encoder_layer))
         if self.layers == NULL:
@@ -1022,6 +1085,16 @@ cdef class EncoderDesc:
         m.nbytes = data.shape[0]
         return 0
 
+    def watch_faults(self, int64_t token, str path):
+        """As ModelDesc.watch_faults."""
+        self._fault = token
+        self._fault_path = path
+
+    cdef int check_faults(self) except -1:
+        if self._fault >= 0 and C.li_fault_hit(self._fault):
+            raise _truncated(self._fault_path)
+        return 0
+
     def encode(self, const int32_t[::1] tokens, types, int n_threads):
         """The last hidden states, float32 [n, n_embd], of one sequence."""
         cdef int n = tokens.shape[0]
@@ -1037,8 +1110,10 @@ cdef class EncoderDesc:
         out = np.empty((n, self.desc.n_embd), dtype=np.float32)
         cdef float[:, ::1] o = out
         cdef int st
+        self.check_faults()
         with nogil:
             st = C.li_encode(&self.desc, &tokens[0], tp, n, &o[0, 0], <size_t>o.shape[0] * o.shape[1], n_threads)
+        self.check_faults()
         check(st, "encoder pass")
         return out
 

@@ -245,7 +245,7 @@ class Llama:
 
     def eval(self, tokens):  # noqa: A003
         """Append tokens to the context (evaluating them)."""
-        logits = self.llm.eval(list(tokens))
+        logits = self.llm.eval(tokens)  # which refuses what is not a sequence of token ids
         if len(logits):
             self._scores = (self._scores + [logits]) if self.logits_all else [logits[-1:]]
 

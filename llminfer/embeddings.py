@@ -124,7 +124,9 @@ class Embedder(_Embedding):
             try:
                 self.spec = bert.build(self.gguf)
                 self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
+                self.gguf.check_finite()  # a NaN block scale would give finite, wrong embeddings
                 self.desc = _core.EncoderDesc(self.spec)
+                self.desc.watch_faults(self.gguf.fault_token, self.gguf.path)
             except Exception:
                 self.gguf.close()
                 raise

@@ -74,6 +74,11 @@ def _is_view(want) -> bool:
     return isinstance(want, str) and want == "view"
 
 
+def _short_repr(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class Engine:
     """A model loaded with a paged KV cache for many sequences.
 
@@ -117,7 +122,10 @@ class Engine:
             self._tokenizer_plan = Tokenizer.plan(self.gguf.metadata)
             self._tokenizer = None
             self.n_threads = n_threads
+            # a NaN block scale would give finite, wrong logits (csrc/finite.c)
+            self.gguf.check_finite()
             self.desc = _core.ModelDesc(self.spec)
+            self.desc.watch_faults(self.gguf.fault_token, self.gguf.path)  # a truncation during a pass
             groups = [_core.layer_kv_group(self.desc, i) for i in range(self.spec.n_layer)]
             used = [FULL in groups, SWA in groups]
             window = max((L.sliding_window for L in self.spec.layers), default=0)
@@ -242,9 +250,15 @@ class Engine:
                 if not 0 <= v < self.n_vocab:
                     raise self._outside_vocabulary(v)
             return ids
-        arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
-        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-            raise InvalidArgumentError("token ids must be a flat sequence of integers")
+        # None, a number, text or bytes (whose iteration would give byte values) are no ids
+        refused = ids is None or isinstance(ids, (str, bytes, bytearray, memoryview))
+        try:
+            arr = None if refused else np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids)
+        except (TypeError, ValueError):  # not iterable; rows of different lengths
+            arr = None
+        if arr is None or arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise InvalidArgumentError(f"token ids must be a flat sequence of integers, got "
+                                       f"{type(ids).__name__} {_short_repr(ids)}")
         if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
             raise self._outside_vocabulary(int(arr[(arr < 0) | (arr >= self.n_vocab)][0]))
         return np.ascontiguousarray(arr, dtype=np.int32)

@@ -21,9 +21,12 @@ alignment), which is what rules out overlapping tensors.
 
 The data stays on disk behind a memory map unless mmap=False. A mapped file
 that is truncated while in use makes the next read of a lost page fail with
-SIGBUS, which no Python code can catch: mmap=False copies the file into
-memory instead (what llama.cpp's --no-mmap does), and check_unchanged() is the
-cheap test (one fstat) to run before each use of a mapped file.
+SIGBUS, which no Python code can catch: check_unchanged() is the cheap test
+(one fstat) to run before each use of a mapped file, and for a truncation
+during a pass the map's range is watched by the C core (csrc/fault.c:
+fault_token), which puts zero pages where the lost ones were and lets the
+pass's caller raise GGUFError. mmap=False copies the file into memory instead
+(what llama.cpp's --no-mmap does), immune to either.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ import mmap as _mmap_module  # `mmap` is GGUFFile's argument
 import operator
 import os
 import struct
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from llminfer.ggml import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from llminfer.errors import GGUFError, InvalidArgumentError
+from llminfer.errors import GGUFError, InvalidArgumentError, OutOfMemoryError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -57,6 +61,9 @@ _SCALARS = {
     GGUFValueType.INT64: ("<q", np.int64),
     GGUFValueType.FLOAT64: ("<d", np.float64),
 }
+
+# tensor types whose every element is a float (check_finite scans values, not block scales)
+_FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
 # sanity bounds: far above any real model, low enough to refuse garbage early
 _MAX_TENSORS = 1 << 20
@@ -304,6 +311,8 @@ class GGUFFile:
         # after the path is renamed over, and sees it shrink when truncated.
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         self._map = None
+        self.fault_token = -1  # the C core's watch over the map (_core.fault_watch), -1 if none
+        self._unwatch = None
         try:
             from llminfer import _core
             self._stamp_is = _core.file_stamp_is  # check_unchanged's, in C
@@ -313,6 +322,7 @@ class GGUFFile:
                 raise GGUFError(f"{self.path}: not a GGUF file (only {self.file_size} bytes)")
             if mmap:
                 self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+                self._watch(_core)
             else:
                 self._map = _read_whole(self._fd, self.file_size, self.path)
             self._parse()
@@ -321,6 +331,52 @@ class GGUFFile:
         except BaseException:
             self.close()
             raise
+
+    def _watch(self, core):
+        """Have the C core catch a SIGBUS in the map's range (the file
+        truncated under it). The watch ends when the map is unmapped: at
+        close(), or, while views of it outlive close(), when the last goes."""
+        mm = getattr(self._map, "_mmap", None)
+        if mm is None or self._map.nbytes == 0:
+            return
+        self._range = (self._map.__array_interface__["data"][0], self._map.nbytes)
+        self.fault_token = self._watch_range(core, mm)
+
+    def _watch_range(self, core, mm):
+        """A watch over self._range that ends when mm goes (or at
+        self._unwatch()); its token."""
+        try:
+            token = core.fault_watch(*self._range)
+        except OutOfMemoryError:
+            return -1  # every slot in use: check_unchanged() still guards each pass
+        if token >= 0:
+            self._unwatch = weakref.finalize(mm, core.fault_unwatch, token)
+        return token
+
+    def check_finite(self, names=None):
+        """Raise GGUFError naming the first tensor (of `names`, or all) with a
+        NaN or infinite block scale (d, dmin, m; every value of an F32, F16 or
+        BF16 tensor): such a block decodes to non-finite weights, and the
+        forward pass's activation quantizers turn those into finite garbage
+        rather than NaN logits (csrc/finite.c). The check reads each
+        tensor's scales once, in C; a mapped file's pages go back as they are
+        read. Tensors of types with no known layout are skipped.
+        LLMINFER_CHECK_SCALES=0 skips the check (for tests of what a pass
+        does with non-finite weights)."""
+        from llminfer import _core
+        if os.environ.get("LLMINFER_CHECK_SCALES", "1") == "0":
+            return
+        for name in (self.tensors if names is None else names):
+            info = self.tensors[name]
+            unit = _core.first_nonfinite(info.qtype, self.tensor_bytes(name), self.mmap)
+            if unit is None or unit < 0:
+                continue
+            block, _ = GGML_QUANT_SIZES[GGMLQuantizationType(info.qtype)]
+            k = info.shape[-1]
+            what = "value" if info.qtype in _FLOAT_TYPES else "block scale"
+            raise GGUFError(f"{self.path}: tensor {name!r} ({info.type_name}) has a NaN or infinite {what} "
+                            f"in {'element' if what == 'value' else 'block'} {unit} (row {unit * block // k}): "
+                            f"the file is corrupt")
 
     def _release_header(self):
         """Hand the header's pages back to the page cache: everything in it
@@ -496,10 +552,19 @@ class GGUFFile:
             mm = getattr(m, "_mmap", None)
             self._map = None
             if mm is not None:
+                unwatch = getattr(self, "_unwatch", None)
                 try:
+                    if unwatch is not None:
+                        unwatch()  # before the range is unmapped; a no-op once done
                     mm.close()
-                except (BufferError, ValueError):
-                    pass  # views still alive: the map is freed when they go
+                except BufferError:
+                    # views still alive: the map is freed when they go, and
+                    # watched till then
+                    if unwatch is not None:
+                        from llminfer import _core
+                        self.fault_token = self._watch_range(_core, mm)
+                except ValueError:
+                    pass
         fd = getattr(self, "_fd", None)
         if fd is not None:
             self._fd = None

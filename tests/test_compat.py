@@ -285,6 +285,17 @@ def test_tokens_and_facts(smollm2_path):
     assert llm.detokenize(llm.tokenize(b" world", add_bos=False), prev_tokens=llm.tokenize(b"Hello")) == b" world"
 
 
+def test_eval_refuses_what_is_not_token_ids(tmp_path):
+    """Llama.eval(None) raised a bare TypeError from list(None)."""
+    from tiny_models import TinyConfig, write_model
+    llm = Llama(model_path=write_model(tmp_path / "tiny.gguf", TinyConfig(n_layer=1)), n_ctx=64, verbose=False)
+    for bad in (None, 3, "abc", [0.5]):
+        with pytest.raises(InvalidArgumentError, match="token ids"):
+            llm.eval(bad)
+    llm.eval(iter([1, 2]))  # any iterable of ids still works
+    assert llm.n_tokens == 2
+
+
 def test_eval_and_scores(smollm2_path):
     llm = Llama(model_path=str(smollm2_path), n_ctx=128, verbose=False, logits_all=True)
     ids = llm.tokenize(b"The capital of France")

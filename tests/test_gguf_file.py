@@ -442,3 +442,186 @@ def test_string_blob_helpers_refuse_offsets_outside_the_blob():
             fn(blob, np.array([0, 4, 2, 6], dtype=np.int64))
         assert len(fn(blob, np.array([0, 2, 6], dtype=np.int64))) == 2
         assert len(fn(blob, np.zeros(0, dtype=np.int64))) == 0
+
+
+# ---- a mapped file truncated during a pass (csrc/fault.c) ----
+
+# The truncation lands after the pass's check_unchanged(), while the pass
+# runs: the test switches the check off to make that window certain. Run in
+# a child, so that a regression (SIGBUS, returncode -7) fails the test
+# instead of killing pytest.
+_TRUNCATED_CHILD = r"""
+import os, shutil, sys
+from llminfer import LLM
+from llminfer.errors import GGUFError
+src, copy, mode = sys.argv[1:4]
+shutil.copy(src, copy)
+
+def truncate_under(engine):
+    engine.gguf.check_unchanged = lambda: None  # as if the file shrank after the check
+    os.truncate(copy, os.path.getsize(copy) // 2)  # the tensors' pages past the middle vanish
+
+if mode == "llm":
+    llm = LLM(copy, n_ctx=64, n_threads=2)
+    truncate_under(llm.engine)
+    for attempt in range(2):  # the pass that faulted, then every later one
+        try:
+            llm.generate("hello there", max_tokens=4) if attempt == 0 else llm.eval([1, 2, 3])
+        except GGUFError as e:
+            assert copy in str(e) and "truncated" in str(e), e
+        else:
+            raise SystemExit(f"attempt {attempt}: no GGUFError")
+    other = LLM(src, n_ctx=64, n_threads=2)  # an intact model still loads and runs
+    assert len(other.eval([1, 2, 3])) == 3
+    print("ok")
+else:
+    from starlette.testclient import TestClient
+    from llminfer.server import ServeArgs, create_app
+    app = create_app(ServeArgs(model=copy, n_ctx=128, n_threads=1, max_batch_tokens=64))
+    with TestClient(app) as client:
+        truncate_under(app.state.server.engine)
+        for attempt in range(2):
+            r = client.post("/v1/completions", json={"prompt": "hello there", "max_tokens": 4})
+            assert 400 <= r.status_code < 600, (r.status_code, r.text)
+            assert "truncated" in r.json()["error"]["message"], r.text
+        assert client.get("/health").status_code in (200, 503)
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["llm", "server"])
+def test_truncation_during_a_pass_is_an_error_not_sigbus(tmp_path, mode):
+    if mode == "server":
+        pytest.importorskip("starlette")
+        pytest.importorskip("httpx")
+    src = write_model(tmp_path / "tiny.gguf", TinyConfig())
+    copy = tmp_path / "copy.gguf"
+    out = subprocess.run([sys.executable, "-c", _TRUNCATED_CHILD, src, str(copy), mode], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), (out.returncode, out.stderr[-3000:])
+
+
+def test_a_watch_ends_with_its_map(tmp_path):
+    from llminfer import _core
+    p = write_model(tmp_path / "tiny.gguf", TinyConfig(n_layer=1))
+    f = GGUFFile(p)
+    token = f.fault_token
+    assert token >= 0 and not _core.fault_hit(token)
+    view = f.tensor_bytes("output_norm.weight")
+    f.close()  # a view outlives close(): the map, and its watch, stay
+    assert f.fault_token >= 0
+    kept = f.fault_token
+    del view
+    import gc
+    gc.collect()
+    assert not _core.fault_hit(kept)
+    assert GGUFFile(p, mmap=False).fault_token == -1
+
+
+# ---- non-finite block scales (csrc/finite.c) ----
+
+# where a block's f16 d lies, per type (blocks.h; gguf's quants.py)
+_SCALE_AT = {"Q4_0": 0, "Q8_0": 0, "Q4_1": 2, "Q5_0": 0, "Q4_K": 0, "Q5_K": 2, "Q6_K": 208, "Q2_K": 82,
+             "Q3_K": 108, "IQ4_XS": 0, "IQ4_NL": 0, "TQ2_0": 64}
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16",
+                                   "F32"])
+@pytest.mark.parametrize("bad", [0x7E00, 0x7C00, 0xFC00])  # NaN, +inf, -inf (f16)
+def test_a_nonfinite_block_scale_is_refused_at_load(tmp_path, qtype, bad):
+    """One block of blk.0.attn_q with a NaN or infinite scale ran with finite,
+    wrong logits: the activation quantizers drop a NaN. The load refuses it,
+    naming the tensor and the block."""
+    from llminfer import LLM
+    t = gguf.GGMLQuantizationType[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[t]
+    which = 3  # a block of row 0 (a K-quant's row has one)
+
+    def hook(name, data, qt):
+        if name != "blk.0.attn_q.weight":
+            return data, qt
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1).copy()
+        if qtype == "F32":
+            raw.view(np.uint32)[which] = {0x7E00: 0x7FC00000, 0x7C00: 0x7F800000, 0xFC00: 0xFF800000}[bad]
+        elif qtype == "BF16":
+            raw.view(np.uint16)[which] = {0x7E00: 0x7FC0, 0x7C00: 0x7F80, 0xFC00: 0xFF80}[bad]
+        elif qtype == "F16":
+            raw.view(np.uint16)[which] = bad
+        else:
+            at = (which if block == 32 else 0) * size + _SCALE_AT[qtype]
+            raw[at:at + 2] = np.array([bad], np.uint16).view(np.uint8)
+        return raw.view(data.dtype).reshape(data.shape), qt
+
+    p = write_model(tmp_path / "bad.gguf", TinyConfig(qtype=qtype), tensor_hook=hook)
+    unit = which if (block == 1 or block == 32) else 0
+    for mmap in (True, False):
+        with pytest.raises(GGUFError, match=rf"'blk\.0\.attn_q\.weight' \({qtype}\).* {unit} \(row 0\)"):
+            LLM(p, n_ctx=64, mmap=mmap)
+    good = write_model(tmp_path / "good.gguf", TinyConfig(qtype=qtype))
+    LLM(good, n_ctx=64).eval([1, 2])  # the intact file loads and runs
+
+
+def test_first_nonfinite_scans_every_scale_layout():
+    """Each type's d (and dmin or m) is where gguf's numpy code reads it: a
+    NaN put there makes gguf dequantize that block to NaN, and the C scan
+    names that block; a NaN in the quantized values' bytes is not a scale."""
+    from llminfer import _core
+    for name in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+                 "IQ4_XS", "TQ1_0", "TQ2_0", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"]:
+        t = gguf.GGMLQuantizationType[name]
+        block, size = gguf.GGML_QUANT_SIZES[t]
+        clean = np.zeros(4 * size, np.uint8)  # zero scales: every block finite
+        assert _core.first_nonfinite(int(t), clean) == -1, name
+        found = 0
+        for at in range(size - 1):  # every byte pair of block 2 set to an f16 NaN
+            raw = clean.copy()
+            raw[2 * size + at:2 * size + at + 2] = np.array([0x7E00], np.uint16).view(np.uint8)
+            nonfinite = not np.isfinite(gguf.quants.dequantize(raw.reshape(4, size), t)).all()
+            got = _core.first_nonfinite(int(t), raw)
+            assert got == (2 if nonfinite else -1), (name, at, got)
+            found += got == 2
+        assert found >= 1, name
+    # IQ1_M's d lies in the top nibbles of its four scale words; MXFP4's
+    # exponent 0xFF is E8M0's NaN (gguf reads it as 2^127)
+    iq1_m = gguf.GGMLQuantizationType.IQ1_M
+    size = gguf.GGML_QUANT_SIZES[iq1_m][1]
+    raw = np.zeros(4 * size, np.uint8)
+    raw[3 * size - 8:3 * size].view(np.uint16)[:] = 0xF000 | 0x0111  # d = 0xFFFF, sub-scales 1
+    assert not np.isfinite(gguf.quants.dequantize(raw.reshape(4, size), iq1_m)).all()
+    assert _core.first_nonfinite(int(iq1_m), raw) == 2
+    mxfp4 = gguf.GGMLQuantizationType.MXFP4
+    size = gguf.GGML_QUANT_SIZES[mxfp4][1]
+    raw = np.zeros(4 * size, np.uint8)
+    raw[size] = 0xFE
+    assert _core.first_nonfinite(int(mxfp4), raw) == -1
+    raw[2 * size] = 0xFF
+    assert _core.first_nonfinite(int(mxfp4), raw) == 2
+    assert _core.first_nonfinite(28, np.zeros(8, np.uint8)) is None  # a type with no layout (I64)
+
+
+_FOREIGN_SIGBUS_CHILD = r"""
+import mmap, os, signal, sys
+from llminfer import LLM
+model, other, how = sys.argv[1:4]
+llm = LLM(model, n_ctx=64)  # its mapping watched: the handler is installed
+if how == "kill":
+    os.kill(os.getpid(), signal.SIGBUS)
+else:  # a mapping that is not a model's, truncated under it
+    with open(other, "wb") as f:
+        f.write(b"x" * (1 << 16))
+    f = open(other, "r+b")
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    os.truncate(other, 0)
+    print(m[1 << 15])
+print("survived")
+"""
+
+
+@pytest.mark.parametrize("how", ["fault", "kill"])
+def test_a_sigbus_outside_the_models_still_kills(tmp_path, how):
+    """The handler catches only faults in a watched model mapping: any other
+    SIGBUS (a fault elsewhere, a signal sent) ends the process as before."""
+    src = write_model(tmp_path / "tiny.gguf", TinyConfig(n_layer=1))
+    out = subprocess.run([sys.executable, "-c", _FOREIGN_SIGBUS_CHILD, src, str(tmp_path / "other"), how],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == -7 and "survived" not in out.stdout, (out.returncode, out.stdout, out.stderr[-2000:])

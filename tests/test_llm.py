@@ -753,3 +753,21 @@ def test_load_arguments_are_checked(models):
     with pytest.raises(InvalidArgumentError, match="sampling"):
         llm.complete("x", sampling="greedy")
     llm.close()
+
+
+@pytest.mark.parametrize("ids", [None, 5, 2.0, "hello", b"\x01\x02", [1.0, 2.0], [[1, 2], [3]], [[1, 2]],
+                                 [True, False], object()])
+def test_eval_refuses_what_is_not_token_ids(tiny, ids):
+    """eval(None) raised a bare TypeError; each of these is an
+    InvalidArgumentError naming what it got, and the context is untouched."""
+    tiny.eval([1, 2])
+    with pytest.raises(InvalidArgumentError, match="token ids must be a flat sequence of integers"):
+        tiny.eval(ids)
+    assert tiny.tokens == [1, 2]
+
+
+@pytest.mark.parametrize("ids", [[-1], [1, 10 ** 6], [1 << 70]])
+def test_eval_refuses_ids_outside_the_vocabulary(tiny, ids):
+    with pytest.raises((TokenError, InvalidArgumentError)):
+        tiny.eval(ids)
+    assert tiny.tokens == []
