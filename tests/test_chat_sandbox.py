@@ -115,6 +115,12 @@ HOSTILE = [
      "a block's text would build", {}),
     ("macro-body", "{% macro m(s) %}" + "{{ s }}" * 200 + "{% endmacro %}{{ m('x' * 4000000)|length }}",
      "a block's text would build", {}),
+    # widths and counts (refused before this change too; kept here under the same child's bounds)
+    ("str-ljust", "{{ 'x'.ljust(10**9) }}", r"ljust\(\) was given 1000000000, more than max_arg", {}),
+    ("str-zfill", "{{ '1'.zfill(10**9) }}", r"zfill\(\) was given 1000000000, more than max_arg", {}),
+    ("str-center", "{{ 'x'.center(10**9) }}", r"center\(\) was given 1000000000, more than max_arg", {}),
+    ("range", "{{ range(10**9)|list }}", r"safe_range\(\) was given 1000000000, more than max_arg", {}),
+    ("replace-growing", "{{ ('x' * 4000000)|replace('x', 'yy') }}", "the replace filter would build", {}),
     # library code that loops without a template step: the deadline is checked there too
     ("striptags-loop", "{% set s = '<a> ' * 1000000 %}{% for i in range(100000) %}{{ s|striptags }}{% endfor %}",
      "it ran longer than 2 s", {"timeout": 2.0}),
