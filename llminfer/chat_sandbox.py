@@ -34,7 +34,6 @@ the template's cooperation.
 from __future__ import annotations
 
 import inspect
-import json
 import re
 import sys
 import threading
@@ -522,6 +521,13 @@ def _predict_list(b, a, what):
         b.size(_CONTAINER + (_ITEM + 1) * len(v), what)  # a list of one-character strings
 
 
+def _predict_slice(b, a, what):
+    b.arg(a["slices"], what)
+    _predict_list(b, a, what)
+
+
+# filters whose output can be far larger than their input, and the check each needs first
+# (the others are no larger than what they are given, and are measured after)
 _FILTER_CHECKS = {
     "center": _predict_center,
     "indent": _predict_indent,
@@ -534,11 +540,12 @@ _FILTER_CHECKS = {
     "urlize": _predict_urlize,
     "truncate": _predict_truncate,
     "tojson": _predict_tojson,
-    "list": _predict_list, "sort": _predict_list, "slice": _predict_list, "groupby": _predict_list,
+    "list": _predict_list, "sort": _predict_list, "groupby": _predict_list,
+    "slice": _predict_slice,
     "batch": lambda b, a, what: b.arg(a["linecount"], what),
 }
-# slice's count is checked too (below); these write their argument as text, so it is measured first
-_FILTER_CHECKS["slice"] = lambda b, a, what: (b.arg(a["slices"], what), _predict_list(b, a, what))
+# filters that turn their argument into text: it is measured first (str() of a
+# structure that shares its items would otherwise run for ever)
 _SERIALIZING = frozenset(["string", "safe", "striptags", "title", "capitalize", "upper", "lower", "trim",
                           "wordcount", "length", "count"])
 
