@@ -1,6 +1,7 @@
 """Seed inputs: small valid GGUF files (a tiny llama that loads and runs,
 its variants, bare headers) and chat templates (the built-in formats, the
-templates of the cached test models, and a few that lean on the sandbox)."""
+templates of the cached test models, a few that lean on the sandbox, and
+the hostile ones the sandbox must stop)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def template_seeds() -> list:
         "{{ bos_token }}{% for m in messages %}{{ m.role|upper|center(12) }}{{ m.content|replace('a', 'bb') }}"
         "{% endfor %}",
     ]
+    out += _hostile_templates()
     from llminfer.gguf_file import GGUFFile
 
     cache = os.environ.get("LLMINFER_CACHE", os.path.expanduser("~/.cache/llminfer"))
@@ -54,6 +56,16 @@ def template_seeds() -> list:
         if isinstance(t, str):
             out.append(t)
     return [t.encode("utf-8") for t in out]
+
+
+def _hostile_templates() -> list:
+    """The hostile constructs of test_chat_sandbox.py (a filter, global,
+    method or operator asked to build gigabytes, structures that share their
+    items), which the sandbox stops by a size bound, before they are built;
+    those stopped by the deadline would spend it on every mutation."""
+    from test_chat_sandbox import HOSTILE
+
+    return [template for _, template, _, limits in HOSTILE if "timeout" not in limits]
 
 
 SEEDS = {"gguf": gguf_seeds, "gguf-run": gguf_seeds, "template": template_seeds}
