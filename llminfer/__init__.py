@@ -16,7 +16,7 @@ except ImportError as e:  # e.g. the source folder shadowing an installed packag
         "it in place (python setup.py build_ext --inplace).") from e
 
 from llminfer import errors, ops
-from llminfer.embeddings import Embedder
+from llminfer.embedder import Embedder
 from llminfer.engine import Engine
 from llminfer.hub import pull
 from llminfer.llm import LLM, Completion, Timings, generate

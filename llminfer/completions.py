@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from llminfer.errors import InvalidArgumentError
-from llminfer.generation import token_logprobs
+from llminfer.generation import stop_list, token_logprobs
 from llminfer.sampling import SamplingParams
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; the legacy API allowed 5
@@ -53,6 +53,13 @@ def check_logprobs(n):
                           or not 0 <= n <= MAX_TOP_LOGPROBS):
         raise InvalidArgumentError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}] (how many "
                                    f"alternatives to list), got {n!r}")
+
+
+def usage_of(outs) -> dict:
+    """OpenAI's usage object of the Completions of one prompt's choices."""
+    done = sum(len(c.tokens) for c in outs)
+    return {"prompt_tokens": outs[0].prompt_tokens, "completion_tokens": done,
+            "total_tokens": outs[0].prompt_tokens + done}
 
 
 def fim_ids(llm, prompt: str, suffix: str) -> list:
@@ -137,7 +144,6 @@ def _check_n(n):
 def create_completion(llm, prompt, max_tokens=16, stream=False, suffix=None, echo=False, n=1, logprobs=None,
                       best_of=None, seed=None, **kwargs):
     """LLM.create_completion with echo, suffix, n and logprobs (see the module docstring)."""
-    from llminfer.llm import _usage
 
     n = _check_n(n)
     check_logprobs(logprobs)
@@ -183,11 +189,8 @@ def create_completion(llm, prompt, max_tokens=16, stream=False, suffix=None, ech
         text = (prompt_text if echo else "") + c.text
         lp = logprobs_of(c, c.tokens, c.logprobs or [], len(prompt_text) if not echo else 0)
         choices.append({"text": text, "index": i, "logprobs": lp, "finish_reason": c.finish_reason})
-    usage = _usage(outs[0])
-    usage["completion_tokens"] = sum(len(c.tokens) for c in outs)
-    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return {"id": cid, "object": "text_completion", "created": created, "model": name, "choices": choices,
-            "usage": usage}
+            "usage": usage_of(outs)}
 
 
 def _stream_chunks(llm, out, cid, created, name, prompt_text, echo, logprobs):
@@ -216,7 +219,6 @@ def _stream_chunks(llm, out, cid, created, name, prompt_text, echo, logprobs):
 def create_chat_completion(llm, messages, max_tokens=512, stream=False, logprobs=False, top_logprobs=None,
                            n=1, seed=None, **kwargs):
     """LLM.create_chat_completion with logprobs/top_logprobs and n choices."""
-    from llminfer.llm import _stop_list, _usage
 
     n = _check_n(n)
     if not isinstance(logprobs, bool) and logprobs is not None:
@@ -231,7 +233,7 @@ def create_chat_completion(llm, messages, max_tokens=512, stream=False, logprobs
     cid = f"chatcmpl-{created}-{id(messages) & 0xffffff:06x}"
     name = str(llm.model_path)
     ids = llm._chat_prompt(messages)
-    stops = list(llm.chat_format.stop_texts) + _stop_list(kwargs.pop("stop", None))
+    stops = list(llm.chat_format.stop_texts) + stop_list(kwargs.pop("stop", None))
     if stream:
         out = llm.complete(ids, max_tokens=max_tokens, stop=stops, stream=True, logprobs=want,
                            **({"seed": seed} if seed is not None else {}), **kwargs)
@@ -246,11 +248,8 @@ def create_chat_completion(llm, messages, max_tokens=512, stream=False, logprobs
     choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
                 "logprobs": chat_logprobs(llm, c.tokens, c.logprobs) if want is not None else None,
                 "finish_reason": c.finish_reason} for i, c in enumerate(outs)]
-    usage = _usage(outs[0])
-    usage["completion_tokens"] = sum(len(c.tokens) for c in outs)
-    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return {"id": cid, "object": "chat.completion", "created": created, "model": name, "choices": choices,
-            "usage": usage}
+            "usage": usage_of(outs)}
 
 
 def _chat_chunks(llm, out, cid, created, name, with_logprobs):

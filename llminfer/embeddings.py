@@ -1,8 +1,7 @@
-"""Embeddings: one vector per input text, OpenAI-shaped.
+"""Embeddings: one vector per input text, OpenAI-shaped; pooling and the
+decoder models' hidden states (LLM.embed). The front that loads any
+embedding model, encoder or decoder, is llminfer.embedder.Embedder.
 
-    emb = llminfer.Embedder("all-MiniLM-L6-v2.Q8_0.gguf")
-    vecs = emb.embed(["a sentence", "another"])          # list of lists of floats
-    emb.create_embedding("a sentence")                   # {"object": "list", "data": [...], ...}
     llm.embed("text")                                    # pooled from a decoder model
 
 Encoder models (the `bert` and `nomic-bert` architectures: all-MiniLM, bge,
@@ -16,16 +15,10 @@ scaled to unit L2 norm, as llama.cpp does.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
-from llminfer import _core, hub
 from llminfer.errors import ContextFullError, InvalidArgumentError
-from llminfer.gguf_file import GGUFFile
 from llminfer.models import bert
-from llminfer.system import check_threads
-from llminfer.tokenizer import Tokenizer
 
 POOLINGS = ("mean", "cls", "last", "none")
 
@@ -69,7 +62,22 @@ class _Embedding:
     model_name = ""
 
     def _ids(self, item, truncate: bool) -> list:
-        raise NotImplementedError
+        """item (a text or token ids) as ids, cut to n_ctx where truncate allows."""
+        if isinstance(item, str):
+            ids = self.tokenizer.encode(item, add_bos=True, special=False)
+        else:
+            ids = [int(t) for t in item]
+            bad = [t for t in ids if not 0 <= t < self.tokenizer.n_vocab]
+            if bad:
+                raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {self.tokenizer.n_vocab})")
+        if not ids:
+            raise InvalidArgumentError("an empty input has no embedding")
+        if len(ids) > self.n_ctx:
+            if not truncate:
+                raise ContextFullError(f"the input has {len(ids)} tokens; the model takes {self.n_ctx}")
+            keep_last = self.tokenizer.add_eos and ids[-1] == self.tokenizer.eos_id
+            ids = ids[:self.n_ctx - 1] + [ids[-1]] if keep_last else ids[:self.n_ctx]
+        return ids
 
     def _token_vectors(self, ids) -> np.ndarray:
         raise NotImplementedError
@@ -103,91 +111,6 @@ class _Embedding:
         return {"object": "list", "model": model or self.model_name,
                 "data": [{"object": "embedding", "embedding": v, "index": i} for i, v in enumerate(vecs)],
                 "usage": {"prompt_tokens": count, "total_tokens": count}}
-
-
-class Embedder(_Embedding):
-    """An embedding model: an encoder GGUF (bert, nomic-bert), or any decoder
-    model we load (its hidden states pooled). pooling overrides the one the
-    GGUF declares; n_threads: threads of the native kernels."""
-
-    def __init__(self, model, n_threads: int | None = None, pooling: str | None = None, n_ctx: int | None = None,
-                 mmap: bool = True):
-        if pooling is not None and pooling not in POOLINGS:
-            raise InvalidArgumentError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-        path = hub.resolve(model)
-        self.model_path = path
-        self.model_name = str(path)
-        self._lock = threading.Lock()
-        self._llm = None
-        self.gguf = GGUFFile(path, mmap=mmap)
-        if self.gguf.architecture in bert.ARCHS:
-            try:
-                self.spec = bert.build(self.gguf)
-                self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
-                self.gguf.check_finite()  # a NaN block scale would give finite, wrong embeddings
-                self.desc = _core.EncoderDesc(self.spec)
-                self.desc.watch_faults(self.gguf.fault_token, self.gguf.path)
-            except Exception:
-                self.gguf.close()
-                raise
-            self.n_threads = check_threads(n_threads)
-            self.n_ctx = min(self.spec.context_length, n_ctx or self.spec.context_length)
-            self.n_embd = self.spec.n_embd
-            self.pooling = pooling or self.spec.pooling
-        else:
-            from llminfer.llm import LLM
-
-            arch = self.gguf.architecture
-            declared = declared_pooling(self.gguf.metadata, arch)
-            trained = self.gguf.metadata.get(f"{arch}.context_length")
-            self.gguf.close()
-            default = min(2048, int(trained)) if isinstance(trained, (int, np.integer)) and trained > 0 else 2048
-            self._llm = LLM(path, n_ctx=n_ctx or default, n_threads=n_threads, mmap=mmap)
-            self.tokenizer = self._llm.tokenizer
-            self.n_threads = self._llm.n_threads
-            self.n_ctx = self._llm.n_ctx
-            self.n_embd = self._llm.spec.n_embd
-            self.pooling = pooling or declared
-
-    def _ids(self, item, truncate):
-        if isinstance(item, str):
-            ids = self.tokenizer.encode(item, add_bos=True, special=False)
-        else:
-            ids = [int(t) for t in item]
-            bad = [t for t in ids if not 0 <= t < self.tokenizer.n_vocab]
-            if bad:
-                raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {self.tokenizer.n_vocab})")
-        if not ids:
-            raise InvalidArgumentError("an empty input has no embedding")
-        if len(ids) > self.n_ctx:
-            if not truncate:
-                raise ContextFullError(f"the input has {len(ids)} tokens; the model takes {self.n_ctx}")
-            keep_last = self.tokenizer.add_eos and ids[-1] == self.tokenizer.eos_id
-            ids = ids[:self.n_ctx - 1] + [ids[-1]] if keep_last else ids[:self.n_ctx]
-        return ids
-
-    def _token_vectors(self, ids):
-        if self._llm is not None:
-            return decoder_hidden(self._llm, ids)
-        with self._lock:
-            return self.desc.encode(np.asarray(ids, dtype=np.int32), None, self.n_threads)
-
-    def close(self):
-        if self._llm is not None:
-            self._llm.close()
-        else:
-            self.desc = None
-            self.gguf.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __repr__(self):
-        arch = self.spec.arch if self._llm is None else self._llm.architecture
-        return f"Embedder({self.model_name!r}, arch={arch}, pooling={self.pooling})"
 
 
 def declared_pooling(metadata, arch: str) -> str:
@@ -226,9 +149,6 @@ class DecoderEmbedding(_Embedding):
         self.pooling = declared_pooling(llm.metadata, llm.architecture)
         self.model_name = str(llm.model_path)
         self.tokenizer = llm.tokenizer
-
-    def _ids(self, item, truncate):
-        return Embedder._ids(self, item, truncate)
 
     @property
     def n_ctx(self):

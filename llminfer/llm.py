@@ -30,11 +30,11 @@ from typing import Iterator
 import numpy as np
 
 from llminfer import completions, hub
-from llminfer.completions import (check_logprobs, token_logprobs, wants_chat_extras,
+from llminfer.completions import (check_logprobs, usage_of, wants_chat_extras,
                                   wants_completion_extras)
 from llminfer.engine import KV_TYPES, Engine, check_positive_int
 from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError
-from llminfer.generation import Generator
+from llminfer.generation import Generator, StopMatcher, stop_list, token_logprobs
 from llminfer.sampling import Sampler, SamplingParams
 from llminfer.structured import Constraint, grammar_from_args
 
@@ -116,51 +116,6 @@ def _sampling(params: SamplingParams | None, kwargs: dict) -> SamplingParams:
                                    f"known: {', '.join(sorted(_SAMPLING_FIELDS))}")
     base = params if params is not None else SamplingParams()
     return base.replace(**kwargs) if kwargs else base.validate()
-
-
-def _stop_list(stop) -> list:
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop]
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise InvalidArgumentError(f"stop must be a string or a list of strings, got {stop!r}")
-    return list(stop)
-
-
-class _StopMatcher:
-    """Holds back text that might be the start of a stop string, so a partial
-    stop string is never emitted; reports when one is complete."""
-
-    def __init__(self, stops):
-        self.stops = [s for s in stops if s]
-        self.pending = ""
-
-    def push(self, text) -> tuple[str, bool]:
-        """(text safe to emit, whether a stop string was reached)."""
-        self.pending += text
-        if not self.stops:
-            out, self.pending = self.pending, ""
-            return out, False
-        hits = [(self.pending.find(s), s) for s in self.stops]
-        hits = [(i, s) for i, s in hits if i >= 0]
-        if hits:
-            i = min(i for i, _ in hits)
-            out, self.pending = self.pending[:i], ""
-            return out, True
-        keep = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(self.pending)), 0, -1):
-                if self.pending.endswith(s[:n]):
-                    keep = max(keep, n)
-                    break
-        cut = len(self.pending) - keep
-        out, self.pending = self.pending[:cut], self.pending[cut:]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
 
 
 class LLM:
@@ -490,7 +445,7 @@ class LLM:
             raise InvalidArgumentError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
         if not isinstance(n_keep, (int, np.integer)) or isinstance(n_keep, bool) or n_keep < 0:
             raise InvalidArgumentError(f"n_keep must be a non-negative integer, got {n_keep!r}")
-        stop = _stop_list(stop)
+        stop = stop_list(stop)
         params.validate(self.n_vocab)
         if len(prompt_ids) == 0:
             raise InvalidArgumentError("the prompt is empty (and the vocabulary adds no BOS)")
@@ -501,7 +456,7 @@ class LLM:
 
     def _run(self, prompt_ids, max_tokens, params, stop, context_shift, n_keep,
              result: Completion, spec=None, grammar=None) -> Iterator[str]:
-        matcher = _StopMatcher(stop)
+        matcher = StopMatcher(stop)
         # Not tokenizer.stream_decoder(): that one takes off the space a
         # SentencePiece encoder puts before a text, and a completion is not the
         # start of a text, its first "\u2581" is a real space (" Paris").
@@ -705,7 +660,7 @@ class LLM:
             "id": cid, "object": "text_completion", "created": created, "model": name,
             "choices": [{"index": 0, "text": out.text, "logprobs": None,
                          "finish_reason": out.finish_reason}],
-            "usage": _usage(out),
+            "usage": usage_of([out]),
         }
 
     # ---- chat ----
@@ -731,7 +686,7 @@ class LLM:
     def chat_completion(self, messages, max_tokens: int = 512, stop=None, stream: bool = False,
                         **kwargs):
         """Complete an assistant turn; a Completion (or a stream of pieces)."""
-        stops = list(self.chat_format.stop_texts) + _stop_list(stop)
+        stops = list(self.chat_format.stop_texts) + stop_list(stop)
         return self.complete(self._chat_prompt(messages), max_tokens=max_tokens, stop=stops,
                              stream=stream, **kwargs)
 
@@ -768,7 +723,7 @@ class LLM:
             "id": cid, "object": "chat.completion", "created": created, "model": name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
                          "logprobs": None, "finish_reason": out.finish_reason}],
-            "usage": _usage(out),
+            "usage": usage_of([out]),
         }
 
     # ---- state ----
@@ -924,11 +879,6 @@ class _Stream:
 
     def close(self):
         self._pieces.close()
-
-
-def _usage(out: Completion) -> dict:
-    return {"prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.tokens),
-            "total_tokens": out.prompt_tokens + len(out.tokens)}
 
 
 def _openai_chunks(stream: _Stream, cid, created, model, obj, payload, first=None):

@@ -40,7 +40,8 @@ from starlette.routing import Route
 
 from llminfer.completions import fim_layout
 from llminfer import hub
-from llminfer.embeddings import Embedder, declared_pooling, engine_hidden, l2_normalize, pool
+from llminfer.embedder import Embedder
+from llminfer.embeddings import declared_pooling, engine_hidden, l2_normalize, pool
 from llminfer.engine import Engine
 from llminfer.errors import InvalidArgumentError, KVCacheFullError, LLMInferError
 from llminfer.generation import TokenEvent, token_logprobs
