@@ -51,28 +51,11 @@ __all__ = ["Llama", "LLAMA_DEFAULT_SEED", "LlamaState", "LogitsProcessorList", "
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's "pick a random seed"
 
-# llama-cpp-python's chat_format names -> llminfer's built-in formats
-_CHAT_FORMATS = {
-    "chatml": "chatml",
-    "chatml-function-calling": "chatml",
-    "gemma": "gemma",
-    "llama-3": "llama3",
-    "llama3": "llama3",
-}
-
-# Formats llminfer has no built-in for, as jinja templates of the prompts
-# llama-cpp-python's llama_chat_format.py writes for them.
-_LLAMA2_TEMPLATE = (
-    "{%- set sys = namespace(text='') -%}"
-    "{%- for m in messages -%}"
-    "{%- if m['role'] == 'system' -%}{%- set sys.text = '<<SYS>>\\n' ~ m['content'] ~ '\\n<</SYS>>\\n\\n' -%}"
-    "{%- elif m['role'] == 'user' -%}{{ bos_token }}[INST] {{ sys.text }}{{ m['content'] }} [/INST]"
-    "{%- set sys.text = '' -%}"
-    "{%- elif m['role'] == 'assistant' -%} {{ m['content'] }} {{ eos_token }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-)
-_TEMPLATES = {"llama-2": _LLAMA2_TEMPLATE, "mistral-instruct": _LLAMA2_TEMPLATE}
+# chat_format names that go to llminfer's own formats: llama-cpp-python's
+# function-calling handler is ChatML with tools (llminfer.tools), and
+# "llama3" is llminfer's name. Every other llama-cpp-python name renders the
+# prompt llama-cpp-python writes (llminfer.llama_chat_format).
+_CHAT_FORMATS = {"chatml-function-calling": "chatml", "llama3": "llama3"}
 
 # Arguments that need something llminfer does not have: a non-default value is an error.
 _UNSUPPORTED = {
@@ -198,15 +181,16 @@ class Llama:
             raise InvalidArgumentError(f"n_ctx must be a non-negative integer (0: the model's), got {n_ctx!r}")
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise InvalidArgumentError(f"seed must be an integer, got {seed!r}")
-        fmt, template = None, None
+        fmt, template, self._chat_stops = None, None, ()
         if chat_format is not None:
-            if chat_format in _TEMPLATES:
-                template = _TEMPLATES[chat_format]
-            elif chat_format in _CHAT_FORMATS:
+            if not isinstance(chat_format, str):
+                raise InvalidArgumentError(f"chat_format must be a string, got {chat_format!r}")
+            if chat_format in _CHAT_FORMATS:
                 fmt = _CHAT_FORMATS[chat_format]
             else:
-                known = sorted(set(_CHAT_FORMATS) | set(_TEMPLATES))
-                raise InvalidArgumentError(f"chat_format {chat_format!r} is not one llminfer knows: {known}")
+                from llminfer.llama_chat_format import template_for
+
+                template, self._chat_stops = template_for(chat_format)
         self.verbose = bool(verbose)
         self.logits_all = bool(logits_all)
         self.embedding = bool(embedding)
@@ -530,6 +514,8 @@ class Llama:
         if functions is not None or function_call is not None:
             raise InvalidArgumentError("functions=/function_call= are OpenAI's deprecated form; pass tools= and "
                                        "tool_choice= instead")
+        if self._chat_stops:  # the stop texts llama-cpp-python's format adds
+            stop = ([stop] if isinstance(stop, str) else list(stop or [])) + list(self._chat_stops)
         args = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, stop=stop,
                     presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                     repeat_penalty=repeat_penalty, **kwargs)
