@@ -419,6 +419,8 @@ class Llama:
         sampler = self._sampler(top_k, top_p, min_p, typical_p, temp, repeat_penalty, frequency_penalty,
                                 presence_penalty, mirostat_mode, mirostat_tau, mirostat_eta, tfs_z)
         tokens = list(tokens)
+        if not tokens and (reset or self.n_tokens == 0):
+            raise InvalidArgumentError("generate() needs prompt tokens (or reset=False after eval())")
         if reset:
             if tokens:
                 tokens = tokens[self.llm.keep_prefix(tokens):]
@@ -638,6 +640,18 @@ class Llama:
                 buf[n - len(rows):n] = rows
         self._seed = state.seed
         self.llm.seed = self._seed
+
+    # ---- llama-cpp-python's static helpers ----
+
+    longest_token_prefix = staticmethod(longest_token_prefix)
+
+    @staticmethod
+    def logits_to_logprobs(logits, axis: int = -1) -> np.ndarray:
+        """log-softmax of logits along axis, float32."""
+        x = np.asarray(logits, dtype=np.float32)
+        m = np.max(x, axis=axis, keepdims=True)
+        shifted = x - np.where(np.isfinite(m), m, 0)
+        return (shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))).astype(np.float32)
 
     # ---- lifetime ----
 
