@@ -20,11 +20,14 @@ from llminfer.embedder import Embedder
 from llminfer.engine import Engine
 from llminfer.hub import pull
 from llminfer.llm import LLM, Completion, Timings, generate
-from llminfer.compat import Llama
+from llminfer.compat import Llama, LogitsProcessorList, StoppingCriteriaList
+from llminfer.llama_cache import LlamaDiskCache, LlamaRAMCache, LlamaState
+from llminfer.llama_grammar import LlamaGrammar
 from llminfer.sampling import SamplingParams
 from llminfer.system import system_info
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "Llama", "Engine", "Embedder", "Completion", "SamplingParams", "Timings", "errors", "generate", "ops",
+__all__ = ["LLM", "Llama", "LlamaGrammar", "LlamaRAMCache", "LlamaDiskCache", "LlamaState",
+           "LogitsProcessorList", "StoppingCriteriaList", "Engine", "Embedder", "Completion", "SamplingParams", "Timings", "errors", "generate", "ops",
            "pull", "system_info", "__version__"]

@@ -86,6 +86,11 @@ class GPUUnavailableError(LLMInferError, RuntimeError):
     present. The message says which."""
 
 
+class HubUnreachableError(LLMInferError, ConnectionError):
+    """The Hugging Face Hub (or $HF_ENDPOINT) cannot be reached and the file
+    asked for is not in the local cache. The message says what to do."""
+
+
 class DeviceError(LLMInferError, RuntimeError):
     """The GPU backend failed while loading or running a model: out of device
     memory, a tensor type it does not run, a kernel that failed."""

@@ -19,12 +19,59 @@ import fnmatch
 import hashlib
 import os
 import re
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from llminfer.errors import GGUFError, InvalidArgumentError, LLMInferError, ModelNotFoundError
+from llminfer.errors import GGUFError, HubUnreachableError, InvalidArgumentError, LLMInferError, ModelNotFoundError
 
 SPLIT = re.compile(r"^(?P<base>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _GLOB = set("*?[")
+PROBE_TIMEOUT = 5.0  # seconds to connect to the Hub before calling it unreachable
+
+
+def _unreachable(endpoint) -> str | None:
+    """Why the Hub's endpoint cannot be reached (one TCP connection, with a
+    short timeout), or None when it can. huggingface_hub itself retries a
+    refused connection with backoff for half a minute before it fails."""
+    url = urlsplit(endpoint)
+    host = url.hostname
+    port = url.port or (443 if url.scheme == "https" else 80)
+    if not host:
+        return f"HF_ENDPOINT {endpoint!r} names no host"
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT).close()
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _unreachable_error(repo_id, endpoint, why, cache_dir) -> HubUnreachableError:
+    from huggingface_hub import constants
+
+    where = cache_dir or constants.HF_HUB_CACHE
+    return HubUnreachableError(
+        f"cannot reach the Hugging Face Hub at {endpoint} ({why}) to fetch {repo_id}, and it is not in the "
+        f"cache at {where}. Pass the path of a local .gguf file instead, or, with the file already "
+        f"downloaded into that cache, set HF_HUB_OFFLINE=1 and give its exact file name (not a glob).")
+
+
+def _cached(hub, repo_id, names, revision, cache_dir):
+    """The local paths of names in the Hub's cache, or None if any is missing."""
+    paths = []
+    for n in names:
+        p = hub.try_to_load_from_cache(repo_id, n, cache_dir=cache_dir, revision=revision)
+        if not isinstance(p, str):
+            return None
+        paths.append(Path(p))
+    return paths
+
+
+def _is_network_error(e) -> bool:
+    """An error of the HTTP client under huggingface_hub (httpx, httpx2,
+    httpcore, requests, urllib3): the network, not the request."""
+    return any(c.__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests", "urllib3")
+               for c in type(e).__mro__) or isinstance(e, (ConnectionError, TimeoutError, socket.gaierror))
 
 
 def _hub():
@@ -95,22 +142,48 @@ def download(repo_id: str, filename: str, revision: str | None = None, cache_dir
     import huggingface_hub.constants as hf_constants
     import huggingface_hub.utils as hf_utils
 
+    endpoint = hf_constants.ENDPOINT
+    glob = any(c in filename for c in _GLOB)
+    if not hf_constants.HF_HUB_OFFLINE:
+        why = _unreachable(endpoint)
+        if why is not None:
+            cached = None if glob or local_dir else _cached(hub, repo_id, choose_files(repo_id, filename, []),
+                                                           revision, cache_dir)
+            if cached is None:
+                raise _unreachable_error(repo_id, endpoint, why, cache_dir)
+            return _joined(repo_id, choose_files(repo_id, filename, []), cached)
     files = []
-    if any(c in filename for c in _GLOB):
-        files = hub.list_repo_files(repo_id, revision=revision, token=token)
+    if glob:
+        try:
+            files = hub.list_repo_files(repo_id, revision=revision, token=token)
+        except Exception as e:  # noqa: BLE001 - only the network's errors are turned into ours
+            if _is_network_error(e):
+                raise _unreachable_error(repo_id, endpoint, f"{type(e).__name__}: {e}", cache_dir) from None
+            raise
     names = choose_files(repo_id, filename, files)
     if quiet:
         hf_utils.disable_progress_bars()
     try:
         paths = [Path(hub.hf_hub_download(repo_id, n, revision=revision, cache_dir=cache_dir,
                                           local_dir=local_dir, token=token)) for n in names]
+    except hf_utils.LocalEntryNotFoundError as e:  # offline (HF_HUB_OFFLINE=1), not in the cache
+        raise _unreachable_error(repo_id, endpoint, f"offline: {e}", cache_dir) from None
     except hf_utils.EntryNotFoundError as e:
         raise ModelNotFoundError(f"{repo_id} has no file {names[0]!r}: {e}") from None
     except hf_utils.RepositoryNotFoundError as e:
         raise ModelNotFoundError(f"no repository {repo_id} on {hf_constants.ENDPOINT}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - only the network's errors are turned into ours
+        if _is_network_error(e):
+            raise _unreachable_error(repo_id, endpoint, f"{type(e).__name__}: {e}", cache_dir) from None
+        raise
     finally:
         if quiet:
             hf_utils.enable_progress_bars()
+    return _joined(repo_id, names, paths)
+
+
+def _joined(repo_id, names, paths) -> Path:
+    """The one file of paths, or the split model they are, joined."""
     if len(paths) == 1:
         return paths[0]
     base = SPLIT.match(names[0])["base"].rsplit("/", 1)[-1]

@@ -302,16 +302,48 @@ class LLM:
         self._last_logits[:] = out[-1]
         return out
 
-    def eval(self, ids) -> np.ndarray:  # noqa: A003
+    def eval(self, ids, logits_all: bool = True) -> np.ndarray:  # noqa: A003
         """Append ids to the context; return the logits at every one of them,
-        float32 [len(ids), n_vocab]."""
+        float32 [len(ids), n_vocab], or with logits_all=False those of the
+        last one only, [1, n_vocab] (one output row computed, not len(ids))."""
         with self._lock:
             self._check_open()
             arr = self._check_ids(ids)
             self._owner = None
             if arr.size == 0:
                 return np.empty((0, self.n_vocab), dtype=np.float32)
+            if not logits_all:
+                self._forward(arr, logits_all=False)
+                return self._last_logits[None, :].copy()
             return self._forward(arr, logits_all=True)
+
+    @property
+    def last_logits(self) -> np.ndarray:
+        """A copy of the logits after the context's last token, float32
+        [n_vocab] (zeros while the context is empty)."""
+        with self._lock:
+            return self._last_logits.copy()
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n tokens of the context (their KV entries stay;
+        the last logits are not recomputed: evaluate a token to get fresh ones)."""
+        with self._lock:
+            self._check_open()
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= len(self._seq.tokens):
+                raise InvalidArgumentError(f"truncate takes 0..{len(self._seq.tokens)} tokens, got {n!r}")
+            self._engine.truncate(self._seq, int(n))
+            self._owner = None
+
+    def keep_prefix(self, ids) -> int:
+        """Truncate the context to the longest prefix it shares with ids that
+        can be reused (at least one token of ids is left to evaluate, since
+        its logits are needed); returns how many tokens were kept."""
+        with self._lock:
+            self._check_open()
+            n = self._prefix_to_keep(list(ids))
+            self._keep(n)
+            self._owner = None
+            return n
 
     def _prefix_to_keep(self, ids) -> int:
         """How many of `ids` the context already holds (at least one is always
@@ -335,7 +367,8 @@ class LLM:
     # ---- generation ----
 
     def _token_stream(self, prompt_ids, max_tokens, params: SamplingParams, timings: Timings,
-                      context_shift: bool, n_keep: int, spec=None, grammar=None) -> Iterator[int]:
+                      context_shift: bool, n_keep: int, spec=None, grammar=None,
+                      hooks: "_Hooks | None" = None) -> Iterator[int]:
         t0 = time.perf_counter()
         owner = self._owner = object()
         keep = self._prefix_to_keep(prompt_ids)
@@ -346,6 +379,8 @@ class LLM:
         # during a forward pass (the first one during the prompt's)
         constraint = None if grammar is None else Constraint(grammar, self.tokenizer, self.n_vocab)
         masked = (lambda lg: lg) if constraint is None else constraint.apply  # noqa: E731
+        if hooks is not None:
+            masked = hooks.wrap(masked)
         self._forward(ids, logits_all=False)
         mine = list(self._seq.tokens)  # what this generation's context holds
         sampler = Sampler(params if params.seed is not None or self.seed is None
@@ -355,11 +390,20 @@ class LLM:
         timings.prompt_tokens = len(ids)
         timings.prompt_seconds = t1 - t0
         history = list(prompt_ids)
+        if hooks is not None:
+            hooks.see(history)  # the processors read it as it grows
         # tokens sampled and not yet yielded; all but the last are already in
         # the context (drafts the target accepted)
         queue = [sampler.sample(masked(self._last_logits), history)]
         for i in range(max_tokens):
             tok = queue.pop(0)
+            if hooks is not None and hooks.stop(history):
+                # llama-cpp-python's stopping criteria: the token drawn is
+                # dropped and the generation ends as at an end-of-generation token
+                eog = hooks.eog_id
+                if eog is not None:
+                    yield eog
+                return
             if i == 0:
                 timings.time_to_first_token = time.perf_counter() - t0
                 t_gen = time.perf_counter()
@@ -455,7 +499,7 @@ class LLM:
         return stop
 
     def _run(self, prompt_ids, max_tokens, params, stop, context_shift, n_keep,
-             result: Completion, spec=None, grammar=None) -> Iterator[str]:
+             result: Completion, spec=None, grammar=None, hooks=None) -> Iterator[str]:
         matcher = StopMatcher(stop)
         # Not tokenizer.stream_decoder(): that one takes off the space a
         # SentencePiece encoder puts before a text, and a completion is not the
@@ -470,7 +514,7 @@ class LLM:
         # the object. A call that runs in between takes the context; the
         # stream's next step finds it gone and restores its own tokens.
         tokens = self._token_stream(prompt_ids, max_tokens, params, result.timings, context_shift, n_keep,
-                                    spec, grammar)
+                                    spec, grammar, hooks)
         try:
             while True:
                 with self._lock:
@@ -510,7 +554,7 @@ class LLM:
     def complete(self, prompt, max_tokens: int | None = 128, stop=None, stream: bool = False,
                  sampling: SamplingParams | None = None, context_shift: bool = False,
                  n_keep: int = 1, spec=None, logprobs: int | None = None, grammar=None, json_schema=None,
-                 response_format=None, **sampling_kwargs):
+                 response_format=None, logits_processor=None, stopping_criteria=None, **sampling_kwargs):
         """Generate after `prompt` (text, or token ids). Returns a Completion; with
         stream=True an iterator of text pieces whose last step fills `.result`.
         A list of prompts (texts, or lists of ids) runs them together as one
@@ -526,7 +570,14 @@ class LLM:
         ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}})
         constrain the tokens; a generation that ends with "stop" matches it.
         A constrained generation, or one with logprobs (each token's come from
-        the pass that sampled it), runs without speculative decoding."""
+        the pass that sampled it), runs without speculative decoding.
+        Python callbacks, as llama-cpp-python takes them (one prompt only, no
+        speculative decoding): logits_processor(input_ids, scores) -> scores
+        (or a list of them, applied in order) edits the logits before the
+        grammar mask and sampling; stopping_criteria(input_ids, logits) -> bool
+        (or a list: any) ends the generation ("stop") before the token drawn
+        from logits. input_ids is the prompt and the tokens so far; each call
+        costs a numpy array of them and a copy of the [n_vocab] logits per token."""
         self._check_open()
         check_logprobs(logprobs)
         grammar = grammar_from_args(grammar, json_schema, response_format)
@@ -539,7 +590,14 @@ class LLM:
         if sampling is not None and not isinstance(sampling, (SamplingParams, list, tuple)):
             raise InvalidArgumentError(f"sampling must be a SamplingParams (or a list of them), got "
                                        f"{type(sampling).__name__}")
+        hooks = _Hooks.make(logits_processor, stopping_criteria, self.tokenizer)
+        if hooks is not None and spec is not None and spec != "off":
+            raise InvalidArgumentError("speculative decoding (spec=) cannot run with logits_processor or "
+                                       "stopping_criteria; pass spec='off'")
         if _is_prompt_list(prompt):
+            if hooks is not None:
+                raise InvalidArgumentError("logits_processor and stopping_criteria take one prompt, not a list "
+                                           "(nor n > 1 choices)")
             if stream:
                 raise InvalidArgumentError("stream=True takes one prompt, not a list")
             if spec is not None and spec != "off":
@@ -552,10 +610,10 @@ class LLM:
             max_tokens = max(self.n_ctx - len(ids) + 1, 0)  # the last token needs no room
         stop = self._check_run(ids, max_tokens, params, stop, n_keep)
         config = self._spec_config if spec is None else _spec_config(spec, self._draft, self._spec_config)
-        if logprobs is not None or grammar is not None:
+        if logprobs is not None or grammar is not None or hooks is not None:
             config = None  # drafts are not masked by the grammar; logprobs come one pass a token
         result = Completion(text="", logprobs=None if logprobs is None else [], top_logprobs=logprobs or 0)
-        pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result, config, grammar)
+        pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result, config, grammar, hooks)
         if stream:
             return _Stream(pieces, result)
         for _ in pieces:
@@ -682,6 +740,10 @@ class LLM:
         fmt = self.chat_format
         text = fmt.render(prepare_messages(messages, "tools" in fmt.template), add_generation_prompt=True)
         return self.tokenize(text, add_bos=not fmt.adds_bos, special=True)
+
+    def chat_prompt(self, messages) -> list:
+        """The token ids of the prompt a chat call evaluates for `messages`."""
+        return self._chat_prompt(messages)
 
     def chat_completion(self, messages, max_tokens: int = 512, stop=None, stream: bool = False,
                         **kwargs):
@@ -833,6 +895,65 @@ def _is_prompt_list(prompt) -> bool:
     """A list of prompts (texts or id lists), as opposed to one prompt of ids."""
     return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and \
         all(isinstance(p, (str, list, tuple, np.ndarray)) for p in prompt)
+
+
+class _Hooks:
+    """llama-cpp-python's Python callbacks on one generation: logits
+    processors (input_ids, scores) -> scores and stopping criteria
+    (input_ids, logits) -> bool, input_ids an np.intc array of the prompt and
+    the tokens so far."""
+
+    def __init__(self, processors, criteria, eog_id):
+        self.processors = processors
+        self.criteria = criteria
+        self.eog_id = eog_id
+        self._logits = None  # the model's logits the last token was drawn from
+        self._history = []   # the generation's token list, read by the processors
+
+    @staticmethod
+    def _callables(name, value) -> list:
+        if value is None:
+            return []
+        items = [value] if callable(value) and not isinstance(value, (list, tuple)) else value
+        if not isinstance(items, (list, tuple)) or not all(callable(f) for f in items):
+            raise InvalidArgumentError(f"{name} must be a callable or a list of callables, got {value!r}")
+        return list(items)
+
+    @classmethod
+    def make(cls, logits_processor, stopping_criteria, tokenizer):
+        procs = cls._callables("logits_processor", logits_processor)
+        crit = cls._callables("stopping_criteria", stopping_criteria)
+        if not procs and not crit:
+            return None
+        eog = tokenizer.eos_id if tokenizer.eos_id in tokenizer.eog_ids else min(tokenizer.eog_ids, default=None)
+        return cls(procs, crit, eog)
+
+    def wrap(self, masked):
+        """masked(logits), after the processors have edited a copy of logits."""
+        def apply(logits):
+            scores = logits
+            if self.processors:
+                ids = np.asarray(self._history, dtype=np.intc)
+                scores = logits.copy()
+                for p in self.processors:
+                    out = p(ids, scores)
+                    scores = scores if out is None else out
+                scores = np.asarray(scores, dtype=np.float32)
+                if scores.shape != logits.shape:
+                    raise InvalidArgumentError(f"a logits_processor returned shape {scores.shape}, "
+                                               f"expected {logits.shape}")
+            self._logits = logits  # what stopping criteria see: the model's own logits
+            return masked(scores)
+        return apply
+
+    def see(self, history):
+        self._history = history
+
+    def stop(self, history) -> bool:
+        if not self.criteria:
+            return False
+        ids = np.asarray(history, dtype=np.intc)
+        return any(bool(c(ids, self._logits)) for c in self.criteria)
 
 
 class _SequenceRun:

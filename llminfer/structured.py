@@ -155,6 +155,7 @@ class Grammar:
                 raise GrammarError(f"json_schema is not valid JSON: {e}") from None
         if not isinstance(schema, dict):
             raise GrammarError(f"a JSON schema must be an object (dict) or true, got {type(schema).__name__}")
+        schema = closed_objects(schema)
         try:
             spec = ll.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=dict(_JSON_OPTIONS))
         except (ValueError, TypeError) as e:
@@ -201,6 +202,43 @@ class Grammar:
         if is_error:
             raise GrammarError(f"llguidance rejects the {source}: {messages[0] if messages else 'invalid'}")
         return cls(spec, source)
+
+
+# Keywords whose values are one schema, a list of schemas, or a map of them.
+_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames",
+        "additionalProperties", "unevaluatedItems")
+_LIST = ("anyOf", "oneOf", "prefixItems")
+_MAP = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+def closed_objects(schema, _in_all_of=False):
+    """A copy of a JSON schema in which every object schema that lists
+    `properties` and says nothing of `additionalProperties` gets
+    additionalProperties: false, as llama.cpp's json-schema-to-grammar reads
+    schemas (JSON Schema itself allows other keys; a model given that freedom
+    writes keys of its own instead of the ones asked for). The members of an
+    allOf are left open: each would otherwise forbid the others' keys."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k in _ONE:
+            out[k] = closed_objects(v)
+        elif k in _LIST and isinstance(v, list):
+            out[k] = [closed_objects(s) for s in v]
+        elif k == "allOf" and isinstance(v, list):
+            out[k] = [closed_objects(s, _in_all_of=True) for s in v]
+        elif k in _MAP and isinstance(v, dict):
+            out[k] = {name: closed_objects(s) for name, s in v.items()}
+        else:
+            out[k] = v
+    open_keys = ("additionalProperties", "unevaluatedProperties", "patternProperties")
+    if isinstance(out.get("properties"), dict) and not _in_all_of and not any(k in out for k in open_keys) \
+            and out.get("type", "object") in ("object", ["object"]):
+        out["additionalProperties"] = False
+    return out
 
 
 def grammar_from_args(grammar=None, json_schema=None, response_format=None) -> Grammar | None:

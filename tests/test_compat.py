@@ -249,11 +249,11 @@ def test_constructor_arguments(smollm2_path):
     assert llm.n_threads == 1 and llm.n_batch == 64
     from llminfer import gpu
 
-    if not gpu.info()["available"]:  # a CPU-only build says what to install
+    if not gpu.info()["available"]:  # a CPU-only build says what to install when the GPU is required
         from llminfer.errors import GPUUnavailableError
 
         with pytest.raises(GPUUnavailableError, match="GPU"):
-            Llama(model_path=str(smollm2_path), verbose=False, n_gpu_layers=-1)
+            Llama(model_path=str(smollm2_path), verbose=False, n_gpu_layers=-1, require_gpu=True)
     with pytest.raises(InvalidArgumentError, match="no_such"):
         Llama(model_path=str(smollm2_path), verbose=False, no_such=1)
     with pytest.raises(InvalidArgumentError, match="chat_format"):
@@ -300,14 +300,14 @@ def test_eval_and_scores(smollm2_path):
     llm = Llama(model_path=str(smollm2_path), n_ctx=128, verbose=False, logits_all=True)
     ids = llm.tokenize(b"The capital of France")
     llm.eval(ids)
-    assert llm.n_tokens == len(ids) and list(llm.input_ids) == ids
-    assert llm.scores.shape == (len(ids), llm.n_vocab())
-    scores = llm.scores
+    assert llm.n_tokens == len(ids) and list(llm.input_ids[:llm.n_tokens]) == ids
+    assert llm.scores.shape == (128, llm.n_vocab())  # llama-cpp-python's [n_ctx, n_vocab]
+    scores = llm.scores[:len(ids)].copy()
     llm.reset()
-    assert llm.n_tokens == 0 and llm.scores.shape[0] == 0
+    assert llm.n_tokens == 0 and llm._scores.shape[0] == 0
     for t in ids:  # one at a time: the same logits, row by row
         llm.eval([t])
-    np.testing.assert_array_equal(llm.scores, scores)
+    np.testing.assert_array_equal(llm.scores[:len(ids)], scores)
 
 
 def test_streaming_chat_shape(smollm2_path):
