@@ -241,9 +241,9 @@ class KVCache:
             if need[g] > self.pools[g].free_blocks:
                 pool = self.pools[g]
                 raise KVCacheFullError(
-                    f"the {pool.name} KV pool has {pool.free_blocks} free blocks of {pool.block_size} positions, "
-                    f"and {n} more positions of sequence {s.seq_id} need {need[g]}; free sequences, or create "
-                    f"the engine with a larger kv_pool_tokens")
+                    f"the {pool.name} KV pool is out of blocks: {n} more positions of sequence {s.seq_id} need "
+                    f"{need[g]} blocks of {pool.block_size} positions and {pool.free_blocks} are free; free "
+                    f"sequences, or create the engine with a larger kv_pool_tokens")
         first, last = s.next_pos, s.next_pos + n - 1
         for g in self.groups:
             t, pool = s.tables[g], self.pools[g]

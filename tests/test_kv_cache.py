@@ -90,7 +90,7 @@ def test_reserve_is_all_or_nothing():
     a = kv.new_sequence()
     fill(kv, a, list(range(10)))  # 3 blocks
     b = kv.new_sequence()
-    with pytest.raises(KVCacheFullError, match="1 free blocks"):
+    with pytest.raises(KVCacheFullError, match="out of blocks: 8 more positions of sequence 1 need 2 blocks of 4 positions and 1 are free"):
         kv.reserve(b, 8)  # 2 blocks
     assert kv.pools[FULL].free_blocks == 1 and b.tables[FULL] == []
     # copy-on-write counts too: a fork writing into the shared last block
