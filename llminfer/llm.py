@@ -19,7 +19,6 @@ stream then restores its context (recomputing the tokens that differ).
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import threading
 import time
@@ -34,7 +33,7 @@ from llminfer.completions import (check_logprobs, usage_of, wants_chat_extras,
                                   wants_completion_extras)
 from llminfer.engine import KV_TYPES, Engine, check_positive_int
 from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError
-from llminfer.generation import Generator, StopMatcher, stop_list, token_logprobs
+from llminfer.generation import Generator, stop_list
 from llminfer.sampling import Sampler, SamplingParams
 from llminfer.structured import Constraint, grammar_from_args
 
@@ -366,9 +365,11 @@ class LLM:
 
     # ---- generation ----
 
-    def _token_stream(self, prompt_ids, max_tokens, params: SamplingParams, timings: Timings,
-                      context_shift: bool, n_keep: int, spec=None, grammar=None,
-                      hooks: "_Hooks | None" = None) -> Iterator[int]:
+    def _token_stream(self, gen: Generator, prompt_ids, max_tokens, timings: Timings, context_shift: bool,
+                      n_keep: int, spec=None, hooks: "_Hooks | None" = None) -> Iterator[int]:
+        """The tokens of one generation, drawn with gen's sampler and grammar;
+        the caller hands each to gen.emit before it asks for the next (which
+        grows gen.history and advances the grammar while the next pass runs)."""
         t0 = time.perf_counter()
         owner = self._owner = object()
         keep = self._prefix_to_keep(prompt_ids)
@@ -377,19 +378,17 @@ class LLM:
         ids = self._check_ids(prompt_ids[keep:])
         # a grammar masks the logits; each mask is computed on a worker thread
         # during a forward pass (the first one during the prompt's)
-        constraint = None if grammar is None else Constraint(grammar, self.tokenizer, self.n_vocab)
-        masked = (lambda lg: lg) if constraint is None else constraint.apply  # noqa: E731
+        masked = (lambda lg: lg) if gen.constraint is None else gen.constraint.apply  # noqa: E731
         if hooks is not None:
             masked = hooks.wrap(masked)
         self._forward(ids, logits_all=False)
         mine = list(self._seq.tokens)  # what this generation's context holds
-        sampler = Sampler(params if params.seed is not None or self.seed is None
-                          else params.replace(seed=self.seed), self.n_vocab, self.tokenizer)
+        sampler = gen.sampler
         spec = self._speculator(spec, sampler, prompt_ids)
         t1 = time.perf_counter()
         timings.prompt_tokens = len(ids)
         timings.prompt_seconds = t1 - t0
-        history = list(prompt_ids)
+        history = gen.history  # the prompt and the tokens emitted so far
         if hooks is not None:
             hooks.see(history)  # the processors read it as it grows
         # tokens sampled and not yet yielded; all but the last are already in
@@ -412,14 +411,8 @@ class LLM:
             yield tok
             if tok in self.tokenizer.eog_ids or i == max_tokens - 1:
                 break
-            history.append(tok)
             if queue:
                 continue
-            if constraint is not None:
-                constraint.advance(tok)
-                if constraint.done:  # the grammar is complete: end as the model's EOS would
-                    yield constraint.eos_id
-                    break
             if self._owner is not owner:
                 # other calls used the context while this stream waited: put its
                 # tokens back, reusing the prefix they share
@@ -500,48 +493,46 @@ class LLM:
 
     def _run(self, prompt_ids, max_tokens, params, stop, context_shift, n_keep,
              result: Completion, spec=None, grammar=None, hooks=None) -> Iterator[str]:
-        matcher = StopMatcher(stop)
-        # Not tokenizer.stream_decoder(): that one takes off the space a
-        # SentencePiece encoder puts before a text, and a completion is not the
-        # start of a text, its first "\u2581" is a real space (" Paris").
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         result.prompt_tokens = len(prompt_ids)
         result.finish_reason = "length"
         if max_tokens == 0:
             return
+        with self._lock:
+            self._check_open()  # a stream may be read after close()
+            sampler = Sampler(params if params.seed is not None or self.seed is None
+                              else params.replace(seed=self.seed), self.n_vocab, self.tokenizer)
+            constraint = None if grammar is None else Constraint(grammar, self.tokenizer, self.n_vocab)
+            gen = Generator(sampler, self.tokenizer, stop, constraint, prompt_ids,
+                            None if result.logprobs is None else result.top_logprobs)
         # The lock is held for each step of the stream, not across its yields:
         # a stream half read on one thread must not block every other call on
         # the object. A call that runs in between takes the context; the
         # stream's next step finds it gone and restores its own tokens.
-        tokens = self._token_stream(prompt_ids, max_tokens, params, result.timings, context_shift, n_keep,
-                                    spec, grammar, hooks)
+        tokens = self._token_stream(gen, prompt_ids, max_tokens, result.timings, context_shift, n_keep, spec, hooks)
+        reason = "length"
         try:
             while True:
                 with self._lock:
                     self._check_open()  # a stream may be read after close()
                     tok = next(tokens, None)
-                if tok is None:
+                    if tok is None:
+                        break
+                    # the logits tok was drawn from are still the last ones
+                    event, end = gen.emit(tok, self._last_logits if result.logprobs is not None else None)
+                if event is not None:
+                    result.tokens.append(tok)
+                    if result.logprobs is not None:
+                        result.logprobs.append((event.logprob, event.top))
+                    if event.text:
+                        result.text += event.text
+                        yield event.text
+                if end is not None:
+                    reason = end
                     break
-                if tok in self.tokenizer.eog_ids:
-                    result.finish_reason = "stop"
-                    break
-                result.tokens.append(tok)
-                if result.logprobs is not None:  # the logits tok was drawn from are still the last ones
-                    result.logprobs.append(token_logprobs(self._last_logits, tok, result.top_logprobs))
-                text, stopped = matcher.push(decoder.decode(self.tokenizer.token_bytes(tok)))
-                if text:
-                    result.text += text
-                    yield text
-                if stopped:
-                    result.finish_reason = "stop"
-                    return
         finally:
             with self._lock:
                 tokens.close()
-        text, stopped = matcher.push(decoder.decode(b"", final=True))
-        if stopped:
-            result.finish_reason = "stop"
-        text += "" if stopped else matcher.flush()
+            text, result.finish_reason = gen.finish(reason)
         if text:
             result.text += text
             yield text
