@@ -127,7 +127,8 @@ case "$repaired" in
     *"is consistent with the following platform tag: \"manylinux_"*) ;;
     *) fail "auditwheel show: the repaired wheel is not consistent with a manylinux tag" ;;
 esac
-gomp_in_wheel="$(unzip -Z1 "${wheel[0]}" | grep -E '^llminfer\.libs/libgomp-[^/]*\.so' || true)"
+gomp_in_wheel="$("$TOOLS/bin/python" -c 'import sys, zipfile; print("\n".join(zipfile.ZipFile(sys.argv[1]).namelist()))' \
+    "${wheel[0]}" | grep -E '^llminfer\.libs/libgomp-[^/]*\.so' || true)"
 [ -n "$gomp_in_wheel" ] || fail "the repaired wheel carries no libgomp (llminfer.libs/)"
 say "repaired: $(basename "${wheel[0]}"), carrying $gomp_in_wheel"
 
