@@ -17,6 +17,7 @@
 #include "llminfer.h"
 #include "matmul.h"
 #include "share.h"
+#include "util.h"
 
 #define MAX_ROPE_TABLES 4
 /* Most experts a MoE layer may have (released models have up to 512). */
@@ -139,17 +140,5 @@ int li_count_spans(const li_context *c, const li_layer_desc *L, const int32_t *b
 /* the first position a token at pos sees in layer L */
 int li_first_visible(const li_layer_desc *L, int pos);
 void li_round_to_f16(float *x, int64_t n);
-
-/* model.c: size bytes (rounded up to a multiple of align, a power of two
- * from 64) at an address aligned to align, or NULL; freed by li_free_aligned */
-void *li_alloc_aligned(size_t size, size_t align);
-void li_free_aligned(void *p);
-
-/* errors.c: record a message for li_last_error and return status */
-int li_fail(int status, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
 
 #endif

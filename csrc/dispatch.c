@@ -182,8 +182,6 @@ const li_kernels *li_K = &tables[LI_ISA_SCALAR];
 volatile int li_x16_near;
 int li_x16_stream = LI_STREAM_L1_NTA;
 
-void li_ops_init(void); /* ops.c: the lookup tables */
-
 /* A level is ready when the CPU has it and its file was built with its flags
  * (a fill function built without them leaves the table marked as scalar). A
  * fill function is itself compiled for its level, so it is called only where
@@ -192,7 +190,7 @@ static int ready[LI_ISA_COUNT];
 
 void li_init(void) {
     if (tables_ready) return;
-    li_ops_init();
+    li_luts_init();
     li_kernels_fill_scalar(&tables[LI_ISA_SCALAR]);
     ready[LI_ISA_SCALAR] = 1;
 #if defined(LI_ARCH_X86)

@@ -4,7 +4,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "context.h"
+#include "llminfer.h"
+#include "util.h"
 
 #if defined(_MSC_VER)
 #define LI_THREAD_LOCAL __declspec(thread)

@@ -23,7 +23,8 @@
 #if defined(_WIN32)
 #include <stdint.h>
 
-#include "context.h" /* li_fail */
+#include "llminfer.h"
+#include "util.h"
 
 int li_fault_watch(const void *start, size_t length, int64_t *token) {
     (void)start, (void)length;
@@ -44,7 +45,8 @@ int li_fault_hit(int64_t token) { return (void)token, 0; }
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "context.h" /* li_fail */
+#include "llminfer.h"
+#include "util.h"
 
 #define SLOTS 1024
 #define GEN_SHIFT 16 /* a token: the slot's generation above its index */

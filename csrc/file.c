@@ -15,7 +15,8 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
-#include "context.h" /* li_fail */
+#include "llminfer.h"
+#include "util.h"
 
 /* glibc 2.33 made fstat a symbol of its own, versioned GLIBC_2.33; before it,
  * <sys/stat.h> turned fstat into a call of __fxstat@GLIBC_2.2.5 (aarch64:

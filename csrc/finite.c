@@ -16,7 +16,8 @@
 #include <string.h>
 
 #include "blocks.h"
-#include "context.h" /* li_fail */
+#include "llminfer.h"
+#include "util.h"
 #include "repack.h"  /* li_release_row */
 
 #define CHUNK ((size_t)2 << 20) /* bytes scanned before their pages go back */

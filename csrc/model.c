@@ -31,14 +31,10 @@
  * the head. Without one the whole pass is one parallel region, as it always
  * was.
  */
-#define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c11 */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#if defined(_WIN32)
-#include <malloc.h> /* _aligned_malloc */
-#endif
 
 #include "backend.h"
 #include "common.h"
@@ -47,26 +43,6 @@
 #include "matmul.h"
 #include "repack.h"
 
-/* ---- memory ---- */
-
-void *li_alloc_aligned(size_t size, size_t align) {
-    if (size == 0) size = align;
-    size = (size + align - 1) / align * align;
-#if defined(_WIN32)
-    return _aligned_malloc(size, align);
-#else
-    void *p = NULL;
-    return posix_memalign(&p, align, size) == 0 ? p : NULL;
-#endif
-}
-
-void li_free_aligned(void *p) {
-#if defined(_WIN32)
-    _aligned_free(p);
-#else
-    free(p);
-#endif
-}
 
 static void *alloc_aligned(size_t size) { return li_alloc_aligned(size, 64); }
 #define free_aligned li_free_aligned

@@ -17,7 +17,7 @@
 #endif
 
 #include "common.h"
-#include "context.h"
+#include "util.h"
 #include "kernels/kernels.h"
 #include "kernels/unpack.h"
 #include "kernels/unpack_iq.h"

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 
 #include "common.h"
-#include "context.h" /* li_alloc_aligned */
+#include "util.h"
 #include "share.h"
 
 #if defined(_MSC_VER)

@@ -23,6 +23,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from llminfer.cache import cache_dir
 from llminfer.errors import GGUFError, HubUnreachableError, InvalidArgumentError, LLMInferError, ModelNotFoundError
 
 SPLIT = re.compile(r"^(?P<base>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -124,8 +125,6 @@ def choose_files(repo_id: str, filename: str, files: list) -> list:
 
 
 def joined_dir() -> Path:
-    from llminfer.hub import cache_dir
-
     return cache_dir() / "hf-joined"
 
 

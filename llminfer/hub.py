@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from llminfer.cache import cache_dir
 from llminfer.errors import LLMInferError, ModelNotFoundError
 
 
@@ -64,11 +65,6 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 class DownloadError(LLMInferError):
     """A known model could not be fetched or failed its checksum."""
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("LLMINFER_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "llminfer"
 
 
 def model_path(name: str) -> Path:

@@ -157,10 +157,11 @@ void li_kernels_fill_neon_iq(li_kernels *t); /* arm_neon_iq.c */
 extern const li_kernels *li_K;
 void li_init(void);
 
-/* the F16-indexed activation tables (ops.c) */
+/* the F16-indexed activation tables (luts.c), filled by li_luts_init */
 extern float li_lut_silu[65536];
 extern float li_lut_silu_slope[65536];
 extern float li_lut_gelu[65536];
+void li_luts_init(void);
 /* where the tables are not consulted: SiLU(x) = x above, 0 below; GELU likewise */
 #define LI_SILU_HI 16.0f
 #define LI_SILU_LO (-64.0f)
