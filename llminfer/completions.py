@@ -21,6 +21,7 @@ suffix <MID>, the model then writing the middle.
 from __future__ import annotations
 
 import time
+import uuid
 
 import numpy as np
 
@@ -53,6 +54,17 @@ def check_logprobs(n):
                           or not 0 <= n <= MAX_TOP_LOGPROBS):
         raise InvalidArgumentError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}] (how many "
                                    f"alternatives to list), got {n!r}")
+
+
+def new_id(kind: str) -> str:
+    """A fresh id of an OpenAI object: "cmpl-" or "chatcmpl-" and 32 hex
+    digits for a completion (kind "cmpl", "chatcmpl"), "call_" and 24 for a
+    tool call (kind "call")."""
+    if kind == "call":
+        return "call_" + uuid.uuid4().hex[:24]
+    if kind not in ("cmpl", "chatcmpl"):
+        raise ValueError(f"no OpenAI id of kind {kind!r}")
+    return f"{kind}-{uuid.uuid4().hex}"
 
 
 def usage_of(outs) -> dict:
@@ -163,7 +175,7 @@ def create_completion(llm, prompt, max_tokens=16, stream=False, suffix=None, ech
     if echo and logprobs is not None:
         echo_entries = _echo_entries(llm, ids, logprobs)
     created = int(time.time())
-    cid = f"cmpl-{created}-{id(ids) & 0xffffff:06x}"
+    cid = new_id("cmpl")
     name = str(llm.model_path)
 
     def logprobs_of(c, toks, entries, offset):
@@ -230,7 +242,7 @@ def create_chat_completion(llm, messages, max_tokens=512, stream=False, logprobs
     if stream and n > 1:
         raise InvalidArgumentError("stream=True takes n=1")
     created = int(time.time())
-    cid = f"chatcmpl-{created}-{id(messages) & 0xffffff:06x}"
+    cid = new_id("chatcmpl")
     name = str(llm.model_path)
     ids = llm._chat_prompt(messages)
     stops = list(llm.chat_format.stop_texts) + stop_list(kwargs.pop("stop", None))

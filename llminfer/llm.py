@@ -700,7 +700,7 @@ class LLM:
             return completions.create_completion(self, prompt, max_tokens=max_tokens, stream=stream, **kwargs)
         out = self.complete(prompt, max_tokens=max_tokens, stream=stream, **kwargs)
         created = int(time.time())
-        cid = f"cmpl-{created}-{id(out) & 0xffffff:06x}"
+        cid = completions.new_id("cmpl")
         name = str(self.model_path)
         if stream:
             return _openai_chunks(out, cid, created, name, "text_completion",
@@ -767,7 +767,7 @@ class LLM:
                                                       **kwargs)
         out = self.chat_completion(messages, max_tokens=max_tokens, stream=stream, **kwargs)
         created = int(time.time())
-        cid = f"chatcmpl-{created}-{id(out) & 0xffffff:06x}"
+        cid = completions.new_id("chatcmpl")
         name = str(self.model_path)
         if stream:
             return _openai_chunks(out, cid, created, name, "chat.completion.chunk",

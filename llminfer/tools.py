@@ -28,8 +28,8 @@ import ast
 import json
 import re
 import time
-import uuid
 
+from llminfer.completions import new_id
 from llminfer.errors import InvalidArgumentError
 from llminfer.structured import Grammar
 
@@ -355,7 +355,7 @@ def parse_tool_calls(text: str, fmt: str = "hermes"):
 
 
 def openai_tool_calls(calls) -> list:
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    return [{"id": new_id("call"), "type": "function",
              "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
             for c in calls]
 
@@ -443,7 +443,7 @@ def chat_with_tools(llm, messages, tools, tool_choice, max_tokens, stream, kwarg
     stops = list(fmt_obj.stop_texts) + _stops(kwargs.pop("stop", None))
     out = llm.complete(ids, max_tokens=max_tokens, stop=stops, stream=stream, **kwargs)
     created = int(time.time())
-    cid = f"chatcmpl-{created}-{uuid.uuid4().hex[:6]}"
+    cid = new_id("chatcmpl")
     model = str(llm.model_path)
     if stream:
         return _stream_chunks(llm, out, offered, parse_fmt, cid, created, model)

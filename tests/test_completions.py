@@ -134,3 +134,17 @@ def test_suffix_lays_out_prefix_suffix_middle(llm):
 def test_bad_options_raise(llm, kw):
     with pytest.raises(InvalidArgumentError):
         llm.create_completion(PROMPT, max_tokens=2, **kw)
+
+
+def test_ids_are_fresh_and_shaped_as_openai_s(llm):
+    """One way to make an id (completions.new_id), for the library, the
+    server and tool calls: a uuid's hex, never an object's address (which
+    Python reuses, so two responses could share an id)."""
+    import re
+
+    ids = [llm.create_completion("Hi", max_tokens=1)["id"] for _ in range(3)]
+    ids += [llm.create_completion("Hi", max_tokens=1, logprobs=1)["id"]]
+    assert len(set(ids)) == 4 and all(re.fullmatch(r"cmpl-[0-9a-f]{32}", i) for i in ids)
+    msgs = [{"role": "user", "content": "Hi"}]
+    chat = [llm.create_chat_completion(msgs, max_tokens=1)["id"], llm.create_chat_completion(msgs, max_tokens=1)["id"]]
+    assert len(set(chat)) == 2 and all(re.fullmatch(r"chatcmpl-[0-9a-f]{32}", i) for i in chat)

@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import time
-import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from llminfer.completions import fim_layout
+from llminfer.completions import fim_layout, new_id
 from llminfer import hub
 from llminfer.embedder import Embedder
 from llminfer.embeddings import declared_pooling, engine_hidden, l2_normalize, pool
@@ -641,8 +640,7 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
     if len(prompts) * n > MAX_PROMPTS:
         raise _bad(f"{len(prompts)} prompts x n={n} choices is more than {MAX_PROMPTS} generations", "n")
     limits = [server.check_length(p, max_tokens) for p in prompts]
-    prefix = "chatcmpl-" if chat else "cmpl-"
-    meta = {"id": prefix + uuid.uuid4().hex, "object": "chat.completion" if chat else "text_completion",
+    meta = {"id": new_id("chatcmpl" if chat else "cmpl"), "object": "chat.completion" if chat else "text_completion",
             "created": int(time.time()), "model": server.model_name}
     echoes = await _echoes(server, body, prompts, logprobs) if echo else None
     if max_tokens == 0:
