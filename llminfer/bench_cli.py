@@ -73,23 +73,27 @@ def _run(llm, n_prompt, n_gen, threads, seed, depth=None):
     # Python's generator, not numpy's: numpy.random imports secrets and with it
     # 3 MiB of libcrypto, which would count in the peak RSS compared with llama-bench
     rng = random.Random(seed)
-    llm.n_threads = threads
-    llm.reset()
-    if depth is not None:
-        llm._forward(depth, logits_all=False)
-    if n_prompt:
-        ids = np.array([rng.randrange(llm.n_vocab) for _ in range(n_prompt)], dtype=np.int32)
-        t = time.perf_counter()
-        llm._forward(ids, logits_all=False)
-        dt = time.perf_counter() - t
-    else:
-        tok = np.array([rng.randrange(llm.n_vocab)], dtype=np.int32)
-        t = time.perf_counter()
-        for _ in range(n_gen):
-            llm._forward(tok, logits_all=False)
-            tok[0] = rng.randrange(llm.n_vocab)
-        dt = time.perf_counter() - t
-    llm.reset()
+    llm.reset()  # the LLM's context gives its blocks back; the test runs a sequence of its own
+    eng = llm.engine
+    seq = eng.new_sequence()
+    logits = np.empty(llm.n_vocab, np.float32)  # each pass writes (and checks) its row here
+    try:
+        if depth is not None:
+            eng.decode([(seq, depth, logits)], n_threads=threads)
+        if n_prompt:
+            ids = np.array([rng.randrange(llm.n_vocab) for _ in range(n_prompt)], dtype=np.int32)
+            t = time.perf_counter()
+            eng.decode([(seq, ids, logits)], n_threads=threads)
+            dt = time.perf_counter() - t
+        else:
+            tok = rng.randrange(llm.n_vocab)
+            t = time.perf_counter()
+            for _ in range(n_gen):
+                eng.step(seq, tok, logits, n_threads=threads)
+                tok = rng.randrange(llm.n_vocab)
+            dt = time.perf_counter() - t
+    finally:
+        eng.free(seq)
     return dt
 
 
@@ -155,7 +159,7 @@ def bench(llm, n_prompt: int, n_gen: int, threads_list, repetitions: int, fmt: s
     """Run the tests and print each row as it is measured; returns the rows.
     depths: context lengths each test starts at (llama-bench's -d)."""
     out = out or sys.stdout
-    facts = model_facts(llm._gguf)
+    facts = model_facts(llm.engine.gguf)
     printer = _Printer(fmt, out)
     printer.header()
     tests = [(n_prompt, 0)] * bool(n_prompt) + [(0, n_gen)] * bool(n_gen)

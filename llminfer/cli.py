@@ -25,7 +25,6 @@ docs/cli.md says how the commands behave, for users of Ollama and llama.cpp.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -308,33 +307,6 @@ def cmd_perplexity(a):
     print(f"Final estimate: PPL = {r.ppl:.4f} +/- {r.ppl_err:.5f}  "
           f"({r.n_chunks} chunks of {r.n_ctx} tokens, {r.tokens_scored} scored, {r.seconds:.1f} s)")
     return 0
-
-
-def bench_once(llm, n_prompt, n_gen, threads, seed=0):
-    """(prompt tokens/s, generation tokens/s) of one run: a random prompt of
-    n_prompt tokens, then n_gen greedy tokens one at a time."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    llm.n_threads = threads
-    llm.reset()
-    pp = tg = 0.0
-    if n_prompt:
-        ids = rng.integers(0, llm.n_vocab, n_prompt).astype(np.int32)
-        t = time.perf_counter()
-        llm._forward(ids, logits_all=False)
-        pp = n_prompt / (time.perf_counter() - t)
-    if n_gen:
-        tok = np.array([int(np.argmax(llm._last_logits)) if n_prompt else 0], dtype=np.int32)
-        if not n_prompt:
-            llm._forward(tok, logits_all=False)
-        t = time.perf_counter()
-        for _ in range(n_gen):
-            llm._forward(tok, logits_all=False)
-            tok[0] = int(np.argmax(llm._last_logits))
-        tg = n_gen / (time.perf_counter() - t)
-    llm.reset()
-    return pp, tg
 
 
 def cmd_bench(a):
