@@ -190,7 +190,11 @@ typedef struct li_matrix {
     const void *packed; /* NULL, or the rows repacked by li_model_repack (owned by it) */
 } li_matrix;
 
-/* One block. Vectors are float32 and borrowed; NULL means "absent". */
+/* One block. Vectors are float32 and borrowed; NULL means "absent".
+ * The Python layer fills this struct and li_model_desc field by field from
+ * the spec's attributes of the same names (tools/gen_desc.py writes that
+ * code from this header): a new option is a field here, its attribute on the
+ * spec (llminfer/models/base.py) and the architecture that sets it. */
 typedef struct li_layer_desc {
     const float *attn_norm;      /* [n_embd] */
     li_matrix wq, wk, wv, wo;    /* [n_head*head_dim, n_embd], [n_head_kv*head_dim, n_embd] x2, [n_embd, n_head*head_dim_v] */
@@ -235,6 +239,7 @@ typedef struct li_model_desc {
                                   * after RoPE (Llama 4 / Ministral 3 temperature tuning); 0: none */
     float attn_temp_offset;
     int attn_temp_floor;         /* > 0 when attn_temp_scale != 0 */
+    /* -- the core's own -- */
     int embd_release;            /* set by li_model_repack(release): tok_embd is a clean file mapping that
                                   * nothing reads in bulk, and each token's lookup hands its row's pages back */
     int embd_file;               /* set by li_model_embd_file: with embd_release, a lookup reads its row

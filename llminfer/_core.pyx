@@ -317,6 +317,7 @@ def rope(float[:, :, ::1] x, const int32_t[::1] pos, int64_t n_rot, float freq_b
 # ---- models ----
 
 from libc.stdlib cimport calloc, free, realloc
+from libc.string cimport memset
 from cpython.pycapsule cimport PyCapsule_GetPointer
 
 
@@ -341,64 +342,10 @@ cdef class ModelDesc:
         if self.layers == NULL:
             raise MemoryError()
         d = &self.desc
-        d.n_vocab = spec.n_vocab
-        d.n_embd = spec.n_embd
+        _fill_model(self, d, spec)  # every field by its name on the spec (_desc.pxi)
         d.n_layer = n_layer
-        d.n_head = spec.n_head
-        d.n_head_kv = spec.n_head_kv
-        d.head_dim = spec.head_dim
-        d.head_dim_v = spec.head_dim_v
-        d.n_ff = spec.n_ff
-        d.n_rot = spec.n_rot
-        d.rope_mode = spec.rope_mode
-        d.gate_fn = spec.act
-        d.norm_eps = spec.norm_eps
-        d.embd_scale = spec.embd_scale
-        d.attn_scale = spec.attn_scale
-        self._matrix(&d.tok_embd, spec.tok_embd)
-        d.output_norm = self._vector(spec.output_norm)
-        self._matrix(&d.output, spec.output)
-        d.rope_factors = self._vector(spec.rope_factors)
-        d.residual_scale = spec.residual_scale
-        d.logit_scale = spec.logit_scale
-        d.attn_softcap = spec.attn_softcap
-        d.final_softcap = spec.final_softcap
-        d.qk_norm_whole = 1 if spec.qk_norm_whole else 0
-        d.attn_temp_scale = spec.attn_temp_scale
-        d.attn_temp_offset = spec.attn_temp_offset
-        d.attn_temp_floor = spec.attn_temp_floor
-        d.n_expert = spec.n_expert
-        d.n_expert_used = spec.n_expert_used
-        d.n_ff_exp = spec.n_ff_exp
-        cdef C.li_layer_desc *L
         for i, ls in enumerate(spec.layers):
-            L = &self.layers[i]
-            L.attn_norm = self._vector(ls.attn_norm)
-            self._matrix(&L.wq, ls.wq)
-            self._matrix(&L.wk, ls.wk)
-            self._matrix(&L.wv, ls.wv)
-            self._matrix(&L.wo, ls.wo)
-            L.bq = self._vector(ls.bq)
-            L.bk = self._vector(ls.bk)
-            L.bv = self._vector(ls.bv)
-            L.q_norm = self._vector(ls.q_norm)
-            L.k_norm = self._vector(ls.k_norm)
-            L.post_attn_norm = self._vector(ls.post_attn_norm)
-            L.ffn_norm = self._vector(ls.ffn_norm)
-            if ls.moe is None:
-                self._matrix(&L.w_gate, ls.w_gate)
-                self._matrix(&L.w_up, ls.w_up)
-                self._matrix(&L.w_down, ls.w_down)
-            else:
-                self._matrix(&L.router, ls.moe.router)
-                self._matrix(&L.gate_exps, ls.moe.gate_exps)
-                self._matrix(&L.up_exps, ls.moe.up_exps)
-                self._matrix(&L.down_exps, ls.moe.down_exps)
-            L.post_ffn_norm = self._vector(ls.post_ffn_norm)
-            L.rope_base = ls.rope_base
-            L.rope_scale = ls.rope_scale
-            L.sliding_window = ls.sliding_window
-            L.no_rope = 0 if ls.use_rope else 1
+            _fill_layer(self, &self.layers[i], ls)
         d.layers = self.layers
         check(C.li_model_check(d), "model description")
 
@@ -410,6 +357,9 @@ cdef class ModelDesc:
         return &v[0]
 
     cdef int _matrix(self, C.li_matrix *m, mat) except -1:
+        if mat is None:  # absent (a MoE layer's dense weights, a dense layer's experts)
+            memset(m, 0, sizeof(C.li_matrix))
+            return 0
         cdef const uint8_t[::1] data = mat.data
         self._keep.append(mat.data)
         m.data = &data[0]
@@ -473,6 +423,9 @@ cdef class ModelDesc:
         free(self.layers)
         if self._embd_fd >= 0:
             os.close(self._embd_fd)
+
+
+include "_desc.pxi"
 
 
 cdef class Context:

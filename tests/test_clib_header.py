@@ -101,3 +101,38 @@ def test_status_codes_map_to_error_classes():
     for name, value in codes.items():
         assert value in errors._BY_STATUS, f"{name} ({value}) has no exception class"
         assert name in PXD.read_text(), f"{name} is not declared in the .pxd"
+
+
+def test_the_description_fillers_are_generated_from_the_header():
+    """llminfer/_desc.pxi (ModelDesc's field-by-field fill) is what
+    tools/gen_desc.py writes from the header now: a field added to
+    li_model_desc or li_layer_desc reaches the Python layer by its name."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_desc.py"), "--check"], capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+
+
+def test_every_spec_has_every_field_the_header_reads(tmp_path):
+    """The C names are the spec's attribute names: each architecture's spec
+    (a tiny model of each kind of layer) has them all."""
+    import ast
+
+    from llminfer.gguf_file import GGUFFile
+    from llminfer.models import build_spec
+    from tiny_models import TinyConfig, write_model
+
+    fields = {}
+    for line in (ROOT / "llminfer" / "_desc.pxi").read_text().splitlines():
+        if "_FIELDS = " in line:
+            name, value = line.split(" = ", 1)
+            fields[name] = ast.literal_eval(value)
+    assert fields["MODEL_FIELDS"] and fields["LAYER_FIELDS"]
+    for arch in ("llama", "gemma3", "qwen3moe"):
+        with GGUFFile(write_model(tmp_path / f"{arch}.gguf", TinyConfig(arch=arch))) as g:
+            spec = build_spec(g, n_ctx=64)
+        missing = {f for f in fields["MODEL_FIELDS"] if not hasattr(spec, f)}
+        missing |= {f for L in spec.layers for f in fields["LAYER_FIELDS"] if not hasattr(L, f)}
+        assert not missing, f"{arch}: the spec lacks {sorted(missing)}"

@@ -73,8 +73,25 @@ class LayerSpec:
     rope_base: float = 10000.0
     rope_scale: float = 1.0
     sliding_window: int = 0
-    use_rope: bool = True         # False: queries and keys are not rotated (smollm3's every 4th layer)
+    no_rope: bool = False         # True: queries and keys are not rotated (smollm3's every 4th layer)
     moe: MoESpec | None = None
+
+    # the experts' weights by the C description's names (None in a dense layer)
+    @property
+    def router(self) -> Matrix | None:
+        return None if self.moe is None else self.moe.router
+
+    @property
+    def gate_exps(self) -> Matrix | None:
+        return None if self.moe is None else self.moe.gate_exps
+
+    @property
+    def up_exps(self) -> Matrix | None:
+        return None if self.moe is None else self.moe.up_exps
+
+    @property
+    def down_exps(self) -> Matrix | None:
+        return None if self.moe is None else self.moe.down_exps
 
     def ffn_matrices(self, active_only=False) -> list:
         """The feed-forward's weights; with active_only, as much of them as
@@ -96,7 +113,7 @@ class ModelSpec:
     n_ff: int
     n_rot: int
     rope_mode: int
-    act: int
+    gate_fn: int                  # ACT_SILU or ACT_GELU, gating the feed-forward
     norm_eps: float
     embd_scale: float
     attn_scale: float
@@ -362,7 +379,7 @@ def apply_yarn(spec, hp: Hparams, beta_fast: float = 32.0, beta_slow: float = 1.
     attn_scale. mscale is 1 + 0.1 ln(factor), divided by 1 + 0.1 log_mul
     ln(factor) when the file gives yarn_log_multiplier, times
     rope.scaling.attn_factor."""
-    bases = {L.rope_base for L in spec.layers if L.use_rope}
+    bases = {L.rope_base for L in spec.layers if not L.no_rope}
     if len(bases) > 1:
         raise UnsupportedModelError(f"{hp.path}: YaRN scaling with RoPE bases differing by layer is not supported")
     if not bases or spec.n_rot == 0:

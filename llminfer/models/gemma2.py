@@ -64,7 +64,7 @@ def build(gguf: GGUFFile) -> ModelSpec:
         n_ff=sh.n_ff,
         n_rot=rope_dims(hp, head_dim),
         rope_mode=ROPE_NEOX,
-        act=ACT_GELU,
+        gate_fn=ACT_GELU,
         norm_eps=hp.float("attention.layer_norm_rms_epsilon", 1e-6),
         embd_scale=math.sqrt(n_embd),
         attn_scale=1.0 / math.sqrt(n_embd / n_head if big else head_dim),

@@ -42,7 +42,7 @@ def _multipliers(spec, w, hp, sh):
     if not isinstance(finetuned, (bool, np.bool_)):
         raise UnsupportedModelError(f"{hp.path}: metadata '{ARCH}.rope.scaling.finetuned' must be a bool")
     for L in spec.layers:
-        L.use_rope = bool(finetuned)
+        L.no_rope = not finetuned
 
 
 def build(gguf: GGUFFile) -> ModelSpec:

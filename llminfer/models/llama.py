@@ -46,7 +46,7 @@ def build(gguf: GGUFFile, arch: str = ARCH, rope_mode: int = ROPE_NORM, biases: 
         n_ff=sh.n_ff,
         n_rot=n_rot,
         rope_mode=rope_mode,
-        act=ACT_SILU,
+        gate_fn=ACT_SILU,
         norm_eps=hp.float("attention.layer_norm_rms_epsilon", default_eps),
         embd_scale=1.0,
         attn_scale=attn_scale_default(sh.head_dim),

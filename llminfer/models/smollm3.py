@@ -18,7 +18,7 @@ def uses_rope(layer: int) -> bool:
 
 def _no_rope_layers(spec, w, hp, sh):
     for i, L in enumerate(spec.layers):
-        L.use_rope = uses_rope(i)
+        L.no_rope = not uses_rope(i)
 
 
 def build(gguf: GGUFFile) -> ModelSpec:
