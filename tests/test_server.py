@@ -921,3 +921,29 @@ def test_serve_command_refuses_bad_arguments(tmp_path, capsys):
     assert "missing.gguf" in capsys.readouterr().err
     assert main(["serve", "-c", "1024", "--kv-pool-tokens", "512"]) == 1
     assert "--kv-pool-tokens 512 is less than --ctx-size 1024" in capsys.readouterr().err
+
+
+def test_a_model_reply_nested_thousands_deep_streams_to_done(tmp_path):
+    """A model may write `<tool_call>[[[[...` by itself (here a grammar makes
+    it): parsed for tool calls, that reply is plain text, and both the
+    stream and the whole reply end cleanly, never a RecursionError."""
+    from starlette.testclient import TestClient
+
+    from tiny_models import TinyConfig, write_model
+
+    path = write_model(tmp_path / "tiny.gguf", TinyConfig(context_length=2048))
+    app = create_app(ServeArgs(model=str(path), n_ctx=2048, n_threads=1))
+    reply = "<tool_call>" + "[" * 1100
+    body = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 1200, "temperature": 0,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            "grammar": f"root ::= {json.dumps(reply)}"}
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/v1/chat/completions", json={**body, "stream": True})
+        assert r.status_code == 200
+        events = sse(r)
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+        assert text == reply and not any("tool_calls" in e["choices"][0]["delta"] for e in events if e.get("choices"))
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text[:300]
+        message = r.json()["choices"][0]["message"]
+        assert message["content"] == reply and not message.get("tool_calls")
