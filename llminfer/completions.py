@@ -30,6 +30,7 @@ from llminfer.generation import stop_list, token_logprobs
 from llminfer.sampling import SamplingParams
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; the legacy API allowed 5
+MAX_N = 1024           # choices of one call: each is a sequence in one batch
 
 _COMPLETION_EXTRAS = ("echo", "suffix", "n", "logprobs", "best_of")
 _CHAT_EXTRAS = ("logprobs", "top_logprobs", "n")
@@ -53,7 +54,14 @@ def check_logprobs(n):
     if n is not None and (not isinstance(n, (int, np.integer)) or isinstance(n, bool)
                           or not 0 <= n <= MAX_TOP_LOGPROBS):
         raise InvalidArgumentError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}] (how many "
-                                   f"alternatives to list), got {n!r}")
+                                   f"alternatives to list), got {_shown(n)}")
+
+
+def _shown(v) -> str:
+    """v as a message quotes it (repr() of an integer of 5,000 digits raises ValueError)."""
+    if isinstance(v, int) and abs(v) >= 10 ** 30:
+        return f"an integer of {v.bit_length()} bits"
+    return repr(v)[:60]
 
 
 def new_id(kind: str) -> str:
@@ -148,8 +156,8 @@ def _choice_seeds(llm, seed, n):
 
 
 def _check_n(n):
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise InvalidArgumentError(f"n must be a positive integer (choices to generate), got {n!r}")
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+        raise InvalidArgumentError(f"n must be an integer in [1, {MAX_N}] (choices to generate), got {_shown(n)}")
     return int(n)
 
 

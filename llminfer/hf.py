@@ -95,7 +95,18 @@ def parse_url(url: str):
     if "@" in repo:
         repo, revision = repo.split("@", 1)
     path = "/".join(parts[2:]) or None
+    _check_names(url, [parts[0], repo] + parts[2:])
     return f"{parts[0]}/{repo}", path, revision
+
+
+def _check_names(what, parts):
+    """Refuse path components that would step out of a repository or the
+    cache (`..`, `.`, empty, a backslash or NUL), before any network or file
+    access: InvalidArgumentError naming what."""
+    for p in parts:
+        if p in ("", ".", "..") or "\\" in p or "\0" in p:
+            raise InvalidArgumentError(f"{str(what)[:200]!r} has the path component {p!r}: a repository and a "
+                                       f"file in it are named ORG/REPO/PATH without '.', '..' or empty parts")
 
 
 def split_parts(name: str) -> list | None:
@@ -132,12 +143,13 @@ def download(repo_id: str, filename: str, revision: str | None = None, cache_dir
              token=None, quiet: bool = False) -> Path:
     """Fetch a GGUF from a Hub repository (a glob picks the file); returns its
     local path, a split model joined into one file."""
-    hub = _hub()
     if not isinstance(repo_id, str) or repo_id.count("/") != 1:
         raise InvalidArgumentError(f"repo_id must be 'ORG/NAME', got {repo_id!r}")
     if not isinstance(filename, str) or not filename:
         raise InvalidArgumentError(f"filename must be a file name or a glob such as '*Q4_K_M.gguf', got "
                                    f"{filename!r}")
+    _check_names(f"{repo_id}/{filename}", repo_id.split("/") + filename.split("/"))
+    hub = _hub()
     import huggingface_hub.constants as hf_constants
     import huggingface_hub.utils as hf_utils
 

@@ -60,20 +60,38 @@ def _is_real(value) -> bool:
 
 def _need_int(name, value, low=None):
     if not _is_int(value):
-        raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be an integer, got {_shown(value)}")
     if low is not None and value < low:
-        raise InvalidArgumentError(f"{name} must be >= {low}, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be >= {low}, got {_shown(value)}")
+
+
+def _finite(value) -> bool:
+    """Whether a real number is finite as a float: an integer of 400 digits
+    is not (float() of it overflows)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _shown(value) -> str:
+    """A value as a message quotes it, cut short (repr() of an integer of
+    5,000 digits raises ValueError)."""
+    if _is_int(value) and abs(value) >= 10 ** 30:
+        return f"an integer of about {int(int(value).bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _need_finite(name, value):
-    if not _is_real(value) or not math.isfinite(value):
-        raise InvalidArgumentError(f"{name} must be a finite number, got {value!r}")
+    if not _is_real(value) or not _finite(value):
+        raise InvalidArgumentError(f"{name} must be a finite number, got {_shown(value)}")
 
 
 def _need_fraction(name, value):
     _need_finite(name, value)
     if not 0.0 <= value <= 1.0:
-        raise InvalidArgumentError(f"{name} must be in [0, 1], got {value!r}")
+        raise InvalidArgumentError(f"{name} must be in [0, 1], got {_shown(value)}")
 
 
 @dataclass(frozen=True)
@@ -133,7 +151,7 @@ class SamplingParams:
         _need_fraction("min_p", self.min_p)
         _need_finite("repeat_penalty", self.repeat_penalty)
         if self.repeat_penalty <= 0:
-            raise InvalidArgumentError(f"repeat_penalty must be > 0, got {self.repeat_penalty!r}")
+            raise InvalidArgumentError(f"repeat_penalty must be > 0, got {_shown(self.repeat_penalty)}")
         _need_finite("frequency_penalty", self.frequency_penalty)
         _need_finite("presence_penalty", self.presence_penalty)
         _need_int("penalty_last_n", self.penalty_last_n, low=-1)
@@ -142,12 +160,12 @@ class SamplingParams:
         _need_fraction("typical_p", self.typical_p)
         _need_int("mirostat", self.mirostat, low=0)
         if self.mirostat > 2:
-            raise InvalidArgumentError(f"mirostat must be 0 (off), 1 or 2, got {self.mirostat!r}")
+            raise InvalidArgumentError(f"mirostat must be 0 (off), 1 or 2, got {_shown(self.mirostat)}")
         _need_finite("mirostat_tau", self.mirostat_tau)
         _need_finite("mirostat_eta", self.mirostat_eta)
         _need_finite("dry_multiplier", self.dry_multiplier)
         if self.dry_multiplier < 0:
-            raise InvalidArgumentError(f"dry_multiplier must be >= 0, got {self.dry_multiplier!r}")
+            raise InvalidArgumentError(f"dry_multiplier must be >= 0, got {_shown(self.dry_multiplier)}")
         _need_finite("dry_base", self.dry_base)
         _need_int("dry_allowed_length", self.dry_allowed_length, low=0)
         _need_int("dry_penalty_last_n", self.dry_penalty_last_n, low=-1)
@@ -163,11 +181,17 @@ class SamplingParams:
                     f"logit_bias must be a mapping of token id to bias, got {type(self.logit_bias).__name__}")
             for token, bias in self.logit_bias.items():
                 if isinstance(token, str) and token.strip().isdigit():
-                    token = int(token)
+                    try:
+                        token = int(token)
+                    except ValueError:  # past int()'s limit of 4300 digits
+                        token = -1
                 if not _is_int(token) or token < 0:
-                    raise InvalidArgumentError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+                    raise InvalidArgumentError(f"logit_bias keys must be token ids >= 0, got {_shown(token)}")
+                if _is_int(bias) and not _finite(bias):
+                    raise InvalidArgumentError(f"logit_bias[{_shown(token)}] must be a number a float can hold "
+                                               f"(or +-inf), got {_shown(bias)}")
                 if not _is_real(bias) or math.isnan(bias):
-                    raise InvalidArgumentError(f"logit_bias[{token}] must be a number, got {bias!r}")
+                    raise InvalidArgumentError(f"logit_bias[{_shown(token)}] must be a number, got {_shown(bias)}")
 
     @property
     def is_greedy(self) -> bool:
@@ -196,7 +220,7 @@ class SamplingParams:
             for token in self.logit_bias or ():
                 if token >= n_vocab:
                     raise InvalidArgumentError(
-                        f"logit_bias names token {token}, outside the vocabulary of {n_vocab}")
+                        f"logit_bias names token {_shown(token)}, outside the vocabulary of {n_vocab}")
         return self
 
     def replace(self, **changes) -> SamplingParams:

@@ -32,6 +32,7 @@ import struct
 
 import numpy as np
 
+from llminfer import jsonlimits
 from llminfer.errors import InvalidArgumentError
 from llminfer.kv_cache import FULL, SWA
 
@@ -120,11 +121,49 @@ def _parse(blob):
     start = len(MAGIC) + 4
     if start + n > len(blob):
         raise InvalidArgumentError("the state is truncated (its header runs past its end)")
-    try:
-        header = json.loads(bytes(blob[start:start + n]))
-    except ValueError as e:
-        raise InvalidArgumentError(f"the state's header is corrupt: {e}") from None
+    header = jsonlimits.loads(bytes(blob[start:start + n]), "the state's header (corrupt)")
+    if not isinstance(header, dict):
+        raise InvalidArgumentError(f"the state's header is corrupt: a JSON {type(header).__name__}, not an object")
     return header, blob[start + n:]
+
+
+_MAX_INT = 1 << 62  # positions, block ids and sizes: room to add without leaving int64
+
+
+def _ints(value, field, lo=-_MAX_INT, hi=_MAX_INT) -> list:
+    """value as a list of ints in [lo, hi), or InvalidArgumentError naming the field."""
+    if not isinstance(value, list):
+        raise InvalidArgumentError(f"the state's header is corrupt: {field} is not a list")
+    for v in value:
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v < hi:
+            raise InvalidArgumentError(f"the state's header is corrupt: {field} holds {str(v)[:40]!r}, not an "
+                                       f"integer in [{lo}, {hi})")
+    return value
+
+
+def _int(value, field, lo=-_MAX_INT, hi=_MAX_INT) -> int:
+    return _ints([value], field, lo, hi)[0]
+
+
+def _fields(header, n_vocab):
+    """(tokens, positions, next_pos, swa_floor, groups) of a header, each
+    checked for its type and range, so that nothing sized from them is
+    allocated before the sizes are known to agree with the payload."""
+    for key in ("tokens", "positions", "groups", "next_pos", "swa_floor"):
+        if key not in header:
+            raise InvalidArgumentError(f"the state's header is corrupt: it has no {key}")
+    tokens = _ints(header["tokens"], "tokens", 0, n_vocab)
+    positions = _ints(header["positions"], "positions", 0)
+    next_pos, swa_floor = _int(header["next_pos"], "next_pos", 0), _int(header["swa_floor"], "swa_floor", 0)
+    if not isinstance(header["groups"], dict):
+        raise InvalidArgumentError("the state's header is corrupt: groups is not an object")
+    groups = {}
+    for g, v in header["groups"].items():
+        if g not in (str(FULL), str(SWA)) or not isinstance(v, dict):
+            raise InvalidArgumentError(f"the state's header is corrupt: groups holds {g[:40]!r}")
+        groups[g] = {"table": _ints(v.get("table"), f"group {g}'s table", -1),
+                     "block_bytes": _int(v.get("block_bytes"), f"group {g}'s block_bytes", 0)}
+    return tokens, positions, next_pos, swa_floor, groups
 
 
 def load(llm, blob):
@@ -140,20 +179,18 @@ def load(llm, blob):
             theirs = header.get("model_name") if key == "model" else header.get(key)
             raise InvalidArgumentError(f"this state was saved with a different {what}: {theirs!r}, while this "
                                        f"LLM has {os.path.basename(str(llm.model_path)) if key == 'model' else ours!r}")
-    try:
-        tokens = [int(t) for t in header["tokens"]]
-        positions = [int(p) for p in header["positions"]]
-        groups = {str(g): {"table": [int(b) for b in v["table"]], "block_bytes": int(v["block_bytes"])}
-                  for g, v in header["groups"].items()}
-        next_pos, swa_floor = int(header["next_pos"]), int(header["swa_floor"])
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise InvalidArgumentError(f"the state's header is corrupt: {type(e).__name__}: {e}") from None
-    if len(positions) != len(tokens) or any(not 0 <= t < llm.n_vocab for t in tokens):
+    tokens, positions, next_pos, swa_floor, groups = _fields(header, llm.n_vocab)
+    if len(positions) != len(tokens):
         raise InvalidArgumentError("the state's header is corrupt: its tokens and positions disagree")
     if len(tokens) > llm.n_ctx:
         raise InvalidArgumentError(f"the state holds {len(tokens)} tokens, more than n_ctx={llm.n_ctx}")
     if sorted(int(g) for g in groups) != sorted(eng.kv.groups):
         raise InvalidArgumentError("the state's KV groups do not match this model's")
+    for g, info in groups.items():
+        size = eng.ctx.block_bytes(int(g))
+        if info["block_bytes"] != size:
+            raise InvalidArgumentError(f"the state's KV blocks take {info['block_bytes']} bytes, this model's "
+                                       f"{size}")
     why = _layout_fault(positions, next_pos, swa_floor, groups, eng.block_size)
     if why:
         raise InvalidArgumentError(f"the state's header is corrupt: {why}")
@@ -200,14 +237,15 @@ def _layout_fault(positions, next_pos, swa_floor, groups, bs):
     if not 0 <= swa_floor <= next_pos or swa_floor % bs:
         return f"swa_floor {swa_floor} is not a block boundary at or before next_pos {next_pos}"
     n_blocks = -(-next_pos // bs)
+    for g, info in groups.items():  # before anything n_blocks long is made: the tables bound it
+        if len(info["table"]) < n_blocks:
+            return f"group {g}'s table of {len(info['table'])} blocks does not reach next_pos {next_pos}"
     held = np.bincount(pos // bs, minlength=n_blocks)
     whole = np.minimum(bs, next_pos - np.arange(n_blocks) * bs)  # positions of each block below next_pos
     if np.any((held != 0) & (held != whole)):
         return "a block holds only some of its positions"
     for g, info in groups.items():
         table = np.asarray(info["table"], dtype=np.int64)
-        if table.size < n_blocks:
-            return f"group {g}'s table of {table.size} blocks does not reach next_pos {next_pos}"
         want = held > 0
         if int(g) == SWA:
             want[:swa_floor // bs] = False
@@ -221,10 +259,7 @@ def _restore_blocks(eng, seq, groups, payload, at):
         if g not in eng.kv.groups:
             continue
         info = groups[str(g)]
-        size = eng.ctx.block_bytes(g)
-        if info["block_bytes"] != size:
-            raise InvalidArgumentError(f"the state's KV blocks take {info['block_bytes']} bytes, this model's "
-                                       f"{size}")
+        size = info["block_bytes"]  # load() checked it is this model's
         pool = eng.kv.pools[g]
         table = []
         for b in info["table"]:

@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from llminfer import jsonlimits
 from llminfer.errors import GrammarError, InvalidArgumentError
 
 __all__ = ["Grammar", "Constraint", "ll_tokenizer", "grammar_from_args"]
@@ -149,10 +150,8 @@ class Grammar:
         """A grammar for JSON values that validate against `schema` (a dict, or JSON text)."""
         ll = _llguidance()
         if isinstance(schema, (str, bytes)):
-            try:
-                schema = json.loads(schema)
-            except ValueError as e:
-                raise GrammarError(f"json_schema is not valid JSON: {e}") from None
+            schema = jsonlimits.loads(schema, "json_schema", error=GrammarError)
+        jsonlimits.check_depth(schema, "the JSON schema", error=GrammarError)
         if not isinstance(schema, dict):
             raise GrammarError(f"a JSON schema must be an object (dict) or true, got {type(schema).__name__}")
         schema = closed_objects(schema)

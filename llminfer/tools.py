@@ -29,6 +29,7 @@ import json
 import re
 import time
 
+from llminfer import jsonlimits
 from llminfer.completions import new_id
 from llminfer.errors import InvalidArgumentError
 from llminfer.structured import Grammar
@@ -68,6 +69,7 @@ def check_tools(tools, tool_choice):
         params = f.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
             raise InvalidArgumentError(f"tools[{i}].function.parameters must be a JSON schema object")
+        jsonlimits.check_depth(params, f"tools[{i}].function.parameters")
         funcs.append({"name": f["name"], "description": f.get("description", ""), "parameters": params})
     names = [f["name"] for f in funcs]
     if len(set(names)) != len(names):
@@ -122,7 +124,7 @@ def prepare_messages(messages, knows_tools: bool, fmt: str = "hermes"):
     if not isinstance(messages, (list, tuple)):
         return messages
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if not isinstance(m, dict):
             out.append(m)
             continue
@@ -140,11 +142,10 @@ def prepare_messages(messages, knows_tools: bool, fmt: str = "hermes"):
             for c in calls:
                 c = dict(c)
                 f = dict(c.get("function", {}))
-                if isinstance(f.get("arguments"), str):
-                    try:
-                        f["arguments"] = json.loads(f["arguments"])
-                    except ValueError:
-                        pass
+                what = f"messages[{i}].tool_calls' arguments"
+                if isinstance(f.get("arguments"), str):  # text that is not JSON is rendered as it is
+                    f["arguments"] = jsonlimits.loads(f["arguments"], what, default=f["arguments"])
+                jsonlimits.check_depth(f.get("arguments"), what)
                 c["function"] = f
                 fixed.append(c)
             m["tool_calls"] = fixed
@@ -174,16 +175,13 @@ def _render_call(fmt, name, args) -> str:
 
 # ---- parsing ----
 
-_DECODER = json.JSONDecoder()
-
-
 def _json_at(text, i):
     """(value, end) of the JSON value starting at text[i] (after blanks), or (None, i)."""
     while i < len(text) and text[i] in " \t\r\n":
         i += 1
     try:
-        return _DECODER.raw_decode(text, i)
-    except ValueError:
+        return jsonlimits.raw_decode(text, i)
+    except ValueError:  # not JSON, or nested too deep to be a call: plain text
         return None, i
 
 
@@ -199,8 +197,8 @@ def _call(obj):
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
-            args = json.loads(args)
-        except ValueError:
+            args = jsonlimits.loads(args, "arguments", default=None)
+        except InvalidArgumentError:  # nested too deep to be a call's arguments
             return None
     if not isinstance(args, dict):
         return None
@@ -290,7 +288,7 @@ def _python_calls(src):
     """[{"name", "arguments"}] of Python call expressions name(k=v, ...), or a list of them."""
     try:
         tree = ast.parse(src.strip(), mode="eval").body
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     nodes = tree.elts if isinstance(tree, ast.List) else [tree]
     out = []
@@ -307,7 +305,9 @@ def _python_calls(src):
         parts.append(func.id)
         try:
             args = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, RecursionError, MemoryError):
+            return []
+        if jsonlimits.too_deep(args):
             return []
         out.append({"name": ".".join(reversed(parts)), "arguments": args})
     return out

@@ -130,7 +130,10 @@ def test_suffix_lays_out_prefix_suffix_middle(llm):
 
 
 @pytest.mark.parametrize("kw", [dict(n=0), dict(logprobs=-1), dict(logprobs=99), dict(echo="yes"),
-                                dict(n=2, stream=True), dict(best_of=3)])
+                                dict(n=2, stream=True), dict(best_of=3),
+                                dict(n=10 ** 400), dict(logprobs=10 ** 5000), dict(temperature=10 ** 400)],
+                         ids=lambda kw: ",".join(f"{k}={v if not isinstance(v, int) or v < 10 ** 9 else 'huge'}"
+                                                 for k, v in kw.items()))
 def test_bad_options_raise(llm, kw):
     with pytest.raises(InvalidArgumentError):
         llm.create_completion(PROMPT, max_tokens=2, **kw)

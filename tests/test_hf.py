@@ -218,3 +218,32 @@ def test_choose_files_and_urls():
     assert parse_url("hf://org/repo") == ("org/repo", None, None)
     with pytest.raises(InvalidArgumentError):
         parse_url("hf://org")
+
+
+HOSTILE_URLS = ["hf://org/../../etc/x.gguf", "hf://org/repo/../x", "hf://../repo/x.gguf", "hf://org/..",
+                "hf://org/repo/./x.gguf", "hf://org/repo/dir/../../../x.gguf", "hf://org/repo/a//b.gguf",
+                "hf://org/repo@v1/../x.gguf", "hf://org/repo/..\\x.gguf", "hf://org/./x.gguf"]
+
+
+@pytest.mark.parametrize("url", HOSTILE_URLS)
+def test_a_url_that_steps_out_of_its_repository_is_refused_before_any_access(url, monkeypatch, capsys):
+    """parse_url, LLM(url) and `llminfer pull` refuse it with InvalidArgumentError
+    naming the component; the download is never reached."""
+    import llminfer.hf as hf
+    from llminfer import hub
+    from llminfer.cli import main
+
+    def no_access(*a, **k):
+        raise AssertionError("reached the Hub")
+
+    monkeypatch.setattr(hf, "_hub", no_access)
+    with pytest.raises(InvalidArgumentError, match="path component"):
+        parse_url(url)
+    with pytest.raises(InvalidArgumentError, match="path component"):
+        hub.resolve(url)
+    assert main(["pull", url, "-q"]) != 0
+    err = capsys.readouterr().err
+    assert "path component" in err and "Traceback" not in err
+    for repo_id, path in (("org/repo", "../x.gguf"), ("org/..", "x.gguf"), ("org/repo", "a/./x.gguf")):
+        with pytest.raises(InvalidArgumentError, match="path component"):
+            hf.download(repo_id, path)

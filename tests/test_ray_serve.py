@@ -97,6 +97,10 @@ def test_routing_key_and_chunks():
     assert key == "<system>abc<user>d"
     assert rs.routing_key("/v1/completions", b'{"prompt": "hello"}') == "hello"
     assert rs.routing_key("/v1/completions", b"not json") == ""
+    # nested thousands deep: no key (the replica answers 400), not a RecursionError in the ingress
+    assert rs.routing_key("/v1/completions", b'{"prompt": "a", "x": ' + b"[" * 50000 + b"]" * 50000 + b"}") == ""
+    assert rs.routing_key("/v1/chat/completions", b'{"messages": [{"role": "user", "content": '
+                          + b"[" * 5000 + b"]" * 5000 + b"}]}") == ""
     assert rs.routing_key("/v1/models", b"") == ""
     a, b = rs.chunk_hashes("x" * 300 + "A", 128), rs.chunk_hashes("x" * 300 + "B", 128)
     assert len(a) == 2 and a == b  # the differing character is past the last whole chunk

@@ -419,6 +419,40 @@ def test_bad_parameters_raise_naming_the_parameter(name, value):
         SamplingParams().replace(**{name: value})
 
 
+HUGE = 10 ** 400  # a JSON number: no float holds it (float() raises OverflowError)
+FLOAT_FIELDS = ["temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",
+                "typical_p", "mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base", "xtc_probability",
+                "xtc_threshold"]
+
+
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
+@pytest.mark.parametrize("value", [HUGE, -HUGE, 10 ** 5000], ids=["huge", "-huge", "5000-digits"])
+def test_an_integer_past_a_float_is_refused_naming_the_field(name, value):
+    """Never an OverflowError (or repr()'s ValueError past 4300 digits)."""
+    with pytest.raises(InvalidArgumentError, match=name):
+        SamplingParams(**{name: value})
+
+
+@pytest.mark.parametrize("bias", [{1: HUGE}, {1: -HUGE}, {1: 10 ** 5000}, {"9" * 5000: 1.0}, {-HUGE: 1.0}],
+                         ids=["huge", "-huge", "5000-digits", "5000-digit-id", "-huge-id"])
+def test_a_huge_logit_bias_is_refused(bias):
+    with pytest.raises(InvalidArgumentError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)
+
+
+@pytest.mark.parametrize("name", ["mirostat", "penalty_last_n", "dry_allowed_length", "seed"])
+def test_huge_integer_fields_are_refused_or_work(name):
+    """Integers of any size: refused by name (mirostat; negatives) or used as
+    the whole history / a seed, never a crash."""
+    for value in (10 ** 5000, -10 ** 5000):
+        try:
+            p = SamplingParams(**{name: value}, repeat_penalty=1.1, dry_multiplier=0.5, dry_sequence_breakers=())
+        except InvalidArgumentError as e:
+            assert name in str(e)
+            continue
+        Sampler(p, 32).sample(np.linspace(-1, 1, 32).astype(np.float32), [1, 2, 3, 1, 2, 3])
+
+
 def test_error_message_shows_the_value():
     with pytest.raises(InvalidArgumentError, match="1.5"):
         SamplingParams(top_p=1.5)

@@ -671,6 +671,23 @@ BAD = [
     ({"prompt": "hi", "suffix": "x"}, 400, "suffix"),  # SmolLM2 names no FIM tokens
     ({"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
     ({"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    # integers no float holds: a 400 naming the field, not an OverflowError's 500
+    *[({"prompt": "hi", field: 10 ** 400}, 400, field) for field in (
+        "temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "max_tokens",
+        "seed", "n", "top_k", "logprobs", "best_of")],
+    ({"prompt": "hi", "temperature": -10 ** 400}, 400, "temperature"),
+    ({"prompt": "hi", "seed": -10 ** 400}, 400, "seed"),
+    ({"prompt": "hi", "logit_bias": {"5": 10 ** 400}}, 400, "5"),
+    ({"prompt": "hi", "logit_bias": {"5": -10 ** 400}}, 400, "5"),
+    ({"prompt": "hi", "logit_bias": {"1" + "0" * 400: 1}}, 400, "logit_bias"),
+    ({"prompt": [10 ** 400]}, 400, "prompt"),
+    (b'{"prompt": "hi", "temperature": 1' + b"0" * 5000 + b"}", 400, None),  # past int()'s 4300 digits
+    # nested thousands deep: a 400 saying so, not a RecursionError's 500
+    (b'{"prompt": "hi", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, None),
+    (b'{"prompt": "hi", "x": ' + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"}", 400, None),
+    (b'{"prompt": "hi", "x": ' + b"[" * 200 + b"]" * 200 + b"}", 400, None),
+    (b"[" * 5000, 400, None),
+    (json.dumps({"prompt": "hi", "json_schema": "[" * 5000 + "]" * 5000}).encode(), 400, "json_schema"),
 ]
 
 
@@ -684,6 +701,61 @@ def test_bad_completion_requests(server, model, body, status, param):
     err = r.json()["error"]
     assert err["message"] and err["type"]
     assert err["param"] == param
+
+
+def test_deep_chat_requests_are_400_naming_the_problem(server, model):
+    """A response_format schema, tool parameters or a tool call's arguments
+    nested thousands deep: 400 saying it nests too deep, and still serving."""
+    deep_schema = '{"type": "array", "items": ' * 3000 + '{"type": "integer"}' + "}" * 3000  # as JSON text
+    user = json.dumps({"role": "user", "content": "hi"})
+    call = '{"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function", ' \
+           '"function": {"name": "f", "arguments": %s}}]}'
+    bodies = [
+        '"messages": [%s], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": %s}}'
+        % (user, deep_schema),
+        '"messages": [%s], "tools": [{"type": "function", "function": {"name": "f", "parameters": %s}}]'
+        % (user, deep_schema),
+        '"messages": [%s, %s]' % (call % json.dumps("[" * 5000 + "]" * 5000), user),
+        '"messages": [%s, %s]' % (call % json.dumps("[" * 300 + "]" * 300), user),
+    ]
+    with httpx.Client(timeout=60) as c:
+        for body in bodies:
+            data = ('{"model": %s, "max_tokens": 1, %s}' % (json.dumps(model), body)).encode()
+            r = c.post(server.url + "/v1/chat/completions", content=data, headers={"content-type": "application/json"})
+            assert r.status_code == 400, r.text[:300]
+            assert "nests deeper" in r.json()["error"]["message"]
+        user = {"role": "user", "content": "hi"}
+        ok = c.post(server.url + "/v1/chat/completions", json={"model": model, "max_tokens": 1, "messages": [user]})
+        assert ok.status_code == 200
+    wait_idle(server.url)
+
+
+def test_a_stream_that_fails_ends_with_an_error_event_and_done():
+    """Whatever raises while a stream's chunks are made, the client gets an
+    error event in OpenAI's shape and [DONE], not a cut connection."""
+    import asyncio
+
+    from llminfer.server.app import _SSEResponse
+
+    async def chunks():
+        yield b'data: {"x": 1}\n\n'
+        raise RecursionError("maximum recursion depth exceeded")
+
+    sent, closed = [], []
+
+    async def receive():
+        await asyncio.sleep(3600)
+
+    async def send(msg):
+        sent.append(msg)
+
+    asyncio.run(_SSEResponse(chunks(), lambda: closed.append(True))({"type": "http"}, receive, send))
+    body = b"".join(m.get("body", b"") for m in sent)
+    events = [e[len(b"data: "):] for e in body.split(b"\n\n") if e]
+    assert events[0] == b'{"x": 1}' and events[-1] == b"[DONE]", body
+    err = json.loads(events[-2])["error"]
+    assert err["type"] == "server_error" and "RecursionError" in err["message"]
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False} and closed
 
 
 def test_bad_chat_requests_and_limits(server, client, model):
@@ -895,3 +967,29 @@ def test_serve_command_refuses_bad_arguments(tmp_path, capsys):
     assert "missing.gguf" in capsys.readouterr().err
     assert main(["serve", "-c", "1024", "--kv-pool-tokens", "512"]) == 1
     assert "--kv-pool-tokens 512 is less than --ctx-size 1024" in capsys.readouterr().err
+
+
+def test_a_model_reply_nested_thousands_deep_streams_to_done(tmp_path):
+    """A model may write `<tool_call>[[[[...` by itself (here a grammar makes
+    it): parsed for tool calls, that reply is plain text, and both the
+    stream and the whole reply end cleanly, never a RecursionError."""
+    from starlette.testclient import TestClient
+
+    from tiny_models import TinyConfig, write_model
+
+    path = write_model(tmp_path / "tiny.gguf", TinyConfig(context_length=2048))
+    app = create_app(ServeArgs(model=str(path), n_ctx=2048, n_threads=1))
+    reply = "<tool_call>" + "[" * 1100
+    body = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 1200, "temperature": 0,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            "grammar": f"root ::= {json.dumps(reply)}"}
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/v1/chat/completions", json={**body, "stream": True})
+        assert r.status_code == 200
+        events = sse(r)
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+        assert text == reply and not any("tool_calls" in e["choices"][0]["delta"] for e in events if e.get("choices"))
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text[:300]
+        message = r.json()["choices"][0]["message"]
+        assert message["content"] == reply and not message.get("tool_calls")

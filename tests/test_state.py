@@ -2,6 +2,8 @@
 the logits after a restore are bitwise those of the saved context, and a
 state of another model, KV type or format is refused by name."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -200,7 +202,7 @@ def _claim_dropped_block(groups):
 
 @pytest.mark.parametrize("change, why", [
     (dict(next_pos=lambda p: p + 40), "next_pos"),      # the pass would read rows no token wrote
-    (dict(next_pos=lambda p: "x"), "ValueError"),
+    (dict(next_pos=lambda p: "x"), "next_pos"),
     (dict(positions=lambda ps: ps[:2][::-1] + ps[2:]), "positions"),
     (dict(positions=lambda ps: [p + 1 for p in ps], next_pos=lambda p: p + 1), "some of its positions"),
     (dict(swa_floor=lambda f: f + 3), "swa_floor"),
@@ -225,3 +227,63 @@ def test_a_state_that_is_not_bytes_is_refused(files):
     blob = a.save_state()
     a.load_state(np.frombuffer(blob, np.uint8))  # another buffer of the same bytes loads
     assert a.tokens == [1, 2, 3]
+
+
+def _with_header(blob, header: bytes):
+    import struct
+
+    from llminfer.state import MAGIC
+
+    (n,) = struct.unpack_from("<I", blob, len(MAGIC))
+    return MAGIC + struct.pack("<I", len(header)) + header + blob[len(MAGIC) + 4 + n:]
+
+
+# hostile headers: not an object, wrong types, sizes that would make numpy
+# allocate gigabytes before the header is found wanting
+HOSTILE_HEADERS = [
+    lambda h: b"[1, 2, 3]",
+    lambda h: b'"a string"',
+    lambda h: b"null",
+    lambda h: b"[" * 50000 + b"]" * 50000,
+    lambda h: json.dumps({**h, "next_pos": 1 << 40, "positions": [0, (1 << 40) - 1],
+                          "tokens": h["tokens"][:2]}).encode(),                      # 256 GiB of bincount
+    lambda h: json.dumps({**h, "next_pos": 300_000_000, "positions": [0, 299_999_999],
+                          "tokens": h["tokens"][:2]}).encode(),                      # 1.2 GB from 300 bytes
+    lambda h: json.dumps({**h, "next_pos": 10 ** 30}).encode(),                    # past int64
+    lambda h: json.dumps({**h, "positions": [10 ** 30] * len(h["positions"])}).encode(),
+    lambda h: json.dumps({**h, "tokens": "abc"}).encode(),
+    lambda h: json.dumps({**h, "tokens": [True] * len(h["tokens"])}).encode(),
+    lambda h: json.dumps({**h, "groups": {"x": h["groups"]["0"]}}).encode(),
+    lambda h: json.dumps({**h, "groups": []}).encode(),
+    lambda h: json.dumps({**h, "groups": {"0": {**h["groups"]["0"], "block_bytes": 10 ** 30}}}).encode(),
+    lambda h: json.dumps({**h, "groups": {"0": {**h["groups"]["0"], "table": [10 ** 30]}}}).encode(),
+    lambda h: json.dumps({**h, "swa_floor": float("inf")}).encode(),
+    lambda h: json.dumps({k: v for k, v in h.items() if k != "positions"}).encode(),
+]
+
+
+@pytest.mark.parametrize("make", HOSTILE_HEADERS, ids=[str(i) for i in range(len(HOSTILE_HEADERS))])
+def test_a_hostile_header_is_refused_before_anything_is_allocated(files, make):
+    """Each header is refused with InvalidArgumentError (never AttributeError,
+    RecursionError, OverflowError or MemoryError), with next to no memory
+    allocated on the way, and the context is untouched."""
+    import struct
+    import tracemalloc
+
+    from llminfer.state import MAGIC
+
+    a = LLM(files["llama"], n_ctx=64, n_threads=1)
+    a.eval(a.tokenize(PROMPT))
+    blob = a.save_state()
+    (n,) = struct.unpack_from("<I", blob, len(MAGIC))
+    header = json.loads(blob[len(MAGIC) + 4:len(MAGIC) + 4 + n])
+    bad = _with_header(blob, make(header))
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidArgumentError):
+            a.load_state(bad)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * len(bad) + (1 << 20), peak
+    assert a.tokens == a.tokenize(PROMPT)  # refused before the context was reset

@@ -87,6 +87,24 @@ def test_rejected_grammars_raise_grammar_error():
     assert issubclass(GrammarError, InvalidArgumentError)
 
 
+def _nested(depth, inner=None):
+    schema = {"type": "integer"} if inner is None else inner
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+@pytest.mark.parametrize("schema", [_nested(5000), json.dumps({"a": 1})[:-1] + ", \"b\": " + "[" * 5000 + "]" * 5000
+                                    + "}", "{\"a\":" * 5000 + "1" + "}" * 5000, _nested(200)],
+                         ids=["dict-5000", "text-array-5000", "text-object-5000", "dict-200"])
+def test_a_schema_nested_thousands_deep_is_a_grammar_error(schema):
+    """Not a RecursionError from json: GrammarError naming the nesting."""
+    with pytest.raises(GrammarError, match="nests deeper"):
+        Grammar.from_json_schema(schema)
+    with pytest.raises(GrammarError, match="nests deeper"):
+        grammar_from_args(response_format={"type": "json_schema", "json_schema": {"schema": schema}})
+
+
 def test_grammar_from_args():
     assert grammar_from_args() is None
     assert grammar_from_args(response_format={"type": "text"}) is None

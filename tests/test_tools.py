@@ -210,3 +210,38 @@ def test_auto_and_none_and_history(smollm2):
     assert "tool_calls" not in out["choices"][0]["message"]
     # tool turns without tools= too
     assert isinstance(smollm2.chat(HISTORY, max_tokens=4, seed=1), str)
+
+
+DEEP = "[" * 5000  # a model can write this by itself; json's parser recurses once per level
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "gemma", "phi"])
+@pytest.mark.parametrize("reply", [
+    "<tool_call>" + DEEP, '<tool_call>{"name": "f", "arguments": ' + DEEP, "[TOOL_CALLS]" + DEEP,
+    "```tool_code\nf(a=" + DEEP + ")\n```", "functools" + DEEP, '{"name": "f", "arguments": ' + DEEP,
+    "[TOOL_CALLS]f[ARGS]" + '{"a":' * 3000, '<tool_call>{"name": "f", "arguments": "' + "[" * 3000 + '"}',
+    "<tool_call>" + "[" * 300 + "]" * 300 + "</tool_call>",
+    '<tool_call>{"name": "f", "arguments": {"a": ' + "[" * 500 + "]" * 500 + "}}</tool_call>",
+], ids=["hermes-open", "args-open", "mistral", "gemma-python", "phi", "bare", "mistral-args", "args-string",
+        "hermes-300", "args-500"])
+def test_a_reply_nested_too_deep_is_plain_text(fmt, reply):
+    """A reply nested past jsonlimits.MAX_DEPTH is not a call: its text comes
+    back as content, never a RecursionError."""
+    content, calls = parse_tool_calls(reply, fmt)
+    assert calls == [] and content == reply
+
+
+def test_deep_arguments_and_parameters_in_a_request_are_refused():
+    deep = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(InvalidArgumentError, match=r"tools\[0\].function.parameters nests deeper"):
+        check_tools([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                                   "x": deep}}}], "auto")
+    for args in ({"a": deep}, DEEP + "]" * 5000, "[" * 200 + "]" * 200):
+        msgs = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": args}}]}]
+        with pytest.raises(InvalidArgumentError, match=r"messages\[0\].tool_calls' arguments nests deeper"):
+            prepare_messages(msgs, knows_tools=False)
+    # arguments that are not JSON are rendered as the text they are
+    msgs = [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{no"}}]}]
+    assert "{no" in prepare_messages(msgs, knows_tools=False)[0]["content"]

@@ -60,6 +60,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError('llminfer.integrations.ray_serve needs Ray Serve: pip install "llminfer[ray]"') from exc
 
+from llminfer import jsonlimits
 from llminfer.errors import InvalidArgumentError
 
 logger = logging.getLogger("llminfer.ray_serve")
@@ -80,9 +81,9 @@ def routing_key(path: str, body: bytes) -> str:
     prompt request or not JSON (the replica answers those itself)."""
     if path not in _PROMPT_PATHS or not body:
         return ""
-    try:
-        req = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    try:  # a body that is not JSON, or nests too deep, is the replica's to refuse
+        req = jsonlimits.loads(body, "the request body", default=None)
+    except InvalidArgumentError:
         return ""
     if not isinstance(req, dict):
         return ""

@@ -37,8 +37,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from llminfer import hub, jsonlimits
 from llminfer.completions import fim_layout, new_id
-from llminfer import hub
 from llminfer.embedder import Embedder
 from llminfer.embeddings import declared_pooling, engine_hidden, l2_normalize, pool
 from llminfer.engine import Engine
@@ -92,6 +92,15 @@ def _bad(message, param=None, code=None):
 
 # ---- reading parameters ----
 
+def _shown(v) -> str:
+    """A value as a message quotes it: JSON, cut short (a 400-digit number too)."""
+    try:
+        text = json.dumps(v)
+    except ValueError:  # an integer past str()'s digit limit
+        return "a very long integer"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _int(body, name, default, lo=None, hi=None):
     v = body.get(name)
     if v is None:
@@ -99,9 +108,9 @@ def _int(body, name, default, lo=None, hi=None):
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if not isinstance(v, int) or isinstance(v, bool):
-        raise _bad(f"{name} must be an integer, got {json.dumps(v)[:60]}", name)
+        raise _bad(f"{name} must be an integer, got {_shown(v)}", name)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise _bad(f"{name} must be between {lo} and {hi}, got {v}", name)
+        raise _bad(f"{name} must be between {lo} and {hi}, got {_shown(v)}", name)
     return v
 
 
@@ -109,11 +118,17 @@ def _float(body, name, default, lo=None, hi=None, lo_open=False):
     v = body.get(name)
     if v is None:
         return default
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-        raise _bad(f"{name} must be a number, got {json.dumps(v)[:60]}", name)
-    if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
-        raise _bad(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}", name)
-    return float(v)
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise _bad(f"{name} must be a number, got {_shown(v)}", name)
+    try:
+        f = float(v)  # an integer of 400 digits has no float: OverflowError
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f):
+        raise _bad(f"{name} must be a finite number, got {_shown(v)}", name)
+    if (lo is not None and (f < lo or (lo_open and f == lo))) or (hi is not None and f > hi):
+        raise _bad(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {_shown(v)}", name)
+    return f
 
 
 def _bool(body, name, default):
@@ -121,7 +136,7 @@ def _bool(body, name, default):
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise _bad(f"{name} must be true or false, got {json.dumps(v)[:60]}", name)
+        raise _bad(f"{name} must be true or false, got {_shown(v)}", name)
     return v
 
 
@@ -254,9 +269,9 @@ class _Server:
             if len(data) > limit:
                 raise APIError(413, f"the request body is more than the {limit} bytes this server takes")
         try:
-            body = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise _bad(f"the request body is not valid JSON: {e}") from None
+            body = jsonlimits.loads(bytes(data), "the request body")
+        except InvalidArgumentError as e:
+            raise _bad(str(e)) from None
         if not isinstance(body, dict):
             raise _bad("the request body must be a JSON object")
         return body
@@ -276,7 +291,7 @@ class _Server:
             raise _bad(f"{param} must hold integer token ids", param)
         for t in ids:
             if not 0 <= t < self.n_vocab:
-                raise _bad(f"token id {t} is outside the vocabulary [0, {self.n_vocab})", param)
+                raise _bad(f"token id {_shown(t)} is outside the vocabulary [0, {self.n_vocab})", param)
         return list(ids)
 
     def sampling(self, body, chat: bool):
@@ -305,11 +320,11 @@ class _Server:
                 except ValueError:
                     raise _bad(f"logit_bias key {k[:40]!r} is not a token id", "logit_bias") from None
                 if not 0 <= t < self.n_vocab:
-                    raise _bad(f"logit_bias names token {t}, outside the vocabulary [0, {self.n_vocab})",
-                               "logit_bias")
+                    raise _bad(f"logit_bias names token {_shown(t)}, outside the vocabulary "
+                               f"[0, {self.n_vocab})", "logit_bias")
                 parsed[t] = _float(bias, k, 0.0, -100.0, 100.0)
             bias = parsed or None
-        seed = _int(body, "seed", None)
+        seed = _int(body, "seed", None, -(1 << 63), (1 << 64) - 1)
         if seed is not None:
             seed &= (1 << 63) - 1  # OpenAI takes any integer; the sampler a non-negative one
         params = SamplingParams(
@@ -881,12 +896,25 @@ async def _stream(server, job: _Job, meta, chat, include_usage):
     yield b"data: [DONE]\n\n"
 
 
+async def _ended(chunks):
+    """chunks, and when making them fails, an error event in OpenAI's shape
+    and [DONE]: a stream never just stops, whatever goes wrong in it."""
+    try:
+        async for data in chunks:
+            yield data
+    except Exception as e:  # noqa: BLE001 - the client gets a shaped error, the log the traceback
+        log.exception("a stream failed")
+        yield _sse(_api_error(e).body())
+        yield b"data: [DONE]\n\n"
+
+
 class _SSEResponse:
     """A server-sent-event stream that cancels its job when the client goes
-    away (or the stream ends any other way before the job is done)."""
+    away (or the stream ends any other way before the job is done), and
+    ends with an error event and [DONE] when making its chunks fails."""
 
     def __init__(self, chunks, on_close):
-        self.chunks = chunks
+        self.chunks = _ended(chunks)
         self.on_close = on_close
 
     async def __call__(self, scope, receive, send):
@@ -915,14 +943,21 @@ def _endpoint(server: _Server, fn, auth=True):
             if auth:
                 server.check_auth(request)
             return await fn(server, request)
-        except APIError as e:
-            return e.response()
-        except (InvalidArgumentError, ValueError) as e:
-            return _bad(str(e)).response()
         except Exception as e:  # noqa: BLE001 - a bug here is a 500 in OpenAI's shape, not a dropped connection
-            log.exception("%s %s failed", request.method, request.url.path)
-            return APIError(500, f"internal error: {type(e).__name__}").response()
+            if not isinstance(e, (APIError, ValueError)):
+                log.exception("%s %s failed", request.method, request.url.path)
+            return _api_error(e).response()
     return handle
+
+
+def _api_error(e: Exception) -> APIError:
+    """The APIError a failed request answers: its own, 400 for a bad value
+    (InvalidArgumentError is a ValueError), else 500 naming the type alone."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, ValueError):
+        return _bad(str(e))
+    return APIError(500, f"internal error: {type(e).__name__}")
 
 
 async def completions(server: _Server, request: HTTPRequest):

@@ -6,6 +6,7 @@ the hostile ones the sandbox must stop)."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 from gguf import GGMLQuantizationType, GGUFValueType
@@ -68,7 +69,41 @@ def _hostile_templates() -> list:
     return [template for _, template, _, limits in HOSTILE if "timeout" not in limits]
 
 
-SEEDS = {"gguf": gguf_seeds, "gguf-run": gguf_seeds, "template": template_seeds}
+def http_seeds() -> list:
+    """Valid requests for each endpoint, as "PATH\nBODY"."""
+    user = {"role": "user", "content": "ab"}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}
+    reqs = [
+        ("/v1/completions", {"prompt": "ab", "max_tokens": 2, "temperature": 0}),
+        ("/v1/completions", {"prompt": ["ab", "cd"], "max_tokens": 1, "n": 2, "seed": 3, "top_p": 0.9,
+                             "top_k": 5, "min_p": 0.1, "logit_bias": {"3": 1.5}, "stop": ["x"], "logprobs": 2}),
+        ("/v1/completions", {"prompt": [3, 4, 5], "max_tokens": 2, "stream": True, "echo": True, "logprobs": 1,
+                             "stream_options": {"include_usage": True}, "presence_penalty": 0.5,
+                             "frequency_penalty": -0.5, "repeat_penalty": 1.1}),
+        ("/v1/chat/completions", {"messages": [user], "max_tokens": 2, "temperature": 0.7, "seed": 1}),
+        ("/v1/chat/completions", {"messages": [{"role": "system", "content": "x"}, user], "max_tokens": 2,
+                                  "stream": True, "logprobs": True, "top_logprobs": 2}),
+        ("/v1/chat/completions", {"messages": [user], "max_tokens": 3, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "object", "properties": {
+                "a": {"type": "array", "items": {"type": "integer"}}}}}}}),
+        ("/v1/chat/completions", {"messages": [user, call, {"role": "tool", "tool_call_id": "c1", "content": "2"}],
+                                  "tools": [tool], "tool_choice": "auto", "max_tokens": 2, "stream": True}),
+        ("/v1/chat/completions", {"messages": [user], "tools": [tool], "tool_choice": "required", "max_tokens": 4}),
+        ("/v1/chat/completions", {"messages": [user], "max_tokens": 2, "grammar": 'root ::= "a" [b-d]*'}),
+        ("/v1/embeddings", {"input": ["ab", "cd"], "encoding_format": "base64"}),
+        ("/v1/embeddings", {"input": [[3, 4], [5]]}),
+        ("/tokenize", {"prompt": "abc", "add_special_tokens": False}),
+        ("/tokenize", {"messages": [user]}),
+        ("/detokenize", {"tokens": [3, 4, 5]}),
+    ]
+    return [path.encode() + b"\n" + json.dumps(body).encode() for path, body in reqs]
+
+
+SEEDS = {"gguf": gguf_seeds, "gguf-run": gguf_seeds, "template": template_seeds,
+         "http": http_seeds}
 
 
 def write(directory, target):

@@ -1,7 +1,8 @@
-"""Fuzz llminfer's untrusted inputs: GGUF files and chat templates.
+"""Fuzz llminfer's untrusted inputs: GGUF files, chat templates and HTTP request bodies.
 
     python tests/fuzz/run.py gguf --seconds 60             # pure-Python mutator
     python tests/fuzz/run.py template --iterations 5000 --seed 3
+    python tests/fuzz/run.py http --seconds 600              # JSON bodies POSTed to the server's app
     python tests/fuzz/run.py gguf-run --seconds 60          # also load and run each model
     python tests/fuzz/run.py gguf --atheris -max_total_time=60    # coverage-guided (pip install atheris)
     python tests/fuzz/run.py template --atheris -max_total_time=3600 -timeout=20 CORPUS_DIR
@@ -29,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for gguf_bytes and the fuzz package
 
 from fuzz.corpus import SEEDS, write  # noqa: E402
-from fuzz.mutate import Mutator  # noqa: E402
+from fuzz.mutate import JSONMutator, Mutator  # noqa: E402
 from fuzz.targets import TARGETS  # noqa: E402
 
 
@@ -53,7 +54,7 @@ def fuzz(target: str, iterations=None, seconds=None, seed=0, hang=None, findings
     """Run the pure-Python mutational fuzzer; returns the figures of the run:
     inputs, ok, refused, findings (list of (kind, message)), slowest (s)."""
     run_one = TARGETS[target]
-    mutator = Mutator(SEEDS[target](), seed=seed)
+    mutator = (JSONMutator if target == "http" else Mutator)(SEEDS[target](), seed=seed)
     stats = {"inputs": 0, "ok": 0, "refused": 0, "findings": [], "slowest": 0.0}
     use_alarm = hang is not None and hasattr(signal, "SIGALRM")
     if use_alarm:

@@ -9,6 +9,10 @@ fuzzer records it), and so is a crash or a hang of the process.
     load_gguf(data, run=True) also LLM(): load, eval two tokens, generate
     render_template(data)     a chat template (the bytes as UTF-8) compiled
                               and rendered on a small conversation
+    http_request(data)        "PATH\nBODY": the body POSTed to the server's
+                              app (in process, a tiny model); a 5xx answer,
+                              an exception, or an event stream that does not
+                              end with [DONE] is a finding
 """
 
 from __future__ import annotations
@@ -95,4 +99,54 @@ def render_template(data: bytes) -> str:
     return "ok"
 
 
-TARGETS = {"gguf": load_gguf, "gguf-run": lambda d: load_gguf(d, run=True), "template": render_template}
+HTTP_PATHS = ["/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/tokenize", "/detokenize"]
+_client = None
+
+
+class ServerError(Exception):
+    """The server answered 5xx, or cut a stream short: a finding."""
+
+
+def _http_client():
+    """A TestClient over create_app() with a tiny llama, made once: small
+    context, bounded generations and body, so each input runs in
+    milliseconds."""
+    global _client
+    if _client is None:
+        from starlette.testclient import TestClient
+
+        from gguf_bytes import tiny_llama
+        from llminfer.server import ServeArgs, create_app
+
+        path = os.path.join(os.path.dirname(_path()), "server.gguf")
+        with open(path, "wb") as f:
+            f.write(tiny_llama())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no chat template: the chatml fallback warns once
+            app = create_app(ServeArgs(model=path, n_ctx=64, n_threads=1, max_tokens_limit=4,
+                                       max_body_bytes=1 << 17))
+        _client = TestClient(app, raise_server_exceptions=True)
+        _client.__enter__()  # the lifespan (the engine thread) runs until the process ends
+    return _client
+
+
+def http_request(data: bytes) -> str:
+    """'ok' for a 2xx answer, 'refused' for a 4xx; a 5xx, an exception or a
+    stream without [DONE] raises."""
+    path, _, body = data.partition(b"\n")
+    path = path.decode("latin-1")
+    if path not in HTTP_PATHS:
+        path = HTTP_PATHS[sum(path.encode("latin-1")) % len(HTTP_PATHS)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = _http_client().post(path, content=body, headers={"content-type": "application/json"})
+    if r.status_code >= 500:
+        raise ServerError(f"{path} answered {r.status_code}: {r.text[:300]}")
+    if r.headers.get("content-type", "").startswith("text/event-stream") and \
+            not r.text.rstrip().endswith("data: [DONE]"):
+        raise ServerError(f"{path}'s stream ended without [DONE]: ...{r.text[-300:]}")
+    return "ok" if r.status_code < 400 else "refused"
+
+
+TARGETS = {"gguf": load_gguf, "gguf-run": lambda d: load_gguf(d, run=True), "template": render_template,
+           "http": http_request}
