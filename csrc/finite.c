@@ -23,12 +23,26 @@
 #define CHUNK ((size_t)2 << 20) /* bytes scanned before their pages go back */
 
 static int half_bad(uint16_t h) { return (h & 0x7C00) == 0x7C00; } /* f16: exponent all ones */
-static int bf16_bad(uint16_t h) { return (h & 0x7F80) == 0x7F80; }
 
 static uint16_t u16_at(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, 2);
     return v;
+}
+
+/* The first of the 16-bit values lo..hi-1 at p whose bits under mask are all
+ * set (an exponent of all ones: Inf or NaN), or -1. Branch-free over runs of
+ * 4096, so the compiler vectorises it: F16 and BF16 weights are all values. */
+static int64_t first_all_ones(const uint8_t *p, int64_t lo, int64_t hi, uint16_t mask) {
+    for (int64_t i0 = lo; i0 < hi; i0 += 4096) {
+        const int64_t i1 = i0 + 4096 < hi ? i0 + 4096 : hi;
+        int any = 0;
+        for (int64_t i = i0; i < i1; i++) any |= (u16_at(p + 2 * (size_t)i) & mask) == mask;
+        if (any)
+            for (int64_t i = i0; i < i1; i++)
+                if ((u16_at(p + 2 * (size_t)i) & mask) == mask) return i;
+    }
+    return -1;
 }
 
 /* IQ1_M's f16 d, over the top nibbles of its four scale words */
@@ -97,29 +111,10 @@ static int64_t scan(int type, const uint8_t *p, size_t size, const size_t at[2],
             if ((v & 0x7F800000u) == 0x7F800000u) return i;
         }
         return -1;
-    case LI_TYPE_F16: {
-        /* branch-free over runs, so the compiler vectorises it: f16 weights are all values */
-        for (int64_t i0 = lo; i0 < hi; i0 += 4096) {
-            const int64_t i1 = i0 + 4096 < hi ? i0 + 4096 : hi;
-            int any = 0;
-            for (int64_t i = i0; i < i1; i++) any |= half_bad(u16_at(p + 2 * (size_t)i));
-            if (any)
-                for (int64_t i = i0; i < i1; i++)
-                    if (half_bad(u16_at(p + 2 * (size_t)i))) return i;
-        }
-        return -1;
-    }
-    case LI_TYPE_BF16: {
-        for (int64_t i0 = lo; i0 < hi; i0 += 4096) {
-            const int64_t i1 = i0 + 4096 < hi ? i0 + 4096 : hi;
-            int any = 0;
-            for (int64_t i = i0; i < i1; i++) any |= bf16_bad(u16_at(p + 2 * (size_t)i));
-            if (any)
-                for (int64_t i = i0; i < i1; i++)
-                    if (bf16_bad(u16_at(p + 2 * (size_t)i))) return i;
-        }
-        return -1;
-    }
+    case LI_TYPE_F16:
+        return first_all_ones(p, lo, hi, 0x7C00); /* f16: the exponent's five bits */
+    case LI_TYPE_BF16:
+        return first_all_ones(p, lo, hi, 0x7F80); /* bf16: f32's eight */
     case LI_TYPE_MXFP4:
         for (int64_t b = lo; b < hi; b++)
             if (p[(size_t)b * size + offsetof(block_mxfp4, e)] == 0xFF) return b;

@@ -321,7 +321,29 @@ from libc.string cimport memset
 from cpython.pycapsule cimport PyCapsule_GetPointer
 
 
-cdef class ModelDesc:
+cdef class _Watched:
+    """A description over a memory-mapped file: once the watched mapping lost
+    a page under a pass (the file truncated), every pass is refused."""
+
+    cdef int64_t _fault  # watch_faults's token, or -1
+    cdef str _fault_path
+
+    def __cinit__(self, *args, **kwargs):
+        self._fault = -1
+
+    def watch_faults(self, int64_t token, str path):
+        """Refuse every pass once the watched mapping of path (token:
+        fault_watch's) lost a page under a pass (the file truncated)."""
+        self._fault = token
+        self._fault_path = path
+
+    cdef int check_faults(self) except -1:
+        if self._fault >= 0 and C.li_fault_hit(self._fault):
+            raise _truncated(self._fault_path)
+        return 0
+
+
+cdef class ModelDesc(_Watched):
     """The C description of a model (li_model_desc), built from a
     llminfer.models.ModelSpec. It borrows the weight arrays (memory-mapped
     views) and keeps references to them for as long as it lives."""
@@ -330,12 +352,9 @@ cdef class ModelDesc:
     cdef C.li_layer_desc *layers
     cdef list _keep
     cdef int _embd_fd  # embedding_file's duplicate, or -1
-    cdef int64_t _fault  # watch_faults's token, or -1
-    cdef str _fault_path
 
     def __cinit__(self, spec):
         self._embd_fd = -1
-        self._fault = -1
         self._keep = []
         n_layer = len(spec.layers)
         self.layers = <C.li_layer_desc *>calloc(max(1, n_layer), sizeof(C.li_layer_desc))
@@ -367,17 +386,6 @@ cdef class ModelDesc:
         m.rows = mat.rows
         m.k = mat.k
         m.nbytes = data.shape[0]
-        return 0
-
-    def watch_faults(self, int64_t token, str path):
-        """Refuse every pass once the watched mapping of path (token:
-        fault_watch's) lost a page under a pass (the file truncated)."""
-        self._fault = token
-        self._fault_path = path
-
-    cdef int check_faults(self) except -1:
-        if self._fault >= 0 and C.li_fault_hit(self._fault):
-            raise _truncated(self._fault_path)
         return 0
 
     def repack_size(self, int first_layer=0, bint with_output=True):
@@ -956,19 +964,16 @@ def hash_bytes(const uint8_t[::1] b):
 
 # ---- encoders (embeddings) ----
 
-cdef class EncoderDesc:
+cdef class EncoderDesc(_Watched):
     """The C description of a BERT-style encoder (li_encoder_desc), built from
     a llminfer.models.bert EncoderSpec; borrows its arrays like ModelDesc."""
 
     cdef C.li_encoder_desc desc
     cdef C.li_encoder_layer *layers
     cdef list _keep
-    cdef int64_t _fault  # as ModelDesc's
-    cdef str _fault_path
 
     def __cinit__(self, spec):
         self._keep = []
-        self._fault = -1
         n_layer = len(spec.layers)
         self.layers = <C.li_encoder_layer *>calloc(max(1, n_layer), sizeof(C.li_encoder_layer))
         if self.layers == NULL:
@@ -1036,16 +1041,6 @@ cdef class EncoderDesc:
         m.rows = mat.rows
         m.k = mat.k
         m.nbytes = data.shape[0]
-        return 0
-
-    def watch_faults(self, int64_t token, str path):
-        """As ModelDesc.watch_faults."""
-        self._fault = token
-        self._fault_path = path
-
-    cdef int check_faults(self) except -1:
-        if self._fault >= 0 and C.li_fault_hit(self._fault):
-            raise _truncated(self._fault_path)
         return 0
 
     def encode(self, const int32_t[::1] tokens, types, int n_threads):
