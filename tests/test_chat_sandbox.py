@@ -13,6 +13,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import sys
 import textwrap
 
@@ -56,8 +57,11 @@ def render_in_child(template, **limits):
     """Render `template` in a fresh interpreter; its report as a dict."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     try:
+        # cwd away from the checkout: `python -c` puts its folder first on sys.path,
+        # where a source tree without the compiled core would shadow the package
         proc = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps([template, limits, ADDRESS_SPACE_GB]),
-                              capture_output=True, text=True, timeout=CHILD_TIMEOUT, env=env)
+                              capture_output=True, text=True, timeout=CHILD_TIMEOUT, env=env,
+                              cwd=tempfile.gettempdir())
     except subprocess.TimeoutExpired:
         pytest.fail(f"the render was still running after {CHILD_TIMEOUT} s: {template[:200]!r}")
     assert proc.returncode == 0, proc.stderr[-2000:]

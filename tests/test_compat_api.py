@@ -364,7 +364,8 @@ def test_from_pretrained_unreachable_hub_fails_fast(tmp_path):
                                           sys.path))
     env.pop("HF_HUB_OFFLINE", None)
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)  # not the checkout, whose source folder would shadow the package
     elapsed = time.monotonic() - t0
     assert out.stdout.startswith("HubUnreachableError"), out.stdout + out.stderr
     assert "HF_HUB_OFFLINE=1" in out.stdout and "local" in out.stdout
