@@ -19,6 +19,7 @@ stream then restores its context (recomputing the tokens that differ).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import threading
 import time
@@ -1027,3 +1028,15 @@ def generate(model, prompt, **kwargs):
             _cached = (key, LLM(model, **load))
         llm = _cached[1]
     return llm.generate(prompt, **kwargs)
+
+
+def _drop_cached():
+    """At exit, while Python is whole: the kept model goes. Left to the
+    interpreter's teardown, its files and maps were released after the
+    modules they need (os, llminfer._core) were gone."""
+    global _cached
+    with _cache_lock:
+        _cached = None
+
+
+atexit.register(_drop_cached)
