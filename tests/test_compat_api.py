@@ -359,9 +359,10 @@ def test_from_pretrained_unreachable_hub_fails_fast(tmp_path):
     code = ("import sys\nfrom llminfer import Llama\nfrom llminfer.errors import HubUnreachableError\n"
             "try:\n    Llama.from_pretrained('ORG/REPO-GGUF', '*Q4_K_M.gguf', verbose=False)\n"
             "except HubUnreachableError as e:\n    print('HubUnreachableError', e)\n")
+    # the test's own sys.path, not the checkout's root: a source folder there
+    # (no compiled core when the package is installed) would shadow the package
     env = dict(os.environ, HF_ENDPOINT=f"http://127.0.0.1:{_closed_port()}", HF_HOME=str(tmp_path / "hf"),
-               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] +
-                                          sys.path))
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     env.pop("HF_HUB_OFFLINE", None)
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
