@@ -212,7 +212,37 @@ typedef struct li_layer_desc {
     li_matrix router;            /* [n_expert, n_embd] (ffn_gate_inp) */
     li_matrix gate_exps, up_exps;/* [n_expert * n_ff_exp, n_embd] */
     li_matrix down_exps;         /* [n_expert * n_embd, n_ff_exp] */
+    /* The layer's mixer (enum li_mixer): attention, or a recurrent layer of a
+     * hybrid model that keeps a fixed-size state per sequence (a window of
+     * past inputs for its convolution, and a recurrent matrix) in the
+     * context's state pool instead of keys and values. A layer with neither
+     * a dense (w_gate) nor an expert (router) feed-forward has none. */
+    int mixer;
+    int attn_out_gate;           /* qwen35: wq yields per head head_dim queries then head_dim gate values; the
+                                  * attention output is multiplied by sigmoid(gate) before wo */
+    li_matrix ssm_in;            /* GDN: attn_qkv [2 * n_group * d_state + d_inner, n_embd] (q, k, v);
+                                  * shortconv: in_proj [3 * n_embd, n_embd] (b, c, x);
+                                  * mamba2: ssm_in [2 * d_inner + 2 * n_group * d_state + n_head, n_embd] (z, xBC, dt) */
+    li_matrix ssm_z;             /* GDN: attn_gate [d_inner, n_embd], the output gate z */
+    li_matrix ssm_beta, ssm_alpha; /* GDN: [n_head, n_embd] each */
+    const float *ssm_conv;       /* [channels, d_conv]: channel c's taps, the oldest input first */
+    const float *ssm_conv_b;     /* mamba2: [channels] */
+    const float *ssm_dt_b;       /* GDN, mamba2: [n_head] added to dt (alpha) before softplus */
+    const float *ssm_a;          /* GDN, mamba2: [n_head], the (negative) decay rate as the file stores it */
+    const float *ssm_d;          /* mamba2: [n_head] skip */
+    const float *ssm_norm;       /* GDN: [head_v_dim] RMSNorm of each head's output; mamba2: [d_inner] grouped */
+    li_matrix ssm_out;           /* [n_embd, d_inner] (shortconv: out_proj [n_embd, n_embd]) */
 } li_layer_desc;
+
+/* What mixes a layer's positions. */
+enum li_mixer {
+    LI_MIX_ATTN = 0,             /* attention over the paged KV cache */
+    LI_MIX_GDN = 1,              /* Gated DeltaNet (qwen35, qwen35moe, qwen3next) */
+    LI_MIX_SHORTCONV = 2,        /* LFM2's gated short convolution */
+    LI_MIX_MAMBA2 = 3,           /* Mamba2's selective scan (mamba2, nemotron_h, granitehybrid) */
+    LI_MIX_NONE = 4,             /* no mixer: the layer is its feed-forward alone (nemotron_h) */
+    LI_MIX_COUNT = 5
+};
 
 typedef struct li_model_desc {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot;
@@ -239,6 +269,15 @@ typedef struct li_model_desc {
                                   * after RoPE (Llama 4 / Ministral 3 temperature tuning); 0: none */
     float attn_temp_offset;
     int attn_temp_floor;         /* > 0 when attn_temp_scale != 0 */
+    /* recurrent layers (li_layer_desc.mixer): GDN has n_head value heads of
+     * d_inner / n_head and n_group key heads of d_state (value head h reads
+     * key head h % n_group); mamba2 has n_head heads of d_inner / n_head
+     * channels, a state of d_state per channel, n_group groups of B and C */
+    int ssm_d_conv;              /* the convolution's taps (GGUF ssm.conv_kernel; shortconv.l_cache) */
+    int ssm_d_inner;
+    int ssm_d_state;
+    int ssm_n_group;
+    int ssm_n_head;
     /* -- the core's own -- */
     int embd_release;            /* set by li_model_repack(release): tok_embd is a clean file mapping that
                                   * nothing reads in bulk, and each token's lookup hands its row's pages back */
@@ -316,6 +355,7 @@ typedef struct li_kv_config {
     int kv_type;                 /* LI_TYPE_F32, LI_TYPE_F16, LI_TYPE_Q8_0 or LI_TYPE_Q4_0 */
     int block_size;              /* positions per block, a power of two from 1 to 1024 */
     int n_blocks[LI_KV_GROUPS];  /* blocks in each group's pool; 0 for a group no layer uses */
+    int n_state_slots;           /* slots of the state pool (recurrent layers); 0 in a model without them */
 } li_kv_config;
 
 /* What one sequence sees: per group, its block table, block[i] holding
@@ -325,6 +365,10 @@ typedef struct li_kv_config {
 typedef struct li_seq_view {
     const int32_t *blocks[LI_KV_GROUPS];
     int n_blocks[LI_KV_GROUPS];
+    int state_slot;              /* the sequence's slot in the state pool (-1: none, in a model without
+                                  * recurrent layers). The slot holds the state after every position
+                                  * before the batch's first token of this sequence; the batch updates it
+                                  * in place to the state after its last. */
 } li_seq_view;
 
 /* A batch, in the spirit of llama.cpp's llama_batch: n tokens, each with its
@@ -376,6 +420,23 @@ size_t li_kv_group_block_bytes(const li_context *c, int group);
  * restoring a sequence's state.) */
 int li_kv_read_block(const li_context *c, int group, int block, void *dst, size_t size);
 int li_kv_write_block(li_context *c, int group, int block, const void *src, size_t size);
+/* ---- the state pool (recurrent layers of hybrid models) ----
+ * Beside the KV pools, a context holds n_state_slots slots; a slot holds,
+ * for each recurrent layer in order, its convolution window ((d_conv - 1)
+ * past inputs per channel, the oldest first) and its recurrent matrix (GDN:
+ * per value head d_v rows of d_k; mamba2: per head head_dim rows of
+ * d_state), all float32. The caller assigns slots to sequences as it
+ * assigns blocks; a fresh sequence's slot is cleared (all zero). */
+/* Floats one slot holds for layer il (0 for a layer that is not recurrent). */
+size_t li_state_layer_floats(const li_model_desc *m, int il);
+/* Bytes one slot holds over all layers (0 in a model without recurrent layers). */
+size_t li_state_slot_bytes(const li_model_desc *m);
+/* Copy slot src to slot dst (fork, snapshot, restore); clear a slot. */
+int li_state_copy(li_context *c, int src, int dst);
+int li_state_clear(li_context *c, int slot);
+/* Copy a slot out of (read) or into (write) a buffer of li_state_slot_bytes. */
+int li_state_read(const li_context *c, int slot, void *dst, size_t size);
+int li_state_write(li_context *c, int slot, const void *src, size_t size);
 /* Run a batch through every layer, writing each token's keys and values at
  * its position in its sequence's tables, and the logits of the rows asked for
  * into logits ([rows asked for, n_vocab], in batch order). The result of a

@@ -82,6 +82,16 @@ cdef extern from "llminfer.h" nogil:
         li_matrix router
         li_matrix gate_exps, up_exps
         li_matrix down_exps
+        int mixer
+        int attn_out_gate
+        li_matrix ssm_in, ssm_z, ssm_beta, ssm_alpha
+        const float *ssm_conv
+        const float *ssm_conv_b
+        const float *ssm_dt_b
+        const float *ssm_a
+        const float *ssm_d
+        const float *ssm_norm
+        li_matrix ssm_out
 
     ctypedef struct li_model_desc:
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot
@@ -105,6 +115,7 @@ cdef extern from "llminfer.h" nogil:
         float attn_temp_scale
         float attn_temp_offset
         int attn_temp_floor
+        int ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_group, ssm_n_head
         int embd_release
         int embd_file
         int embd_fd
@@ -130,9 +141,11 @@ cdef extern from "llminfer.h" nogil:
         int kv_type
         int block_size
         int n_blocks[2]
+        int n_state_slots
     ctypedef struct li_seq_view:
         const int32_t *blocks[2]
         int n_blocks[2]
+        int state_slot
     ctypedef struct li_batch:
         int n
         const int32_t *token
@@ -142,6 +155,12 @@ cdef extern from "llminfer.h" nogil:
         const signed char *logits
     int li_layer_kv_group(const li_model_desc *m, int il)
     size_t li_kv_block_bytes(const li_model_desc *m, int kv_type, int block_size, int il)
+    size_t li_state_layer_floats(const li_model_desc *m, int il)
+    size_t li_state_slot_bytes(const li_model_desc *m)
+    int li_state_copy(li_context *c, int src, int dst)
+    int li_state_clear(li_context *c, int slot)
+    int li_state_read(const li_context *c, int slot, void *dst, size_t size)
+    int li_state_write(li_context *c, int slot, const void *src, size_t size)
     int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
                           li_context **out)
     void li_context_free(li_context *c)

@@ -30,6 +30,11 @@ cdef int _fill_model(ModelDesc self, C.li_model_desc *d, spec) except -1:
     d.attn_temp_scale = spec.attn_temp_scale
     d.attn_temp_offset = spec.attn_temp_offset
     d.attn_temp_floor = spec.attn_temp_floor
+    d.ssm_d_conv = spec.ssm_d_conv
+    d.ssm_d_inner = spec.ssm_d_inner
+    d.ssm_d_state = spec.ssm_d_state
+    d.ssm_n_group = spec.ssm_n_group
+    d.ssm_n_head = spec.ssm_n_head
     return 0
 
 
@@ -58,8 +63,21 @@ cdef int _fill_layer(ModelDesc self, C.li_layer_desc *L, ls) except -1:
     self._matrix(&L.gate_exps, ls.gate_exps)
     self._matrix(&L.up_exps, ls.up_exps)
     self._matrix(&L.down_exps, ls.down_exps)
+    L.mixer = ls.mixer
+    L.attn_out_gate = ls.attn_out_gate
+    self._matrix(&L.ssm_in, ls.ssm_in)
+    self._matrix(&L.ssm_z, ls.ssm_z)
+    self._matrix(&L.ssm_beta, ls.ssm_beta)
+    self._matrix(&L.ssm_alpha, ls.ssm_alpha)
+    L.ssm_conv = self._vector(ls.ssm_conv)
+    L.ssm_conv_b = self._vector(ls.ssm_conv_b)
+    L.ssm_dt_b = self._vector(ls.ssm_dt_b)
+    L.ssm_a = self._vector(ls.ssm_a)
+    L.ssm_d = self._vector(ls.ssm_d)
+    L.ssm_norm = self._vector(ls.ssm_norm)
+    self._matrix(&L.ssm_out, ls.ssm_out)
     return 0
 
 
-MODEL_FIELDS = ('n_vocab', 'n_embd', 'n_head', 'n_head_kv', 'head_dim', 'head_dim_v', 'n_ff', 'n_rot', 'rope_mode', 'gate_fn', 'norm_eps', 'embd_scale', 'attn_scale', 'tok_embd', 'output_norm', 'output', 'rope_factors', 'residual_scale', 'logit_scale', 'attn_softcap', 'final_softcap', 'qk_norm_whole', 'n_expert', 'n_expert_used', 'n_ff_exp', 'attn_temp_scale', 'attn_temp_offset', 'attn_temp_floor')
-LAYER_FIELDS = ('attn_norm', 'wq', 'wk', 'wv', 'wo', 'bq', 'bk', 'bv', 'q_norm', 'k_norm', 'post_attn_norm', 'ffn_norm', 'w_gate', 'w_up', 'w_down', 'post_ffn_norm', 'rope_base', 'rope_scale', 'sliding_window', 'no_rope', 'router', 'gate_exps', 'up_exps', 'down_exps')
+MODEL_FIELDS = ('n_vocab', 'n_embd', 'n_head', 'n_head_kv', 'head_dim', 'head_dim_v', 'n_ff', 'n_rot', 'rope_mode', 'gate_fn', 'norm_eps', 'embd_scale', 'attn_scale', 'tok_embd', 'output_norm', 'output', 'rope_factors', 'residual_scale', 'logit_scale', 'attn_softcap', 'final_softcap', 'qk_norm_whole', 'n_expert', 'n_expert_used', 'n_ff_exp', 'attn_temp_scale', 'attn_temp_offset', 'attn_temp_floor', 'ssm_d_conv', 'ssm_d_inner', 'ssm_d_state', 'ssm_n_group', 'ssm_n_head')
+LAYER_FIELDS = ('attn_norm', 'wq', 'wk', 'wv', 'wo', 'bq', 'bk', 'bv', 'q_norm', 'k_norm', 'post_attn_norm', 'ffn_norm', 'w_gate', 'w_up', 'w_down', 'post_ffn_norm', 'rope_base', 'rope_scale', 'sliding_window', 'no_rope', 'router', 'gate_exps', 'up_exps', 'down_exps', 'mixer', 'attn_out_gate', 'ssm_in', 'ssm_z', 'ssm_beta', 'ssm_alpha', 'ssm_conv', 'ssm_conv_b', 'ssm_dt_b', 'ssm_a', 'ssm_d', 'ssm_norm', 'ssm_out')

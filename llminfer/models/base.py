@@ -23,6 +23,13 @@ ROPE_NORM = 0  # rotate pairs (2i, 2i+1): GGUF llama weights are permuted for it
 ROPE_NEOX = 2  # rotate pairs (i, i + n_rot/2)
 ACT_SILU = 0
 ACT_GELU = 1
+# a layer's mixer (csrc/llminfer.h, enum li_mixer)
+MIX_ATTN = 0       # attention over the paged KV cache
+MIX_GDN = 1        # Gated DeltaNet (qwen35, qwen35moe, qwen3next)
+MIX_SHORTCONV = 2  # LFM2's gated short convolution
+MIX_MAMBA2 = 3     # Mamba2's selective scan
+MIX_NONE = 4       # the layer is its feed-forward alone
+RECURRENT_MIXERS = (MIX_GDN, MIX_SHORTCONV, MIX_MAMBA2)
 
 
 @dataclass
@@ -55,12 +62,12 @@ class MoESpec:
 @dataclass
 class LayerSpec:
     attn_norm: np.ndarray | None  # None: no pre-norm (olmo2)
-    wq: Matrix
-    wk: Matrix
-    wv: Matrix
-    wo: Matrix
+    wq: Matrix | None             # None in a layer whose mixer is not attention
+    wk: Matrix | None
+    wv: Matrix | None
+    wo: Matrix | None
     ffn_norm: np.ndarray | None
-    w_gate: Matrix | None         # None in a MoE layer
+    w_gate: Matrix | None         # None in a MoE layer, or a layer without a feed-forward
     w_up: Matrix | None
     w_down: Matrix | None
     bq: np.ndarray | None = None
@@ -75,6 +82,32 @@ class LayerSpec:
     sliding_window: int = 0
     no_rope: bool = False         # True: queries and keys are not rotated (smollm3's every 4th layer)
     moe: MoESpec | None = None
+    # hybrid models: the layer's mixer (MIX_*) and a recurrent mixer's weights,
+    # named and shaped as csrc/llminfer.h's li_layer_desc describes them
+    mixer: int = MIX_ATTN
+    attn_out_gate: bool = False   # qwen35: wq yields [queries, gate] per head; output times sigmoid(gate)
+    ssm_in: Matrix | None = None
+    ssm_z: Matrix | None = None
+    ssm_beta: Matrix | None = None
+    ssm_alpha: Matrix | None = None
+    ssm_conv: np.ndarray | None = None  # [channels, d_conv]
+    ssm_conv_b: np.ndarray | None = None
+    ssm_dt_b: np.ndarray | None = None
+    ssm_a: np.ndarray | None = None
+    ssm_d: np.ndarray | None = None
+    ssm_norm: np.ndarray | None = None
+    ssm_out: Matrix | None = None
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the layer keeps a per-sequence state instead of keys and values."""
+        return self.mixer in RECURRENT_MIXERS
+
+    def mixer_matrices(self) -> list:
+        """The matrices of the layer's mixer (attention's four, or a recurrent mixer's)."""
+        mats = [self.wq, self.wk, self.wv, self.wo, self.ssm_in, self.ssm_z, self.ssm_beta, self.ssm_alpha,
+                self.ssm_out]
+        return [m for m in mats if m is not None]
 
     # the experts' weights by the C description's names (None in a dense layer)
     @property
@@ -97,7 +130,7 @@ class LayerSpec:
         """The feed-forward's weights; with active_only, as much of them as
         one token reads (a MoE layer: its router and k of its experts)."""
         if self.moe is None:
-            return [self.w_gate, self.w_up, self.w_down]
+            return [m for m in (self.w_gate, self.w_up, self.w_down) if m is not None]
         return [self.moe.router, self.moe.gate_exps, self.moe.up_exps, self.moe.down_exps]
 
 
@@ -135,6 +168,17 @@ class ModelSpec:
     n_expert: int = 0             # MoE: experts per layer, how many a token uses, one expert's width
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    # recurrent layers' sizes (csrc/llminfer.h, li_model_desc): 0 in a model without them
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_n_group: int = 0
+    ssm_n_head: int = 0
+
+    @property
+    def recurrent_layers(self) -> list:
+        """Indices of the layers that keep a per-sequence state."""
+        return [i for i, L in enumerate(self.layers) if L.recurrent]
 
     @property
     def n_layer(self) -> int:
@@ -143,7 +187,7 @@ class ModelSpec:
     def n_params(self) -> int:
         mats = [self.tok_embd] + ([] if self.output is self.tok_embd else [self.output])
         for L in self.layers:
-            mats += [L.wq, L.wk, L.wv, L.wo] + L.ffn_matrices()
+            mats += L.mixer_matrices() + L.ffn_matrices()
         return sum(m.rows * m.k for m in mats)
 
     def weight_bytes(self) -> int:
@@ -151,7 +195,7 @@ class ModelSpec:
         aside); of a MoE layer, the router and k experts."""
         total = self.output.data.nbytes
         for L in self.layers:
-            total += sum(m.data.nbytes for m in (L.wq, L.wk, L.wv, L.wo))
+            total += sum(m.data.nbytes for m in L.mixer_matrices())
             if L.moe is None:
                 total += sum(m.data.nbytes for m in L.ffn_matrices())
             else:
