@@ -121,6 +121,24 @@ struct li_context {
     float *rope_cs;        /* [n_rope, n_batch, n_rot] */
     int *layer_rope;       /* [n_layer] -> table */
 
+    /* hybrid models: the state pool (llminfer.h) and the recurrent mixers' scratch */
+    float *state;          /* [n_state_slots, slot_floats] */
+    size_t slot_floats;    /* floats of one slot, over every recurrent layer */
+    size_t *state_off;     /* [n_layer] where a layer's state starts in a slot (floats) */
+    float *r_in;           /* [n_batch, r_in_ld] ssm_in's output */
+    int64_t r_in_ld;
+    float *r_z;            /* [n_batch, ssm_d_inner] GDN's output gate */
+    float *r_ab;           /* [n_batch, 2 * ssm_n_head] GDN's alpha, then beta */
+    float *r_conv;         /* [n_batch, r_in_ld] the convolution's input or output */
+    float *r_out;          /* [n_batch, r_out_ld] the mixer's output, before ssm_out */
+    int64_t r_out_ld;
+    float *qg;             /* [n_batch, 2 * n_head * head_dim] a gated attention's joint q projection */
+    float *gate;           /* [n_batch, n_head * head_dim] its gate */
+    int32_t *seq_rows;     /* [n_batch] the batch's rows grouped by sequence, each in batch order */
+    int32_t *seq_off;      /* [seq_cap + 1] sequence s's rows are seq_rows[seq_off[s] .. seq_off[s + 1]) */
+    int seq_cap, n_seqs;
+    uint8_t *slot_mark;    /* [n_state_slots] a batch's check that no two sequences share a slot */
+
     /* a backend holding layers [0, be_layers) (and the head, with be_output);
      * those layers have no CPU pools (k_pool[il] NULL) */
     const li_backend_ops *be_ops;

@@ -41,6 +41,7 @@
 #include "context.h"
 #include "kernels/kernels.h"
 #include "matmul.h"
+#include "recurrent.h"
 #include "repack.h"
 
 
@@ -76,6 +77,98 @@ static int check_matrix(const li_matrix *w, const char *name, int il, int64_t ro
         const int st_ = (expr);      \
         if (st_ != LI_OK) return st_; \
     } while (0)
+
+/* ---- recurrent mixers' sizes ---- */
+
+/* the rows of ssm_in, the convolution's channels and the floats of state of
+ * a layer with a recurrent mixer (0, 0, 0 for the others) */
+static void mixer_sizes(const li_model_desc *m, const li_layer_desc *L, int64_t *in_rows, int64_t *channels,
+                        int64_t *state) {
+    const int64_t E = m->n_embd, K = m->ssm_d_conv, H = m->ssm_n_head, G = m->ssm_n_group, N = m->ssm_d_state,
+                  DI = m->ssm_d_inner;
+    *in_rows = *channels = *state = 0;
+    switch (L->mixer) {
+    case LI_MIX_GDN:
+        *channels = 2 * G * N + DI;
+        *in_rows = *channels;
+        *state = *channels * (K - 1) + H * (DI / H) * N;
+        break;
+    case LI_MIX_SHORTCONV:
+        *in_rows = 3 * E;
+        *channels = E;
+        *state = E * (K - 1);
+        break;
+    default:
+        break;
+    }
+}
+
+static int has_recurrent(const li_model_desc *m) {
+    for (int il = 0; il < m->n_layer; il++)
+        if (m->layers[il].mixer == LI_MIX_GDN || m->layers[il].mixer == LI_MIX_SHORTCONV ||
+            m->layers[il].mixer == LI_MIX_MAMBA2)
+            return 1;
+    return 0;
+}
+
+static int check_recurrent_sizes(const li_model_desc *m) {
+    if (!has_recurrent(m)) return LI_OK;
+    const int K = m->ssm_d_conv, H = m->ssm_n_head, G = m->ssm_n_group, N = m->ssm_d_state, DI = m->ssm_d_inner;
+    if (K < 1 || K > 64) return li_fail(LI_E_SHAPE, "the recurrent layers' convolution has %d taps (1 to 64)", K);
+    for (int il = 0; il < m->n_layer; il++) {
+        if (m->layers[il].mixer != LI_MIX_GDN) continue;
+        if (H <= 0 || G <= 0 || N <= 0 || DI <= 0 || H > (1 << 12) || N > (1 << 12) || DI > (1 << 20) ||
+            H % G != 0 || DI % H != 0 || DI / H != N)
+            return li_fail(LI_E_SHAPE, "Gated DeltaNet sizes do not fit: %d value heads of d_inner %d / heads, %d key "
+                           "heads of d_state %d (value heads a multiple of key heads, head sizes equal)", H, DI, G, N);
+        break;
+    }
+    return LI_OK;
+}
+
+static int check_vector(const float *v, const char *name, int il) {
+    return v ? LI_OK : li_fail(LI_E_ARG, "layer %d: %s is missing", il, name);
+}
+
+static int check_mixer(const li_model_desc *m, const li_layer_desc *L, int il) {
+    const int64_t E = m->n_embd, H = m->ssm_n_head, DI = m->ssm_d_inner;
+    int64_t in_rows, channels, state;
+    mixer_sizes(m, L, &in_rows, &channels, &state);
+    switch (L->mixer) {
+    case LI_MIX_NONE:
+        return LI_OK;
+    case LI_MIX_GDN:
+        CHECK(check_matrix(&L->ssm_in, "attn_qkv", il, in_rows, E));
+        CHECK(check_matrix(&L->ssm_z, "attn_gate", il, DI, E));
+        CHECK(check_matrix(&L->ssm_beta, "ssm_beta", il, H, E));
+        CHECK(check_matrix(&L->ssm_alpha, "ssm_alpha", il, H, E));
+        CHECK(check_matrix(&L->ssm_out, "ssm_out", il, E, DI));
+        CHECK(check_vector(L->ssm_conv, "ssm_conv1d", il));
+        CHECK(check_vector(L->ssm_dt_b, "ssm_dt.bias", il));
+        CHECK(check_vector(L->ssm_a, "ssm_a", il));
+        return check_vector(L->ssm_norm, "ssm_norm", il);
+    case LI_MIX_SHORTCONV:
+        CHECK(check_matrix(&L->ssm_in, "shortconv.in_proj", il, in_rows, E));
+        CHECK(check_matrix(&L->ssm_out, "shortconv.out_proj", il, E, E));
+        return check_vector(L->ssm_conv, "shortconv.conv", il);
+    default:
+        return li_fail(LI_E_ARG, "layer %d: the Mamba2 mixer is not in this build", il);
+    }
+}
+
+size_t li_state_layer_floats(const li_model_desc *m, int il) {
+    if (!m || il < 0 || il >= m->n_layer) return 0;
+    int64_t in_rows, channels, state;
+    mixer_sizes(m, &m->layers[il], &in_rows, &channels, &state);
+    return (size_t)state;
+}
+
+size_t li_state_slot_bytes(const li_model_desc *m) {
+    if (!m) return 0;
+    size_t total = 0;
+    for (int il = 0; il < m->n_layer; il++) total += li_state_layer_floats(m, il);
+    return total * sizeof(float);
+}
 
 int li_model_check(const li_model_desc *m) {
     li_fail(LI_OK, "%s", "");
@@ -116,12 +209,20 @@ int li_model_check(const li_model_desc *m) {
     CHECK(check_matrix(&m->output, "output", -1, m->n_vocab, m->n_embd));
     const int64_t nq = (int64_t)m->n_head * m->head_dim, nk = (int64_t)m->n_head_kv * m->head_dim;
     const int64_t nv = (int64_t)m->n_head_kv * m->head_dim_v, na = (int64_t)m->n_head * m->head_dim_v;
+    CHECK(check_recurrent_sizes(m));
     for (int il = 0; il < m->n_layer; il++) {
         const li_layer_desc *L = &m->layers[il];
-        CHECK(check_matrix(&L->wq, "attn_q", il, nq, m->n_embd));
-        CHECK(check_matrix(&L->wk, "attn_k", il, nk, m->n_embd));
-        CHECK(check_matrix(&L->wv, "attn_v", il, nv, m->n_embd));
-        CHECK(check_matrix(&L->wo, "attn_output", il, m->n_embd, na));
+        if (L->mixer < 0 || L->mixer >= LI_MIX_COUNT) return li_fail(LI_E_ARG, "layer %d: unknown mixer %d", il, L->mixer);
+        if (L->mixer == LI_MIX_ATTN) {
+            if (L->attn_out_gate && m->head_dim_v != m->head_dim)
+                return li_fail(LI_E_SHAPE, "layer %d: a gated attention needs equal key and value head sizes", il);
+            CHECK(check_matrix(&L->wq, "attn_q", il, L->attn_out_gate ? 2 * nq : nq, m->n_embd));
+            CHECK(check_matrix(&L->wk, "attn_k", il, nk, m->n_embd));
+            CHECK(check_matrix(&L->wv, "attn_v", il, nv, m->n_embd));
+            CHECK(check_matrix(&L->wo, "attn_output", il, m->n_embd, na));
+        } else {
+            CHECK(check_mixer(m, L, il));
+        }
         if (L->router.data) {
             if (m->n_expert == 0) return li_fail(LI_E_ARG, "layer %d has a router, but the model no experts", il);
             const int64_t ne = m->n_expert, fe = m->n_ff_exp;
@@ -129,7 +230,8 @@ int li_model_check(const li_model_desc *m) {
             CHECK(check_matrix(&L->gate_exps, "ffn_gate_exps", il, ne * fe, m->n_embd));
             CHECK(check_matrix(&L->up_exps, "ffn_up_exps", il, ne * fe, m->n_embd));
             CHECK(check_matrix(&L->down_exps, "ffn_down_exps", il, ne * m->n_embd, fe));
-        } else {
+        } else if (L->w_gate.data || L->mixer == LI_MIX_ATTN || L->mixer == LI_MIX_NONE) {
+            /* a recurrent layer may be its mixer alone (mamba2) */
             CHECK(check_matrix(&L->w_gate, "ffn_gate", il, m->n_ff, m->n_embd));
             CHECK(check_matrix(&L->w_up, "ffn_up", il, m->n_ff, m->n_embd));
             CHECK(check_matrix(&L->w_down, "ffn_down", il, m->n_embd, m->n_ff));
@@ -143,6 +245,7 @@ int li_model_check(const li_model_desc *m) {
 
 int li_layer_kv_group(const li_model_desc *m, int il) {
     if (!m || il < 0 || il >= m->n_layer) return LI_E_ARG;
+    if (m->layers[il].mixer != LI_MIX_ATTN) return LI_KV_GROUPS; /* no keys and values */
     return m->layers[il].sliding_window > 0 ? LI_KV_SWA : LI_KV_FULL;
 }
 
@@ -152,6 +255,7 @@ static int kv_type_ok(int t) {
 
 size_t li_kv_block_bytes(const li_model_desc *m, int kv_type, int block_size, int il) {
     if (!m || il < 0 || il >= m->n_layer || !kv_type_ok(kv_type) || block_size <= 0) return 0;
+    if (li_layer_kv_group(m, il) == LI_KV_GROUPS) return 0;
     const size_t k = li_row_bytes(kv_type, m->head_dim), v = li_row_bytes(kv_type, m->head_dim_v);
     return (size_t)block_size * (size_t)m->n_head_kv * (k + v);
 }
@@ -193,6 +297,12 @@ void li_context_free(li_context *c) {
     free(c->logit_part);
     free(c->n_spans);
     free(c->layer_rope);
+    float *rbufs[] = {c->state, c->r_in, c->r_z, c->r_ab, c->r_conv, c->r_out, c->qg, c->gate};
+    for (size_t i = 0; i < sizeof(rbufs) / sizeof(rbufs[0]); i++) free_aligned(rbufs[i]);
+    free(c->state_off);
+    free(c->seq_rows);
+    free(c->seq_off);
+    free(c->slot_mark);
     free(c);
 }
 
@@ -259,6 +369,47 @@ static int rope_table(li_context *c, float keys[][2], const li_layer_desc *ly) {
     return t;
 }
 
+/* the state pool and the scratch of the recurrent mixers and gated attention */
+static int make_recurrent(li_context *c, const li_model_desc *m, const li_kv_config *kv, size_t nb) {
+    int gated = 0;
+    c->state_off = calloc((size_t)m->n_layer, sizeof(size_t));
+    if (!c->state_off) return LI_E_NOMEM;
+    int64_t in_ld = 0, out_ld = 0;
+    for (int il = 0; il < m->n_layer; il++) {
+        const li_layer_desc *L = &m->layers[il];
+        int64_t in_rows, channels, state;
+        mixer_sizes(m, L, &in_rows, &channels, &state);
+        c->state_off[il] = c->slot_floats;
+        c->slot_floats += (size_t)state;
+        in_ld = LI_MAX(in_ld, in_rows);
+        if (L->mixer == LI_MIX_GDN) out_ld = LI_MAX(out_ld, (int64_t)m->ssm_d_inner);
+        if (L->mixer == LI_MIX_SHORTCONV) out_ld = LI_MAX(out_ld, (int64_t)m->n_embd);
+        gated |= L->mixer == LI_MIX_ATTN && L->attn_out_gate;
+    }
+    const size_t nq = (size_t)m->n_head * (size_t)m->head_dim;
+    if (gated) {
+        c->qg = alloc_aligned(nb * 2 * nq * sizeof(float));
+        c->gate = alloc_aligned(nb * nq * sizeof(float));
+        if (!c->qg || !c->gate) return LI_E_NOMEM;
+    }
+    c->seq_rows = malloc(nb * sizeof(int32_t));
+    if (!c->seq_rows) return LI_E_NOMEM;
+    if (c->slot_floats == 0) return LI_OK;
+    c->r_in_ld = in_ld;
+    c->r_out_ld = out_ld;
+    const size_t H = (size_t)LI_MAX(m->ssm_n_head, 1), DI = (size_t)LI_MAX(m->ssm_d_inner, 1);
+    c->state = alloc_aligned((size_t)kv->n_state_slots * c->slot_floats * sizeof(float));
+    c->r_in = alloc_aligned(nb * (size_t)in_ld * sizeof(float));
+    c->r_conv = alloc_aligned(nb * (size_t)in_ld * sizeof(float));
+    c->r_out = alloc_aligned(nb * (size_t)out_ld * sizeof(float));
+    c->r_z = alloc_aligned(nb * DI * sizeof(float));
+    c->r_ab = alloc_aligned(nb * 2 * H * sizeof(float));
+    c->slot_mark = calloc((size_t)kv->n_state_slots, 1);
+    /* the pool's pages are touched as slots are cleared for their sequences (li_state_clear) */
+    if (!c->state || !c->r_in || !c->r_conv || !c->r_out || !c->r_z || !c->r_ab || !c->slot_mark) return LI_E_NOMEM;
+    return LI_OK;
+}
+
 int li_context_create(const li_model_desc *m, const li_kv_config *kv, int n_batch, int max_threads,
                       li_context **out) {
     return li_context_create_offload(m, kv, n_batch, max_threads, NULL, 0, 0, 0, out);
@@ -291,9 +442,16 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
         if (kv->n_blocks[g] < 0 || (int64_t)kv->n_blocks[g] * kv->block_size > INT32_MAX)
             return li_fail(LI_E_ARG, "KV pool %d of %d blocks is out of range", g, kv->n_blocks[g]);
     for (int il = 0; il < m->n_layer; il++)
-        if (kv->n_blocks[li_layer_kv_group(m, il)] == 0)
+        if (li_layer_kv_group(m, il) < LI_KV_GROUPS && kv->n_blocks[li_layer_kv_group(m, il)] == 0)
             return li_fail(LI_E_ARG, "layer %d's KV pool (%s) has no blocks", il,
                            li_layer_kv_group(m, il) == LI_KV_SWA ? "sliding-window" : "full");
+    if (kv->n_state_slots < 0 || kv->n_state_slots > (1 << 20) || (has_recurrent(m) && kv->n_state_slots == 0))
+        return li_fail(LI_E_ARG, "%d state slots: a model with recurrent layers needs 1 to %d", kv->n_state_slots,
+                       1 << 20);
+    for (int il = 0; il < n_be_layers; il++)
+        if (m->layers[il].mixer != LI_MIX_ATTN || m->layers[il].attn_out_gate)
+            return li_fail(LI_E_DEVICE, "layer %d is a hybrid model's (recurrent or gated) layer, which the GPU "
+                           "backend does not run; keep it on the CPU (fewer GPU layers)", il);
 
     li_context *c = calloc(1, sizeof(*c));
     if (!c) return li_fail(LI_E_NOMEM, "no memory for a context");
@@ -323,8 +481,9 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
         const li_layer_desc *ly = &m->layers[il];
         c->group[il] = li_layer_kv_group(m, il);
         /* pages are only touched as blocks are used, so resident memory grows with the text */
-        const size_t rows = (size_t)kv->n_blocks[c->group[il]] * (size_t)kv->block_size * (size_t)m->n_head_kv;
-        if (il >= n_be_layers) { /* a backend's layers keep their keys and values in its memory */
+        const size_t rows = c->group[il] == LI_KV_GROUPS ? 0 :
+                            (size_t)kv->n_blocks[c->group[il]] * (size_t)kv->block_size * (size_t)m->n_head_kv;
+        if (il >= n_be_layers && rows > 0) { /* a backend's layers keep their keys and values in its memory */
             c->k_pool[il] = alloc_aligned(rows * c->k_row);
             c->v_pool[il] = alloc_aligned(rows * c->v_row);
             if (!c->k_pool[il] || !c->v_pool[il]) goto nomem;
@@ -337,7 +496,11 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
         const li_matrix *ws[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
         const li_matrix *moe[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->router, &ly->gate_exps, &ly->up_exps};
         const int is_moe = ly->router.data != NULL;
-        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) need_act(c, is_moe ? moe[i] : ws[i]);
+        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
+            if ((is_moe ? moe[i] : ws[i])->data) need_act(c, is_moe ? moe[i] : ws[i]);
+        const li_matrix *rs[] = {&ly->ssm_in, &ly->ssm_z, &ly->ssm_beta, &ly->ssm_alpha, &ly->ssm_out};
+        for (size_t i = 0; i < sizeof(rs) / sizeof(rs[0]); i++)
+            if (rs[i]->data) need_act(c, rs[i]);
         if (is_moe) {
             /* gate/up read the token rows of xq (gathered), down reads rows of n_ff_exp */
             need_expert_act(c, &ly->gate_exps);
@@ -419,6 +582,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
         c->xd[a] = alloc_aligned(LI_MIN(nb, (size_t)LI_FFN_CHUNK) * c->xq_row[a]);
         if (!c->xq[a] || !c->xd[a]) goto nomem;
     }
+    if (make_recurrent(c, m, kv, nb) != LI_OK) goto nomem;
     if (kv->kv_type != LI_TYPE_F32 && kv->kv_type != LI_TYPE_F16) {
         c->qq_row = li_act_row_bytes(li_types[kv->kv_type].act_type, m->head_dim);
         c->qq = alloc_aligned(nb * (size_t)m->n_head * c->qq_row);
@@ -447,6 +611,7 @@ nomem:
 
 size_t li_context_kv_bytes(const li_context *c, int il) {
     if (!c || il < 0 || il >= c->m->n_layer) return 0;
+    if (c->group[il] == LI_KV_GROUPS) return 0;
     if (il < c->be_layers) return c->be_ops->kv_bytes(c->be, il);
     return (size_t)c->kv.n_blocks[c->group[il]] * li_kv_block_bytes(c->m, c->kv.kv_type, c->kv.block_size, il);
 }
@@ -527,6 +692,47 @@ int li_kv_write_block(li_context *c, int group, int block, const void *src, size
         memcpy(c->v_pool[il] + (size_t)block * rows * c->v_row, in, rows * c->v_row);
         in += rows * c->v_row;
     }
+    return LI_OK;
+}
+
+/* ---- the state pool ---- */
+
+static int check_slot(const li_context *c, int slot) {
+    if (!c) return li_fail(LI_E_ARG, "no context");
+    if (c->slot_floats == 0) return li_fail(LI_E_ARG, "the model has no recurrent layers: there is no state pool");
+    if (slot < 0 || slot >= c->kv.n_state_slots)
+        return li_fail(LI_E_KV, "state slot %d is outside the pool of %d slots", slot, c->kv.n_state_slots);
+    return LI_OK;
+}
+
+static float *slot_at(const li_context *c, int slot) { return c->state + (size_t)slot * c->slot_floats; }
+
+int li_state_copy(li_context *c, int src, int dst) {
+    CHECK(check_slot(c, src));
+    CHECK(check_slot(c, dst));
+    if (src != dst) memcpy(slot_at(c, dst), slot_at(c, src), c->slot_floats * sizeof(float));
+    return LI_OK;
+}
+
+int li_state_clear(li_context *c, int slot) {
+    CHECK(check_slot(c, slot));
+    memset(slot_at(c, slot), 0, c->slot_floats * sizeof(float));
+    return LI_OK;
+}
+
+int li_state_read(const li_context *c, int slot, void *dst, size_t size) {
+    CHECK(check_slot(c, slot));
+    if (!dst || size != c->slot_floats * sizeof(float))
+        return li_fail(LI_E_SHAPE, "a state slot is %zu bytes, not %zu", c->slot_floats * sizeof(float), size);
+    memcpy(dst, slot_at(c, slot), size);
+    return LI_OK;
+}
+
+int li_state_write(li_context *c, int slot, const void *src, size_t size) {
+    CHECK(check_slot(c, slot));
+    if (!src || size != c->slot_floats * sizeof(float))
+        return li_fail(LI_E_SHAPE, "a state slot is %zu bytes, not %zu", c->slot_floats * sizeof(float), size);
+    memcpy(slot_at(c, slot), src, size);
     return LI_OK;
 }
 
@@ -767,13 +973,25 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     const li_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv};
     void *xq[LI_ACT_COUNT];
     half_input(c, L->attn_norm, qkv, 3, own, ith, lo, hi, xq);
-    const product qkv_p[3] = {{&L->wq, xq[li_types[L->wq.type].act_type], n, c->q, nq},
+    const int gated = L->attn_out_gate; /* qwen35: wq gives [queries, gate] per head, into qg */
+    const product qkv_p[3] = {{&L->wq, xq[li_types[L->wq.type].act_type], n, gated ? c->qg : c->q, gated ? 2 * nq : nq},
                               {&L->wk, xq[li_types[L->wk.type].act_type], n, c->k, nk},
                               {&L->wv, xq[li_types[L->wv.type].act_type], n, c->v, nv}};
     if (!own) sync_before(c, qkv_p, 3, ith, nth);
     matmuls(c, qkv_p, 3, ith, nth);
     li_attention_prefetch(c, L, il, n, ith, nth);
     li_share_sync(c->share);
+    if (gated) {
+        const int64_t hd = m->head_dim;
+        li_split(n * m->n_head, ith, nth, &lo, &hi);
+        for (int64_t i = lo; i < hi; i++) {
+            const int64_t t = i / m->n_head, h = i % m->n_head;
+            const float *src = c->qg + t * 2 * nq + h * 2 * hd;
+            memcpy(c->q + t * nq + h * hd, src, (size_t)hd * sizeof(float));
+            memcpy(c->gate + t * nq + h * hd, src + hd, (size_t)hd * sizeof(float));
+        }
+        li_share_sync(c->share);
+    }
 
     if (m->qk_norm_whole) { /* olmo2: one RMSNorm over all heads of q, one over k */
         li_split(n, ith, nth, &lo, &hi);
@@ -792,6 +1010,12 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
 
     li_attention(c, L, il, n, ith, nth);
     li_share_sync(c->share);
+    if (gated) { /* the output times sigmoid(gate), per token and head */
+        li_split(n * m->n_head, ith, nth, &lo, &hi);
+        for (int64_t i = lo; i < hi; i++)
+            li_sigmoid_gate(c->att + i * m->head_dim_v, c->gate + i * m->head_dim, m->head_dim_v);
+        li_share_sync(c->share);
+    }
 
     gated_quantize(c, c->att, NULL, n, na, &L->wo, 0, ith, nth);
     const product wo_p = {&L->wo, acts_for(c, &L->wo), n, c->o, E};
@@ -801,6 +1025,125 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
 
     li_split(n, ith, nth, &lo, &hi);
     half_output(c, L->post_attn_norm, own, ith, lo, hi);
+}
+
+/* ---- recurrent mixers (hybrid models) ----
+ * Each reads x and adds its output to it as the attention half does, its
+ * input and output rows split the same way. Between the products, the
+ * recurrence runs per sequence (its rows in batch order, which is position
+ * order) on items of (sequence, channels) or (sequence, head): whatever
+ * else is batched and however many threads share it, a sequence's values
+ * go through the same operations in the same order. */
+
+#define CONV_CHANNELS 64 /* channels per convolution item */
+
+static float *state_of(const li_context *c, int s, int il) {
+    return c->state + (size_t)c->views[s].state_slot * c->slot_floats + c->state_off[il];
+}
+
+/* the output rows o[n, k] through ssm_out into c->o, then added to x */
+static void mixer_output(li_context *c, const li_layer_desc *L, float *o, int64_t n, int64_t k, int own, int ith,
+                         int nth) {
+    int64_t lo, hi;
+    gated_quantize(c, o, NULL, n, k, &L->ssm_out, 0, ith, nth);
+    const product out_p = {&L->ssm_out, acts_for(c, &L->ssm_out), n, c->o, c->m->n_embd};
+    sync_before(c, &out_p, 1, ith, nth);
+    matmuls(c, &out_p, 1, ith, nth);
+    li_share_sync(c->share);
+    li_split(n, ith, nth, &lo, &hi);
+    half_output(c, NULL, own, ith, lo, hi);
+}
+
+/* the convolution of channels [0, channels) of every sequence: items of
+ * (sequence, CONV_CHANNELS channels) */
+static void conv_items(li_context *c, const li_layer_desc *L, int il, const float *in, int64_t in_ld, float *out,
+                       int64_t out_ld, int64_t channels, int act, const float *mul, int64_t mul_ld, int ith, int nth) {
+    const int64_t per = (channels + CONV_CHANNELS - 1) / CONV_CHANNELS;
+    int64_t lo, hi;
+    li_split((int64_t)c->n_seqs * per, ith, nth, &lo, &hi);
+    for (int64_t it = lo; it < hi; it++) {
+        const int s = (int)(it / per);
+        const int32_t *rows = c->seq_rows + c->seq_off[s];
+        const int64_t cnt = c->seq_off[s + 1] - c->seq_off[s];
+        if (cnt == 0) continue;
+        const int64_t c0 = (it % per) * CONV_CHANNELS, c1 = LI_MIN(channels, c0 + CONV_CHANNELS);
+        li_conv_rows(in, (size_t)in_ld, out, (size_t)out_ld, rows, cnt, L->ssm_conv, L->ssm_conv_b, c->m->ssm_d_conv,
+                     state_of(c, s, il), c0, c1, act);
+        if (mul) /* LFM2: y = c * conv */
+            for (int64_t i = 0; i < cnt; i++)
+                for (int64_t ch = c0; ch < c1; ch++) out[rows[i] * out_ld + ch] *= mul[rows[i] * mul_ld + ch];
+    }
+}
+
+/* LFM2's short convolution: b, c, x = in_proj(x); y = c * conv(b * x); out_proj */
+static void shortconv_half(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
+    const int64_t E = c->m->n_embd, ld = c->r_in_ld;
+    int64_t lo, hi;
+    const int own = own_rows(c, n, nth);
+    li_split(n, ith, nth, &lo, &hi);
+    const li_matrix *ws[1] = {&L->ssm_in};
+    void *xq[LI_ACT_COUNT];
+    half_input(c, L->attn_norm, ws, 1, own, ith, lo, hi, xq);
+    const product in_p = {&L->ssm_in, xq[li_types[L->ssm_in.type].act_type], n, c->r_in, ld};
+    if (!own) sync_before(c, &in_p, 1, ith, nth);
+    matmuls(c, &in_p, 1, ith, nth);
+    li_share_sync(c->share);
+
+    li_split(n, ith, nth, &lo, &hi); /* bx = b * x, the convolution's input */
+    for (int64_t t = lo; t < hi; t++) li_K->mul_f32(c->r_in + t * ld, c->r_in + t * ld + 2 * E, c->r_conv + t * ld, E);
+    li_share_sync(c->share);
+    conv_items(c, L, il, c->r_conv, ld, c->r_out, E, E, 0, c->r_in + E, ld, ith, nth);
+    li_share_sync(c->share);
+    mixer_output(c, L, c->r_out, n, E, own, ith, nth);
+}
+
+/* Gated DeltaNet (qwen35): q, k, v = conv(attn_qkv(x)) with SiLU; z =
+ * attn_gate(x); alpha, beta per value head; the delta rule per value head;
+ * each head's output RMSNormed times SiLU(z); ssm_out */
+static void gdn_half(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
+    const li_model_desc *m = c->m;
+    const int64_t H = m->ssm_n_head, G = m->ssm_n_group, N = m->ssm_d_state, DI = m->ssm_d_inner, dv = DI / H;
+    const int64_t CH = 2 * G * N + DI, ld = c->r_in_ld;
+    int64_t lo, hi;
+    const int own = own_rows(c, n, nth);
+    li_split(n, ith, nth, &lo, &hi);
+    const li_matrix *ws[4] = {&L->ssm_in, &L->ssm_z, &L->ssm_alpha, &L->ssm_beta};
+    void *xq[LI_ACT_COUNT];
+    half_input(c, L->attn_norm, ws, 4, own, ith, lo, hi, xq);
+    const product ps[4] = {{&L->ssm_in, xq[li_types[L->ssm_in.type].act_type], n, c->r_in, ld},
+                           {&L->ssm_z, xq[li_types[L->ssm_z.type].act_type], n, c->r_z, DI},
+                           {&L->ssm_alpha, xq[li_types[L->ssm_alpha.type].act_type], n, c->r_ab, 2 * H},
+                           {&L->ssm_beta, xq[li_types[L->ssm_beta.type].act_type], n, c->r_ab + H, 2 * H}};
+    if (!own) sync_before(c, ps, 4, ith, nth);
+    matmuls(c, ps, 4, ith, nth);
+    li_share_sync(c->share);
+
+    conv_items(c, L, il, c->r_in, ld, c->r_conv, ld, CH, 1, NULL, 0, ith, nth);
+    li_share_sync(c->share);
+    li_split(n * G, ith, nth, &lo, &hi); /* each key head's q and k normed */
+    for (int64_t i = lo; i < hi; i++) {
+        float *row = c->r_conv + (i / G) * ld;
+        li_gdn_norm_qk(row + (i % G) * N, row + G * N + (i % G) * N, N, m->norm_eps);
+    }
+    li_share_sync(c->share);
+
+    li_split((int64_t)c->n_seqs * H, ith, nth, &lo, &hi);
+    for (int64_t it = lo; it < hi; it++) {
+        const int s = (int)(it / H);
+        const int64_t h = it % H, g = h % G;
+        const int32_t *rows = c->seq_rows + c->seq_off[s];
+        const int64_t cnt = c->seq_off[s + 1] - c->seq_off[s];
+        if (cnt == 0) continue;
+        float *S = state_of(c, s, il) + CH * (m->ssm_d_conv - 1) + h * dv * N;
+        li_gdn_head(S, N, dv, rows, cnt, c->r_conv + g * N, c->r_conv + G * N + g * N, (size_t)ld,
+                    c->r_conv + 2 * G * N + h * dv, (size_t)ld, c->r_ab + h, c->r_ab + H + h, (size_t)(2 * H),
+                    L->ssm_dt_b[h], L->ssm_a[h], c->r_out + h * dv, (size_t)DI);
+        for (int64_t i = 0; i < cnt; i++)
+            li_gated_head_norm(c->r_out + rows[i] * DI + h * dv, L->ssm_norm, c->r_z + rows[i] * DI + h * dv, dv,
+                               m->norm_eps);
+    }
+    li_share_sync(c->share);
+    mixer_output(c, L, c->r_out, n, DI, own, ith, nth);
 }
 
 /* The feed-forward half (gated: act(x Wg^T) * (x Wu^T), then Wd): reads x,
@@ -1136,12 +1479,18 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     /* the embedding rows and each half's first and last steps are split the
      * same way, so consecutive steps need no barrier between them */
     for (int il = l0; il < l1; il++) {
-        attention_half(c, &m->layers[il], il, n, ith, nth);
+        const li_layer_desc *Ly = &m->layers[il];
+        switch (Ly->mixer) {
+        case LI_MIX_ATTN: attention_half(c, Ly, il, n, ith, nth); break;
+        case LI_MIX_GDN: gdn_half(c, Ly, il, n, ith, nth); break;
+        case LI_MIX_SHORTCONV: shortconv_half(c, Ly, il, n, ith, nth); break;
+        default: break; /* LI_MIX_NONE (li_model_check refuses the others) */
+        }
         if (c->probe) probe_team(c, c->x, n, E, LI_PROBE_ATTN, il);
-        if (m->layers[il].router.data)
-            moe_half(c, &m->layers[il], n, ith, nth);
-        else
-            ffn_half(c, &m->layers[il], n, ith, nth);
+        if (Ly->router.data)
+            moe_half(c, Ly, n, ith, nth);
+        else if (Ly->w_gate.data)
+            ffn_half(c, Ly, n, ith, nth);
         if (c->probe) probe_team(c, c->x, n, E, LI_PROBE_FFN, il);
     }
     if (!head) return;
@@ -1224,16 +1573,61 @@ int li_context_set_hidden_output(li_context *c, int on) {
 
 /* Check a batch against its views and fill the per-batch fields: each token's
  * pool rows, its spans, and the rows whose logits are returned. */
+/* The batch's rows grouped by sequence (seq_rows, seq_off), and, in a model
+ * with recurrent layers, each sequence's state slot checked: in the pool,
+ * and no two sequences of the batch on one slot. */
+static int group_rows(li_context *c, const li_batch *b, const li_seq_view *views, int n_views) {
+    if (n_views < 0) return li_fail(LI_E_ARG, "%d views", n_views);
+    if (n_views + 1 > c->seq_cap) {
+        int32_t *off = realloc(c->seq_off, ((size_t)n_views + 1) * sizeof(int32_t));
+        if (!off) return li_fail(LI_E_NOMEM, "no memory for a batch of %d sequences", n_views);
+        c->seq_off = off;
+        c->seq_cap = n_views + 1;
+    }
+    memset(c->seq_off, 0, ((size_t)n_views + 1) * sizeof(int32_t));
+    for (int t = 0; t < b->n; t++) {
+        const int s = b->seq[t];
+        if (s < 0 || s >= n_views)
+            return li_fail(LI_E_ARG, "batch row %d: sequence index %d, but %d views were given", t, s, n_views);
+        c->seq_off[s + 1]++;
+    }
+    for (int s = 0; s < n_views; s++) c->seq_off[s + 1] += c->seq_off[s];
+    for (int t = 0; t < b->n; t++) c->seq_rows[c->seq_off[b->seq[t]]++] = t; /* seq_off[s] moves to s's end */
+    for (int s = n_views; s > 0; s--) c->seq_off[s] = c->seq_off[s - 1];
+    c->seq_off[0] = 0;
+    c->n_seqs = n_views;
+    if (c->slot_floats == 0) return LI_OK;
+    int st = LI_OK;
+    for (int s = 0; s < n_views && st == LI_OK; s++) {
+        if (c->seq_off[s + 1] == c->seq_off[s]) continue;
+        const int slot = views[s].state_slot;
+        if (slot < 0 || slot >= c->kv.n_state_slots)
+            st = li_fail(LI_E_KV, "sequence %d: state slot %d is outside the pool of %d slots", s, slot,
+                         c->kv.n_state_slots);
+        else if (c->slot_mark[slot])
+            st = li_fail(LI_E_KV, "two sequences of one batch hold state slot %d", slot);
+        else
+            c->slot_mark[slot] = 1;
+    }
+    for (int s = 0; s < n_views; s++) /* unmark what was marked */
+        if (c->seq_off[s + 1] > c->seq_off[s] && views[s].state_slot >= 0 && views[s].state_slot < c->kv.n_state_slots)
+            c->slot_mark[views[s].state_slot] = 0;
+    return st;
+}
+
 static int prepare_batch(li_context *c, const li_batch *b, const li_seq_view *views, int n_views, int64_t *n_out) {
     const li_model_desc *m = c->m;
     const int bs = c->kv.block_size;
     int used[LI_KV_GROUPS] = {0, 0};
-    for (int il = 0; il < m->n_layer; il++) used[c->group[il]] = 1;
+    for (int il = 0; il < m->n_layer; il++)
+        if (c->group[il] < LI_KV_GROUPS) used[c->group[il]] = 1;
     /* a layer of each group, for its window */
     const li_layer_desc *rep[LI_KV_GROUPS] = {NULL, NULL};
     for (int il = 0; il < m->n_layer; il++)
-        if (!rep[c->group[il]] || m->layers[il].sliding_window > rep[c->group[il]]->sliding_window)
+        if (c->group[il] < LI_KV_GROUPS &&
+            (!rep[c->group[il]] || m->layers[il].sliding_window > rep[c->group[il]]->sliding_window))
             rep[c->group[il]] = &m->layers[il];
+    CHECK(group_rows(c, b, views, n_views));
     int max_spans = 0;
     *n_out = 0;
     for (int t = 0; t < b->n; t++) {

@@ -361,6 +361,7 @@ cdef class ModelDesc(_Watched):
         if self.layers == NULL:
             raise MemoryError()
         d = &self.desc
+        spec.check_vectors()  # the C core reads each vector's length from the sizes: they must agree
         _fill_model(self, d, spec)  # every field by its name on the spec (_desc.pxi)
         d.n_layer = n_layer
         for i, ls in enumerate(spec.layers):
@@ -371,6 +372,8 @@ cdef class ModelDesc(_Watched):
     cdef const float *_vector(self, arr) except? NULL:
         if arr is None:
             return NULL
+        if arr.ndim != 1:  # a 2-D vector of weights (a convolution's taps), read flat
+            arr = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
         cdef const float[::1] v = arr
         self._keep.append(arr)
         return &v[0]
@@ -443,7 +446,7 @@ cdef class Context:
 
     cdef C.li_context *ctx
     cdef readonly ModelDesc model
-    cdef readonly int n_batch, max_threads, n_vocab, n_embd, kv_type, block_size
+    cdef readonly int n_batch, max_threads, n_vocab, n_embd, kv_type, block_size, n_state_slots
     cdef readonly tuple n_blocks
     # step()'s block tables: each group's Python list copied here, grown as it grows
     cdef int32_t *table[2]
@@ -451,15 +454,19 @@ cdef class Context:
 
     def __cinit__(self, ModelDesc model, int kv_type, int block_size, n_blocks, int n_batch,
                   int max_threads, backend=None, int n_backend_layers=0, bint backend_output=False,
-                  int device=0):
+                  int device=0, int n_state_slots=0):
         """backend: a capsule holding a li_backend_ops table (llminfer.gpu),
         running layers [0, n_backend_layers) (and the output head when
-        backend_output) on `device`; None: every layer on the CPU."""
+        backend_output) on `device`; None: every layer on the CPU.
+        n_state_slots: slots of the state pool (a hybrid model's recurrent
+        layers), 0 for a model without them."""
         cdef C.li_kv_config kv
         kv.kv_type = kv_type
         kv.block_size = block_size
         kv.n_blocks[0] = n_blocks[0]
         kv.n_blocks[1] = n_blocks[1]
+        kv.n_state_slots = n_state_slots
+        self.n_state_slots = n_state_slots
         self.model = model
         cdef const C.li_backend_ops *ops = NULL
         if backend is not None:
@@ -482,8 +489,9 @@ cdef class Context:
         """Run one batch. tokens: int32 [n] (or None with embd: float32 [n, n_embd]);
         pos, seq: int32 [n]; want: int8 [n], nonzero where logits are wanted;
         tables: per sequence index, (full-group table, sliding-window table),
-        each an int32 array (or None). logits: float32, filled with the rows
-        asked for in batch order."""
+        each an int32 array (or None), and for a model with recurrent layers
+        a third item, the sequence's state slot. logits: float32, filled with
+        the rows asked for in batch order."""
         if self.ctx == NULL:
             raise errors.LLMInferError("the context is closed")
         cdef int n = pos.shape[0]
@@ -523,6 +531,7 @@ cdef class Context:
         keep = []
         try:
             for i in range(nv):
+                views[i].state_slot = tables[i][2] if len(tables[i]) > 2 else -1
                 for g in range(2):
                     arr = tables[i][g]
                     if arr is None or len(arr) == 0:
@@ -554,7 +563,7 @@ cdef class Context:
         view.n_blocks[g] = <int>n
         return 0
 
-    def step(self, int token, int pos, full, swa, float[::1] logits, int width, int n_threads):
+    def step(self, int token, int pos, full, swa, float[::1] logits, int width, int n_threads, int slot=-1):
         """One token of one sequence (sequence index 0), its logits into
         logits: decode for a generation step without its arrays. full, swa:
         the sequence's block tables (lists of ints, or None for a group the
@@ -579,6 +588,7 @@ cdef class Context:
         cdef C.li_seq_view view
         view.blocks[0] = view.blocks[1] = NULL
         view.n_blocks[0] = view.n_blocks[1] = 0
+        view.state_slot = slot
         if full is not None:
             self._table_view(0, full, &view)
         if swa is not None:
@@ -625,6 +635,37 @@ cdef class Context:
             if not self._sound(out[i, 0], out[i, 1]):
                 return 0
         return 1
+
+    # ---- the state pool (hybrid models) ----
+
+    def copy_state(self, int src, int dst):
+        """Copy state slot src to dst (fork, snapshot, restore)."""
+        if self.ctx == NULL:
+            raise errors.LLMInferError("the context is closed")
+        check(C.li_state_copy(self.ctx, src, dst), "copying a state slot")
+
+    def clear_state(self, int slot):
+        """Zero a state slot: the state before a sequence's first token."""
+        if self.ctx == NULL:
+            raise errors.LLMInferError("the context is closed")
+        check(C.li_state_clear(self.ctx, slot), "clearing a state slot")
+
+    def read_state(self, int slot):
+        """A state slot's bytes (float32 values of every recurrent layer)."""
+        if self.ctx == NULL:
+            raise errors.LLMInferError("the context is closed")
+        cdef size_t n = C.li_state_slot_bytes(&self.model.desc)
+        out = bytearray(n)
+        cdef unsigned char[::1] buf = out
+        check(C.li_state_read(self.ctx, slot, &buf[0] if n else NULL, n), "reading a state slot")
+        return bytes(out)
+
+    def write_state(self, int slot, const unsigned char[::1] data):
+        """Fill a state slot from read_state's bytes."""
+        if self.ctx == NULL:
+            raise errors.LLMInferError("the context is closed")
+        check(C.li_state_write(self.ctx, slot, &data[0] if data.shape[0] else NULL, data.shape[0]),
+              "writing a state slot")
 
     def copy_block(self, int group, int src, int dst):
         """Copy a block's keys and values in every layer of a group."""
@@ -752,8 +793,19 @@ def first_nonfinite(int qtype, const uint8_t[::1] data, bint release=False):
 
 
 def layer_kv_group(ModelDesc model, int layer):
-    """0 when layer's keys live in the full-attention pool, 1 in the sliding-window pool."""
+    """0 when layer's keys live in the full-attention pool, 1 in the sliding-window pool, 2 when it has
+    none (a recurrent layer)."""
     return C.li_layer_kv_group(&model.desc, layer)
+
+
+def state_slot_bytes(ModelDesc model):
+    """Bytes of one state slot over every recurrent layer (0: none)."""
+    return C.li_state_slot_bytes(&model.desc)
+
+
+def state_layer_floats(ModelDesc model, int layer):
+    """Floats of state one slot holds for a layer (0 for a layer that is not recurrent)."""
+    return C.li_state_layer_floats(&model.desc, layer)
 
 
 def kv_block_bytes(ModelDesc model, int kv_type, int block_size, int layer):
@@ -1022,6 +1074,8 @@ cdef class EncoderDesc(_Watched):
     cdef const float *_vector(self, arr) except? NULL:
         if arr is None:
             return NULL
+        if arr.ndim != 1:  # a 2-D vector of weights (a convolution's taps), read flat
+            arr = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
         cdef const float[::1] v = arr
         self._keep.append(arr)
         return &v[0]

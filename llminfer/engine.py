@@ -32,7 +32,7 @@ import numpy as np
 from llminfer import _core, gpu, hub
 from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError, TokenError
 from llminfer.gguf_file import GGUFFile
-from llminfer.kv_cache import FULL, SWA, KVCache, Sequence
+from llminfer.kv_cache import FULL, SWA, KVCache, Sequence, StatePool
 from llminfer.models import build_spec
 from llminfer.numerics import check_logits, locate_non_finite
 from llminfer.system import available_memory, check_memory, check_threads
@@ -90,11 +90,19 @@ class Engine:
     n_gpu_layers: layers run on the GPU (the first N; -1: all and the output
     head; 0: none), on device main_gpu (llminfer.gpu). repack: rewrite the
     weights at load into the layout the CPU's kernels read fastest, where it
-    has such kernels (same results)."""
+    has such kernels (same results).
+
+    Hybrid models (recurrent layers beside attention: qwen35, lfm2, ...):
+    n_seq_max: most sequences alive at once, each holding a slot of the
+    state pool; state_checkpoints: copies of its state a sequence keeps so
+    that it can go back (truncate, a rejected draft) by running the tokens
+    after the latest one again. The pool has n_seq_max * (1 +
+    state_checkpoints) slots, its pages touched only as slots are used."""
 
     def __init__(self, model, n_ctx: int = 4096, kv_pool_tokens: int | None = None, n_batch: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", block_size: int = 32, mmap: bool = True,
-                 n_gpu_layers: int = 0, main_gpu: int = 0, repack: bool = True):
+                 n_gpu_layers: int = 0, main_gpu: int = 0, repack: bool = True, n_seq_max: int = 64,
+                 state_checkpoints: int = 3):
         n_ctx = check_positive_int("n_ctx", n_ctx)
         n_batch = check_positive_int("n_batch", n_batch)
         pool = check_positive_int("kv_pool_tokens", kv_pool_tokens, allow_none=True) or n_ctx
@@ -108,6 +116,13 @@ class Engine:
         if not isinstance(kv_type, str) or kv_type not in KV_TYPES:
             raise InvalidArgumentError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         block_size = check_positive_int("block_size", block_size)
+        n_seq_max = check_positive_int("n_seq_max", n_seq_max)
+        if (not isinstance(state_checkpoints, int) or isinstance(state_checkpoints, bool)
+                or not 0 <= state_checkpoints <= 64):
+            raise InvalidArgumentError(f"state_checkpoints must be an integer from 0 to 64, got {state_checkpoints!r}")
+        if n_seq_max * (1 + state_checkpoints) > 1 << 20:
+            raise InvalidArgumentError(f"n_seq_max={n_seq_max} with {state_checkpoints} checkpoints each is more "
+                                       f"than the {1 << 20} state slots a pool holds")
         if block_size & (block_size - 1) or block_size > 1024:
             raise InvalidArgumentError(f"block_size must be a power of two up to 1024, got {block_size}")
         self._lock = threading.RLock()  # calls on one engine run one at a time
@@ -143,8 +158,11 @@ class Engine:
                                              f"use a smaller n_ctx or kv_pool_tokens, or kv_type='q8_0'")
             n_gpu, gpu_head = gpu.plan(n_gpu_layers, self.spec.n_layer)
             backend = gpu.backend(main_gpu) if n_gpu else None
+            # hybrid models: a slot of recurrent state per sequence and checkpoint
+            self.state_slot_bytes = _core.state_slot_bytes(self.desc)
+            n_slots = n_seq_max * (1 + state_checkpoints) if self.state_slot_bytes else 0
             self.ctx = _core.Context(self.desc, KV_TYPES[kv_type], block_size, self.n_blocks, n_batch,
-                                     self.n_threads, backend, n_gpu, gpu_head, main_gpu)
+                                     self.n_threads, backend, n_gpu, gpu_head, main_gpu, n_slots)
             self.n_gpu_layers = n_gpu  # layers on the GPU (the head too when all are)
             # the CPU's weights in the kernels' interleaved layout (csrc/repack.h), the mapped
             # file's pages of the originals handed back; LLMINFER_REPACK=0 keeps the file's rows
@@ -173,7 +191,10 @@ class Engine:
         self.kv_type = kv_type
         self.block_size = block_size
         self.n_vocab = self.spec.n_vocab
-        self.kv = KVCache(self.n_blocks, block_size, used, window, self.ctx.copy_block)
+        states = StatePool(n_slots, self.state_slot_bytes) if n_slots else None
+        self.kv = KVCache(self.n_blocks, block_size, used, window, self.ctx.copy_block, states, self.ctx)
+        self.kv.max_checkpoints = state_checkpoints
+        self.hybrid = states is not None
         self.native_seconds = 0.0  # running total of time inside the native forward pass
         self._width = self.n_vocab  # values per output row: n_vocab, or n_embd in hidden_states
         self._logits = np.empty(0, np.float32)  # _logits_buffer's array
@@ -220,8 +241,30 @@ class Engine:
 
     @_locked
     def truncate(self, seq: Sequence, n: int):
-        """Keep the first n tokens of seq."""
+        """Keep the first n tokens of seq. (A hybrid model's state is brought
+        back to them by the next pass over seq: from its latest checkpoint
+        at or before n, the tokens after it run again.)"""
         self.kv.truncate(seq, n)
+
+    @_locked
+    def checkpoint(self, seq: Sequence):
+        """Keep a copy of a hybrid model's state of seq as it is now, to come
+        back to (a speculative check, a prompt's end); nothing for other models."""
+        if self.hybrid:
+            self.kv.checkpoint(seq)
+
+    def _bring_state(self, seq: Sequence, n_threads):
+        """A hybrid model's state of seq brought back to its tokens after a
+        truncate or a failed pass: the latest checkpoint at or before them,
+        then the tokens after it again (their keys and values rewritten with
+        the same values)."""
+        have = self.kv.restore_point(seq)
+        rest = np.asarray(seq.tokens[have:], dtype=np.int32)
+        if len(rest) == 0:
+            return
+        self.kv.truncate(seq, have)
+        seq.state_len = have
+        self.decode([(seq, rest, None)], n_threads=n_threads)
 
     @_locked
     def drop(self, seq: Sequence, first: int, last: int) -> int:
@@ -296,6 +339,12 @@ class Engine:
             items.append((seq, ids, want))
         if len({id(s) for s, _, _ in items}) != len(items):
             raise InvalidArgumentError("a sequence appears twice in one decode call")
+        if self.hybrid:
+            for seq, ids, _ in items:
+                if seq.state_len != len(seq.tokens):
+                    self._bring_state(seq, n_threads)
+                if len(ids) > 1:  # a prompt's chunk or a speculative check: a point to come back to
+                    self.kv.checkpoint(seq)
         if sum(len(ids) for _, ids, _ in items) > self.n_batch:  # a later pass would overwrite a view
             items = [(seq, ids, "last" if _is_view(want) else want) for seq, ids, want in items]
         out = [want if isinstance(want, np.ndarray) else
@@ -412,14 +461,17 @@ class Engine:
             raise self._outside_vocabulary(token)
         self._check_room(seq, 1)
         nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
+        if self.hybrid and seq.state_len != len(seq.tokens):
+            self._bring_state(seq, nt)
         self.kv.reserve(seq, 1)
         pos = seq.next_pos
+        seq.state_len = -1  # until the pass is committed: a failed one leaves the state to be brought back
         self.gguf.check_unchanged()  # a file truncated under its mapping would be a SIGBUS
         groups, tables = self.kv.groups, seq.tables
         t = time.perf_counter()
         try:
             sound = self.ctx.step(token, pos, tables[FULL] if FULL in groups else None,
-                                  tables[SWA] if SWA in groups else None, logits, self._width, nt)
+                                  tables[SWA] if SWA in groups else None, logits, self._width, nt, seq.slot)
         except (TypeError, ValueError, BufferError) as e:  # Cython's: not a float32 C-contiguous writable array
             if isinstance(e, LLMInferError):
                 raise
@@ -446,6 +498,8 @@ class Engine:
             self.kv.reserve(seq, n)
             view_of[i] = len(views)
             views.append(self.kv.table_arrays(seq))
+        for i, _, _ in parts:  # until the pass is committed: a failed one leaves the state to be brought back
+            items[i][0].state_len = -1
         total = sum(n for _, _, n in parts)
         tokens = np.empty(total, np.int32)
         pos = np.empty(total, np.int32)

@@ -16,6 +16,14 @@ Two groups: layers that attend to the whole context (FULL) and
 sliding-window layers (SWA). A sliding-window group gives back the blocks
 that fall out of the window as the sequence grows, so its memory stays
 bounded by the window whatever the length of the text.
+
+Hybrid models' recurrent layers keep no keys and values: each sequence
+holds one slot of the state pool (StatePool) instead, a fixed-size state
+updated in place by every token. A state cannot be cut back, so a sequence
+also keeps a few checkpoints (copies of its state after its first n tokens,
+in slots of the same pool); going back to n tokens restores the latest
+checkpoint at or before n and runs the tokens from there to n again
+(llminfer.engine), which gives the same bits as the first time.
 """
 
 from __future__ import annotations
@@ -29,6 +37,34 @@ from llminfer.errors import InvalidArgumentError, KVCacheFullError
 
 FULL, SWA = 0, 1
 GROUP_NAMES = ("full-attention", "sliding-window")
+
+
+class StatePool:
+    """The slots of the C core's state pool (a hybrid model's recurrent
+    layers): which are free. A slot belongs to one sequence, as its live
+    state or one of its checkpoints; slots are never shared."""
+
+    name = "recurrent-state"
+
+    def __init__(self, n_slots: int, slot_bytes: int):
+        self.n_slots = n_slots
+        self.slot_bytes = slot_bytes
+        self._free = list(range(n_slots))
+        heapq.heapify(self._free)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_slots(self) -> int:
+        return self.n_slots - len(self._free)
+
+    def alloc(self) -> int | None:
+        return heapq.heappop(self._free) if self._free else None
+
+    def release(self, slot: int):
+        heapq.heappush(self._free, slot)
 
 
 class BlockPool:
@@ -81,6 +117,13 @@ class Sequence:
     # the earliest position still held by the sliding-window group: positions
     # before it were given back, so the sequence cannot go back before it
     swa_floor: int = 0
+    # hybrid models: the state slot, how many of the tokens the state has
+    # taken in (len(tokens) when it is current; less after a truncate or a
+    # failed pass, until the engine brings it back), and checkpoints
+    # [(tokens taken in, slot)], oldest first
+    slot: int = -1
+    state_len: int = 0
+    checkpoints: list = field(default_factory=list)
 
     def __len__(self):
         return len(self.tokens)
@@ -90,7 +133,12 @@ class KVCache:
     """Tables and pools of the paged cache. `copy_block(group, src, dst)` is
     the C core's block copy (llminfer._core.Context.copy_block)."""
 
-    def __init__(self, n_blocks, block_size: int, groups_used, window: int, copy_block):
+    def __init__(self, n_blocks, block_size: int, groups_used, window: int, copy_block, states=None,
+                 state_ops=None):
+        """states: a StatePool for a hybrid model (None otherwise), whose
+        slots the C core's state_ops (llminfer._core.Context) copy and clear."""
+        self.states = states
+        self._state_ops = state_ops
         self.block_size = block_size
         self.pools = [BlockPool(n, block_size, GROUP_NAMES[g]) for g, n in enumerate(n_blocks)]
         self.groups = [g for g in (FULL, SWA) if groups_used[g]]
@@ -103,9 +151,77 @@ class KVCache:
 
     def new_sequence(self) -> Sequence:
         s = Sequence(self._next_id)
+        if self.states is not None:
+            s.slot = self._take_slot(s)
+            self._state_ops.clear_state(s.slot)
         self._next_id += 1
         self.sequences[s.seq_id] = s
         return s
+
+    # ---- recurrent state (hybrid models) ----
+
+    def _take_slot(self, s: Sequence) -> int:
+        """A free slot, else one of the checkpoints of the sequences (the
+        oldest of the one holding most); KVCacheFullError when none is left."""
+        slot = self.states.alloc()
+        if slot is None:
+            holders = [q for q in self.sequences.values() if q.checkpoints]
+            if not holders:
+                pool = self.states
+                raise KVCacheFullError(
+                    f"the {pool.name} pool is out of slots: all {pool.n_slots} hold live sequences; free "
+                    f"sequences, or create the engine with a larger n_seq_max")
+            q = max(holders, key=lambda q: len(q.checkpoints))
+            slot = q.checkpoints.pop(0)[1]
+        return slot
+
+    def checkpoint(self, s: Sequence):
+        """Keep a copy of s's state as it is now (after s.state_len tokens),
+        in a free slot or in place of s's oldest checkpoint; nothing when
+        neither is there. At most `max_checkpoints` per sequence."""
+        if self.states is None or s.state_len != len(s.tokens) or not s.tokens:
+            return
+        n = s.state_len
+        if s.checkpoints and s.checkpoints[-1][0] == n:
+            return
+        if len(s.checkpoints) >= self.max_checkpoints:
+            slot = s.checkpoints.pop(0)[1]
+        else:
+            slot = self.states.alloc()
+            if slot is None:
+                if not s.checkpoints:
+                    return
+                slot = s.checkpoints.pop(0)[1]
+        self._state_ops.copy_state(s.slot, slot)
+        s.checkpoints.append((n, slot))
+
+    max_checkpoints = 3
+
+    def restore_point(self, s: Sequence) -> int:
+        """Bring s's live state back to its latest checkpoint at or before
+        its length (or to the empty state), and return how many tokens that
+        state has taken in: the engine runs the rest again."""
+        n = len(s.tokens)
+        best = None
+        for k, slot in s.checkpoints:
+            if k <= n and (best is None or k > best[0]):
+                best = (k, slot)
+        if best is None:
+            self._state_ops.clear_state(s.slot)
+            s.state_len = 0
+        else:
+            self._state_ops.copy_state(best[1], s.slot)
+            s.state_len = best[0]
+        return s.state_len
+
+    def _drop_checkpoints(self, s: Sequence, keep_upto: int | None = None):
+        kept = []
+        for k, slot in s.checkpoints:
+            if keep_upto is not None and k <= keep_upto:
+                kept.append((k, slot))
+            else:
+                self.states.release(slot)
+        s.checkpoints = kept
 
     def free(self, s: Sequence):
         """Give back every block of s, committed or only reserved (a pass that
@@ -118,12 +234,20 @@ class KVCache:
             s.tables[g] = []
         s.tokens, s.positions = [], []
         s.next_pos = s.swa_floor = 0
+        if self.states is not None and s.seq_id in self.sequences:
+            self._drop_checkpoints(s)
+            if s.slot >= 0:
+                self.states.release(s.slot)
+            s.slot, s.state_len = -1, 0
         self.sequences.pop(s.seq_id, None)
 
     def fork(self, s: Sequence) -> Sequence:
         """A new sequence holding what s holds, sharing its blocks; whichever
         of the two writes first into a shared block copies it first."""
         child = self.new_sequence()
+        if self.states is not None:  # the state copied: it is the parent's after the same tokens
+            self._state_ops.copy_state(s.slot, child.slot)
+            child.state_len = s.state_len
         child.tokens = list(s.tokens)
         child.positions = list(s.positions)
         child.next_pos = s.next_pos
@@ -154,6 +278,10 @@ class KVCache:
             raise InvalidArgumentError(
                 f"cannot go back to {n} tokens: the sliding-window layers gave back the positions before "
                 f"{s.swa_floor}, which the next token would see")
+        if self.states is not None and n < len(s.tokens):
+            # the state holds every token: it is brought back to n by the engine
+            self._drop_checkpoints(s, keep_upto=n)
+            s.state_len = min(s.state_len, -1)
         del s.tokens[n:]
         del s.positions[n:]
         s.next_pos = next_pos
@@ -171,6 +299,8 @@ class KVCache:
         hold only those tokens are given back and masked; the tokens around
         them keep their positions, so their keys stay valid. Returns how many
         tokens were dropped (whole blocks only)."""
+        if self.states is not None:
+            return 0  # a recurrent state holds every token: the caller recomputes what it keeps
         bs = self.block_size
         p0, p1 = s.positions[first], s.positions[last - 1] + 1
         b0, b1 = -(-p0 // bs), p1 // bs  # blocks wholly inside [p0, p1)
@@ -197,6 +327,8 @@ class KVCache:
         gives back as it moves on."""
         if SWA in self.groups:
             raise InvalidArgumentError("cannot adopt shared blocks into a cache with sliding-window layers")
+        if self.states is not None:
+            raise InvalidArgumentError("a hybrid model's sequence adopts blocks with its state (adopt_with_state)")
         if s.tokens or any(s.tables[g] for g in self.groups):
             raise InvalidArgumentError(f"sequence {s.seq_id} is not empty: only an empty sequence adopts blocks")
         n = len(blocks) * self.block_size
@@ -268,6 +400,9 @@ class KVCache:
         s.tokens.extend(tokens.tolist() if isinstance(tokens, np.ndarray) else [int(t) for t in tokens])
         s.positions.extend(range(s.next_pos, s.next_pos + n))
         s.next_pos += n
+        s.state_len = len(s.tokens)  # the pass that wrote them moved the state on too
+        if self.states is not None and s.state_len % self.block_size == 0:
+            self.checkpoint(s)  # at block boundaries: going back a few tokens runs at most a block again
         if SWA in self.groups:
             self._release_behind(s)
 
@@ -277,6 +412,9 @@ class KVCache:
         s.tokens.append(token)
         s.positions.append(s.next_pos)
         s.next_pos += 1
+        s.state_len = len(s.tokens)
+        if self.states is not None and s.state_len % self.block_size == 0:
+            self.checkpoint(s)
         if SWA in self.groups:
             self._release_behind(s)
 
@@ -294,8 +432,10 @@ class KVCache:
         s.swa_floor = max(s.swa_floor, floor // bs * bs)
 
     def table_arrays(self, s: Sequence):
-        """(full table, sliding-window table) as int32 arrays, for the C core."""
-        return tuple(np.asarray(s.tables[g], dtype=np.int32) if g in self.groups else None for g in (FULL, SWA))
+        """(full table, sliding-window table) as int32 arrays, for the C core,
+        and a hybrid model's state slot."""
+        tables = tuple(np.asarray(s.tables[g], dtype=np.int32) if g in self.groups else None for g in (FULL, SWA))
+        return tables if self.states is None else tables + (s.slot,)
 
     # ---- accounting ----
 
@@ -305,4 +445,8 @@ class KVCache:
         for g in self.groups:
             p = self.pools[g]
             out[GROUP_NAMES[g]] = {"blocks": p.n_blocks, "used": p.used_blocks, "free": p.free_blocks}
+        if self.states is not None:
+            p = self.states
+            out[p.name] = {"slots": p.n_slots, "used": p.used_slots, "free": p.free_slots,
+                           "slot_bytes": p.slot_bytes}
         return out

@@ -16,7 +16,7 @@ import numpy as np
 from llminfer.ggml import GGMLQuantizationType
 
 from llminfer import _core
-from llminfer.errors import UnsupportedModelError
+from llminfer.errors import ShapeError, UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
 
 ROPE_NORM = 0  # rotate pairs (2i, 2i+1): GGUF llama weights are permuted for it
@@ -174,6 +174,27 @@ class ModelSpec:
     ssm_d_state: int = 0
     ssm_n_group: int = 0
     ssm_n_head: int = 0
+
+    def check_vectors(self):
+        """Raise ShapeError where a recurrent layer's vector does not hold what
+        the sizes say (the C core reads that many values)."""
+        K, H, G, N, DI, E = (self.ssm_d_conv, self.ssm_n_head, self.ssm_n_group, self.ssm_d_state,
+                             self.ssm_d_inner, self.n_embd)
+        for i, L in enumerate(self.layers):
+            if L.mixer == MIX_GDN:
+                want = {"ssm_conv": (2 * G * N + DI) * K, "ssm_dt_b": H, "ssm_a": H, "ssm_norm": DI // max(H, 1)}
+            elif L.mixer == MIX_SHORTCONV:
+                want = {"ssm_conv": E * K}
+            elif L.mixer == MIX_MAMBA2:
+                want = {"ssm_conv": (DI + 2 * G * N) * K, "ssm_conv_b": DI + 2 * G * N, "ssm_dt_b": H, "ssm_a": H,
+                        "ssm_d": H, "ssm_norm": DI}
+            else:
+                continue
+            for name, n in want.items():
+                v = getattr(L, name)
+                if v is not None and (not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.size != n):
+                    raise ShapeError(f"layer {i}: {name} holds {getattr(v, 'size', '?')} values "
+                                     f"({getattr(v, 'dtype', type(v).__name__)}), the sizes say {n} float32")
 
     @property
     def recurrent_layers(self) -> list:
