@@ -98,6 +98,11 @@ static void mixer_sizes(const li_model_desc *m, const li_layer_desc *L, int64_t 
         *channels = E;
         *state = E * (K - 1);
         break;
+    case LI_MIX_MAMBA2:
+        *channels = DI + 2 * G * N;
+        *in_rows = DI + *channels + H;
+        *state = *channels * (K - 1) + DI * N;
+        break;
     default:
         break;
     }
@@ -115,6 +120,14 @@ static int check_recurrent_sizes(const li_model_desc *m) {
     if (!has_recurrent(m)) return LI_OK;
     const int K = m->ssm_d_conv, H = m->ssm_n_head, G = m->ssm_n_group, N = m->ssm_d_state, DI = m->ssm_d_inner;
     if (K < 1 || K > 64) return li_fail(LI_E_SHAPE, "the recurrent layers' convolution has %d taps (1 to 64)", K);
+    for (int il = 0; il < m->n_layer; il++) {
+        if (m->layers[il].mixer != LI_MIX_MAMBA2) continue;
+        if (H <= 0 || G <= 0 || N <= 0 || DI <= 0 || H > (1 << 12) || N > (1 << 12) || DI > (1 << 20) ||
+            H % G != 0 || DI % H != 0)
+            return li_fail(LI_E_SHAPE, "Mamba2 sizes do not fit: d_inner %d in %d heads, %d groups, d_state %d", DI, H,
+                           G, N);
+        break;
+    }
     for (int il = 0; il < m->n_layer; il++) {
         if (m->layers[il].mixer != LI_MIX_GDN) continue;
         if (H <= 0 || G <= 0 || N <= 0 || DI <= 0 || H > (1 << 12) || N > (1 << 12) || DI > (1 << 20) ||
@@ -151,8 +164,13 @@ static int check_mixer(const li_model_desc *m, const li_layer_desc *L, int il) {
         CHECK(check_matrix(&L->ssm_in, "shortconv.in_proj", il, in_rows, E));
         CHECK(check_matrix(&L->ssm_out, "shortconv.out_proj", il, E, E));
         return check_vector(L->ssm_conv, "shortconv.conv", il);
-    default:
-        return li_fail(LI_E_ARG, "layer %d: the Mamba2 mixer is not in this build", il);
+    default: /* LI_MIX_MAMBA2 */
+        CHECK(check_matrix(&L->ssm_in, "ssm_in", il, in_rows, E));
+        CHECK(check_matrix(&L->ssm_out, "ssm_out", il, E, DI));
+        CHECK(check_vector(L->ssm_conv, "ssm_conv1d", il));
+        CHECK(check_vector(L->ssm_dt_b, "ssm_dt.bias", il));
+        CHECK(check_vector(L->ssm_a, "ssm_a", il));
+        return check_vector(L->ssm_d, "ssm_d", il);
     }
 }
 
@@ -382,7 +400,7 @@ static int make_recurrent(li_context *c, const li_model_desc *m, const li_kv_con
         c->state_off[il] = c->slot_floats;
         c->slot_floats += (size_t)state;
         in_ld = LI_MAX(in_ld, in_rows);
-        if (L->mixer == LI_MIX_GDN) out_ld = LI_MAX(out_ld, (int64_t)m->ssm_d_inner);
+        if (L->mixer == LI_MIX_GDN || L->mixer == LI_MIX_MAMBA2) out_ld = LI_MAX(out_ld, (int64_t)m->ssm_d_inner);
         if (L->mixer == LI_MIX_SHORTCONV) out_ld = LI_MAX(out_ld, (int64_t)m->n_embd);
         gated |= L->mixer == LI_MIX_ATTN && L->attn_out_gate;
     }
@@ -1146,6 +1164,51 @@ static void gdn_half(li_context *c, const li_layer_desc *L, int il, int64_t n, i
     mixer_output(c, L, c->r_out, n, DI, own, ith, nth);
 }
 
+/* Mamba2: z, xBC, dt = ssm_in(x); x, B, C = SiLU(conv(xBC) + bias); the
+ * selective scan per head, plus x * D, times SiLU(z); RMSNorm per group of
+ * d_inner / n_group channels (when the layer has ssm_norm); ssm_out */
+static void mamba2_half(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
+    const li_model_desc *m = c->m;
+    const int64_t H = m->ssm_n_head, G = m->ssm_n_group, N = m->ssm_d_state, DI = m->ssm_d_inner, hd = DI / H;
+    const int64_t CH = DI + 2 * G * N, ld = c->r_in_ld;
+    int64_t lo, hi;
+    const int own = own_rows(c, n, nth);
+    li_split(n, ith, nth, &lo, &hi);
+    const li_matrix *ws[1] = {&L->ssm_in};
+    void *xq[LI_ACT_COUNT];
+    half_input(c, L->attn_norm, ws, 1, own, ith, lo, hi, xq);
+    const product in_p = {&L->ssm_in, xq[li_types[L->ssm_in.type].act_type], n, c->r_in, ld};
+    if (!own) sync_before(c, &in_p, 1, ith, nth);
+    matmuls(c, &in_p, 1, ith, nth);
+    li_share_sync(c->share);
+
+    conv_items(c, L, il, c->r_in + DI, ld, c->r_conv, ld, CH, 1, NULL, 0, ith, nth);
+    li_share_sync(c->share);
+    li_split((int64_t)c->n_seqs * H, ith, nth, &lo, &hi);
+    for (int64_t it = lo; it < hi; it++) {
+        const int s = (int)(it / H);
+        const int64_t h = it % H, g = h / (H / G);
+        const int32_t *rows = c->seq_rows + c->seq_off[s];
+        const int64_t cnt = c->seq_off[s + 1] - c->seq_off[s];
+        if (cnt == 0) continue;
+        float *S = state_of(c, s, il) + CH * (m->ssm_d_conv - 1) + h * hd * N;
+        li_mamba2_head(S, hd, N, rows, cnt, c->r_conv + h * hd, (size_t)ld, c->r_conv + DI + g * N,
+                       c->r_conv + DI + G * N + g * N, c->r_in + DI + CH + h, (size_t)ld, L->ssm_dt_b[h], L->ssm_a[h],
+                       L->ssm_d[h], c->r_in + h * hd, (size_t)ld, c->r_out + h * hd, (size_t)DI);
+    }
+    li_share_sync(c->share);
+    if (L->ssm_norm) {
+        const int64_t gs = DI / G;
+        li_split(n * G, ith, nth, &lo, &hi);
+        for (int64_t i = lo; i < hi; i++) {
+            float *y = c->r_out + (i / G) * DI + (i % G) * gs;
+            li_K->rms_norm(y, L->ssm_norm + (i % G) * gs, y, gs, m->norm_eps);
+        }
+        li_share_sync(c->share);
+    }
+    mixer_output(c, L, c->r_out, n, DI, own, ith, nth);
+}
+
 /* The feed-forward half (gated: act(x Wg^T) * (x Wu^T), then Wd): reads x,
  * adds its output to it. Rows are split as the attention half splits them,
  * so the two need no barrier between them. The projections run over chunks of
@@ -1484,6 +1547,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
         case LI_MIX_ATTN: attention_half(c, Ly, il, n, ith, nth); break;
         case LI_MIX_GDN: gdn_half(c, Ly, il, n, ith, nth); break;
         case LI_MIX_SHORTCONV: shortconv_half(c, Ly, il, n, ith, nth); break;
+        case LI_MIX_MAMBA2: mamba2_half(c, Ly, il, n, ith, nth); break;
         default: break; /* LI_MIX_NONE (li_model_check refuses the others) */
         }
         if (c->probe) probe_team(c, c->x, n, E, LI_PROBE_ATTN, il);

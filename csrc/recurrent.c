@@ -91,3 +91,27 @@ void li_gated_head_norm(float *o, const float *w, const float *z, int64_t dv, fl
 void li_sigmoid_gate(float *x, const float *g, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= sigmoid(g[i]);
 }
+
+/* One Mamba2 head over a sequence's tokens: per token, dt = softplus(dt +
+ * dt_b), dA = exp(dt * a), and for each of the head's channels i (row i of
+ * S, over the d_state dimensions):
+ *   S_i = S_i * dA + (x_i * dt) B;  y_i = S_i . C + x_i * d;  y_i *= silu(z_i)
+ * B and C are the head's group's. */
+void li_mamba2_head(float *S, int64_t hd, int64_t ds, const int32_t *rows, int64_t n, const float *x, size_t x_ld,
+                    const float *B, const float *C, const float *dt, size_t dt_ld, float dt_b, float a, float d,
+                    const float *z, size_t z_ld, float *y, size_t y_ld) {
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t t = rows[k];
+        const float *xt = x + (size_t)t * x_ld, *Bt = B + (size_t)t * x_ld, *Ct = C + (size_t)t * x_ld;
+        const float *zt = z + (size_t)t * z_ld;
+        const float dts = softplus(dt[(size_t)t * dt_ld] + dt_b);
+        const float dA = expf(dts * a);
+        float *yt = y + (size_t)t * y_ld;
+        for (int64_t i = 0; i < hd; i++) {
+            float *row = S + i * ds;
+            li_K->scale_f32(row, dA, ds);
+            li_K->axpy_f32(xt[i] * dts, Bt, row, ds);
+            yt[i] = (li_K->dot_f32(row, Ct, ds) + xt[i] * d) * silu(zt[i]);
+        }
+    }
+}

@@ -1,6 +1,7 @@
 """The C core's recurrent mixers and state pool (csrc/recurrent.c, model.c)
 on small hybrid models built in memory: Gated DeltaNet layers beside gated
-attention (qwen35's plan) and LFM2's short convolutions. Against a float64
+attention (qwen35's plan), LFM2's short convolutions, and Mamba2 layers (one
+without a feed-forward, as mamba2 and nemotron_h have them). Against a float64
 numpy forward pass written from the formulas, and the engine's invariance:
 a sequence's logits are the same bits whole, in chunks or one token at a
 time, alone or beside another sequence, at 1 or 2 threads, forked or fresh.
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 from llminfer import _core, errors
-from llminfer.models.base import (MIX_ATTN, MIX_GDN, MIX_SHORTCONV, ROPE_NEOX, LayerSpec, Matrix, ModelSpec)
+from llminfer.models.base import (MIX_ATTN, MIX_GDN, MIX_MAMBA2, MIX_SHORTCONV, ROPE_NEOX, LayerSpec, Matrix,
+                                  ModelSpec)
 
 E, V, FF = 64, 50, 96
 N_HEAD, N_KV, HD, N_ROT = 4, 2, 16, 8
@@ -52,6 +54,19 @@ def layer(rng, mixer, gated=False):
     elif mixer == MIX_SHORTCONV:
         L.ssm_in, L.ssm_out = mat(f32(rng, 3 * E, E)), mat(f32(rng, E, E))
         L.ssm_conv = f32(rng, E, 3, scale=0.5)
+    elif mixer == MIX_MAMBA2:
+        ch = DI + 2 * G * N
+        L.ssm_in = mat(f32(rng, DI + ch + H, E))
+        L.ssm_conv, L.ssm_conv_b = f32(rng, ch, K, scale=0.5), f32(rng, ch, scale=0.1)
+        L.ssm_dt_b, L.ssm_d = f32(rng, H, scale=0.5), f32(rng, H, scale=0.5)
+        L.ssm_a = -np.exp(f32(rng, H, scale=0.5))
+        L.ssm_norm = 1 + f32(rng, DI, scale=0.1)
+        L.ssm_out = mat(f32(rng, E, DI))
+    return L
+
+
+def no_ffn(L):
+    L.ffn_norm = L.w_gate = L.w_up = L.w_down = None
     return L
 
 
@@ -59,6 +74,9 @@ def model(kind, seed=0):
     rng = np.random.default_rng(seed)
     if kind == "gdn":
         layers = [layer(rng, MIX_GDN), layer(rng, MIX_GDN), layer(rng, MIX_ATTN, gated=True), layer(rng, MIX_GDN)]
+        conv = K
+    elif kind == "mamba2":
+        layers = [no_ffn(layer(rng, MIX_MAMBA2)), layer(rng, MIX_ATTN), layer(rng, MIX_MAMBA2)]
         conv = K
     else:
         layers = [layer(rng, MIX_SHORTCONV), layer(rng, MIX_ATTN), layer(rng, MIX_SHORTCONV)]
@@ -145,6 +163,28 @@ def reference(spec, tokens):
                     oh = S[hh] @ qs[g]
                     o[t, hh * N:(hh + 1) * N] = rms(oh, L.ssm_norm) * silu(z[t, hh * N:(hh + 1) * N])
             o = o @ w64(L.ssm_out).T
+        elif L.mixer == MIX_MAMBA2:
+            zxbcdt = h @ w64(L.ssm_in).T
+            ch = DI + 2 * G * N
+            z, xbc, dt = zxbcdt[:, :DI], zxbcdt[:, DI:DI + ch], zxbcdt[:, DI + ch:]
+            pad = np.concatenate([np.zeros((K - 1, ch)), xbc])
+            conv = silu(np.stack([(pad[t:t + K].T * L.ssm_conv).sum(-1) for t in range(n)]) + L.ssm_conv_b)
+            hd = DI // H
+            S = np.zeros((H, hd, N))
+            y = np.zeros((n, DI))
+            for t in range(n):
+                xs = conv[t, :DI].reshape(H, hd)
+                B = conv[t, DI:DI + G * N].reshape(G, N)
+                C = conv[t, DI + G * N:].reshape(G, N)
+                for hh in range(H):
+                    g = hh // (H // G)
+                    dts = np.log1p(np.exp(dt[t, hh] + L.ssm_dt_b[hh]))
+                    S[hh] = S[hh] * np.exp(dts * L.ssm_a[hh]) + np.outer(xs[hh] * dts, B[g])
+                    y[t, hh * hd:(hh + 1) * hd] = S[hh] @ C[g] + xs[hh] * L.ssm_d[hh]
+            y = y * silu(z)
+            gs = DI // G
+            y = np.concatenate([rms(y[:, i * gs:(i + 1) * gs], L.ssm_norm[i * gs:(i + 1) * gs]) for i in range(G)], -1)
+            o = y @ w64(L.ssm_out).T
         else:  # shortconv
             bcx = h @ w64(L.ssm_in).T
             b, c, xx = bcx[:, :E], bcx[:, E:2 * E], bcx[:, 2 * E:]
@@ -154,6 +194,8 @@ def reference(spec, tokens):
             conv = np.stack([(pad[t:t + kk].T * L.ssm_conv).sum(-1) for t in range(n)])
             o = (c * conv) @ w64(L.ssm_out).T
         x = x + o
+        if L.w_gate is None:
+            continue
         h = rms(x, L.ffn_norm)
         x = x + (silu(h @ w64(L.w_gate).T) * (h @ w64(L.w_up).T)) @ w64(L.w_down).T
     return rms(x, spec.output_norm) @ w64(spec.output).T
@@ -197,7 +239,7 @@ class Runner:
 TOKENS = np.random.default_rng(7).integers(0, V, 40)
 
 
-@pytest.fixture(scope="module", params=["gdn", "shortconv"])
+@pytest.fixture(scope="module", params=["gdn", "shortconv", "mamba2"])
 def spec(request):
     return model(request.param)
 
@@ -215,10 +257,11 @@ def test_whole_chunked_and_one_at_a_time_give_the_same_bits(spec):
     whole = r.run([(r.seq(0), TOKENS)])
     s = r.seq(1)
     chunked = np.concatenate([r.run([(s, TOKENS[a:b])]) for a, b in ((0, 7), (7, 8), (8, 30), (30, 40))])
-    s = r.seq(2)
-    single = np.concatenate([r.run([(s, TOKENS[i:i + 1])], threads=1) for i in range(len(TOKENS))])
+    for slot, threads in ((2, 1), (3, 2)):  # one token a pass: alone, and in each thread's own row
+        s = r.seq(slot)
+        single = np.concatenate([r.run([(s, TOKENS[i:i + 1])], threads=threads) for i in range(len(TOKENS))])
+        assert np.array_equal(whole, single), threads
     assert np.array_equal(whole, chunked)
-    assert np.array_equal(whole, single)
 
 
 def test_batched_beside_another_sequence_gives_the_same_bits(spec):
