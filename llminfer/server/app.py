@@ -9,9 +9,10 @@ Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed as
 server-sent events with "stream": true), GET /v1/models, GET
 /v1/models/{id}, POST /tokenize, POST /detokenize, GET /health, GET
 /metrics (Prometheus text); Anthropic's POST /v1/messages and
-/v1/messages/count_tokens (llminfer.server.anthropic), translated into the
-chat path (llminfer.server.chatrun). Any model name is served by the one
-model loaded.
+/v1/messages/count_tokens (llminfer.server.anthropic) and OpenAI's POST
+/v1/responses (llminfer.server.responses), both translated into the chat
+path (llminfer.server.chatrun). Any model name is served by the one model
+loaded.
 
 Every request is checked here, before it reaches the engine thread: a bad
 one gets OpenAI's error shape, {"error": {"message", "type", "param",
@@ -1093,9 +1094,9 @@ def create_app(engine_args: ServeArgs | dict) -> Starlette:
         Route("/health", _endpoint(server, health, auth=False), methods=["GET"]),
         Route("/metrics", _endpoint(server, metrics, auth=False), methods=["GET"]),
     ]
-    from llminfer.server import anthropic  # it builds on this module
+    from llminfer.server import anthropic, responses  # they build on this module
 
-    routes += anthropic.routes(server)
+    routes += anthropic.routes(server) + responses.routes(server)
 
     async def not_found(request, exc):
         status = getattr(exc, "status_code", 404)
