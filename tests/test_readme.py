@@ -44,6 +44,8 @@ FILES = {
 SKIP = [
     # (text in the block, reason, when: None for always, else a callable)
     ("OpenAI(base_url=", "needs a running llminfer server (tests/test_server.py covers it)", None),
+    ("anthropic.Anthropic(base_url=", "needs a running llminfer server (tests/test_server_anthropic.py covers it)",
+     None),
     ('from_pretrained("ORG/REPO-GGUF"', "needs the network: a placeholder Hugging Face repository", None),
     ("from ray import serve", "needs Ray Serve and a model at /models (tests/test_ray_serve.py covers it)", None),
     ("n_gpu_layers=-1)   # every layer", "needs a GPU build and a GPU", _gpu_missing),

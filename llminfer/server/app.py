@@ -6,13 +6,18 @@ OpenAI's API, over one Scheduler.
     # uvicorn.run(app, host="127.0.0.1", port=8000), or mount it in another app
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed as
-server-sent events with "stream": true), GET /v1/models, POST /tokenize,
-POST /detokenize, GET /health, GET /metrics (Prometheus text).
+server-sent events with "stream": true), GET /v1/models, GET
+/v1/models/{id}, POST /tokenize, POST /detokenize, GET /health, GET
+/metrics (Prometheus text); Anthropic's POST /v1/messages and
+/v1/messages/count_tokens (llminfer.server.anthropic) and OpenAI's POST
+/v1/responses (llminfer.server.responses), both translated into the chat
+path (llminfer.server.chatrun). Any model name is served by the one model
+loaded.
 
 Every request is checked here, before it reaches the engine thread: a bad
 one gets OpenAI's error shape, {"error": {"message", "type", "param",
 "code"}}, with 400 (bad JSON, a parameter out of range, a prompt longer than
-the context), 401 (missing or wrong API key), 404 (unknown model or path),
+the context), 401 (missing or wrong API key), 404 (unknown path),
 413 (body too large), 429 (queue full) or 503 (engine stopped). A client that
 goes away mid-request has its requests cancelled, so their KV blocks go back
 at the next engine step.
@@ -277,14 +282,16 @@ class _Server:
         return body
 
     def check_model(self, body):
+        """A request's model: any name is served by the one model loaded (as
+        llama-server and llama-cpp-python's server do: clients name their
+        own), and answers give the loaded model's name."""
         m = body.get("model")
-        if m is None:
-            return
-        if not isinstance(m, str):
+        if m is not None and not isinstance(m, str):
             raise _bad("model must be a string", "model")
-        if m not in self.model_aliases:
-            raise APIError(404, f"the model '{m[:200]}' does not exist; this server has '{self.model_name}'",
-                           "model", "model_not_found")
+
+    def model_card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "llminfer",
+                "max_model_len": self.n_ctx}
 
     def check_ids(self, ids, param) -> list:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -975,9 +982,17 @@ async def chat_completions(server: _Server, request: HTTPRequest):
 
 
 async def models(server: _Server, request: HTTPRequest):
-    return JSONResponse({"object": "list", "data": [
-        {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "llminfer",
-         "max_model_len": server.n_ctx}]})
+    return JSONResponse({"object": "list", "data": [server.model_card()]})
+
+
+async def model(server: _Server, request: HTTPRequest):
+    """One model by any of its names (the listed id, the name or path it was
+    served from): 404 for another, as /v1/models does not list it."""
+    name = request.path_params["name"]
+    if name not in server.model_aliases:
+        raise APIError(404, f"the model '{name[:200]}' does not exist; this server has '{server.model_name}'",
+                       "model", "model_not_found")
+    return JSONResponse(server.model_card())
 
 
 async def tokenize(server: _Server, request: HTTPRequest):
@@ -1072,12 +1087,17 @@ def create_app(engine_args: ServeArgs | dict) -> Starlette:
         Route("/v1/completions", _endpoint(server, completions), methods=["POST"]),
         Route("/v1/chat/completions", _endpoint(server, chat_completions), methods=["POST"]),
         Route("/v1/models", _endpoint(server, models), methods=["GET"]),
+        Route("/v1/models/{name:path}", _endpoint(server, model), methods=["GET"]),
         Route("/v1/embeddings", _endpoint(server, embeddings), methods=["POST"]),
         Route("/tokenize", _endpoint(server, tokenize), methods=["POST"]),
         Route("/detokenize", _endpoint(server, detokenize), methods=["POST"]),
         Route("/health", _endpoint(server, health, auth=False), methods=["GET"]),
         Route("/metrics", _endpoint(server, metrics, auth=False), methods=["GET"]),
     ]
+    from llminfer.server import anthropic, responses  # they build on this module
+
+    routes += anthropic.routes(server) + responses.routes(server)
+
     async def not_found(request, exc):
         status = getattr(exc, "status_code", 404)
         msg = f"no route {request.method} {request.url.path}" if status != 405 else \
