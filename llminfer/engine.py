@@ -153,7 +153,7 @@ class Engine:
             n_swa = -(-pool // block_size) + 256 if used[SWA] else 0
             self.n_blocks = (n_full, n_swa)
             self.kv_pool_bytes = sum(self.n_blocks[g] * _core.kv_block_bytes(self.desc, KV_TYPES[kv_type], block_size, i)
-                                     for i, g in enumerate(groups))
+                                     for i, g in enumerate(groups) if g in (FULL, SWA))  # a recurrent layer: none
             check_memory(self.kv_pool_bytes, f"a KV pool of {pool} positions ({kv_type}); "
                                              f"use a smaller n_ctx or kv_pool_tokens, or kv_type='q8_0'")
             n_gpu, gpu_head = gpu.plan(n_gpu_layers, self.spec.n_layer)
@@ -549,6 +549,12 @@ class Engine:
     def close(self):
         with self._lock:
             self._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _close(self):
         ctx = getattr(self, "ctx", None)
