@@ -345,6 +345,17 @@ class KVCache:
         s.positions = list(range(n))
         s.next_pos = n
 
+    def adopt_with_state(self, s: Sequence, tokens, blocks, state: bytes):
+        """adopt() for a hybrid model: the blocks, and the recurrent state
+        after their tokens (what the prefix cache kept), written into s's slot."""
+        states, self.states = self.states, None
+        try:
+            self.adopt(s, tokens, blocks)
+        finally:
+            self.states = states
+        self._state_ops.write_state(s.slot, np.frombuffer(state, dtype=np.uint8))
+        s.state_len = len(s.tokens)
+
     def blocks_needed(self, s: Sequence, n: int) -> list:
         """Blocks that reserve(s, n) would take from each pool (a list indexed
         by group): new blocks, and copies of shared blocks it would write."""

@@ -5,6 +5,8 @@ tiny qwen35 and lfm2 files. Every comparison is bitwise against a
 recompute from scratch: going back in time must give what never having
 gone forward gives."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -97,7 +99,7 @@ def test_speculative_decoding_on_a_hybrid_model_is_plain_greedy(files, arch):
     """n-gram drafts rejected and accepted: each rejection goes back through a checkpoint"""
     cfg = SpecConfig(mode="ngram", draft_max=6, adaptive=False)
     rng = np.random.default_rng(5)
-    with LLM(files[arch], n_ctx=256, n_threads=1, spec=cfg) as llm:
+    with LLM(files[arch], n_ctx=256, n_threads=1, spec=cfg) as llm, LLM(files[arch], n_ctx=256, n_threads=1) as cold:
         drafted = accepted = 0
         for _ in range(4):
             unit = rng.integers(0, 266, int(rng.integers(3, 7))).tolist()
@@ -107,6 +109,10 @@ def test_speculative_decoding_on_a_hybrid_model_is_plain_greedy(files, arch):
             assert a.tokens == b.tokens
             drafted += b.timings.spec_drafted
             accepted += b.timings.spec_accepted
+            # the state the rejections left: one more token's logits are a recompute's, bit for bit
+            held = list(llm.tokens)
+            assert np.array_equal(llm.eval([7])[-1], cold.eval(held + [7])[-1])
+            cold.reset()
         assert drafted > 0 and accepted < drafted  # rejections happened
 
 
@@ -119,9 +125,10 @@ def test_a_conversation_that_goes_on_reuses_and_rewinds_the_state(files, arch):
     with LLM(files[arch], n_ctx=256, n_threads=2) as llm:
         first = llm.complete(p1, max_tokens=12, temperature=0)
         p2 = p1 + first.tokens[:5] + TOKENS[30:40].tolist()
-        second = llm.complete(p2, max_tokens=12, temperature=0)
+        second = llm.complete(p2, max_tokens=12, temperature=0, logprobs=3)
     with LLM(files[arch], n_ctx=256, n_threads=1) as cold:
-        assert cold.complete(p2, max_tokens=12, temperature=0).tokens == second.tokens
+        again = cold.complete(p2, max_tokens=12, temperature=0, logprobs=3)
+    assert again.tokens == second.tokens and again.logprobs == second.logprobs
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -139,3 +146,46 @@ def test_a_context_shift_recomputes_what_it_keeps(files):
     with LLM(files["lfm2"], n_ctx=48, n_threads=1) as llm:
         out = llm.complete(TOKENS[:40].tolist(), max_tokens=30, temperature=0, context_shift=True)
         assert len(out.tokens) == 30
+
+
+# ---- the server: continuous batching and the prefix cache on a hybrid model ----
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_prefix_cache_hit_gives_the_cold_text(files, arch):
+    pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'llminfer[serve]')")
+    httpx = pytest.importorskip("httpx", reason="the server tests speak through httpx")
+    from llminfer.server import ServeArgs
+    from test_server import ServerThread, metrics
+
+    shared = TOKENS[:53].tolist()  # the cache keeps the state after the prompts' last full block
+    prompts = [shared + TOKENS[53 + i:58 + i].tolist() for i in range(3)]
+    cold = []
+    for p in prompts:  # each alone, in a server without a prefix cache
+        s = ServerThread(ServeArgs(model=files[arch], n_ctx=256, n_threads=1, prefix_caching=False))
+        try:
+            r = httpx.post(s.url + "/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0,
+                                                            "logprobs": 3}, timeout=120).json()
+            cold.append((r["choices"][0]["text"], r["choices"][0]["logprobs"]))
+        finally:
+            s.stop()
+    s = ServerThread(ServeArgs(model=files[arch], n_ctx=256, n_threads=2))
+    try:
+        def ask(p):
+            return httpx.post(s.url + "/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0,
+                                                               "logprobs": 3}, timeout=120).json()
+        first = ask(prompts[0])
+        with ThreadPoolExecutor(2) as pool:  # the other two together, batched, each hitting the cache
+            later = list(pool.map(ask, prompts[1:]))
+        warm = [first] + later
+        # the same text and the same log-probabilities to the last bit (the tiny models' greedy tokens
+        # hardly depend on their recurrent layers; their probabilities do)
+        assert [(r["choices"][0]["text"], r["choices"][0]["logprobs"]) for r in warm] == cold
+        bs = s.scheduler.kv.block_size
+        edge = (len(prompts[1]) - 1) // bs * bs  # the prompts' last full block, inside the shared part
+        assert 0 < edge <= len(shared)
+        assert [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in later] == [edge, edge]
+        m = metrics(s.url)
+        assert m[("llminfer:prefix_cache_hits_total", frozenset())] >= 2 * edge
+        assert 0 <= m[("llminfer:state_cache_usage_perc", frozenset())] <= 1
+    finally:
+        s.stop()

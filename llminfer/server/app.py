@@ -183,8 +183,11 @@ class _Server:
             if pool < args.n_ctx:
                 raise InvalidArgumentError(f"kv_pool_tokens={pool} is less than n_ctx={args.n_ctx}: one request "
                                            f"of the full context would never fit")
+            # a hybrid model's state slots: every running request, and the side
+            # requests (embeddings, tokens' logprobs) run between steps
             self.engine = Engine(path, n_ctx=args.n_ctx, kv_pool_tokens=pool, n_batch=args.max_batch_tokens,
-                                 n_threads=args.n_threads, kv_type=args.kv_type, n_gpu_layers=args.n_gpu_layers)
+                                 n_threads=args.n_threads, kv_type=args.kv_type, n_gpu_layers=args.n_gpu_layers,
+                                 n_seq_max=args.max_running + 8)
             self.tokenizer = self.engine.tokenizer
             self.n_ctx = self.engine.n_ctx
             self.n_embd = self.engine.spec.n_embd

@@ -8,6 +8,8 @@ need only the prefix changed:
     llminfer:num_requests_waiting       gauge      requests queued for admission
     llminfer:kv_cache_usage_perc        gauge      share of KV blocks held by requests (0..1)
     llminfer:prefix_cache_blocks        gauge      KV blocks the prefix cache keeps
+    llminfer:state_cache_usage_perc     gauge      share of recurrent-state slots in use (hybrid models)
+    llminfer:state_cache_bytes          gauge      bytes of recurrent state in use (hybrid models)
     llminfer:prompt_tokens_total        counter    prompt tokens of finished requests
     llminfer:generation_tokens_total    counter    tokens generated
     llminfer:prefix_cache_queries_total counter    prompt tokens looked up in the prefix cache
@@ -149,6 +151,11 @@ class Metrics:
                [("", lab, float(g.get("kv_usage", 0.0)))])
         family("prefix_cache_blocks", "gauge", "KV cache blocks kept by the prefix cache.",
                [("", lab, g.get("prefix_blocks", 0))])
+        if g.get("state_slots"):  # a hybrid model's recurrent-state pool, beside the KV pool
+            family("state_cache_usage_perc", "gauge", "Share of recurrent-state slots in use (sequences and "
+                   "their checkpoints; 1 = all).", [("", lab, g["state_used_slots"] / g["state_slots"])])
+            family("state_cache_bytes", "gauge", "Bytes of recurrent state in use.",
+                   [("", lab, g["state_used_slots"] * g["state_slot_bytes"])])
         family("avg_generation_throughput_toks_per_s", "gauge", "Tokens generated per second over the last 10 s.",
                [("", lab, self.throughput())])
         with self._lock:

@@ -47,11 +47,19 @@ class _Entry:
 class PrefixCache:
     """Full blocks of finished and running texts, by chain hash, for one KVCache."""
 
-    def __init__(self, kv: KVCache):
+    def __init__(self, kv: KVCache, max_states: int = 16):
         self.kv = kv
         self.bs = kv.block_size
         self.pool = kv.pools[FULL]
         self.entries: OrderedDict[bytes, _Entry] = OrderedDict()  # least recently used first
+        # a hybrid model (kv.states): a cached prefix is its blocks and the
+        # recurrent state after its last block; states are kept for the
+        # blocks where a text's pass ended (the scheduler ends a prompt's
+        # pass at its last full block), at most max_states, least recently
+        # used first out
+        self.hybrid = kv.states is not None
+        self.max_states = max_states
+        self.states: OrderedDict[bytes, bytes] = OrderedDict()
         # running totals, for the metrics: prompt tokens looked up, and found
         self.queries = 0
         self.hits = 0
@@ -70,7 +78,8 @@ class PrefixCache:
 
     def match(self, tokens) -> tuple[list, list]:
         """(keys, blocks) of the longest cached prefix of `tokens` in full
-        blocks, leaving at least one token after it (its logits are needed).
+        blocks, leaving at least one token after it (its logits are needed);
+        for a hybrid model, the longest whose state is kept (state_for).
         The blocks found become the most recently used."""
         limit = (len(tokens) - 1) // self.bs
         keys, blocks, key = [], [], ROOT
@@ -81,9 +90,28 @@ class PrefixCache:
                 break
             keys.append(key)
             blocks.append(e.block)
+        if self.hybrid:  # back to the last block whose state is kept
+            while keys and keys[-1] not in self.states:
+                keys.pop()
+                blocks.pop()
+            if keys:
+                self.states.move_to_end(keys[-1])
         for k in keys:
             self.entries.move_to_end(k)
         return keys, blocks
+
+    def state_for(self, key: bytes) -> bytes:
+        """The recurrent state after the block of `key` (a hybrid model's match)."""
+        return self.states[key]
+
+    def _keep_state(self, seq: Sequence, key: bytes):
+        """Keep seq's state, which is after the block of `key`."""
+        if key in self.states:
+            self.states.move_to_end(key)
+            return
+        self.states[key] = self.kv._state_ops.read_state(seq.slot)
+        while len(self.states) > self.max_states:
+            self.states.popitem(last=False)
 
     def count(self, queried: int, found: int):
         """Record a lookup that was used: tokens looked up, tokens found."""
@@ -108,6 +136,9 @@ class PrefixCache:
                 if parent in self.entries:
                     self.entries[parent].children += 1
             parent = key
+        n = len(seq.tokens)
+        if self.hybrid and keys and n == len(keys) * self.bs and seq.state_len == n:
+            self._keep_state(seq, keys[-1])  # the pass ended on a block: its state is the prefix's
         return keys
 
     def evictable(self) -> int:
@@ -143,6 +174,7 @@ class PrefixCache:
             self._drop(key)
 
     def _drop(self, key):
+        self.states.pop(key, None)
         e = self.entries.pop(key)
         parent = self.entries.get(e.parent)
         if parent is not None:

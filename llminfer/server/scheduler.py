@@ -272,12 +272,16 @@ class Scheduler:
     def _stats(self) -> dict:
         pool = self.kv.pools[FULL] if FULL in self.kv.groups else self.kv.pools[SWA]
         cached_only = self.cache.evictable() if self.cache is not None else 0
+        states = self.kv.states
         return {
+            "state_slots": states.n_slots if states is not None else 0,
+            "state_used_slots": states.used_slots if states is not None else 0,
+            "state_slot_bytes": states.slot_bytes if states is not None else 0,
             "running": len(self.running),
             "waiting": len(self.waiting),
             "kv_blocks": pool.n_blocks,
             "kv_used_blocks": pool.used_blocks - cached_only,
-            "kv_usage": (pool.used_blocks - cached_only) / pool.n_blocks,
+            "kv_usage": (pool.used_blocks - cached_only) / pool.n_blocks if pool.n_blocks else 0.0,
             "prefix_blocks": len(self.cache) if self.cache is not None else 0,
             "prefix_queries": self.cache.queries if self.cache is not None else 0,
             "prefix_hits": self.cache.hits if self.cache is not None else 0,
@@ -318,7 +322,7 @@ class Scheduler:
                 break
             if req not in self.running:
                 continue  # preempted below by an older request
-            n = min(req.pending(), budget)
+            n = self._chunk(req, min(req.pending(), budget))
             while not plan(req, n):
                 victim = self._youngest(exclude=work)
                 if victim is None:
@@ -344,6 +348,16 @@ class Scheduler:
             return
         self._make_room(planned[FULL])
         self._run(work, events)
+
+    def _chunk(self, req, n: int) -> int:
+        """n tokens of req for this step, or fewer so that a hybrid model's
+        prompt pass ends on its last full block (that block's recurrent
+        state is what the prefix cache keeps of the prompt)."""
+        if self.cache is None or not self.cache.hybrid:
+            return n
+        start, bs = len(req.seq.tokens), self.kv.block_size
+        edge = (len(req.prompt) - 1) // bs * bs  # a match leaves a token after it
+        return edge - start if start < edge < start + n else n
 
     def _make_room(self, blocks: int):
         """Free blocks for `blocks` of the full-attention pool, giving back
@@ -376,12 +390,16 @@ class Scheduler:
             if self.cache is not None:
                 keys, blocks = self.cache.match(req.tokens())
                 if blocks:
-                    eng.kv.adopt(req.seq, req.tokens()[:len(blocks) * self.kv.block_size], blocks)
+                    toks = req.tokens()[:len(blocks) * self.kv.block_size]
+                    if self.cache.hybrid:
+                        eng.kv.adopt_with_state(req.seq, toks, blocks, self.cache.state_for(keys[-1]))
+                    else:
+                        eng.kv.adopt(req.seq, toks, blocks)
                     req.keys = keys
             if req.cached_tokens is None:
                 req.cached_tokens = len(req.seq.tokens)
         total = self.kv.blocks_needed(req.seq, req.pending() + 1)
-        n = min(req.pending(), budget)
+        n = self._chunk(req, min(req.pending(), budget))
         avail = self._available(planned)
         if not self._fits(total, avail):
             # wait for blocks; what was adopted goes back (and stays cached)
