@@ -253,6 +253,13 @@ class Engine:
         if self.hybrid:
             self.kv.checkpoint(seq)
 
+    @_locked
+    def bring_state(self, seq: Sequence, n_threads: int | None = None):
+        """Make a hybrid model's state of seq current (after a truncate it is
+        brought back at the next pass; this does it now). Nothing for other models."""
+        if self.hybrid and seq.state_len != len(seq.tokens):
+            self._bring_state(seq, n_threads)
+
     def _bring_state(self, seq: Sequence, n_threads):
         """A hybrid model's state of seq brought back to its tokens after a
         truncate or a failed pass: the latest checkpoint at or before them,

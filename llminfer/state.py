@@ -7,7 +7,8 @@
 
 A state holds the tokens, their positions, the logits after the last one
 (so generation can go on at once), and the bytes of every KV block the
-sequence's tables point at, per group. Restored blocks come from the pool's
+sequence's tables point at, per group, then a hybrid model's recurrent
+state after the tokens (one slot of the state pool). Restored blocks come from the pool's
 free list (their ids need not be the old ones); the tables are rewritten to
 match, so the logits after a restore are bitwise those before it.
 
@@ -80,18 +81,28 @@ def _layout(llm):
         "model_name": os.path.basename(str(llm.model_path)), "kv_type": eng.kv_type,
         "block_size": eng.block_size, "n_vocab": llm.n_vocab, "tokens": list(seq.tokens),
         "positions": list(seq.positions), "next_pos": seq.next_pos, "swa_floor": seq.swa_floor,
-        "groups": groups,
+        "groups": groups, "state_bytes": eng.state_slot_bytes,
     }
     head = json.dumps(header, separators=(",", ":")).encode()
     logits = np.ascontiguousarray(llm._last_logits, dtype="<f4").tobytes()
     return b"".join([MAGIC, struct.pack("<I", len(head)), head, logits]), blocks
 
 
+def _recurrent(llm) -> bytes:
+    """A hybrid model's recurrent state after the context's tokens (b"" for other models)."""
+    eng = llm.engine
+    if not eng.state_slot_bytes:
+        return b""
+    seq = llm._seq
+    eng.bring_state(seq)  # after a truncate, the state is brought back to the tokens first
+    return eng.ctx.read_state(seq.slot)
+
+
 def save(llm) -> bytes:
     """The state of llm's context as bytes, made in place: the process holds
     one copy of the cache's blocks beside the cache, not two."""
     head, blocks = _layout(llm)
-    return llm.engine.ctx.read_blocks(head, blocks)
+    return llm.engine.ctx.read_blocks(head, blocks) + _recurrent(llm)
 
 
 def write(llm, f) -> None:
@@ -101,6 +112,7 @@ def write(llm, f) -> None:
     f.write(head)
     for g, b in blocks:
         f.write(llm.engine.ctx.read_block(g, b))
+    f.write(_recurrent(llm))
 
 
 def _parse(blob):
@@ -194,8 +206,13 @@ def load(llm, blob):
     why = _layout_fault(positions, next_pos, swa_floor, groups, eng.block_size)
     if why:
         raise InvalidArgumentError(f"the state's header is corrupt: {why}")
+    recurrent = header.get("state_bytes", 0)
+    if recurrent != eng.state_slot_bytes:
+        raise InvalidArgumentError(f"the state holds {str(recurrent)[:40]} bytes of recurrent state per sequence, "
+                                   f"this model {eng.state_slot_bytes}")
     n_logits = llm.n_vocab * 4
     need = n_logits + sum(g["block_bytes"] * sum(1 for b in g["table"] if b >= 0) for g in groups.values())
+    need += recurrent
     if len(payload) != need:
         raise InvalidArgumentError(f"the state's payload has {len(payload)} bytes, its header describes {need}")
     llm.reset()
@@ -213,6 +230,9 @@ def load(llm, blob):
     seq.positions = positions
     seq.next_pos = next_pos
     seq.swa_floor = swa_floor
+    if recurrent:
+        eng.ctx.write_state(seq.slot, np.frombuffer(payload[len(payload) - recurrent:], dtype=np.uint8))
+        seq.state_len = len(tokens)
     llm._last_logits[:] = np.frombuffer(payload[:n_logits], dtype="<f4")
     llm._owner = None
 

@@ -189,3 +189,24 @@ def test_a_prefix_cache_hit_gives_the_cold_text(files, arch):
         assert 0 <= m[("llminfer:state_cache_usage_perc", frozenset())] <= 1
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_saved_state_carries_the_recurrent_state(files, arch, tmp_path):
+    with LLM(files[arch], n_ctx=256, n_threads=1) as llm:
+        llm.eval(TOKENS[:45].tolist())
+        llm.truncate(38)  # saved after a rewind: the state is brought back to the 38 tokens first
+        blob = llm.save_state()
+        llm.save_session(tmp_path / "s.llmstate")
+        want = llm.eval([9, 10])
+    for restore in ("bytes", "file"):
+        with LLM(files[arch], n_ctx=256, n_threads=2) as other:
+            if restore == "bytes":
+                other.load_state(blob)
+            else:
+                other.load_session(tmp_path / "s.llmstate")
+            assert np.array_equal(other.eval([9, 10]), want), restore
+    with LLM(files[arch], n_ctx=256, n_threads=1) as other:
+        cut = blob[:-8]  # the recurrent state's end missing
+        with pytest.raises(Exception, match="payload has"):
+            other.load_state(cut)

@@ -67,6 +67,9 @@ def support_line(gguf: GGUFFile) -> str:
            if spec.n_expert else "")
     windows = sum(1 for L in spec.layers if L.sliding_window)
     swa = f", {windows} sliding-window layers" if windows else ""
+    recurrent = len(spec.recurrent_layers)
+    if recurrent:
+        swa += f", {recurrent} recurrent layers (a state per sequence)"
     return (f"llminfer: loads as {spec.arch}: {spec.n_layer} layers, {spec.n_params() / 1e6:.1f}M parameters"
             f"{moe}{swa}, {spec.weight_bytes() / 1e6:.1f} MB of weights read per token")
 
