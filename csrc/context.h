@@ -98,6 +98,9 @@ struct li_context {
     void *xe[LI_ACT_COUNT];/* slots' quantized inputs, gathered per expert */
     size_t xe_row[LI_ACT_COUNT];
     float *eo;             /* [n_batch * n_expert_used, n_embd] each slot's expert output */
+    float *sg, *su;        /* [LI_FFN_CHUNK, n_ff_shexp] the shared expert's gate and up outputs */
+    float *so;             /* [n_batch, n_embd] its output */
+    float *sgate;          /* [n_batch] sigmoid(x . gate_inp_shexp) per row */
 
     /* per batch */
     int32_t *pos;          /* [n_batch] */

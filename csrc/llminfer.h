@@ -232,6 +232,12 @@ typedef struct li_layer_desc {
     const float *ssm_d;          /* mamba2: [n_head] skip */
     const float *ssm_norm;       /* GDN: [head_v_dim] RMSNorm of each head's output; mamba2: [d_inner] grouped */
     li_matrix ssm_out;           /* [n_embd, d_inner] (shortconv: out_proj [n_embd, n_embd]) */
+    /* A MoE layer's shared expert (qwen35moe, qwen3next, qwen2moe): a gated
+     * feed-forward of n_ff_shexp every token goes through, its output times
+     * sigmoid(x . gate_inp_shexp), added to the routed experts' */
+    li_matrix gate_shexp, up_shexp; /* [n_ff_shexp, n_embd] */
+    li_matrix down_shexp;        /* [n_embd, n_ff_shexp] */
+    const float *gate_inp_shexp; /* [n_embd], or NULL: the shared expert ungated */
 } li_layer_desc;
 
 /* What mixes a layer's positions. */
@@ -278,6 +284,7 @@ typedef struct li_model_desc {
     int ssm_d_state;
     int ssm_n_group;
     int ssm_n_head;
+    int n_ff_shexp;              /* the shared expert's width (0: none) */
     /* -- the core's own -- */
     int embd_release;            /* set by li_model_repack(release): tok_embd is a clean file mapping that
                                   * nothing reads in bulk, and each token's lookup hands its row's pages back */

@@ -248,6 +248,13 @@ int li_model_check(const li_model_desc *m) {
             CHECK(check_matrix(&L->gate_exps, "ffn_gate_exps", il, ne * fe, m->n_embd));
             CHECK(check_matrix(&L->up_exps, "ffn_up_exps", il, ne * fe, m->n_embd));
             CHECK(check_matrix(&L->down_exps, "ffn_down_exps", il, ne * m->n_embd, fe));
+            if (L->gate_shexp.data || L->up_shexp.data || L->down_shexp.data) {
+                if (m->n_ff_shexp <= 0) return li_fail(LI_E_SHAPE, "layer %d has a shared expert of width %d", il,
+                                                       m->n_ff_shexp);
+                CHECK(check_matrix(&L->gate_shexp, "ffn_gate_shexp", il, m->n_ff_shexp, m->n_embd));
+                CHECK(check_matrix(&L->up_shexp, "ffn_up_shexp", il, m->n_ff_shexp, m->n_embd));
+                CHECK(check_matrix(&L->down_shexp, "ffn_down_shexp", il, m->n_embd, m->n_ff_shexp));
+            }
         } else if (L->w_gate.data || L->mixer == LI_MIX_ATTN || L->mixer == LI_MIX_NONE) {
             /* a recurrent layer may be its mixer alone (mamba2) */
             CHECK(check_matrix(&L->w_gate, "ffn_gate", il, m->n_ff, m->n_embd));
@@ -315,7 +322,8 @@ void li_context_free(li_context *c) {
     free(c->logit_part);
     free(c->n_spans);
     free(c->layer_rope);
-    float *rbufs[] = {c->state, c->r_in, c->r_z, c->r_ab, c->r_conv, c->r_out, c->qg, c->gate};
+    float *rbufs[] = {c->state, c->r_in, c->r_z, c->r_ab, c->r_conv, c->r_out, c->qg, c->gate,
+                      c->sg, c->su, c->so, c->sgate};
     for (size_t i = 0; i < sizeof(rbufs) / sizeof(rbufs[0]); i++) free_aligned(rbufs[i]);
     free(c->state_off);
     free(c->seq_rows);
@@ -516,7 +524,8 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
         const int is_moe = ly->router.data != NULL;
         for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
             if ((is_moe ? moe[i] : ws[i])->data) need_act(c, is_moe ? moe[i] : ws[i]);
-        const li_matrix *rs[] = {&ly->ssm_in, &ly->ssm_z, &ly->ssm_beta, &ly->ssm_alpha, &ly->ssm_out};
+        const li_matrix *rs[] = {&ly->ssm_in,     &ly->ssm_z,     &ly->ssm_beta,  &ly->ssm_alpha,
+                                 &ly->ssm_out,    &ly->gate_shexp, &ly->up_shexp, &ly->down_shexp};
         for (size_t i = 0; i < sizeof(rs) / sizeof(rs[0]); i++)
             if (rs[i]->data) need_act(c, rs[i]);
         if (is_moe) {
@@ -556,6 +565,14 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
         c->slot_tok = malloc(slots * sizeof(int32_t));
         c->e_off = malloc(((size_t)m->n_expert + 1) * sizeof(int32_t));
         if (!c->route || !c->eo || !c->wsel || !c->sel || !c->slot || !c->slot_tok || !c->e_off) goto nomem;
+        if (m->n_ff_shexp > 0) {
+            const size_t chunk = LI_MIN(nb, (size_t)LI_FFN_CHUNK) * (size_t)m->n_ff_shexp;
+            c->sg = alloc_aligned(chunk * sizeof(float));
+            c->su = alloc_aligned(chunk * sizeof(float));
+            c->so = alloc_aligned(nb * (size_t)m->n_embd * sizeof(float));
+            c->sgate = alloc_aligned(nb * sizeof(float));
+            if (!c->sg || !c->su || !c->so || !c->sgate) goto nomem;
+        }
         for (int a = 0; a < LI_ACT_COUNT; a++) {
             if (c->xe_row[a] == 0) continue;
             c->xe[a] = alloc_aligned(slots * c->xe_row[a]);
@@ -1330,16 +1347,47 @@ static void expert_products(li_context *c, const li_matrix *const *ws, void *con
  * is the same whatever the expert's slot count (matmul gives a row the same
  * result for any n), and a token's experts are summed in the order of its
  * choices, so a token's output does not depend on the rest of the batch. */
+/* The shared expert's gated feed-forward over the rows of xq (moe_half
+ * quantized them for it) into so, in chunks of LI_FFN_CHUNK rows as
+ * ffn_half runs a dense one; ends with a barrier. */
+static void shared_expert(li_context *c, const li_layer_desc *L, int64_t n, int ith, int nth) {
+    const li_model_desc *m = c->m;
+    const int64_t E = m->n_embd, F = m->n_ff_shexp;
+    const size_t row_g = li_act_row_bytes(li_types[L->gate_shexp.type].act_type, E);
+    const size_t row_u = li_act_row_bytes(li_types[L->up_shexp.type].act_type, E);
+    void *xd = c->xd[li_types[L->down_shexp.type].act_type];
+    for (int64_t c0 = 0; c0 < n; c0 += LI_FFN_CHUNK) {
+        const int64_t nc = LI_MIN((int64_t)LI_FFN_CHUNK, n - c0);
+        li_share_sync(c->share); /* the previous chunk's down product has read xd */
+        const product gu_p[2] = {
+            {&L->gate_shexp, (const char *)c->xq[li_types[L->gate_shexp.type].act_type] + (size_t)c0 * row_g, nc,
+             c->sg, F},
+            {&L->up_shexp, (const char *)c->xq[li_types[L->up_shexp.type].act_type] + (size_t)c0 * row_u, nc, c->su,
+             F}};
+        matmuls(c, gu_p, 2, ith, nth);
+        li_share_sync(c->share);
+        gated_quantize_to(xd, c->sg, c->su, nc, F, &L->down_shexp, m->gate_fn, ith, nth);
+        const product down_p = {&L->down_shexp, xd, nc, c->so + c0 * E, E};
+        sync_before(c, &down_p, 1, ith, nth);
+        matmuls(c, &down_p, 1, ith, nth);
+    }
+    li_share_sync(c->share);
+}
+
 static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, int nth) {
     const li_model_desc *m = c->m;
     const int64_t E = m->n_embd, Fe = m->n_ff_exp;
     const int NE = m->n_expert, K = m->n_expert_used;
     int64_t lo, hi;
 
+    const int shared = L->gate_shexp.data != NULL;
     li_split(n, ith, nth, &lo, &hi);
     pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
-    const li_matrix *in[3] = {&L->router, &L->gate_exps, &L->up_exps};
-    quantize_rows_for(c, c->xb, E, lo, hi, in, 3);
+    const li_matrix *in[5] = {&L->router, &L->gate_exps, &L->up_exps, &L->gate_shexp, &L->up_shexp};
+    quantize_rows_for(c, c->xb, E, lo, hi, in, shared ? 5 : 3);
+    for (int64_t t = lo; t < hi && shared; t++) /* the shared expert's gate, while the normed rows are there */
+        c->sgate[t] = L->gate_inp_shexp ? 1.0f / (1.0f + expf(-li_K->dot_f32(c->xb + t * E, L->gate_inp_shexp, E)))
+                                        : 1.0f;
     li_share_sync(c->share);
 
     matmul(c, &L->router, acts_for(c, &L->router), n, c->route, NE, ith, nth);
@@ -1399,6 +1447,11 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
             const float *eo = c->eo + (int64_t)c->slot[t * K + j] * E, w = c->wsel[t * K + j];
             for (int64_t i = 0; i < E; i++) o[i] += w * eo[i];
         }
+    }
+    if (shared) {
+        shared_expert(c, L, n, ith, nth);
+        li_split(n, ith, nth, &lo, &hi);
+        for (int64_t t = lo; t < hi; t++) li_K->axpy_f32(c->sgate[t], c->so + t * E, c->o + t * E, E);
     }
     residual(m, c->x, c->o, L->post_ffn_norm, lo, hi);
 }

@@ -92,6 +92,8 @@ cdef extern from "llminfer.h" nogil:
         const float *ssm_d
         const float *ssm_norm
         li_matrix ssm_out
+        li_matrix gate_shexp, up_shexp, down_shexp
+        const float *gate_inp_shexp
 
     ctypedef struct li_model_desc:
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot
@@ -116,6 +118,7 @@ cdef extern from "llminfer.h" nogil:
         float attn_temp_offset
         int attn_temp_floor
         int ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_group, ssm_n_head
+        int n_ff_shexp
         int embd_release
         int embd_file
         int embd_fd

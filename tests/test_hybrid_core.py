@@ -1,6 +1,7 @@
 """The C core's recurrent mixers and state pool (csrc/recurrent.c, model.c)
 on small hybrid models built in memory: Gated DeltaNet layers beside gated
-attention (qwen35's plan), LFM2's short convolutions, and Mamba2 layers (one
+attention (qwen35's plan, and qwen35moe's with routed experts beside a
+gated shared one), LFM2's short convolutions, and Mamba2 layers (one
 without a feed-forward, as mamba2 and nemotron_h have them). Against a float64
 numpy forward pass written from the formulas, and the engine's invariance:
 a sequence's logits are the same bits whole, in chunks or one token at a
@@ -12,7 +13,7 @@ import pytest
 
 from llminfer import _core, errors
 from llminfer.models.base import (MIX_ATTN, MIX_GDN, MIX_MAMBA2, MIX_SHORTCONV, ROPE_NEOX, LayerSpec, Matrix,
-                                  ModelSpec)
+                                  ModelSpec, MoESpec)
 
 E, V, FF = 64, 50, 96
 N_HEAD, N_KV, HD, N_ROT = 4, 2, 16, 8
@@ -65,6 +66,19 @@ def layer(rng, mixer, gated=False):
     return L
 
 
+N_EXP, N_USED, FE, FS = 8, 2, 32, 48  # experts, used per token, an expert's width, the shared expert's
+
+
+def moe(rng, L):
+    """qwen35moe's feed-forward: routed experts beside a sigmoid-gated shared one"""
+    L.w_gate = L.w_up = L.w_down = None
+    L.moe = MoESpec(router=mat(f32(rng, N_EXP, E, scale=1.0)), gate_exps=mat(f32(rng, N_EXP * FE, E)),
+                    up_exps=mat(f32(rng, N_EXP * FE, E)), down_exps=mat(f32(rng, N_EXP * E, FE)))
+    L.gate_shexp, L.up_shexp, L.down_shexp = mat(f32(rng, FS, E)), mat(f32(rng, FS, E)), mat(f32(rng, E, FS))
+    L.gate_inp_shexp = f32(rng, E, scale=0.5)
+    return L
+
+
 def no_ffn(L):
     L.ffn_norm = L.w_gate = L.w_up = L.w_down = None
     return L
@@ -74,6 +88,10 @@ def model(kind, seed=0):
     rng = np.random.default_rng(seed)
     if kind == "gdn":
         layers = [layer(rng, MIX_GDN), layer(rng, MIX_GDN), layer(rng, MIX_ATTN, gated=True), layer(rng, MIX_GDN)]
+        conv = K
+    elif kind == "gdn_moe":
+        layers = [moe(rng, layer(rng, MIX_GDN)), moe(rng, layer(rng, MIX_ATTN, gated=True)),
+                  moe(rng, layer(rng, MIX_GDN))]
         conv = K
     elif kind == "mamba2":
         layers = [no_ffn(layer(rng, MIX_MAMBA2)), layer(rng, MIX_ATTN), layer(rng, MIX_MAMBA2)]
@@ -87,6 +105,8 @@ def model(kind, seed=0):
                      attn_scale=HD ** -0.5, context_length=512, tok_embd=emb, output_norm=1 + f32(rng, E, scale=0.1),
                      output=emb, layers=layers, ssm_d_conv=conv, ssm_d_inner=DI, ssm_d_state=N, ssm_n_group=G,
                      ssm_n_head=H)
+    if kind == "gdn_moe":
+        spec.n_expert, spec.n_expert_used, spec.n_ff_exp, spec.n_ff_shexp = N_EXP, N_USED, FE, FS
     return spec
 
 
@@ -194,6 +214,23 @@ def reference(spec, tokens):
             conv = np.stack([(pad[t:t + kk].T * L.ssm_conv).sum(-1) for t in range(n)])
             o = (c * conv) @ w64(L.ssm_out).T
         x = x + o
+        if L.moe is not None:
+            h = rms(x, L.ffn_norm)
+            logits = h @ w64(L.moe.router).T
+            p = np.exp(logits - logits.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            out = np.zeros_like(x)
+            for t in range(n):
+                top = np.argsort(-p[t], kind="stable")[:N_USED]
+                w = p[t, top] / p[t, top].sum()
+                for e, we in zip(top, w):
+                    g = h[t] @ w64(L.moe.gate_exps)[e * FE:(e + 1) * FE].T
+                    u = h[t] @ w64(L.moe.up_exps)[e * FE:(e + 1) * FE].T
+                    out[t] += we * ((silu(g) * u) @ w64(L.moe.down_exps)[e * E:(e + 1) * E].T)
+            shared = (silu(h @ w64(L.gate_shexp).T) * (h @ w64(L.up_shexp).T)) @ w64(L.down_shexp).T
+            gate = 1 / (1 + np.exp(-(h @ L.gate_inp_shexp.astype(np.float64))))
+            x = x + out + gate[:, None] * shared
+            continue
         if L.w_gate is None:
             continue
         h = rms(x, L.ffn_norm)
@@ -239,7 +276,7 @@ class Runner:
 TOKENS = np.random.default_rng(7).integers(0, V, 40)
 
 
-@pytest.fixture(scope="module", params=["gdn", "shortconv", "mamba2"])
+@pytest.fixture(scope="module", params=["gdn", "gdn_moe", "shortconv", "mamba2"])
 def spec(request):
     return model(request.param)
 

@@ -97,6 +97,11 @@ class LayerSpec:
     ssm_d: np.ndarray | None = None
     ssm_norm: np.ndarray | None = None
     ssm_out: Matrix | None = None
+    # a MoE layer's shared expert (ffn_*_shexp) and its sigmoid gate (ffn_gate_inp_shexp)
+    gate_shexp: Matrix | None = None
+    up_shexp: Matrix | None = None
+    down_shexp: Matrix | None = None
+    gate_inp_shexp: np.ndarray | None = None
 
     @property
     def recurrent(self) -> bool:
@@ -131,7 +136,8 @@ class LayerSpec:
         one token reads (a MoE layer: its router and k of its experts)."""
         if self.moe is None:
             return [m for m in (self.w_gate, self.w_up, self.w_down) if m is not None]
-        return [self.moe.router, self.moe.gate_exps, self.moe.up_exps, self.moe.down_exps]
+        shared = [m for m in (self.gate_shexp, self.up_shexp, self.down_shexp) if m is not None]
+        return [self.moe.router, self.moe.gate_exps, self.moe.up_exps, self.moe.down_exps] + shared
 
 
 @dataclass
@@ -174,6 +180,7 @@ class ModelSpec:
     ssm_d_state: int = 0
     ssm_n_group: int = 0
     ssm_n_head: int = 0
+    n_ff_shexp: int = 0           # a MoE layer's shared expert's width (0: none)
 
     def check_vectors(self):
         """Raise ShapeError where a recurrent layer's vector does not hold what
@@ -181,6 +188,9 @@ class ModelSpec:
         K, H, G, N, DI, E = (self.ssm_d_conv, self.ssm_n_head, self.ssm_n_group, self.ssm_d_state,
                              self.ssm_d_inner, self.n_embd)
         for i, L in enumerate(self.layers):
+            v = L.gate_inp_shexp
+            if v is not None and (not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.size != E):
+                raise ShapeError(f"layer {i}: ffn_gate_inp_shexp holds {getattr(v, 'size', '?')} values, not {E}")
             if L.mixer == MIX_GDN:
                 want = {"ssm_conv": (2 * G * N + DI) * K, "ssm_dt_b": H, "ssm_a": H, "ssm_norm": DI // max(H, 1)}
             elif L.mixer == MIX_SHORTCONV:
@@ -222,6 +232,7 @@ class ModelSpec:
             else:
                 experts = sum(m.data.nbytes for m in (L.moe.gate_exps, L.moe.up_exps, L.moe.down_exps))
                 total += L.moe.router.data.nbytes + experts * self.n_expert_used // self.n_expert
+                total += sum(m.data.nbytes for m in (L.gate_shexp, L.up_shexp, L.down_shexp) if m is not None)
         return total
 
 
