@@ -147,7 +147,7 @@ int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float e
                 int n_threads);
 /* The function that gates a feed-forward (the *function*; the formats a
  * matmul quantizes its activations to are li_act_type, kernels.h). */
-enum li_gate_fn { LI_FN_SILU = 0, LI_FN_GELU = 1 };
+enum li_gate_fn { LI_FN_SILU = 0, LI_FN_GELU = 1, LI_FN_RELU_SQR = 2 /* max(x, 0)^2, feed-forwards only */ };
 /* y = act(x) through the F16 lookup tables */
 int li_activation(int fn, const float *x, int64_t n, float *y);
 /* y = act(g) * u */
@@ -253,7 +253,8 @@ enum li_mixer {
 typedef struct li_model_desc {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot;
     int rope_mode;               /* LI_ROPE_NORM or LI_ROPE_NEOX */
-    int gate_fn;                 /* LI_FN_SILU or LI_FN_GELU, gating the feed-forward */
+    int gate_fn;                 /* LI_FN_SILU or LI_FN_GELU, gating the feed-forward; a layer without w_gate
+                                  * (ungated: act(x Wu^T) Wd^T) may also take LI_FN_RELU_SQR (nemotron_h) */
     float norm_eps;
     float embd_scale;            /* token embeddings are multiplied by this (gemma: sqrt(n_embd)) */
     float attn_scale;            /* scores are q.k * attn_scale */

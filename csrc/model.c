@@ -203,7 +203,7 @@ int li_model_check(const li_model_desc *m) {
         return li_fail(LI_E_SHAPE, "n_rot %d must be even and within head_dim %d", m->n_rot, m->head_dim);
     if (m->rope_mode != LI_ROPE_NORM && m->rope_mode != LI_ROPE_NEOX)
         return li_fail(LI_E_ARG, "unknown RoPE mode %d", m->rope_mode);
-    if (m->gate_fn != LI_FN_SILU && m->gate_fn != LI_FN_GELU)
+    if (m->gate_fn != LI_FN_SILU && m->gate_fn != LI_FN_GELU && m->gate_fn != LI_FN_RELU_SQR)
         return li_fail(LI_E_ARG, "unknown gate function %d", m->gate_fn);
     if (!(m->norm_eps >= 0.0f) || !(m->attn_scale > 0.0f) || !(m->embd_scale > 0.0f))
         return li_fail(LI_E_ARG, "norm_eps %g, attn_scale %g or embd_scale %g out of range", (double)m->norm_eps,
@@ -255,8 +255,13 @@ int li_model_check(const li_model_desc *m) {
                 CHECK(check_matrix(&L->up_shexp, "ffn_up_shexp", il, m->n_ff_shexp, m->n_embd));
                 CHECK(check_matrix(&L->down_shexp, "ffn_down_shexp", il, m->n_embd, m->n_ff_shexp));
             }
+        } else if (!L->w_gate.data && L->w_up.data) { /* ungated: act(x Wu^T) Wd^T (nemotron_h) */
+            CHECK(check_matrix(&L->w_up, "ffn_up", il, m->n_ff, m->n_embd));
+            CHECK(check_matrix(&L->w_down, "ffn_down", il, m->n_embd, m->n_ff));
         } else if (L->w_gate.data || L->mixer == LI_MIX_ATTN || L->mixer == LI_MIX_NONE) {
             /* a recurrent layer may be its mixer alone (mamba2) */
+            if (m->gate_fn == LI_FN_RELU_SQR)
+                return li_fail(LI_E_ARG, "layer %d: a squared ReLU gates no feed-forward (ungated ones only)", il);
             CHECK(check_matrix(&L->w_gate, "ffn_gate", il, m->n_ff, m->n_embd));
             CHECK(check_matrix(&L->w_up, "ffn_up", il, m->n_ff, m->n_embd));
             CHECK(check_matrix(&L->w_down, "ffn_down", il, m->n_embd, m->n_ff));
@@ -475,9 +480,11 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
         return li_fail(LI_E_ARG, "%d state slots: a model with recurrent layers needs 1 to %d", kv->n_state_slots,
                        1 << 20);
     for (int il = 0; il < n_be_layers; il++)
-        if (m->layers[il].mixer != LI_MIX_ATTN || m->layers[il].attn_out_gate)
-            return li_fail(LI_E_DEVICE, "layer %d is a hybrid model's (recurrent or gated) layer, which the GPU "
-                           "backend does not run; keep it on the CPU (fewer GPU layers)", il);
+        if (m->layers[il].mixer != LI_MIX_ATTN || m->layers[il].attn_out_gate || m->layers[il].gate_shexp.data ||
+            (!m->layers[il].w_gate.data && !m->layers[il].router.data))
+            return li_fail(LI_E_DEVICE, "layer %d is a hybrid model's layer (recurrent, gated attention, a shared "
+                           "expert or an ungated feed-forward), which the GPU backend does not run; keep it on the "
+                           "CPU (fewer GPU layers)", il);
 
     li_context *c = calloc(1, sizeof(*c));
     if (!c) return li_fail(LI_E_NOMEM, "no memory for a context");
@@ -1231,31 +1238,58 @@ static void mamba2_half(li_context *c, const li_layer_desc *L, int il, int64_t n
  * so the two need no barrier between them. The projections run over chunks of
  * LI_FFN_CHUNK rows, so g and u stay small whatever n_batch is: a chunk's
  * gated activations go to xd, apart from the xq rows later chunks still read. */
+/* an ungated feed-forward's activation, fn(u) in place, then quantized for
+ * w into dst: gated_quantize_to's split, with fn applied to u itself (a
+ * squared ReLU exactly, the others through the kernels' act_apply) */
+static void act_quantize_to(void *dst, float *u, int64_t n, int64_t k, const li_matrix *w, int fn, int ith,
+                            int nth) {
+    const int a = li_types[w->type].act_type;
+    const int64_t bs = li_act_block_size(a), per_row = k / bs;
+    const size_t blk = li_act_row_bytes(a, bs), row = li_act_row_bytes(a, k);
+    int64_t lo, hi;
+    li_split(n * per_row, ith, nth, &lo, &hi);
+    for (int64_t b = lo; b < hi; b++) {
+        const int64_t t = b / per_row, j = (b % per_row) * bs;
+        float *x = u + t * k + j;
+        if (fn == LI_FN_RELU_SQR)
+            for (int64_t i = 0; i < bs; i++) x[i] = x[i] > 0.0f ? x[i] * x[i] : 0.0f;
+        else
+            li_K->act_apply(fn, x, NULL, x, bs);
+        li_K->quant_act[a](x, (char *)dst + (size_t)t * row + (size_t)(b % per_row) * blk, bs);
+    }
+}
+
 static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, int nth) {
     const li_model_desc *m = c->m;
     const int64_t E = m->n_embd, F = m->n_ff;
     int64_t lo, hi;
 
     const int own = own_rows(c, n, nth);
+    const int gated = L->w_gate.data != NULL;
     li_split(n, ith, nth, &lo, &hi);
     const li_matrix *gu[2] = {&L->w_gate, &L->w_up};
     void *xq[LI_ACT_COUNT];
-    half_input(c, L->ffn_norm, gu, 2, own, ith, lo, hi, xq);
+    half_input(c, L->ffn_norm, gated ? gu : gu + 1, gated ? 2 : 1, own, ith, lo, hi, xq);
 
-    const size_t row_g = li_act_row_bytes(li_types[L->w_gate.type].act_type, E);
+    const size_t row_g = gated ? li_act_row_bytes(li_types[L->w_gate.type].act_type, E) : 0;
     const size_t row_u = li_act_row_bytes(li_types[L->w_up.type].act_type, E);
     void *xd = c->xd[li_types[L->w_down.type].act_type];
     for (int64_t c0 = 0; c0 < n; c0 += LI_FFN_CHUNK) {
         const int64_t nc = LI_MIN((int64_t)LI_FFN_CHUNK, n - c0);
         /* the previous chunk's down projection read only xd, which the barrier below orders */
         const product gu_p[2] = {
-            {&L->w_gate, (const char *)xq[li_types[L->w_gate.type].act_type] + (size_t)c0 * row_g, nc, c->g, F},
+            {&L->w_gate, gated ? (const char *)xq[li_types[L->w_gate.type].act_type] + (size_t)c0 * row_g : NULL, nc,
+             c->g, F},
             {&L->w_up, (const char *)xq[li_types[L->w_up.type].act_type] + (size_t)c0 * row_u, nc, c->u, F}};
-        if (c0 == 0 && !own) sync_before(c, gu_p, 2, ith, nth); /* after the quantized rows */
-        matmuls(c, gu_p, 2, ith, nth);
+        const product *ps = gated ? gu_p : gu_p + 1;
+        if (c0 == 0 && !own) sync_before(c, ps, gated ? 2 : 1, ith, nth); /* after the quantized rows */
+        matmuls(c, ps, gated ? 2 : 1, ith, nth);
         li_share_sync(c->share);
 
-        gated_quantize_to(xd, c->g, c->u, nc, F, &L->w_down, m->gate_fn, ith, nth);
+        if (gated)
+            gated_quantize_to(xd, c->g, c->u, nc, F, &L->w_down, m->gate_fn, ith, nth);
+        else
+            act_quantize_to(xd, c->u, nc, F, &L->w_down, m->gate_fn, ith, nth);
         const product down_p = {&L->w_down, xd, nc, c->o + c0 * E, E};
         sync_before(c, &down_p, 1, ith, nth);
         matmuls(c, &down_p, 1, ith, nth);
@@ -1606,7 +1640,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
         if (c->probe) probe_team(c, c->x, n, E, LI_PROBE_ATTN, il);
         if (Ly->router.data)
             moe_half(c, Ly, n, ith, nth);
-        else if (Ly->w_gate.data)
+        else if (Ly->w_up.data)
             ffn_half(c, Ly, n, ith, nth);
         if (c->probe) probe_team(c, c->x, n, E, LI_PROBE_FFN, il);
     }

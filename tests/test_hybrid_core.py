@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from llminfer import _core, errors
-from llminfer.models.base import (MIX_ATTN, MIX_GDN, MIX_MAMBA2, MIX_SHORTCONV, ROPE_NEOX, LayerSpec, Matrix,
-                                  ModelSpec, MoESpec)
+from llminfer.models.base import (ACT_RELU_SQR, MIX_ATTN, MIX_GDN, MIX_MAMBA2, MIX_NONE, MIX_SHORTCONV, ROPE_NEOX,
+                                  LayerSpec, Matrix, ModelSpec, MoESpec)
 
 E, V, FF = 64, 50, 96
 N_HEAD, N_KV, HD, N_ROT = 4, 2, 16, 8
@@ -93,6 +93,11 @@ def model(kind, seed=0):
         layers = [moe(rng, layer(rng, MIX_GDN)), moe(rng, layer(rng, MIX_ATTN, gated=True)),
                   moe(rng, layer(rng, MIX_GDN))]
         conv = K
+    elif kind == "nemotron":  # nemotron_h's plan: a mixer or a feed-forward per layer, the latter ungated
+        ffn_only = layer(rng, MIX_NONE)
+        ffn_only.w_gate = None
+        layers = [no_ffn(layer(rng, MIX_MAMBA2)), ffn_only, no_ffn(layer(rng, MIX_ATTN))]
+        conv = K
     elif kind == "mamba2":
         layers = [no_ffn(layer(rng, MIX_MAMBA2)), layer(rng, MIX_ATTN), layer(rng, MIX_MAMBA2)]
         conv = K
@@ -105,6 +110,8 @@ def model(kind, seed=0):
                      attn_scale=HD ** -0.5, context_length=512, tok_embd=emb, output_norm=1 + f32(rng, E, scale=0.1),
                      output=emb, layers=layers, ssm_d_conv=conv, ssm_d_inner=DI, ssm_d_state=N, ssm_n_group=G,
                      ssm_n_head=H)
+    if kind == "nemotron":
+        spec.gate_fn = ACT_RELU_SQR
     if kind == "gdn_moe":
         spec.n_expert, spec.n_expert_used, spec.n_ff_exp, spec.n_ff_shexp = N_EXP, N_USED, FE, FS
     return spec
@@ -142,7 +149,9 @@ def reference(spec, tokens):
     x = w64(spec.tok_embd)[tokens]
     for L in spec.layers:
         h = rms(x, L.attn_norm)
-        if L.mixer == MIX_ATTN:
+        if L.mixer == MIX_NONE:
+            o = 0
+        elif L.mixer == MIX_ATTN:
             qf = (h @ w64(L.wq).T).reshape(n, N_HEAD, -1)
             q, gate = (qf[..., :HD], qf[..., HD:]) if L.attn_out_gate else (qf, None)
             k = (h @ w64(L.wk).T).reshape(n, N_KV, HD)
@@ -231,9 +240,12 @@ def reference(spec, tokens):
             gate = 1 / (1 + np.exp(-(h @ L.gate_inp_shexp.astype(np.float64))))
             x = x + out + gate[:, None] * shared
             continue
-        if L.w_gate is None:
+        if L.w_up is None:
             continue
         h = rms(x, L.ffn_norm)
+        if L.w_gate is None:  # ungated, squared ReLU
+            x = x + (np.maximum(h @ w64(L.w_up).T, 0) ** 2) @ w64(L.w_down).T
+            continue
         x = x + (silu(h @ w64(L.w_gate).T) * (h @ w64(L.w_up).T)) @ w64(L.w_down).T
     return rms(x, spec.output_norm) @ w64(spec.output).T
 
@@ -276,7 +288,7 @@ class Runner:
 TOKENS = np.random.default_rng(7).integers(0, V, 40)
 
 
-@pytest.fixture(scope="module", params=["gdn", "gdn_moe", "shortconv", "mamba2"])
+@pytest.fixture(scope="module", params=["gdn", "gdn_moe", "shortconv", "mamba2", "nemotron"])
 def spec(request):
     return model(request.param)
 

@@ -23,6 +23,7 @@ ROPE_NORM = 0  # rotate pairs (2i, 2i+1): GGUF llama weights are permuted for it
 ROPE_NEOX = 2  # rotate pairs (i, i + n_rot/2)
 ACT_SILU = 0
 ACT_GELU = 1
+ACT_RELU_SQR = 2  # max(x, 0)^2: ungated feed-forwards only (nemotron_h)
 # a layer's mixer (csrc/llminfer.h, enum li_mixer)
 MIX_ATTN = 0       # attention over the paged KV cache
 MIX_GDN = 1        # Gated DeltaNet (qwen35, qwen35moe, qwen3next)
