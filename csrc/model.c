@@ -258,8 +258,8 @@ int li_model_check(const li_model_desc *m) {
         } else if (!L->w_gate.data && L->w_up.data) { /* ungated: act(x Wu^T) Wd^T (nemotron_h) */
             CHECK(check_matrix(&L->w_up, "ffn_up", il, m->n_ff, m->n_embd));
             CHECK(check_matrix(&L->w_down, "ffn_down", il, m->n_embd, m->n_ff));
-        } else if (L->w_gate.data || L->mixer == LI_MIX_ATTN || L->mixer == LI_MIX_NONE) {
-            /* a recurrent layer may be its mixer alone (mamba2) */
+        } else if (L->w_gate.data || L->mixer == LI_MIX_NONE) {
+            /* a layer may be its mixer alone (mamba2, nemotron_h), not nothing */
             if (m->gate_fn == LI_FN_RELU_SQR)
                 return li_fail(LI_E_ARG, "layer %d: a squared ReLU gates no feed-forward (ungated ones only)", il);
             CHECK(check_matrix(&L->w_gate, "ffn_gate", il, m->n_ff, m->n_embd));
