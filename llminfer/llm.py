@@ -30,8 +30,7 @@ from typing import Iterator
 import numpy as np
 
 from llminfer import completions, hub
-from llminfer.completions import (check_logprobs, usage_of, wants_chat_extras,
-                                  wants_completion_extras)
+from llminfer.completions import check_logprobs, wants_chat_extras
 from llminfer.engine import KV_TYPES, Engine, check_positive_int
 from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError
 from llminfer.generation import Generator, stop_list
@@ -697,21 +696,7 @@ class LLM:
         """An OpenAI-shaped text_completion dict (or, streaming, an iterator of chunks).
         Beyond complete()'s arguments: echo, suffix (fill-in-the-middle), n
         choices, logprobs (llminfer.completions)."""
-        if wants_completion_extras(kwargs):
-            return completions.create_completion(self, prompt, max_tokens=max_tokens, stream=stream, **kwargs)
-        out = self.complete(prompt, max_tokens=max_tokens, stream=stream, **kwargs)
-        created = int(time.time())
-        cid = completions.new_id("cmpl")
-        name = str(self.model_path)
-        if stream:
-            return _openai_chunks(out, cid, created, name, "text_completion",
-                                  lambda text: {"text": text})
-        return {
-            "id": cid, "object": "text_completion", "created": created, "model": name,
-            "choices": [{"index": 0, "text": out.text, "logprobs": None,
-                         "finish_reason": out.finish_reason}],
-            "usage": usage_of([out]),
-        }
+        return completions.create_completion(self, prompt, max_tokens=max_tokens, stream=stream, **kwargs)
 
     # ---- chat ----
 
@@ -757,28 +742,10 @@ class LLM:
         tools / tool_choice ("auto", "none", "required" or {"type": "function",
         "function": {"name": ...}}): the model's tool calls come back parsed in
         message["tool_calls"] (llminfer.tools)."""
-        if tools is not None or tool_choice is not None:
-            from llminfer.tools import chat_with_tools
-
-            if wants_chat_extras(kwargs):
-                raise InvalidArgumentError("tools cannot be combined with logprobs or n > 1 yet")
-            return chat_with_tools(self, messages, tools, tool_choice, max_tokens, stream, kwargs)
-        if wants_chat_extras(kwargs):
-            return completions.create_chat_completion(self, messages, max_tokens=max_tokens, stream=stream,
-                                                      **kwargs)
-        out = self.chat_completion(messages, max_tokens=max_tokens, stream=stream, **kwargs)
-        created = int(time.time())
-        cid = completions.new_id("chatcmpl")
-        name = str(self.model_path)
-        if stream:
-            return _openai_chunks(out, cid, created, name, "chat.completion.chunk",
-                                  lambda text: {"delta": {"content": text}}, first={"delta": {"role": "assistant"}})
-        return {
-            "id": cid, "object": "chat.completion", "created": created, "model": name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
-                         "logprobs": None, "finish_reason": out.finish_reason}],
-            "usage": usage_of([out]),
-        }
+        if (tools is not None or tool_choice is not None) and wants_chat_extras(kwargs):
+            raise InvalidArgumentError("tools cannot be combined with logprobs or n > 1 yet")
+        return completions.create_chat_completion(self, messages, max_tokens=max_tokens, stream=stream, tools=tools,
+                                                  tool_choice=tool_choice, **kwargs)
 
     # ---- state ----
 
@@ -992,18 +959,6 @@ class _Stream:
 
     def close(self):
         self._pieces.close()
-
-
-def _openai_chunks(stream: _Stream, cid, created, model, obj, payload, first=None):
-    def chunk(body, finish=None):
-        return {"id": cid, "object": obj, "created": created, "model": model,
-                "choices": [{"index": 0, **body, "logprobs": None, "finish_reason": finish}]}
-
-    if first is not None:
-        yield chunk(first)
-    for text in stream:
-        yield chunk(payload(text))
-    yield chunk(payload("") if first is None else {"delta": {}}, stream.result.finish_reason)
 
 
 # ---- one-off calls ----
