@@ -216,6 +216,23 @@ class LLM:
         return list(self._seq.tokens)
 
     @property
+    def sequence(self):
+        """The engine's Sequence that holds this LLM's context (its tokens,
+        positions and KV block tables); llminfer.state reads and refills it.
+        Change it only through the LLM's methods, or tell the LLM with
+        context_replaced()."""
+        self._check_open()
+        return self._seq
+
+    def context_replaced(self, last_logits) -> None:
+        """Tell the LLM that its sequence was refilled from outside (a state
+        loaded): last_logits (float32 [n_vocab]) are the logits after its
+        last token, and no stream owns the context any longer (one that does
+        recomputes its own tokens at its next step)."""
+        self._last_logits[:] = last_logits
+        self._owner = None
+
+    @property
     def _native_seconds(self) -> float:
         return self._engine.native_seconds
 
@@ -519,22 +536,16 @@ class LLM:
                         break
                     # the logits tok was drawn from are still the last ones
                     event, end = gen.emit(tok, self._last_logits if result.logprobs is not None else None)
-                if event is not None:
-                    result.tokens.append(tok)
-                    if result.logprobs is not None:
-                        result.logprobs.append((event.logprob, event.top))
-                    if event.text:
-                        result.text += event.text
-                        yield event.text
+                if event is not None and _record(result, event):
+                    yield event.text
                 if end is not None:
                     reason = end
                     break
         finally:
             with self._lock:
                 tokens.close()
-            text, result.finish_reason = gen.finish(reason)
+            text = _finish(result, gen, reason)
         if text:
-            result.text += text
             yield text
 
     def _prompt_ids(self, prompt) -> list:
@@ -915,6 +926,24 @@ class _Hooks:
         return any(bool(c(ids, self._logits)) for c in self.criteria)
 
 
+def _record(result: Completion, event) -> str:
+    """Add a token's TokenEvent to the Completion it belongs to; returns its
+    text (what a stream yields for it)."""
+    result.tokens.append(event.token)
+    if result.logprobs is not None:
+        result.logprobs.append((event.logprob, event.top))
+    result.text += event.text
+    return event.text
+
+
+def _finish(result: Completion, gen: Generator, reason: str) -> str:
+    """End the Completion's generation for reason (Generator.finish): its
+    finish_reason set, the text held back added; returns that text."""
+    text, result.finish_reason = gen.finish(reason)
+    result.text += text
+    return text
+
+
 class _SequenceRun:
     """One sequence of a batched generation: its Generator, and the
     Completion it fills."""
@@ -932,14 +961,10 @@ class _SequenceRun:
         tok = gen.next_token(logits)
         event, reason = gen.emit(tok, logits)
         if event is not None:
-            r.tokens.append(tok)
-            if r.logprobs is not None:
-                r.logprobs.append((event.logprob, event.top))
-            r.text += event.text
+            _record(r, event)
         if reason is None and not last:
             return tok
-        text, r.finish_reason = gen.finish(reason or "length")
-        r.text += text
+        _finish(r, gen, reason or "length")
         return None
 
 

@@ -68,7 +68,7 @@ def _layout(llm):
     from llminfer import __version__
 
     eng = llm.engine
-    seq = llm._seq
+    seq = llm.sequence
     groups = {}
     blocks = []
     for g in eng.kv.groups:
@@ -83,7 +83,7 @@ def _layout(llm):
         "groups": groups,
     }
     head = json.dumps(header, separators=(",", ":")).encode()
-    logits = np.ascontiguousarray(llm._last_logits, dtype="<f4").tobytes()
+    logits = np.ascontiguousarray(llm.last_logits, dtype="<f4").tobytes()
     return b"".join([MAGIC, struct.pack("<I", len(head)), head, logits]), blocks
 
 
@@ -199,7 +199,7 @@ def load(llm, blob):
     if len(payload) != need:
         raise InvalidArgumentError(f"the state's payload has {len(payload)} bytes, its header describes {need}")
     llm.reset()
-    seq = llm._seq
+    seq = llm.sequence
     try:
         _restore_blocks(eng, seq, groups, payload, n_logits)
     except BaseException:
@@ -213,8 +213,7 @@ def load(llm, blob):
     seq.positions = positions
     seq.next_pos = next_pos
     seq.swa_floor = swa_floor
-    llm._last_logits[:] = np.frombuffer(payload[:n_logits], dtype="<f4")
-    llm._owner = None
+    llm.context_replaced(np.frombuffer(payload[:n_logits], dtype="<f4"))
 
 
 def _layout_fault(positions, next_pos, swa_floor, groups, bs):
