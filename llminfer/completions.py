@@ -27,10 +27,11 @@ import numpy as np
 from llminfer import openai_shapes
 from llminfer.errors import InvalidArgumentError
 from llminfer.generation import stop_list, token_logprobs
-from llminfer.openai_shapes import (Envelope, chat_choice, message, new_id, text_choice, tool_call_deltas,
-                                    tool_calls, usage_of)
+from llminfer.openai_shapes import (ChatDeltas, Envelope, chat_choice, chat_message, new_id, text_choice,
+                                    tool_call_deltas, usage_of)
+from llminfer.reasoning import ChatOptions
 from llminfer.sampling import SamplingParams
-from llminfer.tools import ToolCallStream, check_tools, parse_tool_calls, tool_prompt
+from llminfer.tools import check_tools, tool_prompt
 
 __all__ = ["create_completion", "create_chat_completion", "new_id", "usage_of", "fim_ids", "fim_layout",
            "legacy_logprobs", "chat_logprobs"]
@@ -202,80 +203,75 @@ def create_chat_completion(llm, messages, max_tokens=512, stream=False, tools=No
     want = (top_logprobs or 0) if logprobs else None
     if stream and n > 1:
         raise InvalidArgumentError("stream=True takes n=1")
+    options = ChatOptions.pop(kwargs)
     tool_fmt = None
     first = {"role": "assistant"}
     if with_tools:
-        ids, tool_fmt, grammar = _tool_prompt(llm, messages, tools, tool_choice, kwargs)
+        ids, tool_fmt, grammar, reasoning = _tool_prompt(llm, messages, tools, tool_choice, kwargs, options)
         if grammar is not None:
             kwargs = dict(kwargs, grammar=grammar)
         first = {"role": "assistant", "content": ""}
     else:
-        ids = llm._chat_prompt(messages)
+        ids, reasoning = llm._chat_render(messages, options)
     env = Envelope(str(llm.model_path), chat=True)
     stops = list(llm.chat_format.stop_texts) + stop_list(kwargs.pop("stop", None))
     if stream:
-        out = llm.complete(ids, max_tokens=max_tokens, stop=stops, stream=True, logprobs=want,
+        out = llm.complete(ids, max_tokens=max_tokens, stop=stops, stream=True, logprobs=want, reasoning=reasoning,
                            **({"seed": seed} if seed is not None else {}), **kwargs)
         return _chat_chunks(llm, out, env, want is not None, tool_fmt, first)
     if n == 1:
-        outs = [llm.complete(ids, max_tokens=max_tokens, stop=stops, logprobs=want,
+        outs = [llm.complete(ids, max_tokens=max_tokens, stop=stops, logprobs=want, reasoning=reasoning,
                              **({"seed": seed} if seed is not None else {}), **kwargs)]
     else:
         sampling = [SamplingParams(seed=s) for s in _choice_seeds(llm, seed, n)]
         outs = llm.complete([ids] * n, max_tokens=max_tokens, stop=stops, logprobs=want, sampling=sampling,
-                            **kwargs)
+                            reasoning=reasoning, **kwargs)
     choices = []
     for i, c in enumerate(outs):
-        content, calls = _tool_reply(llm, c, tool_fmt) if tool_fmt else (c.text, [])
+        # calls are parsed with the special tokens written out ([TOOL_CALLS],
+        # <|python_tag|> may be control tokens)
+        msg, calls = chat_message(c.text, reasoning, tool_fmt,
+                                  lambda c=c: llm.detokenize(c.tokens, skip_special=False))
         lp = chat_logprobs(llm, c.tokens, c.logprobs) if want is not None else None
-        choices.append(chat_choice(i, message(content, tool_calls(calls)), lp,
-                                   "tool_calls" if calls else c.finish_reason))
+        choices.append(chat_choice(i, msg, lp, "tool_calls" if calls else c.finish_reason))
     return env.whole(choices, usage_of(outs))
 
 
-def _tool_prompt(llm, messages, tools, tool_choice, kwargs):
+def _tool_prompt(llm, messages, tools, tool_choice, kwargs, options: ChatOptions):
     """(prompt ids, the format to parse the reply in or None when no tool is
-    offered, the grammar of a required call or None)."""
+    offered, the grammar of a required call or None, the reply's Reasoning
+    or None)."""
     funcs, choice = check_tools(tools, tool_choice)
     for k in ("grammar", "json_schema", "response_format"):
         if kwargs.get(k) is not None and choice not in ("none", "auto"):
             raise InvalidArgumentError(f"{k} cannot be combined with tool_choice={choice!r}")
     fmt_obj = llm.chat_format
-    text, offered, parse_fmt, grammar = tool_prompt(fmt_obj, llm.metadata, llm.tokenizer, messages, funcs, choice)
+    text, offered, parse_fmt, grammar = tool_prompt(fmt_obj, llm.metadata, llm.tokenizer, messages, funcs, choice,
+                                                    options.template_kwargs)
     ids = llm.tokenize(text, add_bos=not fmt_obj.adds_bos, special=True)
-    return ids, (parse_fmt if offered else None), grammar
-
-
-def _tool_reply(llm, out, fmt):
-    """(content, calls) of a reply: parsed with its special tokens written
-    out ([TOOL_CALLS], <|python_tag|> may be control tokens)."""
-    content, calls = parse_tool_calls(llm.detokenize(out.tokens, skip_special=False), fmt)
-    if not calls:
-        return out.text, []
-    return content, calls
+    return ids, (parse_fmt if offered else None), grammar, options.reasoning(text, fmt_obj.template, llm.tokenizer)
 
 
 def _chat_chunks(llm, out, env, with_logprobs, tool_fmt, first):
-    """The chunks of a streamed chat: text as it comes (with a tool format,
-    held back from where a call may begin: tools.ToolCallStream), then each
-    call parsed from the whole reply, as OpenAI streams one."""
+    """The chunks of a streamed chat: text as it comes, a thinking model's
+    reasoning apart (openai_shapes.ChatDeltas; with a tool format, held back
+    from where a call may begin), then each call parsed from the whole
+    reply, as OpenAI streams one."""
     yield env.delta_chunk(first)
-    split = ToolCallStream(tool_fmt) if tool_fmt else None
-    seen = 0
     r = out.result
+    deltas = ChatDeltas(r.reasoning, tool_fmt)
+    seen = 0
     for piece in out:
         lp = None
         if with_logprobs:
             lp = chat_logprobs(llm, r.tokens[seen:], r.logprobs[seen:])
             seen = len(r.tokens)
-        text = split.feed(piece) if split is not None else piece
-        if text or lp is not None:
-            yield env.delta_chunk({"content": text}, logprobs=lp)
-    calls = []
-    if split is not None:
-        rest, calls = split.finish(llm.detokenize(r.tokens, skip_special=False))
-        if rest:
-            yield env.delta_chunk({"content": rest})
-    for delta in tool_call_deltas(calls):
+        delta = deltas.feed(piece)
+        if delta or lp is not None:
+            yield env.delta_chunk(delta or {"content": ""}, logprobs=lp)
+    delta, calls = deltas.finish(lambda: llm.detokenize(r.tokens, skip_special=False))
+    if delta:
         yield env.delta_chunk(delta)
+    for d in tool_call_deltas(calls):
+        yield env.delta_chunk(d)
     yield env.delta_chunk({}, finish_reason="tool_calls" if calls else r.finish_reason)

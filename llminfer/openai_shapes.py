@@ -11,6 +11,11 @@ OpenAI writes it down:
     env.delta_chunk({"content": "Hi"})                 # a chat.completion.chunk
     env.text_chunk("Hi")                               # a text_completion chunk
 
+A chat reply is read here too, whole (chat_message) or streamed
+(ChatDeltas): a thinking model's reasoning goes to reasoning_content beside
+content (llminfer.reasoning), and tool calls are parsed from the answer
+after it (llminfer.tools).
+
 Completions use OpenAI's legacy logprobs shape ({"tokens", "text_offset",
 "token_logprobs", "top_logprobs"}), chat completions its chat shape
 ({"content": [{"token", "logprob", "bytes", "top_logprobs"}]}).
@@ -21,6 +26,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+
+from llminfer.reasoning import ReasoningSplitter
+from llminfer.tools import ToolCallStream, parse_tool_calls
 
 
 def new_id(kind: str) -> str:
@@ -95,12 +103,88 @@ def delta_choice(index: int, delta: dict, logprobs=None, finish_reason=None) -> 
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def message(content, tool_calls: list | None = None) -> dict:
-    """An assistant message; tool_calls: OpenAI's (see tool_calls())."""
+def message(content, tool_calls: list | None = None, reasoning: str | None = None) -> dict:
+    """An assistant message; tool_calls: OpenAI's (see tool_calls());
+    reasoning: a thinking model's, as reasoning_content (left out when none)."""
     out = {"role": "assistant", "content": content}
+    if reasoning:
+        out["reasoning_content"] = reasoning
     if tool_calls:
         out["tool_calls"] = tool_calls
     return out
+
+
+# ---- reading a chat reply ----
+
+def _answer(full: str, reasoning) -> str:
+    """The answer part of a reply (tool calls are parsed there, not in the thinking)."""
+    return full if reasoning is None else ReasoningSplitter.split(full, reasoning.in_thinking)[1]
+
+
+def chat_message(text: str, reasoning=None, tool_fmt: str | None = None, special_text=None) -> tuple[dict, list]:
+    """(the assistant message, the calls parsed) of a whole reply. text: its
+    text; reasoning: a llminfer.reasoning.Reasoning or None; tool_fmt: the
+    tools' format when tools were offered, then special_text() gives the
+    reply with its special tokens written out, which calls are parsed from."""
+    thought = None
+    if reasoning is not None and reasoning.parse:
+        thought, text = ReasoningSplitter.split(text, reasoning.in_thinking)
+    calls = []
+    if tool_fmt:
+        content, calls = parse_tool_calls(_answer(special_text(), reasoning), tool_fmt)
+        if calls:
+            text = content
+    return message(text, tool_calls(calls), thought), calls
+
+
+def _merged(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, "") + v
+    return out
+
+
+class ChatDeltas:
+    """One streamed chat choice: the text pieces of its generation in, the
+    deltas of OpenAI's chunks out ({"reasoning_content", "content"}, either
+    or both, {} while text is held back), then the tool calls at its end.
+
+        d = ChatDeltas(reasoning, tool_fmt)
+        for piece in pieces: send(d.feed(piece))
+        delta, calls = d.finish(special_text)       # the held text; tool_call_deltas(calls)
+    """
+
+    def __init__(self, reasoning=None, tool_fmt: str | None = None):
+        self.reasoning = reasoning
+        self.split = reasoning.splitter() if reasoning is not None and reasoning.parse else None
+        self.tools = ToolCallStream(tool_fmt) if tool_fmt else None
+
+    def _delta(self, thought: str, content: str) -> dict:
+        out = {}
+        if thought:
+            out["reasoning_content"] = thought
+        if content and self.tools is not None:
+            content = self.tools.feed(content)
+        if content:
+            out["content"] = content
+        return out
+
+    def feed(self, piece: str) -> dict:
+        return self._delta(*self.split.feed(piece)) if self.split is not None else self._delta("", piece)
+
+    def finish(self, special_text=None, piece: str = "") -> tuple[dict, list]:
+        """(the last delta, the calls): piece, the generation's last text;
+        special_text() the whole reply with its special tokens written out
+        (needed with tools)."""
+        delta = self.feed(piece)
+        if self.split is not None:
+            delta = _merged(delta, self._delta(*self.split.finish()))
+        calls = []
+        if self.tools is not None:
+            rest, calls = self.tools.finish(_answer(special_text(), self.reasoning))
+            if rest:
+                delta = _merged(delta, {"content": rest})
+        return delta, calls
 
 
 # ---- logprobs ----

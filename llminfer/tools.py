@@ -396,11 +396,12 @@ def call_grammar(fmt, funcs, tokenizer) -> Grammar:
 
 # ---- the prompt, and the streamed reply ----
 
-def tool_prompt(fmt_obj, metadata, tokenizer, messages, funcs, choice):
+def tool_prompt(fmt_obj, metadata, tokenizer, messages, funcs, choice, template_kwargs=None):
     """A chat with tools as its model reads it: (prompt text, the functions
     offered, the format to parse the reply in, the call grammar or None).
     funcs and choice: what check_tools gave. The grammar is set when a call
-    is required ("required" or a named function)."""
+    is required ("required" or a named function). template_kwargs: more
+    variables for the template (enable_thinking, say)."""
     template = fmt_obj.template
     fam = detect_format(template, metadata)
     knows = _template_knows_tools(template)
@@ -408,7 +409,7 @@ def tool_prompt(fmt_obj, metadata, tokenizer, messages, funcs, choice):
     offered = funcs if choice in ("auto", "required") else [f for f in funcs if f["name"] == choice]
     if choice == "none":
         offered = []
-    extra = {}
+    extra = dict(template_kwargs or {})
     if offered:
         listed = [{"type": "function", "function": f} for f in offered]
         if knows:
