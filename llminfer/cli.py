@@ -491,7 +491,8 @@ def cmd_serve(a):
                      kv_type=a.kv_type, n_gpu_layers=a.n_gpu_layers, max_batch_tokens=a.max_batch_tokens,
                      max_running=a.max_running, max_waiting=a.max_queue, prefix_caching=not a.no_prefix_cache,
                      api_key=a.api_key or os.environ.get("LLMINFER_API_KEY") or None,
-                     chat_template=template, chat_format=a.chat_format, served_model_name=a.served_model_name)
+                     chat_template=template, chat_format=a.chat_format, served_model_name=a.served_model_name,
+                     reasoning_format=a.reasoning_format, reasoning_budget=a.reasoning_budget)
     serve(args, host=a.host, port=a.port, log_level=a.log_level)
     return 0
 
@@ -654,6 +655,12 @@ def build_parser():
     v.add_argument("--chat-template", default=None, help="a jinja chat template, or a file holding one")
     v.add_argument("--chat-format", default=None, help="a built-in chat format (chatml, gemma, llama3)")
     v.add_argument("--served-model-name", default=None, help="the model id clients name (default: from -m)")
+    v.add_argument("--reasoning-format", default="deepseek", choices=["deepseek", "none"],
+                   help="a thinking model's <think> text: apart in reasoning_content (deepseek, the default) "
+                        "or left in content (none); a request's reasoning_format overrides it")
+    v.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                   help="thinking tokens before the end of the thinking is forced (-1: unlimited, the default; "
+                        "0: no thinking); a request's reasoning_budget overrides it")
     v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="how much the server logs")
     v.set_defaults(func=cmd_serve)

@@ -241,3 +241,43 @@ def test_reasoning_options_are_checked(forced):
     ok = forced.create_chat_completion(MSGS, max_tokens=2, reasoning_format="deepseek", reasoning_budget=-1,
                                        chat_template_kwargs={}, enable_thinking=True)
     assert ok["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_the_server_returns_reasoning_content(forced_path):
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    from llminfer.server import ServeArgs
+    from test_server import ServerThread
+
+    srv = ServerThread(ServeArgs(model=forced_path, n_ctx=1024, n_threads=1, reasoning_budget=3))
+    try:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        with LLM(forced_path, n_ctx=1024, n_threads=1) as llm:
+            want = llm.create_chat_completion(MSGS, max_tokens=8, temperature=0, reasoning_budget=3)
+        want = want["choices"][0]["message"]
+        assert want["reasoning_content"]
+        got = c.chat.completions.create(model="forced", messages=MSGS, max_tokens=8, temperature=0)
+        msg = got.choices[0].message
+        assert (msg.reasoning_content, msg.content) == (want["reasoning_content"], want["content"])
+        parts = {"reasoning_content": "", "content": ""}
+        for chunk in c.chat.completions.create(model="forced", messages=MSGS, max_tokens=8, temperature=0,
+                                               stream=True):
+            for k in parts:
+                parts[k] += getattr(chunk.choices[0].delta, k, None) or "" if chunk.choices else ""
+        assert parts == {"reasoning_content": want["reasoning_content"], "content": want["content"]}
+        # per request: no budget (cut inside the thinking), the raw text, the template's switch
+        cut = c.chat.completions.create(model="forced", messages=MSGS, max_tokens=4, temperature=0,
+                                        extra_body={"reasoning_budget": -1}).choices[0].message
+        assert cut.reasoning_content and not cut.content
+        raw = c.chat.completions.create(model="forced", messages=MSGS, max_tokens=8, temperature=0,
+                                        extra_body={"reasoning_format": "none"}).choices[0].message
+        assert getattr(raw, "reasoning_content", None) is None and CLOSE in raw.content
+        off = c.chat.completions.create(model="forced", messages=MSGS, max_tokens=1, temperature=0,
+                                        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        on = c.chat.completions.create(model="forced", messages=MSGS, max_tokens=1, temperature=0)
+        assert off.usage.prompt_tokens > on.usage.prompt_tokens  # the empty thinking was rendered
+        with pytest.raises(openai.BadRequestError):
+            c.chat.completions.create(model="forced", messages=MSGS, max_tokens=1,
+                                      extra_body={"reasoning_format": "xml"})
+    finally:
+        srv.stop()

@@ -52,7 +52,8 @@ from llminfer.server.args import ServeArgs
 from llminfer.server.metrics import Metrics
 from llminfer.server.scheduler import FinishEvent, Request, Scheduler
 from llminfer.structured import grammar_from_args
-from llminfer.tools import ToolCallStream, check_tools, parse_tool_calls, tool_prompt
+from llminfer.reasoning import ChatOptions
+from llminfer.tools import check_tools, tool_prompt
 
 log = logging.getLogger("llminfer.server")
 
@@ -396,9 +397,22 @@ class _Server:
         except LLMInferError as e:
             raise _bad(f"cannot tokenize the prompt: {e}", "prompt") from None
 
-    def chat_ids(self, body) -> tuple[list, list, object]:
-        """(prompt ids, the chat format's stop texts, its _Tools or None) of a
-        chat request's messages (and tools)."""
+    def chat_options(self, body) -> ChatOptions:
+        """A chat request's chat_template_kwargs, enable_thinking,
+        reasoning_format and reasoning_budget (the server's own by default)."""
+        given = {"reasoning_format": self.args.reasoning_format, "reasoning_budget": self.args.reasoning_budget}
+        for k in ("chat_template_kwargs", "enable_thinking", "reasoning_format", "reasoning_budget"):
+            if body.get(k) is not None:
+                given[k] = body[k]
+        try:
+            return ChatOptions.make(**given)
+        except InvalidArgumentError as e:
+            raise _bad(str(e), next((k for k in given if k in str(e)), None)) from None
+
+    def chat_ids(self, body) -> tuple[list, list, object, object]:
+        """(prompt ids, the chat format's stop texts, its _Tools or None, the
+        reply's llminfer.reasoning.Reasoning or None) of a chat request's
+        messages (and tools)."""
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise _bad("messages must be a non-empty list", "messages")
@@ -435,14 +449,16 @@ class _Server:
             funcs, choice = check_tools(body.get("tools"), body.get("tool_choice"))
         except InvalidArgumentError as e:
             raise _bad(str(e), "tool_choice" if "tool_choice" in str(e) else "tools") from None
+        options = self.chat_options(body)
         try:
             fmt = self.chat_format
             text, offered, parse_fmt, grammar = tool_prompt(fmt, self.engine.gguf.metadata, self.tokenizer, plain,
-                                                            funcs, choice)
+                                                            funcs, choice, options.template_kwargs)
         except LLMInferError as e:
             raise _bad(f"the chat template cannot render these messages: {e}", "messages") from None
         tools = _Tools(offered, parse_fmt, grammar, choice) if offered else None  # tool_choice "none": plain
-        return self.tokenize(text, add_special=not fmt.adds_bos), list(fmt.stop_texts), tools
+        reasoning = options.reasoning(text, fmt.template, self.tokenizer)
+        return self.tokenize(text, add_special=not fmt.adds_bos), list(fmt.stop_texts), tools, reasoning
 
     def embed_ids(self, body) -> list:
         """The token ids of an embeddings request's input: a string, a list of
@@ -523,7 +539,8 @@ class _Job:
     """The engine requests of one HTTP request (prompts x n choices) and the
     queue their events arrive on."""
 
-    def __init__(self, server: _Server, prompts, params, max_tokens, n, stops, ignore_eos, logprobs, grammar=None):
+    def __init__(self, server: _Server, prompts, params, max_tokens, n, stops, ignore_eos, logprobs, grammar=None,
+                 reasoning=None):
         self.server = server
         self.queue: asyncio.Queue = asyncio.Queue()
         self.reqs = []
@@ -531,7 +548,7 @@ class _Job:
             for j in range(n):
                 p = params if params.seed is None or j == 0 else params.replace(seed=params.seed + j)
                 r = Request(ids, p, max_tokens[i], stops=stops, ignore_eos=ignore_eos, logprobs=logprobs,
-                            grammar=grammar, out=self.queue)
+                            grammar=grammar, reasoning=reasoning, out=self.queue)
                 r.index = i * n + j
                 r.prompt_index = i
                 r.first_of_prompt = j == 0
@@ -540,6 +557,7 @@ class _Job:
         self.finish: dict = {}
         self.tools = None  # a chat's _Tools: its replies are parsed for calls
         self.echoes = None  # with echo, each prompt's _Echo
+        self.reasoning = reasoning  # a chat's with a thinking model
 
     def submit(self):
         sched = self.server.scheduler
@@ -634,9 +652,9 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
     if opts is not None and not isinstance(opts, dict):
         raise _bad("stream_options must be an object", "stream_options")
     include_usage = bool((opts or {}).get("include_usage", False))
-    tools = None
+    tools = reasoning = None
     if chat:
-        ids, chat_stops, tools = await run_in_threadpool(server.chat_ids, body)
+        ids, chat_stops, tools, reasoning = await run_in_threadpool(server.chat_ids, body)
         prompts = [ids]
         stops = chat_stops + stops
         if tools is not None and tools.grammar is not None:
@@ -653,7 +671,7 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
     echoes = await _echoes(server, body, prompts, logprobs) if echo else None
     if max_tokens == 0:
         return _echo_only(server, env, echoes, prompts, n, stream, include_usage)
-    job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar)
+    job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar, reasoning)
     job.tools = tools
     job.echoes = echoes
     job.submit()
@@ -778,13 +796,11 @@ async def _collect(server, request, job: _Job, env, chat) -> Response:
         lp = lps[r.index].result() if r.index in lps else None
         reason = _reason(job.finish[r.index])
         if chat:
-            message = oai.message(text)
-            if job.tools is not None:
-                content, calls = parse_tool_calls(server.tokenizer.decode(tokens[r.index], skip_special=False),
-                                                 job.tools.fmt)
-                if calls:
-                    message = oai.message(content, oai.tool_calls(calls))
-                    reason = "tool_calls"
+            message, calls = oai.chat_message(
+                text, job.reasoning, job.tools.fmt if job.tools is not None else None,
+                lambda i=r.index: server.tokenizer.decode(tokens[i], skip_special=False))
+            if calls:
+                reason = "tool_calls"
             choices.append(oai.chat_choice(r.index, message, lp, reason))
         else:
             if job.echoes is not None:
@@ -838,8 +854,8 @@ async def _stream(server, job: _Job, env, chat, include_usage):
         for r in job.reqs:
             lp = lps[r.index].result() if r.index in lps else None
             yield _sse(env.text_chunk(job.echoes[r.prompt_index].text, r.index, lp))
-    tools = job.tools
-    splits = {r.index: ToolCallStream(tools.fmt) for r in job.reqs} if tools is not None else {}
+    fmt = job.tools.fmt if job.tools is not None else None
+    deltas = {r.index: oai.ChatDeltas(job.reasoning, fmt) for r in job.reqs} if chat else {}
     tokens = {r.index: [] for r in job.reqs}
     if chat:
         for r in job.reqs:
@@ -848,11 +864,12 @@ async def _stream(server, job: _Job, env, chat, include_usage):
         if isinstance(ev, TokenEvent):
             lp = lps[req.index].add(ev) if req.index in lps else None
             tokens[req.index].append(ev.token)
-            text = splits[req.index].feed(ev.text) if splits else ev.text
-            if not text and lp is None:
-                continue
-            yield _sse(env.delta_chunk({"content": text}, req.index, lp) if chat else
-                       env.text_chunk(text, req.index, lp))
+            if chat:
+                delta = deltas[req.index].feed(ev.text)
+                if delta or lp is not None:
+                    yield _sse(env.delta_chunk(delta or {"content": ""}, req.index, lp))
+            elif ev.text or lp is not None:
+                yield _sse(env.text_chunk(ev.text, req.index, lp))
             continue
         if ev.reason == "error":
             err = job.error()
@@ -860,18 +877,17 @@ async def _stream(server, job: _Job, env, chat, include_usage):
             job.cancel()
             break
         last = job.open == 0
-        reason, text = _reason(ev), ev.text
-        if splits:
-            split = splits[req.index]
-            now = split.feed(text)
-            rest, calls = split.finish(server.tokenizer.decode(tokens[req.index], skip_special=False))
-            text = now + rest
-            for delta in oai.tool_call_deltas(calls):
-                yield _sse(env.delta_chunk(delta, req.index))
+        reason = _reason(ev)
+        if chat:
+            delta, calls = deltas[req.index].finish(
+                lambda: server.tokenizer.decode(tokens[req.index], skip_special=False), ev.text)
+            for d in oai.tool_call_deltas(calls):
+                yield _sse(env.delta_chunk(d, req.index))
             if calls:
                 reason = "tool_calls"
-        chunk = (env.delta_chunk({"content": text} if text else {}, req.index, finish_reason=reason) if chat else
-                 env.text_chunk(text, req.index, finish_reason=reason))
+            chunk = env.delta_chunk(delta, req.index, finish_reason=reason)
+        else:
+            chunk = env.text_chunk(ev.text, req.index, finish_reason=reason)
         if last and not include_usage:
             chunk["usage"] = job.usage()
         yield _sse(chunk)
@@ -970,7 +986,7 @@ async def tokenize(server: _Server, request: HTTPRequest):
     server.check_model(body)
     add_special = _bool(body, "add_special_tokens", True)
     if "messages" in body:
-        ids, _, _ = await run_in_threadpool(server.chat_ids, body)
+        ids = (await run_in_threadpool(server.chat_ids, body))[0]
     else:
         text = body.get("prompt", body.get("content"))
         if not isinstance(text, str):
