@@ -281,3 +281,59 @@ def test_the_server_returns_reasoning_content(forced_path):
                                       extra_body={"reasoning_format": "xml"})
     finally:
         srv.stop()
+
+
+def test_the_cli_shows_the_thinking_apart_or_hides_it(capsys, forced_path):
+    """`llminfer run`: the thinking, a blank line, the answer (stdout is not
+    a terminal here, so nothing is dimmed); --hide-thinking: the answer alone."""
+    from test_cli import run_main
+
+    with LLM(forced_path, n_ctx=1024, n_threads=1) as llm:
+        out = llm.chat_completion([{"role": "user", "content": "hi"}], max_tokens=8, temperature=0,
+                                  reasoning_budget=2)
+    thought, answer = ReasoningSplitter.split(out.text, in_thinking=True)
+    assert thought and answer
+    args = ["run", forced_path, "hi", "-n", 8, "--temp", 0, "-t", 1, "-c", 1024, "--reasoning-budget", 2]
+    code, shown, err = run_main(capsys, *args)
+    assert code == 0, err
+    assert shown == f"{thought}\n\n{answer}\n"
+    code, shown, err = run_main(capsys, *args, "--hide-thinking")
+    assert code == 0 and shown == f"{answer}\n", err
+
+
+def test_write_reply_dims_the_thinking_on_a_terminal(forced):
+    import io
+
+    from llminfer.chat_repl import DIM, RESET, write_reply
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = forced.chat_completion(MSGS, max_tokens=8, temperature=0, reasoning_budget=2, stream=True)
+    term = Terminal()
+    answer = write_reply(stream, term)
+    thought, want = ReasoningSplitter.split(stream.result.text, in_thinking=True)
+    assert answer == want and term.getvalue() == f"{DIM}{thought}{RESET}\n\n{answer}"
+
+
+def test_the_chat_repl_hides_the_thinking(forced):
+    import io
+
+    from llminfer.chat_repl import repl
+
+    lines = iter(["hi"])
+
+    def input_fn(prompt):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    want = forced.chat_completion([{"role": "user", "content": "hi"}], max_tokens=8, temperature=0,
+                                  reasoning_budget=2)
+    _, answer = ReasoningSplitter.split(want.text, in_thinking=True)
+    out = io.StringIO()
+    assert repl(forced, max_tokens=8, sampling={"temperature": 0}, input_fn=input_fn, out=out,
+                hide_thinking=True, chat_options={"reasoning_budget": 2}) == 0
+    assert out.getvalue() == f"{answer}\n\n"
