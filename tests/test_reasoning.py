@@ -227,6 +227,17 @@ def test_response_format_applies_to_the_answer(forced):
     assert out["choices"][0]["finish_reason"] == "stop"
 
 
+def test_a_grammar_lets_the_model_open_its_thinking_first(self_open):
+    """Qwen3-style: under a grammar the opening tag is allowed as the first
+    token too; the grammar then waits for the end of the thinking."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}
+    out = _chat(self_open, f"{OPEN}Plan.{CLOSE}", then_free=True, max_tokens=64,
+                response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}})
+    msg = out["choices"][0]["message"]
+    assert msg["reasoning_content"] == "Plan." and isinstance(json.loads(msg["content"])["ok"], bool)
+
+
 def test_reasoning_options_are_checked(forced):
     from llminfer.errors import InvalidArgumentError
 
