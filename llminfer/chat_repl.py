@@ -7,6 +7,10 @@ When the conversation no longer fits the context, the oldest turns are
 dropped (the system message stays) and the rest is rendered again; a reply
 that runs past the end of the context shifts it (LLM's context_shift) rather
 than stopping. The user is told once, on stderr.
+
+A thinking model's thinking (<think>...</think>) is shown apart from its
+answer: dimmed on a terminal, set off by a blank line elsewhere, or left
+out with hide_thinking (write_reply); only the answer goes into the history.
 """
 
 from __future__ import annotations
@@ -30,6 +34,53 @@ _SETTINGS = {"temperature": ("temperature", float), "top_p": ("top_p", float), "
              "min_p": ("min_p", float), "repeat_penalty": ("repeat_penalty", float), "seed": ("seed", int)}
 _MAX_TOKENS = ("num_predict", "max_tokens")
 _MULTILINE = '"""'
+
+
+DIM, RESET = "\033[2m", "\033[0m"
+
+
+def write_reply(stream, out, hide_thinking: bool = False, answer: list | None = None) -> str:
+    """Write a streamed chat reply (LLM.chat_completion(stream=True)) to out
+    as it comes: a thinking model's thinking apart from the answer (dimmed
+    when out is a terminal; not at all with hide_thinking), then the answer.
+    The answer's pieces are appended to `answer` as they are written (what
+    an interrupted reply got to); returns the answer's text."""
+    answer = answer if answer is not None else []
+    r = getattr(stream, "result", None)
+    split = r.reasoning.splitter() if r is not None and r.reasoning is not None and r.reasoning.parse else None
+    tty = bool(getattr(out, "isatty", lambda: False)())
+    thinking = [False]
+
+    def think(text):
+        if text and not hide_thinking:
+            if not thinking[0]:
+                thinking[0] = True
+                out.write(DIM if tty else "")
+            out.write(text)
+
+    def say(text):
+        if text:
+            if thinking[0]:
+                thinking[0] = False
+                out.write((RESET if tty else "") + "\n\n")
+            out.write(text)
+            answer.append(text)
+
+    try:
+        for piece in stream:
+            thought, text = split.feed(piece) if split is not None else ("", piece)
+            think(thought)
+            say(text)
+            out.flush()
+        if split is not None:
+            thought, text = split.finish()
+            think(thought)
+            say(text)
+    finally:
+        if thinking[0] and tty:
+            out.write(RESET)
+        out.flush()
+    return "".join(answer)
 
 
 def prompt_tokens(llm, messages) -> list:
@@ -163,12 +214,16 @@ class _Settings:
         return f"set {name} to {v}"
 
 
-def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=None, out=None) -> int:
+def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=None, out=None, hide_thinking=False,
+         chat_options=None) -> int:
     """Chat until /bye or end of input; returns the exit status. Lines come
     from input_fn (default: input), replies go to `out` (default: sys.stdout),
     both looked up at the call so that later redirections apply; the banner
     and errors go to sys.stderr. A turn that fails (a message too long for
-    the context, say) is reported and left out of the history."""
+    the context, say) is reported and left out of the history. A thinking
+    model's thinking is shown apart, or not with hide_thinking
+    (write_reply); chat_options (reasoning_budget, enable_thinking,
+    chat_template_kwargs) go to each chat call."""
     out = out if out is not None else sys.stdout
     input_fn = input_fn if input_fn is not None else input
     try:
@@ -216,11 +271,9 @@ def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=None, out=Non
         try:
             room = max(1, min(settings.max_tokens, llm.n_ctx // 2))
             messages, n_keep = conv.fit(room)
-            for piece in llm.chat(messages, max_tokens=settings.max_tokens, stream=True, context_shift=True,
-                                  n_keep=n_keep, **settings.sampling):
-                reply.append(piece)
-                out.write(piece)
-                out.flush()
+            stream = llm.chat(messages, max_tokens=settings.max_tokens, stream=True, context_shift=True,
+                              n_keep=n_keep, **(chat_options or {}), **settings.sampling)
+            write_reply(stream, out, hide_thinking, reply)
         except KeyboardInterrupt:
             out.write(" [interrupted]")
         except LLMInferError as e:

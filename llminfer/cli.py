@@ -128,6 +128,19 @@ def _add_spec(p):
                    help="most tokens drafted per pass (1..32; default 16)")
 
 
+def _add_thinking(p):
+    p.add_argument("--hide-thinking", action="store_true",
+                   help="a thinking model's reasoning (<think>...</think>) is not shown, only its answer "
+                        "(by default it is shown apart, dimmed on a terminal)")
+    p.add_argument("--reasoning-budget", type=int, default=None, metavar="N",
+                   help="thinking tokens before the end of the thinking is forced (-1: unlimited, the default; "
+                        "0: no thinking)")
+
+
+def _chat_options(a) -> dict:
+    return {} if a.reasoning_budget is None else {"reasoning_budget": a.reasoning_budget}
+
+
 def _sampling_kwargs(a):
     return dict(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
                 repeat_penalty=a.repeat_penalty, penalty_last_n=a.repeat_last_n,
@@ -248,7 +261,8 @@ def cmd_run(a):
             if chat:  # `ollama run MODEL` on a terminal: a conversation
                 from llminfer.chat_repl import repl
 
-                return repl(llm, system=a.system, max_tokens=a.n_predict, sampling=_sampling_kwargs(a))
+                return repl(llm, system=a.system, max_tokens=a.n_predict, sampling=_sampling_kwargs(a),
+                            hide_thinking=a.hide_thinking, chat_options=_chat_options(a))
             raise LLMInferError("give a prompt after MODEL, with -p TEXT, -f FILE, or on standard input "
                                 f"({llm.model_path.name} has no chat template to chat with)")
         if a.system is not None and not chat:
@@ -257,15 +271,20 @@ def cmd_run(a):
             messages = ([{"role": "system", "content": a.system}] if a.system else []) + \
                        [{"role": "user", "content": prompt}]
             stream = llm.chat_completion(messages, max_tokens=a.n_predict, stop=a.stop or None, stream=True,
-                                         **_sampling_kwargs(a))
+                                         **_chat_options(a), **_sampling_kwargs(a))
         else:
             stream = llm.complete(prompt, max_tokens=a.n_predict, stop=a.stop or None, stream=True,
                                   **_sampling_kwargs(a))
         if a.echo:
             sys.stdout.write(prompt if prompt.endswith("\n") or not chat else prompt + "\n")
-        for piece in stream:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+        if chat:
+            from llminfer.chat_repl import write_reply
+
+            write_reply(stream, sys.stdout, a.hide_thinking)
+        else:
+            for piece in stream:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
         result = stream.result
         empty = not result.text and a.n_predict > 0 and result.finish_reason == "stop"
         if not empty or a.echo:
@@ -468,7 +487,8 @@ def cmd_chat(a):
     _model_and_words(a, [a.args] if a.args is not None else [])
 
     with _load(a, chat_format=a.chat_format) as llm:
-        return repl(llm, system=a.system, max_tokens=a.n_predict, sampling=_sampling_kwargs(a))
+        return repl(llm, system=a.system, max_tokens=a.n_predict, sampling=_sampling_kwargs(a),
+                    hide_thinking=a.hide_thinking, chat_options=_chat_options(a))
 
 
 def cmd_quantize(a):
@@ -491,7 +511,8 @@ def cmd_serve(a):
                      kv_type=a.kv_type, n_gpu_layers=a.n_gpu_layers, max_batch_tokens=a.max_batch_tokens,
                      max_running=a.max_running, max_waiting=a.max_queue, prefix_caching=not a.no_prefix_cache,
                      api_key=a.api_key or os.environ.get("LLMINFER_API_KEY") or None,
-                     chat_template=template, chat_format=a.chat_format, served_model_name=a.served_model_name)
+                     chat_template=template, chat_format=a.chat_format, served_model_name=a.served_model_name,
+                     reasoning_format=a.reasoning_format, reasoning_budget=a.reasoning_budget)
     serve(args, host=a.host, port=a.port, log_level=a.log_level)
     return 0
 
@@ -540,6 +561,7 @@ def build_parser():
                    help="most tokens to generate")
     r.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     r.add_argument("--echo", action="store_true", help="print the prompt before the completion")
+    _add_thinking(r)
     _add_sampling(r)
     _add_spec(r)
     r.set_defaults(func=cmd_run)
@@ -553,6 +575,7 @@ def build_parser():
     c.add_argument("--chat-format", help="force a chat format: chatml, gemma or llama3 (None: the file's template)")
     c.add_argument("-n", "--n-predict", type=_non_negative_int, default=512, metavar="N",
                    help="most tokens per reply")
+    _add_thinking(c)
     _add_sampling(c)
     _add_spec(c)
     c.set_defaults(func=cmd_chat)
@@ -654,6 +677,12 @@ def build_parser():
     v.add_argument("--chat-template", default=None, help="a jinja chat template, or a file holding one")
     v.add_argument("--chat-format", default=None, help="a built-in chat format (chatml, gemma, llama3)")
     v.add_argument("--served-model-name", default=None, help="the model id clients name (default: from -m)")
+    v.add_argument("--reasoning-format", default="deepseek", choices=["deepseek", "none"],
+                   help="a thinking model's <think> text: apart in reasoning_content (deepseek, the default) "
+                        "or left in content (none); a request's reasoning_format overrides it")
+    v.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
+                   help="thinking tokens before the end of the thinking is forced (-1: unlimited, the default; "
+                        "0: no thinking); a request's reasoning_budget overrides it")
     v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="how much the server logs")
     v.set_defaults(func=cmd_serve)

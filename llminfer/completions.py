@@ -1,5 +1,7 @@
-"""The OpenAI completion options beyond plain generation, over llminfer.LLM:
-log-probabilities, echo, fill-in-the-middle (suffix), and n choices.
+"""LLM.create_completion and LLM.create_chat_completion: OpenAI's calls over
+llminfer.LLM, with their options beyond plain generation: log-probabilities,
+echo, fill-in-the-middle (suffix), n choices, and tools (llminfer.tools).
+The objects themselves are built by llminfer.openai_shapes.
 
     llm.create_completion("def add(a, b):", suffix="\\n    return c", max_tokens=32)
     llm.create_completion("The sky is", n=3, logprobs=2, echo=True, seed=1)
@@ -20,19 +22,23 @@ suffix <MID>, the model then writing the middle.
 
 from __future__ import annotations
 
-import time
-import uuid
-
 import numpy as np
 
+from llminfer import openai_shapes
 from llminfer.errors import InvalidArgumentError
 from llminfer.generation import stop_list, token_logprobs
+from llminfer.openai_shapes import (ChatDeltas, Envelope, chat_choice, chat_message, new_id, text_choice,
+                                    tool_call_deltas, usage_of)
+from llminfer.reasoning import ChatOptions
 from llminfer.sampling import SamplingParams
+from llminfer.tools import check_tools, tool_prompt
+
+__all__ = ["create_completion", "create_chat_completion", "new_id", "usage_of", "fim_ids", "fim_layout",
+           "legacy_logprobs", "chat_logprobs"]
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat; the legacy API allowed 5
 MAX_N = 1024           # choices of one call: each is a sequence in one batch
 
-_COMPLETION_EXTRAS = ("echo", "suffix", "n", "logprobs", "best_of")
 _CHAT_EXTRAS = ("logprobs", "top_logprobs", "n")
 
 _FIM_KEYS = {  # (current key, older key) per role
@@ -40,10 +46,6 @@ _FIM_KEYS = {  # (current key, older key) per role
     "suf": ("tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id"),
     "mid": ("tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id"),
 }
-
-
-def wants_completion_extras(kwargs) -> bool:
-    return any(k in kwargs for k in _COMPLETION_EXTRAS)
 
 
 def wants_chat_extras(kwargs) -> bool:
@@ -62,24 +64,6 @@ def _shown(v) -> str:
     if isinstance(v, int) and abs(v) >= 10 ** 30:
         return f"an integer of {v.bit_length()} bits"
     return repr(v)[:60]
-
-
-def new_id(kind: str) -> str:
-    """A fresh id of an OpenAI object: "cmpl-" or "chatcmpl-" and 32 hex
-    digits for a completion (kind "cmpl", "chatcmpl"), "call_" and 24 for a
-    tool call (kind "call")."""
-    if kind == "call":
-        return "call_" + uuid.uuid4().hex[:24]
-    if kind not in ("cmpl", "chatcmpl"):
-        raise ValueError(f"no OpenAI id of kind {kind!r}")
-    return f"{kind}-{uuid.uuid4().hex}"
-
-
-def usage_of(outs) -> dict:
-    """OpenAI's usage object of the Completions of one prompt's choices."""
-    done = sum(len(c.tokens) for c in outs)
-    return {"prompt_tokens": outs[0].prompt_tokens, "completion_tokens": done,
-            "total_tokens": outs[0].prompt_tokens + done}
 
 
 def fim_ids(llm, prompt: str, suffix: str) -> list:
@@ -105,40 +89,14 @@ def fim_layout(meta, tok, n_vocab: int, name, prompt: str, suffix: str) -> list:
             + tok.encode(suffix, add_bos=False, special=False) + [ids["mid"]])
 
 
-def _piece(llm, t) -> str:
-    return llm.tokenizer.token_bytes(t, skip_special=False).decode("utf-8", errors="replace")
-
-
 def legacy_logprobs(llm, tokens, entries, offset: int) -> dict:
-    """OpenAI's completions logprobs object for tokens (entries: per token
-    (logprob, top) or None where there is none: an echoed first token)."""
-    out = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
-    for t, e in zip(tokens, entries):
-        piece = _piece(llm, t)
-        out["tokens"].append(piece)
-        out["text_offset"].append(offset)
-        offset += len(piece)
-        if e is None:
-            out["token_logprobs"].append(None)
-            out["top_logprobs"].append(None)
-        else:
-            lp, top = e
-            alts = {_piece(llm, a): v for a, v in top}
-            alts.setdefault(piece, lp)  # OpenAI lists the chosen token too
-            out["token_logprobs"].append(lp)
-            out["top_logprobs"].append(alts)
-    return out
+    """OpenAI's completions logprobs object for tokens (openai_shapes.legacy_logprobs)."""
+    return openai_shapes.legacy_logprobs(llm.tokenizer, tokens, entries, offset)
 
 
 def chat_logprobs(llm, tokens, entries) -> dict:
-    """OpenAI's chat logprobs object."""
-    def item(t, lp):
-        b = llm.tokenizer.token_bytes(t, skip_special=False)
-        return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
-
-    content = [{**item(t, lp), "top_logprobs": [item(a, v) for a, v in top]}
-               for t, (lp, top) in zip(tokens, entries)]
-    return {"content": content, "refusal": None}
+    """OpenAI's chat logprobs object (openai_shapes.chat_logprobs)."""
+    return openai_shapes.chat_logprobs(llm.tokenizer, tokens, entries)
 
 
 def _echo_entries(llm, ids, top_n) -> list:
@@ -163,7 +121,8 @@ def _check_n(n):
 
 def create_completion(llm, prompt, max_tokens=16, stream=False, suffix=None, echo=False, n=1, logprobs=None,
                       best_of=None, seed=None, **kwargs):
-    """LLM.create_completion with echo, suffix, n and logprobs (see the module docstring)."""
+    """LLM.create_completion: OpenAI's text_completion (or, streaming, its
+    chunks), with echo, suffix, n and logprobs (see the module docstring)."""
 
     n = _check_n(n)
     check_logprobs(logprobs)
@@ -182,9 +141,7 @@ def create_completion(llm, prompt, max_tokens=16, stream=False, suffix=None, ech
     echo_entries = None
     if echo and logprobs is not None:
         echo_entries = _echo_entries(llm, ids, logprobs)
-    created = int(time.time())
-    cid = new_id("cmpl")
-    name = str(llm.model_path)
+    env = Envelope(str(llm.model_path), chat=False)
 
     def logprobs_of(c, toks, entries, offset):
         if logprobs is None:
@@ -196,7 +153,7 @@ def create_completion(llm, prompt, max_tokens=16, stream=False, suffix=None, ech
     if stream:
         out = llm.complete(ids, max_tokens=max_tokens, stream=True, logprobs=logprobs,
                            **({"seed": seed} if seed is not None else {}), **kwargs)
-        return _stream_chunks(llm, out, cid, created, name, prompt_text, echo, logprobs)
+        return _stream_chunks(llm, out, env, prompt_text, echo, logprobs)
 
     if n == 1:
         outs = [llm.complete(ids, max_tokens=max_tokens, logprobs=logprobs,
@@ -208,20 +165,15 @@ def create_completion(llm, prompt, max_tokens=16, stream=False, suffix=None, ech
     for i, c in enumerate(outs):
         text = (prompt_text if echo else "") + c.text
         lp = logprobs_of(c, c.tokens, c.logprobs or [], len(prompt_text) if not echo else 0)
-        choices.append({"text": text, "index": i, "logprobs": lp, "finish_reason": c.finish_reason})
-    return {"id": cid, "object": "text_completion", "created": created, "model": name, "choices": choices,
-            "usage": usage_of(outs)}
+        choices.append(text_choice(i, text, lp, c.finish_reason))
+    return env.whole(choices, usage_of(outs))
 
 
-def _stream_chunks(llm, out, cid, created, name, prompt_text, echo, logprobs):
-    def chunk(text, lp=None, finish=None):
-        return {"id": cid, "object": "text_completion", "created": created, "model": name,
-                "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}
-
+def _stream_chunks(llm, out, env, prompt_text, echo, logprobs):
     # text offsets count from the start of the prompt, as in the whole result
     offset = len(prompt_text)
     if echo:
-        yield chunk(prompt_text)
+        yield env.text_chunk(prompt_text)
     seen = 0
     r = out.result
     for text in out:
@@ -232,14 +184,16 @@ def _stream_chunks(llm, out, cid, created, name, prompt_text, echo, logprobs):
             # by the tokens' own text, as the whole result counts: the text
             # streamed may lag them (held back for a stop string or a split character)
             offset += sum(len(t) for t in lp["tokens"])
-        yield chunk(text, lp)
-    yield chunk("", None, r.finish_reason)
+        yield env.text_chunk(text, logprobs=lp)
+    yield env.text_chunk("", finish_reason=r.finish_reason)
 
 
-def create_chat_completion(llm, messages, max_tokens=512, stream=False, logprobs=False, top_logprobs=None,
-                           n=1, seed=None, **kwargs):
-    """LLM.create_chat_completion with logprobs/top_logprobs and n choices."""
-
+def create_chat_completion(llm, messages, max_tokens=512, stream=False, tools=None, tool_choice=None,
+                           logprobs=False, top_logprobs=None, n=1, seed=None, **kwargs):
+    """LLM.create_chat_completion: OpenAI's chat.completion (or, streaming,
+    its chunks), with logprobs/top_logprobs, n choices, and tools
+    (llminfer.tools: the reply parsed for calls)."""
+    with_tools = tools is not None or tool_choice is not None
     n = _check_n(n)
     if not isinstance(logprobs, bool) and logprobs is not None:
         raise InvalidArgumentError(f"logprobs must be True or False for a chat, got {logprobs!r}")
@@ -249,41 +203,75 @@ def create_chat_completion(llm, messages, max_tokens=512, stream=False, logprobs
     want = (top_logprobs or 0) if logprobs else None
     if stream and n > 1:
         raise InvalidArgumentError("stream=True takes n=1")
-    created = int(time.time())
-    cid = new_id("chatcmpl")
-    name = str(llm.model_path)
-    ids = llm._chat_prompt(messages)
+    options = ChatOptions.pop(kwargs)
+    tool_fmt = None
+    first = {"role": "assistant"}
+    if with_tools:
+        ids, tool_fmt, grammar, reasoning = _tool_prompt(llm, messages, tools, tool_choice, kwargs, options)
+        if grammar is not None:
+            kwargs = dict(kwargs, grammar=grammar)
+        first = {"role": "assistant", "content": ""}
+    else:
+        ids, reasoning = llm._chat_render(messages, options)
+    env = Envelope(str(llm.model_path), chat=True)
     stops = list(llm.chat_format.stop_texts) + stop_list(kwargs.pop("stop", None))
     if stream:
-        out = llm.complete(ids, max_tokens=max_tokens, stop=stops, stream=True, logprobs=want,
+        out = llm.complete(ids, max_tokens=max_tokens, stop=stops, stream=True, logprobs=want, reasoning=reasoning,
                            **({"seed": seed} if seed is not None else {}), **kwargs)
-        return _chat_chunks(llm, out, cid, created, name, want is not None)
+        return _chat_chunks(llm, out, env, want is not None, tool_fmt, first)
     if n == 1:
-        outs = [llm.complete(ids, max_tokens=max_tokens, stop=stops, logprobs=want,
+        outs = [llm.complete(ids, max_tokens=max_tokens, stop=stops, logprobs=want, reasoning=reasoning,
                              **({"seed": seed} if seed is not None else {}), **kwargs)]
     else:
         sampling = [SamplingParams(seed=s) for s in _choice_seeds(llm, seed, n)]
         outs = llm.complete([ids] * n, max_tokens=max_tokens, stop=stops, logprobs=want, sampling=sampling,
-                            **kwargs)
-    choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
-                "logprobs": chat_logprobs(llm, c.tokens, c.logprobs) if want is not None else None,
-                "finish_reason": c.finish_reason} for i, c in enumerate(outs)]
-    return {"id": cid, "object": "chat.completion", "created": created, "model": name, "choices": choices,
-            "usage": usage_of(outs)}
+                            reasoning=reasoning, **kwargs)
+    choices = []
+    for i, c in enumerate(outs):
+        # calls are parsed with the special tokens written out ([TOOL_CALLS],
+        # <|python_tag|> may be control tokens)
+        msg, calls = chat_message(c.text, reasoning, tool_fmt,
+                                  lambda c=c: llm.detokenize(c.tokens, skip_special=False))
+        lp = chat_logprobs(llm, c.tokens, c.logprobs) if want is not None else None
+        choices.append(chat_choice(i, msg, lp, "tool_calls" if calls else c.finish_reason))
+    return env.whole(choices, usage_of(outs))
 
 
-def _chat_chunks(llm, out, cid, created, name, with_logprobs):
-    def chunk(delta, lp=None, finish=None):
-        return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
-                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+def _tool_prompt(llm, messages, tools, tool_choice, kwargs, options: ChatOptions):
+    """(prompt ids, the format to parse the reply in or None when no tool is
+    offered, the grammar of a required call or None, the reply's Reasoning
+    or None)."""
+    funcs, choice = check_tools(tools, tool_choice)
+    for k in ("grammar", "json_schema", "response_format"):
+        if kwargs.get(k) is not None and choice not in ("none", "auto"):
+            raise InvalidArgumentError(f"{k} cannot be combined with tool_choice={choice!r}")
+    fmt_obj = llm.chat_format
+    text, offered, parse_fmt, grammar = tool_prompt(fmt_obj, llm.metadata, llm.tokenizer, messages, funcs, choice,
+                                                    options.template_kwargs)
+    ids = llm.tokenize(text, add_bos=not fmt_obj.adds_bos, special=True)
+    return ids, (parse_fmt if offered else None), grammar, options.reasoning(text, fmt_obj.template, llm.tokenizer)
 
-    yield chunk({"role": "assistant"})
-    seen = 0
+
+def _chat_chunks(llm, out, env, with_logprobs, tool_fmt, first):
+    """The chunks of a streamed chat: text as it comes, a thinking model's
+    reasoning apart (openai_shapes.ChatDeltas; with a tool format, held back
+    from where a call may begin), then each call parsed from the whole
+    reply, as OpenAI streams one."""
+    yield env.delta_chunk(first)
     r = out.result
-    for text in out:
+    deltas = ChatDeltas(r.reasoning, tool_fmt)
+    seen = 0
+    for piece in out:
         lp = None
         if with_logprobs:
             lp = chat_logprobs(llm, r.tokens[seen:], r.logprobs[seen:])
             seen = len(r.tokens)
-        yield chunk({"content": text}, lp)
-    yield chunk({}, None, r.finish_reason)
+        delta = deltas.feed(piece)
+        if delta or lp is not None:
+            yield env.delta_chunk(delta or {"content": ""}, logprobs=lp)
+    delta, calls = deltas.finish(lambda: llm.detokenize(r.tokens, skip_special=False))
+    if delta:
+        yield env.delta_chunk(delta)
+    for d in tool_call_deltas(calls):
+        yield env.delta_chunk(d)
+    yield env.delta_chunk({}, finish_reason="tool_calls" if calls else r.finish_reason)

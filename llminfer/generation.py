@@ -119,10 +119,13 @@ class Generator:
     object closes it in finish). history: the prompt's tokens, which the
     penalties read. logprobs: None, or how many top alternatives each
     TokenEvent carries (0: the token's own log-probability alone).
-    ignore_eos: an end-of-generation token is output like any other."""
+    ignore_eos: an end-of-generation token is output like any other.
+    thinking: a llminfer.reasoning.ThinkingTracker for a thinking model's
+    chat, or None: the grammar then applies to the answer only (not while
+    the model thinks), and the reasoning budget forces the closing tag."""
 
     def __init__(self, sampler, tokenizer, stops=(), constraint=None, history=(), logprobs: int | None = None,
-                 ignore_eos: bool = False):
+                 ignore_eos: bool = False, thinking=None):
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.eog = frozenset() if ignore_eos else tokenizer.eog_ids
@@ -135,13 +138,32 @@ class Generator:
         # start of a text, its first "\u2581" is a real space (" Paris").
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.finished = False
+        self.thinking = thinking
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """The logits the next token is drawn from: the grammar's mask
+        applied (to the answer: while a thinking model thinks, none; while
+        it may still open its thinking, the opening tag is allowed too), or
+        every token but the one the reasoning budget forces at -inf."""
+        t, c = self.thinking, self.constraint
+        if t is not None:
+            forced = t.forced()
+            if forced is not None:
+                out = np.full_like(logits, -np.inf)
+                out[forced] = 0.0
+                return out
+            if t.thinking:
+                return logits
+            if c is not None and t.undecided and t.r.open_id is not None:
+                allowed = c.allowed().copy()
+                allowed[t.r.open_id] = True
+                return np.where(allowed, logits, np.float32(-np.inf)).astype(np.float32, copy=False)
+        return logits if c is None else c.apply(logits)
 
     def next_token(self, logits: np.ndarray) -> int:
         """The token to follow, drawn from logits (float32 [n_vocab]) under
-        the grammar's mask."""
-        if self.constraint is not None:
-            logits = self.constraint.apply(logits)
-        return self.sampler.sample(logits, self.history)
+        the grammar's mask (see mask())."""
+        return self.sampler.sample(self.mask(logits), self.history)
 
     def emit(self, tok: int, logits: np.ndarray | None = None) -> tuple[TokenEvent | None, str | None]:
         """Take tok (drawn from logits, which the log-probabilities read) as
@@ -152,12 +174,14 @@ class Generator:
             return None, "stop"
         lp, top = token_logprobs(logits, tok, self.logprobs) if self.logprobs is not None else (None, None)
         self.history.append(tok)
-        text, stopped = self.matcher.push(self.decoder.decode(self.tokenizer.token_bytes(tok)))
+        piece = self.decoder.decode(self.tokenizer.token_bytes(tok))
+        answer = self.thinking is None or self.thinking.see(tok, piece)
+        text, stopped = self.matcher.push(piece)
         event = TokenEvent(tok, text, lp, top)
         if stopped:  # what follows a stop string is never output
             self.finished = True
             return event, "stop"
-        if self.constraint is not None:
+        if self.constraint is not None and answer:
             self.constraint.advance(tok)
             if self.constraint.done:  # the grammar is complete: end as the model's EOS would
                 return event, "stop"

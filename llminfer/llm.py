@@ -30,11 +30,11 @@ from typing import Iterator
 import numpy as np
 
 from llminfer import completions, hub
-from llminfer.completions import (check_logprobs, usage_of, wants_chat_extras,
-                                  wants_completion_extras)
+from llminfer.completions import check_logprobs, wants_chat_extras
 from llminfer.engine import KV_TYPES, Engine, check_positive_int
 from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError
 from llminfer.generation import Generator, stop_list
+from llminfer.reasoning import ChatOptions
 from llminfer.sampling import Sampler, SamplingParams
 from llminfer.structured import Constraint, grammar_from_args
 
@@ -104,6 +104,9 @@ class Completion:
     # the n most likely [(token, log-probability)]) under the model's logits
     logprobs: list | None = None
     top_logprobs: int = 0
+    # a chat with a thinking model: how its text reads (llminfer.reasoning.Reasoning;
+    # Reasoning.splitter() parts the thinking from the answer), else None
+    reasoning: object = None
 
 
 _SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
@@ -215,6 +218,23 @@ class LLM:
     def tokens(self) -> list:
         """The tokens the context holds (a copy)."""
         return list(self._seq.tokens)
+
+    @property
+    def sequence(self):
+        """The engine's Sequence that holds this LLM's context (its tokens,
+        positions and KV block tables); llminfer.state reads and refills it.
+        Change it only through the LLM's methods, or tell the LLM with
+        context_replaced()."""
+        self._check_open()
+        return self._seq
+
+    def context_replaced(self, last_logits) -> None:
+        """Tell the LLM that its sequence was refilled from outside (a state
+        loaded): last_logits (float32 [n_vocab]) are the logits after its
+        last token, and no stream owns the context any longer (one that does
+        recomputes its own tokens at its next step)."""
+        self._last_logits[:] = last_logits
+        self._owner = None
 
     @property
     def _native_seconds(self) -> float:
@@ -379,7 +399,7 @@ class LLM:
         ids = self._check_ids(prompt_ids[keep:])
         # a grammar masks the logits; each mask is computed on a worker thread
         # during a forward pass (the first one during the prompt's)
-        masked = (lambda lg: lg) if gen.constraint is None else gen.constraint.apply  # noqa: E731
+        masked = (lambda lg: lg) if gen.constraint is None and gen.thinking is None else gen.mask  # noqa: E731
         if hooks is not None:
             masked = hooks.wrap(masked)
         self._forward(ids, logits_all=False)
@@ -493,7 +513,7 @@ class LLM:
         return stop
 
     def _run(self, prompt_ids, max_tokens, params, stop, context_shift, n_keep,
-             result: Completion, spec=None, grammar=None, hooks=None) -> Iterator[str]:
+             result: Completion, spec=None, grammar=None, hooks=None, reasoning=None) -> Iterator[str]:
         result.prompt_tokens = len(prompt_ids)
         result.finish_reason = "length"
         if max_tokens == 0:
@@ -504,7 +524,8 @@ class LLM:
                               else params.replace(seed=self.seed), self.n_vocab, self.tokenizer)
             constraint = None if grammar is None else Constraint(grammar, self.tokenizer, self.n_vocab)
             gen = Generator(sampler, self.tokenizer, stop, constraint, prompt_ids,
-                            None if result.logprobs is None else result.top_logprobs)
+                            None if result.logprobs is None else result.top_logprobs,
+                            thinking=None if reasoning is None else reasoning.tracker())
         # The lock is held for each step of the stream, not across its yields:
         # a stream half read on one thread must not block every other call on
         # the object. A call that runs in between takes the context; the
@@ -520,22 +541,16 @@ class LLM:
                         break
                     # the logits tok was drawn from are still the last ones
                     event, end = gen.emit(tok, self._last_logits if result.logprobs is not None else None)
-                if event is not None:
-                    result.tokens.append(tok)
-                    if result.logprobs is not None:
-                        result.logprobs.append((event.logprob, event.top))
-                    if event.text:
-                        result.text += event.text
-                        yield event.text
+                if event is not None and _record(result, event):
+                    yield event.text
                 if end is not None:
                     reason = end
                     break
         finally:
             with self._lock:
                 tokens.close()
-            text, result.finish_reason = gen.finish(reason)
+            text = _finish(result, gen, reason)
         if text:
-            result.text += text
             yield text
 
     def _prompt_ids(self, prompt) -> list:
@@ -546,7 +561,8 @@ class LLM:
     def complete(self, prompt, max_tokens: int | None = 128, stop=None, stream: bool = False,
                  sampling: SamplingParams | None = None, context_shift: bool = False,
                  n_keep: int = 1, spec=None, logprobs: int | None = None, grammar=None, json_schema=None,
-                 response_format=None, logits_processor=None, stopping_criteria=None, **sampling_kwargs):
+                 response_format=None, logits_processor=None, stopping_criteria=None, reasoning=None,
+                 **sampling_kwargs):
         """Generate after `prompt` (text, or token ids). Returns a Completion; with
         stream=True an iterator of text pieces whose last step fills `.result`.
         A list of prompts (texts, or lists of ids) runs them together as one
@@ -569,7 +585,10 @@ class LLM:
         grammar mask and sampling; stopping_criteria(input_ids, logits) -> bool
         (or a list: any) ends the generation ("stop") before the token drawn
         from logits. input_ids is the prompt and the tokens so far; each call
-        costs a numpy array of them and a copy of the [n_vocab] logits per token."""
+        costs a numpy array of them and a copy of the [n_vocab] logits per token.
+        reasoning: set by the chat calls for a thinking model (a
+        llminfer.reasoning.Reasoning): a grammar then applies to the answer
+        after the thinking, and the reasoning budget forces the closing tag."""
         self._check_open()
         check_logprobs(logprobs)
         grammar = grammar_from_args(grammar, json_schema, response_format)
@@ -595,17 +614,20 @@ class LLM:
             if spec is not None and spec != "off":
                 raise InvalidArgumentError("speculative decoding runs one prompt at a time, not a list")
             return self._complete_many(list(prompt), max_tokens, stop, sampling, sampling_kwargs, logprobs,
-                                       grammar)
+                                       grammar, reasoning)
         params = _sampling(sampling, sampling_kwargs)
         ids = self._prompt_ids(prompt)
         if max_tokens is None:
             max_tokens = max(self.n_ctx - len(ids) + 1, 0)  # the last token needs no room
         stop = self._check_run(ids, max_tokens, params, stop, n_keep)
         config = self._spec_config if spec is None else _spec_config(spec, self._draft, self._spec_config)
-        if logprobs is not None or grammar is not None or hooks is not None:
-            config = None  # drafts are not masked by the grammar; logprobs come one pass a token
-        result = Completion(text="", logprobs=None if logprobs is None else [], top_logprobs=logprobs or 0)
-        pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result, config, grammar, hooks)
+        if logprobs is not None or grammar is not None or hooks is not None or \
+                (reasoning is not None and reasoning.budget >= 0):
+            config = None  # drafts are not masked by the grammar or the budget; logprobs come one pass a token
+        result = Completion(text="", logprobs=None if logprobs is None else [], top_logprobs=logprobs or 0,
+                            reasoning=reasoning)
+        pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result, config, grammar, hooks,
+                           reasoning)
         if stream:
             return _Stream(pieces, result)
         for _ in pieces:
@@ -613,7 +635,7 @@ class LLM:
         return result
 
     def _complete_many(self, prompts, max_tokens, stop, sampling, sampling_kwargs, logprobs=None,
-                       grammar=None) -> list:
+                       grammar=None, reasoning=None) -> list:
         """Every prompt in its own sequence of the engine, all decoded together:
         one forward pass per step for the whole batch, each sequence sampled
         with its own parameters and seed. The LLM's own context is untouched."""
@@ -628,7 +650,7 @@ class LLM:
             max_tokens = max((self.n_ctx - len(x) + 1 for x in ids), default=0)
         stops = [self._check_run(x, max_tokens, p, stop, 1) for x, p in zip(ids, params)]
         results = [Completion(text="", prompt_tokens=len(x), logprobs=None if logprobs is None else [],
-                              top_logprobs=logprobs or 0) for x in ids]
+                              top_logprobs=logprobs or 0, reasoning=reasoning) for x in ids]
         if max_tokens == 0 or not prompts:
             return results
         with self._lock:
@@ -642,7 +664,7 @@ class LLM:
                 t1 = time.perf_counter()
                 native0 = eng.native_seconds
                 runs = [_SequenceRun(self, x, p if p.seed is not None or self.seed is None else
-                                     p.replace(seed=self.seed), st, r, grammar)
+                                     p.replace(seed=self.seed), st, r, grammar, reasoning)
                         for x, p, st, r in zip(ids, params, stops, results)]
                 active = list(range(len(prompts)))
                 for step in range(max_tokens):
@@ -697,21 +719,7 @@ class LLM:
         """An OpenAI-shaped text_completion dict (or, streaming, an iterator of chunks).
         Beyond complete()'s arguments: echo, suffix (fill-in-the-middle), n
         choices, logprobs (llminfer.completions)."""
-        if wants_completion_extras(kwargs):
-            return completions.create_completion(self, prompt, max_tokens=max_tokens, stream=stream, **kwargs)
-        out = self.complete(prompt, max_tokens=max_tokens, stream=stream, **kwargs)
-        created = int(time.time())
-        cid = completions.new_id("cmpl")
-        name = str(self.model_path)
-        if stream:
-            return _openai_chunks(out, cid, created, name, "text_completion",
-                                  lambda text: {"text": text})
-        return {
-            "id": cid, "object": "text_completion", "created": created, "model": name,
-            "choices": [{"index": 0, "text": out.text, "logprobs": None,
-                         "finish_reason": out.finish_reason}],
-            "usage": usage_of([out]),
-        }
+        return completions.create_completion(self, prompt, max_tokens=max_tokens, stream=stream, **kwargs)
 
     # ---- chat ----
 
@@ -726,23 +734,37 @@ class LLM:
             self._chat_format = chat_format_for(self.metadata, chat_format=fmt, chat_template=template)
         return self._chat_format
 
-    def _chat_prompt(self, messages) -> list:
+    def _chat_prompt(self, messages, options: ChatOptions | None = None) -> list:
+        return self._chat_render(messages, options)[0]
+
+    def _chat_render(self, messages, options: ChatOptions | None = None):
+        """(prompt ids, the Reasoning of a thinking model's reply or None)."""
         from llminfer.tools import prepare_messages  # content None, tool turns
 
+        options = options if options is not None else ChatOptions.make()
         fmt = self.chat_format
-        text = fmt.render(prepare_messages(messages, "tools" in fmt.template), add_generation_prompt=True)
-        return self.tokenize(text, add_bos=not fmt.adds_bos, special=True)
+        text = fmt.render(prepare_messages(messages, "tools" in fmt.template), add_generation_prompt=True,
+                          **options.template_kwargs)
+        ids = self.tokenize(text, add_bos=not fmt.adds_bos, special=True)
+        return ids, options.reasoning(text, fmt.template, self.tokenizer)
 
-    def chat_prompt(self, messages) -> list:
-        """The token ids of the prompt a chat call evaluates for `messages`."""
-        return self._chat_prompt(messages)
+    def chat_prompt(self, messages, **options) -> list:
+        """The token ids of the prompt a chat call evaluates for `messages`
+        (options: chat_template_kwargs, enable_thinking, reasoning_budget)."""
+        return self._chat_prompt(messages, ChatOptions.pop(options) if options else None)
 
     def chat_completion(self, messages, max_tokens: int = 512, stop=None, stream: bool = False,
                         **kwargs):
-        """Complete an assistant turn; a Completion (or a stream of pieces)."""
+        """Complete an assistant turn; a Completion (or a stream of pieces).
+        The text is the model's as written, thinking included; for a
+        thinking model Completion.reasoning parts it from the answer.
+        chat_template_kwargs (a dict) and enable_thinking go to the chat
+        template; reasoning_budget (-1 unlimited, 0 no thinking, N) forces
+        the end of the thinking after N tokens."""
         stops = list(self.chat_format.stop_texts) + stop_list(stop)
-        return self.complete(self._chat_prompt(messages), max_tokens=max_tokens, stop=stops,
-                             stream=stream, **kwargs)
+        ids, reasoning = self._chat_render(messages, ChatOptions.pop(kwargs))
+        return self.complete(ids, max_tokens=max_tokens, stop=stops, stream=stream, reasoning=reasoning,
+                             **kwargs)
 
     def chat(self, messages, max_tokens: int = 512, stream: bool = False, **kwargs):
         """The assistant's reply to `messages` ([{"role": ..., "content": ...}]),
@@ -756,29 +778,19 @@ class LLM:
         logprobs=True (with top_logprobs=n) adds OpenAI's chat logprobs.
         tools / tool_choice ("auto", "none", "required" or {"type": "function",
         "function": {"name": ...}}): the model's tool calls come back parsed in
-        message["tool_calls"] (llminfer.tools)."""
-        if tools is not None or tool_choice is not None:
-            from llminfer.tools import chat_with_tools
-
-            if wants_chat_extras(kwargs):
-                raise InvalidArgumentError("tools cannot be combined with logprobs or n > 1 yet")
-            return chat_with_tools(self, messages, tools, tool_choice, max_tokens, stream, kwargs)
-        if wants_chat_extras(kwargs):
-            return completions.create_chat_completion(self, messages, max_tokens=max_tokens, stream=stream,
-                                                      **kwargs)
-        out = self.chat_completion(messages, max_tokens=max_tokens, stream=stream, **kwargs)
-        created = int(time.time())
-        cid = completions.new_id("chatcmpl")
-        name = str(self.model_path)
-        if stream:
-            return _openai_chunks(out, cid, created, name, "chat.completion.chunk",
-                                  lambda text: {"delta": {"content": text}}, first={"delta": {"role": "assistant"}})
-        return {
-            "id": cid, "object": "chat.completion", "created": created, "model": name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
-                         "logprobs": None, "finish_reason": out.finish_reason}],
-            "usage": usage_of([out]),
-        }
+        message["tool_calls"] (llminfer.tools).
+        A thinking model's reasoning (<think>...</think>) comes back apart, in
+        message["reasoning_content"] and in stream deltas, unless
+        reasoning_format="none" (the raw text in content). chat_template_kwargs
+        (e.g. {"enable_thinking": False}) and enable_thinking go to the chat
+        template; reasoning_budget: -1 unlimited, 0 no thinking, N: the end of
+        the thinking is forced after N tokens. A grammar (response_format,
+        json_schema, grammar) and tool calls apply to the answer after the
+        thinking."""
+        if (tools is not None or tool_choice is not None) and wants_chat_extras(kwargs):
+            raise InvalidArgumentError("tools cannot be combined with logprobs or n > 1 yet")
+        return completions.create_chat_completion(self, messages, max_tokens=max_tokens, stream=stream, tools=tools,
+                                                  tool_choice=tool_choice, **kwargs)
 
     # ---- state ----
 
@@ -948,14 +960,33 @@ class _Hooks:
         return any(bool(c(ids, self._logits)) for c in self.criteria)
 
 
+def _record(result: Completion, event) -> str:
+    """Add a token's TokenEvent to the Completion it belongs to; returns its
+    text (what a stream yields for it)."""
+    result.tokens.append(event.token)
+    if result.logprobs is not None:
+        result.logprobs.append((event.logprob, event.top))
+    result.text += event.text
+    return event.text
+
+
+def _finish(result: Completion, gen: Generator, reason: str) -> str:
+    """End the Completion's generation for reason (Generator.finish): its
+    finish_reason set, the text held back added; returns that text."""
+    text, result.finish_reason = gen.finish(reason)
+    result.text += text
+    return text
+
+
 class _SequenceRun:
     """One sequence of a batched generation: its Generator, and the
     Completion it fills."""
 
-    def __init__(self, llm, prompt_ids, params, stops, result: Completion, grammar=None):
+    def __init__(self, llm, prompt_ids, params, stops, result: Completion, grammar=None, reasoning=None):
         constraint = None if grammar is None else Constraint(grammar, llm.tokenizer, llm.n_vocab)
         self.gen = Generator(Sampler(params, llm.n_vocab, llm.tokenizer), llm.tokenizer, stops, constraint,
-                             prompt_ids, None if result.logprobs is None else result.top_logprobs)
+                             prompt_ids, None if result.logprobs is None else result.top_logprobs,
+                             thinking=None if reasoning is None else reasoning.tracker())
         self.result = result
         result.finish_reason = "length"
 
@@ -965,14 +996,10 @@ class _SequenceRun:
         tok = gen.next_token(logits)
         event, reason = gen.emit(tok, logits)
         if event is not None:
-            r.tokens.append(tok)
-            if r.logprobs is not None:
-                r.logprobs.append((event.logprob, event.top))
-            r.text += event.text
+            _record(r, event)
         if reason is None and not last:
             return tok
-        text, r.finish_reason = gen.finish(reason or "length")
-        r.text += text
+        _finish(r, gen, reason or "length")
         return None
 
 
@@ -992,18 +1019,6 @@ class _Stream:
 
     def close(self):
         self._pieces.close()
-
-
-def _openai_chunks(stream: _Stream, cid, created, model, obj, payload, first=None):
-    def chunk(body, finish=None):
-        return {"id": cid, "object": obj, "created": created, "model": model,
-                "choices": [{"index": 0, **body, "logprobs": None, "finish_reason": finish}]}
-
-    if first is not None:
-        yield chunk(first)
-    for text in stream:
-        yield chunk(payload(text))
-    yield chunk(payload("") if first is None else {"delta": {}}, stream.result.finish_reason)
 
 
 # ---- one-off calls ----

@@ -69,7 +69,7 @@ def _layout(llm):
     from llminfer import __version__
 
     eng = llm.engine
-    seq = llm._seq
+    seq = llm.sequence
     groups = {}
     blocks = []
     for g in eng.kv.groups:
@@ -84,7 +84,7 @@ def _layout(llm):
         "groups": groups, "state_bytes": eng.state_slot_bytes,
     }
     head = json.dumps(header, separators=(",", ":")).encode()
-    logits = np.ascontiguousarray(llm._last_logits, dtype="<f4").tobytes()
+    logits = np.ascontiguousarray(llm.last_logits, dtype="<f4").tobytes()
     return b"".join([MAGIC, struct.pack("<I", len(head)), head, logits]), blocks
 
 
@@ -93,7 +93,7 @@ def _recurrent(llm) -> bytes:
     eng = llm.engine
     if not eng.state_slot_bytes:
         return b""
-    seq = llm._seq
+    seq = llm.sequence
     eng.bring_state(seq)  # after a truncate, the state is brought back to the tokens first
     return eng.ctx.read_state(seq.slot)
 
@@ -216,7 +216,7 @@ def load(llm, blob):
     if len(payload) != need:
         raise InvalidArgumentError(f"the state's payload has {len(payload)} bytes, its header describes {need}")
     llm.reset()
-    seq = llm._seq
+    seq = llm.sequence
     try:
         _restore_blocks(eng, seq, groups, payload, n_logits)
     except BaseException:
@@ -233,8 +233,7 @@ def load(llm, blob):
     if recurrent:
         eng.ctx.write_state(seq.slot, np.frombuffer(payload[len(payload) - recurrent:], dtype=np.uint8))
         seq.state_len = len(tokens)
-    llm._last_logits[:] = np.frombuffer(payload[:n_logits], dtype="<f4")
-    llm._owner = None
+    llm.context_replaced(np.frombuffer(payload[:n_logits], dtype="<f4"))
 
 
 def _layout_fault(positions, next_pos, swa_floor, groups, bs):

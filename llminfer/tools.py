@@ -20,6 +20,10 @@ When a call is required (tool_choice "required" or a named function), the
 generation is constrained by a grammar (llminfer.structured) that writes the
 family's syntax with the arguments matching each tool's JSON schema, so the
 call always parses and validates.
+
+The chat completion itself (the OpenAI objects, the call ids) is built by
+llminfer.completions and llminfer.openai_shapes, the server's by
+llminfer.server.app, both over what this module parses.
 """
 
 from __future__ import annotations
@@ -27,14 +31,13 @@ from __future__ import annotations
 import ast
 import json
 import re
-import time
 
 from llminfer import jsonlimits
-from llminfer.completions import new_id
 from llminfer.errors import InvalidArgumentError
 from llminfer.structured import Grammar
 
-__all__ = ["FORMATS", "detect_format", "parse_tool_calls", "check_tools", "prepare_messages", "chat_with_tools"]
+__all__ = ["FORMATS", "detect_format", "parse_tool_calls", "check_tools", "prepare_messages", "tool_prompt",
+           "ToolCallStream"]
 
 FORMATS = ("hermes", "llama3", "mistral", "gemma", "phi")
 
@@ -354,12 +357,6 @@ def parse_tool_calls(text: str, fmt: str = "hermes"):
     return (text if text.strip() else None), []
 
 
-def openai_tool_calls(calls) -> list:
-    return [{"id": new_id("call"), "type": "function",
-             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
-            for c in calls]
-
-
 # ---- constrained calls ----
 
 def _lark_literal(tokenizer, text):
@@ -397,13 +394,14 @@ def call_grammar(fmt, funcs, tokenizer) -> Grammar:
     return Grammar.from_lark(f"start: {body}\ncall: {call}\n", "tool-call grammar")
 
 
-# ---- the chat completion ----
+# ---- the prompt, and the streamed reply ----
 
-def tool_prompt(fmt_obj, metadata, tokenizer, messages, funcs, choice):
+def tool_prompt(fmt_obj, metadata, tokenizer, messages, funcs, choice, template_kwargs=None):
     """A chat with tools as its model reads it: (prompt text, the functions
     offered, the format to parse the reply in, the call grammar or None).
     funcs and choice: what check_tools gave. The grammar is set when a call
-    is required ("required" or a named function)."""
+    is required ("required" or a named function). template_kwargs: more
+    variables for the template (enable_thinking, say)."""
     template = fmt_obj.template
     fam = detect_format(template, metadata)
     knows = _template_knows_tools(template)
@@ -411,7 +409,7 @@ def tool_prompt(fmt_obj, metadata, tokenizer, messages, funcs, choice):
     offered = funcs if choice in ("auto", "required") else [f for f in funcs if f["name"] == choice]
     if choice == "none":
         offered = []
-    extra = {}
+    extra = dict(template_kwargs or {})
     if offered:
         listed = [{"type": "function", "function": f} for f in offered]
         if knows:
@@ -426,54 +424,6 @@ def tool_prompt(fmt_obj, metadata, tokenizer, messages, funcs, choice):
     parse_fmt = fam if knows else "hermes"
     grammar = call_grammar(parse_fmt, offered, tokenizer) if choice not in ("none", "auto") else None
     return text, offered, parse_fmt, grammar
-
-
-def chat_with_tools(llm, messages, tools, tool_choice, max_tokens, stream, kwargs):
-    """create_chat_completion with tools: render, generate (constrained when a
-    call is required), parse; an OpenAI chat.completion dict or its chunks."""
-    funcs, choice = check_tools(tools, tool_choice)
-    for k in ("grammar", "json_schema", "response_format"):
-        if kwargs.get(k) is not None and choice not in ("none", "auto"):
-            raise InvalidArgumentError(f"{k} cannot be combined with tool_choice={choice!r}")
-    fmt_obj = llm.chat_format
-    text, offered, parse_fmt, grammar = tool_prompt(fmt_obj, llm.metadata, llm.tokenizer, messages, funcs, choice)
-    ids = llm.tokenize(text, add_bos=not fmt_obj.adds_bos, special=True)
-    if grammar is not None:
-        kwargs = dict(kwargs, grammar=grammar)
-    stops = list(fmt_obj.stop_texts) + _stops(kwargs.pop("stop", None))
-    out = llm.complete(ids, max_tokens=max_tokens, stop=stops, stream=stream, **kwargs)
-    created = int(time.time())
-    cid = new_id("chatcmpl")
-    model = str(llm.model_path)
-    if stream:
-        return _stream_chunks(llm, out, offered, parse_fmt, cid, created, model)
-    content, calls = _parse(llm, out, parse_fmt) if offered else (out.text, [])
-    message = {"role": "assistant", "content": content}
-    finish = out.finish_reason
-    if calls:
-        message["tool_calls"] = openai_tool_calls(calls)
-        finish = "tool_calls"
-    usage = {"prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.tokens),
-             "total_tokens": out.prompt_tokens + len(out.tokens)}
-    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-            "usage": usage}
-
-
-def _stops(stop):
-    if stop is None:
-        return []
-    return [stop] if isinstance(stop, str) else list(stop)
-
-
-def _parse(llm, out, fmt):
-    """Parse the reply with its special tokens written out ([TOOL_CALLS],
-    <|python_tag|> may be control tokens)."""
-    full = llm.detokenize(out.tokens, skip_special=False)
-    content, calls = parse_tool_calls(full, fmt)
-    if not calls:
-        return out.text, []
-    return content, calls
 
 
 _MARKERS = ("<tool_call>", "[TOOL_CALLS]", "functools[", "<|tool_call|>", "<|python_tag|>", "```")
@@ -522,40 +472,6 @@ class ToolCallStream:
         special tokens written out."""
         content, calls = parse_tool_calls(full, self.fmt)
         return ("" if calls else self.held), calls
-
-
-def _stream_chunks(llm, stream, offered, fmt, cid, created, model):
-    """OpenAI's chunks (ToolCallStream), each call sent as OpenAI streams
-    one: a delta with its index, id, type and name (arguments ""), then its
-    arguments."""
-    def chunk(delta, finish=None):
-        return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-
-    yield chunk({"role": "assistant", "content": ""})
-    split = ToolCallStream(fmt)
-    for piece in stream:
-        out = split.feed(piece) if offered else piece
-        if out:
-            yield chunk({"content": out})
-    result = stream.result
-    calls = []
-    if offered:
-        rest, calls = split.finish(llm.detokenize(result.tokens, skip_special=False))
-        if rest:
-            yield chunk({"content": rest})
-    for delta in tool_call_deltas(calls):
-        yield chunk(delta)
-    yield chunk({}, "tool_calls" if calls else result.finish_reason)
-
-
-def tool_call_deltas(calls):
-    """The stream deltas of parsed calls, as OpenAI sends them: per call its
-    index, id, type and name with empty arguments, then its arguments."""
-    for i, call in enumerate(openai_tool_calls(calls)):
-        yield {"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                               "function": {"name": call["function"]["name"], "arguments": ""}}]}
-        yield {"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]}
 
 
 def _marker_start(text):

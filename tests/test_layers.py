@@ -97,3 +97,35 @@ def test_only_the_model_includes_its_context_in_c():
         names = re.findall(r'#include "([^"]+)"', p.read_text())
         above = [n for n in names if n in ("../context.h", "../matmul.h", "../backend.h", "../quantize.h")]
         assert not above, f"kernels/{p.name} includes {above}: the forward pass's floors, above the kernels"
+
+
+OPENAI_SHAPES = PKG / "openai_shapes.py"
+# the object names of OpenAI's completion responses, as a dict literal writes them
+_OBJECT_LITERAL = re.compile(r"""["'](chat\.completion\.chunk|chat\.completion|text_completion)["']""")
+
+
+def _object_literals(path) -> list:
+    """The OpenAI object names a module writes as string constants (its
+    docstrings and comments aside)."""
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return sorted(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                  and id(n) not in docs and _OBJECT_LITERAL.fullmatch(repr(n.value)))
+
+
+def test_the_literal_finder_sees_an_object_name(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text('"""A chat.completion dict."""\nx = {"object": "chat.completion.chunk"}\ny = "text_completion"\n')
+    assert _object_literals(p) == ["chat.completion.chunk", "text_completion"]
+
+
+def test_only_openai_shapes_names_openai_objects():
+    """One OpenAI layer: every completion, chat completion and chunk is
+    built by llminfer.openai_shapes; no other module writes their object
+    names (a second builder would drift from the first)."""
+    assert _object_literals(OPENAI_SHAPES), "openai_shapes builds the objects"
+    others = {str(p.relative_to(ROOT)): found for p in PKG.rglob("*.py") if p != OPENAI_SHAPES
+              for found in [_object_literals(p)] if found}
+    assert others == {}

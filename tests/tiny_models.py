@@ -113,14 +113,19 @@ def vocab():
 
 
 def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, extra_uint32=None,
-                extra_strings=None) -> str:
+                extra_strings=None, extra_tokens=None) -> str:
     """Write the model; declared_arch replaces general.architecture (and the
     metadata prefix), tensor_hook(name, data, qtype) may return None to drop a
     tensor or a replacement (data, qtype) to corrupt it. extra_uint32: more
     metadata keys with integer values (FIM token ids, say); extra_strings:
-    with string values (tokenizer.chat_template, say)."""
+    with string values (tokenizer.chat_template, say); extra_tokens: more
+    vocabulary entries, {piece: token type} (4: user-defined, as a thinking
+    model's <think>), placed before BOS and EOS, which stay last."""
     rng = np.random.default_rng(cfg.seed)
     tokens, types = vocab()
+    if extra_tokens:
+        tokens = tokens[:-2] + list(extra_tokens) + tokens[-2:]
+        types = types[:-2] + list(extra_tokens.values()) + types[-2:]
     n_vocab = len(tokens)
     arch = declared_arch or cfg.arch
     w = gguf.GGUFWriter(str(path), arch)

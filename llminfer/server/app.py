@@ -43,7 +43,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from llminfer import hub, jsonlimits
-from llminfer.completions import fim_layout, new_id
+from llminfer import openai_shapes as oai
+from llminfer.completions import fim_layout
 from llminfer.embedder import Embedder
 from llminfer.embeddings import declared_pooling, engine_hidden, l2_normalize, pool
 from llminfer.engine import Engine
@@ -56,8 +57,8 @@ from llminfer.server.args import ServeArgs
 from llminfer.server.metrics import Metrics
 from llminfer.server.scheduler import FinishEvent, Request, Scheduler
 from llminfer.structured import grammar_from_args
-from llminfer.tools import (ToolCallStream, check_tools, openai_tool_calls, parse_tool_calls, tool_call_deltas,
-                            tool_prompt)
+from llminfer.reasoning import ChatOptions
+from llminfer.tools import check_tools, tool_prompt
 
 log = logging.getLogger("llminfer.server")
 
@@ -406,9 +407,22 @@ class _Server:
         except LLMInferError as e:
             raise _bad(f"cannot tokenize the prompt: {e}", "prompt") from None
 
-    def chat_ids(self, body) -> tuple[list, list, object]:
-        """(prompt ids, the chat format's stop texts, its _Tools or None) of a
-        chat request's messages (and tools)."""
+    def chat_options(self, body) -> ChatOptions:
+        """A chat request's chat_template_kwargs, enable_thinking,
+        reasoning_format and reasoning_budget (the server's own by default)."""
+        given = {"reasoning_format": self.args.reasoning_format, "reasoning_budget": self.args.reasoning_budget}
+        for k in ("chat_template_kwargs", "enable_thinking", "reasoning_format", "reasoning_budget"):
+            if body.get(k) is not None:
+                given[k] = body[k]
+        try:
+            return ChatOptions.make(**given)
+        except InvalidArgumentError as e:
+            raise _bad(str(e), next((k for k in given if k in str(e)), None)) from None
+
+    def chat_ids(self, body) -> tuple[list, list, object, object]:
+        """(prompt ids, the chat format's stop texts, its _Tools or None, the
+        reply's llminfer.reasoning.Reasoning or None) of a chat request's
+        messages (and tools)."""
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise _bad("messages must be a non-empty list", "messages")
@@ -445,14 +459,16 @@ class _Server:
             funcs, choice = check_tools(body.get("tools"), body.get("tool_choice"))
         except InvalidArgumentError as e:
             raise _bad(str(e), "tool_choice" if "tool_choice" in str(e) else "tools") from None
+        options = self.chat_options(body)
         try:
             fmt = self.chat_format
             text, offered, parse_fmt, grammar = tool_prompt(fmt, self.engine.gguf.metadata, self.tokenizer, plain,
-                                                            funcs, choice)
+                                                            funcs, choice, options.template_kwargs)
         except LLMInferError as e:
             raise _bad(f"the chat template cannot render these messages: {e}", "messages") from None
         tools = _Tools(offered, parse_fmt, grammar, choice) if offered else None  # tool_choice "none": plain
-        return self.tokenize(text, add_special=not fmt.adds_bos), list(fmt.stop_texts), tools
+        reasoning = options.reasoning(text, fmt.template, self.tokenizer)
+        return self.tokenize(text, add_special=not fmt.adds_bos), list(fmt.stop_texts), tools, reasoning
 
     def embed_ids(self, body) -> list:
         """The token ids of an embeddings request's input: a string, a list of
@@ -533,7 +549,8 @@ class _Job:
     """The engine requests of one HTTP request (prompts x n choices) and the
     queue their events arrive on."""
 
-    def __init__(self, server: _Server, prompts, params, max_tokens, n, stops, ignore_eos, logprobs, grammar=None):
+    def __init__(self, server: _Server, prompts, params, max_tokens, n, stops, ignore_eos, logprobs, grammar=None,
+                 reasoning=None):
         self.server = server
         self.queue: asyncio.Queue = asyncio.Queue()
         self.reqs = []
@@ -541,7 +558,7 @@ class _Job:
             for j in range(n):
                 p = params if params.seed is None or j == 0 else params.replace(seed=params.seed + j)
                 r = Request(ids, p, max_tokens[i], stops=stops, ignore_eos=ignore_eos, logprobs=logprobs,
-                            grammar=grammar, out=self.queue)
+                            grammar=grammar, reasoning=reasoning, out=self.queue)
                 r.index = i * n + j
                 r.prompt_index = i
                 r.first_of_prompt = j == 0
@@ -550,6 +567,7 @@ class _Job:
         self.finish: dict = {}
         self.tools = None  # a chat's _Tools: its replies are parsed for calls
         self.echoes = None  # with echo, each prompt's _Echo
+        self.reasoning = reasoning  # a chat's with a thinking model
 
     def submit(self):
         sched = self.server.scheduler
@@ -580,8 +598,7 @@ class _Job:
         prompt = sum(f.prompt_tokens for r, f in zip(self.reqs, fins) if r.first_of_prompt)
         cached = sum(f.cached_tokens for r, f in zip(self.reqs, fins) if r.first_of_prompt)
         completion = sum(f.completion_tokens for f in fins)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": cached}}
+        return oai.usage(prompt, completion, cached)
 
     def error(self) -> APIError | None:
         for ev in self.finish.values():
@@ -613,19 +630,14 @@ class _Logprobs:
     def add(self, ev: TokenEvent) -> dict:
         """Record a token; returns its part of a stream chunk."""
         b = self._piece(ev.token)
-        text = b.decode("utf-8", errors="replace")
         if self.chat:
-            top = [{"token": self._piece(t).decode("utf-8", errors="replace"), "logprob": lp,
-                    "bytes": list(self._piece(t))} for t, lp in ev.top]
-            item = {"token": text, "logprob": ev.logprob, "bytes": list(b), "top_logprobs": top}
+            item = oai.chat_logprob_item(b, ev.logprob, [(self._piece(t), lp) for t, lp in ev.top])
             self.content.append(item)
             return {"content": [item]}
-        top = None  # an echoed first token has no logprob, and no alternatives
-        if ev.logprob is not None:
-            top = {}
-            for t, lp in ev.top:
-                top.setdefault(self._piece(t).decode("utf-8", errors="replace"), lp)
-            top.setdefault(text, ev.logprob)  # OpenAI lists the chosen token too (up to logprobs + 1)
+        text = b.decode("utf-8", errors="replace")
+        # an echoed first token has no logprob, and no alternatives
+        top = oai.legacy_top(text, ev.logprob, [(self._piece(t).decode("utf-8", errors="replace"), lp)
+                                                for t, lp in ev.top or ()])
         part = {"tokens": [text], "token_logprobs": [ev.logprob], "top_logprobs": [top],
                 "text_offset": [self.offset]}
         self.tokens.append(text)
@@ -650,9 +662,9 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
     if opts is not None and not isinstance(opts, dict):
         raise _bad("stream_options must be an object", "stream_options")
     include_usage = bool((opts or {}).get("include_usage", False))
-    tools = None
+    tools = reasoning = None
     if chat:
-        ids, chat_stops, tools = await run_in_threadpool(server.chat_ids, body)
+        ids, chat_stops, tools, reasoning = await run_in_threadpool(server.chat_ids, body)
         prompts = [ids]
         stops = chat_stops + stops
         if tools is not None and tools.grammar is not None:
@@ -665,18 +677,17 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
     if len(prompts) * n > MAX_PROMPTS:
         raise _bad(f"{len(prompts)} prompts x n={n} choices is more than {MAX_PROMPTS} generations", "n")
     limits = [server.check_length(p, max_tokens) for p in prompts]
-    meta = {"id": new_id("chatcmpl" if chat else "cmpl"), "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": server.model_name}
+    env = oai.Envelope(server.model_name, chat)
     echoes = await _echoes(server, body, prompts, logprobs) if echo else None
     if max_tokens == 0:
-        return _echo_only(server, meta, echoes, prompts, n, stream, include_usage)
-    job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar)
+        return _echo_only(server, env, echoes, prompts, n, stream, include_usage)
+    job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar, reasoning)
     job.tools = tools
     job.echoes = echoes
     job.submit()
     if stream:
-        return _SSEResponse(_stream(server, job, meta, chat, include_usage), job.cancel)
-    return await _collect(server, request, job, meta, chat)
+        return _SSEResponse(_stream(server, job, env, chat, include_usage), job.cancel)
+    return await _collect(server, request, job, env, chat)
 
 
 class _Echo:
@@ -742,31 +753,28 @@ async def _on_engine(server, items, work, what: str) -> list:
                        code="kv_pool_full") from None
 
 
-def _echo_only(server, meta, echoes, prompts, n, stream, include_usage):
+def _echo_only(server, env, echoes, prompts, n, stream, include_usage):
     """max_tokens 0 with echo: each prompt (n times) and its logprobs, nothing generated."""
     choices = []
     for i, e in enumerate(echoes):
         lp = e.logprobs(server)
         for j in range(n):
-            choices.append({"index": i * n + j, "text": e.text, "logprobs": lp.result() if lp else None,
-                            "finish_reason": "length"})
-    n_prompt = sum(len(ids) for ids in prompts)
-    usage = {"prompt_tokens": n_prompt, "completion_tokens": 0, "total_tokens": n_prompt}
+            choices.append(oai.text_choice(i * n + j, e.text, lp.result() if lp else None, "length"))
+    usage = oai.usage(sum(len(ids) for ids in prompts), 0)
     if not stream:
-        return JSONResponse({**meta, "choices": choices, "usage": usage})
+        return JSONResponse(env.whole(choices, usage))
 
     async def chunks():
         for c in choices:
-            yield _sse({**meta, "choices": [{**c, "finish_reason": None}]})
-            yield _sse({**meta, "choices": [{"index": c["index"], "text": "", "logprobs": None,
-                                             "finish_reason": "length"}]})
+            yield _sse(env.text_chunk(c["text"], c["index"], c["logprobs"]))
+            yield _sse(env.text_chunk("", c["index"], finish_reason="length"))
         if include_usage:
-            yield _sse({**meta, "choices": [], "usage": usage})
+            yield _sse(env.chunk([], usage))
         yield b"data: [DONE]\n\n"
     return _SSEResponse(chunks(), lambda: None)
 
 
-async def _collect(server, request, job: _Job, meta, chat) -> Response:
+async def _collect(server, request, job: _Job, env, chat) -> Response:
     texts = {r.index: [] for r in job.reqs}
     tokens = {r.index: [] for r in job.reqs}
     lps = _choice_logprobs(server, job, chat)
@@ -798,19 +806,17 @@ async def _collect(server, request, job: _Job, meta, chat) -> Response:
         lp = lps[r.index].result() if r.index in lps else None
         reason = _reason(job.finish[r.index])
         if chat:
-            message = {"role": "assistant", "content": text}
-            if job.tools is not None:
-                content, calls = parse_tool_calls(server.tokenizer.decode(tokens[r.index], skip_special=False),
-                                                 job.tools.fmt)
-                if calls:
-                    message = {"role": "assistant", "content": content, "tool_calls": openai_tool_calls(calls)}
-                    reason = "tool_calls"
-            choices.append({"index": r.index, "message": message, "logprobs": lp, "finish_reason": reason})
+            message, calls = oai.chat_message(
+                text, job.reasoning, job.tools.fmt if job.tools is not None else None,
+                lambda i=r.index: server.tokenizer.decode(tokens[i], skip_special=False))
+            if calls:
+                reason = "tool_calls"
+            choices.append(oai.chat_choice(r.index, message, lp, reason))
         else:
             if job.echoes is not None:
                 text = job.echoes[r.prompt_index].text + text
-            choices.append({"index": r.index, "text": text, "logprobs": lp, "finish_reason": reason})
-    return JSONResponse({**meta, "choices": choices, "usage": job.usage()})
+            choices.append(oai.text_choice(r.index, text, lp, reason))
+    return JSONResponse(env.whole(choices, job.usage()))
 
 
 def _choice_logprobs(server, job, chat) -> dict:
@@ -852,31 +858,28 @@ def _sse(obj) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _stream(server, job: _Job, meta, chat, include_usage):
-    obj = "chat.completion.chunk" if chat else "text_completion"
-    base = {**meta, "object": obj}
+async def _stream(server, job: _Job, env, chat, include_usage):
     lps = _choice_logprobs(server, job, chat)
     if job.echoes is not None:  # the prompt first, with its logprobs
         for r in job.reqs:
             lp = lps[r.index].result() if r.index in lps else None
-            yield _sse({**base, "choices": [{"index": r.index, "text": job.echoes[r.prompt_index].text,
-                                             "logprobs": lp, "finish_reason": None}]})
-    tools = job.tools
-    splits = {r.index: ToolCallStream(tools.fmt) for r in job.reqs} if tools is not None else {}
+            yield _sse(env.text_chunk(job.echoes[r.prompt_index].text, r.index, lp))
+    fmt = job.tools.fmt if job.tools is not None else None
+    deltas = {r.index: oai.ChatDeltas(job.reasoning, fmt) for r in job.reqs} if chat else {}
     tokens = {r.index: [] for r in job.reqs}
     if chat:
         for r in job.reqs:
-            yield _sse({**base, "choices": [{"index": r.index, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}]})
+            yield _sse(env.delta_chunk({"role": "assistant", "content": ""}, r.index))
     async for req, ev in job.events():
         if isinstance(ev, TokenEvent):
             lp = lps[req.index].add(ev) if req.index in lps else None
             tokens[req.index].append(ev.token)
-            text = splits[req.index].feed(ev.text) if splits else ev.text
-            if not text and lp is None:
-                continue
-            body = {"delta": {"content": text}} if chat else {"text": text}
-            yield _sse({**base, "choices": [{"index": req.index, **body, "logprobs": lp, "finish_reason": None}]})
+            if chat:
+                delta = deltas[req.index].feed(ev.text)
+                if delta or lp is not None:
+                    yield _sse(env.delta_chunk(delta or {"content": ""}, req.index, lp))
+            elif ev.text or lp is not None:
+                yield _sse(env.text_chunk(ev.text, req.index, lp))
             continue
         if ev.reason == "error":
             err = job.error()
@@ -884,25 +887,23 @@ async def _stream(server, job: _Job, meta, chat, include_usage):
             job.cancel()
             break
         last = job.open == 0
-        reason, text = _reason(ev), ev.text
-        if splits:
-            split = splits[req.index]
-            now = split.feed(text)
-            rest, calls = split.finish(server.tokenizer.decode(tokens[req.index], skip_special=False))
-            text = now + rest
-            for delta in tool_call_deltas(calls):
-                yield _sse({**base, "choices": [{"index": req.index, "delta": delta, "logprobs": None,
-                                                "finish_reason": None}]})
+        reason = _reason(ev)
+        if chat:
+            delta, calls = deltas[req.index].finish(
+                lambda: server.tokenizer.decode(tokens[req.index], skip_special=False), ev.text)
+            for d in oai.tool_call_deltas(calls):
+                yield _sse(env.delta_chunk(d, req.index))
             if calls:
                 reason = "tool_calls"
-        body = ({"delta": {"content": text} if text else {}} if chat else {"text": text})
-        chunk = {**base, "choices": [{"index": req.index, **body, "logprobs": None, "finish_reason": reason}]}
+            chunk = env.delta_chunk(delta, req.index, finish_reason=reason)
+        else:
+            chunk = env.text_chunk(ev.text, req.index, finish_reason=reason)
         if last and not include_usage:
             chunk["usage"] = job.usage()
         yield _sse(chunk)
     else:
         if include_usage:
-            yield _sse({**base, "choices": [], "usage": job.usage()})
+            yield _sse(env.chunk([], job.usage()))
     yield b"data: [DONE]\n\n"
 
 
@@ -1003,7 +1004,7 @@ async def tokenize(server: _Server, request: HTTPRequest):
     server.check_model(body)
     add_special = _bool(body, "add_special_tokens", True)
     if "messages" in body:
-        ids, _, _ = await run_in_threadpool(server.chat_ids, body)
+        ids = (await run_in_threadpool(server.chat_ids, body))[0]
     else:
         text = body.get("prompt", body.get("content"))
         if not isinstance(text, str):

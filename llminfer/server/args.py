@@ -34,3 +34,7 @@ class ServeArgs:
     served_model_name: str | None = None
     max_body_bytes: int = 4 << 20
     max_tokens_limit: int | None = None  # default: n_ctx
+    # a thinking model's reasoning: "deepseek" apart in reasoning_content,
+    # "none" left in content; the budget in tokens (-1 unlimited, 0 no thinking)
+    reasoning_format: str = "deepseek"
+    reasoning_budget: int = -1

@@ -81,6 +81,7 @@ class Request:
     ignore_eos: bool = False
     logprobs: int | None = None
     grammar: object = None  # a llminfer.structured.Grammar the output follows
+    reasoning: object = None  # a thinking model's llminfer.reasoning.Reasoning (the grammar follows the thinking)
     out: object = None
     rid: int = field(default_factory=lambda: next(_ids))
     # --- engine-thread state ---
@@ -111,7 +112,7 @@ def _generator(req: Request, n_vocab: int, tokenizer) -> Generator:
     # while the forward pass runs (llminfer.structured)
     constraint = Constraint(req.grammar, tokenizer, n_vocab) if req.grammar is not None else None
     return Generator(Sampler(req.params, n_vocab), tokenizer, req.stops, constraint, req.prompt, req.logprobs,
-                     req.ignore_eos)
+                     req.ignore_eos, thinking=None if req.reasoning is None else req.reasoning.tracker())
 
 
 class Scheduler:
