@@ -54,6 +54,16 @@ def _non_negative_int(text):
     return v
 
 
+def _positive_float(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return v
+
+
 def _port(text):
     try:
         v = int(text)
@@ -491,7 +501,10 @@ def cmd_serve(a):
                      kv_type=a.kv_type, n_gpu_layers=a.n_gpu_layers, max_batch_tokens=a.max_batch_tokens,
                      max_running=a.max_running, max_waiting=a.max_queue, prefix_caching=not a.no_prefix_cache,
                      api_key=a.api_key or os.environ.get("LLMINFER_API_KEY") or None,
-                     chat_template=template, chat_format=a.chat_format, served_model_name=a.served_model_name)
+                     chat_template=template, chat_format=a.chat_format, served_model_name=a.served_model_name,
+                     models_dir=a.models_dir, models_config=a.models_config,
+                     models_idle_timeout=a.models_idle_timeout, models_max_loaded=a.models_max_loaded,
+                     models_memory_gib=a.models_memory)
     serve(args, host=a.host, port=a.port, log_level=a.log_level)
     return 0
 
@@ -654,6 +667,16 @@ def build_parser():
     v.add_argument("--chat-template", default=None, help="a jinja chat template, or a file holding one")
     v.add_argument("--chat-format", default=None, help="a built-in chat format (chatml, gemma, llama3)")
     v.add_argument("--served-model-name", default=None, help="the model id clients name (default: from -m)")
+    v.add_argument("--models-dir", default=None, metavar="DIR",
+                   help="serve every GGUF in DIR under its file stem, each loaded on first use (instead of -m)")
+    v.add_argument("--models-config", default=None, metavar="FILE",
+                   help="a JSON or TOML file naming models: name -> path, or {path, n_ctx, ...} (see docs/serving.md)")
+    v.add_argument("--models-idle-timeout", type=_positive_float, default=None, metavar="SECONDS",
+                   help="unload a model nobody has used for this long (default: never)")
+    v.add_argument("--models-max-loaded", type=_positive_int, default=4, metavar="N",
+                   help="most models loaded at once; the least recently used idle one makes room")
+    v.add_argument("--models-memory", type=_positive_float, default=None, metavar="GIB",
+                   help="most GiB the loaded models may take (estimated: file + KV pool; default: no bound)")
     v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="how much the server logs")
     v.set_defaults(func=cmd_serve)
