@@ -1114,7 +1114,9 @@ def create_app(engine_args: ServeArgs | dict) -> Starlette:
         finally:
             await run_in_threadpool(server.stop)
 
-    app = Starlette(routes=routes(server), lifespan=lifespan,
+    from llminfer.server import page
+
+    app = Starlette(routes=routes(server) + page.routes(), lifespan=lifespan,
                     exception_handlers={404: _not_found, 405: _not_found})
     app.state.server = server
     return app

@@ -52,6 +52,7 @@ from llminfer import jsonlimits
 from llminfer.errors import InvalidArgumentError, LLMInferError, ModelNotFoundError
 from llminfer.gguf_file import GGUFFile
 from llminfer.server import app as single
+from llminfer.server import page
 from llminfer.server.app import APIError, _bad
 from llminfer.server.args import ServeArgs
 
@@ -555,7 +556,7 @@ def create_app(args: ServeArgs) -> Starlette:
         Route("/v1/models/{name:path}", _endpoint(router, _model), methods=["GET"]),
         Route("/health", _endpoint(router, _health, auth=False), methods=["GET"]),
         Route("/metrics", _endpoint(router, _metrics, auth=False), methods=["GET"]),
-    ] + [Route(r.path, dispatch, methods=["POST"]) for r in probe]
+    ] + [Route(r.path, dispatch, methods=["POST"]) for r in probe] + page.routes()
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={404: single._not_found, 405: single._not_found})
     app.state.server = None
