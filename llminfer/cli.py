@@ -497,7 +497,10 @@ def cmd_serve(a):
         template = _read_text(template)
     if a.kv_pool_tokens is not None and a.kv_pool_tokens < a.ctx_size:
         raise LLMInferError(f"--kv-pool-tokens {a.kv_pool_tokens} is less than --ctx-size {a.ctx_size}")
-    args = ServeArgs(model=a.model, n_ctx=a.ctx_size, n_threads=a.threads, kv_pool_tokens=a.kv_pool_tokens,
+    many = a.models_dir or a.models_config
+    if a.model is not None and many:
+        raise LLMInferError("give -m MODEL for one model, or --models-dir / --models-config for many, not both")
+    args = ServeArgs(model=a.model or hub.DEFAULT_MODEL, n_ctx=a.ctx_size, n_threads=a.threads, kv_pool_tokens=a.kv_pool_tokens,
                      kv_type=a.kv_type, n_gpu_layers=a.n_gpu_layers, max_batch_tokens=a.max_batch_tokens,
                      max_running=a.max_running, max_waiting=a.max_queue, prefix_caching=not a.no_prefix_cache,
                      api_key=a.api_key or os.environ.get("LLMINFER_API_KEY") or None,
@@ -643,8 +646,9 @@ def build_parser():
                 "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health and Prometheus /metrics",
                 "llminfer serve -m smollm2-135m-instruct --port 8000",
                 "llminfer serve -m model.gguf -t 8 -c 8192 --kv-pool-tokens 65536 --api-key KEY")
-    v.add_argument("-m", "--model", default=hub.DEFAULT_MODEL,
-                   help=f"GGUF path or known model name (default: {hub.DEFAULT_MODEL})")
+    v.add_argument("-m", "--model", default=None,
+                   help=f"GGUF path or known model name (default: {hub.DEFAULT_MODEL}, unless --models-dir or "
+                        f"--models-config)")
     v.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     v.add_argument("--port", type=_port, default=8000,
                    help="TCP port to listen on (1-65535; taken before the model loads, so a port in use fails at once)")

@@ -174,6 +174,15 @@ def test_an_unknown_model_is_a_404_naming_the_models(serve):
     assert _states(s) == {n: "unloaded" for n in NAMES}
 
 
+@pytest.fixture(scope="module")
+def long_models(tmp_path_factory):
+    """Two tiny models with a context long enough for a stream that outlasts the test's checks."""
+    d = tmp_path_factory.mktemp("long")
+    for name in ("long", "other"):
+        write_model(d / f"{name}.gguf", TinyConfig(context_length=8192, seed=len(name)))
+    return d
+
+
 def _hold_stream(url, model) -> socket.socket:
     """A streamed completion, long, read up to its first event and then not
     read: the server cannot finish sending it, so it holds its model."""
@@ -191,10 +200,8 @@ def _hold_stream(url, model) -> socket.socket:
     return sock
 
 
-def test_a_request_that_cannot_fit_is_a_503_with_retry_after(tmp_path):
-    for name in ("long", "other"):
-        write_model(tmp_path / f"{name}.gguf", TinyConfig(context_length=8192, seed=len(name)))
-    s = ServerThread(ServeArgs(models_dir=str(tmp_path), n_ctx=8192, n_threads=1, models_max_loaded=1))
+def test_a_request_that_cannot_fit_is_a_503_with_retry_after(long_models):
+    s = ServerThread(ServeArgs(models_dir=str(long_models), n_ctx=8192, n_threads=1, models_max_loaded=1))
     try:
         held = _hold_stream(s.url, "long")
         try:
@@ -214,6 +221,41 @@ def test_a_request_that_cannot_fit_is_a_503_with_retry_after(tmp_path):
             assert r.status_code == 503 and time.monotonic() < deadline, r.text
             time.sleep(0.05)
         assert _states(s) == {"long": "unloaded", "other": "loaded"}
+    finally:
+        s.stop()
+
+
+def test_a_model_in_use_outlives_its_idle_timeout(long_models):
+    s = ServerThread(ServeArgs(models_dir=str(long_models), n_ctx=8192, n_threads=1, models_idle_timeout=0.1))
+    try:
+        held = _hold_stream(s.url, "long")
+        try:
+            time.sleep(1.0)  # ten idle timeouts: the reaper has looked many times
+            card = httpx.get(s.url + "/v1/models/long").json()
+            assert card["status"]["value"] == "loaded" and card["status"]["requests"] == 1
+        finally:
+            held.close()
+        deadline = time.monotonic() + 60
+        while _states(s)["long"] != "unloaded":  # let go, then idle: unloaded
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        s.stop()
+
+
+def test_a_model_that_fails_to_load_is_a_shaped_error_and_stays_listed(tmp_path, models_dir):
+    shutil.copy(models_dir / "alpha.gguf", tmp_path / "good.gguf")
+    write_model(tmp_path / "broken.gguf", TinyConfig(),
+                tensor_hook=lambda name, data, t: None if name == "output_norm.weight" else (data, t))
+    s = ServerThread(ServeArgs(models_dir=str(tmp_path), **COMMON))
+    try:
+        r = httpx.post(s.url + "/v1/completions", json={"model": "broken", "prompt": "x", "max_tokens": 2})
+        assert r.status_code == 500 and r.json()["error"]["code"] == "model_load_failed"
+        assert "broken" in r.json()["error"]["message"]
+        card = httpx.get(s.url + "/v1/models/broken").json()
+        assert card["status"]["value"] == "unloaded" and card["status"]["failed"]
+        r = httpx.post(s.url + "/v1/completions", json={"model": "good", "prompt": "x", "max_tokens": 2})
+        assert r.status_code == 200  # the server goes on
     finally:
         s.stop()
 

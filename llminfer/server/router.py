@@ -346,7 +346,7 @@ class ModelRouter:
         log.info("models: '%s' loaded in %.1f s", e.name, e.last_used - t0)
 
     def _start_unload(self, e: ModelEntry) -> asyncio.Task:
-        assert e.state == "loaded" and e.users == 0
+        """Unload e: only a model no request holds, but at shutdown, any."""
         e.state = "unloading"
         e.task = asyncio.ensure_future(self._unload(e))
         return e.task
@@ -459,7 +459,10 @@ class _Dispatch:
             entry = await router.acquire(router.entry(parsed.get("model")))
         except ConnectionAbortedError:
             return
-        except APIError as err:
+        except Exception as err:  # noqa: BLE001 - shaped, whatever failed
+            if not isinstance(err, APIError):
+                log.exception("%s %s failed", scope["method"], path)
+                err = APIError(500, f"internal error: {type(err).__name__}")
             await _error(err, path)(scope, receive, send)
             return
         sent = False
