@@ -170,6 +170,27 @@ def test_model_text_is_escaped_and_reasoning_shown_apart(server, browser):
         "<p>The answer is <strong>42</strong>.</p>"
 
 
+def test_the_page_picks_among_many_models(tmp_path, browser):
+    (tmp_path / "models").mkdir()
+    for i, name in enumerate(("alpha", "beta")):
+        write_model(tmp_path / "models" / f"{name}.gguf", TinyConfig(seed=i))
+    s = ServerThread(ServeArgs(models_dir=str(tmp_path / "models"), n_ctx=256, n_threads=1))
+    try:
+        browser.goto(s.url + "/")
+        labels = "[...document.querySelectorAll('#model option')].map((o) => o.textContent)"
+        assert browser.wait(f"{labels}.length === 2 && {labels}") == ["alpha (unloaded)", "beta (unloaded)"]
+        browser.eval("document.getElementById('model').value = 'beta'")
+        _type_and_send(browser, "hi", max_tokens=4)
+        browser.wait("window.chatState.last !== null")
+        assert browser.eval("window.chatState.last.outcome") == "done"
+        states = {m["id"]: m["status"]["value"] for m in httpx.get(s.url + "/v1/models").json()["data"]}
+        assert states == {"alpha": "unloaded", "beta": "loaded"}
+        browser.wait(f"{labels}[1] === 'beta (loaded)'")  # the picker shows it after the reply
+        assert browser.eval("document.getElementById('model').value") == "beta"
+    finally:
+        s.stop()
+
+
 def test_the_docs_page_lists_every_operation(server, browser):
     doc = httpx.get(server.url + "/openapi.json").json()
     n_ops = sum(len(item) for item in doc["paths"].values())

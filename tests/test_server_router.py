@@ -260,6 +260,22 @@ def test_a_model_that_fails_to_load_is_a_shaped_error_and_stays_listed(tmp_path,
         s.stop()
 
 
+def test_without_the_api_key_nothing_loads(serve):
+    s = serve(api_key="sesame")
+    for path in ("/v1/completions", "/v1/messages", "/v1/responses"):
+        r = httpx.post(s.url + path, json={"model": "alpha", "prompt": "x", "input": "x", "max_tokens": 2,
+                                           "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 401, path
+    assert httpx.get(s.url + "/v1/models").status_code == 401
+    assert httpx.get(s.url + "/health").status_code == 200
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="sesame", max_retries=0, timeout=120)
+    assert [m.status["value"] for m in client.models.list().data] == ["unloaded"] * 3  # nothing loaded
+    assert _complete(client, "alpha", PROMPTS[0])[0] == "alpha"
+    r = httpx.post(s.url + "/v1/messages", headers={"x-api-key": "sesame"},
+                   json={"model": "beta", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200 and r.json()["model"] == "beta"
+
+
 def test_metrics_carry_each_loaded_model_by_name(serve):
     s = serve()
     client = _client(s)

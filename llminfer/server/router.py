@@ -420,7 +420,9 @@ def _check_key(args: ServeArgs, request: HTTPRequest):
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         given = token.strip() if scheme.lower() == "bearer" else ""
     if not hmac.compare_digest(given.encode(), key.encode()):
-        raise APIError(401, "a valid API key is needed: send 'Authorization: Bearer KEY'", code="invalid_api_key")
+        how = "'x-api-key: KEY' (or 'Authorization: Bearer KEY')" if request.url.path.startswith("/v1/messages") \
+            else "'Authorization: Bearer KEY'"
+        raise APIError(401, f"a valid API key is needed: send {how}", code="invalid_api_key")
 
 
 async def _read_body(args: ServeArgs, receive) -> bytes:
