@@ -308,10 +308,11 @@ class ModelRouter:
             victims.append(x)
         if not fits():
             busy = ", ".join(f"'{x.name}'" for x in active)
+            bounds = [f"{limit} models" if limit is not None else "",
+                      f"{budget / _GIB:.2f} GiB" if budget is not None else ""]
             raise APIError(503, f"no room to load the model '{e.name}': the loaded models ({busy}) are all in "
-                           f"use and the server holds at most {limit} models"
-                           + (f" and {budget / _GIB:.2f} GiB" if budget is not None else "")
-                           + "; try again shortly", code="models_busy")
+                           f"use and the server holds at most {' and '.join(b for b in bounds if b)}; "
+                           f"try again shortly", code="models_busy")
         waits = [self._start_unload(x) for x in victims]
         waits += [x.task for x in self.entries.values() if x.state == "unloading" and x.task not in waits]
         e.state = "loading"
@@ -329,7 +330,11 @@ class ModelRouter:
             log.info("models: loading '%s' (%s)", e.name, e.path)
             t0 = time.monotonic()
             server = await run_in_threadpool(single._Server, ServeArgs(**options))
-            server.start()
+            try:
+                server.start()
+            except BaseException:
+                await run_in_threadpool(server.stop)
+                raise
         except BaseException as err:
             e.state = "unloaded"
             e.error = str(err)
