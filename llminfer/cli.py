@@ -500,7 +500,8 @@ def cmd_serve(a):
     many = a.models_dir or a.models_config
     if a.model is not None and many:
         raise LLMInferError("give -m MODEL for one model, or --models-dir / --models-config for many, not both")
-    args = ServeArgs(model=a.model or hub.DEFAULT_MODEL, n_ctx=a.ctx_size, n_threads=a.threads, kv_pool_tokens=a.kv_pool_tokens,
+    args = ServeArgs(model=a.model or hub.DEFAULT_MODEL, n_ctx=a.ctx_size, n_threads=a.threads,
+                     kv_pool_tokens=a.kv_pool_tokens,
                      kv_type=a.kv_type, n_gpu_layers=a.n_gpu_layers, max_batch_tokens=a.max_batch_tokens,
                      max_running=a.max_running, max_waiting=a.max_queue, prefix_caching=not a.no_prefix_cache,
                      api_key=a.api_key or os.environ.get("LLMINFER_API_KEY") or None,

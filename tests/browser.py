@@ -86,7 +86,8 @@ class Chromium:
             if m:
                 return int(m.group(1))
             if self.proc.poll() is not None:
-                raise CDPError(f"Chromium exited ({self.proc.returncode}): {self.log.read_text(errors='replace')[-2000:]}")
+                tail = self.log.read_text(errors="replace")[-2000:]
+                raise CDPError(f"Chromium exited ({self.proc.returncode}): {tail}")
             time.sleep(0.05)
         raise CDPError("Chromium did not open its DevTools port")
 
@@ -101,7 +102,8 @@ class Chromium:
                     raise CDPError(f"{method}: {msg['error']}")
                 return msg.get("result", {})
             if msg.get("method") == "Runtime.consoleAPICalled":
-                self.console.append(" ".join(str(a.get("value", a.get("description", ""))) for a in msg["params"]["args"]))
+                args = msg["params"]["args"]
+                self.console.append(" ".join(str(a.get("value", a.get("description", ""))) for a in args))
             elif msg.get("method") == "Runtime.exceptionThrown":
                 self.console.append("exception: " + json.dumps(msg["params"]["exceptionDetails"])[:500])
 
