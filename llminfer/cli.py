@@ -54,6 +54,16 @@ def _non_negative_int(text):
     return v
 
 
+def _positive_float(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return v
+
+
 def _port(text):
     try:
         v = int(text)
@@ -507,12 +517,19 @@ def cmd_serve(a):
         template = _read_text(template)
     if a.kv_pool_tokens is not None and a.kv_pool_tokens < a.ctx_size:
         raise LLMInferError(f"--kv-pool-tokens {a.kv_pool_tokens} is less than --ctx-size {a.ctx_size}")
-    args = ServeArgs(model=a.model, n_ctx=a.ctx_size, n_threads=a.threads, kv_pool_tokens=a.kv_pool_tokens,
+    many = a.models_dir or a.models_config
+    if a.model is not None and many:
+        raise LLMInferError("give -m MODEL for one model, or --models-dir / --models-config for many, not both")
+    args = ServeArgs(model=a.model or hub.DEFAULT_MODEL, n_ctx=a.ctx_size, n_threads=a.threads,
+                     kv_pool_tokens=a.kv_pool_tokens,
                      kv_type=a.kv_type, n_gpu_layers=a.n_gpu_layers, max_batch_tokens=a.max_batch_tokens,
                      max_running=a.max_running, max_waiting=a.max_queue, prefix_caching=not a.no_prefix_cache,
                      api_key=a.api_key or os.environ.get("LLMINFER_API_KEY") or None,
                      chat_template=template, chat_format=a.chat_format, served_model_name=a.served_model_name,
-                     reasoning_format=a.reasoning_format, reasoning_budget=a.reasoning_budget)
+                     reasoning_format=a.reasoning_format, reasoning_budget=a.reasoning_budget,
+                     models_dir=a.models_dir, models_config=a.models_config,
+                     models_idle_timeout=a.models_idle_timeout, models_max_loaded=a.models_max_loaded,
+                     models_memory_gib=a.models_memory)
     serve(args, host=a.host, port=a.port, log_level=a.log_level)
     return 0
 
@@ -653,8 +670,9 @@ def build_parser():
                 "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health and Prometheus /metrics",
                 "llminfer serve -m smollm2-135m-instruct --port 8000",
                 "llminfer serve -m model.gguf -t 8 -c 8192 --kv-pool-tokens 65536 --api-key KEY")
-    v.add_argument("-m", "--model", default=hub.DEFAULT_MODEL,
-                   help=f"GGUF path or known model name (default: {hub.DEFAULT_MODEL})")
+    v.add_argument("-m", "--model", default=None,
+                   help=f"GGUF path or known model name (default: {hub.DEFAULT_MODEL}, unless --models-dir or "
+                        f"--models-config)")
     v.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     v.add_argument("--port", type=_port, default=8000,
                    help="TCP port to listen on (1-65535; taken before the model loads, so a port in use fails at once)")
@@ -683,6 +701,16 @@ def build_parser():
     v.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
                    help="thinking tokens before the end of the thinking is forced (-1: unlimited, the default; "
                         "0: no thinking); a request's reasoning_budget overrides it")
+    v.add_argument("--models-dir", default=None, metavar="DIR",
+                   help="serve every GGUF in DIR under its file stem, each loaded on first use (instead of -m)")
+    v.add_argument("--models-config", default=None, metavar="FILE",
+                   help="a JSON or TOML file naming models: name -> path, or {path, n_ctx, ...} (see docs/serving.md)")
+    v.add_argument("--models-idle-timeout", type=_positive_float, default=None, metavar="SECONDS",
+                   help="unload a model nobody has used for this long (default: never)")
+    v.add_argument("--models-max-loaded", type=_positive_int, default=4, metavar="N",
+                   help="most models loaded at once; the least recently used idle one makes room")
+    v.add_argument("--models-memory", type=_positive_float, default=None, metavar="GIB",
+                   help="most GiB the loaded models may take (estimated: file + KV pool; default: no bound)")
     v.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="how much the server logs")
     v.set_defaults(func=cmd_serve)

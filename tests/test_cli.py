@@ -835,3 +835,27 @@ def test_serve_logs_model_context_threads_and_url(capsys, tiny, monkeypatch):
     assert re.search(r"context: 128 tokens", err)
     assert re.search(r"threads: 1\b", err)
     assert f"http://127.0.0.1:{port}" in err
+
+
+def test_serve_many_models_logs_the_catalog_and_refuses_m_beside_it(capsys, tiny, tmp_path, monkeypatch):
+    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    served = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: served.append(sockets))
+    import shutil
+
+    shutil.copy(tiny, tmp_path / "first.gguf")
+    shutil.copy(tiny, tmp_path / "second.gguf")
+    port = _free_port()
+    code, _, err = run_main(capsys, "serve", "--models-dir", tmp_path, "--port", port, "--models-max-loaded", 1,
+                            "--models-idle-timeout", 30)
+    assert code == 0 and len(served) == 1
+    assert "2 models" in err and "first, second" in err and "at most 1 loaded" in err and "30 s idle" in err
+    code, _, err = run_main(capsys, "serve", "-m", tiny, "--models-dir", tmp_path, "--port", _free_port())
+    assert_one_line_error(err, "-m", "--models-dir")
+    assert code == 1
+    code, _, err = run_main(capsys, "serve", "--models-dir", tmp_path / "none", "--port", _free_port())
+    assert_one_line_error(err, "no such folder")
+    with pytest.raises(SystemExit) as e:
+        run_main(capsys, "serve", "--models-dir", tmp_path, "--models-memory", "-1")
+    assert e.value.code == 2 and "expected a positive number" in capsys.readouterr().err

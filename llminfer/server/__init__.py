@@ -9,6 +9,8 @@ batching and prefix caching over one Engine.
 Layers: app (HTTP, validation, SSE) over scheduler (one engine thread,
 continuous batching, preemption) over prefix_cache (blocks by hash chain)
 over llminfer.engine / llminfer.kv_cache; metrics renders Prometheus text.
+router serves many models (--models-dir, --models-config), each its own
+app._Server loaded on first use.
 anthropic (/v1/messages) and responses (/v1/responses) translate their wire
 formats into app's chat path through chatrun, one internal chat run.
 Needs the `serve` extra: pip install 'llminfer[serve]'.
@@ -85,15 +87,24 @@ def serve(engine_args, host: str = "127.0.0.1", port: int = 8000, log_level: str
     sock = bind(host, port)
     try:
         app = create_app(engine_args)
-        server = app.state.server
-        worker = server.engine if server.engine is not None else server.embedder
         url = _url(host, port)
-        log(f"llminfer serve: model {worker.model_path} (clients name it {server.model_name!r})")
-        pool = server.args.kv_pool_tokens or 4 * server.args.n_ctx  # as _Server sizes it
-        log(f"  context: {server.n_ctx} tokens per request"
-            + (f", a KV pool of {pool} tokens for all of them" if server.engine is not None else ""))
-        log(f"  threads: {worker.n_threads}")
-        log(f"  listening on {url} (OpenAI API: {url}/v1)")
+        router = getattr(app.state, "router", None)
+        if router is not None:
+            log(f"llminfer serve: {len(router.entries)} models, each loaded when a request names it: "
+                + ", ".join(sorted(router.entries)))
+            args = router.args
+            log(f"  at most {args.models_max_loaded or 'any number of'} loaded at once"
+                + (f", within {args.models_memory_gib} GiB" if args.models_memory_gib else "")
+                + (f"; unloaded after {args.models_idle_timeout:g} s idle" if args.models_idle_timeout else ""))
+        else:
+            server = app.state.server
+            worker = server.engine if server.engine is not None else server.embedder
+            log(f"llminfer serve: model {worker.model_path} (clients name it {server.model_name!r})")
+            pool = server.args.kv_pool_tokens or 4 * server.args.n_ctx  # as _Server sizes it
+            log(f"  context: {server.n_ctx} tokens per request"
+                + (f", a KV pool of {pool} tokens for all of them" if server.engine is not None else ""))
+            log(f"  threads: {worker.n_threads}")
+        log(f"  listening on {url} (OpenAI API: {url}/v1, chat page: {url}/)")
         config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
         uvicorn.Server(config).run(sockets=[sock])
     finally:

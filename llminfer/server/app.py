@@ -1072,22 +1072,9 @@ async def metrics(server: _Server, request: HTTPRequest):
     return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def create_app(engine_args: ServeArgs | dict) -> Starlette:
-    """The ASGI app of `llminfer serve`. engine_args: a ServeArgs, or a dict
-    of its fields. The model loads here (errors surface at once); the engine
-    thread starts with the app's lifespan and stops with it."""
-    args = engine_args if isinstance(engine_args, ServeArgs) else ServeArgs(**engine_args)
-    server = _Server(args)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        server.start()
-        try:
-            yield
-        finally:
-            await run_in_threadpool(server.stop)
-
-    routes = [
+def routes(server: _Server) -> list:
+    """Every model-serving route of one _Server (OpenAI's, Anthropic's, the Responses API)."""
+    out = [
         Route("/v1/completions", _endpoint(server, completions), methods=["POST"]),
         Route("/v1/chat/completions", _endpoint(server, chat_completions), methods=["POST"]),
         Route("/v1/models", _endpoint(server, models), methods=["GET"]),
@@ -1100,14 +1087,40 @@ def create_app(engine_args: ServeArgs | dict) -> Starlette:
     ]
     from llminfer.server import anthropic, responses  # they build on this module
 
-    routes += anthropic.routes(server) + responses.routes(server)
+    return out + anthropic.routes(server) + responses.routes(server)
 
-    async def not_found(request, exc):
-        status = getattr(exc, "status_code", 404)
-        msg = f"no route {request.method} {request.url.path}" if status != 405 else \
-            f"{request.url.path} does not take {request.method}"
-        return APIError(status, msg, type_="invalid_request_error").response()
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+async def _not_found(request, exc):
+    status = getattr(exc, "status_code", 404)
+    msg = f"no route {request.method} {request.url.path}" if status != 405 else \
+        f"{request.url.path} does not take {request.method}"
+    return APIError(status, msg, type_="invalid_request_error").response()
+
+
+def create_app(engine_args: ServeArgs | dict) -> Starlette:
+    """The ASGI app of `llminfer serve`. engine_args: a ServeArgs, or a dict
+    of its fields. The model loads here (errors surface at once); the engine
+    thread starts with the app's lifespan and stops with it. With
+    models_dir or models_config, many models, each loaded when first asked
+    for (llminfer.server.router)."""
+    args = engine_args if isinstance(engine_args, ServeArgs) else ServeArgs(**engine_args)
+    if args.multi_model:
+        from llminfer.server import router
+
+        return router.create_app(args)
+    server = _Server(args)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        server.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(server.stop)
+
+    from llminfer.server import page
+
+    app = Starlette(routes=routes(server) + page.routes(), lifespan=lifespan,
+                    exception_handlers={404: _not_found, 405: _not_found})
     app.state.server = server
     return app

@@ -16,7 +16,14 @@ class ServeArgs:
     4 * n_ctx). max_batch_tokens: most tokens per engine step (prompt chunks
     and generated tokens together). max_running: most requests generating at
     once; max_waiting: most queued before 429. api_key: when set, every
-    endpoint but /health and /metrics wants `Authorization: Bearer KEY`."""
+    endpoint but /health and /metrics wants `Authorization: Bearer KEY`.
+
+    Many models in one server (llminfer.server.router): models_dir (each GGUF
+    under it served under its file stem) and/or models_config (a JSON or
+    TOML file: name -> path and per-model options); each loads on the first
+    request naming it, unloads after models_idle_timeout idle seconds, and
+    least recently used first to keep at most models_max_loaded loaded and
+    their estimated memory (file + KV pool) within models_memory_gib."""
 
     model: str = hub.DEFAULT_MODEL
     n_ctx: int = 4096
@@ -38,3 +45,12 @@ class ServeArgs:
     # "none" left in content; the budget in tokens (-1 unlimited, 0 no thinking)
     reasoning_format: str = "deepseek"
     reasoning_budget: int = -1
+    models_dir: str | None = None
+    models_config: str | None = None
+    models_idle_timeout: float | None = None  # seconds; None: never
+    models_max_loaded: int | None = 4
+    models_memory_gib: float | None = None
+
+    @property
+    def multi_model(self) -> bool:
+        return bool(self.models_dir or self.models_config)
