@@ -12,8 +12,20 @@ real model; 8 make a 2.6 GB Q4_K_M):
 
     python bench/make_model.py --moe --n-layer 8 -o qwen3moe-8l-f16.gguf
 
+`--qwen35` writes a Qwen3.5-2B-shaped hybrid (qwen35: n_embd 2048, 24
+layers of which every 4th is gated attention with 8 heads of 256 and 2 kv
+heads, a quarter of each head rotated, the others Gated DeltaNet with 16
+key and 16 value heads of 128, n_ff 6144); `--qwen35moe` a
+Qwen3.6-35B-A3B-shaped one (attention 16 heads, DeltaNet 32 value heads,
+256 experts of 512 with 8 used and a gated shared expert of 512) with
+--n-layer layers:
+
+    python bench/make_model.py --qwen35 -o qwen35-2b-f16.gguf
+    python bench/make_model.py --qwen35moe --n-layer 8 -o qwen35moe-8l-f16.gguf
+
 The vocabulary and tokenizer are SmolLM2's (taken from its
-GGUF), so text prompts work. Weights are N(0, 0.02) in F16, norms 1. The text
+GGUF), so text prompts work; --n-vocab pads it with unused tokens to a
+real model's size (248320 for Qwen3.5), whose output head a token reads. Weights are N(0, 0.02) in F16, norms 1. The text
 such a model writes is noise; its speed is that of a real model of its shape.
 """
 
@@ -53,6 +65,125 @@ def copy_tokenizer(w: gguf.GGUFWriter, src: str) -> int:
     return n_vocab
 
 
+def pad_vocab(w: gguf.GGUFWriter, src: str, n_vocab: int | None) -> int:
+    """copy_tokenizer, the tokens padded with unused ones up to n_vocab"""
+    if not n_vocab:
+        return copy_tokenizer(w, src)
+    r = gguf.GGUFReader(src)
+    for name, f in r.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        t = f.types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            sub = f.types[-1]
+            if sub == gguf.GGUFValueType.STRING:
+                vals = [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
+            else:
+                vals = [f.parts[i].tolist()[0] for i in f.data]
+            if name == "tokenizer.ggml.tokens":
+                vals += [f"<|unused_{i}|>" for i in range(n_vocab - len(vals))]
+            elif name == "tokenizer.ggml.token_type":
+                vals += [5] * (n_vocab - len(vals))  # UNUSED
+            w.add_array(name, vals)
+        elif t == gguf.GGUFValueType.STRING:
+            w.add_string(name, bytes(f.parts[f.data[0]]).decode("utf-8"))
+        else:
+            val = f.parts[f.data[0]].tolist()[0]
+            if isinstance(val, int) and not isinstance(val, bool):
+                w.add_uint32(name, val)
+            elif isinstance(val, bool):
+                w.add_bool(name, val)
+    return n_vocab
+
+
+def write_qwen35(a):
+    moe = a.qwen35moe
+    arch = "qwen35moe" if moe else "qwen35"
+    n_layer = a.n_layer if a.n_layer != 16 else (8 if moe else 24)
+    E, hd, n_head, n_kv = 2048, 256, (16 if moe else 8), 2
+    dk, nk, nv, conv = 128, 16, (32 if moe else 16), 4
+    d_inner = nv * dk
+    F = 6144
+    ne, nu, Fe, Fs = 256, 8, 512, 512
+    rng = np.random.default_rng(a.seed)
+    w = gguf.GGUFWriter(a.out, arch)
+    n_vocab = pad_vocab(w, str(hub.pull("smollm2-135m-instruct")), a.n_vocab or 248320)
+    w.add_name(f"random-{arch}-shape")
+    w.add_context_length(8192)
+    w.add_embedding_length(E)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(F)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_dimension_count(hd // 4)
+    w.add_array(f"{arch}.rope.dimension_sections", [11, 11, 10, 0])
+    w.add_rope_freq_base(10000000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_uint32(f"{arch}.ssm.conv_kernel", conv)
+    w.add_uint32(f"{arch}.ssm.state_size", dk)
+    w.add_uint32(f"{arch}.ssm.group_count", nk)
+    w.add_uint32(f"{arch}.ssm.time_step_rank", nv)
+    w.add_uint32(f"{arch}.ssm.inner_size", d_inner)
+    w.add_uint32(f"{arch}.full_attention_interval", 4)
+    if moe:
+        w.add_expert_count(ne)
+        w.add_expert_used_count(nu)
+        w.add_expert_feed_forward_length(Fe)
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", Fs)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+
+    def rand(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+
+    def ones(n):
+        return np.ones(n, np.float32)
+
+    w.add_tensor("token_embd.weight", rand(n_vocab, E))
+    w.add_tensor("output_norm.weight", ones(E))
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", ones(E))
+        w.add_tensor(b + "post_attention_norm.weight", ones(E))
+        if (i + 1) % 4 == 0:
+            w.add_tensor(b + "attn_q.weight", rand(2 * n_head * hd, E))
+            w.add_tensor(b + "attn_k.weight", rand(n_kv * hd, E))
+            w.add_tensor(b + "attn_v.weight", rand(n_kv * hd, E))
+            w.add_tensor(b + "attn_output.weight", rand(E, n_head * hd))
+            w.add_tensor(b + "attn_q_norm.weight", ones(hd))
+            w.add_tensor(b + "attn_k_norm.weight", ones(hd))
+        else:
+            ch = 2 * nk * dk + d_inner
+            w.add_tensor(b + "attn_qkv.weight", rand(ch, E))
+            w.add_tensor(b + "attn_gate.weight", rand(d_inner, E))
+            w.add_tensor(b + "ssm_beta.weight", rand(nv, E))
+            w.add_tensor(b + "ssm_alpha.weight", rand(nv, E))
+            w.add_tensor(b + "ssm_conv1d.weight", rng.standard_normal((ch, conv), dtype=np.float32) * 0.5)
+            w.add_tensor(b + "ssm_dt.bias", np.zeros(nv, np.float32))
+            w.add_tensor(b + "ssm_a", -np.exp(rng.uniform(-1, 1, nv)).astype(np.float32))
+            w.add_tensor(b + "ssm_norm.weight", ones(dk))
+            w.add_tensor(b + "ssm_out.weight", rand(E, d_inner))
+        if moe:
+            w.add_tensor(b + "ffn_gate_inp.weight", rng.standard_normal((ne, E), dtype=np.float32) * 0.02)
+            w.add_tensor(b + "ffn_gate_exps.weight", rand(ne, Fe, E))
+            w.add_tensor(b + "ffn_up_exps.weight", rand(ne, Fe, E))
+            w.add_tensor(b + "ffn_down_exps.weight", rand(ne, E, Fe))
+            w.add_tensor(b + "ffn_gate_inp_shexp.weight", rng.standard_normal(E, dtype=np.float32) * 0.02)
+            w.add_tensor(b + "ffn_gate_shexp.weight", rand(Fs, E))
+            w.add_tensor(b + "ffn_up_shexp.weight", rand(Fs, E))
+            w.add_tensor(b + "ffn_down_shexp.weight", rand(E, Fs))
+        else:
+            w.add_tensor(b + "ffn_gate.weight", rand(F, E))
+            w.add_tensor(b + "ffn_up.weight", rand(F, E))
+            w.add_tensor(b + "ffn_down.weight", rand(E, F))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=True)
+    w.close()
+    print(a.out)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-o", "--out", required=True)
@@ -66,7 +197,12 @@ def main():
     p.add_argument("--n-expert", type=int, default=128)
     p.add_argument("--n-expert-used", type=int, default=8)
     p.add_argument("--n-ff-exp", type=int, default=768)
+    p.add_argument("--qwen35", action="store_true", help="a Qwen3.5-2B-shaped hybrid (Gated DeltaNet) model")
+    p.add_argument("--qwen35moe", action="store_true", help="a Qwen3.6-35B-A3B-shaped hybrid MoE")
+    p.add_argument("--n-vocab", type=int, default=None, help="pad the vocabulary with unused tokens to this size")
     a = p.parse_args()
+    if a.qwen35 or a.qwen35moe:
+        return write_qwen35(a)
     if a.moe and a.n_head_kv == 8:
         a.n_head_kv = 4
     rng = np.random.default_rng(a.seed)
