@@ -345,3 +345,191 @@ def write_encoder(path, arch="bert", qtype="Q8_0", n_embd=256, n_layer=2, n_head
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+# ---- hybrid models: recurrent layers beside attention (issue 51) ----
+
+HYBRID_ARCHS = ("lfm2", "qwen35", "qwen35moe")
+
+
+@dataclass
+class HybridConfig:
+    """A tiny hybrid model, its tensors named and shaped as llama.cpp reads
+    the architecture (src/models/<arch>.cpp there) and its 1-D and
+    convolution tensors F32 as llama.cpp's converter keeps them. Sizes are
+    multiples of 256 wherever a matrix's row length is, so K-quants work."""
+
+    arch: str = "qwen35"
+    qtype: str = "Q8_0"           # the matrices
+    embd_qtype: str = "Q8_0"
+    n_embd: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64            # qwen35: attention.key_length; lfm2: n_embd / n_head
+    n_ff: int = 512
+    tie_output: bool = True
+    rope_base: float = 10000.0
+    context_length: int = 512
+    seed: int = 0
+    eps: float = 1e-6
+    # lfm2: which layers are attention ("A") or short convolutions ("R")
+    layout: str = "RARA"
+    l_cache: int = 3              # lfm2: shortconv.l_cache, the convolution's taps
+    # qwen35 / qwen35moe: Gated DeltaNet layers, attention every full_attention_interval-th
+    full_attention_interval: int = 2
+    recurrent_array: bool = False  # write attention.recurrent_layers instead of the interval
+    n_rot: int = 16               # partial RoPE (Qwen3.5: a quarter of the head)
+    rope_sections: tuple = (3, 3, 2, 0)  # interleaved MRoPE sections over n_rot / 2 pairs
+    d_conv: int = 4               # ssm.conv_kernel
+    d_state: int = 64             # ssm.state_size: the key (and value) head size
+    n_group: int = 2              # ssm.group_count: key heads
+    n_v_head: int = 4             # ssm.time_step_rank: value heads; d_inner = n_v_head * d_state
+    # qwen35moe
+    n_expert: int = 8
+    n_expert_used: int = 2
+    n_ff_exp: int = 256
+    n_ff_shexp: int = 256         # 0: no shared expert (llama.cpp requires one)
+    pre: str = "default"
+
+
+def hybrid_layout(cfg: HybridConfig) -> str:
+    """Each layer's kind: "A" attention, "R" recurrent."""
+    if cfg.arch == "lfm2":
+        assert len(cfg.layout) == cfg.n_layer
+        return cfg.layout
+    k = cfg.full_attention_interval
+    return "".join("A" if (i + 1) % k == 0 else "R" for i in range(cfg.n_layer))
+
+
+def write_hybrid(path, cfg: HybridConfig, tensor_hook=None) -> str:
+    """Write a tiny random `lfm2`, `qwen35` or `qwen35moe` file; tensor_hook
+    as write_model's."""
+    rng = np.random.default_rng(cfg.seed)
+    tokens, types = vocab()
+    n_vocab = len(tokens)
+    arch = cfg.arch
+    kinds = hybrid_layout(cfg)
+    E, F, hd = cfg.n_embd, cfg.n_ff, cfg.head_dim
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_uint32(f"{arch}.block_count", cfg.n_layer)
+    w.add_uint32(f"{arch}.context_length", cfg.context_length)
+    w.add_uint32(f"{arch}.embedding_length", E)
+    w.add_uint32(f"{arch}.feed_forward_length", F)
+    w.add_uint32(f"{arch}.attention.head_count", cfg.n_head)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.eps)
+    w.add_float32(f"{arch}.rope.freq_base", cfg.rope_base)
+    w.add_uint32(f"{arch}.vocab_size", n_vocab)
+    if arch == "lfm2":
+        # per layer: 0 KV heads marks a convolution layer (llama.cpp's converter)
+        w.add_array(f"{arch}.attention.head_count_kv", [cfg.n_head_kv if k == "A" else 0 for k in kinds])
+        w.add_uint32(f"{arch}.shortconv.l_cache", cfg.l_cache)
+        assert hd * cfg.n_head == E
+    else:
+        w.add_uint32(f"{arch}.attention.head_count_kv", cfg.n_head_kv)
+        w.add_uint32(f"{arch}.attention.key_length", hd)
+        w.add_uint32(f"{arch}.attention.value_length", hd)
+        w.add_uint32(f"{arch}.rope.dimension_count", cfg.n_rot)
+        w.add_array(f"{arch}.rope.dimension_sections", list(cfg.rope_sections))
+        w.add_uint32(f"{arch}.ssm.conv_kernel", cfg.d_conv)
+        w.add_uint32(f"{arch}.ssm.state_size", cfg.d_state)
+        w.add_uint32(f"{arch}.ssm.group_count", cfg.n_group)
+        w.add_uint32(f"{arch}.ssm.time_step_rank", cfg.n_v_head)
+        w.add_uint32(f"{arch}.ssm.inner_size", cfg.n_v_head * cfg.d_state)
+        if cfg.recurrent_array:
+            w.add_array(f"{arch}.attention.recurrent_layers", [k == "R" for k in kinds])
+        else:
+            w.add_uint32(f"{arch}.full_attention_interval", cfg.full_attention_interval)
+    if arch == "qwen35moe":
+        w.add_uint32(f"{arch}.expert_count", cfg.n_expert)
+        w.add_uint32(f"{arch}.expert_used_count", cfg.n_expert_used)
+        w.add_uint32(f"{arch}.expert_feed_forward_length", cfg.n_ff_exp)
+        if cfg.n_ff_shexp:
+            w.add_uint32(f"{arch}.expert_shared_feed_forward_length", cfg.n_ff_shexp)
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", cfg.pre)
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.token_type", types)
+    w.add_array("tokenizer.ggml.merges", MERGES)
+    w.add_uint32("tokenizer.ggml.bos_token_id", n_vocab - 2)
+    w.add_uint32("tokenizer.ggml.eos_token_id", n_vocab - 1)
+    w.add_bool("tokenizer.ggml.add_bos_token", True)
+
+    def add(name, data, t):
+        if tensor_hook is not None:
+            replaced = tensor_hook(name, data, t)
+            if replaced is None:
+                return
+            data, t = replaced
+        w.add_tensor(name, data, raw_dtype=t)
+
+    def matrix(name, rows, k, qtype=None, scale=None, n_expert=0):
+        n = max(n_expert, 1)
+        scale = 1.0 / np.sqrt(k) if scale is None else scale
+        data = (rng.standard_normal((n * rows, k)) * scale).astype(np.float32)
+        t = gguf.GGMLQuantizationType[qtype or cfg.qtype]
+        q = quantized_matrix(rng, data, t)
+        add(name, q.reshape(n, rows, -1) if n_expert else q, t)
+
+    def f32(name, data):
+        add(name, np.ascontiguousarray(data, dtype=np.float32), gguf.GGMLQuantizationType.F32)
+
+    def vector(name, n, around=1.0, spread=0.1):
+        f32(name, around + rng.standard_normal(n) * spread)
+
+    matrix("token_embd.weight", n_vocab, E, cfg.embd_qtype, 1.0)
+    # lfm2's final norm is stored as token_embd_norm (llama-arch.cpp, LLM_TENSOR_OUTPUT_NORM_LFM2)
+    vector("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
+    if not cfg.tie_output:
+        matrix("output.weight", n_vocab, E)
+    dk, nk, nv = cfg.d_state, cfg.n_group, cfg.n_v_head
+    d_inner = nv * dk
+    for i, kind in enumerate(kinds):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", E)
+        # lfm2: the feed-forward's pre-norm; qwen35: the same role, named post_attention_norm
+        vector(p + ("ffn_norm.weight" if arch == "lfm2" else "post_attention_norm.weight"), E)
+        if kind == "A":
+            q_rows = cfg.n_head * hd * (2 if arch != "lfm2" else 1)  # qwen35: queries and their gate
+            matrix(p + "attn_q.weight", q_rows, E)
+            matrix(p + "attn_k.weight", cfg.n_head_kv * hd, E)
+            matrix(p + "attn_v.weight", cfg.n_head_kv * hd, E)
+            matrix(p + "attn_output.weight", E, cfg.n_head * hd)
+            vector(p + "attn_q_norm.weight", hd)
+            vector(p + "attn_k_norm.weight", hd)
+        elif arch == "lfm2":
+            f32(p + "shortconv.conv.weight", rng.standard_normal((E, cfg.l_cache)) * 0.5)
+            matrix(p + "shortconv.in_proj.weight", 3 * E, E)
+            matrix(p + "shortconv.out_proj.weight", E, E)
+        else:
+            channels = 2 * nk * dk + d_inner
+            matrix(p + "attn_qkv.weight", channels, E)
+            matrix(p + "attn_gate.weight", d_inner, E)
+            matrix(p + "ssm_beta.weight", nv, E)
+            matrix(p + "ssm_alpha.weight", nv, E)
+            f32(p + "ssm_conv1d.weight", rng.standard_normal((channels, cfg.d_conv)) * 0.5)
+            vector(p + "ssm_dt.bias", nv, 0.0, 0.5)
+            f32(p + "ssm_a", -np.exp(rng.uniform(-1.0, 1.0, nv)))  # -exp(A_log), as the converter stores it
+            vector(p + "ssm_norm.weight", dk)
+            matrix(p + "ssm_out.weight", E, d_inner)
+        if arch == "qwen35moe":
+            ne, Fe = cfg.n_expert, cfg.n_ff_exp
+            matrix(p + "ffn_gate_inp.weight", ne, E, "F32")
+            matrix(p + "ffn_gate_exps.weight", Fe, E, n_expert=ne)
+            matrix(p + "ffn_up_exps.weight", Fe, E, n_expert=ne)
+            matrix(p + "ffn_down_exps.weight", E, Fe, n_expert=ne)
+            if cfg.n_ff_shexp:
+                Fs = cfg.n_ff_shexp
+                vector(p + "ffn_gate_inp_shexp.weight", E, 0.0, 1.0 / np.sqrt(E))
+                matrix(p + "ffn_gate_shexp.weight", Fs, E)
+                matrix(p + "ffn_up_shexp.weight", Fs, E)
+                matrix(p + "ffn_down_shexp.weight", E, Fs)
+        else:
+            matrix(p + "ffn_gate.weight", F, E)
+            matrix(p + "ffn_up.weight", F, E)
+            matrix(p + "ffn_down.weight", E, F)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
