@@ -390,6 +390,7 @@ class HybridConfig:
     n_expert_used: int = 2
     n_ff_exp: int = 256
     n_ff_shexp: int = 256         # 0: no shared expert (llama.cpp requires one)
+    n_nextn: int = 0              # qwen35: multi-token-prediction blocks after the n_layer trunk
     pre: str = "default"
 
 
@@ -402,58 +403,76 @@ def hybrid_layout(cfg: HybridConfig) -> str:
     return "".join("A" if (i + 1) % k == 0 else "R" for i in range(cfg.n_layer))
 
 
-def write_hybrid(path, cfg: HybridConfig, tensor_hook=None) -> str:
+def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
     """Write a tiny random `lfm2`, `qwen35` or `qwen35moe` file; tensor_hook
-    as write_model's."""
+    as write_model's; meta: metadata keys to replace (a value) or leave out
+    (None)."""
     rng = np.random.default_rng(cfg.seed)
     tokens, types = vocab()
     n_vocab = len(tokens)
     arch = cfg.arch
-    kinds = hybrid_layout(cfg)
+    kinds = hybrid_layout(cfg) + "A" * cfg.n_nextn
     E, F, hd = cfg.n_embd, cfg.n_ff, cfg.head_dim
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_uint32(f"{arch}.block_count", cfg.n_layer)
-    w.add_uint32(f"{arch}.context_length", cfg.context_length)
-    w.add_uint32(f"{arch}.embedding_length", E)
-    w.add_uint32(f"{arch}.feed_forward_length", F)
-    w.add_uint32(f"{arch}.attention.head_count", cfg.n_head)
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.eps)
-    w.add_float32(f"{arch}.rope.freq_base", cfg.rope_base)
-    w.add_uint32(f"{arch}.vocab_size", n_vocab)
+    kv = {}  # key: value (int: uint32, float: float32, list: array, str, bool)
+    kv[f"{arch}.block_count"] = cfg.n_layer + cfg.n_nextn
+    kv[f"{arch}.context_length"] = cfg.context_length
+    kv[f"{arch}.embedding_length"] = E
+    kv[f"{arch}.feed_forward_length"] = F
+    kv[f"{arch}.attention.head_count"] = cfg.n_head
+    kv[f"{arch}.attention.layer_norm_rms_epsilon"] = float(cfg.eps)
+    kv[f"{arch}.rope.freq_base"] = float(cfg.rope_base)
+    kv[f"{arch}.vocab_size"] = n_vocab
     if arch == "lfm2":
         # per layer: 0 KV heads marks a convolution layer (llama.cpp's converter)
-        w.add_array(f"{arch}.attention.head_count_kv", [cfg.n_head_kv if k == "A" else 0 for k in kinds])
-        w.add_uint32(f"{arch}.shortconv.l_cache", cfg.l_cache)
+        kv[f"{arch}.attention.head_count_kv"] = [cfg.n_head_kv if k == "A" else 0 for k in kinds]
+        kv[f"{arch}.shortconv.l_cache"] = cfg.l_cache
         assert hd * cfg.n_head == E
     else:
-        w.add_uint32(f"{arch}.attention.head_count_kv", cfg.n_head_kv)
-        w.add_uint32(f"{arch}.attention.key_length", hd)
-        w.add_uint32(f"{arch}.attention.value_length", hd)
-        w.add_uint32(f"{arch}.rope.dimension_count", cfg.n_rot)
-        w.add_array(f"{arch}.rope.dimension_sections", list(cfg.rope_sections))
-        w.add_uint32(f"{arch}.ssm.conv_kernel", cfg.d_conv)
-        w.add_uint32(f"{arch}.ssm.state_size", cfg.d_state)
-        w.add_uint32(f"{arch}.ssm.group_count", cfg.n_group)
-        w.add_uint32(f"{arch}.ssm.time_step_rank", cfg.n_v_head)
-        w.add_uint32(f"{arch}.ssm.inner_size", cfg.n_v_head * cfg.d_state)
+        kv[f"{arch}.attention.head_count_kv"] = cfg.n_head_kv
+        kv[f"{arch}.attention.key_length"] = hd
+        kv[f"{arch}.attention.value_length"] = hd
+        kv[f"{arch}.rope.dimension_count"] = cfg.n_rot
+        kv[f"{arch}.rope.dimension_sections"] = list(cfg.rope_sections)
+        kv[f"{arch}.ssm.conv_kernel"] = cfg.d_conv
+        kv[f"{arch}.ssm.state_size"] = cfg.d_state
+        kv[f"{arch}.ssm.group_count"] = cfg.n_group
+        kv[f"{arch}.ssm.time_step_rank"] = cfg.n_v_head
+        kv[f"{arch}.ssm.inner_size"] = cfg.n_v_head * cfg.d_state
         if cfg.recurrent_array:
-            w.add_array(f"{arch}.attention.recurrent_layers", [k == "R" for k in kinds])
+            kv[f"{arch}.attention.recurrent_layers"] = [k == "R" for k in kinds]
         else:
-            w.add_uint32(f"{arch}.full_attention_interval", cfg.full_attention_interval)
+            kv[f"{arch}.full_attention_interval"] = cfg.full_attention_interval
+        if cfg.n_nextn:
+            kv[f"{arch}.nextn_predict_layers"] = cfg.n_nextn
     if arch == "qwen35moe":
-        w.add_uint32(f"{arch}.expert_count", cfg.n_expert)
-        w.add_uint32(f"{arch}.expert_used_count", cfg.n_expert_used)
-        w.add_uint32(f"{arch}.expert_feed_forward_length", cfg.n_ff_exp)
+        kv[f"{arch}.expert_count"] = cfg.n_expert
+        kv[f"{arch}.expert_used_count"] = cfg.n_expert_used
+        kv[f"{arch}.expert_feed_forward_length"] = cfg.n_ff_exp
         if cfg.n_ff_shexp:
-            w.add_uint32(f"{arch}.expert_shared_feed_forward_length", cfg.n_ff_shexp)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", cfg.pre)
-    w.add_array("tokenizer.ggml.tokens", tokens)
-    w.add_array("tokenizer.ggml.token_type", types)
-    w.add_array("tokenizer.ggml.merges", MERGES)
-    w.add_uint32("tokenizer.ggml.bos_token_id", n_vocab - 2)
-    w.add_uint32("tokenizer.ggml.eos_token_id", n_vocab - 1)
-    w.add_bool("tokenizer.ggml.add_bos_token", True)
+            kv[f"{arch}.expert_shared_feed_forward_length"] = cfg.n_ff_shexp
+    kv["tokenizer.ggml.model"] = "gpt2"
+    kv["tokenizer.ggml.pre"] = cfg.pre
+    kv["tokenizer.ggml.tokens"] = tokens
+    kv["tokenizer.ggml.token_type"] = types
+    kv["tokenizer.ggml.merges"] = MERGES
+    kv["tokenizer.ggml.bos_token_id"] = n_vocab - 2
+    kv["tokenizer.ggml.eos_token_id"] = n_vocab - 1
+    kv["tokenizer.ggml.add_bos_token"] = True
+    kv.update(meta or {})
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in kv.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
 
     def add(name, data, t):
         if tensor_hook is not None:
@@ -528,6 +547,10 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None) -> str:
             matrix(p + "ffn_gate.weight", F, E)
             matrix(p + "ffn_up.weight", F, E)
             matrix(p + "ffn_down.weight", E, F)
+        if i >= cfg.n_layer:  # a multi-token-prediction block's own tensors
+            matrix(p + "nextn.eh_proj.weight", E, 2 * E)
+            vector(p + "nextn.enorm.weight", E)
+            vector(p + "nextn.hnorm.weight", E)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -1,0 +1,67 @@
+"""The `qwen35moe` architecture (Qwen3.5 / Qwen3.6 MoE, e.g. 35B-A3B, text):
+qwen35's layers (Gated DeltaNet and gated attention, see qwen35.py) with a
+mixture of experts in place of the dense feed-forward
+(src/models/qwen35moe.cpp in llama.cpp):
+
+- routed experts as qwen3moe's: a softmax over ffn_gate_inp's expert_count
+  logits, the expert_used_count most probable, their probabilities
+  renormalized; each a SiLU-gated feed-forward of
+  expert_feed_forward_length in 3-D tensors ffn_{gate,up,down}_exps;
+- plus a shared expert, a SiLU-gated feed-forward of
+  expert_shared_feed_forward_length (ffn_{gate,up,down}_shexp) whose output
+  is multiplied per token by sigmoid(ffn_gate_inp_shexp . x) and added.
+
+The C core's expert path (csrc/model.c, moe_half) has no shared expert and
+no per-token sigmoid gate, and li_layer_desc no field for either, so a file
+with a shared expert (every released one; llama.cpp requires it) is refused
+by name until they exist. A file without one runs on the routed experts."""
+
+from llminfer.errors import UnsupportedModelError
+from llminfer.gguf_file import GGUFFile
+from llminfer.models import qwen35
+from llminfer.models.base import ModelSpec, MoESpec
+from llminfer.models.qwen3moe import MAX_EXPERTS
+
+ARCH = "qwen35moe"
+
+
+def _sizes(hp):
+    n_expert = hp.int("expert_count", 0)
+    n_used = hp.int("expert_used_count", 0)
+    if not (0 < n_expert <= MAX_EXPERTS) or not (0 < n_used <= n_expert):
+        raise UnsupportedModelError(f"{hp.path}: {ARCH}.expert_count {n_expert} and expert_used_count {n_used} "
+                                    f"must satisfy 0 < used <= count <= {MAX_EXPERTS}")
+    n_ff = hp.int("feed_forward_length", 0)
+    n_ff_exp = hp.int("expert_feed_forward_length", max(n_ff // n_used, 0))
+    if not (0 < n_ff_exp <= 1 << 20):
+        raise UnsupportedModelError(f"{hp.path}: {ARCH}.expert_feed_forward_length {n_ff_exp} is out of range")
+    return n_expert, n_used, n_ff_exp
+
+
+def _experts(w, hp, p, n_embd):
+    n_expert, _, Fe = _sizes(hp)
+    shared = [n for n in ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+                          "ffn_down_shexp.weight") if w.has(p + n)]
+    if shared:
+        raise UnsupportedModelError(
+            f"{w.gguf.path}: {ARCH}'s shared expert ({p}{shared[0]} ...), gated per token by "
+            f"sigmoid(ffn_gate_inp_shexp . x), is not supported yet: llminfer's expert path runs routed "
+            f"experts only")
+    if w.has(p + "ffn_gate_up_exps.weight"):
+        raise UnsupportedModelError(f"{w.gguf.path}: {p}ffn_gate_up_exps.weight (gate and up experts fused in "
+                                    f"one tensor) is not supported; llminfer reads ffn_gate_exps and ffn_up_exps")
+    return dict(w_gate=None, w_up=None, w_down=None, moe=MoESpec(
+        router=w.matrix(p + "ffn_gate_inp.weight", n_expert, n_embd),
+        gate_exps=w.expert_matrix(p + "ffn_gate_exps.weight", n_expert, Fe, n_embd),
+        up_exps=w.expert_matrix(p + "ffn_up_exps.weight", n_expert, Fe, n_embd),
+        down_exps=w.expert_matrix(p + "ffn_down_exps.weight", n_expert, n_embd, Fe)))
+
+
+def _moe(spec, w, hp):
+    spec.n_expert, spec.n_expert_used, spec.n_ff_exp = _sizes(hp)
+    if spec.n_ff <= 0:  # no dense feed-forward: feed_forward_length may be absent
+        spec.n_ff = spec.n_ff_exp
+
+
+def build(gguf: GGUFFile) -> ModelSpec:
+    return qwen35.build(gguf, arch=ARCH, make_ffn=_experts, customize=_moe)
