@@ -12,8 +12,9 @@ add, told apart by two per-layer arrays:
   squared ReLU without a gate.
 
 llminfer's feed-forward is gated, by SiLU or GELU: the squared-ReLU layers
-are read into LayerSpecs (mixer MIX_NONE, w_gate None) and the file is then
-refused by name until the C core computes them. nemotron_h_moe (Nemotron 3)
+are read into LayerSpecs (mixer MIX_NONE, the file's attn_norm as their
+ffn_norm, w_gate None) and the file is then refused by name until the C
+core computes them. nemotron_h_moe (Nemotron 3)
 is another architecture."""
 
 from llminfer.errors import UnsupportedModelError
@@ -77,10 +78,10 @@ def build(gguf: GGUFFile) -> ModelSpec:
             L.bv = w.vector(p + "attn_v.bias", nkv, optional=True)
             layers.append(L)
         else:
-            # the layer's input is its attn_norm; the feed-forward has no norm of its own
+            # no mixer: the file's attn_norm is the feed-forward's pre-norm
             layers.append(LayerSpec(
-                attn_norm=w.vector(p + "attn_norm.weight", n_embd),
-                wq=None, wk=None, wv=None, wo=None, ffn_norm=None,
+                attn_norm=None,
+                wq=None, wk=None, wv=None, wo=None, ffn_norm=w.vector(p + "attn_norm.weight", n_embd),
                 w_gate=None, w_up=w.matrix(p + "ffn_up.weight", ff[i], n_embd),
                 w_down=w.matrix(p + "ffn_down.weight", n_embd, ff[i]),
                 mixer=MIX_NONE))
