@@ -27,6 +27,9 @@ ggml_ssm_conv, ggml_gated_delta_net, ggml_l2_norm):
   the output times sigmoid(gate), then wo. post_attention_norm is the
   feed-forward's pre-norm. qwen35moe's feed-forward: softmax router, top-k
   renormalized, plus a shared expert times sigmoid(ffn_gate_inp_shexp . x).
+- qwen3next: qwen35moe's layers with plain NeoX RoPE, beta and alpha in one
+  tensor (ssm_ba: per key head, its value heads' betas then alphas), and
+  value head h reading key head h // (heads / groups).
 - Mamba2 layers (mamba2, granitehybrid, nemotron_h; src/models/mamba-base.cpp
   and ggml_ssm_scan): ssm_in gives z, x, B, C and dt; a causal convolution
   (with its bias) over the x, B and C channels, then SiLU; per head h (of
@@ -70,7 +73,7 @@ class HybridReference(ReferenceModel):
 
     def __init__(self, path):
         super().__init__(path)
-        if self.arch not in ("lfm2", "qwen35", "qwen35moe", "mamba2", "granitehybrid", "nemotron_h"):
+        if self.arch not in ("lfm2", "qwen35", "qwen35moe", "qwen3next", "mamba2", "granitehybrid", "nemotron_h"):
             raise ValueError(f"not a hybrid architecture: {self.arch}")
         self.eps = self.hp("attention.layer_norm_rms_epsilon", self.hp("attention.layer_norm_epsilon"))
 
@@ -232,8 +235,18 @@ class HybridReference(ReferenceModel):
         w = t[p + "ssm_conv1d.weight"]  # [channels, d_conv]
         qkv = h @ t[p + "attn_qkv.weight"].T
         z = h @ t[p + "attn_gate.weight"].T
-        beta = sigmoid(h @ t[p + "ssm_beta.weight"].T)
-        g = softplus(h @ t[p + "ssm_alpha.weight"].T + t[p + "ssm_dt.bias"]) * t[p + "ssm_a"].reshape(-1)
+        if self.arch == "qwen3next":
+            # ssm_ba: per key head, its nv / nk value heads' betas then their alphas; value head h
+            # reads key head h // (nv / nk) (repeat-interleave), where qwen35 has h % nk (tiled)
+            r = nv // nk
+            ba = (h @ t[p + "ssm_ba.weight"].T).reshape(-1, nk, 2 * r)
+            b_raw, a_raw = ba[..., :r].reshape(-1, nv), ba[..., r:].reshape(-1, nv)
+            key_head = [hv // r for hv in range(nv)]
+        else:
+            b_raw, a_raw = h @ t[p + "ssm_beta.weight"].T, h @ t[p + "ssm_alpha.weight"].T
+            key_head = [hv % nk for hv in range(nv)]
+        beta = sigmoid(b_raw)
+        g = softplus(a_raw + t[p + "ssm_dt.bias"]) * t[p + "ssm_a"].reshape(-1)
         window = np.zeros((qkv.shape[1], w.shape[1] - 1))
         S = np.zeros((nv, dv, dk))  # per value head: rows over the value dims, columns over the key dims
         out = np.zeros((h.shape[0], nv, dv))
@@ -246,7 +259,7 @@ class HybridReference(ReferenceModel):
             q = q / np.sqrt((q * q).sum(axis=1, keepdims=True) + self.eps)
             k = k / np.sqrt((k * k).sum(axis=1, keepdims=True) + self.eps)
             for hv in range(nv):
-                qh, kh = q[hv % nk], k[hv % nk]
+                qh, kh = q[key_head[hv]], k[key_head[hv]]
                 S[hv] *= math.exp(g[s, hv])
                 d = (v[hv] - S[hv] @ kh) * beta[s, hv]
                 S[hv] += np.outer(d, kh)
@@ -287,7 +300,7 @@ class HybridReference(ReferenceModel):
             rope_mode = "norm" if self.hp("rope.scaling.finetuned", True) else None
             scale = self.hp("attention.scale", 0.0) or scale
         qg = h @ t[p + "attn_q.weight"].T
-        if self.arch in ("qwen35", "qwen35moe"):
+        if self.arch in ("qwen35", "qwen35moe", "qwen3next"):
             qg = qg.reshape(n, n_head, 2 * hd)
             q, gate = qg[..., :hd], qg[..., hd:].reshape(n, n_head * hd)
         else:

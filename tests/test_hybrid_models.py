@@ -31,11 +31,13 @@ needs_native = pytest.mark.skipif(not NATIVE, reason="the C core does not run re
 
 # qwen35moe runs in llminfer without its shared expert (not in the C core's expert path yet);
 # nemotron_h not at all (its squared-ReLU feed-forward)
+# qwen3next only with as many value heads as key heads (their grouped order is not in the C core)
 OURS = [("lfm2", {}), ("qwen35", {}), ("qwen35", {"recurrent_array": True}), ("qwen35moe", {"n_ff_shexp": 0}),
-        ("mamba2", {}), ("granitehybrid", {})]
+        ("qwen3next", {"n_ff_shexp": 0, "n_v_head": 2, "d_state": 128}), ("mamba2", {}), ("granitehybrid", {})]
+GDN_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # against llama.cpp: untied heads, so that the top token is not the input token
 ALL = [(arch, {"tie_output": False})
-       for arch in ("lfm2", "qwen35", "qwen35moe", "mamba2", "granitehybrid", "nemotron_h")]
+       for arch in ("lfm2", "qwen35", "qwen35moe", "qwen3next", "mamba2", "granitehybrid", "nemotron_h")]
 PEER_TOL_FLOAT = 3e-3  # F32/F16 weights: llama.cpp's float32 against float64 (seen: at most 1.2e-3)
 PEER_TOL_MOE = 1e-2    # the same beside near ties of the expert choice (seen: 4.6e-3 two tokens after one)
 
@@ -68,7 +70,7 @@ def test_spec_has_the_layers_mixers_and_sizes(hybrid, case):
     arch, kw = case
     cfg = HybridConfig(arch=arch, **kw)
     spec = build_spec(GGUFFile(hybrid(arch, **kw)))
-    recurrent = {"lfm2": MIX_SHORTCONV, "qwen35": MIX_GDN, "qwen35moe": MIX_GDN}.get(arch, MIX_MAMBA2)
+    recurrent = MIX_SHORTCONV if arch == "lfm2" else MIX_GDN if arch in GDN_ARCHS else MIX_MAMBA2
     want = {"mamba2": "RRRR", "granitehybrid": "RARR"}.get(arch, "RARA")
     assert [L.mixer for L in spec.layers] == [recurrent if k == "R" else MIX_ATTN for k in want]
     assert spec.recurrent_layers == [i for i, k in enumerate(want) if k == "R"]
@@ -78,7 +80,7 @@ def test_spec_has_the_layers_mixers_and_sizes(hybrid, case):
         if L.mixer == MIX_ATTN:
             assert L.wq is not None and L.ssm_in is None
             assert (L.q_norm is not None) == (arch != "granitehybrid")
-            assert L.attn_out_gate == arch.startswith("qwen35")
+            assert L.attn_out_gate == (arch in GDN_ARCHS)
             assert L.no_rope == (arch == "granitehybrid")  # Granite 4.0-H: rope.scaling.finetuned false
             assert L.wq.rows == cfg.n_head * cfg.head_dim * (2 if L.attn_out_gate else 1)
         else:
@@ -88,7 +90,7 @@ def test_spec_has_the_layers_mixers_and_sizes(hybrid, case):
         assert (spec.ssm_d_conv, spec.ssm_d_inner) == (cfg.l_cache, cfg.n_embd)
         assert spec.n_rot == spec.head_dim == cfg.n_embd // cfg.n_head
         assert spec.layers[0].ssm_conv.size == cfg.n_embd * cfg.l_cache
-    elif arch.startswith("qwen35"):
+    elif arch in GDN_ARCHS:
         d_inner = cfg.n_v_head * cfg.d_state
         assert (spec.ssm_d_conv, spec.ssm_d_inner, spec.ssm_d_state, spec.ssm_n_group, spec.ssm_n_head) == \
             (cfg.d_conv, d_inner, cfg.d_state, cfg.n_group, cfg.n_v_head)
@@ -110,7 +112,7 @@ def test_spec_has_the_layers_mixers_and_sizes(hybrid, case):
         assert spec.embd_scale == cfg.embedding_scale and spec.residual_scale == cfg.residual_scale
         assert spec.attn_scale == pytest.approx(cfg.attention_scale)
         assert spec.logit_scale == pytest.approx(1 / cfg.logit_scale)
-    if arch == "qwen35moe":
+    if arch in ("qwen35moe", "qwen3next"):
         assert spec.n_expert == 8 and spec.n_expert_used == 2
         assert all(L.moe is not None and L.w_gate is None for L in spec.layers)
 
@@ -125,12 +127,22 @@ def test_conv_taps_are_the_files_rows(hybrid):
     assert np.array_equal(spec.layers[0].ssm_conv.reshape(want.shape), want.astype(np.float32))
 
 
-@pytest.mark.parametrize("arch, match", [("qwen35moe", "shared expert"), ("nemotron_h", "squared ReLU")])
+@pytest.mark.parametrize("arch, match", [("qwen35moe", "shared expert"), ("nemotron_h", "squared ReLU"),
+                                         ("qwen3next", "grouped order")])
 def test_what_the_core_cannot_run_is_refused_by_name(hybrid, arch, match):
     path = hybrid(arch)
     with pytest.raises(UnsupportedModelError, match=match):
         build_spec(GGUFFile(path))
     assert match in support_line(GGUFFile(path))
+
+
+def test_qwen3next_beta_and_alpha_are_split_per_key_head(hybrid):
+    """ssm_ba holds, per key head, its value heads' betas then their alphas."""
+    path = hybrid("qwen3next", "F32", n_ff_shexp=0, n_v_head=2, d_state=128)
+    L = build_spec(GGUFFile(path)).layers[0]
+    ba = HybridReference(path).t["blk.0.ssm_ba.weight"].reshape(2, 2, -1)  # [key head, (beta, alpha), n_embd]
+    assert np.array_equal(L.ssm_beta.data.view(np.float32).reshape(2, -1), ba[:, 0].astype(np.float32))
+    assert np.array_equal(L.ssm_alpha.data.view(np.float32).reshape(2, -1), ba[:, 1].astype(np.float32))
 
 
 def test_qwen35_multi_token_prediction_block_is_left_out(tmp_path):

@@ -349,7 +349,7 @@ def write_encoder(path, arch="bert", qtype="Q8_0", n_embd=256, n_layer=2, n_head
 
 # ---- hybrid models: recurrent layers beside attention (issue 51) ----
 
-HYBRID_ARCHS = ("lfm2", "qwen35", "qwen35moe", "mamba2", "granitehybrid", "nemotron_h")
+HYBRID_ARCHS = ("lfm2", "qwen35", "qwen35moe", "qwen3next", "mamba2", "granitehybrid", "nemotron_h")
 
 
 @dataclass
@@ -469,7 +469,8 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
         kv[f"{arch}.attention.key_length"] = hd
         kv[f"{arch}.attention.value_length"] = hd
         kv[f"{arch}.rope.dimension_count"] = cfg.n_rot
-        kv[f"{arch}.rope.dimension_sections"] = list(cfg.rope_sections)
+        if arch != "qwen3next":  # qwen3next: plain NeoX RoPE
+            kv[f"{arch}.rope.dimension_sections"] = list(cfg.rope_sections)
         kv[f"{arch}.ssm.conv_kernel"] = cfg.d_conv
         kv[f"{arch}.ssm.state_size"] = cfg.d_state
         kv[f"{arch}.ssm.group_count"] = cfg.n_group
@@ -481,7 +482,7 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
             kv[f"{arch}.full_attention_interval"] = cfg.full_attention_interval
         if cfg.n_nextn:
             kv[f"{arch}.nextn_predict_layers"] = cfg.n_nextn
-    if arch == "qwen35moe":
+    if arch in ("qwen35moe", "qwen3next"):
         kv[f"{arch}.expert_count"] = cfg.n_expert
         kv[f"{arch}.expert_used_count"] = cfg.n_expert_used
         kv[f"{arch}.expert_feed_forward_length"] = cfg.n_ff_exp
@@ -543,7 +544,7 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
     for i, kind in enumerate(kinds):
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", E)
-        qwen = arch in ("qwen35", "qwen35moe")
+        qwen = arch in ("qwen35", "qwen35moe", "qwen3next")
         if qwen:  # the feed-forward's pre-norm, named post_attention_norm
             vector(p + "post_attention_norm.weight", E)
         elif arch in ("lfm2", "granitehybrid"):
@@ -553,7 +554,7 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
             matrix(p + "attn_k.weight", cfg.n_head_kv * hd, E)
             matrix(p + "attn_v.weight", cfg.n_head_kv * hd, E)
             matrix(p + "attn_output.weight", E, cfg.n_head * hd)
-            if arch in ("lfm2", "qwen35", "qwen35moe"):
+            if arch in ("lfm2", "qwen35", "qwen35moe", "qwen3next"):
                 vector(p + "attn_q_norm.weight", hd)
                 vector(p + "attn_k_norm.weight", hd)
         elif kind == "F":
@@ -577,14 +578,17 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
             channels = 2 * nk * dk + d_inner
             matrix(p + "attn_qkv.weight", channels, E)
             matrix(p + "attn_gate.weight", d_inner, E)
-            matrix(p + "ssm_beta.weight", nv, E)
-            matrix(p + "ssm_alpha.weight", nv, E)
+            if arch == "qwen3next":  # beta and alpha in one: per key head, its value heads' betas then alphas
+                matrix(p + "ssm_ba.weight", 2 * nv, E)
+            else:
+                matrix(p + "ssm_beta.weight", nv, E)
+                matrix(p + "ssm_alpha.weight", nv, E)
             f32(p + "ssm_conv1d.weight", rng.standard_normal((channels, cfg.d_conv)) * 0.5)
             vector(p + "ssm_dt.bias", nv, 0.0, 0.5)
             f32(p + "ssm_a", -np.exp(rng.uniform(-1.0, 1.0, nv)))  # -exp(A_log), as the converter stores it
             vector(p + "ssm_norm.weight", dk)
             matrix(p + "ssm_out.weight", E, d_inner)
-        if arch == "qwen35moe":
+        if arch in ("qwen35moe", "qwen3next"):
             ne, Fe = cfg.n_expert, cfg.n_ff_exp
             matrix(p + "ffn_gate_inp.weight", ne, E, "F32")
             matrix(p + "ffn_gate_exps.weight", Fe, E, n_expert=ne)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.models.base import MIX_GDN, MIX_MAMBA2, MIX_SHORTCONV, Hparams, LayerSpec, Weights
+from llminfer.models.base import MIX_GDN, MIX_MAMBA2, MIX_SHORTCONV, Hparams, LayerSpec, Matrix, Weights
 
 MAX_CONV = 64          # taps of a recurrent layer's convolution (real models: 3 or 4)
 MAX_SSM = 1 << 14      # any one recurrent size (state, heads, groups)
@@ -85,12 +85,13 @@ def shortconv_layer(w: Weights, p: str, n_embd: int, l_cache: int, ffn_norm, ffn
 
 
 def gdn_layer(w: Weights, p: str, n_embd: int, d_conv: int, d_state: int, n_group: int, n_head: int,
-              ffn_norm, ffn: dict) -> LayerSpec:
+              ffn_norm, ffn: dict, beta_alpha=None) -> LayerSpec:
     """A Gated DeltaNet layer as qwen35 stores it: attn_qkv [2 * n_group *
     d_state + d_inner, n_embd] (q, k, v channels), attn_gate [d_inner,
     n_embd] (z), ssm_beta / ssm_alpha [n_head, n_embd], ssm_conv1d over
     all the qkv channels, ssm_dt.bias and ssm_a (-exp(A_log)) [n_head],
-    ssm_norm [d_state] (each head's output), ssm_out [n_embd, d_inner]."""
+    ssm_norm [d_state] (each head's output), ssm_out [n_embd, d_inner].
+    beta_alpha: ssm_beta and ssm_alpha read otherwise (qwen3next's ssm_ba)."""
     d_inner = n_head * d_state
     channels = 2 * n_group * d_state + d_inner
     return LayerSpec(
@@ -100,8 +101,8 @@ def gdn_layer(w: Weights, p: str, n_embd: int, d_conv: int, d_state: int, n_grou
         mixer=MIX_GDN,
         ssm_in=w.matrix(p + "attn_qkv.weight", channels, n_embd),
         ssm_z=w.matrix(p + "attn_gate.weight", d_inner, n_embd),
-        ssm_beta=w.matrix(p + "ssm_beta.weight", n_head, n_embd),
-        ssm_alpha=w.matrix(p + "ssm_alpha.weight", n_head, n_embd),
+        **(beta_alpha or dict(ssm_beta=w.matrix(p + "ssm_beta.weight", n_head, n_embd),
+                              ssm_alpha=w.matrix(p + "ssm_alpha.weight", n_head, n_embd))),
         ssm_conv=conv_taps(w, p + "ssm_conv1d.weight", channels, d_conv),
         ssm_dt_b=w.vector(p + "ssm_dt.bias", n_head),
         ssm_a=w.vector(p + "ssm_a", n_head),
@@ -162,3 +163,11 @@ def refuse_biases(w: Weights, p: str, names, arch: str):
         if w.has(p + name):
             raise UnsupportedModelError(f"{w.gguf.path}: {p}{name} ({arch}) is not supported: llminfer's layer has "
                                         f"no such bias")
+
+
+def gather_rows(m: Matrix, rows: list) -> Matrix:
+    """A matrix of the given rows of m, copied (quantized rows are whole
+    blocks, so any row order is another valid matrix of the same type)."""
+    row = m.data.nbytes // m.rows
+    data = np.concatenate([m.data[r * row:(r + 1) * row] for r in rows])
+    return Matrix(data, m.qtype, len(rows), m.k)

@@ -29,22 +29,23 @@ def _sizes(hp):
     n_expert = hp.int("expert_count", 0)
     n_used = hp.int("expert_used_count", 0)
     if not (0 < n_expert <= MAX_EXPERTS) or not (0 < n_used <= n_expert):
-        raise UnsupportedModelError(f"{hp.path}: {ARCH}.expert_count {n_expert} and expert_used_count {n_used} "
+        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.expert_count {n_expert} and expert_used_count {n_used} "
                                     f"must satisfy 0 < used <= count <= {MAX_EXPERTS}")
     n_ff = hp.int("feed_forward_length", 0)
     n_ff_exp = hp.int("expert_feed_forward_length", max(n_ff // n_used, 0))
     if not (0 < n_ff_exp <= 1 << 20):
-        raise UnsupportedModelError(f"{hp.path}: {ARCH}.expert_feed_forward_length {n_ff_exp} is out of range")
+        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.expert_feed_forward_length {n_ff_exp} is out of range")
     return n_expert, n_used, n_ff_exp
 
 
-def _experts(w, hp, p, n_embd):
+def experts(w, hp, p, n_embd):
+    """The routed experts of a layer (llama.cpp requires a shared expert too: refused)."""
     n_expert, _, Fe = _sizes(hp)
     shared = [n for n in ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
                           "ffn_down_shexp.weight") if w.has(p + n)]
     if shared:
         raise UnsupportedModelError(
-            f"{w.gguf.path}: {ARCH}'s shared expert ({p}{shared[0]} ...), gated per token by "
+            f"{w.gguf.path}: {hp.arch}'s shared expert ({p}{shared[0]} ...), gated per token by "
             f"sigmoid(ffn_gate_inp_shexp . x), is not supported yet: llminfer's expert path runs routed "
             f"experts only")
     if w.has(p + "ffn_gate_up_exps.weight"):
@@ -57,11 +58,11 @@ def _experts(w, hp, p, n_embd):
         down_exps=w.expert_matrix(p + "ffn_down_exps.weight", n_expert, n_embd, Fe)))
 
 
-def _moe(spec, w, hp):
+def moe_sizes(spec, w, hp):
     spec.n_expert, spec.n_expert_used, spec.n_ff_exp = _sizes(hp)
     if spec.n_ff <= 0:  # no dense feed-forward: feed_forward_length may be absent
         spec.n_ff = spec.n_ff_exp
 
 
 def build(gguf: GGUFFile) -> ModelSpec:
-    return qwen35.build(gguf, arch=ARCH, make_ffn=_experts, customize=_moe)
+    return qwen35.build(gguf, arch=ARCH, make_ffn=experts, customize=moe_sizes)
