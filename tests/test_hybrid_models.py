@@ -18,7 +18,7 @@ from llminfer import _core
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import build_spec, support_line
-from llminfer.models.base import MIX_ATTN, MIX_GDN, MIX_MAMBA2, MIX_SHORTCONV
+from llminfer.models.base import MIX_ATTN, MIX_GDN, MIX_MAMBA2, MIX_SHORTCONV, LayerSpec
 
 from reference_hybrid import HybridReference
 from test_archs import ROUTE_TIE, TOL_FLOAT_WEIGHTS, TOL_QUANT_WEIGHTS, check_close, run, tokens_for
@@ -194,6 +194,34 @@ def test_logits_match_reference(hybrid, case, qtype):
     ours = run(path, toks)
     check_close(ours, want, TOL_FLOAT_WEIGHTS if qtype == "F32" else TOL_QUANT_WEIGHTS, f"{_id(case)}/{qtype}",
                 route_gap=ref.route_gap)
+
+
+SHARED_EXPERT = "gate_shexp" in LayerSpec.__dataclass_fields__
+needs_shared_expert = pytest.mark.skipif(not (NATIVE and SHARED_EXPERT),
+                                         reason="no shared expert in LayerSpec (and the C core) yet")
+
+
+@needs_shared_expert
+@pytest.mark.parametrize("arch", ["qwen35moe"])
+@pytest.mark.parametrize("qtype", ["F32", "Q4_K"])
+def test_shared_expert_matches_reference(hybrid, arch, qtype):
+    """qwen35moe as released: routed experts plus a shared one, gated per
+    token by sigmoid(ffn_gate_inp_shexp . x)."""
+    path = hybrid(arch, qtype, n_expert=4, n_layer=2)
+    toks = tokens_for(len(arch) + 1, n=40)
+    ref = HybridReference(path)
+    want = ref.logits(toks)
+    check_close(run(path, toks), want, TOL_FLOAT_WEIGHTS if qtype == "F32" else TOL_QUANT_WEIGHTS,
+                f"{arch}/{qtype}", route_gap=ref.route_gap)
+
+
+@pytest.mark.peer
+@needs_shared_expert
+@pytest.mark.parametrize("qtype", ["F16", "Q4_K"])
+def test_shared_expert_matches_llama_cpp(peer_python, hybrid, tmp_path, qtype):
+    path = hybrid("qwen35moe", qtype, n_expert=4, n_layer=2)
+    toks = tokens_for(3, n=40)
+    check_against_peer(run(path, toks), peer_logits(peer_python, path, toks, tmp_path), f"qwen35moe/{qtype}")
 
 
 @needs_native
