@@ -8,7 +8,9 @@ inputs for the convolution, and a recurrent matrix) as a decoder does. The
 formulas are llama.cpp's (src/models/<arch>.cpp; ggml-cpu/ops.cpp for
 ggml_ssm_conv, ggml_gated_delta_net, ggml_l2_norm):
 
-- lfm2: pre-norm blocks; a convolution layer projects x to (b, c, x'),
+- lfm2 (and lfm2moe, whose layers after leading_dense_block_count have
+  experts: sigmoid router, the top k of sigmoid + exp_probs_b chosen, their
+  sigmoids normalized): pre-norm blocks; a convolution layer projects x to (b, c, x'),
   convolves b * x' over time per channel with l_cache taps (the oldest
   first, l_cache - 1 past inputs in the window, zero at the start),
   multiplies by c and projects out; an attention layer has per-head q/k
@@ -73,7 +75,8 @@ class HybridReference(ReferenceModel):
 
     def __init__(self, path):
         super().__init__(path)
-        if self.arch not in ("lfm2", "qwen35", "qwen35moe", "qwen3next", "mamba2", "granitehybrid", "nemotron_h"):
+        if self.arch not in ("lfm2", "lfm2moe", "qwen35", "qwen35moe", "qwen3next", "mamba2", "granitehybrid",
+                             "nemotron_h"):
             raise ValueError(f"not a hybrid architecture: {self.arch}")
         self.eps = self.hp("attention.layer_norm_rms_epsilon", self.hp("attention.layer_norm_epsilon"))
 
@@ -93,7 +96,7 @@ class HybridReference(ReferenceModel):
     def recurrent(self, i) -> bool:
         if self.arch == "mamba2":
             return True
-        if self.arch in ("lfm2", "granitehybrid", "nemotron_h"):
+        if self.arch in ("lfm2", "lfm2moe", "granitehybrid", "nemotron_h"):
             return self.layer_value("attention.head_count_kv", i) == 0 and \
                 (self.arch != "nemotron_h" or self.layer_value("feed_forward_length", i) == 0)
         arr = self.hp("attention.recurrent_layers")
@@ -112,7 +115,7 @@ class HybridReference(ReferenceModel):
         tokens = np.asarray(tokens)
         t = self.t
         x = t["token_embd.weight"][tokens]
-        qwen = self.arch != "lfm2"
+        qwen = self.arch not in ("lfm2", "lfm2moe")
         self.route_gap = None
         for i in range(self.hp("block_count") - self.hp("nextn_predict_layers", 0)):
             p = f"blk.{i}."
@@ -125,7 +128,9 @@ class HybridReference(ReferenceModel):
                 o = self._shortconv(h, p)
             x = x + o
             h = self.norm(x, t[p + ("post_attention_norm.weight" if qwen else "ffn_norm.weight")])
-            if p + "ffn_gate_inp.weight" in t:
+            if p + "exp_probs_b.bias" in t:
+                d = self._sigmoid_experts(h, p)
+            elif p + "ffn_gate_inp.weight" in t:
                 d = self._experts(h, p, silu)
                 if p + "ffn_up_shexp.weight" in t:
                     s = (silu(h @ t[p + "ffn_gate_shexp.weight"].T) * (h @ t[p + "ffn_up_shexp.weight"].T)) \
@@ -134,11 +139,31 @@ class HybridReference(ReferenceModel):
             else:
                 d = (silu(h @ t[p + "ffn_gate.weight"].T) * (h @ t[p + "ffn_up.weight"].T)) @ t[p + "ffn_down.weight"].T
             x = x + d
-        out_norm = t["token_embd_norm.weight" if self.arch == "lfm2" else "output_norm.weight"]
+        out_norm = t["token_embd_norm.weight" if not qwen else "output_norm.weight"]
         x = self.norm(x, out_norm)
         if hidden:
             return x
         return x @ t.get("output.weight", t["token_embd.weight"]).T
+
+    def _sigmoid_experts(self, h, p):
+        """lfm2moe's experts: sigmoid of the router's logits; the top k of
+        those plus exp_probs_b chosen; their unbiased sigmoids, normalized
+        to sum 1, weight them (llama.cpp's build_moe_ffn)."""
+        t = self.t
+        k = self.hp("expert_used_count")
+        prob = sigmoid(h @ t[p + "ffn_gate_inp.weight"].T)
+        sel = prob + t[p + "exp_probs_b.bias"]
+        srt = -np.sort(-sel, axis=1)
+        gap = srt[:, k - 1] - srt[:, k]
+        self.route_gap = gap if self.route_gap is None else np.minimum(self.route_gap, gap)
+        gate, up, down = (t[p + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+        out = np.zeros_like(h)
+        for s in range(h.shape[0]):
+            chosen = np.argsort(-sel[s], kind="stable")[:k]
+            w = prob[s, chosen] / max(prob[s, chosen].sum(), 6.103515625e-5)
+            for e, we in zip(chosen, w):
+                out[s] += we * (down[e] @ (silu(gate[e] @ h[s]) * (up[e] @ h[s])))
+        return out
 
     def _mamba_family(self, tokens, hidden):
         tokens = np.asarray(tokens)

@@ -1,6 +1,6 @@
-"""Hybrid models (issue 51): lfm2's short convolutions, qwen35's and
-qwen35moe's Gated DeltaNet layers, Mamba2 layers (mamba2, granitehybrid,
-nemotron_h) beside attention, on tiny random-weight files written as
+"""Hybrid models (issue 51): lfm2's and lfm2moe's short convolutions,
+qwen35's, qwen35moe's and qwen3next's Gated DeltaNet layers, Mamba2 layers
+(mamba2, granitehybrid, nemotron_h) beside attention, on tiny random-weight files written as
 llama.cpp reads them (tiny_models.write_hybrid).
 
 - what the architecture files read (mixers, sizes, refusals) needs no
@@ -39,7 +39,8 @@ OURS = [("lfm2", {}), ("qwen35", {}), ("qwen35", {"recurrent_array": True}), ("q
 GDN_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # against llama.cpp: untied heads, so that the top token is not the input token
 ALL = [(arch, {"tie_output": False})
-       for arch in ("lfm2", "qwen35", "qwen35moe", "qwen3next", "mamba2", "granitehybrid", "nemotron_h")]
+       for arch in ("lfm2", "lfm2moe", "qwen35", "qwen35moe", "qwen3next", "mamba2", "granitehybrid",
+                    "nemotron_h")]
 PEER_TOL_FLOAT = 3e-3  # F32/F16 weights: llama.cpp's float32 against float64 (seen: at most 1.2e-3)
 PEER_TOL_MOE = 1e-2    # the same beside near ties of the expert choice (seen: 4.6e-3 two tokens after one)
 
@@ -130,7 +131,7 @@ def test_conv_taps_are_the_files_rows(hybrid):
 
 
 @pytest.mark.parametrize("arch, match", [("qwen35moe", "shared expert"), ("nemotron_h", "squared ReLU"),
-                                         ("qwen3next", "grouped order")])
+                                         ("qwen3next", "grouped order"), ("lfm2moe", "selection bias")])
 def test_what_the_core_cannot_run_is_refused_by_name(hybrid, arch, match):
     path = hybrid(arch)
     with pytest.raises(UnsupportedModelError, match=match):

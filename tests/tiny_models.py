@@ -349,7 +349,7 @@ def write_encoder(path, arch="bert", qtype="Q8_0", n_embd=256, n_layer=2, n_head
 
 # ---- hybrid models: recurrent layers beside attention (issue 51) ----
 
-HYBRID_ARCHS = ("lfm2", "qwen35", "qwen35moe", "qwen3next", "mamba2", "granitehybrid", "nemotron_h")
+HYBRID_ARCHS = ("lfm2", "lfm2moe", "qwen35", "qwen35moe", "qwen3next", "mamba2", "granitehybrid", "nemotron_h")
 
 
 @dataclass
@@ -392,6 +392,7 @@ class HybridConfig:
     n_ff_exp: int = 256
     n_ff_shexp: int = 256         # 0: no shared expert (llama.cpp requires one)
     n_nextn: int = 0              # qwen35: multi-token-prediction blocks after the n_layer trunk
+    n_dense_lead: int = 1         # lfm2moe: leading layers with a dense feed-forward
     # Mamba2 layers (mamba2, granitehybrid, nemotron_h): heads of mamba_inner / mamba_heads channels,
     # n_group groups of B and C of d_state each; d_conv taps over the x, B and C channels
     mamba_heads: int = 8
@@ -406,7 +407,7 @@ class HybridConfig:
 
 
 MAMBA2_ARCHS = ("mamba2", "granitehybrid", "nemotron_h")
-DEFAULT_LAYOUTS = {"lfm2": "RARA", "mamba2": "RRRR", "granitehybrid": "RARR", "nemotron_h": "RFAR"}
+DEFAULT_LAYOUTS = {"lfm2": "RARA", "lfm2moe": "RARA", "mamba2": "RRRR", "granitehybrid": "RARR", "nemotron_h": "RFAR"}
 
 
 def hybrid_layout(cfg: HybridConfig) -> str:
@@ -438,7 +439,7 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
     kv[f"{arch}.attention.layer_norm_rms_epsilon"] = float(cfg.eps)
     kv[f"{arch}.rope.freq_base"] = float(cfg.rope_base)
     kv[f"{arch}.vocab_size"] = n_vocab
-    if arch == "lfm2":
+    if arch in ("lfm2", "lfm2moe"):
         # per layer: 0 KV heads marks a convolution layer (llama.cpp's converter)
         kv[f"{arch}.attention.head_count_kv"] = [cfg.n_head_kv if k == "A" else 0 for k in kinds]
         kv[f"{arch}.shortconv.l_cache"] = cfg.l_cache
@@ -482,6 +483,12 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
             kv[f"{arch}.full_attention_interval"] = cfg.full_attention_interval
         if cfg.n_nextn:
             kv[f"{arch}.nextn_predict_layers"] = cfg.n_nextn
+    if arch == "lfm2moe":  # sigmoid router with a selection bias, after dense leading layers
+        kv[f"{arch}.expert_count"] = cfg.n_expert
+        kv[f"{arch}.expert_used_count"] = cfg.n_expert_used
+        kv[f"{arch}.expert_feed_forward_length"] = cfg.n_ff_exp
+        kv[f"{arch}.leading_dense_block_count"] = cfg.n_dense_lead
+        kv[f"{arch}.expert_gating_func"] = 2  # gguf.ExpertGatingFuncType.SIGMOID
     if arch in ("qwen35moe", "qwen3next"):
         kv[f"{arch}.expert_count"] = cfg.n_expert
         kv[f"{arch}.expert_used_count"] = cfg.n_expert_used
@@ -536,7 +543,7 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
 
     matrix("token_embd.weight", n_vocab, E, cfg.embd_qtype, 1.0)
     # lfm2's final norm is stored as token_embd_norm (llama-arch.cpp, LLM_TENSOR_OUTPUT_NORM_LFM2)
-    vector("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
+    vector("token_embd_norm.weight" if arch in ("lfm2", "lfm2moe") else "output_norm.weight", E)
     if not cfg.tie_output:
         matrix("output.weight", n_vocab, E)
     dk, nk, nv = cfg.d_state, cfg.n_group, cfg.n_v_head
@@ -547,19 +554,19 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
         qwen = arch in ("qwen35", "qwen35moe", "qwen3next")
         if qwen:  # the feed-forward's pre-norm, named post_attention_norm
             vector(p + "post_attention_norm.weight", E)
-        elif arch in ("lfm2", "granitehybrid"):
+        elif arch in ("lfm2", "lfm2moe", "granitehybrid"):
             vector(p + "ffn_norm.weight", E)
         if kind == "A":
             matrix(p + "attn_q.weight", cfg.n_head * hd * (2 if qwen else 1), E)  # qwen35: queries and gate
             matrix(p + "attn_k.weight", cfg.n_head_kv * hd, E)
             matrix(p + "attn_v.weight", cfg.n_head_kv * hd, E)
             matrix(p + "attn_output.weight", E, cfg.n_head * hd)
-            if arch in ("lfm2", "qwen35", "qwen35moe", "qwen3next"):
+            if arch in ("lfm2", "lfm2moe", "qwen35", "qwen35moe", "qwen3next"):
                 vector(p + "attn_q_norm.weight", hd)
                 vector(p + "attn_k_norm.weight", hd)
         elif kind == "F":
             pass
-        elif arch == "lfm2":
+        elif arch in ("lfm2", "lfm2moe"):
             f32(p + "shortconv.conv.weight", rng.standard_normal((E, cfg.l_cache)) * 0.5)
             matrix(p + "shortconv.in_proj.weight", 3 * E, E)
             matrix(p + "shortconv.out_proj.weight", E, E)
@@ -588,7 +595,14 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
             f32(p + "ssm_a", -np.exp(rng.uniform(-1.0, 1.0, nv)))  # -exp(A_log), as the converter stores it
             vector(p + "ssm_norm.weight", dk)
             matrix(p + "ssm_out.weight", E, d_inner)
-        if arch in ("qwen35moe", "qwen3next"):
+        if arch == "lfm2moe" and i >= cfg.n_dense_lead:
+            ne, Fe = cfg.n_expert, cfg.n_ff_exp
+            matrix(p + "ffn_gate_inp.weight", ne, E, "F32")
+            matrix(p + "ffn_gate_exps.weight", Fe, E, n_expert=ne)
+            matrix(p + "ffn_up_exps.weight", Fe, E, n_expert=ne)
+            matrix(p + "ffn_down_exps.weight", E, Fe, n_expert=ne)
+            vector(p + "exp_probs_b.bias", ne, 0.0, 0.5)
+        elif arch in ("qwen35moe", "qwen3next"):
             ne, Fe = cfg.n_expert, cfg.n_ff_exp
             matrix(p + "ffn_gate_inp.weight", ne, E, "F32")
             matrix(p + "ffn_gate_exps.weight", Fe, E, n_expert=ne)

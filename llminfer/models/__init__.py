@@ -26,6 +26,7 @@ ARCHITECTURES = {
     smollm3.ARCH: smollm3.build,
     mistral3.ARCH: mistral3.build,
     lfm2.ARCH: lfm2.build,
+    lfm2.MOE_ARCH: lfm2.build_moe,
     qwen35.ARCH: qwen35.build,
     qwen35moe.ARCH: qwen35moe.build,
     qwen3next.ARCH: qwen3next.build,
