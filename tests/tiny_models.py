@@ -354,7 +354,7 @@ def write_encoder(path, arch="bert", qtype="Q8_0", n_embd=256, n_layer=2, n_head
 
 # ---- hybrid models: recurrent layers beside attention (issue 51) ----
 
-HYBRID_ARCHS = ("lfm2", "qwen35", "qwen35moe")
+HYBRID_ARCHS = ("lfm2", "lfm2moe", "qwen35", "qwen35moe", "qwen3next", "mamba2", "granitehybrid", "nemotron_h")
 
 
 @dataclass
@@ -378,8 +378,9 @@ class HybridConfig:
     context_length: int = 512
     seed: int = 0
     eps: float = 1e-6
-    # lfm2: which layers are attention ("A") or short convolutions ("R")
-    layout: str = "RARA"
+    # lfm2, granitehybrid, nemotron_h: each layer's kind, "A" attention, "R" recurrent (lfm2's short
+    # convolution, Mamba2 elsewhere), "F" a feed-forward alone (nemotron_h); "" the arch's default
+    layout: str = ""
     l_cache: int = 3              # lfm2: shortconv.l_cache, the convolution's taps
     # qwen35 / qwen35moe: Gated DeltaNet layers, attention every full_attention_interval-th
     full_attention_interval: int = 2
@@ -396,20 +397,36 @@ class HybridConfig:
     n_ff_exp: int = 256
     n_ff_shexp: int = 256         # 0: no shared expert (llama.cpp requires one)
     n_nextn: int = 0              # qwen35: multi-token-prediction blocks after the n_layer trunk
+    n_dense_lead: int = 1         # lfm2moe: leading layers with a dense feed-forward
+    # Mamba2 layers (mamba2, granitehybrid, nemotron_h): heads of mamba_inner / mamba_heads channels,
+    # n_group groups of B and C of d_state each; d_conv taps over the x, B and C channels
+    mamba_heads: int = 8
+    mamba_inner: int = 512        # granitehybrid: 2 * n_embd, as llama.cpp requires
+    mamba_state: int = 32
+    # granitehybrid's multipliers (0: absent)
+    embedding_scale: float = 3.0
+    residual_scale: float = 0.5
+    attention_scale: float = 0.1
+    logit_scale: float = 2.5
     pre: str = "default"
 
 
+MAMBA2_ARCHS = ("mamba2", "granitehybrid", "nemotron_h")
+DEFAULT_LAYOUTS = {"lfm2": "RARA", "lfm2moe": "RARA", "mamba2": "RRRR", "granitehybrid": "RARR", "nemotron_h": "RFAR"}
+
+
 def hybrid_layout(cfg: HybridConfig) -> str:
-    """Each layer's kind: "A" attention, "R" recurrent."""
-    if cfg.arch == "lfm2":
-        assert len(cfg.layout) == cfg.n_layer
-        return cfg.layout
+    """Each layer's kind: "A" attention, "R" recurrent, "F" feed-forward alone."""
+    if cfg.arch in DEFAULT_LAYOUTS:
+        layout = cfg.layout or DEFAULT_LAYOUTS[cfg.arch]
+        assert len(layout) == cfg.n_layer, (layout, cfg.n_layer)
+        return layout
     k = cfg.full_attention_interval
     return "".join("A" if (i + 1) % k == 0 else "R" for i in range(cfg.n_layer))
 
 
 def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
-    """Write a tiny random `lfm2`, `qwen35` or `qwen35moe` file; tensor_hook
+    """Write a tiny random file of one of HYBRID_ARCHS; tensor_hook
     as write_model's; meta: metadata keys to replace (a value) or leave out
     (None)."""
     rng = np.random.default_rng(cfg.seed)
@@ -427,17 +444,39 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
     kv[f"{arch}.attention.layer_norm_rms_epsilon"] = float(cfg.eps)
     kv[f"{arch}.rope.freq_base"] = float(cfg.rope_base)
     kv[f"{arch}.vocab_size"] = n_vocab
-    if arch == "lfm2":
+    if arch in ("lfm2", "lfm2moe"):
         # per layer: 0 KV heads marks a convolution layer (llama.cpp's converter)
         kv[f"{arch}.attention.head_count_kv"] = [cfg.n_head_kv if k == "A" else 0 for k in kinds]
         kv[f"{arch}.shortconv.l_cache"] = cfg.l_cache
         assert hd * cfg.n_head == E
+    elif arch in MAMBA2_ARCHS:
+        kv[f"{arch}.ssm.conv_kernel"] = cfg.d_conv
+        kv[f"{arch}.ssm.state_size"] = cfg.mamba_state
+        kv[f"{arch}.ssm.group_count"] = cfg.n_group
+        kv[f"{arch}.ssm.time_step_rank"] = cfg.mamba_heads
+        kv[f"{arch}.ssm.inner_size"] = cfg.mamba_inner
+        if arch == "mamba2":  # no attention, no feed-forward (llama.cpp's converter writes 0s)
+            kv[f"{arch}.attention.head_count"] = 0
+            kv[f"{arch}.feed_forward_length"] = 0
+        else:  # per layer: 0 KV heads (and, in nemotron_h, 0 feed-forward) marks a Mamba2 layer
+            kv[f"{arch}.attention.head_count_kv"] = [cfg.n_head_kv if k == "A" else 0 for k in kinds]
+            kv[f"{arch}.attention.key_length"] = hd
+            kv[f"{arch}.attention.value_length"] = hd
+        if arch == "nemotron_h":
+            kv[f"{arch}.feed_forward_length"] = [F if k == "F" else 0 for k in kinds]
+            kv[f"{arch}.attention.layer_norm_epsilon"] = float(cfg.eps)
+        if arch == "granitehybrid":
+            kv[f"{arch}.rope.scaling.finetuned"] = False  # Granite 4.0-H: no RoPE
+            for key in ("embedding_scale", "residual_scale", "attention_scale", "logit_scale"):
+                if getattr(cfg, key):
+                    kv[f"{arch}.{key.replace('attention_', 'attention.')}"] = float(getattr(cfg, key))
     else:
         kv[f"{arch}.attention.head_count_kv"] = cfg.n_head_kv
         kv[f"{arch}.attention.key_length"] = hd
         kv[f"{arch}.attention.value_length"] = hd
         kv[f"{arch}.rope.dimension_count"] = cfg.n_rot
-        kv[f"{arch}.rope.dimension_sections"] = list(cfg.rope_sections)
+        if arch != "qwen3next":  # qwen3next: plain NeoX RoPE
+            kv[f"{arch}.rope.dimension_sections"] = list(cfg.rope_sections)
         kv[f"{arch}.ssm.conv_kernel"] = cfg.d_conv
         kv[f"{arch}.ssm.state_size"] = cfg.d_state
         kv[f"{arch}.ssm.group_count"] = cfg.n_group
@@ -449,7 +488,13 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
             kv[f"{arch}.full_attention_interval"] = cfg.full_attention_interval
         if cfg.n_nextn:
             kv[f"{arch}.nextn_predict_layers"] = cfg.n_nextn
-    if arch == "qwen35moe":
+    if arch == "lfm2moe":  # sigmoid router with a selection bias, after dense leading layers
+        kv[f"{arch}.expert_count"] = cfg.n_expert
+        kv[f"{arch}.expert_used_count"] = cfg.n_expert_used
+        kv[f"{arch}.expert_feed_forward_length"] = cfg.n_ff_exp
+        kv[f"{arch}.leading_dense_block_count"] = cfg.n_dense_lead
+        kv[f"{arch}.expert_gating_func"] = 2  # gguf.ExpertGatingFuncType.SIGMOID
+    if arch in ("qwen35moe", "qwen3next"):
         kv[f"{arch}.expert_count"] = cfg.n_expert
         kv[f"{arch}.expert_used_count"] = cfg.n_expert_used
         kv[f"{arch}.expert_feed_forward_length"] = cfg.n_ff_exp
@@ -503,7 +548,7 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
 
     matrix("token_embd.weight", n_vocab, E, cfg.embd_qtype, 1.0)
     # lfm2's final norm is stored as token_embd_norm (llama-arch.cpp, LLM_TENSOR_OUTPUT_NORM_LFM2)
-    vector("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
+    vector("token_embd_norm.weight" if arch in ("lfm2", "lfm2moe") else "output_norm.weight", E)
     if not cfg.tie_output:
         matrix("output.weight", n_vocab, E)
     dk, nk, nv = cfg.d_state, cfg.n_group, cfg.n_v_head
@@ -511,32 +556,58 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
     for i, kind in enumerate(kinds):
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", E)
-        # lfm2: the feed-forward's pre-norm; qwen35: the same role, named post_attention_norm
-        vector(p + ("ffn_norm.weight" if arch == "lfm2" else "post_attention_norm.weight"), E)
+        qwen = arch in ("qwen35", "qwen35moe", "qwen3next")
+        if qwen:  # the feed-forward's pre-norm, named post_attention_norm
+            vector(p + "post_attention_norm.weight", E)
+        elif arch in ("lfm2", "lfm2moe", "granitehybrid"):
+            vector(p + "ffn_norm.weight", E)
         if kind == "A":
-            q_rows = cfg.n_head * hd * (2 if arch != "lfm2" else 1)  # qwen35: queries and their gate
-            matrix(p + "attn_q.weight", q_rows, E)
+            matrix(p + "attn_q.weight", cfg.n_head * hd * (2 if qwen else 1), E)  # qwen35: queries and gate
             matrix(p + "attn_k.weight", cfg.n_head_kv * hd, E)
             matrix(p + "attn_v.weight", cfg.n_head_kv * hd, E)
             matrix(p + "attn_output.weight", E, cfg.n_head * hd)
-            vector(p + "attn_q_norm.weight", hd)
-            vector(p + "attn_k_norm.weight", hd)
-        elif arch == "lfm2":
+            if arch in ("lfm2", "lfm2moe", "qwen35", "qwen35moe", "qwen3next"):
+                vector(p + "attn_q_norm.weight", hd)
+                vector(p + "attn_k_norm.weight", hd)
+        elif kind == "F":
+            pass
+        elif arch in ("lfm2", "lfm2moe"):
             f32(p + "shortconv.conv.weight", rng.standard_normal((E, cfg.l_cache)) * 0.5)
             matrix(p + "shortconv.in_proj.weight", 3 * E, E)
             matrix(p + "shortconv.out_proj.weight", E, E)
+        elif arch in MAMBA2_ARCHS:
+            di, nh, ng, ds = cfg.mamba_inner, cfg.mamba_heads, cfg.n_group, cfg.mamba_state
+            channels = di + 2 * ng * ds
+            matrix(p + "ssm_in.weight", 2 * di + 2 * ng * ds + nh, E)  # z, x, B, C, dt
+            f32(p + "ssm_conv1d.weight", rng.standard_normal((channels, cfg.d_conv)) * 0.5)
+            vector(p + "ssm_conv1d.bias", channels, 0.0, 0.1)
+            vector(p + "ssm_dt.bias", nh, 0.0, 0.5)
+            f32(p + "ssm_a", -np.exp(rng.uniform(0.0, 1.5, (nh, 1))))  # -exp(A_log), {1, n_head}
+            f32(p + "ssm_d", 1.0 + rng.standard_normal((nh, 1)) * 0.1)
+            f32(p + "ssm_norm.weight", 1.0 + rng.standard_normal((ng, di // ng)) * 0.1)
+            matrix(p + "ssm_out.weight", E, di)
         else:
             channels = 2 * nk * dk + d_inner
             matrix(p + "attn_qkv.weight", channels, E)
             matrix(p + "attn_gate.weight", d_inner, E)
-            matrix(p + "ssm_beta.weight", nv, E)
-            matrix(p + "ssm_alpha.weight", nv, E)
+            if arch == "qwen3next":  # beta and alpha in one: per key head, its value heads' betas then alphas
+                matrix(p + "ssm_ba.weight", 2 * nv, E)
+            else:
+                matrix(p + "ssm_beta.weight", nv, E)
+                matrix(p + "ssm_alpha.weight", nv, E)
             f32(p + "ssm_conv1d.weight", rng.standard_normal((channels, cfg.d_conv)) * 0.5)
             vector(p + "ssm_dt.bias", nv, 0.0, 0.5)
             f32(p + "ssm_a", -np.exp(rng.uniform(-1.0, 1.0, nv)))  # -exp(A_log), as the converter stores it
             vector(p + "ssm_norm.weight", dk)
             matrix(p + "ssm_out.weight", E, d_inner)
-        if arch == "qwen35moe":
+        if arch == "lfm2moe" and i >= cfg.n_dense_lead:
+            ne, Fe = cfg.n_expert, cfg.n_ff_exp
+            matrix(p + "ffn_gate_inp.weight", ne, E, "F32")
+            matrix(p + "ffn_gate_exps.weight", Fe, E, n_expert=ne)
+            matrix(p + "ffn_up_exps.weight", Fe, E, n_expert=ne)
+            matrix(p + "ffn_down_exps.weight", E, Fe, n_expert=ne)
+            vector(p + "exp_probs_b.bias", ne, 0.0, 0.5)
+        elif arch in ("qwen35moe", "qwen3next"):
             ne, Fe = cfg.n_expert, cfg.n_ff_exp
             matrix(p + "ffn_gate_inp.weight", ne, E, "F32")
             matrix(p + "ffn_gate_exps.weight", Fe, E, n_expert=ne)
@@ -548,7 +619,11 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
                 matrix(p + "ffn_gate_shexp.weight", Fs, E)
                 matrix(p + "ffn_up_shexp.weight", Fs, E)
                 matrix(p + "ffn_down_shexp.weight", E, Fs)
-        else:
+        elif arch == "nemotron_h":
+            if kind == "F":  # squared-ReLU feed-forward without a gate
+                matrix(p + "ffn_up.weight", F, E)
+                matrix(p + "ffn_down.weight", E, F)
+        elif arch != "mamba2":
             matrix(p + "ffn_gate.weight", F, E)
             matrix(p + "ffn_up.weight", F, E)
             matrix(p + "ffn_down.weight", E, F)

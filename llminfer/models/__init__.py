@@ -7,8 +7,8 @@ import inspect
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models import (gemma2, gemma3, granite, lfm2, llama, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe,
-                             qwen35, qwen35moe, smollm3)
+from llminfer.models import (gemma2, gemma3, granite, granitehybrid, lfm2, llama, mamba2, mistral3, nemotron_h,
+                             olmo2, phi3, qwen2, qwen3, qwen3moe, qwen3next, qwen35, qwen35moe, smollm3)
 from llminfer.models.base import ModelSpec
 
 ENCODER_ARCHS = ("bert", "nomic-bert")  # llminfer.models.bert, run by llminfer.embeddings
@@ -26,8 +26,13 @@ ARCHITECTURES = {
     smollm3.ARCH: smollm3.build,
     mistral3.ARCH: mistral3.build,
     lfm2.ARCH: lfm2.build,
+    lfm2.MOE_ARCH: lfm2.build_moe,
     qwen35.ARCH: qwen35.build,
     qwen35moe.ARCH: qwen35moe.build,
+    qwen3next.ARCH: qwen3next.build,
+    mamba2.ARCH: mamba2.build,
+    granitehybrid.ARCH: granitehybrid.build,
+    nemotron_h.ARCH: nemotron_h.build,
 }
 
 

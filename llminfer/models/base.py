@@ -181,6 +181,7 @@ class ModelSpec:
     ssm_d_state: int = 0
     ssm_n_group: int = 0
     ssm_n_head: int = 0
+    ssm_kv_grouped: bool = False  # GDN: value head h reads key head h // (n_head / n_group) (qwen3next)
     n_ff_shexp: int = 0           # a MoE layer's shared expert's width (0: none)
 
     def check_vectors(self):

@@ -16,25 +16,45 @@ llama.cpp's converter stores it (src/models/lfm2.cpp there).
 - The final norm is named token_embd_norm; the head is tied to the
   embedding unless output.weight is present.
 
-lfm2moe (LFM2-8B-A1B), the bidirectional LFM2 encoders (attention.causal
-false) and the ColBERT head (dense_2) are not read."""
+lfm2moe (LFM2-8B-A1B, LFM2-24B-A2B) is the same with experts in the layers
+after leading_dense_block_count: a sigmoid router whose top expert_used_count
+are chosen after adding exp_probs_b.bias, weighted by their (unbiased)
+sigmoids normalized to sum 1. llminfer's expert path routes by softmax and
+has no selection bias, so lfm2moe files are read and then refused by name.
+The bidirectional LFM2 encoders (attention.causal false) and the ColBERT
+head (dense_2) are not read."""
 
 import numpy as np
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models.base import (ACT_SILU, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, Weights,
+from llminfer.models.base import (ACT_SILU, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, MoESpec, Weights,
                                   attn_scale_default, output_head, rope_dims, rope_scale, vocab_size)
 from llminfer.models.hybrid import MAX_CONV, dense_ffn, layer_array, shortconv_layer, ssm_size
 
 ARCH = "lfm2"
+MOE_ARCH = "lfm2moe"
+SIGMOID = 2  # expert_gating_func: gguf's ExpertGatingFuncType.SIGMOID
 
 
-def build(gguf: GGUFFile) -> ModelSpec:
-    hp = Hparams(gguf, ARCH)
-    causal = gguf.metadata.get(f"{ARCH}.attention.causal", True)
+def _experts(hp: Hparams, n_layer: int):
+    """lfm2moe: (experts, used, width, leading dense layers)."""
+    from llminfer.models.qwen3moe import MAX_EXPERTS
+    n_expert, n_used = hp.int("expert_count", 0), hp.int("expert_used_count", 0)
+    n_ff_exp = hp.int("expert_feed_forward_length", 0)
+    lead = hp.int("leading_dense_block_count", 0)
+    if not (0 < n_used <= n_expert <= MAX_EXPERTS) or not 0 < n_ff_exp <= 1 << 20 or not 0 <= lead <= n_layer:
+        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.expert_count {n_expert}, expert_used_count {n_used}, "
+                                    f"expert_feed_forward_length {n_ff_exp} and leading_dense_block_count {lead} "
+                                    f"do not fit")
+    return n_expert, n_used, n_ff_exp, lead
+
+
+def build(gguf: GGUFFile, arch: str = ARCH) -> ModelSpec:
+    hp = Hparams(gguf, arch)
+    causal = gguf.metadata.get(f"{arch}.attention.causal", True)
     if causal is False or (isinstance(causal, (bool, np.bool_)) and not causal):
-        raise UnsupportedModelError(f"{gguf.path}: a bidirectional LFM2 encoder ({ARCH}.attention.causal is "
+        raise UnsupportedModelError(f"{gguf.path}: a bidirectional LFM2 encoder ({arch}.attention.causal is "
                                     f"false) does not generate text")
     n_layer = hp.int("block_count")
     n_embd = hp.int("embedding_length")
@@ -43,18 +63,18 @@ def build(gguf: GGUFFile) -> ModelSpec:
     l_cache = ssm_size(hp, "shortconv.l_cache", 2, MAX_CONV)
     kv = layer_array(hp, "attention.head_count_kv", n_layer)
     if kv is None:
-        raise UnsupportedModelError(f"{gguf.path}: metadata '{ARCH}.attention.head_count_kv' is missing; "
+        raise UnsupportedModelError(f"{gguf.path}: metadata '{arch}.attention.head_count_kv' is missing; "
                                     f"lfm2 tells its convolution layers (0) from attention layers by it")
     kv_heads = sorted({k for k in kv if k != 0})
     if len(kv_heads) > 1:
-        raise UnsupportedModelError(f"{gguf.path}: {ARCH}.attention.head_count_kv gives attention layers "
+        raise UnsupportedModelError(f"{gguf.path}: {arch}.attention.head_count_kv gives attention layers "
                                     f"different KV head counts {kv_heads}; llminfer runs one per model")
     if any(k < 0 for k in kv) or (kv_heads and (kv_heads[0] > 1 << 12 or n_head % kv_heads[0])):
-        raise UnsupportedModelError(f"{gguf.path}: {ARCH}.attention.head_count_kv {kv} does not divide "
+        raise UnsupportedModelError(f"{gguf.path}: {arch}.attention.head_count_kv {kv} does not divide "
                                     f"attention.head_count {n_head}")
     n_head_kv = kv_heads[0] if kv_heads else n_head
-    if f"{ARCH}.attention.key_length" not in hp.meta and n_embd % n_head:
-        raise UnsupportedModelError(f"{gguf.path}: {ARCH}.embedding_length {n_embd} is not a multiple of "
+    if f"{arch}.attention.key_length" not in hp.meta and n_embd % n_head:
+        raise UnsupportedModelError(f"{gguf.path}: {arch}.embedding_length {n_embd} is not a multiple of "
                                     f"attention.head_count {n_head}")
     head_dim = hp.int("attention.key_length", n_embd // n_head)
     if hp.int("attention.value_length", head_dim) != head_dim or head_dim * n_head != n_embd:
@@ -67,11 +87,21 @@ def build(gguf: GGUFFile) -> ModelSpec:
     w = Weights(gguf)
     tok_embd = w.matrix("token_embd.weight", n_vocab, n_embd)
 
+    moe = _experts(hp, n_layer) if arch == MOE_ARCH else None
     layers = []
     for i in range(n_layer):
         p = f"blk.{i}."
         ffn_norm = w.vector(p + "ffn_norm.weight", n_embd)
-        ffn = dense_ffn(w, p, n_embd, n_ff)
+        if moe is not None and i >= moe[3]:
+            ne, _, fe, _ = moe
+            ffn = dict(w_gate=None, w_up=None, w_down=None, moe=MoESpec(
+                router=w.matrix(p + "ffn_gate_inp.weight", ne, n_embd),
+                gate_exps=w.expert_matrix(p + "ffn_gate_exps.weight", ne, fe, n_embd),
+                up_exps=w.expert_matrix(p + "ffn_up_exps.weight", ne, fe, n_embd),
+                down_exps=w.expert_matrix(p + "ffn_down_exps.weight", ne, n_embd, fe)))
+            w.vector(p + "exp_probs_b.bias", ne)  # the selection bias: no place for it (refused below)
+        else:
+            ffn = dense_ffn(w, p, n_embd, n_ff)
         if kv[i] == 0:
             layers.append(shortconv_layer(w, p, n_embd, l_cache, ffn_norm, ffn))
             continue
@@ -87,7 +117,7 @@ def build(gguf: GGUFFile) -> ModelSpec:
             rope_base=base, rope_scale=scale, sliding_window=window))
 
     spec = ModelSpec(
-        arch=ARCH,
+        arch=arch,
         n_vocab=n_vocab,
         n_embd=n_embd,
         n_head=n_head,
@@ -110,5 +140,17 @@ def build(gguf: GGUFFile) -> ModelSpec:
         ssm_d_conv=l_cache,
         ssm_d_inner=n_embd,  # the convolution's channels
     )
-    w.check_all_used(n_layer, ARCH)
+    if moe is not None:
+        spec.n_expert, spec.n_expert_used, spec.n_ff_exp = moe[:3]
+    w.check_all_used(n_layer, arch)
+    if moe is not None:
+        gating = hp.int("expert_gating_func", SIGMOID)
+        raise UnsupportedModelError(
+            f"{gguf.path}: {arch}'s experts are chosen by {'sigmoid' if gating == SIGMOID else f'gating {gating}'} "
+            f"of the router's logits plus a selection bias (exp_probs_b), which llminfer's expert path (softmax, "
+            f"no bias) does not compute yet")
     return spec
+
+
+def build_moe(gguf: GGUFFile) -> ModelSpec:
+    return build(gguf, arch=MOE_ARCH)

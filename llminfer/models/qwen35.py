@@ -97,9 +97,12 @@ def _attention_layer(w, p, sh, base, scale, ffn_norm, ffn) -> LayerSpec:
         attn_out_gate=True)
 
 
-def build(gguf: GGUFFile, arch: str = ARCH, make_ffn=None, customize=None) -> ModelSpec:
+def build(gguf: GGUFFile, arch: str = ARCH, make_ffn=None, customize=None, sections: bool = True,
+          make_gdn=gdn_layer) -> ModelSpec:
     """make_ffn(w, hp, p, n_embd) -> dict of LayerSpec's feed-forward fields
-    (qwen35moe's experts); the dense SiLU-gated one by default."""
+    (qwen35moe's experts); the dense SiLU-gated one by default. sections:
+    the rope is the multi-section one (rope.dimension_sections); make_gdn:
+    the Gated DeltaNet layers' reader (hybrid.gdn_layer's arguments)."""
     hp = Hparams(gguf, arch)
     n_layer_all = hp.int("block_count")
     n_nextn = hp.int("nextn_predict_layers", 0)
@@ -118,7 +121,8 @@ def build(gguf: GGUFFile, arch: str = ARCH, make_ffn=None, customize=None) -> Mo
         raise UnsupportedModelError(f"{gguf.path}: {arch} attention needs keys and values of one head size")
     n_ff = hp.int("feed_forward_length", 0 if make_ffn is not None else None)
     n_rot = rope_dims(hp, head_dim)
-    check_rope_sections(hp, n_rot)
+    if sections:
+        check_rope_sections(hp, n_rot)
     d_conv = ssm_size(hp, "ssm.conv_kernel", 2, MAX_CONV)
     d_state = ssm_size(hp, "ssm.state_size")
     n_group = ssm_size(hp, "ssm.group_count")
@@ -142,7 +146,7 @@ def build(gguf: GGUFFile, arch: str = ARCH, make_ffn=None, customize=None) -> Mo
         ffn_norm = w.vector(p + "post_attention_norm.weight", n_embd)
         ffn = make_ffn(w, hp, p, n_embd) if make_ffn is not None else dense_ffn(w, p, n_embd, n_ff)
         if recurrent[i]:
-            layers.append(gdn_layer(w, p, n_embd, d_conv, d_state, n_group, n_v, ffn_norm, ffn))
+            layers.append(make_gdn(w, p, n_embd, d_conv, d_state, n_group, n_v, ffn_norm, ffn))
         else:
             layers.append(_attention_layer(w, p, sh, base, scale, ffn_norm, ffn))
 
