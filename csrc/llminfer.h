@@ -285,6 +285,8 @@ typedef struct li_model_desc {
     int ssm_d_state;
     int ssm_n_group;
     int ssm_n_head;
+    int ssm_kv_grouped;          /* GDN: value head h reads key head h / (n_head / n_group) (qwen3next's
+                                  * grouped order), not h % n_group (qwen35's, tiled) */
     int n_ff_shexp;              /* the shared expert's width (0: none) */
     /* -- the core's own -- */
     int embd_release;            /* set by li_model_repack(release): tok_embd is a clean file mapping that

@@ -1172,7 +1172,7 @@ static void gdn_half(li_context *c, const li_layer_desc *L, int il, int64_t n, i
     li_split((int64_t)c->n_seqs * H, ith, nth, &lo, &hi);
     for (int64_t it = lo; it < hi; it++) {
         const int s = (int)(it / H);
-        const int64_t h = it % H, g = h % G;
+        const int64_t h = it % H, g = m->ssm_kv_grouped ? h / (H / G) : h % G;
         const int32_t *rows = c->seq_rows + c->seq_off[s];
         const int64_t cnt = c->seq_off[s + 1] - c->seq_off[s];
         if (cnt == 0) continue;

@@ -118,6 +118,7 @@ cdef extern from "llminfer.h" nogil:
         float attn_temp_offset
         int attn_temp_floor
         int ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_group, ssm_n_head
+        int ssm_kv_grouped
         int n_ff_shexp
         int embd_release
         int embd_file

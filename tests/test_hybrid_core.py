@@ -86,7 +86,7 @@ def no_ffn(L):
 
 def model(kind, seed=0):
     rng = np.random.default_rng(seed)
-    if kind == "gdn":
+    if kind in ("gdn", "gdn_grouped"):
         layers = [layer(rng, MIX_GDN), layer(rng, MIX_GDN), layer(rng, MIX_ATTN, gated=True), layer(rng, MIX_GDN)]
         conv = K
     elif kind == "gdn_moe":
@@ -110,6 +110,8 @@ def model(kind, seed=0):
                      attn_scale=HD ** -0.5, context_length=512, tok_embd=emb, output_norm=1 + f32(rng, E, scale=0.1),
                      output=emb, layers=layers, ssm_d_conv=conv, ssm_d_inner=DI, ssm_d_state=N, ssm_n_group=G,
                      ssm_n_head=H)
+    if kind == "gdn_grouped":  # qwen3next's order: value head h reads key head h // (H / G)
+        spec.ssm_kv_grouped = True
     if kind == "nemotron":
         spec.gate_fn = ACT_RELU_SQR
     if kind == "gdn_moe":
@@ -184,7 +186,7 @@ def reference(spec, tokens):
                 qs = qs / np.maximum(np.linalg.norm(qs, axis=-1, keepdims=True), EPS) / np.sqrt(N)
                 ks = ks / np.maximum(np.linalg.norm(ks, axis=-1, keepdims=True), EPS)
                 for hh in range(H):
-                    g = hh % G
+                    g = hh // (H // G) if spec.ssm_kv_grouped else hh % G
                     decay = np.exp(np.log1p(np.exp(alpha[t, hh] + L.ssm_dt_b[hh])) * L.ssm_a[hh])
                     S[hh] *= decay
                     d = (vs[hh] - S[hh] @ ks[g]) * beta[t, hh]
@@ -288,7 +290,7 @@ class Runner:
 TOKENS = np.random.default_rng(7).integers(0, V, 40)
 
 
-@pytest.fixture(scope="module", params=["gdn", "gdn_moe", "shortconv", "mamba2", "nemotron"])
+@pytest.fixture(scope="module", params=["gdn", "gdn_grouped", "gdn_moe", "shortconv", "mamba2", "nemotron"])
 def spec(request):
     return model(request.param)
 

@@ -18,7 +18,7 @@ from llminfer import _core
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import build_spec, qwen35moe, support_line
-from llminfer.models.base import MIX_ATTN, MIX_GDN, MIX_MAMBA2, MIX_SHORTCONV
+from llminfer.models.base import MIX_ATTN, MIX_GDN, MIX_MAMBA2, MIX_NONE, MIX_SHORTCONV
 
 from reference_hybrid import HybridReference
 from test_archs import ROUTE_TIE, TOL_FLOAT_WEIGHTS, TOL_QUANT_WEIGHTS, check_close, run, tokens_for
@@ -29,13 +29,11 @@ NATIVE = hasattr(_core, "state_slot_bytes")
 needs_native = pytest.mark.skipif(not NATIVE, reason="the C core does not run recurrent layers yet "
                                                      "(llminfer._core has no state_slot_bytes)")
 
-# qwen35moe runs in llminfer without its shared expert (not in the C core's expert path yet);
-# nemotron_h not at all (its squared-ReLU feed-forward)
-# qwen3next only with as many value heads as key heads (their grouped order is not in the C core)
 # MoE: 4 experts, 2 used, 2 layers, so that few tokens' expert choice is a near tie (10-12% here)
 MOE = {"n_ff_shexp": 0, "n_expert": 4, "n_layer": 2}
 OURS = [("lfm2", {}), ("qwen35", {}), ("qwen35", {"recurrent_array": True}), ("qwen35moe", MOE),
-        ("qwen3next", {**MOE, "n_v_head": 2, "d_state": 128}), ("mamba2", {}), ("granitehybrid", {})]
+        ("qwen35moe", {**MOE, "n_ff_shexp": 256}), ("qwen3next", {**MOE, "n_v_head": 2, "d_state": 128}),
+        ("qwen3next", {**MOE, "n_ff_shexp": 256}), ("mamba2", {}), ("granitehybrid", {}), ("nemotron_h", {})]
 GDN_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # against llama.cpp: untied heads, so that the top token is not the input token
 ALL = [(arch, {"tie_output": False})
@@ -75,16 +73,21 @@ def test_spec_has_the_layers_mixers_and_sizes(hybrid, case):
     spec = build_spec(GGUFFile(hybrid(arch, **kw)))
     recurrent = MIX_SHORTCONV if arch == "lfm2" else MIX_GDN if arch in GDN_ARCHS else MIX_MAMBA2
     want = hybrid_layout(cfg)
-    assert [L.mixer for L in spec.layers] == [recurrent if k == "R" else MIX_ATTN for k in want]
+    kinds = {"R": recurrent, "A": MIX_ATTN, "F": MIX_NONE}
+    assert [L.mixer for L in spec.layers] == [kinds[k] for k in want]
     assert spec.recurrent_layers == [i for i, k in enumerate(want) if k == "R"]
-    for L in spec.layers:
+    for L, k in zip(spec.layers, want):
+        if k == "F":  # nemotron_h's feed-forward alone: its one norm is the feed-forward's
+            assert L.ffn_norm is not None and L.w_up is not None and L.w_gate is None
+            continue
         assert L.attn_norm is not None
-        assert (L.ffn_norm is None) == (arch == "mamba2")
+        assert (L.ffn_norm is None) == (arch in ("mamba2", "nemotron_h"))
         if L.mixer == MIX_ATTN:
             assert L.wq is not None and L.ssm_in is None
-            assert (L.q_norm is not None) == (arch != "granitehybrid")
+            assert (L.q_norm is not None) == (arch not in ("granitehybrid", "nemotron_h"))
             assert L.attn_out_gate == (arch in GDN_ARCHS)
-            assert L.no_rope == (arch == "granitehybrid")  # Granite 4.0-H: rope.scaling.finetuned false
+            # neither rotates (Granite 4.0-H: rope.scaling.finetuned false; Nemotron-H's attention has no RoPE)
+            assert L.no_rope == (arch in ("granitehybrid", "nemotron_h"))
             assert L.wq.rows == cfg.n_head * cfg.head_dim * (2 if L.attn_out_gate else 1)
         else:
             assert L.wq is None and L.wk is None and L.wv is None and L.wo is None
@@ -133,7 +136,7 @@ def test_conv_taps_are_the_files_rows(hybrid):
 @pytest.mark.parametrize("arch, match", [
     pytest.param("qwen35moe", "shared expert", marks=pytest.mark.skipif(
         qwen35moe.shared_expert_supported(), reason="this build runs the shared expert")),
-    ("nemotron_h", "squared ReLU"), ("qwen3next", "grouped order"), ("lfm2moe", "selection bias")])
+    ("lfm2moe", "selection bias")])
 def test_what_the_core_cannot_run_is_refused_by_name(hybrid, arch, match):
     path = hybrid(arch)
     with pytest.raises(UnsupportedModelError, match=match):

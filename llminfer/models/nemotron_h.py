@@ -19,7 +19,7 @@ is another architecture."""
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models.base import (ACT_SILU, MIX_NONE, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, Weights,
+from llminfer.models.base import (ACT_RELU_SQR, ACT_SILU, MIX_NONE, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, Weights,
                                   attn_scale_default, output_head, vocab_size)
 from llminfer.models.hybrid import layer_array, mamba2_layer, mamba2_sizes, refuse_biases, set_ssm_sizes
 
@@ -110,9 +110,6 @@ def build(gguf: GGUFFile) -> ModelSpec:
     )
     set_ssm_sizes(spec, s)
     w.check_all_used(n_layer, ARCH)
-    if relu2:
-        raise UnsupportedModelError(
-            f"{gguf.path}: {ARCH}'s feed-forward layers ({', '.join(f'blk.{i}' for i in relu2[:4])}"
-            f"{', ...' if len(relu2) > 4 else ''}) compute ffn_down(relu(ffn_up x)^2), squared ReLU without a "
-            f"gate, which llminfer's feed-forward (SiLU or GELU gated) does not compute yet")
+    if relu2:  # ffn_down(relu(ffn_up x)^2): ungated, squared ReLU
+        spec.gate_fn = ACT_RELU_SQR
     return spec

@@ -11,16 +11,13 @@ converter stores it (src/models/qwen3next.cpp there): qwen35moe's layers
   which llama.cpp repeats with an interleave), where qwen35's converter
   reorders the value heads so that h reads h % n_group.
 
-li_layer_desc has no way to say the grouped order, and the order cannot be
-changed here (ssm_out's columns would have to move inside quantized
-blocks), so a file whose value heads outnumber its key heads (every
-released one: 32 and 16) is refused; so is the shared expert, as for
-qwen35moe, and the older fused ssm_in (q, k, v and z in one)."""
+The grouped order is li_model_desc's ssm_kv_grouped (the C core reads
+it); the older fused ssm_in (q, k, v and z in one) is refused."""
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import qwen35, qwen35moe
-from llminfer.models.base import Hparams, ModelSpec
+from llminfer.models.base import ModelSpec
 from llminfer.models.hybrid import gather_rows, gdn_layer
 
 ARCH = "qwen3next"
@@ -39,12 +36,7 @@ def _gdn(w, p, n_embd, d_conv, d_state, n_group, n_head, ffn_norm, ffn):
 
 
 def build(gguf: GGUFFile) -> ModelSpec:
-    hp = Hparams(gguf, ARCH)
-    n_group, n_head = hp.int("ssm.group_count"), hp.int("ssm.time_step_rank")
-    if n_head != n_group:
-        raise UnsupportedModelError(
-            f"{gguf.path}: {ARCH}'s {n_head} value heads read its {n_group} key heads in grouped order (value head "
-            f"h reads key head h // {max(n_head // max(n_group, 1), 1)}); llminfer's Gated DeltaNet reads them "
-            f"tiled (h % {n_group}), as qwen35's conversion reorders them, and cannot reorder these")
-    return qwen35.build(gguf, arch=ARCH, make_ffn=qwen35moe.experts, customize=qwen35moe.moe_sizes,
+    spec = qwen35.build(gguf, arch=ARCH, make_ffn=qwen35moe.experts, customize=qwen35moe.moe_sizes,
                         sections=False, make_gdn=_gdn)
+    spec.ssm_kv_grouped = True
+    return spec
