@@ -134,12 +134,30 @@ def write_qwen35(a):
         w.add_uint32(f"{arch}.expert_shared_feed_forward_length", Fs)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
 
+    # tensors are made one at a time as they are written (an 8-layer MoE is 13 GB of F16): first their
+    # shapes, then their data
+    plan = []  # (name, shape, dtype, make)
+
+    class Lazy:
+        def __init__(self, shape, dtype, make):
+            self.shape, self.dtype, self.make = shape, np.dtype(dtype), make
+
     def rand(*shape):
-        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+        return Lazy(shape, np.float16,
+                    lambda: (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16))
 
     def ones(n):
-        return np.ones(n, np.float32)
+        return Lazy((n,), np.float32, lambda: np.ones(n, np.float32))
 
+    def exact(arr):
+        return Lazy(arr.shape, arr.dtype, lambda: arr)
+
+    class Plan:
+        def add_tensor(self, name, t):
+            t = t if isinstance(t, Lazy) else exact(np.asarray(t))
+            plan.append((name, t))
+
+    out, w = w, Plan()
     w.add_tensor("token_embd.weight", rand(n_vocab, E))
     w.add_tensor("output_norm.weight", ones(E))
     for i in range(n_layer):
@@ -177,11 +195,16 @@ def write_qwen35(a):
             w.add_tensor(b + "ffn_gate.weight", rand(F, E))
             w.add_tensor(b + "ffn_up.weight", rand(F, E))
             w.add_tensor(b + "ffn_down.weight", rand(E, F))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=True)
-    w.close()
-    print(a.out)
+    for name, t in plan:
+        out.add_tensor_info(name, t.shape, t.dtype, int(np.prod(t.shape)) * t.dtype.itemsize)
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_ti_data_to_file()
+    for i, (name, t) in enumerate(plan):
+        out.write_tensor_data(t.make())
+        print(f"\r{i + 1}/{len(plan)} {name}", end="", flush=True)
+    out.close()
+    print("\n" + a.out)
 
 
 def main():

@@ -210,3 +210,22 @@ def test_a_saved_state_carries_the_recurrent_state(files, arch, tmp_path):
         cut = blob[:-8]  # the recurrent state's end missing
         with pytest.raises(Exception, match="payload has"):
             other.load_state(cut)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_embeddings_and_the_llama_surface_run_on_a_hybrid_model(files, arch):
+    from llminfer.compat import Llama
+
+    with LLM(files[arch], n_ctx=256, n_threads=2) as llm:
+        texts = ["one two three", "four five"]
+        together = llm.embed(texts)
+        alone = [llm.embed(t) for t in texts]
+        assert np.array_equal(np.asarray(together), np.asarray(alone))
+    llama = Llama(model_path=files[arch], n_ctx=256, n_threads=1, verbose=False)
+    try:
+        out = llama.create_completion("one two", max_tokens=6, temperature=0, logprobs=2)
+        again = llama.create_completion("one two", max_tokens=6, temperature=0, logprobs=2)
+        assert out["choices"][0]["text"] == again["choices"][0]["text"]
+        assert out["choices"][0]["logprobs"] == again["choices"][0]["logprobs"]
+    finally:
+        llama.close()
