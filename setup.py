@@ -208,7 +208,7 @@ extensions = cythonize(
             sources=["llminfer/_core.pyx"] + c_sources,
             include_dirs=[str(CSRC), np.get_include()],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-            depends=headers + c_sources + ["llminfer/_clib.pxd", "llminfer/_desc.pxi"],
+            depends=headers + c_sources + ["llminfer/_clib.pxd", "llminfer/_desc.pxi", "llminfer/_desc_types.pxi"],
         )
     ],
     compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},

@@ -64,68 +64,11 @@ cdef extern from "llminfer.h" nogil:
         size_t nbytes
         const void *packed
 
-    ctypedef struct li_layer_desc:
-        const float *attn_norm
-        li_matrix wq, wk, wv, wo
-        const float *bq
-        const float *bk
-        const float *bv
-        const float *q_norm
-        const float *k_norm
-        const float *post_attn_norm
-        const float *ffn_norm
-        li_matrix w_gate, w_up, w_down
-        const float *post_ffn_norm
-        float rope_base, rope_scale
-        int sliding_window
-        int no_rope
-        li_matrix router
-        li_matrix gate_exps, up_exps
-        li_matrix down_exps
-        int mixer
-        int attn_out_gate
-        li_matrix ssm_in, ssm_z, ssm_beta, ssm_alpha
-        const float *ssm_conv
-        const float *ssm_conv_b
-        const float *ssm_dt_b
-        const float *ssm_a
-        const float *ssm_d
-        const float *ssm_norm
-        li_matrix ssm_out
-        li_matrix gate_shexp, up_shexp, down_shexp
-        const float *gate_inp_shexp
 
-    ctypedef struct li_model_desc:
-        int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot
-        int rope_mode
-        int gate_fn
-        float norm_eps
-        float embd_scale
-        float attn_scale
-        li_matrix tok_embd
-        const float *output_norm
-        li_matrix output
-        const float *rope_factors
-        const li_layer_desc *layers
-        float residual_scale
-        float logit_scale
-        float attn_softcap
-        float final_softcap
-        int qk_norm_whole
-        int n_expert, n_expert_used
-        int n_ff_exp
-        float attn_temp_scale
-        float attn_temp_offset
-        int attn_temp_floor
-        int ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_group, ssm_n_head
-        int ssm_kv_grouped
-        int n_ff_shexp
-        int embd_release
-        int embd_file
-        int embd_fd
-        int64_t embd_offset
-        void *packed_arena
+# the model description's structs: generated from the header (tools/gen_desc.py)
+include "_desc_types.pxi"
 
+cdef extern from "llminfer.h" nogil:
     int li_model_check(const li_model_desc *m)
     int li_model_repack(li_model_desc *m, int first_layer, int with_output, int n_threads, int release,
                         size_t *bytes)

@@ -1,4 +1,5 @@
-"""llminfer/_clib.pxd mirrors csrc/llminfer.h by hand: this checks that the
+"""llminfer/_clib.pxd mirrors csrc/llminfer.h, by hand but for the model
+description's structs (generated into _desc_types.pxi): this checks that the
 two cannot drift. Every function of the header is declared in the .pxd with
 the same number of parameters, every struct has the same fields in the same
 order, and the status codes map to llminfer.errors."""
@@ -66,7 +67,8 @@ def header_structs():
 
 
 def pxd_structs():
-    text = re.sub(r"#.*", "", PXD.read_text())
+    """the structs the .pxd declares, with those of the generated file it includes"""
+    text = re.sub(r"#.*", "", PXD.read_text() + "\n" + (PXD.parent / "_desc_types.pxi").read_text())
     out = {}
     for m in re.finditer(r"ctypedef struct (\w+):\n((?:\s{8,}.*\n)+)", text):
         fields = []
