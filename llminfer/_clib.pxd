@@ -94,6 +94,12 @@ cdef extern from "llminfer.h" nogil:
         li_matrix ssm_out
         li_matrix gate_shexp, up_shexp, down_shexp
         const float *gate_inp_shexp
+        const float *attn_sinks
+        const float *bo
+        const float *router_b
+        const float *gate_exps_b
+        const float *up_exps_b
+        const float *down_exps_b
 
     ctypedef struct li_model_desc:
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot
@@ -119,6 +125,7 @@ cdef extern from "llminfer.h" nogil:
         int attn_temp_floor
         int ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_group, ssm_n_head
         int n_ff_shexp
+        int expert_gating
         int embd_release
         int embd_file
         int embd_fd
