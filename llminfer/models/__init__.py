@@ -7,8 +7,8 @@ import inspect
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models import (gemma2, gemma3, granite, lfm2, llama, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe,
-                             qwen35, qwen35moe, smollm3)
+from llminfer.models import (gemma2, gemma3, gpt_oss, granite, lfm2, llama, mistral3, olmo2, phi3, qwen2, qwen3,
+                             qwen3moe, qwen35, qwen35moe, smollm3)
 from llminfer.models.base import ModelSpec
 
 ENCODER_ARCHS = ("bert", "nomic-bert")  # llminfer.models.bert, run by llminfer.embeddings
@@ -28,6 +28,7 @@ ARCHITECTURES = {
     lfm2.ARCH: lfm2.build,
     qwen35.ARCH: qwen35.build,
     qwen35moe.ARCH: qwen35moe.build,
+    gpt_oss.ARCH: gpt_oss.build,
 }
 
 
