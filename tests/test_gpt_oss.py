@@ -92,6 +92,24 @@ def test_spec_reads_what_llama_cpp_reads(files):
     assert [L.sliding_window for L in plain.layers] == [8, 8, 8, 0]
 
 
+def test_description_checks(files):
+    """The C description refuses an unknown gating or gate function, and
+    the spec a sink or bias vector of the wrong length, by name."""
+    from llminfer import _core
+    from llminfer.errors import InvalidArgumentError, ShapeError
+
+    for field, value, what in (("expert_gating", 2, "expert gating"), ("gate_fn", 3, "gate function")):
+        spec = build_spec(GGUFFile(files()))
+        setattr(spec, field, value)
+        with pytest.raises(InvalidArgumentError, match=what):
+            _core.ModelDesc(spec)
+    for field in ("attn_sinks", "bo", "router_b", "gate_exps_b", "up_exps_b", "down_exps_b"):
+        spec = build_spec(GGUFFile(files()))
+        setattr(spec.layers[2], field, getattr(spec.layers[2], field)[:-1].copy())
+        with pytest.raises(ShapeError, match=f"layer 2: {field}"):
+            _core.ModelDesc(spec)
+
+
 @pytest.mark.parametrize("experts", ["F32", "MXFP4"])
 def test_logits_match_reference(files, experts):
     """F32 weights, and the released files' mix (MXFP4 experts, Q8_0
