@@ -208,17 +208,26 @@ static void run_accum(li_context *c, int il, int kvh, const float *p, size_t ld,
     }
 }
 
+/* the sink logit of query head h (of the token's n_head) in layer L, or NULL */
+static const float *sink_of(const li_layer_desc *L, int64_t h) { return L->attn_sinks ? L->attn_sinks + h : NULL; }
+
 /* One head's n scores: soft-capped (gemma2), then exp(score - max), with
  * that max and the sum kept; normalized by the sum when `normalize`, and
- * rounded to f16 with an F16 cache */
-static void softmax_row(const li_context *c, float *row, int64_t n, int normalize, float *mx, float *sum) {
+ * rounded to f16 with an F16 cache. A head with a sink (gpt-oss) that
+ * normalizes here (the token's keys in one span) takes it into the max and
+ * adds exp(sink - max) to the sum, as ggml's soft_max does; one whose spans
+ * are combined takes it in combine_spans. */
+static void softmax_row(const li_context *c, float *row, int64_t n, int normalize, const float *sink, float *mx,
+                        float *sum) {
     const float cap = c->m->attn_softcap;
     if (cap > 0.0f)
         for (int64_t j = 0; j < n; j++) row[j] = cap * tanhf(row[j] / cap);
     float best = row[0];
     for (int64_t j = 1; j < n; j++) best = LI_MAX(best, row[j]);
+    if (normalize && sink) best = LI_MAX(best, *sink);
     *mx = best;
     *sum = li_K->exp_sum(row, n, best);
+    if (normalize && sink) *sum += expf(*sink - best);
     if (normalize) li_K->scale_f32(row, 1.0f / *sum, n);
     if (c->kv.kv_type == LI_TYPE_F16) li_round_to_f16(row, n);
 }
@@ -260,7 +269,10 @@ static void attend_span(li_context *c, int il, int64_t t, int kvh, int h0, int n
     }
     hint_runs(c, il, kvh, runs, nr, 0, HINT_RUNS, 1);
     float mx[64], sum[64]; /* heads per group: checked in li_model_check */
-    for (int h = 0; h < nh; h++) softmax_row(c, scores + (size_t)h * ld, n, !part, &mx[h], &sum[h]);
+    const li_layer_desc *L = &m->layers[il];
+    for (int h = 0; h < nh; h++)
+        softmax_row(c, scores + (size_t)h * ld, n, !part, sink_of(L, (int64_t)kvh * group + h0 + h), &mx[h],
+                    &sum[h]);
     float *out = part ? part + 2 : c->att + head * hdv;
     const size_t out_stride = part ? part_stride : (size_t)hdv;
     for (int h = 0; h < nh; h++) memset(out + (size_t)h * out_stride, 0, (size_t)hdv * sizeof(float));
@@ -274,11 +286,14 @@ static void attend_span(li_context *c, int il, int64_t t, int kvh, int h0, int n
     }
 }
 
-/* out = the spans' results combined, in span order: weights exp(max_s - max) */
-static void combine_spans(const float *part, size_t chunk_stride, int nchunks, int64_t hdv, float *out) {
+/* out = the spans' results combined, in span order: weights exp(max_s -
+ * max); a sink (gpt-oss, or NULL) joins the max and, after the spans, the sum */
+static void combine_spans(const float *part, size_t chunk_stride, int nchunks, int64_t hdv, const float *sink,
+                          float *out) {
     float best = -INFINITY;
     for (int s = 0; s < nchunks; s++)
         if (part[(size_t)s * chunk_stride + 1] > 0.0f) best = LI_MAX(best, part[(size_t)s * chunk_stride]);
+    if (sink) best = LI_MAX(best, *sink);
     memset(out, 0, (size_t)hdv * sizeof(float));
     float total = 0.0f;
     for (int s = 0; s < nchunks; s++) {
@@ -288,6 +303,7 @@ static void combine_spans(const float *part, size_t chunk_stride, int nchunks, i
         total += w * p[1];
         li_K->axpy_f32(w, p + 2, out, hdv);
     }
+    if (sink) total += expf(*sink - best);
     li_K->scale_f32(out, 1.0f / total, hdv);
 }
 
@@ -420,7 +436,7 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
             const int single = c->n_spans[(t0 + i) * 2 + g] <= 1;
             for (int h = 0; h < nh; h++)
                 softmax_row(c, scores + ((size_t)(i - ia) * (size_t)nh + (size_t)h) * ld + (size_t)off, present[i],
-                            single, &mx[i * nh + h], &sum[i * nh + h]);
+                            single, sink_of(L, (int64_t)kvh * nh + h), &mx[i * nh + h], &sum[i * nh + h]);
         }
         memset(tout, 0, (size_t)nq * (size_t)hdv * sizeof(float));
         const int c0 = lo[ib], c1 = hi[ia]; /* the rows every token of the range sees */
@@ -456,7 +472,7 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
     for (int i = 0; i < ntok; i++) {
         if (c->n_spans[(t0 + i) * 2 + g] <= 1) continue;
         for (int h = 0; h < nh; h++)
-            combine_spans(tp + (size_t)(i * nh + h) * head_stride, ps, kept[i], hdv,
+            combine_spans(tp + (size_t)(i * nh + h) * head_stride, ps, kept[i], hdv, sink_of(L, (int64_t)kvh * nh + h),
                           c->att + ((t0 + i) * m->n_head + (int64_t)kvh * nh + h) * hdv);
     }
 }
@@ -664,6 +680,6 @@ void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int 
         if (c->n_spans[t * 2 + g] <= 1) continue;
         const int pos = c->pos[t], first = li_first_visible(L, pos);
         const int spans = pos / c->span - first / c->span + 1;
-        combine_spans(c->parts + (size_t)i * head_stride, ps, spans, hdv, c->att + i * hdv);
+        combine_spans(c->parts + (size_t)i * head_stride, ps, spans, hdv, sink_of(L, i % m->n_head), c->att + i * hdv);
     }
 }

@@ -111,7 +111,8 @@ int li_max_threads(void);
 int li_dequantize(int type, const void *src, size_t src_bytes, int64_t rows, int64_t k,
                   float *dst, int n_threads);
 /* dst (rows * row_bytes(type, k) bytes) from src[rows, k]; Q4_0..Q8_0 match the gguf
- * package bit for bit; Q4_K, Q5_K, Q6_K use our own K-quant search. */
+ * package bit for bit; Q4_K, Q5_K, Q6_K use our own K-quant search; MXFP4 matches
+ * llama.cpp's quantize_row_mxfp4_ref. */
 int li_quantize(int type, const float *src, int64_t rows, int64_t k, void *dst,
                 size_t dst_bytes, int n_threads);
 /* y[n, rows] = x[n, k] . W[rows, k]^T with W stored in `type`. */
@@ -147,7 +148,15 @@ int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float e
                 int n_threads);
 /* The function that gates a feed-forward (the *function*; the formats a
  * matmul quantizes its activations to are li_act_type, kernels.h). */
-enum li_gate_fn { LI_FN_SILU = 0, LI_FN_GELU = 1, LI_FN_RELU_SQR = 2 /* max(x, 0)^2, feed-forwards only */ };
+enum li_gate_fn {
+    LI_FN_SILU = 0,
+    LI_FN_GELU = 1,
+    LI_FN_RELU_SQR = 2, /* max(x, 0)^2, computed exactly: ungated feed-forwards only (nemotron_h) */
+    /* gpt-oss's clamped SwiGLU (ggml_swiglu_oai): g = min(g, 7), u = clamp(u,
+     * -7, 7), y = g / (1 + exp(-1.702 g)) * (u + 1), computed with expf (no
+     * table); gated only (li_activation refuses it) */
+    LI_FN_SWIGLU_OAI = 3
+};
 /* y = act(x) through the F16 lookup tables */
 int li_activation(int fn, const float *x, int64_t n, float *y);
 /* y = act(g) * u */
@@ -238,6 +247,14 @@ typedef struct li_layer_desc {
     li_matrix gate_shexp, up_shexp; /* [n_ff_shexp, n_embd] */
     li_matrix down_shexp;        /* [n_embd, n_ff_shexp] */
     const float *gate_inp_shexp; /* [n_embd], or NULL: the shared expert ungated */
+    /* gpt-oss: a learned logit per query head that joins each softmax's
+     * denominator (as exp(sink - max)) but weighs no value; biases on the
+     * attention output, the router and the experts (NULL: none) */
+    const float *attn_sinks;     /* [n_head] */
+    const float *bo;             /* [n_embd] added to the attention output (wo's product) */
+    const float *router_b;       /* [n_expert] added to the router's logits */
+    const float *gate_exps_b, *up_exps_b; /* [n_expert * n_ff_exp]: expert e's at e * n_ff_exp */
+    const float *down_exps_b;    /* [n_expert * n_embd]: expert e's at e * n_embd */
 } li_layer_desc;
 
 /* What mixes a layer's positions. */
@@ -250,11 +267,19 @@ enum li_mixer {
     LI_MIX_COUNT = 5
 };
 
+/* How a MoE layer weighs its experts. */
+enum li_expert_gating {
+    LI_GATING_SOFTMAX = 0,       /* softmax over all logits, the k most probable, their probabilities
+                                  * renormalized to sum to 1 (qwen3moe) */
+    LI_GATING_SOFTMAX_WEIGHT = 1,/* the k largest logits, then a softmax over those k (gpt-oss) */
+    LI_GATING_COUNT = 2
+};
+
 typedef struct li_model_desc {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot;
     int rope_mode;               /* LI_ROPE_NORM or LI_ROPE_NEOX */
-    int gate_fn;                 /* LI_FN_SILU or LI_FN_GELU, gating the feed-forward; a layer without w_gate
-                                  * (ungated: act(x Wu^T) Wd^T) may also take LI_FN_RELU_SQR (nemotron_h) */
+    int gate_fn;                 /* enum li_gate_fn, gating the feed-forward (dense, experts and shared); a layer
+                                  * without w_gate (ungated: act(x Wu^T) Wd^T) takes LI_FN_RELU_SQR (nemotron_h) */
     float norm_eps;
     float embd_scale;            /* token embeddings are multiplied by this (gemma: sqrt(n_embd)) */
     float attn_scale;            /* scores are q.k * attn_scale */
@@ -288,6 +313,7 @@ typedef struct li_model_desc {
     int ssm_kv_grouped;          /* GDN: value head h reads key head h / (n_head / n_group) (qwen3next's
                                   * grouped order), not h % n_group (qwen35's, tiled) */
     int n_ff_shexp;              /* the shared expert's width (0: none) */
+    int expert_gating;           /* enum li_expert_gating: how router logits become the experts' weights */
     /* -- the core's own -- */
     int embd_release;            /* set by li_model_repack(release): tok_embd is a clean file mapping that
                                   * nothing reads in bulk, and each token's lookup hands its row's pages back */

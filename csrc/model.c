@@ -203,8 +203,11 @@ int li_model_check(const li_model_desc *m) {
         return li_fail(LI_E_SHAPE, "n_rot %d must be even and within head_dim %d", m->n_rot, m->head_dim);
     if (m->rope_mode != LI_ROPE_NORM && m->rope_mode != LI_ROPE_NEOX)
         return li_fail(LI_E_ARG, "unknown RoPE mode %d", m->rope_mode);
-    if (m->gate_fn != LI_FN_SILU && m->gate_fn != LI_FN_GELU && m->gate_fn != LI_FN_RELU_SQR)
+    if (m->gate_fn != LI_FN_SILU && m->gate_fn != LI_FN_GELU && m->gate_fn != LI_FN_RELU_SQR &&
+        m->gate_fn != LI_FN_SWIGLU_OAI)
         return li_fail(LI_E_ARG, "unknown gate function %d", m->gate_fn);
+    if (m->expert_gating < 0 || m->expert_gating >= LI_GATING_COUNT)
+        return li_fail(LI_E_ARG, "unknown expert gating %d", m->expert_gating);
     if (!(m->norm_eps >= 0.0f) || !(m->attn_scale > 0.0f) || !(m->embd_scale > 0.0f))
         return li_fail(LI_E_ARG, "norm_eps %g, attn_scale %g or embd_scale %g out of range", (double)m->norm_eps,
                        (double)m->attn_scale, (double)m->embd_scale);
@@ -256,6 +259,8 @@ int li_model_check(const li_model_desc *m) {
                 CHECK(check_matrix(&L->down_shexp, "ffn_down_shexp", il, m->n_embd, m->n_ff_shexp));
             }
         } else if (!L->w_gate.data && L->w_up.data) { /* ungated: act(x Wu^T) Wd^T (nemotron_h) */
+            if (m->gate_fn == LI_FN_SWIGLU_OAI)
+                return li_fail(LI_E_ARG, "layer %d: the clamped SwiGLU gates a feed-forward; this one has no gate", il);
             CHECK(check_matrix(&L->w_up, "ffn_up", il, m->n_ff, m->n_embd));
             CHECK(check_matrix(&L->w_down, "ffn_down", il, m->n_embd, m->n_ff));
         } else if (L->w_gate.data || L->mixer == LI_MIX_NONE) {
@@ -485,6 +490,14 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
             return li_fail(LI_E_DEVICE, "layer %d is a hybrid model's layer (recurrent, gated attention, a shared "
                            "expert or an ungated feed-forward), which the GPU backend does not run; keep it on the "
                            "CPU (fewer GPU layers)", il);
+    for (int il = 0; il < n_be_layers; il++) {
+        const li_layer_desc *ly = &m->layers[il];
+        if (ly->attn_sinks || ly->bo || ly->router_b || ly->gate_exps_b || ly->up_exps_b || ly->down_exps_b ||
+            m->gate_fn == LI_FN_SWIGLU_OAI || (ly->router.data && m->expert_gating != LI_GATING_SOFTMAX))
+            return li_fail(LI_E_DEVICE, "layer %d has attention sinks, output or expert biases, the clamped SwiGLU "
+                           "or top-k-then-softmax routing (gpt-oss), which the GPU backend does not run; keep it "
+                           "on the CPU (fewer GPU layers)", il);
+    }
 
     li_context *c = calloc(1, sizeof(*c));
     if (!c) return li_fail(LI_E_NOMEM, "no memory for a context");
@@ -893,7 +906,7 @@ static void gated_quantize_to(void *dst, float *src, const float *up, int64_t n,
     for (int64_t b = lo; b < hi; b++) {
         const int64_t t = b / per_row, j = (b % per_row) * bs;
         float *x = src + t * k + j;
-        if (up) li_K->act_apply(fn, x, up + t * k + j, x, bs);
+        if (up) li_gate_apply(fn, x, up + t * k + j, x, bs);
         li_K->quant_act[a](x, (char *)dst + (size_t)t * row + (size_t)(b % per_row) * blk, bs);
     }
 }
@@ -904,11 +917,14 @@ static void gated_quantize(li_context *c, float *src, const float *up, int64_t n
     gated_quantize_to(c->xq[li_types[w->type].act_type], src, up, n, k, w, fn, ith, nth);
 }
 
-/* x += norm(o) * residual_scale (o normed by post_norm when the model has
- * one), rows [lo, hi) */
-static void residual(const li_model_desc *m, float *x, float *o, const float *post_norm, int64_t lo, int64_t hi) {
+/* x += norm(o + bias) * residual_scale (bias: NULL, or the output
+ * projection's, gpt-oss; o normed by post_norm when the model has one),
+ * rows [lo, hi) */
+static void residual(const li_model_desc *m, float *x, float *o, const float *bias, const float *post_norm,
+                     int64_t lo, int64_t hi) {
     const int64_t E = m->n_embd;
     for (int64_t t = lo; t < hi; t++) {
+        if (bias) li_K->add_f32(o + t * E, bias, o + t * E, E);
         if (post_norm) li_K->rms_norm(o + t * E, post_norm, o + t * E, E, m->norm_eps);
         if (m->residual_scale != 1.0f) li_K->scale_f32(o + t * E, m->residual_scale, E);
         li_K->add_f32(x + t * E, o + t * E, x + t * E, E);
@@ -961,11 +977,13 @@ static own_row own_of(const li_context *c, int ith) {
 
 /* residual() of one row into a thread's own x: o, shared by the team, is
  * normed and scaled in the thread's xb, where residual() works on o itself */
-static void own_residual(const li_model_desc *m, const own_row *r, const float *o, const float *post_norm) {
+static void own_residual(const li_model_desc *m, const own_row *r, const float *o, const float *bias,
+                         const float *post_norm) {
     const int64_t E = m->n_embd;
     const float *add = o;
-    if (post_norm || m->residual_scale != 1.0f) {
+    if (bias || post_norm || m->residual_scale != 1.0f) {
         memcpy(r->xb, o, (size_t)E * sizeof(float));
+        if (bias) li_K->add_f32(r->xb, bias, r->xb, E);
         if (post_norm) li_K->rms_norm(r->xb, post_norm, r->xb, E, m->norm_eps);
         if (m->residual_scale != 1.0f) li_K->scale_f32(r->xb, m->residual_scale, E);
         add = r->xb;
@@ -992,13 +1010,14 @@ static void half_input(li_context *c, const float *norm_w, const li_matrix *cons
     }
 }
 
-/* x += a half's output o: the thread's own row, or rows [lo, hi) */
-static void half_output(li_context *c, const float *post_norm, int own, int ith, int64_t lo, int64_t hi) {
+/* x += a half's output o (plus bias, when not NULL): the thread's own row, or rows [lo, hi) */
+static void half_output(li_context *c, const float *bias, const float *post_norm, int own, int ith, int64_t lo,
+                        int64_t hi) {
     if (own) {
         const own_row r = own_of(c, ith);
-        own_residual(c->m, &r, c->o, post_norm);
+        own_residual(c->m, &r, c->o, bias, post_norm);
     } else {
-        residual(c->m, c->x, c->o, post_norm, lo, hi);
+        residual(c->m, c->x, c->o, bias, post_norm, lo, hi);
     }
 }
 
@@ -1066,7 +1085,7 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     li_share_sync(c->share);
 
     li_split(n, ith, nth, &lo, &hi);
-    half_output(c, L->post_attn_norm, own, ith, lo, hi);
+    half_output(c, L->bo, L->post_attn_norm, own, ith, lo, hi);
 }
 
 /* ---- recurrent mixers (hybrid models) ----
@@ -1093,7 +1112,7 @@ static void mixer_output(li_context *c, const li_layer_desc *L, float *o, int64_
     matmuls(c, &out_p, 1, ith, nth);
     li_share_sync(c->share);
     li_split(n, ith, nth, &lo, &hi);
-    half_output(c, NULL, own, ith, lo, hi);
+    half_output(c, NULL, NULL, own, ith, lo, hi);
 }
 
 /* the convolution of channels [0, channels) of every sequence: items of
@@ -1297,7 +1316,7 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     li_share_sync(c->share);
 
     li_split(n, ith, nth, &lo, &hi);
-    half_output(c, L->post_ffn_norm, own, ith, lo, hi);
+    half_output(c, NULL, L->post_ffn_norm, own, ith, lo, hi);
 }
 
 /* ---- mixture of experts ---- */
@@ -1329,6 +1348,30 @@ static void route_token(const float *logits, int n_expert, int k, float *prob, i
     }
     wsum = LI_MAX(wsum, 6.103515625e-5f);
     for (int j = 0; j < k; j++) w[j] /= wsum;
+}
+
+/* Route one token as gpt-oss does (LI_GATING_SOFTMAX_WEIGHT): the k
+ * largest logits (the lower index first among equals) in descending order,
+ * their weights a softmax over those k alone, as ggml's soft_max computes
+ * it (a double sum, its inverse rounded to float). */
+static void route_token_topk(const float *logits, int n_expert, int k, int32_t *sel, float *w) {
+    for (int j = 0; j < k; j++) {
+        int pick = -1;
+        for (int e = 0; e < n_expert; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= sel[i] == e;
+            if (!taken && (pick < 0 || logits[e] > logits[pick])) pick = e;
+        }
+        sel[j] = pick;
+    }
+    const float best = logits[sel[0]];
+    double sum = 0.0;
+    for (int j = 0; j < k; j++) {
+        w[j] = expf(logits[sel[j]] - best);
+        sum += (double)w[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int j = 0; j < k; j++) w[j] *= inv;
 }
 
 /* expert e's rows of an expert tensor, as a matrix of its own (its groups
@@ -1428,8 +1471,14 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     li_share_sync(c->share);
 
     li_split(n, ith, nth, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) /* route's row is free after this token's softmax: its probabilities go there */
-        route_token(c->route + t * NE, NE, K, c->route + t * NE, c->sel + t * K, c->wsel + t * K);
+    for (int64_t t = lo; t < hi; t++) { /* route's row is free after this token's softmax: its probabilities go there */
+        float *r = c->route + t * NE;
+        if (L->router_b) li_K->add_f32(r, L->router_b, r, NE);
+        if (m->expert_gating == LI_GATING_SOFTMAX_WEIGHT)
+            route_token_topk(r, NE, K, c->sel + t * K, c->wsel + t * K);
+        else
+            route_token(r, NE, K, r, c->sel + t * K, c->wsel + t * K);
+    }
     li_share_sync(c->share);
 
     if (ith == 0) { /* counting sort of the slots by expert; a few thousand steps */
@@ -1463,6 +1512,16 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     float *gu_out[2] = {c->g, c->u};
     expert_products(c, gu, gu_in, gu_out, 2, E, Fe, ith, nth);
     li_share_sync(c->share);
+    if (L->gate_exps_b || L->up_exps_b) { /* each slot's expert's biases (gpt-oss) */
+        li_split(n * K, ith, nth, &lo, &hi);
+        int e = 0;
+        for (int64_t s = lo; s < hi; s++) {
+            while (c->e_off[e + 1] <= s) e++; /* the expert whose range holds slot s */
+            if (L->gate_exps_b) li_K->add_f32(c->g + s * Fe, L->gate_exps_b + (int64_t)e * Fe, c->g + s * Fe, Fe);
+            if (L->up_exps_b) li_K->add_f32(c->u + s * Fe, L->up_exps_b + (int64_t)e * Fe, c->u + s * Fe, Fe);
+        }
+        li_share_sync(c->share);
+    }
 
     /* the gathered inputs are spent: xe[ad] now takes the down products' inputs */
     const int ad = li_types[L->down_exps.type].act_type;
@@ -1479,7 +1538,12 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
         memset(o, 0, (size_t)E * sizeof(float));
         for (int j = 0; j < K; j++) {
             const float *eo = c->eo + (int64_t)c->slot[t * K + j] * E, w = c->wsel[t * K + j];
-            for (int64_t i = 0; i < E; i++) o[i] += w * eo[i];
+            if (L->down_exps_b) { /* the expert's output bias, before its weight (ggml_add_id, then ggml_mul) */
+                const float *b = L->down_exps_b + (int64_t)c->sel[t * K + j] * E;
+                for (int64_t i = 0; i < E; i++) o[i] += w * (eo[i] + b[i]);
+            } else {
+                for (int64_t i = 0; i < E; i++) o[i] += w * eo[i];
+            }
         }
     }
     if (shared) {
@@ -1487,7 +1551,7 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
         li_split(n, ith, nth, &lo, &hi);
         for (int64_t t = lo; t < hi; t++) li_K->axpy_f32(c->sgate[t], c->so + t * E, c->o + t * E, E);
     }
-    residual(m, c->x, c->o, L->post_ffn_norm, lo, hi);
+    residual(m, c->x, c->o, NULL, L->post_ffn_norm, lo, hi);
 }
 
 /* ---- the non-finite probe (li_context_set_probe) ---- */

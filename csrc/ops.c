@@ -314,8 +314,8 @@ int li_activation(int fn, const float *x, int64_t n, float *y) {
 
 int li_gated_activation(int fn, const float *g, const float *u, int64_t n, float *y) {
     li_init();
-    if ((fn != LI_FN_SILU && fn != LI_FN_GELU) || !g || !u || !y || n < 0) return LI_E_ARG;
-    li_K->act_apply(fn, g, u, y, n);
+    if ((fn != LI_FN_SILU && fn != LI_FN_GELU && fn != LI_FN_SWIGLU_OAI) || !g || !u || !y || n < 0) return LI_E_ARG;
+    li_gate_apply(fn, g, u, y, n);
     return LI_OK;
 }
 

@@ -11,7 +11,7 @@
  * then themselves quantized to the super-block's 6-bit (8-bit for Q6_K)
  * grid, and the values requantized against the scales actually stored.
  *
- * IQ4_NL and IQ4_XS: quantize_iq.c.
+ * IQ4_NL, IQ4_XS and MXFP4: quantize_iq.c.
  */
 #include <math.h>
 
@@ -348,6 +348,7 @@ li_quantize_fn li_weight_quantizer(int type) {
     case LI_TYPE_Q6_K: return quantize_q6_K;
     case LI_TYPE_IQ4_NL: return li_quantize_iq4_nl;
     case LI_TYPE_IQ4_XS: return li_quantize_iq4_xs;
+    case LI_TYPE_MXFP4: return li_quantize_mxfp4;
     default: return NULL;
     }
 }

@@ -12,5 +12,6 @@ li_quantize_fn li_weight_quantizer(int type);
 /* quantize_iq.c */
 void li_quantize_iq4_nl(const float *src, void *dst, int64_t k);
 void li_quantize_iq4_xs(const float *src, void *dst, int64_t k);
+void li_quantize_mxfp4(const float *src, void *dst, int64_t k);
 
 #endif

@@ -145,3 +145,47 @@ void li_quantize_iq4_xs(const float *x, void *dst, int64_t k) {
         }
     }
 }
+
+/* ---- MXFP4: llama.cpp's quantize_row_mxfp4_ref, bit for bit ----
+ * Per 32 values, the shared exponent e = floor(log2f(amax)) - 2 + 127 and
+ * d = 2^(e - 128) (half the E8M0 scale: the table's E2M1 levels are
+ * doubled); each value takes the level of least |level * d - x|, the first
+ * among equals. An amax below 2^-125, whose exponent falls outside a byte
+ * (ggml's float-to-uint8 conversion is undefined there), takes e = 0. */
+static float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return li_bits_f32(bits);
+}
+
+void li_quantize_mxfp4(const float *x, void *dst, int64_t k) {
+    block_mxfp4 *y = (block_mxfp4 *)dst;
+    for (int64_t i = 0; i < k / QK_MXFP4; i++, x += QK_MXFP4) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK_MXFP4; j++)
+            if (amax < fabsf(x[j])) amax = fabsf(x[j]);
+        int e = 0;
+        if (amax > 0.0f) {
+            const float f = floorf(log2f(amax)) - 2.0f + 127.0f;
+            e = f < 0.0f ? 0 : (f > 255.0f ? 255 : (int)f);
+        }
+        const float d = e8m0_half((uint8_t)e);
+        y[i].e = (uint8_t)e;
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            int q[2];
+            for (int h = 0; h < 2; h++) {
+                const float v = x[j + h * QK_MXFP4 / 2];
+                int best = 0;
+                float best_err = fabsf((float)li_kvalues_mxfp4[0] * d - v);
+                for (int l = 1; l < 16; l++) {
+                    const float err = fabsf((float)li_kvalues_mxfp4[l] * d - v);
+                    if (err < best_err) {
+                        best = l;
+                        best_err = err;
+                    }
+                }
+                q[h] = best;
+            }
+            y[i].qs[j] = (uint8_t)(q[0] | q[1] << 4);
+        }
+    }
+}

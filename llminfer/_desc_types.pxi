@@ -45,6 +45,12 @@ cdef extern from "llminfer.h" nogil:
         li_matrix up_shexp
         li_matrix down_shexp
         const float *gate_inp_shexp
+        const float *attn_sinks
+        const float *bo
+        const float *router_b
+        const float *gate_exps_b
+        const float *up_exps_b
+        const float *down_exps_b
 
     ctypedef struct li_model_desc:
         int n_vocab
@@ -84,6 +90,7 @@ cdef extern from "llminfer.h" nogil:
         int ssm_n_head
         int ssm_kv_grouped
         int n_ff_shexp
+        int expert_gating
         int embd_release
         int embd_file
         int embd_fd

@@ -23,15 +23,15 @@ from llminfer.system import check_threads, cpu_count, current_isa
 
 __all__ = [
     "qtype_of", "block_sizes", "quantize", "dequantize", "matmul", "rms_norm", "rope",
-    "silu", "gelu", "silu_mul", "gelu_mul", "softmax", "add", "mul",
+    "silu", "gelu", "silu_mul", "gelu_mul", "swiglu_oai", "softmax", "add", "mul",
 ]
 
 SUPPORTED_TYPES = tuple(t for t in GGMLQuantizationType if _core.type_sizes(int(t)) is not None)
 QUANTIZABLE_TYPES = tuple(GGMLQuantizationType[n] for n in (
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
-    "IQ4_NL", "IQ4_XS"))
+    "IQ4_NL", "IQ4_XS", "MXFP4"))
 
-_ACT = {"silu": 0, "gelu": 1}
+_ACT = {"silu": 0, "gelu": 1, "swiglu_oai": 3}
 _ROPE_MODES = {"norm": 0, "neox": 2}
 
 
@@ -216,6 +216,13 @@ def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 def gelu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """gelu(gate) * up: the gated feed-forward of Gemma models."""
     return _unary("gelu", gate, up)
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU, as ggml_swiglu_oai: g = min(gate, 7),
+    u = clip(up, -7, 7), g * sigmoid(1.702 g) * (u + 1), computed exactly
+    (no table)."""
+    return _unary("swiglu_oai", gate, up)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

@@ -14,7 +14,14 @@ follow llama.cpp's naming:
   third layer between, as llama.cpp's Q4_K_M mix does;
   IQ4_NL, IQ4_XS: every matrix in that type (the non-linear 4-bit levels,
   with a searched scale per 32 values), the output head (or the tied
-  embedding) in Q6_K, as llama.cpp keeps it.
+  embedding) in Q6_K, as llama.cpp keeps it;
+  MXFP4_MOE: the experts' 3-D tensors in MXFP4 (E2M1 values, one power-of-two
+  scale per 32, quantized as llama.cpp's quantize_row_mxfp4_ref), every
+  other matrix in Q8_0, as llama-quantize's MXFP4_MOE (gpt-oss).
+As llama-quantize, a MoE router (ffn_gate_inp.weight) keeps its type under
+every preset (its logits choose the experts, and a rounding there changes
+which ones), and so does a tensor whose name does not end in "weight"
+(gpt-oss's per-expert biases are 2-D).
 A matrix whose rows are not a multiple of 256 falls back as llama.cpp's
 does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL).
 A model whose weights are already quantized is refused unless
@@ -38,9 +45,10 @@ from llminfer.ggml import GGMLQuantizationType as T
 from llminfer.gguf_file import GGUFFile
 
 PRESETS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M", "IQ4_NL", "IQ4_XS",
-           "F16", "BF16", "F32")
+           "MXFP4_MOE", "F16", "BF16", "F32")
 _FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
-               "Q4_K": 14, "Q4_K_M": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32}
+               "Q4_K": 14, "Q4_K_M": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32,
+               "MXFP4_MOE": 38}
 
 
 _UNQUANTIZED = (T.F32, T.F16, T.BF16, T.F64)
@@ -52,10 +60,15 @@ def _more_bits(layer: int, n_layer: int) -> bool:
     return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
 
 
-def target_type(name: str, shape, preset: str, n_layer: int, tied: bool) -> T:
-    """The type a tensor gets under `preset`."""
+def target_type(name: str, shape, preset: str, n_layer: int, tied: bool, qtype: T | None = None) -> T:
+    """The type a tensor (shape as numpy's: experts first) gets under
+    `preset`; qtype: its type now, which a router keeps."""
     head = name == "output.weight" or (tied and name == "token_embd.weight")
-    if preset == "Q4_K_M":
+    if qtype is not None and (name.endswith("ffn_gate_inp.weight") or not name.endswith("weight")):
+        return qtype  # llama-quantize's rules: routers and what is not a weight (gpt-oss's 2-D expert biases)
+    if preset == "MXFP4_MOE":
+        t = T.MXFP4 if len(shape) == 3 and shape[0] > 1 and not head else T.Q8_0
+    elif preset == "Q4_K_M":
         if head:
             t = T.Q6_K
         elif name.endswith(("attn_v.weight", "ffn_down.weight")) and name.startswith("blk."):
@@ -164,13 +177,14 @@ def _write(src: GGUFFile, dst_path, preset, n_threads, progress) -> dict:
                 progress(i + 1, total)
             continue
         rows = int(np.prod(info.shape[:-1]))
-        new = target_type(name, info.shape, preset, n_layer, tied)
+        new = target_type(name, info.shape, preset, n_layer, tied, qt)
         if new == qt:
             data = raw
         else:
             values = ops.dequantize(raw, qt, (rows, info.shape[-1]), n_threads=n_threads)
             data = ops.quantize(values, new, n_threads=n_threads)
-        w.add_tensor(name, data.reshape(rows, -1), raw_dtype=gguf.GGMLQuantizationType(int(new)))
+        # an expert tensor stays 3-D: [n_expert, rows, k]
+        w.add_tensor(name, data.reshape(*info.shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType(int(new)))
         written[name] = new.name
         if progress:
             progress(i + 1, total)

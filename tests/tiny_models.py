@@ -636,3 +636,149 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+# ---- gpt-oss (issue 52) ----
+
+@dataclass
+class GptOssConfig:
+    """A tiny gpt-oss, its tensors named and shaped as llama.cpp's
+    src/models/openai-moe.cpp reads them (1-D tensors and biases F32, the
+    router F32 as llama-quantize leaves it). Layers alternate between a
+    sliding window (even layers) and the whole context."""
+
+    qtype: str = "F32"            # attention and the output head
+    expert_qtype: str = "F32"     # ffn_{gate,up,down}_exps (the released files: MXFP4)
+    embd_qtype: str = "F32"
+    n_embd: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_expert: int = 8
+    n_expert_used: int = 2
+    n_ff_exp: int = 128
+    sliding_window: int = 8
+    swa_pattern: int = 0          # > 0: written as attention.sliding_window_pattern (llama.cpp's default is 2)
+    rope_base: float = 150000.0
+    yarn_factor: float = 4.0      # 0: no rope.scaling keys
+    yarn_orig_ctx: int = 16
+    context_length: int = 512
+    tie_output: bool = False
+    sink_spread: float = 1.0      # the sinks' spread around 0 (0.0: every sink 0, but still there)
+    bias_spread: float = 0.3
+    gate_scale: float = 3.0       # gate/up weights this many times 1/sqrt(k): values reach the clamps at 7
+    down_scale: float = 1.0       # down weights this many times 1/sqrt(k)
+    router_scale: float = 2.0     # router weights this many times 1/sqrt(k)
+    seed: int = 0
+    eps: float = 1e-5
+    pre: str = "default"
+
+
+def write_gpt_oss(path, cfg: GptOssConfig, tensor_hook=None, meta=None) -> str:
+    """Write a tiny random `gpt-oss` file; tensor_hook as write_model's,
+    meta: metadata keys to replace (a value) or leave out (None)."""
+    rng = np.random.default_rng(cfg.seed)
+    tokens, types = vocab()
+    n_vocab = len(tokens)
+    arch = "gpt-oss"
+    E, H, hd, ne, Fe = cfg.n_embd, cfg.n_head, cfg.head_dim, cfg.n_expert, cfg.n_ff_exp
+    kv = {
+        f"{arch}.block_count": cfg.n_layer,
+        f"{arch}.context_length": cfg.context_length,
+        f"{arch}.embedding_length": E,
+        f"{arch}.feed_forward_length": Fe,
+        f"{arch}.expert_feed_forward_length": Fe,
+        f"{arch}.expert_count": ne,
+        f"{arch}.expert_used_count": cfg.n_expert_used,
+        f"{arch}.attention.head_count": H,
+        f"{arch}.attention.head_count_kv": cfg.n_head_kv,
+        f"{arch}.attention.key_length": hd,
+        f"{arch}.attention.value_length": hd,
+        f"{arch}.attention.layer_norm_rms_epsilon": float(cfg.eps),
+        f"{arch}.attention.sliding_window": cfg.sliding_window,
+        f"{arch}.rope.freq_base": float(cfg.rope_base),
+        f"{arch}.rope.dimension_count": hd,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": cfg.pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": MERGES,
+        "tokenizer.ggml.bos_token_id": n_vocab - 2,
+        "tokenizer.ggml.eos_token_id": n_vocab - 1,
+        "tokenizer.ggml.add_bos_token": True,
+    }
+    if cfg.swa_pattern:
+        kv[f"{arch}.attention.sliding_window_pattern"] = cfg.swa_pattern
+    if cfg.yarn_factor > 0:
+        kv[f"{arch}.rope.scaling.type"] = "yarn"
+        kv[f"{arch}.rope.scaling.factor"] = float(cfg.yarn_factor)
+        kv[f"{arch}.rope.scaling.original_context_length"] = cfg.yarn_orig_ctx
+    kv.update(meta or {})
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in kv.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
+
+    def add(name, data, t):
+        if tensor_hook is not None:
+            replaced = tensor_hook(name, data, t)
+            if replaced is None:
+                return
+            data, t = replaced
+        w.add_tensor(name, data, raw_dtype=t)
+
+    def matrix(name, rows, k, qtype, scale=1.0, n_expert=0):
+        n = max(n_expert, 1)
+        data = (rng.standard_normal((n * rows, k)) * scale / np.sqrt(k)).astype(np.float32)
+        t = gguf.GGMLQuantizationType[qtype]
+        q = quantized_matrix(rng, data, t)
+        add(name, q.reshape(n, rows, -1) if n_expert else q, t)
+
+    def f32(name, data):
+        add(name, np.ascontiguousarray(data, dtype=np.float32), gguf.GGMLQuantizationType.F32)
+
+    def vector(name, shape, around=1.0, spread=0.1):
+        f32(name, around + rng.standard_normal(shape) * spread)
+
+    matrix("token_embd.weight", n_vocab, E, cfg.embd_qtype, np.sqrt(E))
+    vector("output_norm.weight", E)
+    if not cfg.tie_output:
+        matrix("output.weight", n_vocab, E, cfg.qtype)
+    nq, nkv = H * hd, cfg.n_head_kv * hd
+    for i in range(cfg.n_layer):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", E)
+        vector(p + "post_attention_norm.weight", E)
+        matrix(p + "attn_q.weight", nq, E, cfg.qtype)
+        matrix(p + "attn_k.weight", nkv, E, cfg.qtype)
+        matrix(p + "attn_v.weight", nkv, E, cfg.qtype)
+        vector(p + "attn_q.bias", nq, 0.0, cfg.bias_spread)
+        vector(p + "attn_k.bias", nkv, 0.0, cfg.bias_spread)
+        vector(p + "attn_v.bias", nkv, 0.0, cfg.bias_spread)
+        matrix(p + "attn_output.weight", E, nq, cfg.qtype)
+        vector(p + "attn_output.bias", E, 0.0, cfg.bias_spread)
+        vector(p + "attn_sinks.weight", H, 0.0, cfg.sink_spread)
+        matrix(p + "ffn_gate_inp.weight", ne, E, "F32", cfg.router_scale)
+        vector(p + "ffn_gate_inp.bias", ne, 0.0, cfg.bias_spread)
+        matrix(p + "ffn_gate_exps.weight", Fe, E, cfg.expert_qtype, cfg.gate_scale, n_expert=ne)
+        matrix(p + "ffn_up_exps.weight", Fe, E, cfg.expert_qtype, cfg.gate_scale, n_expert=ne)
+        matrix(p + "ffn_down_exps.weight", E, Fe, cfg.expert_qtype, cfg.down_scale, n_expert=ne)
+        vector(p + "ffn_gate_exps.bias", (ne, Fe), 0.0, cfg.bias_spread)
+        vector(p + "ffn_up_exps.bias", (ne, Fe), 0.0, cfg.bias_spread)
+        vector(p + "ffn_down_exps.bias", (ne, E), 0.0, cfg.bias_spread)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)

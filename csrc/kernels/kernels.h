@@ -121,6 +121,13 @@ int li_act_block_size(int act);
 
 /* the scalar activation (SIMD levels hand it the elements past their last full vector) */
 void li_act_apply_scalar(int fn, const float *x, const float *u, float *y, int64_t n);
+/* gpt-oss's clamped SwiGLU (LI_FN_SWIGLU_OAI), y = min(g, 7) sigmoid(1.702
+ * min(g, 7)) (clamp(u, -7, 7) + 1), element by element with expf in ggml's
+ * order of operations, the same at every level (no table: its tails reach
+ * values the f16 grid rounds coarsely) */
+void li_swiglu_oai(const float *g, const float *u, float *y, int64_t n);
+/* y = fn(g) * u for any enum li_gate_fn: the level's act_apply, or li_swiglu_oai */
+void li_gate_apply(int fn, const float *g, const float *u, float *y, int64_t n);
 
 /* Nonzero while the decode team's two threads seem to share one core (two
  * hyperthreads: model.c's placement probe); the x16 decode kernels then keep

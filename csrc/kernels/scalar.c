@@ -496,6 +496,24 @@ void li_act_apply_scalar(int fn, const float *x, const float *u, float *y, int64
     }
 }
 
+#define OAI_ALPHA 1.702f
+#define OAI_LIMIT 7.0f
+void li_swiglu_oai(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = OAI_LIMIT < g[i] ? OAI_LIMIT : g[i]; /* std::min(g, limit): a NaN stays NaN */
+        const float v = u[i] < -OAI_LIMIT ? -OAI_LIMIT : (OAI_LIMIT < u[i] ? OAI_LIMIT : u[i]); /* std::clamp */
+        const float glu = x / (1.0f + expf(OAI_ALPHA * (-x)));
+        y[i] = glu * (v + 1.0f);
+    }
+}
+
+void li_gate_apply(int fn, const float *g, const float *u, float *y, int64_t n) {
+    if (fn == LI_FN_SWIGLU_OAI)
+        li_swiglu_oai(g, u, y, n);
+    else
+        li_K->act_apply(fn, g, u, y, n);
+}
+
 static float dot_f32_f16(const float *a, const uint16_t *b, int64_t n) {
     float acc = 0.0f;
     for (int64_t i = 0; i < n; i++) acc += a[i] * li_f16_to_f32(b[i]);

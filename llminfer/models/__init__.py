@@ -7,8 +7,8 @@ import inspect
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models import (gemma2, gemma3, granite, granitehybrid, lfm2, llama, mamba2, mistral3, nemotron_h,
-                             olmo2, phi3, qwen2, qwen3, qwen3moe, qwen3next, qwen35, qwen35moe, smollm3)
+from llminfer.models import (gemma2, gemma3, gpt_oss, granite, granitehybrid, lfm2, llama, mamba2, mistral3,
+                             nemotron_h, olmo2, phi3, qwen2, qwen3, qwen3moe, qwen3next, qwen35, qwen35moe, smollm3)
 from llminfer.models.base import ModelSpec
 
 ENCODER_ARCHS = ("bert", "nomic-bert")  # llminfer.models.bert, run by llminfer.embeddings
@@ -33,6 +33,7 @@ ARCHITECTURES = {
     mamba2.ARCH: mamba2.build,
     granitehybrid.ARCH: granitehybrid.build,
     nemotron_h.ARCH: nemotron_h.build,
+    gpt_oss.ARCH: gpt_oss.build,
 }
 
 

@@ -24,6 +24,10 @@ ROPE_NEOX = 2  # rotate pairs (i, i + n_rot/2)
 ACT_SILU = 0
 ACT_GELU = 1
 ACT_RELU_SQR = 2  # max(x, 0)^2: ungated feed-forwards only (nemotron_h)
+ACT_SWIGLU_OAI = 3  # gpt-oss's clamped SwiGLU (csrc/llminfer.h, LI_FN_SWIGLU_OAI)
+# how a MoE layer weighs its experts (enum li_expert_gating)
+GATING_SOFTMAX = 0         # softmax over all, top k, renormalized (qwen3moe)
+GATING_SOFTMAX_WEIGHT = 1  # top k logits, softmax over those k (gpt-oss)
 # a layer's mixer (csrc/llminfer.h, enum li_mixer)
 MIX_ATTN = 0       # attention over the paged KV cache
 MIX_GDN = 1        # Gated DeltaNet (qwen35, qwen35moe, qwen3next)
@@ -103,6 +107,15 @@ class LayerSpec:
     up_shexp: Matrix | None = None
     down_shexp: Matrix | None = None
     gate_inp_shexp: np.ndarray | None = None
+    # gpt-oss: per-head attention sinks [n_head], the attention output's bias
+    # [n_embd], the router's [n_expert] and the experts' biases, expert after
+    # expert ([n_expert * n_ff_exp] for gate and up, [n_expert * n_embd] for down)
+    attn_sinks: np.ndarray | None = None
+    bo: np.ndarray | None = None
+    router_b: np.ndarray | None = None
+    gate_exps_b: np.ndarray | None = None
+    up_exps_b: np.ndarray | None = None
+    down_exps_b: np.ndarray | None = None
 
     @property
     def recurrent(self) -> bool:
@@ -153,7 +166,7 @@ class ModelSpec:
     n_ff: int
     n_rot: int
     rope_mode: int
-    gate_fn: int                  # ACT_SILU or ACT_GELU, gating the feed-forward
+    gate_fn: int                  # ACT_SILU, ACT_GELU or ACT_SWIGLU_OAI, gating the feed-forward
     norm_eps: float
     embd_scale: float
     attn_scale: float
@@ -183,16 +196,21 @@ class ModelSpec:
     ssm_n_head: int = 0
     ssm_kv_grouped: bool = False  # GDN: value head h reads key head h // (n_head / n_group) (qwen3next)
     n_ff_shexp: int = 0           # a MoE layer's shared expert's width (0: none)
+    expert_gating: int = GATING_SOFTMAX  # how router logits become the experts' weights
 
     def check_vectors(self):
         """Raise ShapeError where a recurrent layer's vector does not hold what
         the sizes say (the C core reads that many values)."""
         K, H, G, N, DI, E = (self.ssm_d_conv, self.ssm_n_head, self.ssm_n_group, self.ssm_d_state,
                              self.ssm_d_inner, self.n_embd)
+        sizes = {"gate_inp_shexp": E, "attn_sinks": self.n_head, "bo": E, "router_b": self.n_expert,
+                 "gate_exps_b": self.n_expert * self.n_ff_exp, "up_exps_b": self.n_expert * self.n_ff_exp,
+                 "down_exps_b": self.n_expert * E}
         for i, L in enumerate(self.layers):
-            v = L.gate_inp_shexp
-            if v is not None and (not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.size != E):
-                raise ShapeError(f"layer {i}: ffn_gate_inp_shexp holds {getattr(v, 'size', '?')} values, not {E}")
+            for name, n in sizes.items():
+                v = getattr(L, name)
+                if v is not None and (not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.size != n):
+                    raise ShapeError(f"layer {i}: {name} holds {getattr(v, 'size', '?')} values, not {n} float32")
             if L.mixer == MIX_GDN:
                 want = {"ssm_conv": (2 * G * N + DI) * K, "ssm_dt_b": H, "ssm_a": H, "ssm_norm": DI // max(H, 1)}
             elif L.mixer == MIX_SHORTCONV:
