@@ -15,6 +15,7 @@ from llminfer import ops
 from llminfer.engine import Engine
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import build_spec
+from llminfer.models.base import ACT_SWIGLU_OAI, GATING_SOFTMAX_WEIGHT
 from llminfer.quantize_model import quantize_model
 
 from reference_gpt_oss import PIECES, GptOssReference
@@ -83,7 +84,7 @@ def test_spec_reads_what_llama_cpp_reads(files):
     spec = build_spec(GGUFFile(files()))
     assert spec.arch == "gpt-oss" and spec.n_expert == 8 and spec.n_expert_used == 2 and spec.n_ff_exp == 128
     assert [L.sliding_window for L in spec.layers] == [8, 0, 8, 0]  # llama.cpp's pattern 2: even layers windowed
-    assert spec.gate_fn == 2 and spec.expert_gating == 1
+    assert spec.gate_fn == ACT_SWIGLU_OAI and spec.expert_gating == GATING_SOFTMAX_WEIGHT
     L = spec.layers[0]
     assert L.attn_sinks.shape == (4,) and L.bo.shape == (256,) and L.router_b.shape == (8,)
     assert L.gate_exps_b.size == 8 * 128 and L.down_exps_b.size == 8 * 256
@@ -98,7 +99,7 @@ def test_description_checks(files):
     from llminfer import _core
     from llminfer.errors import InvalidArgumentError, ShapeError
 
-    for field, value, what in (("expert_gating", 2, "expert gating"), ("gate_fn", 3, "gate function")):
+    for field, value, what in (("expert_gating", 2, "expert gating"), ("gate_fn", 4, "gate function")):
         spec = build_spec(GGUFFile(files()))
         setattr(spec, field, value)
         with pytest.raises(InvalidArgumentError, match=what):
