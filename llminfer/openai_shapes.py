@@ -137,13 +137,6 @@ def chat_message(text: str, reasoning=None, tool_fmt: str | None = None, special
     return message(text, tool_calls(calls), thought), calls
 
 
-def _merged(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = out.get(k, "") + v
-    return out
-
-
 class ChatDeltas:
     """One streamed chat choice: the text pieces of its generation in, the
     deltas of OpenAI's chunks out ({"reasoning_content", "content"}, either
@@ -152,39 +145,59 @@ class ChatDeltas:
         d = ChatDeltas(reasoning, tool_fmt)
         for piece in pieces: send(d.feed(piece))
         delta, calls = d.finish(special_text)       # the held text; tool_call_deltas(calls)
-    """
+
+    parts() and finish_parts() give the same as (reasoning, content) pairs,
+    for the wire formats that are not OpenAI chat (llminfer.server.chatrun)."""
 
     def __init__(self, reasoning=None, tool_fmt: str | None = None):
         self.reasoning = reasoning
         self.split = reasoning.splitter() if reasoning is not None and reasoning.parse else None
         self.tools = ToolCallStream(tool_fmt) if tool_fmt else None
 
-    def _delta(self, thought: str, content: str) -> dict:
+    @property
+    def thinking(self) -> bool:
+        """Whether the text now coming is reasoning."""
+        return self.split is not None and self.split.phase == "thinking"
+
+    def _part(self, thought: str, content: str) -> tuple[str, str]:
+        if content and self.tools is not None:
+            content = self.tools.feed(content)
+        return thought, content
+
+    def parts(self, piece: str) -> tuple[str, str]:
+        """(reasoning, content) of the next piece; either may be ""."""
+        return self._part(*self.split.feed(piece)) if self.split is not None else self._part("", piece)
+
+    def finish_parts(self, special_text=None, piece: str = "") -> tuple[str, str, list]:
+        """(reasoning, content, calls) at the end: piece, the generation's
+        last text; special_text() the whole reply with its special tokens
+        written out (needed with tools)."""
+        thought, content = self.parts(piece)
+        if self.split is not None:
+            t, c = self._part(*self.split.finish())
+            thought, content = thought + t, content + c
+        calls = []
+        if self.tools is not None:
+            rest, calls = self.tools.finish(_answer(special_text(), self.reasoning))
+            content += rest
+        return thought, content, calls
+
+    @staticmethod
+    def _delta(thought: str, content: str) -> dict:
         out = {}
         if thought:
             out["reasoning_content"] = thought
-        if content and self.tools is not None:
-            content = self.tools.feed(content)
         if content:
             out["content"] = content
         return out
 
     def feed(self, piece: str) -> dict:
-        return self._delta(*self.split.feed(piece)) if self.split is not None else self._delta("", piece)
+        return self._delta(*self.parts(piece))
 
     def finish(self, special_text=None, piece: str = "") -> tuple[dict, list]:
-        """(the last delta, the calls): piece, the generation's last text;
-        special_text() the whole reply with its special tokens written out
-        (needed with tools)."""
-        delta = self.feed(piece)
-        if self.split is not None:
-            delta = _merged(delta, self._delta(*self.split.finish()))
-        calls = []
-        if self.tools is not None:
-            rest, calls = self.tools.finish(_answer(special_text(), self.reasoning))
-            if rest:
-                delta = _merged(delta, {"content": rest})
-        return delta, calls
+        """(the last delta, the calls); see finish_parts."""
+        thought, content, calls = self.finish_parts(special_text, piece)
+        return self._delta(thought, content), calls
 
 
 # ---- logprobs ----

@@ -200,6 +200,11 @@ class ThinkingTracker:
 
 
 _RESERVED = ("messages", "add_generation_prompt", "tools")
+# OpenAI's reasoning_effort values; the template is given low, medium or high
+# (gpt-oss's reads reasoning_effort), "none" turns the thinking off
+EFFORTS = ("none", "minimal", "low", "medium", "high")
+OPTION_NAMES = ("chat_template_kwargs", "enable_thinking", "reasoning_format", "reasoning_budget",
+                "reasoning_effort")
 
 
 @dataclass
@@ -208,7 +213,10 @@ class ChatOptions:
     template_kwargs (variables for the chat template: chat_template_kwargs,
     with enable_thinking), reasoning_format ("deepseek": reasoning apart in
     reasoning_content; "none": the raw text in content) and
-    reasoning_budget (-1 unlimited, 0 no thinking, N tokens)."""
+    reasoning_budget (-1 unlimited, 0 no thinking, N tokens).
+    reasoning_effort (OpenAI's: none, minimal, low, medium, high) reaches
+    the template as reasoning_effort (minimal as low); "none" is no
+    thinking (enable_thinking false, budget 0) and low for the template."""
 
     template_kwargs: dict
     reasoning_format: str = "deepseek"
@@ -216,7 +224,7 @@ class ChatOptions:
 
     @classmethod
     def make(cls, chat_template_kwargs=None, enable_thinking=None, reasoning_format="deepseek",
-             reasoning_budget=-1) -> "ChatOptions":
+             reasoning_budget=-1, reasoning_effort=None) -> "ChatOptions":
         if chat_template_kwargs is None:
             chat_template_kwargs = {}
         if not isinstance(chat_template_kwargs, dict) or not all(isinstance(k, str) for k in chat_template_kwargs):
@@ -231,6 +239,14 @@ class ChatOptions:
                 raise InvalidArgumentError(f"enable_thinking must be True or False, got {enable_thinking!r}")
             kw["enable_thinking"] = enable_thinking
         budget = check_budget(reasoning_budget)
+        if reasoning_effort is not None:
+            if reasoning_effort not in EFFORTS:
+                raise InvalidArgumentError(f"reasoning_effort must be one of {', '.join(EFFORTS)}, got "
+                                           f"{reasoning_effort!r}")
+            kw["reasoning_effort"] = reasoning_effort if reasoning_effort in ("low", "medium", "high") else "low"
+            if reasoning_effort == "none":
+                kw.setdefault("enable_thinking", False)
+                budget = 0 if budget == -1 else budget
         if budget == 0:  # no thinking: the template is told so, as llama-server does
             kw.setdefault("enable_thinking", False)
         return cls(kw, check_format(reasoning_format), budget)
@@ -238,8 +254,7 @@ class ChatOptions:
     @classmethod
     def pop(cls, kwargs: dict) -> "ChatOptions":
         """The options taken out of a call's keyword arguments."""
-        names = ("chat_template_kwargs", "enable_thinking", "reasoning_format", "reasoning_budget")
-        return cls.make(**{k: kwargs.pop(k) for k in names if k in kwargs and kwargs[k] is not None})
+        return cls.make(**{k: kwargs.pop(k) for k in OPTION_NAMES if k in kwargs and kwargs[k] is not None})
 
     def reasoning(self, prompt_text: str, template: str, tokenizer) -> Reasoning | None:
         """How the generation after prompt_text thinks (None: a model whose
