@@ -1,9 +1,7 @@
-"""The HTTP side of `llminfer serve`: an ASGI app (Starlette) shaped as
-OpenAI's API, over one Scheduler.
-
-    from llminfer.server import ServeArgs, create_app
-    app = create_app(ServeArgs(model="smollm2-135m-instruct"))
-    # uvicorn.run(app, host="127.0.0.1", port=8000), or mount it in another app
+"""The HTTP side of `llminfer serve`: the OpenAI API over one Scheduler
+(Server, the routes of openai_routes), and what the other wire formats
+build on (Job, bad_request, until_disconnect); llminfer.server.asgi puts
+the app together.
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed as
 server-sent events with "stream": true), GET /v1/models, GET
@@ -32,11 +30,9 @@ import json
 import logging
 import math
 import time
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
-from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
@@ -52,12 +48,12 @@ from llminfer.errors import InvalidArgumentError, KVCacheFullError, LLMInferErro
 from llminfer.generation import TokenEvent, token_logprobs
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import bert
+from llminfer.reasoning import OPTION_NAMES, ChatOptions
 from llminfer.sampling import SamplingParams
 from llminfer.server.args import ServeArgs
 from llminfer.server.metrics import Metrics
 from llminfer.server.scheduler import FinishEvent, Request, Scheduler
 from llminfer.structured import grammar_from_args
-from llminfer.reasoning import OPTION_NAMES, ChatOptions
 from llminfer.tools import check_tools, tool_prompt
 
 log = logging.getLogger("llminfer.server")
@@ -161,7 +157,7 @@ def _stops(body) -> list:
     return [s for s in v if s]
 
 
-class _Server:
+class Server:
     """The engine, its scheduler and what the endpoints share; or, for an
     encoder model (bert, nomic-bert), its Embedder alone: such a server
     answers /v1/embeddings and the tokenizer endpoints, and says so to a
@@ -550,7 +546,7 @@ class Job:
     """The engine requests of one HTTP request (prompts x n choices) and the
     queue their events arrive on."""
 
-    def __init__(self, server: _Server, prompts, params, max_tokens, n, stops, ignore_eos, logprobs, grammar=None,
+    def __init__(self, server: Server, prompts, params, max_tokens, n, stops, ignore_eos, logprobs, grammar=None,
                  reasoning=None):
         self.server = server
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -655,7 +651,7 @@ class _Logprobs:
                 "top_logprobs": self.tops if any(self.tops) else None, "text_offset": self.offsets}
 
 
-async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool):
+async def _run_job(server: Server, request: HTTPRequest, body: dict, chat: bool):
     params, max_tokens, n, stops, ignore_eos, logprobs, grammar, echo = await run_in_threadpool(
         server.sampling, body, chat)
     stream = _bool(body, "stream", False)
@@ -949,7 +945,7 @@ class _SSEResponse:
 
 # ---- endpoints ----
 
-def openai_endpoint(server: _Server, fn, auth=True):
+def openai_endpoint(server: Server, fn, auth=True):
     async def handle(request: HTTPRequest):
         try:
             if auth:
@@ -972,25 +968,25 @@ def _api_error(e: Exception) -> APIError:
     return APIError(500, f"internal error: {type(e).__name__}")
 
 
-async def completions(server: _Server, request: HTTPRequest):
+async def completions(server: Server, request: HTTPRequest):
     body = await server.read_json(request)
     server.check_model(body)
     server.check_generates()
     return await _run_job(server, request, body, chat=False)
 
 
-async def chat_completions(server: _Server, request: HTTPRequest):
+async def chat_completions(server: Server, request: HTTPRequest):
     body = await server.read_json(request)
     server.check_model(body)
     server.check_generates()
     return await _run_job(server, request, body, chat=True)
 
 
-async def models(server: _Server, request: HTTPRequest):
+async def models(server: Server, request: HTTPRequest):
     return JSONResponse({"object": "list", "data": [server.model_card()]})
 
 
-async def model(server: _Server, request: HTTPRequest):
+async def model(server: Server, request: HTTPRequest):
     """One model by any of its names (the listed id, the name or path it was
     served from): 404 for another, as /v1/models does not list it."""
     name = request.path_params["name"]
@@ -1000,7 +996,7 @@ async def model(server: _Server, request: HTTPRequest):
     return JSONResponse(server.model_card())
 
 
-async def tokenize(server: _Server, request: HTTPRequest):
+async def tokenize(server: Server, request: HTTPRequest):
     body = await server.read_json(request)
     server.check_model(body)
     add_special = _bool(body, "add_special_tokens", True)
@@ -1014,7 +1010,7 @@ async def tokenize(server: _Server, request: HTTPRequest):
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": server.n_ctx})
 
 
-async def detokenize(server: _Server, request: HTTPRequest):
+async def detokenize(server: Server, request: HTTPRequest):
     body = await server.read_json(request)
     server.check_model(body)
     ids = body.get("tokens")
@@ -1024,7 +1020,7 @@ async def detokenize(server: _Server, request: HTTPRequest):
     return JSONResponse({"prompt": server.tokenizer.decode(ids)})
 
 
-async def embeddings(server: _Server, request: HTTPRequest):
+async def embeddings(server: Server, request: HTTPRequest):
     """OpenAI's embeddings: the model's final normed hidden states, pooled as
     its GGUF declares (mean when it declares none) and scaled to unit L2
     norm, as LLM.embed gives them. Each input runs on the engine thread in
@@ -1063,32 +1059,19 @@ def _embeddings_response(server, vecs, fmt, n_tokens) -> JSONResponse:
                          "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
 
-async def health(server: _Server, request: HTTPRequest):
+async def health(server: Server, request: HTTPRequest):
     if not server.alive:
         return APIError(503, "the engine is not running").response()
     return JSONResponse({"status": "ok"})
 
 
-async def metrics(server: _Server, request: HTTPRequest):
+async def metrics(server: Server, request: HTTPRequest):
     return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def create_app(engine_args: ServeArgs | dict) -> Starlette:
-    """The ASGI app of `llminfer serve`. engine_args: a ServeArgs, or a dict
-    of its fields. The model loads here (errors surface at once); the engine
-    thread starts with the app's lifespan and stops with it."""
-    args = engine_args if isinstance(engine_args, ServeArgs) else ServeArgs(**engine_args)
-    server = _Server(args)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        server.start()
-        try:
-            yield
-        finally:
-            await run_in_threadpool(server.stop)
-
-    routes = [
+def openai_routes(server: Server) -> list:
+    """The routes of the OpenAI API and the server's own (tokenize, health, metrics)."""
+    return [
         Route("/v1/completions", openai_endpoint(server, completions), methods=["POST"]),
         Route("/v1/chat/completions", openai_endpoint(server, chat_completions), methods=["POST"]),
         Route("/v1/models", openai_endpoint(server, models), methods=["GET"]),
@@ -1099,16 +1082,11 @@ def create_app(engine_args: ServeArgs | dict) -> Starlette:
         Route("/health", openai_endpoint(server, health, auth=False), methods=["GET"]),
         Route("/metrics", openai_endpoint(server, metrics, auth=False), methods=["GET"]),
     ]
-    from llminfer.server import anthropic, responses  # they build on this module
 
-    routes += anthropic.routes(server) + responses.routes(server)
 
-    async def not_found(request, exc):
-        status = getattr(exc, "status_code", 404)
-        msg = f"no route {request.method} {request.url.path}" if status != 405 else \
-            f"{request.url.path} does not take {request.method}"
-        return APIError(status, msg, type_="invalid_request_error").response()
-
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
-    app.state.server = server
-    return app
+async def not_found(request, exc):
+    """404 and 405 in OpenAI's error shape."""
+    status = getattr(exc, "status_code", 404)
+    msg = f"no route {request.method} {request.url.path}" if status != 405 else \
+        f"{request.url.path} does not take {request.method}"
+    return APIError(status, msg, type_="invalid_request_error").response()

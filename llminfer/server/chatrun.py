@@ -9,7 +9,7 @@ tool calls that they translate back.
     run.reply                                          # ChatReply: calls, finish, stop_sequence, usage
 
 The request goes the way of /v1/chat/completions: the server's sampling
-parameters, chat template, tools and grammar (app._Server.sampling,
+parameters, chat template, tools and grammar (app.Server.sampling,
 chat_ids) and one Job on the scheduler. Nothing here builds OpenAI chat
 dicts; each translator shapes its own.
 
