@@ -14,7 +14,8 @@ OpenAI writes it down:
 A chat reply is read here too, whole (chat_message) or streamed
 (ChatDeltas): a thinking model's reasoning goes to reasoning_content beside
 content (llminfer.reasoning), and tool calls are parsed from the answer
-after it (llminfer.tools).
+after it (llminfer.tools); a harmony reply's channels give all three
+(llminfer.harmony).
 
 Completions use OpenAI's legacy logprobs shape ({"tokens", "text_offset",
 "token_logprobs", "top_logprobs"}), chat completions its chat shape
@@ -27,6 +28,7 @@ import json
 import time
 import uuid
 
+from llminfer.harmony import HarmonySplitter
 from llminfer.reasoning import ReasoningSplitter
 from llminfer.tools import ToolCallStream, parse_tool_calls
 
@@ -118,7 +120,12 @@ def message(content, tool_calls: list | None = None, reasoning: str | None = Non
 
 def _answer(full: str, reasoning) -> str:
     """The answer part of a reply (tool calls are parsed there, not in the thinking)."""
-    return full if reasoning is None else ReasoningSplitter.split(full, reasoning.in_thinking)[1]
+    return full if reasoning is None or reasoning.harmony else ReasoningSplitter.split(full, reasoning.in_thinking)[1]
+
+
+def _harmony(reasoning) -> bool:
+    """A harmony reply read apart (llminfer.harmony: its tool calls too)."""
+    return reasoning is not None and reasoning.harmony and reasoning.parse
 
 
 def chat_message(text: str, reasoning=None, tool_fmt: str | None = None, special_text=None) -> tuple[dict, list]:
@@ -127,6 +134,9 @@ def chat_message(text: str, reasoning=None, tool_fmt: str | None = None, special
     tools' format when tools were offered, then special_text() gives the
     reply with its special tokens written out, which calls are parsed from."""
     thought = None
+    if _harmony(reasoning):  # the calls are messages of their own, read with the rest
+        thought, text, calls = HarmonySplitter.split(text)
+        return message(text if text or not calls else None, tool_calls(calls), thought), calls
     if reasoning is not None and reasoning.parse:
         thought, text = ReasoningSplitter.split(text, reasoning.in_thinking)
     calls = []
@@ -152,7 +162,8 @@ class ChatDeltas:
     def __init__(self, reasoning=None, tool_fmt: str | None = None):
         self.reasoning = reasoning
         self.split = reasoning.splitter() if reasoning is not None and reasoning.parse else None
-        self.tools = ToolCallStream(tool_fmt) if tool_fmt else None
+        # harmony's calls are read by its splitter, not from the answer
+        self.tools = ToolCallStream(tool_fmt) if tool_fmt and not _harmony(reasoning) else None
 
     @property
     def thinking(self) -> bool:
@@ -176,7 +187,7 @@ class ChatDeltas:
         if self.split is not None:
             t, c = self._part(*self.split.finish())
             thought, content = thought + t, content + c
-        calls = []
+        calls = list(self.split.calls) if _harmony(self.reasoning) else []
         if self.tools is not None:
             rest, calls = self.tools.finish(_answer(special_text(), self.reasoning))
             content += rest

@@ -16,16 +16,23 @@ over several tokens is held back until it is known whole; a generation cut
 inside the thinking gives what was thought as reasoning. Blanks around the
 reasoning, and between it and the answer, are dropped.
 
+gpt-oss's harmony format (llminfer.harmony: the analysis channel is the
+reasoning, the final channel the answer, commentary to=functions.NAME a tool
+call) is read the same way when the template is harmony's: Reasoning.harmony,
+and splitter() gives a HarmonySplitter with the same feed/finish.
+
 ThinkingTracker follows the same text token by token for the generation
 core (llminfer.generation): whether the sequence is thinking (a grammar
 applies to the answer only), and the reasoning budget (after N thinking
-tokens the closing tag is forced).
+tokens the closing tag is forced; for harmony the end of the analysis and
+the opening of the final message).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llminfer import harmony
 from llminfer.errors import InvalidArgumentError
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -142,21 +149,32 @@ class Reasoning:
     """How one chat generation's thinking is read: in_thinking (the prompt
     opened it), budget (-1: unlimited; N: the closing tag is forced after N
     thinking tokens), and the tags' token ids in this vocabulary (open_id
-    when <think> is one token, close_ids the tokens of </think>)."""
+    when <think> is one token, close_ids the tokens of </think>). harmony:
+    the reply is in gpt-oss's harmony format (llminfer.harmony)."""
 
     in_thinking: bool
     budget: int = -1
     open_id: int | None = None
     close_ids: tuple = ()
     parse: bool = True  # reasoning_format "deepseek": the OpenAI layer splits the text
+    harmony: bool = False
 
     @classmethod
     def for_prompt(cls, prompt_text: str, tokenizer, budget: int = -1) -> "Reasoning":
         close = tuple(tokenizer.encode(CLOSE, add_bos=False, special=True))
         return cls(starts_in_thinking(prompt_text), check_budget(budget), tokenizer.token_id(OPEN), close)
 
-    def splitter(self) -> ReasoningSplitter:
-        return ReasoningSplitter(self.in_thinking)
+    @classmethod
+    def for_harmony(cls, tokenizer, budget: int = -1) -> "Reasoning":
+        """A harmony reply: it opens with a header (the prompt ends in
+        <|start|>assistant); the budget closes the analysis and opens the
+        final message."""
+        close = tuple(tokenizer.encode(harmony.FORCED_CLOSE, add_bos=False, special=True))
+        return cls(False, check_budget(budget), None, close, harmony=True)
+
+    def splitter(self):
+        """A ReasoningSplitter, or for harmony a llminfer.harmony.HarmonySplitter."""
+        return harmony.HarmonySplitter() if self.harmony else ReasoningSplitter(self.in_thinking)
 
     def tracker(self) -> "ThinkingTracker":
         return ThinkingTracker(self)
@@ -180,7 +198,13 @@ class ThinkingTracker:
     @property
     def undecided(self) -> bool:
         """The output may still open a thinking."""
-        return self.split.phase == "start"
+        return self.split.phase == "start" and not self.r.harmony
+
+    @property
+    def free(self) -> bool:
+        """No grammar applies now: the model thinks, or (harmony) writes a
+        message header or a tool call."""
+        return self.split.phase == "thinking" or (self.r.harmony and self.split.phase in ("start", "call"))
 
     def forced(self) -> int | None:
         if self._forcing is None and self.thinking and 0 <= self.r.budget <= self.thought and self.r.close_ids:
@@ -196,6 +220,8 @@ class ThinkingTracker:
         if before == "thinking":
             self.thought += 1
         self.split.feed(text)
+        if self.r.harmony:  # the answer is the final message's body
+            return before in ("answer", "raw") and self.split.phase in ("answer", "raw")
         return before != "thinking" and self.split.phase != "thinking"
 
 
@@ -258,7 +284,11 @@ class ChatOptions:
 
     def reasoning(self, prompt_text: str, template: str, tokenizer) -> Reasoning | None:
         """How the generation after prompt_text thinks (None: a model whose
-        template knows no <think> tags)."""
+        template knows no <think> tags and is not harmony's)."""
+        if harmony.is_harmony(template, tokenizer):
+            r = Reasoning.for_harmony(tokenizer, self.reasoning_budget)
+            r.parse = self.reasoning_format == "deepseek"
+            return r
         if not template_thinks(template, tokenizer):
             return None
         r = Reasoning.for_prompt(prompt_text, tokenizer, self.reasoning_budget)
