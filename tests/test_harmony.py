@@ -292,3 +292,16 @@ def test_the_server_reads_harmony(harmony_path, tagged, monkeypatch):
         assert (r.output[0].content[0].text, r.output_text) == (THOUGHT, ANSWER)
     finally:
         srv.stop()
+
+
+def test_a_grammar_applies_to_the_final_message_alone(model):
+    """The header and the analysis are the model's (scripted here); the
+    final message's body follows the schema (the model writes it freely)."""
+    head = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>"
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    out = model.create_chat_completion(MSGS, max_tokens=256, temperature=0, logits_processor=Script(
+        model, head, then_free=True), response_format={"type": "json_object", "schema": schema})
+    msg = out["choices"][0]["message"]
+    assert msg["reasoning_content"] == "Think."
+    assert isinstance(json.loads(msg["content"])["n"], int) and out["choices"][0]["finish_reason"] == "stop"
