@@ -235,34 +235,40 @@ def test_the_splitter_holds_a_tag_split_anywhere():
     assert HarmonySplitter.split("Hello there.") == (None, "Hello there.", [])
 
 
+def _play_in_the_core(monkeypatch, llm):
+    """play(text): every sequence the generation core runs from now on
+    writes text, then ends (where no logits_processor can be passed: the
+    server, the CLI)."""
+    from llminfer import generation
+
+    script = {}
+    mask = generation.Generator.mask
+
+    def scripted(self, logits):  # each sequence (Generator) plays the script from its start
+        logits = mask(self, logits)
+        i = getattr(self, "_script_i", 0)
+        self._script_i = i + 1
+        ids = script["ids"]
+        out = np.full_like(logits, -np.inf)
+        out[ids[i] if i < len(ids) else llm.tokenizer.eos_id] = 0.0
+        return out
+
+    monkeypatch.setattr(generation.Generator, "mask", scripted)
+    return lambda text: script.update(ids=llm.tokenize(text, add_bos=False, special=True))
+
+
 def test_the_server_reads_harmony(harmony_path, tagged, monkeypatch):
     """/v1/chat/completions with the openai client, whole and streamed, a
     tool call, and reasoning_effort in the prompt the model reads; the
     replies are forced by a script played in the generation core."""
     openai = pytest.importorskip("openai")
     pytest.importorskip("uvicorn")
-    from llminfer import generation
     from llminfer.server import ServeArgs
     from test_server import ServerThread
 
-    script = {}
-    mask = generation.Generator.mask
-
-    def scripted(self, logits):  # each sequence (Generator) plays the current script
-        logits = mask(self, logits)
-        i = getattr(self, "_script_i", 0)
-        self._script_i = i + 1
-        ids = script["ids"]
-        out = np.full_like(logits, -np.inf)
-        out[ids[i] if i < len(ids) else script["eos"]] = 0.0
-        return out
-
-    monkeypatch.setattr(generation.Generator, "mask", scripted)
+    play = _play_in_the_core(monkeypatch, tagged)
     srv = ServerThread(ServeArgs(model=harmony_path, n_ctx=1024, n_threads=1))
     try:
-        def play(text):
-            script.update(ids=tagged.tokenize(text, add_bos=False, special=True), eos=tagged.tokenizer.eos_id)
-
         prompt_len = {e: len(tagged.chat_prompt(MSGS, reasoning_effort=e)) for e in ("low", "high")}
         assert prompt_len["low"] != prompt_len["high"]
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -305,3 +311,32 @@ def test_a_grammar_applies_to_the_final_message_alone(model):
     msg = out["choices"][0]["message"]
     assert msg["reasoning_content"] == "Think."
     assert isinstance(json.loads(msg["content"])["n"], int) and out["choices"][0]["finish_reason"] == "stop"
+
+
+def test_the_cli_passes_reasoning_effort_and_shows_the_analysis_apart(capsys, harmony_path, tagged, monkeypatch):
+    """`llminfer run --reasoning-effort high`: the template gets it; the
+    analysis is shown as the thinking, a blank line, then the final answer."""
+    from llminfer import chat
+    from test_cli import run_main
+
+    rendered = []
+    render = chat.ChatFormat.render
+
+    def recording(self, messages, add_generation_prompt=True, **extra):
+        rendered.append(render(self, messages, add_generation_prompt, **extra))
+        return rendered[-1]
+
+    monkeypatch.setattr(chat.ChatFormat, "render", recording)
+    play = _play_in_the_core(monkeypatch, tagged)
+    play(REPLY)
+    args = ["run", harmony_path, MSGS[0]["content"], "-n", 256, "--temp", 0, "-t", 1, "-c", 1024]
+    code, shown, err = run_main(capsys, *args, "--reasoning-effort", "high")
+    assert code == 0, err
+    assert shown == f"{THOUGHT}\n\n{ANSWER}\n"
+    asked = [t for t in rendered if MSGS[0]["content"] in t]  # (a probe renders "Hi" alone)
+    assert asked and all("Reasoning: high\n" in t for t in asked)
+    rendered.clear()
+    code, shown, err = run_main(capsys, *args, "--hide-thinking")
+    assert code == 0 and shown == f"{ANSWER}\n", err
+    asked = [t for t in rendered if MSGS[0]["content"] in t]
+    assert asked and all("Reasoning: medium\n" in t for t in asked)
