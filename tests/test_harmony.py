@@ -288,6 +288,14 @@ def test_the_server_reads_harmony(harmony_path, tagged, monkeypatch):
         assert out.choices[0].finish_reason == "tool_calls"
         assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
         assert out.choices[0].message.reasoning_content == "I need the weather."
+        anthropic = pytest.importorskip("anthropic")
+        a = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0, timeout=120)
+        tool = {"name": "get_weather", "description": "The weather in a city",
+                "input_schema": WEATHER["function"]["parameters"]}
+        m = a.messages.create(model="gpt-oss", max_tokens=256, messages=MSGS, tools=[tool])
+        assert [b.type for b in m.content] == ["thinking", "tool_use"] and m.stop_reason == "tool_use"
+        assert (m.content[0].thinking, m.content[1].name, m.content[1].input) == \
+            ("I need the weather.", "get_weather", {"city": "Paris"})
         play(REPLY)
         for effort in ("low", "high"):
             out = c.chat.completions.create(model="gpt-oss", messages=MSGS, max_tokens=2, reasoning_effort=effort)
