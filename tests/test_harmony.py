@@ -348,3 +348,50 @@ def test_the_cli_passes_reasoning_effort_and_shows_the_analysis_apart(capsys, ha
     assert code == 0 and shown == f"{ANSWER}\n", err
     asked = [t for t in rendered if MSGS[0]["content"] in t]
     assert asked and all("Reasoning: medium\n" in t for t in asked)
+
+
+def _gpt_oss_template():
+    """gpt-oss's own chat template, from llama.cpp's models/templates (the
+    peer's source tree, $LLMINFER_LLAMA_CPP or /work/peer/*/vendor/llama.cpp);
+    None where there is none."""
+    import glob
+    import os
+    from pathlib import Path
+
+    roots = [os.environ["LLMINFER_LLAMA_CPP"]] if os.environ.get("LLMINFER_LLAMA_CPP") else \
+        sorted(glob.glob("/work/peer/*/vendor/llama.cpp"))
+    for root in roots:
+        p = Path(root) / "models" / "templates" / "openai-gpt-oss-120b.jinja"
+        if p.is_file():
+            return p.read_text(encoding="utf-8")
+    return None
+
+
+def test_gpt_oss_own_template(tmp_path):
+    """gpt-oss's real template (llama.cpp's copy) in llminfer's sandbox: read
+    as harmony, reasoning_effort in its system message, the tools as its
+    TypeScript namespace, a call and its result in the next turn; a reply
+    read by channel."""
+    template = _gpt_oss_template()
+    if template is None:
+        pytest.skip("llama.cpp's models/templates/openai-gpt-oss-120b.jinja is not here (set LLMINFER_LLAMA_CPP)")
+    path = write_model(tmp_path / "gpt-oss.gguf", TinyConfig(tie_output=False, context_length=4096),
+                       extra_strings={"tokenizer.chat_template": template}, extra_tokens={t: 3 for t in TAGS})
+    with LLM(str(path), n_ctx=4096, n_threads=1) as m:
+        assert "<|end|>" not in m.chat_format.stop_texts
+
+        def text(msgs, **kw):
+            return m.detokenize(m.chat_prompt(msgs, **kw), skip_special=False)
+
+        assert "\nReasoning: medium\n" in text(MSGS) and "\nReasoning: high\n" in text(MSGS, reasoning_effort="high")
+        seen = Script(m, CALL)
+        out = m.create_chat_completion(MSGS, max_tokens=256, temperature=0, tools=[WEATHER], logits_processor=seen)
+        assert "type get_weather = (_: {\ncity: string,\n}) => any;" in m.detokenize(seen.prompt, skip_special=False)
+        (call,) = out["choices"][0]["message"]["tool_calls"]
+        assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+        turn = MSGS + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                       {"role": "tool", "tool_call_id": call["id"], "content": "Sunny"}]
+        assert ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}'
+                '<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>') in text(turn)
+        msg = _chat(m, REPLY)["choices"][0]["message"]
+        assert (msg["reasoning_content"], msg["content"]) == (THOUGHT, ANSWER)
