@@ -1,7 +1,7 @@
-"""The ASGI app of `llminfer serve`: the OpenAI routes (llminfer.server.app),
-Anthropic's Messages API (llminfer.server.anthropic) and OpenAI's Responses
-API (llminfer.server.responses) over one Server. The top floor of the
-server package: the modules it joins build on app, none on this one.
+"""The ASGI app of `llminfer serve`: every model-serving route
+(llminfer.server.routes: OpenAI's, Anthropic's, the Responses API) over one
+Server. The top floor of the server package: nothing imports it but the
+package's create_app.
 
     from llminfer.server import ServeArgs, create_app
     app = create_app(ServeArgs(model="smollm2-135m-instruct"))
@@ -15,9 +15,9 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 
-from llminfer.server import anthropic, responses
-from llminfer.server.app import Server, not_found, openai_routes
+from llminfer.server.app import Server, not_found
 from llminfer.server.args import ServeArgs
+from llminfer.server.routes import routes
 
 
 def create_app(engine_args: ServeArgs | dict) -> Starlette:
@@ -35,7 +35,6 @@ def create_app(engine_args: ServeArgs | dict) -> Starlette:
         finally:
             await run_in_threadpool(server.stop)
 
-    routes = openai_routes(server) + anthropic.routes(server) + responses.routes(server)
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    app = Starlette(routes=routes(server), lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
     app.state.server = server
     return app
