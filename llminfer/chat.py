@@ -114,6 +114,11 @@ _KNOWN_END_MARKERS = (
     "</s>",
 )
 
+# gpt-oss's harmony format (llminfer.harmony): a turn ends at <|return|>, or
+# at <|call|> after a tool call
+_HARMONY_CHANNEL = "<|channel|>"
+_HARMONY_ENDS = ("<|return|>", "<|call|>")
+
 _GEMMA_ARCHS = ("gemma", "gemma2", "gemma3", "gemma3n")
 _LLAMA3_PIECES = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 _CHATML_PIECES = ("<|im_start|>", "<|im_end|>")
@@ -288,6 +293,8 @@ def _template_stops(template, metadata):
     """Stop texts for a template we did not write: the known end-of-turn markers
     it writes, the vocabulary's end-of-turn pieces, and EOS."""
     stops = [m for m in _KNOWN_END_MARKERS if m in template]
+    if _HARMONY_CHANNEL in template:  # harmony: <|end|> ends a message (the analysis), not the turn
+        stops = [m for m in stops if m != "<|end|>"] + list(_HARMONY_ENDS)
     stops += [_token_piece(metadata, "eot"), _token_piece(metadata, "eom"), _token_piece(metadata, "eos")]
     return tuple(stops)
 

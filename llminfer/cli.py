@@ -32,6 +32,7 @@ import warnings
 
 from llminfer import hub
 from llminfer.errors import LLMInferError
+from llminfer.reasoning import EFFORTS
 
 
 def _positive_int(text):
@@ -145,10 +146,16 @@ def _add_thinking(p):
     p.add_argument("--reasoning-budget", type=int, default=None, metavar="N",
                    help="thinking tokens before the end of the thinking is forced (-1: unlimited, the default; "
                         "0: no thinking)")
+    p.add_argument("--reasoning-effort", default=None, choices=list(EFFORTS),
+                   help="the template's reasoning_effort (gpt-oss reads it; minimal is given as low; none: no "
+                        "thinking)")
 
 
 def _chat_options(a) -> dict:
-    return {} if a.reasoning_budget is None else {"reasoning_budget": a.reasoning_budget}
+    out = {} if a.reasoning_budget is None else {"reasoning_budget": a.reasoning_budget}
+    if a.reasoning_effort is not None:
+        out["reasoning_effort"] = a.reasoning_effort
+    return out
 
 
 def _sampling_kwargs(a):

@@ -531,8 +531,8 @@ class Llama:
             args.update(mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
         args = self._sampling(args)
         if self.cache is not None and tools is None and tool_choice is None:
-            options = {k: args[k] for k in ("chat_template_kwargs", "enable_thinking", "reasoning_budget")
-                       if k in args}
+            options = {k: args[k] for k in ("chat_template_kwargs", "enable_thinking", "reasoning_budget",
+                                                  "reasoning_effort") if k in args}
             self._cache_load(self.llm.chat_prompt(messages, **options))
             out = self.llm.create_chat_completion(messages, max_tokens=max_tokens, stream=stream, **args)
             return self._cache_after(out, stream)

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 
 from llminfer import _core, hub
-from llminfer.embeddings import POOLINGS, _Embedding, declared_pooling, decoder_hidden
+from llminfer.embeddings import POOLINGS, EmbeddingBase, declared_pooling, decoder_hidden
 from llminfer.errors import InvalidArgumentError
 from llminfer.gguf_file import GGUFFile
 from llminfer.llm import LLM
@@ -25,7 +25,7 @@ from llminfer.system import check_threads
 from llminfer.tokenizer import Tokenizer
 
 
-class Embedder(_Embedding):
+class Embedder(EmbeddingBase):
     """An embedding model: an encoder GGUF (bert, nomic-bert), or any decoder
     model we load (its hidden states pooled). pooling overrides the one the
     GGUF declares; n_threads: threads of the native kernels."""

@@ -55,7 +55,7 @@ def _inputs(input) -> tuple[list, bool]:
                                f"or a list of those; got {type(input).__name__}")
 
 
-class _Embedding:
+class EmbeddingBase:
     """embed and create_embedding over a token-vectors function."""
 
     pooling = "mean"
@@ -141,7 +141,7 @@ def decoder_hidden(llm, ids) -> np.ndarray:
         return engine_hidden(eng, ids)
 
 
-class DecoderEmbedding(_Embedding):
+class DecoderEmbedding(EmbeddingBase):
     """LLM.embed / LLM.create_embedding: pooled hidden states of the LLM's model."""
 
     def __init__(self, llm):

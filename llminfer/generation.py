@@ -152,7 +152,7 @@ class Generator:
                 out = np.full_like(logits, -np.inf)
                 out[forced] = 0.0
                 return out
-            if t.thinking:
+            if t.free:
                 return logits
             if c is not None and t.undecided and t.r.open_id is not None:
                 allowed = c.allowed().copy()

@@ -14,7 +14,8 @@ OpenAI writes it down:
 A chat reply is read here too, whole (chat_message) or streamed
 (ChatDeltas): a thinking model's reasoning goes to reasoning_content beside
 content (llminfer.reasoning), and tool calls are parsed from the answer
-after it (llminfer.tools).
+after it (llminfer.tools); a harmony reply's channels give all three
+(llminfer.harmony).
 
 Completions use OpenAI's legacy logprobs shape ({"tokens", "text_offset",
 "token_logprobs", "top_logprobs"}), chat completions its chat shape
@@ -27,6 +28,7 @@ import json
 import time
 import uuid
 
+from llminfer.harmony import HarmonySplitter
 from llminfer.reasoning import ReasoningSplitter
 from llminfer.tools import ToolCallStream, parse_tool_calls
 
@@ -118,7 +120,12 @@ def message(content, tool_calls: list | None = None, reasoning: str | None = Non
 
 def _answer(full: str, reasoning) -> str:
     """The answer part of a reply (tool calls are parsed there, not in the thinking)."""
-    return full if reasoning is None else ReasoningSplitter.split(full, reasoning.in_thinking)[1]
+    return full if reasoning is None or reasoning.harmony else ReasoningSplitter.split(full, reasoning.in_thinking)[1]
+
+
+def _harmony(reasoning) -> bool:
+    """A harmony reply read apart (llminfer.harmony: its tool calls too)."""
+    return reasoning is not None and reasoning.harmony and reasoning.parse
 
 
 def chat_message(text: str, reasoning=None, tool_fmt: str | None = None, special_text=None) -> tuple[dict, list]:
@@ -127,6 +134,9 @@ def chat_message(text: str, reasoning=None, tool_fmt: str | None = None, special
     tools' format when tools were offered, then special_text() gives the
     reply with its special tokens written out, which calls are parsed from."""
     thought = None
+    if _harmony(reasoning):  # the calls are messages of their own, read with the rest
+        thought, text, calls = HarmonySplitter.split(text)
+        return message(text if text or not calls else None, tool_calls(calls), thought), calls
     if reasoning is not None and reasoning.parse:
         thought, text = ReasoningSplitter.split(text, reasoning.in_thinking)
     calls = []
@@ -137,13 +147,6 @@ def chat_message(text: str, reasoning=None, tool_fmt: str | None = None, special
     return message(text, tool_calls(calls), thought), calls
 
 
-def _merged(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = out.get(k, "") + v
-    return out
-
-
 class ChatDeltas:
     """One streamed chat choice: the text pieces of its generation in, the
     deltas of OpenAI's chunks out ({"reasoning_content", "content"}, either
@@ -152,39 +155,60 @@ class ChatDeltas:
         d = ChatDeltas(reasoning, tool_fmt)
         for piece in pieces: send(d.feed(piece))
         delta, calls = d.finish(special_text)       # the held text; tool_call_deltas(calls)
-    """
+
+    parts() and finish_parts() give the same as (reasoning, content) pairs,
+    for the wire formats that are not OpenAI chat (llminfer.server.chatrun)."""
 
     def __init__(self, reasoning=None, tool_fmt: str | None = None):
         self.reasoning = reasoning
         self.split = reasoning.splitter() if reasoning is not None and reasoning.parse else None
-        self.tools = ToolCallStream(tool_fmt) if tool_fmt else None
+        # harmony's calls are read by its splitter, not from the answer
+        self.tools = ToolCallStream(tool_fmt) if tool_fmt and not _harmony(reasoning) else None
 
-    def _delta(self, thought: str, content: str) -> dict:
+    @property
+    def thinking(self) -> bool:
+        """Whether the text now coming is reasoning."""
+        return self.split is not None and self.split.phase == "thinking"
+
+    def _part(self, thought: str, content: str) -> tuple[str, str]:
+        if content and self.tools is not None:
+            content = self.tools.feed(content)
+        return thought, content
+
+    def parts(self, piece: str) -> tuple[str, str]:
+        """(reasoning, content) of the next piece; either may be ""."""
+        return self._part(*self.split.feed(piece)) if self.split is not None else self._part("", piece)
+
+    def finish_parts(self, special_text=None, piece: str = "") -> tuple[str, str, list]:
+        """(reasoning, content, calls) at the end: piece, the generation's
+        last text; special_text() the whole reply with its special tokens
+        written out (needed with tools)."""
+        thought, content = self.parts(piece)
+        if self.split is not None:
+            t, c = self._part(*self.split.finish())
+            thought, content = thought + t, content + c
+        calls = list(self.split.calls) if _harmony(self.reasoning) else []
+        if self.tools is not None:
+            rest, calls = self.tools.finish(_answer(special_text(), self.reasoning))
+            content += rest
+        return thought, content, calls
+
+    @staticmethod
+    def _delta(thought: str, content: str) -> dict:
         out = {}
         if thought:
             out["reasoning_content"] = thought
-        if content and self.tools is not None:
-            content = self.tools.feed(content)
         if content:
             out["content"] = content
         return out
 
     def feed(self, piece: str) -> dict:
-        return self._delta(*self.split.feed(piece)) if self.split is not None else self._delta("", piece)
+        return self._delta(*self.parts(piece))
 
     def finish(self, special_text=None, piece: str = "") -> tuple[dict, list]:
-        """(the last delta, the calls): piece, the generation's last text;
-        special_text() the whole reply with its special tokens written out
-        (needed with tools)."""
-        delta = self.feed(piece)
-        if self.split is not None:
-            delta = _merged(delta, self._delta(*self.split.finish()))
-        calls = []
-        if self.tools is not None:
-            rest, calls = self.tools.finish(_answer(special_text(), self.reasoning))
-            if rest:
-                delta = _merged(delta, {"content": rest})
-        return delta, calls
+        """(the last delta, the calls); see finish_parts."""
+        thought, content, calls = self.finish_parts(special_text, piece)
+        return self._delta(thought, content), calls
 
 
 # ---- logprobs ----

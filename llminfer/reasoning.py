@@ -16,16 +16,23 @@ over several tokens is held back until it is known whole; a generation cut
 inside the thinking gives what was thought as reasoning. Blanks around the
 reasoning, and between it and the answer, are dropped.
 
+gpt-oss's harmony format (llminfer.harmony: the analysis channel is the
+reasoning, the final channel the answer, commentary to=functions.NAME a tool
+call) is read the same way when the template is harmony's: Reasoning.harmony,
+and splitter() gives a HarmonySplitter with the same feed/finish.
+
 ThinkingTracker follows the same text token by token for the generation
 core (llminfer.generation): whether the sequence is thinking (a grammar
 applies to the answer only), and the reasoning budget (after N thinking
-tokens the closing tag is forced).
+tokens the closing tag is forced; for harmony the end of the analysis and
+the opening of the final message).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llminfer import harmony
 from llminfer.errors import InvalidArgumentError
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -142,21 +149,32 @@ class Reasoning:
     """How one chat generation's thinking is read: in_thinking (the prompt
     opened it), budget (-1: unlimited; N: the closing tag is forced after N
     thinking tokens), and the tags' token ids in this vocabulary (open_id
-    when <think> is one token, close_ids the tokens of </think>)."""
+    when <think> is one token, close_ids the tokens of </think>). harmony:
+    the reply is in gpt-oss's harmony format (llminfer.harmony)."""
 
     in_thinking: bool
     budget: int = -1
     open_id: int | None = None
     close_ids: tuple = ()
     parse: bool = True  # reasoning_format "deepseek": the OpenAI layer splits the text
+    harmony: bool = False
 
     @classmethod
     def for_prompt(cls, prompt_text: str, tokenizer, budget: int = -1) -> "Reasoning":
         close = tuple(tokenizer.encode(CLOSE, add_bos=False, special=True))
         return cls(starts_in_thinking(prompt_text), check_budget(budget), tokenizer.token_id(OPEN), close)
 
-    def splitter(self) -> ReasoningSplitter:
-        return ReasoningSplitter(self.in_thinking)
+    @classmethod
+    def for_harmony(cls, tokenizer, budget: int = -1) -> "Reasoning":
+        """A harmony reply: it opens with a header (the prompt ends in
+        <|start|>assistant); the budget closes the analysis and opens the
+        final message."""
+        close = tuple(tokenizer.encode(harmony.FORCED_CLOSE, add_bos=False, special=True))
+        return cls(False, check_budget(budget), None, close, harmony=True)
+
+    def splitter(self):
+        """A ReasoningSplitter, or for harmony a llminfer.harmony.HarmonySplitter."""
+        return harmony.HarmonySplitter() if self.harmony else ReasoningSplitter(self.in_thinking)
 
     def tracker(self) -> "ThinkingTracker":
         return ThinkingTracker(self)
@@ -180,7 +198,13 @@ class ThinkingTracker:
     @property
     def undecided(self) -> bool:
         """The output may still open a thinking."""
-        return self.split.phase == "start"
+        return self.split.phase == "start" and not self.r.harmony
+
+    @property
+    def free(self) -> bool:
+        """No grammar applies now: the model thinks, or (harmony) writes a
+        message header or a tool call."""
+        return self.split.phase == "thinking" or (self.r.harmony and self.split.phase in ("start", "call"))
 
     def forced(self) -> int | None:
         if self._forcing is None and self.thinking and 0 <= self.r.budget <= self.thought and self.r.close_ids:
@@ -196,10 +220,17 @@ class ThinkingTracker:
         if before == "thinking":
             self.thought += 1
         self.split.feed(text)
+        if self.r.harmony:  # the answer is the final message's body
+            return before in ("answer", "raw") and self.split.phase in ("answer", "raw")
         return before != "thinking" and self.split.phase != "thinking"
 
 
 _RESERVED = ("messages", "add_generation_prompt", "tools")
+# OpenAI's reasoning_effort values; the template is given low, medium or high
+# (gpt-oss's reads reasoning_effort), "none" turns the thinking off
+EFFORTS = ("none", "minimal", "low", "medium", "high")
+OPTION_NAMES = ("chat_template_kwargs", "enable_thinking", "reasoning_format", "reasoning_budget",
+                "reasoning_effort")
 
 
 @dataclass
@@ -208,7 +239,10 @@ class ChatOptions:
     template_kwargs (variables for the chat template: chat_template_kwargs,
     with enable_thinking), reasoning_format ("deepseek": reasoning apart in
     reasoning_content; "none": the raw text in content) and
-    reasoning_budget (-1 unlimited, 0 no thinking, N tokens)."""
+    reasoning_budget (-1 unlimited, 0 no thinking, N tokens).
+    reasoning_effort (OpenAI's: none, minimal, low, medium, high) reaches
+    the template as reasoning_effort (minimal as low); "none" is no
+    thinking (enable_thinking false, budget 0) and low for the template."""
 
     template_kwargs: dict
     reasoning_format: str = "deepseek"
@@ -216,7 +250,7 @@ class ChatOptions:
 
     @classmethod
     def make(cls, chat_template_kwargs=None, enable_thinking=None, reasoning_format="deepseek",
-             reasoning_budget=-1) -> "ChatOptions":
+             reasoning_budget=-1, reasoning_effort=None) -> "ChatOptions":
         if chat_template_kwargs is None:
             chat_template_kwargs = {}
         if not isinstance(chat_template_kwargs, dict) or not all(isinstance(k, str) for k in chat_template_kwargs):
@@ -231,6 +265,14 @@ class ChatOptions:
                 raise InvalidArgumentError(f"enable_thinking must be True or False, got {enable_thinking!r}")
             kw["enable_thinking"] = enable_thinking
         budget = check_budget(reasoning_budget)
+        if reasoning_effort is not None:
+            if reasoning_effort not in EFFORTS:
+                raise InvalidArgumentError(f"reasoning_effort must be one of {', '.join(EFFORTS)}, got "
+                                           f"{reasoning_effort!r}")
+            kw["reasoning_effort"] = reasoning_effort if reasoning_effort in ("low", "medium", "high") else "low"
+            if reasoning_effort == "none":
+                kw.setdefault("enable_thinking", False)
+                budget = 0 if budget == -1 else budget
         if budget == 0:  # no thinking: the template is told so, as llama-server does
             kw.setdefault("enable_thinking", False)
         return cls(kw, check_format(reasoning_format), budget)
@@ -238,12 +280,15 @@ class ChatOptions:
     @classmethod
     def pop(cls, kwargs: dict) -> "ChatOptions":
         """The options taken out of a call's keyword arguments."""
-        names = ("chat_template_kwargs", "enable_thinking", "reasoning_format", "reasoning_budget")
-        return cls.make(**{k: kwargs.pop(k) for k in names if k in kwargs and kwargs[k] is not None})
+        return cls.make(**{k: kwargs.pop(k) for k in OPTION_NAMES if k in kwargs and kwargs[k] is not None})
 
     def reasoning(self, prompt_text: str, template: str, tokenizer) -> Reasoning | None:
         """How the generation after prompt_text thinks (None: a model whose
-        template knows no <think> tags)."""
+        template knows no <think> tags and is not harmony's)."""
+        if harmony.is_harmony(template, tokenizer):
+            r = Reasoning.for_harmony(tokenizer, self.reasoning_budget)
+            r.parse = self.reasoning_format == "deepseek"
+            return r
         if not template_thinks(template, tokenizer):
             return None
         r = Reasoning.for_prompt(prompt_text, tokenizer, self.reasoning_budget)

@@ -32,14 +32,14 @@ import ast
 import json
 import re
 
-from llminfer import jsonlimits
+from llminfer import harmony, jsonlimits
 from llminfer.errors import InvalidArgumentError
 from llminfer.structured import Grammar
 
 __all__ = ["FORMATS", "detect_format", "parse_tool_calls", "check_tools", "prepare_messages", "tool_prompt",
            "ToolCallStream"]
 
-FORMATS = ("hermes", "llama3", "mistral", "gemma", "phi")
+FORMATS = ("hermes", "llama3", "mistral", "gemma", "phi", "harmony")
 
 _HERMES_SYSTEM = (
     "You are a function calling AI model. You are provided with function signatures within <tools></tools> "
@@ -101,6 +101,8 @@ def detect_format(template: str, metadata: dict) -> str:
     vocab = set(tokens[:200]) | set(tokens[-2000:]) if tokens else set()
     arch = str(metadata.get("general.architecture", ""))
     name = str(metadata.get("general.name", "")).lower()
+    if harmony.is_harmony(template):  # gpt-oss: calls are commentary messages to functions.NAME
+        return "harmony"
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template or "[TOOL_CALLS]" in vocab:
@@ -334,8 +336,27 @@ def _parse_gemma(text):
     return calls, spans
 
 
+_HARMONY_CALL = re.compile(r"(?:<\|start\|>assistant)?[^<]*?(?:<\|channel\|>commentary)?[ \t]*to=functions\.([^\s<]+)"
+                           r"[^<]*(?:<\|channel\|>commentary[^<]*)?(?:<\|constrain\|>[^<]*)?<\|message\|>")
+
+
+def _parse_harmony(text):
+    """gpt-oss's calls: a commentary message to functions.NAME whose body
+    (up to <|call|>, <|end|> or the end) is the arguments' JSON."""
+    calls, spans = [], []
+    for m in _HARMONY_CALL.finditer(text):
+        end = min((i for i in (text.find(t, m.end()) for t in (harmony.CALL, harmony.END)) if i >= 0),
+                  default=len(text))
+        call = _call({"name": m.group(1), "arguments": text[m.end():end].strip() or "{}"})
+        if call is not None:
+            calls.append(call)
+            stop = end + len(harmony.CALL) if text.startswith(harmony.CALL, end) else end
+            spans.append((m.start(), stop))
+    return calls, spans
+
+
 _PARSERS = {"hermes": _parse_hermes, "mistral": _parse_mistral, "phi": _parse_phi,
-            "llama3": _parse_llama3, "gemma": _parse_gemma}
+            "llama3": _parse_llama3, "gemma": _parse_gemma, "harmony": _parse_harmony}
 
 
 def parse_tool_calls(text: str, fmt: str = "hermes"):
@@ -422,7 +443,9 @@ def tool_prompt(fmt_obj, metadata, tokenizer, messages, funcs, choice, template_
                 msgs = [{"role": "system", "content": system}] + list(msgs)
     text = fmt_obj.render(msgs, add_generation_prompt=True, **extra)
     parse_fmt = fam if knows else "hermes"
-    grammar = call_grammar(parse_fmt, offered, tokenizer) if choice not in ("none", "auto") else None
+    # harmony writes a header before a call, which the model chooses: no grammar
+    required = choice not in ("none", "auto") and parse_fmt != "harmony"
+    grammar = call_grammar(parse_fmt, offered, tokenizer) if required else None
     return text, offered, parse_fmt, grammar
 
 

@@ -1,6 +1,6 @@
 """The package's floors, read from the sources (nothing is imported): no
-import cycle between llminfer's Python modules, the server imports no
-private name of the library, and in C nothing below the model includes the
+import cycle between llminfer's Python modules, no module imports a
+private name of another (the server none of the library's), and in C nothing below the model includes the
 model's context (kernels and utilities report and allocate through util.h)."""
 
 import ast
@@ -82,6 +82,23 @@ def test_the_server_imports_no_private_name_of_the_library():
                     and not n.module.startswith("llminfer.server"):
                 private = [a.name for a in n.names if a.name.startswith("_") and not a.name.startswith("__")]
                 assert not private, f"{p.name} imports {private} from {n.module}"
+
+
+def _private_imports() -> list:
+    """(module, name, from) for each underscore name a module of the package
+    imports from another (the compiled core, llminfer._core, is a module, and
+    dunders such as __version__ are public)."""
+    out = []
+    for m, p in _modules().items():
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("llminfer") and n.module != m:
+                out += [(m, a.name, n.module) for a in n.names
+                        if a.name.startswith("_") and not a.name.startswith("__") and a.name != "_core"]
+    return out
+
+
+def test_no_module_imports_a_private_name_of_another():
+    assert _private_imports() == []
 
 
 def test_only_the_model_includes_its_context_in_c():

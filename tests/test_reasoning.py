@@ -348,3 +348,53 @@ def test_the_chat_repl_hides_the_thinking(forced):
     assert repl(forced, max_tokens=8, sampling={"temperature": 0}, input_fn=input_fn, out=out,
                 hide_thinking=True, chat_options={"reasoning_budget": 2}) == 0
     assert out.getvalue() == f"{answer}\n\n"
+
+
+def test_anthropic_and_responses_think_as_the_chat_path_does(forced_path):
+    """/v1/messages and /v1/responses read the thinking with the chat path's
+    parser and budget: Anthropic's thinking budget_tokens is the reasoning
+    budget, {"type": "disabled"} and the Responses API's effort "none" turn
+    the thinking off in the template."""
+    openai = pytest.importorskip("openai")
+    anthropic = pytest.importorskip("anthropic")
+    pytest.importorskip("uvicorn")
+    from llminfer.server import ServeArgs
+    from test_server import ServerThread
+
+    srv = ServerThread(ServeArgs(model=forced_path, n_ctx=1024, n_threads=1))
+    try:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        a = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0, timeout=120)
+        want = c.chat.completions.create(model="m", messages=MSGS, max_tokens=8, temperature=0,
+                                         extra_body={"reasoning_budget": 3}).choices[0].message
+        assert want.reasoning_content and want.content
+        greedy = {"extra_body": {"temperature": 0}}  # the anthropic client takes it so
+        kw = dict(model="m", max_tokens=8, messages=MSGS, thinking={"type": "enabled", "budget_tokens": 3}, **greedy)
+        out = a.messages.create(**kw)
+        assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in out.content] == \
+            [("thinking", want.reasoning_content), ("text", want.content)]
+        with a.messages.stream(**kw) as s:
+            final = s.get_final_message()
+        assert final.content[0].thinking == want.reasoning_content and final.content[1].text == want.content
+        # thinking off: the template writes the empty thinking, the reply is all answer
+        off = c.chat.completions.create(model="m", messages=MSGS, max_tokens=4, temperature=0,
+                                        extra_body={"enable_thinking": False})
+        out = a.messages.create(model="m", max_tokens=4, messages=MSGS, thinking={"type": "disabled"}, **greedy)
+        assert [b.type for b in out.content] == ["text"] and out.content[0].text == off.choices[0].message.content
+        assert out.usage.input_tokens == off.usage.prompt_tokens
+        r = c.responses.create(model="m", input=MSGS[0]["content"], max_output_tokens=4, temperature=0,
+                               reasoning={"effort": "none"})
+        assert [o.type for o in r.output] == ["message"] and r.output_text == off.choices[0].message.content
+        assert r.usage.input_tokens == off.usage.prompt_tokens
+        # the model's own way: it thinks, cut here inside the thinking
+        cut = c.chat.completions.create(model="m", messages=MSGS, max_tokens=4, temperature=0).choices[0].message
+        r = c.responses.create(model="m", input=MSGS[0]["content"], max_output_tokens=4, temperature=0,
+                               reasoning={"effort": "high"})
+        assert r.output[0].type == "reasoning" and r.output[0].content[0].text == cut.reasoning_content
+        assert r.usage.output_tokens_details.reasoning_tokens == 4
+        with pytest.raises(anthropic.BadRequestError):
+            a.messages.create(model="m", max_tokens=4, messages=MSGS, thinking={"type": "enabled", "budget_tokens": 9})
+        with pytest.raises(openai.BadRequestError):
+            c.responses.create(model="m", input="hi", reasoning={"effort": "extreme"})
+    finally:
+        srv.stop()

@@ -342,7 +342,7 @@ def _short(value, limit=60):
 
 
 _REQUIRED = object()
-_BLOCK = re.compile(r"blk\.(\d+)\.")
+LAYER_TENSOR = re.compile(r"blk\.(\d+)\.")  # a layer's tensor name; group 1 is the layer
 
 
 class Weights:
@@ -422,7 +422,7 @@ class Weights:
         unused = sorted(set(self.gguf.tensors) - self.used)
         if not unused:
             return
-        blocks = sorted({int(m.group(1)) for m in map(_BLOCK.match, self.gguf.tensors) if m})
+        blocks = sorted({int(m.group(1)) for m in map(LAYER_TENSOR.match, self.gguf.tensors) if m})
         beyond = [b for b in blocks if b >= n_layer]
         if beyond:
             raise UnsupportedModelError(

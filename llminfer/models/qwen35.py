@@ -33,8 +33,8 @@ import numpy as np
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models.base import (ACT_SILU, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, Weights,
-                                  attn_scale_default, output_head, rope_dims, rope_scale, vocab_size, _BLOCK)
+from llminfer.models.base import (ACT_SILU, LAYER_TENSOR, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, Weights,
+                                  attn_scale_default, output_head, rope_dims, rope_scale, vocab_size)
 from llminfer.models.hybrid import MAX_CONV, dense_ffn, gdn_layer, layer_array, ssm_size
 
 ARCH = "qwen35"
@@ -180,7 +180,7 @@ def build(gguf: GGUFFile, arch: str = ARCH, make_ffn=None, customize=None, secti
         customize(spec, w, hp)
     # the multi-token-prediction blocks: a draft head the main pass does not run
     for name in gguf.tensors:
-        m = _BLOCK.match(name)
+        m = LAYER_TENSOR.match(name)
         if m and int(m.group(1)) >= n_layer:
             w.used.add(name)
     w.check_all_used(n_layer_all, arch)

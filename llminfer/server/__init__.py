@@ -35,9 +35,9 @@ def _need_deps():
 
 
 def create_app(engine_args):
-    """The ASGI app (see llminfer.server.app.create_app)."""
+    """The ASGI app (see llminfer.server.asgi.create_app)."""
     _need_deps()
-    from llminfer.server.app import create_app as make
+    from llminfer.server.asgi import create_app as make
 
     return make(engine_args)
 
@@ -100,7 +100,7 @@ def serve(engine_args, host: str = "127.0.0.1", port: int = 8000, log_level: str
             server = app.state.server
             worker = server.engine if server.engine is not None else server.embedder
             log(f"llminfer serve: model {worker.model_path} (clients name it {server.model_name!r})")
-            pool = server.args.kv_pool_tokens or 4 * server.args.n_ctx  # as _Server sizes it
+            pool = server.args.kv_pool_tokens or 4 * server.args.n_ctx  # as Server sizes it
             log(f"  context: {server.n_ctx} tokens per request"
                 + (f", a KV pool of {pool} tokens for all of them" if server.engine is not None else ""))
             log(f"  threads: {worker.n_threads}")

@@ -25,7 +25,7 @@ import logging
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse
 
-from llminfer.server.app import MAX_STOP_CHARS, MAX_STOPS, APIError, _bad, _shown
+from llminfer.server.app import MAX_STOP_CHARS, MAX_STOPS, APIError, bad_request, shown
 from llminfer.server.chatrun import EventStream, new_id, prompt_ids, start_chat
 
 log = logging.getLogger("llminfer.server")
@@ -68,7 +68,7 @@ def endpoint(server, fn):
             if isinstance(e, APIError):
                 err = e
             elif isinstance(e, ValueError):
-                err = _bad(str(e))
+                err = bad_request(str(e))
             else:
                 log.exception("%s %s failed", request.method, request.url.path)
                 err = APIError(500, f"internal error: {type(e).__name__}")
@@ -83,12 +83,12 @@ def _text_of(blocks, what: str) -> str:
     if isinstance(blocks, str):
         return blocks
     if not isinstance(blocks, list):
-        raise _bad(f"{what} must be a string or a list of text blocks")
+        raise bad_request(f"{what} must be a string or a list of text blocks")
     out = []
     for i, b in enumerate(blocks):
         if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
             kind = b.get("type") if isinstance(b, dict) else None
-            raise _bad(f"{what}.{i}: only text blocks are supported here, got {_shown(kind or b)}")
+            raise bad_request(f"{what}.{i}: only text blocks are supported here, got {shown(kind or b)}")
         out.append(b["text"])
     return "".join(out)
 
@@ -103,20 +103,20 @@ def _messages(body) -> list:
             out.append({"role": "system", "content": text})
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
-        raise _bad("messages: a non-empty list of messages is required")
+        raise bad_request("messages: a non-empty list of messages is required")
     for i, m in enumerate(msgs):
         where = f"messages.{i}"
         if not isinstance(m, dict):
-            raise _bad(f"{where}: each message must be an object with a role and content")
+            raise bad_request(f"{where}: each message must be an object with a role and content")
         role = m.get("role")
         if role not in ("user", "assistant"):
-            raise _bad(f"{where}.role: must be 'user' or 'assistant', got {_shown(role)}")
+            raise bad_request(f"{where}.role: must be 'user' or 'assistant', got {shown(role)}")
         content = m.get("content")
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
         if not isinstance(content, list):
-            raise _bad(f"{where}.content: must be a string or a list of content blocks")
+            raise bad_request(f"{where}.content: must be a string or a list of content blocks")
         text, calls, results = [], [], False
         for j, b in enumerate(content):
             at = f"{where}.content.{j}"
@@ -127,12 +127,12 @@ def _messages(body) -> list:
                 continue  # earlier turns' thinking is not shown to the model again
             elif kind == "tool_use" and role == "assistant":
                 if not isinstance(b.get("name"), str) or not isinstance(b.get("input", {}), dict):
-                    raise _bad(f"{at}: a tool_use block needs a name and an input object")
+                    raise bad_request(f"{at}: a tool_use block needs a name and an input object")
                 calls.append({"id": str(b.get("id", "")), "type": "function",
                               "function": {"name": b["name"], "arguments": json.dumps(b.get("input", {}))}})
             elif kind == "tool_result" and role == "user":
                 if not isinstance(b.get("tool_use_id"), str):
-                    raise _bad(f"{at}: a tool_result block needs a tool_use_id")
+                    raise bad_request(f"{at}: a tool_result block needs a tool_use_id")
                 result = b.get("content", "")
                 result = _text_of(result, f"{at}.content") if result is not None else ""
                 if b.get("is_error"):
@@ -143,15 +143,15 @@ def _messages(body) -> list:
                 out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": result})
                 results = True
             elif kind in ("image", "document"):
-                raise _bad(f"{at}: {kind} blocks are not supported by this server (text only)")
+                raise bad_request(f"{at}: {kind} blocks are not supported by this server (text only)")
             else:
-                raise _bad(f"{at}: a {role} message cannot hold a block of type {_shown(kind or b)}")
+                raise bad_request(f"{at}: a {role} message cannot hold a block of type {shown(kind or b)}")
         if calls:
             out.append({"role": "assistant", "content": "".join(text) or None, "tool_calls": calls})
         elif text or not results:
             out.append({"role": role, "content": "".join(text)})
     if msgs[-1].get("role") == "assistant":
-        raise _bad("messages: the last message must be the user's; continuing a prefilled assistant turn is "
+        raise bad_request("messages: the last message must be the user's; continuing a prefilled assistant turn is "
                    "not supported by this server")
     return out
 
@@ -163,17 +163,17 @@ def _tools(body) -> tuple:
         funcs = None
     else:
         if not isinstance(tools, list):
-            raise _bad("tools: must be a list of tools")
+            raise bad_request("tools: must be a list of tools")
         funcs = []
         for i, t in enumerate(tools):
             if not isinstance(t, dict):
-                raise _bad(f"tools.{i}: must be an object")
+                raise bad_request(f"tools.{i}: must be an object")
             if t.get("type") not in (None, "custom"):
-                raise _bad(f"tools.{i}: tool type {_shown(t.get('type'))} is not supported by this server; "
+                raise bad_request(f"tools.{i}: tool type {shown(t.get('type'))} is not supported by this server; "
                            f"only client tools (name, description, input_schema)")
             schema = t.get("input_schema")
             if not isinstance(t.get("name"), str) or not isinstance(schema, dict):
-                raise _bad(f"tools.{i}: a tool needs a name and an input_schema object")
+                raise bad_request(f"tools.{i}: a tool needs a name and an input_schema object")
             funcs.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                                            "parameters": schema}})
     choice = body.get("tool_choice")
@@ -186,8 +186,8 @@ def _tools(body) -> tuple:
         return funcs, "required"
     if kind == "tool" and isinstance(choice.get("name"), str):
         return funcs, {"type": "function", "function": {"name": choice["name"]}}
-    raise _bad(f"tool_choice: must be {{'type': 'auto' | 'any' | 'none'}} or {{'type': 'tool', 'name': ...}}, "
-               f"got {_shown(choice)}")
+    raise bad_request(f"tool_choice: must be {{'type': 'auto' | 'any' | 'none'}} or {{'type': 'tool', 'name': ...}}, "
+               f"got {shown(choice)}")
 
 
 def _number(body, name, lo, hi, integer=False):
@@ -197,7 +197,7 @@ def _number(body, name, lo, hi, integer=False):
     ok = isinstance(v, int) if integer else isinstance(v, (int, float))
     if not ok or isinstance(v, bool) or not lo <= v <= hi:
         kind = "an integer" if integer else "a number"
-        raise _bad(f"{name}: must be {kind} in [{lo}, {hi}], got {_shown(v)}")
+        raise bad_request(f"{name}: must be {kind} in [{lo}, {hi}], got {shown(v)}")
     return v
 
 
@@ -209,7 +209,7 @@ def to_chat(body: dict, count_only: bool = False) -> tuple[dict, int | None]:
         return chat, None
     max_tokens = body.get("max_tokens")
     if max_tokens is None:
-        raise _bad("max_tokens: Field required")
+        raise bad_request("max_tokens: Field required")
     max_tokens = _number(body, "max_tokens", 1, 1 << 31, integer=True)
     if body.get("temperature") is not None:
         chat["temperature"] = _number(body, "temperature", 0.0, 1.0)
@@ -220,21 +220,48 @@ def to_chat(body: dict, count_only: bool = False) -> tuple[dict, int | None]:
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise _bad("stop_sequences: must be a list of non-empty strings")
+            raise bad_request("stop_sequences: must be a list of non-empty strings")
         if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
-            raise _bad(f"stop_sequences: at most {MAX_STOPS}, each of at most {MAX_STOP_CHARS} characters")
+            raise bad_request(f"stop_sequences: at most {MAX_STOPS}, each of at most {MAX_STOP_CHARS} characters")
         chat["stop"] = stops
     fmt = (body.get("output_config") or {}).get("format") if isinstance(body.get("output_config"), dict) else None
     if fmt is not None:
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-            raise _bad("output_config.format: must be {'type': 'json_schema', 'schema': {...}}")
+            raise bad_request("output_config.format: must be {'type': 'json_schema', 'schema': {...}}")
         chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
     for k in EXTRA_FIELDS:
         if body.get(k) is not None:
             chat[k] = body[k]
+    chat.update(_thinking(body, max_tokens))
     if not isinstance(body.get("stream", False), bool):
-        raise _bad(f"stream: must be true or false, got {_shown(body.get('stream'))}")
+        raise bad_request(f"stream: must be true or false, got {shown(body.get('stream'))}")
     return chat, max_tokens
+
+
+def _thinking(body, max_tokens) -> dict:
+    """The chat path's reasoning options of Anthropic's extended thinking:
+    {"type": "enabled", "budget_tokens": N} thinks for at most N tokens
+    (the end of the thinking is forced then, llminfer.reasoning's budget);
+    {"type": "disabled"} does not think (the template is told
+    enable_thinking false and the budget is 0); "adaptive" thinks as long
+    as the model likes. Absent: the server's own reasoning options."""
+    t = body.get("thinking")
+    if t is None:
+        return {}
+    kind = t.get("type") if isinstance(t, dict) else None
+    if kind == "disabled":
+        return {"enable_thinking": False, "reasoning_budget": 0}
+    if kind == "adaptive":
+        return {"enable_thinking": True, "reasoning_budget": -1}
+    if kind == "enabled":
+        n = t.get("budget_tokens")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise bad_request(f"thinking.budget_tokens: must be a positive integer, got {shown(n)}")
+        if max_tokens is not None and n >= max_tokens:
+            raise bad_request(f"max_tokens must be greater than thinking.budget_tokens ({n}), got {max_tokens}")
+        return {"enable_thinking": True, "reasoning_budget": n}
+    raise bad_request(f"thinking: must be {{'type': 'enabled', 'budget_tokens': N}}, {{'type': 'disabled'}} or "
+                      f"{{'type': 'adaptive'}}, got {shown(t)}")
 
 
 # ---- the reply ----
@@ -340,7 +367,7 @@ async def count_tokens(server, request: HTTPRequest):
     body = await server.read_json(request)
     server.check_model(body)
     chat, _ = to_chat(body, count_only=True)
-    ids, _, _ = await prompt_ids(server, chat)
+    ids = (await prompt_ids(server, chat))[0]
     return JSONResponse({"input_tokens": len(ids)})
 
 

@@ -1,9 +1,7 @@
-"""The HTTP side of `llminfer serve`: an ASGI app (Starlette) shaped as
-OpenAI's API, over one Scheduler.
-
-    from llminfer.server import ServeArgs, create_app
-    app = create_app(ServeArgs(model="smollm2-135m-instruct"))
-    # uvicorn.run(app, host="127.0.0.1", port=8000), or mount it in another app
+"""The HTTP side of `llminfer serve`: the OpenAI API over one Scheduler
+(Server, the routes of openai_routes), and what the other wire formats
+build on (Job, bad_request, until_disconnect); llminfer.server.asgi puts
+the app together.
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed as
 server-sent events with "stream": true), GET /v1/models, GET
@@ -32,11 +30,9 @@ import json
 import logging
 import math
 import time
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
-from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
@@ -52,12 +48,12 @@ from llminfer.errors import InvalidArgumentError, KVCacheFullError, LLMInferErro
 from llminfer.generation import TokenEvent, token_logprobs
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import bert
+from llminfer.reasoning import OPTION_NAMES, ChatOptions
 from llminfer.sampling import SamplingParams
 from llminfer.server.args import ServeArgs
 from llminfer.server.metrics import Metrics
 from llminfer.server.scheduler import FinishEvent, Request, Scheduler
 from llminfer.structured import grammar_from_args
-from llminfer.reasoning import ChatOptions
 from llminfer.tools import check_tools, tool_prompt
 
 log = logging.getLogger("llminfer.server")
@@ -92,13 +88,13 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
-def _bad(message, param=None, code=None):
+def bad_request(message, param=None, code=None):
     return APIError(400, message, param, code)
 
 
 # ---- reading parameters ----
 
-def _shown(v) -> str:
+def shown(v) -> str:
     """A value as a message quotes it: JSON, cut short (a 400-digit number too)."""
     try:
         text = json.dumps(v)
@@ -114,9 +110,9 @@ def _int(body, name, default, lo=None, hi=None):
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if not isinstance(v, int) or isinstance(v, bool):
-        raise _bad(f"{name} must be an integer, got {_shown(v)}", name)
+        raise bad_request(f"{name} must be an integer, got {shown(v)}", name)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise _bad(f"{name} must be between {lo} and {hi}, got {_shown(v)}", name)
+        raise bad_request(f"{name} must be between {lo} and {hi}, got {shown(v)}", name)
     return v
 
 
@@ -125,15 +121,15 @@ def _float(body, name, default, lo=None, hi=None, lo_open=False):
     if v is None:
         return default
     if not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise _bad(f"{name} must be a number, got {_shown(v)}", name)
+        raise bad_request(f"{name} must be a number, got {shown(v)}", name)
     try:
         f = float(v)  # an integer of 400 digits has no float: OverflowError
     except OverflowError:
         f = math.inf
     if not math.isfinite(f):
-        raise _bad(f"{name} must be a finite number, got {_shown(v)}", name)
+        raise bad_request(f"{name} must be a finite number, got {shown(v)}", name)
     if (lo is not None and (f < lo or (lo_open and f == lo))) or (hi is not None and f > hi):
-        raise _bad(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {_shown(v)}", name)
+        raise bad_request(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {shown(v)}", name)
     return f
 
 
@@ -142,7 +138,7 @@ def _bool(body, name, default):
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise _bad(f"{name} must be true or false, got {_shown(v)}", name)
+        raise bad_request(f"{name} must be true or false, got {shown(v)}", name)
     return v
 
 
@@ -153,15 +149,15 @@ def _stops(body) -> list:
     if isinstance(v, str):
         v = [v]
     if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise _bad("stop must be a string or a list of strings", "stop")
+        raise bad_request("stop must be a string or a list of strings", "stop")
     if len(v) > MAX_STOPS:
-        raise _bad(f"stop takes at most {MAX_STOPS} strings, got {len(v)}", "stop")
+        raise bad_request(f"stop takes at most {MAX_STOPS} strings, got {len(v)}", "stop")
     if any(len(x) > MAX_STOP_CHARS for x in v):
-        raise _bad(f"a stop string may have at most {MAX_STOP_CHARS} characters", "stop")
+        raise bad_request(f"a stop string may have at most {MAX_STOP_CHARS} characters", "stop")
     return [s for s in v if s]
 
 
-class _Server:
+class Server:
     """The engine, its scheduler and what the endpoints share; or, for an
     encoder model (bert, nomic-bert), its Embedder alone: such a server
     answers /v1/embeddings and the tokenizer endpoints, and says so to a
@@ -232,7 +228,7 @@ class _Server:
     def check_generates(self):
         """A completion asked of an encoder model: 400 saying what it serves."""
         if self.engine is None:
-            raise _bad(f"{self.model_name} is an embedding model (an encoder): this server answers "
+            raise bad_request(f"{self.model_name} is an embedding model (an encoder): this server answers "
                        f"/v1/embeddings, /tokenize and /detokenize", "model", "model_not_generative")
 
     def _deliver(self, events):
@@ -280,9 +276,9 @@ class _Server:
         try:
             body = jsonlimits.loads(bytes(data), "the request body")
         except InvalidArgumentError as e:
-            raise _bad(str(e)) from None
+            raise bad_request(str(e)) from None
         if not isinstance(body, dict):
-            raise _bad("the request body must be a JSON object")
+            raise bad_request("the request body must be a JSON object")
         return body
 
     def check_model(self, body):
@@ -291,7 +287,7 @@ class _Server:
         own), and answers give the loaded model's name."""
         m = body.get("model")
         if m is not None and not isinstance(m, str):
-            raise _bad("model must be a string", "model")
+            raise bad_request("model must be a string", "model")
 
     def model_card(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "llminfer",
@@ -299,10 +295,10 @@ class _Server:
 
     def check_ids(self, ids, param) -> list:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise _bad(f"{param} must hold integer token ids", param)
+            raise bad_request(f"{param} must hold integer token ids", param)
         for t in ids:
             if not 0 <= t < self.n_vocab:
-                raise _bad(f"token id {_shown(t)} is outside the vocabulary [0, {self.n_vocab})", param)
+                raise bad_request(f"token id {shown(t)} is outside the vocabulary [0, {self.n_vocab})", param)
         return list(ids)
 
     def sampling(self, body, chat: bool):
@@ -311,9 +307,9 @@ class _Server:
         prompt's own log-probabilities alone, as evaluation harnesses ask."""
         echo = _bool(body, "echo", False)
         if echo and chat:
-            raise _bad("echo is for completions, not chat completions", "echo")
+            raise bad_request("echo is for completions, not chat completions", "echo")
         if echo and body.get("suffix"):
-            raise _bad("echo cannot be combined with suffix", "echo")
+            raise bad_request("echo cannot be combined with suffix", "echo")
         _int(body, "best_of", 1, 1, 1)  # only 1 is supported
         grammar = self.grammar(body)
         name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
@@ -321,17 +317,17 @@ class _Server:
         bias = body.get("logit_bias")
         if bias is not None:
             if not isinstance(bias, dict):
-                raise _bad("logit_bias must map token ids to numbers", "logit_bias")
+                raise bad_request("logit_bias must map token ids to numbers", "logit_bias")
             if len(bias) > MAX_LOGIT_BIAS:
-                raise _bad(f"logit_bias takes at most {MAX_LOGIT_BIAS} entries", "logit_bias")
+                raise bad_request(f"logit_bias takes at most {MAX_LOGIT_BIAS} entries", "logit_bias")
             parsed = {}
             for k, v in bias.items():
                 try:
                     t = int(k)
                 except ValueError:
-                    raise _bad(f"logit_bias key {k[:40]!r} is not a token id", "logit_bias") from None
+                    raise bad_request(f"logit_bias key {k[:40]!r} is not a token id", "logit_bias") from None
                 if not 0 <= t < self.n_vocab:
-                    raise _bad(f"logit_bias names token {_shown(t)}, outside the vocabulary "
+                    raise bad_request(f"logit_bias names token {shown(t)}, outside the vocabulary "
                                f"[0, {self.n_vocab})", "logit_bias")
                 parsed[t] = _float(bias, k, 0.0, -100.0, 100.0)
             bias = parsed or None
@@ -353,7 +349,7 @@ class _Server:
             if _bool(body, "logprobs", False):
                 logprobs = _int(body, "top_logprobs", 0, 0, MAX_LOGPROBS)
             elif body.get("top_logprobs"):
-                raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+                raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         else:
             logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
         return params, max_tokens, n, _stops(body), _bool(body, "ignore_eos", False), logprobs, grammar, echo
@@ -370,7 +366,7 @@ class _Server:
         try:
             return grammar_from_args(**given)
         except LLMInferError as e:  # GrammarError, InvalidArgumentError: the request's to mend
-            raise _bad(str(e), param) from None
+            raise bad_request(str(e), param) from None
 
     def prompt_ids(self, body) -> list:
         """Completions' prompt: a string, a list of ids, or a list of either
@@ -380,16 +376,16 @@ class _Server:
         suffix = body.get("suffix")
         if suffix is not None and suffix != "":
             if not isinstance(suffix, str):
-                raise _bad("suffix must be a string", "suffix")
+                raise bad_request("suffix must be a string", "suffix")
             if not isinstance(p, str):
-                raise _bad("with a suffix, the prompt must be one string", "prompt")
+                raise bad_request("with a suffix, the prompt must be one string", "prompt")
             try:
                 return [fim_layout(self.engine.gguf.metadata, self.tokenizer, self.n_vocab, self.model_name, p,
                                    suffix)]
             except LLMInferError as e:
-                raise _bad(str(e), "suffix") from None
+                raise bad_request(str(e), "suffix") from None
         if isinstance(p, list) and p and not isinstance(p[0], int) and len(p) > MAX_PROMPTS:
-            raise _bad(f"at most {MAX_PROMPTS} prompts in one request, got {len(p)}", "prompt")
+            raise bad_request(f"at most {MAX_PROMPTS} prompts in one request, got {len(p)}", "prompt")
         if isinstance(p, str):
             return [self.tokenize(p)]
         if isinstance(p, list) and p:
@@ -399,25 +395,26 @@ class _Server:
                 return [self.tokenize(x) for x in p]
             if all(isinstance(x, list) and x for x in p):
                 return [self.check_ids(x, "prompt") for x in p]
-        raise _bad("prompt must be a string, a list of token ids, or a non-empty list of either", "prompt")
+        raise bad_request("prompt must be a string, a list of token ids, or a non-empty list of either", "prompt")
 
     def tokenize(self, text: str, add_special: bool = True) -> list:
         try:
             return self.tokenizer.encode(text, add_bos=add_special, special=True)
         except LLMInferError as e:
-            raise _bad(f"cannot tokenize the prompt: {e}", "prompt") from None
+            raise bad_request(f"cannot tokenize the prompt: {e}", "prompt") from None
 
     def chat_options(self, body) -> ChatOptions:
         """A chat request's chat_template_kwargs, enable_thinking,
-        reasoning_format and reasoning_budget (the server's own by default)."""
+        reasoning_format, reasoning_budget and reasoning_effort (the server's
+        own by default)."""
         given = {"reasoning_format": self.args.reasoning_format, "reasoning_budget": self.args.reasoning_budget}
-        for k in ("chat_template_kwargs", "enable_thinking", "reasoning_format", "reasoning_budget"):
+        for k in OPTION_NAMES:
             if body.get(k) is not None:
                 given[k] = body[k]
         try:
             return ChatOptions.make(**given)
         except InvalidArgumentError as e:
-            raise _bad(str(e), next((k for k in given if k in str(e)), None)) from None
+            raise bad_request(str(e), next((k for k in given if k in str(e)), None)) from None
 
     def chat_ids(self, body) -> tuple[list, list, object, object]:
         """(prompt ids, the chat format's stop texts, its _Tools or None, the
@@ -425,11 +422,11 @@ class _Server:
         messages (and tools)."""
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
-            raise _bad("messages must be a non-empty list", "messages")
+            raise bad_request("messages must be a non-empty list", "messages")
         plain = []
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise _bad(f"messages[{i}] must be an object with a role", "messages")
+                raise bad_request(f"messages[{i}] must be an object with a role", "messages")
             content = m.get("content")
             if content is None:
                 content = ""
@@ -438,18 +435,18 @@ class _Server:
                 for part in content:
                     ok = isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
                     if not ok:
-                        raise _bad(f"messages[{i}].content: only text parts are supported", "messages")
+                        raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
                     parts.append(part["text"])
                 content = "".join(parts)
             elif not isinstance(content, str):
-                raise _bad(f"messages[{i}].content must be a string or a list of text parts", "messages")
+                raise bad_request(f"messages[{i}].content must be a string or a list of text parts", "messages")
             role = "system" if m["role"] == "developer" else m["role"]
             msg = {"role": role, "content": content}
             # a tool exchange: the assistant's calls, and the tool's answer to one
             if m.get("tool_calls") is not None:
                 if not isinstance(m["tool_calls"], list) or not all(
                         isinstance(c, dict) and isinstance(c.get("function"), dict) for c in m["tool_calls"]):
-                    raise _bad(f"messages[{i}].tool_calls must be a list of {{'function': {{...}}}}", "messages")
+                    raise bad_request(f"messages[{i}].tool_calls must be a list of {{'function': {{...}}}}", "messages")
                 msg["tool_calls"] = m["tool_calls"]
             for key in ("tool_call_id", "name"):
                 if isinstance(m.get(key), str):
@@ -458,14 +455,14 @@ class _Server:
         try:  # no tools: ([], "none"), and the messages render as the library renders them
             funcs, choice = check_tools(body.get("tools"), body.get("tool_choice"))
         except InvalidArgumentError as e:
-            raise _bad(str(e), "tool_choice" if "tool_choice" in str(e) else "tools") from None
+            raise bad_request(str(e), "tool_choice" if "tool_choice" in str(e) else "tools") from None
         options = self.chat_options(body)
         try:
             fmt = self.chat_format
             text, offered, parse_fmt, grammar = tool_prompt(fmt, self.engine.gguf.metadata, self.tokenizer, plain,
                                                             funcs, choice, options.template_kwargs)
         except LLMInferError as e:
-            raise _bad(f"the chat template cannot render these messages: {e}", "messages") from None
+            raise bad_request(f"the chat template cannot render these messages: {e}", "messages") from None
         tools = _Tools(offered, parse_fmt, grammar, choice) if offered else None  # tool_choice "none": plain
         reasoning = options.reasoning(text, fmt.template, self.tokenizer)
         return self.tokenize(text, add_special=not fmt.adds_bos), list(fmt.stop_texts), tools, reasoning
@@ -477,24 +474,24 @@ class _Server:
         if isinstance(x, str) or (isinstance(x, list) and x and all(isinstance(t, int) for t in x)):
             x = [x]
         if not isinstance(x, list) or not x:
-            raise _bad("input must be a string, a list of token ids, or a non-empty list of either", "input")
+            raise bad_request("input must be a string, a list of token ids, or a non-empty list of either", "input")
         if len(x) > MAX_EMBED_INPUTS:
-            raise _bad(f"at most {MAX_EMBED_INPUTS} inputs in one request, got {len(x)}", "input")
+            raise bad_request(f"at most {MAX_EMBED_INPUTS} inputs in one request, got {len(x)}", "input")
         out = []
         for item in x:
             if isinstance(item, str):
                 try:
                     ids = self.tokenizer.encode(item, add_bos=True, special=False)
                 except LLMInferError as e:
-                    raise _bad(f"cannot tokenize the input: {e}", "input") from None
+                    raise bad_request(f"cannot tokenize the input: {e}", "input") from None
             elif isinstance(item, list) and not any(isinstance(t, bool) for t in item):
                 ids = self.check_ids(item, "input")
             else:
-                raise _bad("input must be a string, a list of token ids, or a non-empty list of either", "input")
+                raise bad_request("input must be a string, a list of token ids, or a non-empty list of either", "input")
             if not ids:
-                raise _bad("an empty input has no embedding", "input")
+                raise bad_request("an empty input has no embedding", "input")
             if len(ids) > self.n_ctx:
-                raise _bad(f"an input has {len(ids)} tokens; this model's context is {self.n_ctx}", "input",
+                raise bad_request(f"an input has {len(ids)} tokens; this model's context is {self.n_ctx}", "input",
                            "context_length_exceeded")
             out.append(ids)
         return out
@@ -508,20 +505,20 @@ class _Server:
 
     def check_length(self, ids, max_tokens) -> int:
         if not ids:
-            raise _bad("the prompt is empty", "prompt")
+            raise bad_request("the prompt is empty", "prompt")
         if max_tokens == 0:  # echo alone: the prompt may fill the context
             if len(ids) > self.n_ctx:
-                raise _bad(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx} tokens",
+                raise bad_request(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx} tokens",
                            "prompt", "context_length_exceeded")
             return 0
         room = self.n_ctx - len(ids)
         if room < 1:
-            raise _bad(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx} tokens, "
+            raise bad_request(f"the prompt has {len(ids)} tokens; this model's context is {self.n_ctx} tokens, "
                        f"and at least one must be left to generate", "prompt", "context_length_exceeded")
         if max_tokens is None:
             return min(room, self.max_tokens_limit)
         if max_tokens > room:
-            raise _bad(f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: more than this "
+            raise bad_request(f"the prompt has {len(ids)} tokens and max_tokens is {max_tokens}: more than this "
                        f"model's context of {self.n_ctx} tokens", "max_tokens", "context_length_exceeded")
         return max_tokens
 
@@ -545,11 +542,11 @@ def _dispatch(events):
 
 # ---- generation ----
 
-class _Job:
+class Job:
     """The engine requests of one HTTP request (prompts x n choices) and the
     queue their events arrive on."""
 
-    def __init__(self, server: _Server, prompts, params, max_tokens, n, stops, ignore_eos, logprobs, grammar=None,
+    def __init__(self, server: Server, prompts, params, max_tokens, n, stops, ignore_eos, logprobs, grammar=None,
                  reasoning=None):
         self.server = server
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -605,7 +602,7 @@ class _Job:
             if ev.reason == "error":
                 e = ev.error
                 if isinstance(e, (InvalidArgumentError, ValueError)):
-                    return _bad(str(e))
+                    return bad_request(str(e))
                 return APIError(500, f"the engine failed: {type(e).__name__}: {e}")
         return None
 
@@ -654,13 +651,13 @@ class _Logprobs:
                 "top_logprobs": self.tops if any(self.tops) else None, "text_offset": self.offsets}
 
 
-async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool):
+async def _run_job(server: Server, request: HTTPRequest, body: dict, chat: bool):
     params, max_tokens, n, stops, ignore_eos, logprobs, grammar, echo = await run_in_threadpool(
         server.sampling, body, chat)
     stream = _bool(body, "stream", False)
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
-        raise _bad("stream_options must be an object", "stream_options")
+        raise bad_request("stream_options must be an object", "stream_options")
     include_usage = bool((opts or {}).get("include_usage", False))
     tools = reasoning = None
     if chat:
@@ -669,19 +666,19 @@ async def _run_job(server: _Server, request: HTTPRequest, body: dict, chat: bool
         stops = chat_stops + stops
         if tools is not None and tools.grammar is not None:
             if grammar is not None:
-                raise _bad(f"response_format, json_schema and grammar cannot be combined with "
+                raise bad_request(f"response_format, json_schema and grammar cannot be combined with "
                            f"tool_choice={tools.choice!r}", "tool_choice")
             grammar = tools.grammar
     else:
         prompts = await run_in_threadpool(server.prompt_ids, body)
     if len(prompts) * n > MAX_PROMPTS:
-        raise _bad(f"{len(prompts)} prompts x n={n} choices is more than {MAX_PROMPTS} generations", "n")
+        raise bad_request(f"{len(prompts)} prompts x n={n} choices is more than {MAX_PROMPTS} generations", "n")
     limits = [server.check_length(p, max_tokens) for p in prompts]
     env = oai.Envelope(server.model_name, chat)
     echoes = await _echoes(server, body, prompts, logprobs) if echo else None
     if max_tokens == 0:
         return _echo_only(server, env, echoes, prompts, n, stream, include_usage)
-    job = _Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar, reasoning)
+    job = Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar, reasoning)
     job.tools = tools
     job.echoes = echoes
     job.submit()
@@ -774,7 +771,7 @@ def _echo_only(server, env, echoes, prompts, n, stream, include_usage):
     return _SSEResponse(chunks(), lambda: None)
 
 
-async def _collect(server, request, job: _Job, env, chat) -> Response:
+async def _collect(server, request, job: Job, env, chat) -> Response:
     texts = {r.index: [] for r in job.reqs}
     tokens = {r.index: [] for r in job.reqs}
     lps = _choice_logprobs(server, job, chat)
@@ -790,7 +787,7 @@ async def _collect(server, request, job: _Job, env, chat) -> Response:
                 texts[req.index].append(ev.text)
 
     try:
-        done = await _until_disconnect(gather(), request.receive)
+        done = await until_disconnect(gather(), request.receive)
     except BaseException:  # cancelled (the server shutting down) or failed: the requests stop too
         job.cancel()
         raise
@@ -830,7 +827,7 @@ def _choice_logprobs(server, job, chat) -> dict:
     return out
 
 
-async def _until_disconnect(coro, receive) -> bool:
+async def until_disconnect(coro, receive) -> bool:
     """Run coro unless the client disconnects first (receive: the request's
     ASGI receive); True when it finished, its exception raised if it failed."""
     work = asyncio.ensure_future(coro)
@@ -858,7 +855,7 @@ def _sse(obj) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _stream(server, job: _Job, env, chat, include_usage):
+async def _stream(server, job: Job, env, chat, include_usage):
     lps = _choice_logprobs(server, job, chat)
     if job.echoes is not None:  # the prompt first, with its logprobs
         for r in job.reqs:
@@ -939,7 +936,7 @@ class _SSEResponse:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         try:
-            await _until_disconnect(pump(), receive)
+            await until_disconnect(pump(), receive)
         except OSError:
             pass  # the connection broke mid-write: as good as a disconnect
         finally:
@@ -948,7 +945,7 @@ class _SSEResponse:
 
 # ---- endpoints ----
 
-def _endpoint(server: _Server, fn, auth=True):
+def openai_endpoint(server: Server, fn, auth=True):
     async def handle(request: HTTPRequest):
         try:
             if auth:
@@ -967,29 +964,29 @@ def _api_error(e: Exception) -> APIError:
     if isinstance(e, APIError):
         return e
     if isinstance(e, ValueError):
-        return _bad(str(e))
+        return bad_request(str(e))
     return APIError(500, f"internal error: {type(e).__name__}")
 
 
-async def completions(server: _Server, request: HTTPRequest):
+async def completions(server: Server, request: HTTPRequest):
     body = await server.read_json(request)
     server.check_model(body)
     server.check_generates()
     return await _run_job(server, request, body, chat=False)
 
 
-async def chat_completions(server: _Server, request: HTTPRequest):
+async def chat_completions(server: Server, request: HTTPRequest):
     body = await server.read_json(request)
     server.check_model(body)
     server.check_generates()
     return await _run_job(server, request, body, chat=True)
 
 
-async def models(server: _Server, request: HTTPRequest):
+async def models(server: Server, request: HTTPRequest):
     return JSONResponse({"object": "list", "data": [server.model_card()]})
 
 
-async def model(server: _Server, request: HTTPRequest):
+async def model(server: Server, request: HTTPRequest):
     """One model by any of its names (the listed id, the name or path it was
     served from): 404 for another, as /v1/models does not list it."""
     name = request.path_params["name"]
@@ -999,7 +996,7 @@ async def model(server: _Server, request: HTTPRequest):
     return JSONResponse(server.model_card())
 
 
-async def tokenize(server: _Server, request: HTTPRequest):
+async def tokenize(server: Server, request: HTTPRequest):
     body = await server.read_json(request)
     server.check_model(body)
     add_special = _bool(body, "add_special_tokens", True)
@@ -1008,22 +1005,22 @@ async def tokenize(server: _Server, request: HTTPRequest):
     else:
         text = body.get("prompt", body.get("content"))
         if not isinstance(text, str):
-            raise _bad("prompt must be a string", "prompt")
+            raise bad_request("prompt must be a string", "prompt")
         ids = await run_in_threadpool(server.tokenize, text, add_special)
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": server.n_ctx})
 
 
-async def detokenize(server: _Server, request: HTTPRequest):
+async def detokenize(server: Server, request: HTTPRequest):
     body = await server.read_json(request)
     server.check_model(body)
     ids = body.get("tokens")
     if not isinstance(ids, list):
-        raise _bad("tokens must be a list of token ids", "tokens")
+        raise bad_request("tokens must be a list of token ids", "tokens")
     ids = server.check_ids(ids, "tokens")
     return JSONResponse({"prompt": server.tokenizer.decode(ids)})
 
 
-async def embeddings(server: _Server, request: HTTPRequest):
+async def embeddings(server: Server, request: HTTPRequest):
     """OpenAI's embeddings: the model's final normed hidden states, pooled as
     its GGUF declares (mean when it declares none) and scaled to unit L2
     norm, as LLM.embed gives them. Each input runs on the engine thread in
@@ -1033,10 +1030,10 @@ async def embeddings(server: _Server, request: HTTPRequest):
     server.check_model(body)
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
-        raise _bad("encoding_format must be 'float' or 'base64'", "encoding_format")
+        raise bad_request("encoding_format must be 'float' or 'base64'", "encoding_format")
     dims = body.get("dimensions")
     if dims is not None and dims != server.n_embd:
-        raise _bad(f"this model's embeddings have {server.n_embd} dimensions; dimensions cannot change that",
+        raise bad_request(f"this model's embeddings have {server.n_embd} dimensions; dimensions cannot change that",
                    "dimensions")
     items = await run_in_threadpool(server.embed_ids, body)
     n = sum(len(ids) for ids in items)
@@ -1062,65 +1059,34 @@ def _embeddings_response(server, vecs, fmt, n_tokens) -> JSONResponse:
                          "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
 
-async def health(server: _Server, request: HTTPRequest):
+async def health(server: Server, request: HTTPRequest):
     if not server.alive:
         return APIError(503, "the engine is not running").response()
     return JSONResponse({"status": "ok"})
 
 
-async def metrics(server: _Server, request: HTTPRequest):
+async def metrics(server: Server, request: HTTPRequest):
     return Response(server.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def routes(server: _Server) -> list:
-    """Every model-serving route of one _Server (OpenAI's, Anthropic's, the Responses API)."""
-    out = [
-        Route("/v1/completions", _endpoint(server, completions), methods=["POST"]),
-        Route("/v1/chat/completions", _endpoint(server, chat_completions), methods=["POST"]),
-        Route("/v1/models", _endpoint(server, models), methods=["GET"]),
-        Route("/v1/models/{name:path}", _endpoint(server, model), methods=["GET"]),
-        Route("/v1/embeddings", _endpoint(server, embeddings), methods=["POST"]),
-        Route("/tokenize", _endpoint(server, tokenize), methods=["POST"]),
-        Route("/detokenize", _endpoint(server, detokenize), methods=["POST"]),
-        Route("/health", _endpoint(server, health, auth=False), methods=["GET"]),
-        Route("/metrics", _endpoint(server, metrics, auth=False), methods=["GET"]),
+def openai_routes(server: Server) -> list:
+    """The routes of the OpenAI API and the server's own (tokenize, health, metrics)."""
+    return [
+        Route("/v1/completions", openai_endpoint(server, completions), methods=["POST"]),
+        Route("/v1/chat/completions", openai_endpoint(server, chat_completions), methods=["POST"]),
+        Route("/v1/models", openai_endpoint(server, models), methods=["GET"]),
+        Route("/v1/models/{name:path}", openai_endpoint(server, model), methods=["GET"]),
+        Route("/v1/embeddings", openai_endpoint(server, embeddings), methods=["POST"]),
+        Route("/tokenize", openai_endpoint(server, tokenize), methods=["POST"]),
+        Route("/detokenize", openai_endpoint(server, detokenize), methods=["POST"]),
+        Route("/health", openai_endpoint(server, health, auth=False), methods=["GET"]),
+        Route("/metrics", openai_endpoint(server, metrics, auth=False), methods=["GET"]),
     ]
-    from llminfer.server import anthropic, responses  # they build on this module
-
-    return out + anthropic.routes(server) + responses.routes(server)
 
 
-async def _not_found(request, exc):
+async def not_found(request, exc):
+    """404 and 405 in OpenAI's error shape."""
     status = getattr(exc, "status_code", 404)
     msg = f"no route {request.method} {request.url.path}" if status != 405 else \
         f"{request.url.path} does not take {request.method}"
     return APIError(status, msg, type_="invalid_request_error").response()
-
-
-def create_app(engine_args: ServeArgs | dict) -> Starlette:
-    """The ASGI app of `llminfer serve`. engine_args: a ServeArgs, or a dict
-    of its fields. The model loads here (errors surface at once); the engine
-    thread starts with the app's lifespan and stops with it. With
-    models_dir or models_config, many models, each loaded when first asked
-    for (llminfer.server.router)."""
-    args = engine_args if isinstance(engine_args, ServeArgs) else ServeArgs(**engine_args)
-    if args.multi_model:
-        from llminfer.server import router
-
-        return router.create_app(args)
-    server = _Server(args)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        server.start()
-        try:
-            yield
-        finally:
-            await run_in_threadpool(server.stop)
-
-    from llminfer.server import page
-
-    app = Starlette(routes=routes(server) + page.routes(), lifespan=lifespan,
-                    exception_handlers={404: _not_found, 405: _not_found})
-    app.state.server = server
-    return app

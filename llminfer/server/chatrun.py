@@ -9,8 +9,8 @@ tool calls that they translate back.
     run.reply                                          # ChatReply: calls, finish, stop_sequence, usage
 
 The request goes the way of /v1/chat/completions: the server's sampling
-parameters, chat template, tools and grammar (app._Server.sampling,
-chat_ids) and one _Job on the scheduler. Nothing here builds OpenAI chat
+parameters, chat template, tools and grammar (app.Server.sampling,
+chat_ids) and one Job on the scheduler. Nothing here builds OpenAI chat
 dicts; each translator shapes its own.
 
 A reply that opens with <think> (or whose prompt ends in an opened <think>,
@@ -28,92 +28,15 @@ from dataclasses import dataclass, field
 from starlette.concurrency import run_in_threadpool
 
 from llminfer.generation import TokenEvent
-from llminfer.server.app import APIError, _bad, _Job, _until_disconnect
-from llminfer.tools import ToolCallStream
+from llminfer.reasoning import Reasoning
+from llminfer import openai_shapes as oai
+from llminfer.server.app import APIError, Job, bad_request, until_disconnect
 
 log = logging.getLogger("llminfer.server")
-
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
 
 def new_id(prefix: str) -> str:
     """A fresh object id as Anthropic and the Responses API write them: "msg_", "toolu_", "resp_", "fc_"..."""
     return f"{prefix}_{uuid.uuid4().hex}"
-
-
-class ThinkSplit:
-    """A streamed reply split into thinking and answer at <think>…</think>.
-    feed(text) and finish() give [(kind, text)], kind "thinking" or "text";
-    a piece that might be the start of a tag is held back. Blanks that open
-    the thinking, and the answer after it, are dropped."""
-
-    def __init__(self, opened: bool = False):
-        self.state = "thinking" if opened else "start"
-        self.buf = ""
-        self.lead = opened  # drop the blanks that open the next piece
-
-    def _emit(self, out, kind, text):
-        if self.lead:
-            text = text.lstrip()
-            if not text:
-                return
-            self.lead = False
-        if text:
-            out.append((kind, text))
-
-    def feed(self, text: str) -> list:
-        self.buf += text
-        out = []
-        while True:
-            if self.state == "start":  # does the reply open with <think>?
-                s = self.buf.lstrip()
-                if s.startswith(THINK_OPEN):
-                    self.buf, self.state, self.lead = s[len(THINK_OPEN):], "thinking", True
-                    continue
-                if not s or THINK_OPEN.startswith(s):
-                    return out
-                self.state = "answer"
-                continue
-            if self.state == "thinking":
-                i = self.buf.find(THINK_CLOSE)
-                if i >= 0:
-                    self._emit(out, "thinking", self.buf[:i])
-                    self.buf, self.state, self.lead = self.buf[i + len(THINK_CLOSE):], "answer", True
-                    continue
-                keep = _partial_suffix(self.buf, THINK_CLOSE)
-                cut = len(self.buf) - keep
-                self._emit(out, "thinking", self.buf[:cut])
-                self.buf = self.buf[cut:]
-                return out
-            self._emit(out, "text", self.buf)
-            self.buf = ""
-            return out
-
-    def finish(self) -> list:
-        out = []
-        self._emit(out, "thinking" if self.state == "thinking" else "text", self.buf)
-        self.buf = ""
-        return out
-
-    @property
-    def thinking(self) -> bool:
-        return self.state == "thinking"
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of text that is a proper start of tag."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
-
-
-def answer_part(full: str, opened: bool) -> str:
-    """The answer of a whole reply: what follows its thinking, if it thinks."""
-    if opened or full.lstrip().startswith(THINK_OPEN):
-        i = full.find(THINK_CLOSE)
-        return full[i + len(THINK_CLOSE):] if i >= 0 else ""
-    return full
 
 
 @dataclass
@@ -136,11 +59,10 @@ class ChatReply:
 class ChatRun:
     """A submitted chat generation (see the module's doc)."""
 
-    def __init__(self, server, job: _Job, stops: list, opened: bool):
+    def __init__(self, server, job: Job, stops: list):
         self.server = server
         self.job = job
         self.stops = stops  # the request's own stop strings (not the template's)
-        self.opened = opened
         self.reply = ChatReply()
 
     def cancel(self):
@@ -150,46 +72,37 @@ class ChatRun:
         """("thinking" | "text", text) as the reply comes; then self.reply is
         complete. An engine failure raises its APIError."""
         job, tok = self.job, self.server.tokenizer
-        tools = job.tools
-        think = ThinkSplit(self.opened)
-        split = ToolCallStream(tools.fmt) if tools is not None else None
+        # the reply is read as /v1/chat/completions reads it: the thinking by
+        # llminfer.reasoning, the calls by llminfer.tools, after the thinking
+        read = oai.ChatDeltas(job.reasoning, job.tools.fmt if job.tools is not None else None)
         tokens, emitted = [], []
         reply = self.reply
-        finish = None
+        finish, calls = None, []
         async for _req, ev in job.events():
             if isinstance(ev, TokenEvent):
                 tokens.append(ev.token)
-                if think.thinking:
+                if read.thinking:
                     reply.reasoning_tokens += 1
+                thought, text = read.parts(ev.text)
             else:
                 finish = ev
                 if ev.reason == "error":
                     raise job.error()
+                thought, text, calls = read.finish_parts(lambda: tok.decode(tokens, skip_special=False), ev.text)
             emitted.append(ev.text)
-            parts = think.feed(ev.text) + (think.finish() if finish is not None else [])
-            for kind, text in parts:
-                if kind == "thinking":
-                    reply.thinking += text
-                    yield kind, text
-                    continue
-                if split is not None:
-                    text = split.feed(text)
-                if text:
-                    reply.text += text
-                    yield kind, text
+            if thought:
+                reply.thinking += thought
+                yield "thinking", thought
+            if text:
+                reply.text += text
+                yield "text", text
         reply.prompt_tokens = finish.prompt_tokens
         reply.completion_tokens = finish.completion_tokens
         reply.cached_tokens = finish.cached_tokens
         reply.finish = finish.reason if finish.reason in ("stop", "length") else "stop"
-        if split is not None:
-            full = answer_part(tok.decode(tokens, skip_special=False), self.opened)
-            rest, calls = split.finish(full)
-            if rest:
-                reply.text += rest
-                yield "text", rest
-            if calls:
-                reply.calls = calls
-                reply.finish = "tool_calls"
+        if calls:
+            reply.calls = calls
+            reply.finish = "tool_calls"
         if reply.finish == "stop" and self.stops:
             reply.stop_sequence = self._stop_hit(tokens, "".join(emitted))
             if reply.stop_sequence is not None:
@@ -213,7 +126,7 @@ class ChatRun:
                 pass
 
         try:
-            done = await _until_disconnect(gather(), request.receive)
+            done = await until_disconnect(gather(), request.receive)
         except BaseException:
             self.cancel()
             raise
@@ -223,8 +136,8 @@ class ChatRun:
         return self.reply
 
 
-async def prompt_ids(server, body) -> tuple[list, list, object]:
-    """(prompt ids, template stop texts, tools) of an OpenAI-shaped chat body."""
+async def prompt_ids(server, body) -> tuple[list, list, object, object]:
+    """(prompt ids, template stop texts, tools, reasoning) of an OpenAI-shaped chat body."""
     server.check_generates()
     return await run_in_threadpool(server.chat_ids, body)
 
@@ -235,18 +148,21 @@ async def start_chat(server, body: dict, max_tokens: int | None) -> ChatRun:
     new tokens, fewer when the context has less room (None: all it has)."""
     server.check_generates()
     params, _, _, stops, ignore_eos, _, grammar, _ = await run_in_threadpool(server.sampling, body, True)
-    ids, chat_stops, tools = await run_in_threadpool(server.chat_ids, body)
+    ids, chat_stops, tools, reasoning = await run_in_threadpool(server.chat_ids, body)
     if tools is not None and tools.grammar is not None:
         if grammar is not None:
-            raise _bad(f"a structured-output format cannot be combined with a required tool call "
+            raise bad_request(f"a structured-output format cannot be combined with a required tool call "
                        f"(tool_choice {tools.choice!r})", "tool_choice")
         grammar = tools.grammar
     room = server.check_length(ids, None)
     limit = room if max_tokens is None else min(max_tokens, room)
-    job = _Job(server, [ids], params, [limit], 1, chat_stops + stops, ignore_eos, None, grammar)
+    job = Job(server, [ids], params, [limit], 1, chat_stops + stops, ignore_eos, None, grammar, reasoning)
     job.tools = tools
-    tail = server.tokenizer.decode(ids[-8:], skip_special=False).rstrip()
-    run = ChatRun(server, job, stops, tail.endswith(THINK_OPEN))
+    if reasoning is None:
+        # a template that knows no <think>: the generation is not steered by
+        # it, but a reply that opens with <think> is still read as thinking
+        job.reasoning = Reasoning(in_thinking=False)
+    run = ChatRun(server, job, stops)
     job.submit()
     return run
 
@@ -267,7 +183,7 @@ class EventStream:
         except Exception as e:  # noqa: BLE001 - the client gets a shaped error event, the log the traceback
             if not isinstance(e, (APIError, ValueError)):
                 log.exception("a stream failed")
-            err = e if isinstance(e, APIError) else _bad(str(e)) if isinstance(e, ValueError) else \
+            err = e if isinstance(e, APIError) else bad_request(str(e)) if isinstance(e, ValueError) else \
                 APIError(500, f"internal error: {type(e).__name__}")
             yield self.on_error(err)
 
@@ -282,7 +198,7 @@ class EventStream:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         try:
-            await _until_disconnect(pump(), receive)
+            await until_disconnect(pump(), receive)
         except OSError:
             pass  # the connection broke mid-write: as good as a disconnect
         finally:

@@ -50,7 +50,7 @@ def _number(v) -> str:
     return repr(float(v))
 
 
-def _labels(labels: dict) -> str:
+def labels_text(labels: dict) -> str:
     if not labels:
         return ""
     esc = (str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') for v in labels.values())
@@ -75,9 +75,9 @@ class Histogram:
         out, acc = [], 0
         for bound, c in zip(self.bounds + (math.inf,), self.counts):
             acc += c
-            out.append(f"{name}_bucket{_labels({**labels, 'le': _number(float(bound))})} {acc}")
-        out.append(f"{name}_sum{_labels(labels)} {_number(self.sum)}")
-        out.append(f"{name}_count{_labels(labels)} {self.count}")
+            out.append(f"{name}_bucket{labels_text({**labels, 'le': _number(float(bound))})} {acc}")
+        out.append(f"{name}_sum{labels_text(labels)} {_number(self.sum)}")
+        out.append(f"{name}_count{labels_text(labels)} {self.count}")
         return out
 
 
@@ -141,7 +141,7 @@ class Metrics:
             out.append(f"# HELP {full} {doc}")
             out.append(f"# TYPE {full} {kind}")
             for suffix, labels, v in samples:
-                out.append(f"{full}{suffix}{_labels(labels)} {_number(v)}")
+                out.append(f"{full}{suffix}{labels_text(labels)} {_number(v)}")
 
         family("num_requests_running", "gauge", "Requests in the running batch.",
                [("", lab, g.get("running", 0))])

@@ -23,7 +23,8 @@ import time
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse
 
-from llminfer.server.app import APIError, _bad, _endpoint, _shown
+from llminfer.reasoning import EFFORTS
+from llminfer.server.app import APIError, bad_request, openai_endpoint, shown
 from llminfer.server.chatrun import EventStream, new_id, start_chat
 
 # llama-server's extensions, taken as the chat path takes them
@@ -38,7 +39,7 @@ def _content(content, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(f"{where} must be a string or a list of content parts", "input")
+        raise bad_request(f"{where} must be a string or a list of content parts", "input")
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -47,9 +48,9 @@ def _content(content, where: str) -> str:
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             out.append(part["refusal"])
         elif kind in ("input_image", "input_file", "input_audio"):
-            raise _bad(f"{where}[{j}]: {kind} is not supported by this server (text only)", "input")
+            raise bad_request(f"{where}[{j}]: {kind} is not supported by this server (text only)", "input")
         else:
-            raise _bad(f"{where}[{j}] must be an input_text part, got {_shown(kind or part)}", "input")
+            raise bad_request(f"{where}[{j}] must be an input_text part, got {shown(kind or part)}", "input")
     return "".join(out)
 
 
@@ -59,28 +60,28 @@ def _messages(body) -> list:
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
-            raise _bad("instructions must be a string", "instructions")
+            raise bad_request("instructions must be a string", "instructions")
         if instructions:
             out.append({"role": "system", "content": instructions})
     items = body.get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
-        raise _bad("input must be a string or a non-empty list of items", "input")
+        raise bad_request("input must be a string or a non-empty list of items", "input")
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise _bad(f"{where} must be an object", "input")
+            raise bad_request(f"{where} must be an object", "input")
         kind = item.get("type", "message")
         if kind == "message":
             role = _ROLES.get(item.get("role"))
             if role is None:
-                raise _bad(f"{where}.role must be 'user', 'assistant', 'system' or 'developer', "
-                           f"got {_shown(item.get('role'))}", "input")
+                raise bad_request(f"{where}.role must be 'user', 'assistant', 'system' or 'developer', "
+                           f"got {shown(item.get('role'))}", "input")
             out.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
             if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments"), str):
-                raise _bad(f"{where}: a function_call needs a name and its arguments as a JSON string", "input")
+                raise bad_request(f"{where}: a function_call needs a name and its arguments as a JSON string", "input")
             call = {"id": str(item.get("call_id", "")), "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
             last = out[-1] if out else None
@@ -90,16 +91,16 @@ def _messages(body) -> list:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
-                raise _bad(f"{where}: a function_call_output needs a call_id", "input")
+                raise bad_request(f"{where}: a function_call_output needs a call_id", "input")
             out.append({"role": "tool", "tool_call_id": item["call_id"],
                         "content": _content(item.get("output", ""), f"{where}.output")})
         elif kind == "reasoning":
             continue  # earlier turns' reasoning is not shown to the model again
         elif kind == "item_reference":
-            raise _bad(f"{where}: item_reference needs stored responses; this server stores none (send the "
+            raise bad_request(f"{where}: item_reference needs stored responses; this server stores none (send the "
                        f"items themselves)", "input")
         else:
-            raise _bad(f"{where}: items of type {_shown(kind)} are not supported by this server", "input")
+            raise bad_request(f"{where}: items of type {shown(kind)} are not supported by this server", "input")
     return out
 
 
@@ -108,12 +109,12 @@ def _tools(body) -> tuple:
     funcs = None
     if tools is not None:
         if not isinstance(tools, list):
-            raise _bad("tools must be a list of function tools", "tools")
+            raise bad_request("tools must be a list of function tools", "tools")
         funcs = []
         for i, t in enumerate(tools):
             if not isinstance(t, dict) or t.get("type") != "function":
                 kind = t.get("type") if isinstance(t, dict) else t
-                raise _bad(f"tools[{i}]: tool type {_shown(kind)} is not supported by this server; only "
+                raise bad_request(f"tools[{i}]: tool type {shown(kind)} is not supported by this server; only "
                            f"{{'type': 'function', 'name': ..., 'parameters': {{...}}}}", "tools")
             funcs.append({"type": "function", "function": {
                 "name": t.get("name"), "description": t.get("description") or "",
@@ -121,8 +122,8 @@ def _tools(body) -> tuple:
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
-            raise _bad(f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'name': ...}}, "
-                       f"got {_shown(choice)}", "tool_choice")
+            raise bad_request(f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'name': ...}}, "
+                       f"got {shown(choice)}", "tool_choice")
         choice = {"type": "function", "function": {"name": choice["name"]}}
     return funcs, choice
 
@@ -133,12 +134,12 @@ def _format(body):
     if text is None:
         return None
     if not isinstance(text, dict):
-        raise _bad("text must be an object", "text")
+        raise bad_request("text must be an object", "text")
     fmt = text.get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, dict):
-        raise _bad("text.format must be an object", "text.format")
+        raise bad_request("text.format must be an object", "text.format")
     kind = fmt.get("type")
     if kind == "text":
         return None
@@ -146,10 +147,10 @@ def _format(body):
         return {"type": "json_object"}
     if kind == "json_schema":
         if not isinstance(fmt.get("schema"), dict):
-            raise _bad("text.format of type json_schema needs a 'schema' object", "text.format")
+            raise bad_request("text.format of type json_schema needs a 'schema' object", "text.format")
         return {"type": "json_schema", "json_schema": {"name": fmt.get("name", "output"), "schema": fmt["schema"],
                                                        "strict": fmt.get("strict")}}
-    raise _bad(f"text.format type must be 'text', 'json_object' or 'json_schema', got {_shown(kind)}",
+    raise bad_request(f"text.format type must be 'text', 'json_object' or 'json_schema', got {shown(kind)}",
                "text.format")
 
 
@@ -157,7 +158,7 @@ def to_chat(body: dict) -> tuple[dict, int | None]:
     """(the OpenAI chat request of a Responses request, its max_output_tokens)."""
     for key in ("previous_response_id", "conversation"):
         if body.get(key) is not None:
-            raise _bad(f"{key} needs stored responses; this server is stateless and stores none: send the "
+            raise bad_request(f"{key} needs stored responses; this server is stateless and stores none: send the "
                        f"whole conversation as input items", key)
     chat = {"messages": _messages(body)}
     chat["tools"], chat["tool_choice"] = _tools(body)
@@ -167,12 +168,33 @@ def to_chat(body: dict) -> tuple[dict, int | None]:
     for k in ("temperature", "top_p") + EXTRA_FIELDS:
         if body.get(k) is not None:
             chat[k] = body[k]
+    chat.update(_reasoning(body))
     limit = body.get("max_output_tokens")
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise _bad(f"max_output_tokens must be a positive integer, got {_shown(limit)}", "max_output_tokens")
+        raise bad_request(f"max_output_tokens must be a positive integer, got {shown(limit)}", "max_output_tokens")
     if not isinstance(body.get("stream", False), bool):
-        raise _bad(f"stream must be true or false, got {_shown(body.get('stream'))}", "stream")
+        raise bad_request(f"stream must be true or false, got {shown(body.get('stream'))}", "stream")
     return chat, limit
+
+
+def _reasoning(body) -> dict:
+    """The chat path's reasoning options of the Responses API's reasoning
+    object: its effort is the chat request's reasoning_effort (none: no
+    thinking; minimal, low, medium, high: the template's reasoning_effort,
+    minimal as low; llminfer.reasoning.ChatOptions). summary is accepted;
+    the reasoning item carries the whole reasoning text, no summary."""
+    r = body.get("reasoning")
+    if r is None:
+        return {}
+    if not isinstance(r, dict):
+        raise bad_request(f"reasoning must be an object, got {shown(r)}", "reasoning")
+    effort = r.get("effort")
+    if effort is None:
+        return {}
+    if effort not in EFFORTS:
+        raise bad_request(f"reasoning.effort must be one of {', '.join(EFFORTS)}, got {shown(effort)}",
+                          "reasoning.effort")
+    return {"reasoning_effort": effort}
 
 
 # ---- the reply ----
@@ -359,4 +381,4 @@ async def _stream(run, meta):
 def routes(server) -> list:
     from starlette.routing import Route
 
-    return [Route("/v1/responses", _endpoint(server, responses), methods=["POST"])]
+    return [Route("/v1/responses", openai_endpoint(server, responses), methods=["POST"])]

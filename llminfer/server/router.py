@@ -52,8 +52,9 @@ from llminfer import jsonlimits
 from llminfer.errors import InvalidArgumentError, LLMInferError, ModelNotFoundError
 from llminfer.gguf_file import GGUFFile
 from llminfer.server import app as single
+from llminfer.server.routes import routes as model_routes
 from llminfer.server import page
-from llminfer.server.app import APIError, _bad
+from llminfer.server.app import APIError, bad_request
 from llminfer.server.args import ServeArgs
 
 log = logging.getLogger("llminfer.server")
@@ -252,9 +253,9 @@ class ModelRouter:
         if name is None:
             if len(self.entries) == 1:
                 return next(iter(self.entries.values()))
-            raise _bad(f"name the model: this server has {self.names()}", "model", "model_required")
+            raise bad_request(f"name the model: this server has {self.names()}", "model", "model_required")
         if not isinstance(name, str):
-            raise _bad("model must be a string", "model")
+            raise bad_request("model must be a string", "model")
         e = self.entries.get(name) or self.entries.get(name[:-5] if name.endswith(".gguf") else None)
         if e is None:
             raise APIError(404, f"the model '{name[:200]}' does not exist; this server has {self.names()}",
@@ -329,7 +330,7 @@ class ModelRouter:
             options.update(e.options)
             log.info("models: loading '%s' (%s)", e.name, e.path)
             t0 = time.monotonic()
-            server = await run_in_threadpool(single._Server, ServeArgs(**options))
+            server = await run_in_threadpool(single.Server, ServeArgs(**options))
             try:
                 server.start()
             except BaseException:
@@ -345,7 +346,7 @@ class ModelRouter:
             raise
         if server.engine is not None:  # measured now: the file and the pool as allocated
             e.estimate = os.path.getsize(e.path) + sum(server.engine.kv_cache_bytes())
-        e.server, e.routes = server, Router(routes=single.routes(server))
+        e.server, e.routes = server, Router(routes=model_routes(server))
         e.state = "loaded"
         e.last_used = time.monotonic()
         log.info("models: '%s' loaded in %.1f s", e.name, e.last_used - t0)
@@ -460,9 +461,9 @@ class _Dispatch:
             try:
                 parsed = jsonlimits.loads(body, "the request body")
             except InvalidArgumentError as err:
-                raise _bad(str(err)) from None
+                raise bad_request(str(err)) from None
             if not isinstance(parsed, dict):
-                raise _bad("the request body must be a JSON object")
+                raise bad_request("the request body must be a JSON object")
             entry = await router.acquire(router.entry(parsed.get("model")))
         except ConnectionAbortedError:
             return
@@ -519,12 +520,12 @@ def render_metrics(router: ModelRouter) -> str:
     """Each loaded model's metrics (labelled model_name) merged family by
     family, so each HELP and TYPE appears once, and llminfer:model_loaded,
     1 or 0 for every model known."""
-    from llminfer.server.metrics import PREFIX, _labels
+    from llminfer.server.metrics import PREFIX, labels_text
 
     order, families = [], {}
     head = f"{PREFIX}model_loaded"
     families[head] = ([f"# HELP {head} Whether the model is loaded (1) or not (0).", f"# TYPE {head} gauge"],
-                      [f"{head}{_labels({'model_name': e.name})} {int(e.state == 'loaded')}"
+                      [f"{head}{labels_text({'model_name': e.name})} {int(e.state == 'loaded')}"
                        for e in router.entries.values()])
     order.append(head)
     for e in router.entries.values():
@@ -559,7 +560,7 @@ def create_app(args: ServeArgs) -> Starlette:
             await router.stop()
 
     # the POST paths of one model's routes, each dispatched by the model its body names
-    probe = [r for r in single.routes(_NoServer()) if "POST" in (r.methods or ())]
+    probe = [r for r in model_routes(_NoServer()) if "POST" in (r.methods or ())]
     dispatch = _Dispatch(router)
     routes = [
         Route("/v1/models", _endpoint(router, _models), methods=["GET"]),
@@ -568,7 +569,7 @@ def create_app(args: ServeArgs) -> Starlette:
         Route("/metrics", _endpoint(router, _metrics, auth=False), methods=["GET"]),
     ] + [Route(r.path, dispatch, methods=["POST"]) for r in probe] + page.routes()
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={404: single._not_found, 405: single._not_found})
+                    exception_handlers={404: single.not_found, 405: single.not_found})
     app.state.server = None
     app.state.router = router
     return app
