@@ -247,6 +247,7 @@ typedef struct li_layer_desc {
     li_matrix gate_shexp, up_shexp; /* [n_ff_shexp, n_embd] */
     li_matrix down_shexp;        /* [n_embd, n_ff_shexp] */
     const float *gate_inp_shexp; /* [n_embd], or NULL: the shared expert ungated */
+    const float *router_sel_b;   /* [n_expert] LI_GATING_SIGMOID: added to the sigmoids to choose (exp_probs_b) */
     /* gpt-oss: a learned logit per query head that joins each softmax's
      * denominator (as exp(sink - max)) but weighs no value; biases on the
      * attention output, the router and the experts (NULL: none) */
@@ -272,7 +273,9 @@ enum li_expert_gating {
     LI_GATING_SOFTMAX = 0,       /* softmax over all logits, the k most probable, their probabilities
                                   * renormalized to sum to 1 (qwen3moe) */
     LI_GATING_SOFTMAX_WEIGHT = 1,/* the k largest logits, then a softmax over those k (gpt-oss) */
-    LI_GATING_COUNT = 2
+    LI_GATING_SIGMOID = 2,       /* sigmoids of the logits; the k largest after adding the layer's
+                                  * router_sel_b (selection only), their sigmoids normalized to sum 1 (lfm2moe) */
+    LI_GATING_COUNT = 3
 };
 
 typedef struct li_model_desc {

@@ -493,6 +493,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     for (int il = 0; il < n_be_layers; il++) {
         const li_layer_desc *ly = &m->layers[il];
         if (ly->attn_sinks || ly->bo || ly->router_b || ly->gate_exps_b || ly->up_exps_b || ly->down_exps_b ||
+            ly->router_sel_b ||
             m->gate_fn == LI_FN_SWIGLU_OAI || (ly->router.data && m->expert_gating != LI_GATING_SOFTMAX))
             return li_fail(LI_E_DEVICE, "layer %d has attention sinks, output or expert biases, the clamped SwiGLU "
                            "or top-k-then-softmax routing (gpt-oss), which the GPU backend does not run; keep it "
@@ -1350,6 +1351,33 @@ static void route_token(const float *logits, int n_expert, int k, float *prob, i
     for (int j = 0; j < k; j++) w[j] /= wsum;
 }
 
+/* Route one token as lfm2moe does (LI_GATING_SIGMOID): p = sigmoid(logit);
+ * the k largest p + bias (the lower index first among equals, bias NULL:
+ * none) in descending order, weighted by their p normalized to sum 1. */
+static void route_token_sigmoid(const float *logits, const float *bias, int n_expert, int k, float *prob,
+                                int32_t *sel, float *w) {
+    for (int e = 0; e < n_expert; e++) prob[e] = 1.0f / (1.0f + expf(-logits[e]));
+    float wsum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int pick = -1;
+        float best = 0.0f;
+        for (int e = 0; e < n_expert; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= sel[i] == e;
+            const float v = prob[e] + (bias ? bias[e] : 0.0f);
+            if (!taken && (pick < 0 || v > best)) {
+                pick = e;
+                best = v;
+            }
+        }
+        sel[j] = pick;
+        w[j] = prob[pick];
+        wsum += w[j];
+    }
+    wsum = LI_MAX(wsum, 6.103515625e-5f);
+    for (int j = 0; j < k; j++) w[j] /= wsum;
+}
+
 /* Route one token as gpt-oss does (LI_GATING_SOFTMAX_WEIGHT): the k
  * largest logits (the lower index first among equals) in descending order,
  * their weights a softmax over those k alone, as ggml's soft_max computes
@@ -1476,6 +1504,8 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
         if (L->router_b) li_K->add_f32(r, L->router_b, r, NE);
         if (m->expert_gating == LI_GATING_SOFTMAX_WEIGHT)
             route_token_topk(r, NE, K, c->sel + t * K, c->wsel + t * K);
+        else if (m->expert_gating == LI_GATING_SIGMOID)
+            route_token_sigmoid(r, L->router_sel_b, NE, K, r, c->sel + t * K, c->wsel + t * K);
         else
             route_token(r, NE, K, r, c->sel + t * K, c->wsel + t * K);
     }

@@ -45,6 +45,7 @@ cdef extern from "llminfer.h" nogil:
         li_matrix up_shexp
         li_matrix down_shexp
         const float *gate_inp_shexp
+        const float *router_sel_b
         const float *attn_sinks
         const float *bo
         const float *router_b

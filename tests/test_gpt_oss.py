@@ -99,7 +99,7 @@ def test_description_checks(files):
     from llminfer import _core
     from llminfer.errors import InvalidArgumentError, ShapeError
 
-    for field, value, what in (("expert_gating", 2, "expert gating"), ("gate_fn", 4, "gate function")):
+    for field, value, what in (("expert_gating", 3, "expert gating"), ("gate_fn", 4, "gate function")):
         spec = build_spec(GGUFFile(files()))
         setattr(spec, field, value)
         with pytest.raises(InvalidArgumentError, match=what):

@@ -33,7 +33,8 @@ needs_native = pytest.mark.skipif(not NATIVE, reason="the C core does not run re
 MOE = {"n_ff_shexp": 0, "n_expert": 4, "n_layer": 2}
 OURS = [("lfm2", {}), ("qwen35", {}), ("qwen35", {"recurrent_array": True}), ("qwen35moe", MOE),
         ("qwen35moe", {**MOE, "n_ff_shexp": 256}), ("qwen3next", {**MOE, "n_v_head": 2, "d_state": 128}),
-        ("qwen3next", {**MOE, "n_ff_shexp": 256}), ("mamba2", {}), ("granitehybrid", {}), ("nemotron_h", {})]
+        ("qwen3next", {**MOE, "n_ff_shexp": 256}), ("lfm2moe", {"n_expert": 4, "n_layer": 2, "layout": "RA"}), ("mamba2", {}),
+        ("granitehybrid", {}), ("nemotron_h", {})]
 GDN_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # against llama.cpp: untied heads, so that the top token is not the input token
 ALL = [(arch, {"tie_output": False})
@@ -71,7 +72,7 @@ def test_spec_has_the_layers_mixers_and_sizes(hybrid, case):
     arch, kw = case
     cfg = HybridConfig(arch=arch, **kw)
     spec = build_spec(GGUFFile(hybrid(arch, **kw)))
-    recurrent = MIX_SHORTCONV if arch == "lfm2" else MIX_GDN if arch in GDN_ARCHS else MIX_MAMBA2
+    recurrent = MIX_SHORTCONV if arch in ("lfm2", "lfm2moe") else MIX_GDN if arch in GDN_ARCHS else MIX_MAMBA2
     want = hybrid_layout(cfg)
     kinds = {"R": recurrent, "A": MIX_ATTN, "F": MIX_NONE}
     assert [L.mixer for L in spec.layers] == [kinds[k] for k in want]
@@ -92,7 +93,7 @@ def test_spec_has_the_layers_mixers_and_sizes(hybrid, case):
         else:
             assert L.wq is None and L.wk is None and L.wv is None and L.wo is None
             assert L.ssm_conv.dtype == np.float32 and L.ssm_conv.ndim == 1 and L.ssm_conv.flags.c_contiguous
-    if arch == "lfm2":
+    if arch in ("lfm2", "lfm2moe"):
         assert (spec.ssm_d_conv, spec.ssm_d_inner) == (cfg.l_cache, cfg.n_embd)
         assert spec.n_rot == spec.head_dim == cfg.n_embd // cfg.n_head
         assert spec.layers[0].ssm_conv.size == cfg.n_embd * cfg.l_cache
@@ -135,8 +136,7 @@ def test_conv_taps_are_the_files_rows(hybrid):
 
 @pytest.mark.parametrize("arch, match", [
     pytest.param("qwen35moe", "shared expert", marks=pytest.mark.skipif(
-        qwen35moe.shared_expert_supported(), reason="this build runs the shared expert")),
-    ("lfm2moe", "selection bias")])
+        qwen35moe.shared_expert_supported(), reason="this build runs the shared expert"))])
 def test_what_the_core_cannot_run_is_refused_by_name(hybrid, arch, match):
     path = hybrid(arch)
     with pytest.raises(UnsupportedModelError, match=match):

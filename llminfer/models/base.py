@@ -28,6 +28,7 @@ ACT_SWIGLU_OAI = 3  # gpt-oss's clamped SwiGLU (csrc/llminfer.h, LI_FN_SWIGLU_OA
 # how a MoE layer weighs its experts (enum li_expert_gating)
 GATING_SOFTMAX = 0         # softmax over all, top k, renormalized (qwen3moe)
 GATING_SOFTMAX_WEIGHT = 1  # top k logits, softmax over those k (gpt-oss)
+GATING_SIGMOID = 2         # sigmoids, top k after a selection bias, normalized (lfm2moe)
 # a layer's mixer (csrc/llminfer.h, enum li_mixer)
 MIX_ATTN = 0       # attention over the paged KV cache
 MIX_GDN = 1        # Gated DeltaNet (qwen35, qwen35moe, qwen3next)
@@ -107,6 +108,7 @@ class LayerSpec:
     up_shexp: Matrix | None = None
     down_shexp: Matrix | None = None
     gate_inp_shexp: np.ndarray | None = None
+    router_sel_b: np.ndarray | None = None  # lfm2moe: exp_probs_b, added to the router's sigmoids to choose
     # gpt-oss: per-head attention sinks [n_head], the attention output's bias
     # [n_embd], the router's [n_expert] and the experts' biases, expert after
     # expert ([n_expert * n_ff_exp] for gate and up, [n_expert * n_embd] for down)
@@ -203,7 +205,7 @@ class ModelSpec:
         the sizes say (the C core reads that many values)."""
         K, H, G, N, DI, E = (self.ssm_d_conv, self.ssm_n_head, self.ssm_n_group, self.ssm_d_state,
                              self.ssm_d_inner, self.n_embd)
-        sizes = {"gate_inp_shexp": E, "attn_sinks": self.n_head, "bo": E, "router_b": self.n_expert,
+        sizes = {"gate_inp_shexp": E, "router_sel_b": self.n_expert, "attn_sinks": self.n_head, "bo": E, "router_b": self.n_expert,
                  "gate_exps_b": self.n_expert * self.n_ff_exp, "up_exps_b": self.n_expert * self.n_ff_exp,
                  "down_exps_b": self.n_expert * E}
         for i, L in enumerate(self.layers):

@@ -19,8 +19,8 @@ llama.cpp's converter stores it (src/models/lfm2.cpp there).
 lfm2moe (LFM2-8B-A1B, LFM2-24B-A2B) is the same with experts in the layers
 after leading_dense_block_count: a sigmoid router whose top expert_used_count
 are chosen after adding exp_probs_b.bias, weighted by their (unbiased)
-sigmoids normalized to sum 1. llminfer's expert path routes by softmax and
-has no selection bias, so lfm2moe files are read and then refused by name.
+sigmoids normalized to sum 1 (the C core's LI_GATING_SIGMOID, with the
+bias as the layer's router_sel_b).
 The bidirectional LFM2 encoders (attention.causal false) and the ColBERT
 head (dense_2) are not read."""
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models.base import (ACT_SILU, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, MoESpec, Weights,
+from llminfer.models.base import (ACT_SILU, GATING_SIGMOID, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, MoESpec, Weights,
                                   attn_scale_default, output_head, rope_dims, rope_scale, vocab_size)
 from llminfer.models.hybrid import MAX_CONV, dense_ffn, layer_array, shortconv_layer, ssm_size
 
@@ -98,8 +98,8 @@ def build(gguf: GGUFFile, arch: str = ARCH) -> ModelSpec:
                 router=w.matrix(p + "ffn_gate_inp.weight", ne, n_embd),
                 gate_exps=w.expert_matrix(p + "ffn_gate_exps.weight", ne, fe, n_embd),
                 up_exps=w.expert_matrix(p + "ffn_up_exps.weight", ne, fe, n_embd),
-                down_exps=w.expert_matrix(p + "ffn_down_exps.weight", ne, n_embd, fe)))
-            w.vector(p + "exp_probs_b.bias", ne)  # the selection bias: no place for it (refused below)
+                down_exps=w.expert_matrix(p + "ffn_down_exps.weight", ne, n_embd, fe)),
+                router_sel_b=w.vector(p + "exp_probs_b.bias", ne))  # added to the sigmoids to choose
         else:
             ffn = dense_ffn(w, p, n_embd, n_ff)
         if kv[i] == 0:
@@ -142,13 +142,16 @@ def build(gguf: GGUFFile, arch: str = ARCH) -> ModelSpec:
     )
     if moe is not None:
         spec.n_expert, spec.n_expert_used, spec.n_ff_exp = moe[:3]
-    w.check_all_used(n_layer, arch)
-    if moe is not None:
         gating = hp.int("expert_gating_func", SIGMOID)
-        raise UnsupportedModelError(
-            f"{gguf.path}: {arch}'s experts are chosen by {'sigmoid' if gating == SIGMOID else f'gating {gating}'} "
-            f"of the router's logits plus a selection bias (exp_probs_b), which llminfer's expert path (softmax, "
-            f"no bias) does not compute yet")
+        if gating != SIGMOID:
+            raise UnsupportedModelError(f"{gguf.path}: {arch}'s expert_gating_func {gating} is not sigmoid (2), "
+                                        f"the only gating llminfer reads for it")
+        scale = hp.float("expert_weights_scale", 1.0)
+        if scale not in (0.0, 1.0):
+            raise UnsupportedModelError(f"{gguf.path}: {arch}.expert_weights_scale {scale} is not supported "
+                                        f"(released files have none)")
+        spec.expert_gating = GATING_SIGMOID
+    w.check_all_used(n_layer, arch)
     return spec
 
 
