@@ -3,6 +3,8 @@
     emb = llminfer.Embedder("all-MiniLM-L6-v2.Q8_0.gguf")
     vecs = emb.embed(["a sentence", "another"])          # list of lists of floats
     emb.create_embedding("a sentence")                   # {"object": "list", "data": [...], ...}
+    rr = llminfer.Embedder("bge-reranker-base.Q8_0.gguf")   # a reranker (pooling_type 4)
+    rr.rank("a query", ["doc one", "doc two"])          # a relevance score per document
 
 Encoder GGUFs (bert, nomic-bert) run in csrc/encoder.c; any decoder model
 llminfer loads gives its pooled hidden states through an LLM
@@ -15,9 +17,9 @@ import threading
 
 import numpy as np
 
-from llminfer import _core, hub
+from llminfer import _core, hub, rerank
 from llminfer.embeddings import POOLINGS, _Embedding, declared_pooling, decoder_hidden
-from llminfer.errors import InvalidArgumentError
+from llminfer.errors import InvalidArgumentError, UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
 from llminfer.llm import LLM
 from llminfer.models import bert
@@ -39,12 +41,15 @@ class Embedder(_Embedding):
         self.model_name = str(path)
         self._lock = threading.Lock()
         self._llm = None
+        self.rank_head = None
         self.gguf = GGUFFile(path, mmap=mmap)
         if self.gguf.architecture in bert.ARCHS:
             try:
                 self.spec = bert.build(self.gguf)
                 self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
                 self.gguf.check_finite()  # a NaN block scale would give finite, wrong embeddings
+                if self.spec.pooling == "rank":
+                    self.rank_head = rerank.read_head(self.gguf, self.spec.n_embd)
                 self.desc = _core.EncoderDesc(self.spec)
                 self.desc.watch_faults(self.gguf.fault_token, self.gguf.path)
             except Exception:
@@ -53,7 +58,8 @@ class Embedder(_Embedding):
             self.n_threads = check_threads(n_threads)
             self.n_ctx = min(self.spec.context_length, n_ctx or self.spec.context_length)
             self.n_embd = self.spec.n_embd
-            self.pooling = pooling or self.spec.pooling
+            # a reranker's embeddings: its first token's state (the head reads that one)
+            self.pooling = pooling or ("cls" if self.spec.pooling == "rank" else self.spec.pooling)
         else:
             arch = self.gguf.architecture
             declared = declared_pooling(self.gguf.metadata, arch)
@@ -72,6 +78,48 @@ class Embedder(_Embedding):
             return decoder_hidden(self._llm, ids)
         with self._lock:
             return self.desc.encode(np.asarray(ids, dtype=np.int32), None, self.n_threads)
+
+    @property
+    def is_reranker(self) -> bool:
+        return self.rank_head is not None
+
+    def rank_ids(self, query: str, documents) -> list:
+        """The token ids of each (query, document) input; ContextFullError for
+        one longer than n_ctx (a cut would drop part of the document)."""
+        if not self.is_reranker:
+            raise UnsupportedModelError(f"{self.model_name} is not a reranker (its GGUF's pooling_type is not "
+                                        f"rank, 4, with a classifier head)")
+        texts = rerank.documents_texts(documents)
+        if not texts:
+            raise InvalidArgumentError("documents must not be empty")
+        out = []
+        for i, d in enumerate(texts):
+            ids = rerank.pair_ids(self.tokenizer, self.gguf.metadata, query, d)
+            rerank.check_length(ids, self.n_ctx, i)
+            out.append(ids)
+        return out
+
+    def rank_scores(self, items) -> list:
+        """The score of each input of rank_ids."""
+        return [self.rank_head.score(self._token_vectors(ids)[0]) for ids in items]
+
+    def rank(self, query: str, documents) -> list:
+        """The relevance score of each document (a string or {"text": ...})
+        to query, in the documents' order: the reranker's raw score (a
+        logit; higher is more relevant), as llama.cpp gives it."""
+        return self.rank_scores(self.rank_ids(query, documents))
+
+    def create_rerank(self, query: str, documents, top_n: int | None = None, return_documents: bool = False,
+                      model: str | None = None) -> dict:
+        """The response of /v1/rerank (Jina's and Cohere's shape): results
+        best first, top_n of them, each {index, relevance_score} and with
+        return_documents {document: {text}}; usage counts the tokens read."""
+        texts = rerank.documents_texts(documents)
+        items = self.rank_ids(query, texts)
+        results = rerank.ranked(self.rank_scores(items), texts, top_n, return_documents)
+        n = sum(len(ids) for ids in items)
+        return {"model": model or self.model_name, "object": "list", "results": results,
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
 
     def close(self):
         if self._llm is not None:

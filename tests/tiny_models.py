@@ -279,9 +279,12 @@ def wordpiece_vocab():
 
 
 def write_encoder(path, arch="bert", qtype="Q8_0", n_embd=256, n_layer=2, n_head=4, n_ff=512,
-                  context_length=64, pooling=1, seed=0) -> str:
+                  context_length=64, pooling=1, seed=0, rank_head=None, n_labels=1) -> str:
     """A tiny random encoder GGUF (bert: absolute positions, GELU FFN with
-    biases; nomic-bert: fused attn_qkv, RoPE, SiLU-gated FFN)."""
+    biases; nomic-bert: fused attn_qkv, RoPE, SiLU-gated FFN). rank_head
+    (a reranker, with pooling=4): "full" writes the classifier head as
+    llama.cpp reads it (cls.weight/bias, cls.output.weight/bias with
+    n_labels rows), "dense" only cls.*, "out" only cls.output.*."""
     rng = np.random.default_rng(seed)
     tokens, types = wordpiece_vocab()
     E, F = n_embd, n_ff
@@ -345,6 +348,14 @@ def write_encoder(path, arch="bert", qtype="Q8_0", n_embd=256, n_layer=2, n_head
             vector(p + "ffn_down.bias", E)
         vector(p + "layer_output_norm.weight", E, 1.0)
         vector(p + "layer_output_norm.bias", E)
+    if rank_head in ("full", "dense"):
+        matrix("cls.weight", E, E, "F32", s)
+        vector("cls.bias", E)
+    if rank_head in ("full", "out"):
+        matrix("cls.output.weight", n_labels, E, "F32", 1.0)
+        vector("cls.output.bias", n_labels)
+    if rank_head is not None:
+        w.add_array(f"{arch}.classifier.output_labels", [f"LABEL_{i}" for i in range(n_labels)])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
