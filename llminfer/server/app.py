@@ -233,7 +233,8 @@ class _Server:
         """A completion asked of an encoder model: 400 saying what it serves."""
         if self.engine is None:
             raise _bad(f"{self.model_name} is an embedding model (an encoder): this server answers "
-                       f"/v1/embeddings, /tokenize and /detokenize", "model", "model_not_generative")
+                       f"/v1/embeddings{', /v1/rerank' if self.embedder.is_reranker else ''}, /tokenize and "
+                       f"/detokenize", "model", "model_not_generative")
 
     def _deliver(self, events):
         """From the engine thread: hand a step's events to the event loop in one call."""
@@ -1085,9 +1086,9 @@ def routes(server: _Server) -> list:
         Route("/health", _endpoint(server, health, auth=False), methods=["GET"]),
         Route("/metrics", _endpoint(server, metrics, auth=False), methods=["GET"]),
     ]
-    from llminfer.server import anthropic, responses  # they build on this module
+    from llminfer.server import anthropic, rerank, responses  # they build on this module
 
-    return out + anthropic.routes(server) + responses.routes(server)
+    return out + anthropic.routes(server) + responses.routes(server) + rerank.routes(server)
 
 
 async def _not_found(request, exc):
