@@ -27,7 +27,7 @@ from llminfer.system import check_threads
 from llminfer.tokenizer import Tokenizer
 
 
-class Embedder(_Embedding):
+class Embedder(_Embedding, rerank.Ranking):
     """An embedding model: an encoder GGUF (bert, nomic-bert), or any decoder
     model we load (its hidden states pooled). pooling overrides the one the
     GGUF declares; n_threads: threads of the native kernels."""
@@ -64,7 +64,15 @@ class Embedder(_Embedding):
             arch = self.gguf.architecture
             declared = declared_pooling(self.gguf.metadata, arch)
             trained = self.gguf.metadata.get(f"{arch}.context_length")
-            self.gguf.close()
+            try:
+                if rerank.declares_rank(self.gguf.metadata, arch):  # a decoder reranker (Qwen3-Reranker)
+                    declared = "last"
+                    n_embd = self.gguf.metadata.get(f"{arch}.embedding_length")
+                    if not isinstance(n_embd, (int, np.integer)) or n_embd <= 0:
+                        raise UnsupportedModelError(f"{path}: {arch}.embedding_length is missing")
+                    self.rank_head = rerank.read_head(self.gguf, int(n_embd), decoder=True)
+            finally:
+                self.gguf.close()
             default = min(2048, int(trained)) if isinstance(trained, (int, np.integer)) and trained > 0 else 2048
             self._llm = LLM(path, n_ctx=n_ctx or default, n_threads=n_threads, mmap=mmap)
             self.tokenizer = self._llm.tokenizer
@@ -80,46 +88,11 @@ class Embedder(_Embedding):
             return self.desc.encode(np.asarray(ids, dtype=np.int32), None, self.n_threads)
 
     @property
-    def is_reranker(self) -> bool:
-        return self.rank_head is not None
+    def _metadata(self):
+        return self._llm.metadata if self._llm is not None else self.gguf.metadata
 
-    def rank_ids(self, query: str, documents) -> list:
-        """The token ids of each (query, document) input; ContextFullError for
-        one longer than n_ctx (a cut would drop part of the document)."""
-        if not self.is_reranker:
-            raise UnsupportedModelError(f"{self.model_name} is not a reranker (its GGUF's pooling_type is not "
-                                        f"rank, 4, with a classifier head)")
-        texts = rerank.documents_texts(documents)
-        if not texts:
-            raise InvalidArgumentError("documents must not be empty")
-        out = []
-        for i, d in enumerate(texts):
-            ids = rerank.pair_ids(self.tokenizer, self.gguf.metadata, query, d)
-            rerank.check_length(ids, self.n_ctx, i)
-            out.append(ids)
-        return out
-
-    def rank_scores(self, items) -> list:
-        """The score of each input of rank_ids."""
-        return [self.rank_head.score(self._token_vectors(ids)[0]) for ids in items]
-
-    def rank(self, query: str, documents) -> list:
-        """The relevance score of each document (a string or {"text": ...})
-        to query, in the documents' order: the reranker's raw score (a
-        logit; higher is more relevant), as llama.cpp gives it."""
-        return self.rank_scores(self.rank_ids(query, documents))
-
-    def create_rerank(self, query: str, documents, top_n: int | None = None, return_documents: bool = False,
-                      model: str | None = None) -> dict:
-        """The response of /v1/rerank (Jina's and Cohere's shape): results
-        best first, top_n of them, each {index, relevance_score} and with
-        return_documents {document: {text}}; usage counts the tokens read."""
-        texts = rerank.documents_texts(documents)
-        items = self.rank_ids(query, texts)
-        results = rerank.ranked(self.rank_scores(items), texts, top_n, return_documents)
-        n = sum(len(ids) for ids in items)
-        return {"model": model or self.model_name, "object": "list", "results": results,
-                "usage": {"prompt_tokens": n, "total_tokens": n}}
+    def _rank_vectors(self, ids):
+        return self._token_vectors(ids)
 
     def close(self):
         if self._llm is not None:

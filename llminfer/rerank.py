@@ -12,6 +12,12 @@ pooler), then cls.output.weight/cls.output.bias (the scores, one per
 classifier label); the score is the first. Either half of the head may be
 absent (jina-reranker-v1 has no cls.output), as llama.cpp allows.
 
+A decoder reranker (Qwen3-Reranker: a `qwen3` GGUF with pooling_type 4)
+reads the pair through its `tokenizer.chat_template.rerank` prompt; its last
+token's final normed hidden state goes through cls.output.weight (the output
+head's "yes" and "no" rows), and the score is the softmax's first, P(yes),
+as llama.cpp computes it.
+
 The pair is put in one input as llama.cpp's server does it: the GGUF's
 `tokenizer.chat_template.rerank` with {query} and {document} replaced,
 tokenized with special tokens read and none added; without that template,
@@ -28,6 +34,13 @@ import numpy as np
 from llminfer.errors import ContextFullError, InvalidArgumentError, UnsupportedModelError
 
 RERANK_TEMPLATE = "tokenizer.chat_template.rerank"
+RANK = 4                          # {arch}.pooling_type of a reranker
+SOFTMAX_ARCHS = ("qwen3", "qwen3vl")  # llama.cpp takes the softmax of these heads' outputs
+
+
+def declares_rank(metadata, arch: str) -> bool:
+    v = metadata.get(f"{arch}.pooling_type")
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and int(v) == RANK
 
 
 @dataclass
@@ -38,6 +51,8 @@ class RankHead:
     dense_b: np.ndarray | None
     out: np.ndarray | None         # [n_labels, n_embd] (cls.output.weight)
     out_b: np.ndarray | None
+    softmax: bool = False          # of the outputs (decoder rerankers)
+    row: int = 0                   # the token read: 0 the first (encoders), -1 the last (decoders)
 
     def scores(self, v: np.ndarray) -> np.ndarray:
         """The head's outputs for one hidden state v [n_embd]."""
@@ -51,6 +66,9 @@ class RankHead:
             x = self.out @ x
             if self.out_b is not None:
                 x = x + self.out_b
+        if self.softmax:
+            e = np.exp(x.astype(np.float64) - np.max(x))
+            x = e / e.sum()
         return x.astype(np.float32)
 
     def score(self, v: np.ndarray) -> float:
@@ -78,8 +96,10 @@ def _dense(gguf, name, n_cols) -> np.ndarray | None:
     return out
 
 
-def read_head(gguf, n_embd: int) -> RankHead:
-    """The classifier head (cls.*) of a reranker GGUF."""
+def read_head(gguf, n_embd: int, decoder: bool = False) -> RankHead:
+    """The classifier head (cls.*) of a reranker GGUF; decoder: a causal
+    model's (its last token read, its outputs' softmax where llama.cpp
+    takes it)."""
     dense = _dense(gguf, "cls.weight", n_embd)
     out = _dense(gguf, "cls.output.weight", n_embd)
     if dense is None and out is None:
@@ -97,6 +117,10 @@ def read_head(gguf, n_embd: int) -> RankHead:
         out_b = out_b.reshape(-1)
         if out is None or out_b.size != out.shape[0]:
             raise UnsupportedModelError(f"{gguf.path}: tensor 'cls.output.bias' does not match 'cls.output.weight'")
+    if decoder:
+        if out is None or dense is not None:
+            raise UnsupportedModelError(f"{gguf.path}: a decoder reranker needs cls.output.weight (and no cls.weight)")
+        return RankHead(None, None, out, out_b, softmax=gguf.architecture in SOFTMAX_ARCHS, row=-1)
     return RankHead(dense, dense_b, out, out_b)
 
 
@@ -162,3 +186,82 @@ def ranked(scores, texts, top_n=None, return_documents=False) -> list:
             r["document"] = {"text": texts[i]}
         out.append(r)
     return out
+
+
+class Ranking:
+    """rank and create_rerank over a model's token vectors. The class that
+    takes it has rank_head (a RankHead, or None for a model that is not a
+    reranker), tokenizer, n_ctx, model_name, _metadata and
+    _rank_vectors(ids) -> [n, n_embd]."""
+
+    rank_head = None
+
+    @property
+    def is_reranker(self) -> bool:
+        return self.rank_head is not None
+
+    def rank_ids(self, query: str, documents) -> list:
+        """The token ids of each (query, document) input; ContextFullError for
+        one longer than n_ctx (a cut would drop part of the document)."""
+        if not self.is_reranker:
+            raise UnsupportedModelError(f"{self.model_name} is not a reranker (its GGUF's pooling_type is not "
+                                        f"rank, 4, with a classifier head)")
+        texts = documents_texts(documents)
+        if not texts:
+            raise InvalidArgumentError("documents must not be empty")
+        out = []
+        for i, d in enumerate(texts):
+            ids = pair_ids(self.tokenizer, self._metadata, query, d)
+            check_length(ids, self.n_ctx, i)
+            out.append(ids)
+        return out
+
+    def rank_scores(self, items) -> list:
+        """The score of each input of rank_ids."""
+        return [self.rank_head.score(self._rank_vectors(ids)[self.rank_head.row]) for ids in items]
+
+    def rank(self, query: str, documents) -> list:
+        """The relevance score of each document (a string or {"text": ...})
+        to query, in the documents' order: the reranker's raw score (a
+        logit; higher is more relevant), as llama.cpp gives it."""
+        return self.rank_scores(self.rank_ids(query, documents))
+
+    def create_rerank(self, query: str, documents, top_n: int | None = None, return_documents: bool = False,
+                      model: str | None = None) -> dict:
+        """The response of /v1/rerank (Jina's and Cohere's shape): results
+        best first, top_n of them, each {index, relevance_score} and with
+        return_documents {document: {text}}; usage counts the tokens read."""
+        texts = documents_texts(documents)
+        items = self.rank_ids(query, texts)
+        results = ranked(self.rank_scores(items), texts, top_n, return_documents)
+        n = sum(len(ids) for ids in items)
+        return {"model": model or self.model_name, "object": "list", "results": results,
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+
+
+class DecoderRanking(Ranking):
+    """LLM.rank / LLM.create_rerank: a decoder reranker's scores, each pair
+    in a sequence of its own (the LLM's context is untouched)."""
+
+    def __init__(self, llm):
+        from llminfer.embeddings import decoder_hidden
+
+        self._llm = llm
+        self._hidden = decoder_hidden
+        self.tokenizer = llm.tokenizer
+        self.model_name = str(llm.model_path)
+        self._metadata = llm.metadata
+        head = getattr(llm, "_rank_head", None)
+        if head is None and declares_rank(llm.metadata, llm.architecture):
+            with llm._lock:
+                llm._check_open()
+                head = llm._rank_head = read_head(llm.engine.gguf, llm.spec.n_embd, decoder=True)
+        self.rank_head = head
+
+    @property
+    def n_ctx(self):
+        return self._llm.n_ctx
+
+    def _rank_vectors(self, ids):
+        return self._hidden(self._llm, ids)

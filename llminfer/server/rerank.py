@@ -14,7 +14,9 @@ answers) echoes each as {"text": ...}. With `texts` in place of
 `documents`, the answer is TEI's: a bare list of {index, score[, text]}
 (text with return_text). The scores are the reranker's raw outputs
 (llminfer.rerank), as llama-server gives them. The model must be a
-reranker (a GGUF whose pooling_type is rank); others get a 400.
+reranker (a GGUF whose pooling_type is rank): a cross-encoder runs on its
+Embedder, a decoder reranker (Qwen3-Reranker) on the engine thread between
+batching steps, one document a step, as embeddings do. Others get a 400.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from starlette.responses import JSONResponse
 
 from llminfer import rerank
 from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError
-from llminfer.server.app import _bad, _endpoint
+from llminfer.embeddings import engine_hidden
+from llminfer.server.app import _bad, _endpoint, _on_engine
 
 MAX_RERANK_DOCUMENTS = 256  # documents of one request
 PATHS = ("/v1/rerank", "/rerank", "/reranking", "/v1/reranking")
@@ -61,13 +64,53 @@ def _request(body) -> tuple:
     return query, texts, top_n, ret, tei
 
 
+def _not_reranker(server):
+    return _bad(f"{server.model_name} is not a reranker: /v1/rerank needs a GGUF whose pooling_type is "
+                f"rank (4), with a classifier head", "model", "model_not_reranker")
+
+
+class _DecoderRanker:
+    """A decoder reranker served by the engine: the pair's ids here, the
+    scores on the engine thread."""
+
+    def __init__(self, server):
+        self.server = server
+        gguf = server.engine.gguf
+        self.metadata = gguf.metadata
+        self.head = rerank.read_head(gguf, server.n_embd, decoder=True)
+
+    def rank_ids(self, query, texts) -> list:
+        out = []
+        for i, d in enumerate(texts):
+            ids = rerank.pair_ids(self.server.tokenizer, self.metadata, query, d)
+            rerank.check_length(ids, self.server.n_ctx, i)
+            out.append(ids)
+        return out
+
+    async def scores(self, items) -> list:
+        head = self.head
+
+        def work(ids):
+            return lambda eng: head.score(engine_hidden(eng, ids)[head.row])
+
+        return await _on_engine(self.server, items, work, "rerank request")
+
+
 def _ranker(server):
-    """What scores this server's documents: its Embedder, when a reranker."""
+    """What scores this server's documents: its Embedder (a cross-encoder),
+    or the engine (a decoder reranker)."""
     emb = server.embedder
-    if emb is None or not emb.is_reranker:
-        raise _bad(f"{server.model_name} is not a reranker: /v1/rerank needs a GGUF whose pooling_type is "
-                   f"rank (4), with a classifier head", "model", "model_not_reranker")
-    return emb
+    if emb is not None:
+        if not emb.is_reranker:
+            raise _not_reranker(server)
+        return emb
+    ranker = getattr(server, "_decoder_ranker", None)
+    if ranker is None:
+        gguf = server.engine.gguf
+        if not rerank.declares_rank(gguf.metadata, gguf.architecture):
+            raise _not_reranker(server)
+        ranker = server._decoder_ranker = _DecoderRanker(server)
+    return ranker
 
 
 async def rerank_endpoint(server, request: HTTPRequest):
@@ -81,7 +124,10 @@ async def rerank_endpoint(server, request: HTTPRequest):
         raise _bad(str(e), "documents", "context_length_exceeded") from None
     except LLMInferError as e:
         raise _bad(f"cannot tokenize the request: {e}", "documents") from None
-    scores = await run_in_threadpool(ranker.rank_scores, items)
+    if isinstance(ranker, _DecoderRanker):
+        scores = await ranker.scores(items)
+    else:
+        scores = await run_in_threadpool(ranker.rank_scores, items)
     results = rerank.ranked(scores, texts, top_n, ret)
     if tei:
         return JSONResponse([{"index": r["index"], "score": r["relevance_score"],
