@@ -1,8 +1,9 @@
-"""Reranking (llminfer.rerank, Embedder.rank, /v1/rerank): a tiny random
-bert cross-encoder with a classifier head (pooling_type 4) scored against
-a float64 reference of the encoder and head, the (query, document) input as
-llama.cpp's server builds it, the Python and HTTP shapes and their errors,
-and (peer_tools) llama.cpp's llama-server --rerank on the same files."""
+"""Reranking (llminfer.rerank, Embedder.rank, LLM.rank, /v1/rerank): a tiny
+random bert cross-encoder with a classifier head (pooling_type 4) and a tiny
+random Qwen3-Reranker-style decoder, scored against a float64 reference of
+the model and head, the (query, document) input as llama.cpp's server
+builds it, the Python and HTTP shapes and their errors, and (peer_tools)
+llama.cpp's llama-server --rerank on the same files."""
 
 import glob
 import os
@@ -15,10 +16,11 @@ import gguf
 import numpy as np
 import pytest
 
-from llminfer import Embedder
+from llminfer import LLM, Embedder
+from llminfer.compat import Llama
 from llminfer.errors import ContextFullError, InvalidArgumentError, UnsupportedModelError
 from reference import ReferenceModel
-from tiny_models import write_encoder
+from tiny_models import QWEN3_RERANK_TEMPLATE, write_decoder_reranker, write_encoder
 
 QUERY = "Is the cat on the mat?"
 DOCS = ["The cat sat on the mat.", "a good dog ran", "", "Is the mat good? 42", "cats and mats"]
@@ -41,17 +43,26 @@ def rerankers(tmp_path_factory):
                                       seed=5)
     out["headless"] = write_encoder(d / "rr-headless.gguf", pooling=4, seed=6)
     out["embedder"] = write_encoder(d / "plain.gguf", seed=7)
+    for qtype in ("F32", "Q8_0"):
+        out["qwen3", qtype] = write_decoder_reranker(d / f"qwen3-rr-{qtype}.gguf", qtype=qtype)
+    out["qwen3-plain"] = write_decoder_reranker(d / "qwen3.gguf", rank=False)
     return out
 
 
 def reference_scores(path, ids_list) -> list:
-    """The first token's float64 hidden state through the head, the head's
-    tensors read with gguf-py."""
+    """The first token's float64 hidden state through the head (a decoder:
+    the last token's final normed state through cls.output, softmax), the
+    head's tensors read with gguf-py."""
     ref = ReferenceModel(path)
     t = {x.name: np.asarray(x.data, dtype=np.float64) for x in gguf.GGUFReader(path).tensors
          if x.name.startswith("cls.")}
     out = []
     for ids in ids_list:
+        if ref.arch == "qwen3":
+            z = t["cls.output.weight"] @ ref.hidden(ids)[-1].astype(np.float64)
+            z = np.exp(z - z.max())
+            out.append(float(z[0] / z.sum()))
+            continue
         x = ref.encoder(ids)[0].astype(np.float64)
         if "cls.weight" in t:
             x = np.tanh(t["cls.weight"] @ x + t["cls.bias"])
@@ -137,6 +148,53 @@ def test_reranker_still_embeds(rerankers):
         assert float(v @ (h / np.linalg.norm(h))) > 0.9999
 
 
+# ---- decoder rerankers (Qwen3-Reranker) ----
+
+# P(yes) of the tiny model lies near 0.1; the final hidden states' tolerance
+# (tests/test_forward.py) through a head of scale 2/sqrt(n_embd)
+TOL_DECODER = {"F32": 1e-4, "Q8_0": 5e-3}
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_decoder_scores_match_reference(rerankers, qtype):
+    path = rerankers["qwen3", qtype]
+    with Embedder(path, n_threads=2) as e:
+        assert e.is_reranker and e.pooling == "last"
+        items = e.rank_ids(QUERY, DOCS)
+        got = e.rank(QUERY, DOCS)
+        want = reference_scores(path, items)
+        np.testing.assert_allclose(got, want, atol=TOL_DECODER[qtype], rtol=0)
+        assert len(set(np.round(want, 4))) == len(DOCS) and all(0 < w < 1 for w in want)
+        # the prompt is the GGUF's rerank template, its special tokens read, none added
+        text = QWEN3_RERANK_TEMPLATE.replace("{query}", QUERY).replace("{document}", DOCS[0])
+        assert items[0] == e.tokenizer.encode(text, add_bos=False, special=True)
+        assert items[0][0] == e.tokenizer.token_id("<|im_start|>")
+    llm = LLM(path, n_ctx=512, n_threads=2)
+    try:
+        assert llm.rank(QUERY, DOCS) == got
+        assert llm.create_rerank(QUERY, DOCS, top_n=1)["results"][0]["index"] == int(np.argmax(got))
+    finally:
+        llm.close()
+    peer_like = Llama(path, n_ctx=512, n_threads=2, embedding=True, verbose=False)
+    try:
+        assert peer_like.rank(QUERY, DOCS) == got
+    finally:
+        peer_like.close()
+
+
+def test_decoder_not_a_reranker(rerankers):
+    with Embedder(rerankers["qwen3-plain"], n_threads=1) as e:
+        assert not e.is_reranker
+        with pytest.raises(UnsupportedModelError, match="not a reranker"):
+            e.rank(QUERY, DOCS)
+    llm = LLM(rerankers["qwen3-plain"], n_ctx=256, n_threads=1)
+    try:
+        with pytest.raises(UnsupportedModelError, match="not a reranker"):
+            llm.rank(QUERY, DOCS)
+    finally:
+        llm.close()
+
+
 # ---- over HTTP ----
 
 httpx = None
@@ -156,6 +214,39 @@ def served(rerankers):
     yield s, plain
     s.stop()
     plain.stop()
+
+
+@pytest.fixture(scope="module")
+def served_decoders(rerankers, served):
+    from llminfer.server import ServeArgs
+    from test_server import ServerThread
+
+    s = ServerThread(ServeArgs(model=rerankers["qwen3", "F32"], n_ctx=512, n_threads=1))
+    plain = ServerThread(ServeArgs(model=rerankers["qwen3-plain"], n_ctx=512, n_threads=1))
+    yield s, plain
+    s.stop()
+    plain.stop()
+
+
+def test_server_rerank_decoder(served_decoders, rerankers):
+    s, plain = served_decoders
+    with Embedder(rerankers["qwen3", "F32"], n_threads=1) as e:
+        scores = e.rank(QUERY, DOCS)
+        n = sum(len(ids) for ids in e.rank_ids(QUERY, DOCS))
+    order = sorted(range(len(DOCS)), key=lambda i: -scores[i])
+    r = httpx.post(s.url + "/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 3,
+                                               "return_documents": True}, timeout=120)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [x["index"] for x in body["results"]] == order[:3]
+    np.testing.assert_allclose([x["relevance_score"] for x in body["results"]], [scores[i] for i in order[:3]],
+                               rtol=0, atol=1e-6)
+    assert [x["document"]["text"] for x in body["results"]] == [DOCS[i] for i in order[:3]]
+    assert body["usage"]["prompt_tokens"] == n
+    r = httpx.post(s.url + "/v1/rerank", json={"query": QUERY, "documents": ["x " * 400]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    r = httpx.post(plain.url + "/v1/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_reranker"
 
 
 def test_server_rerank(served, rerankers):
@@ -232,19 +323,21 @@ def _free_port() -> int:
 
 
 @pytest.mark.peer_tools
-@pytest.mark.parametrize("head,qtype", [("full", "F32"), ("full", "Q8_0"), ("dense", "F32"), ("out", "F32")])
+@pytest.mark.parametrize("head,qtype", [("full", "F32"), ("full", "Q8_0"), ("dense", "F32"), ("out", "F32"),
+                                        ("qwen3", "F32"), ("qwen3", "Q8_0")])
 def test_llama_server_rerank_agrees(served, rerankers, tmp_path, head, qtype):
     exe = find_llama_server()
     if exe is None:
         pytest.skip("llama.cpp's llama-server is not found ($LLAMA_SERVER, PATH, /work/peer)")
     path = rerankers[head, qtype]
     port = _free_port()
+    ctx = "512" if head == "qwen3" else "64"
     # -np 1: one document a batch. With several in one batch, llama.cpp reads
     # n_cls_out floats at n_cls_out * seq_idx of the pooled rows, which for a
     # head without cls.output (rows of n_embd) are the first document's
     log = open(tmp_path / "llama-server.log", "w")
     proc = subprocess.Popen([exe, "-m", path, "--rerank", "--host", "127.0.0.1", "--port", str(port), "-t", "2",
-                             "-c", "64", "-b", "64", "-ub", "64", "-np", "1"], stdout=log, stderr=subprocess.STDOUT)
+                             "-c", ctx, "-b", ctx, "-ub", ctx, "-np", "1"], stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
@@ -270,6 +363,6 @@ def test_llama_server_rerank_agrees(served, rerankers, tmp_path, head, qtype):
     assert set(t) == set(o) == set(range(len(DOCS)))
     diff = max(abs(t[i] - o[i]) for i in t)
     print(f"{head} {qtype}: max |ours - llama-server| = {diff:.2e} over {len(DOCS)} documents")
-    assert diff < TOL[qtype]
+    assert diff < (TOL_DECODER if head == "qwen3" else TOL)[qtype]
     if qtype == "F32":
         assert [x["index"] for x in ours["results"]] == [x["index"] for x in theirs["results"]]
