@@ -3,7 +3,7 @@
     emb = llminfer.Embedder("all-MiniLM-L6-v2.Q8_0.gguf")
     vecs = emb.embed(["a sentence", "another"])          # list of lists of floats
     emb.create_embedding("a sentence")                   # {"object": "list", "data": [...], ...}
-    rr = llminfer.Embedder("bge-reranker-base.Q8_0.gguf")   # a reranker (pooling_type 4)
+    rr = llminfer.Embedder("ms-marco-MiniLM-L6-v2-Q8_0.gguf")   # a reranker (pooling_type 4)
     rr.rank("a query", ["doc one", "doc two"])          # a relevance score per document
 
 Encoder GGUFs (bert, nomic-bert) run in csrc/encoder.c; any decoder model

@@ -1,7 +1,7 @@
 """Reranking: a relevance score for each (query, document) pair, as
 llama.cpp's pooling type RANK gives it.
 
-    emb = llminfer.Embedder("bge-reranker-v2-m3.Q8_0.gguf")
+    emb = llminfer.Embedder("ms-marco-MiniLM-L6-v2-Q8_0.gguf")
     emb.rank("what is a panda?", ["The giant panda is a bear.", "hi"])   # [4.2, -9.8]
     emb.create_rerank("what is a panda?", docs, top_n=1)                 # Jina/Cohere-shaped
 
