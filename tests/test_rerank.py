@@ -16,6 +16,11 @@ import gguf
 import numpy as np
 import pytest
 
+try:
+    import httpx
+except ImportError:  # the HTTP tests skip
+    httpx = None
+
 from llminfer import LLM, Embedder
 from llminfer.compat import Llama
 from llminfer.errors import ContextFullError, InvalidArgumentError, UnsupportedModelError
@@ -197,15 +202,11 @@ def test_decoder_not_a_reranker(rerankers):
 
 # ---- over HTTP ----
 
-httpx = None
-
-
 @pytest.fixture(scope="module")
 def served(rerankers):
-    global httpx
     pytest.importorskip("starlette", reason="the server needs starlette")
     pytest.importorskip("uvicorn", reason="the server needs uvicorn")
-    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("httpx", reason="the server tests speak through httpx")
     from llminfer.server import ServeArgs
     from test_server import ServerThread
 
@@ -325,8 +326,10 @@ def _free_port() -> int:
 @pytest.mark.peer_tools
 @pytest.mark.parametrize("head,qtype", [("full", "F32"), ("full", "Q8_0"), ("dense", "F32"), ("out", "F32"),
                                         ("qwen3", "F32"), ("qwen3", "Q8_0")])
-def test_llama_server_rerank_agrees(served, rerankers, tmp_path, head, qtype):
+def test_llama_server_rerank_agrees(rerankers, tmp_path, head, qtype):
     exe = find_llama_server()
+    if httpx is None:
+        pytest.skip("httpx is not installed")
     if exe is None:
         pytest.skip("llama.cpp's llama-server is not found ($LLAMA_SERVER, PATH, /work/peer)")
     path = rerankers[head, qtype]
@@ -366,3 +369,26 @@ def test_llama_server_rerank_agrees(served, rerankers, tmp_path, head, qtype):
     assert diff < (TOL_DECODER if head == "qwen3" else TOL)[qtype]
     if qtype == "F32":
         assert [x["index"] for x in ours["results"]] == [x["index"] for x in theirs["results"]]
+
+
+def test_router_serves_rerankers(served, rerankers, tmp_path):
+    """With --models-dir, /v1/rerank goes to the model the request names: a
+    cross-encoder and a decoder reranker side by side."""
+    from llminfer.server import ServeArgs
+    from test_server import ServerThread
+
+    shutil.copy(rerankers["full", "F32"], tmp_path / "cross.gguf")
+    shutil.copy(rerankers["qwen3", "F32"], tmp_path / "decoder.gguf")
+    s = ServerThread(ServeArgs(models_dir=str(tmp_path), n_ctx=512, n_threads=1))
+    try:
+        for name, key in (("cross", ("full", "F32")), ("decoder", ("qwen3", "F32"))):
+            with Embedder(rerankers[key], n_threads=1) as e:
+                want = e.rank(QUERY, DOCS)
+            r = httpx.post(s.url + "/v1/rerank", json={"model": name, "query": QUERY, "documents": DOCS},
+                           timeout=120)
+            assert r.status_code == 200, r.text
+            got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+            np.testing.assert_allclose([got[i] for i in range(len(DOCS))], want, rtol=0, atol=1e-6)
+            assert r.json()["model"] == name
+    finally:
+        s.stop()
