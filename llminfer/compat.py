@@ -605,6 +605,18 @@ class Llama:
             count += min(n, self.llm.n_ctx) if truncate else n
         return out, count
 
+    def rank(self, query: str, documents) -> list:
+        """A relevance score per document (in their order) from a reranker
+        GGUF (pooling_type rank: Qwen3-Reranker); llama-cpp-python has no
+        such method: this is llminfer's (LLM.rank). For a cross-encoder
+        (bert), llminfer.Embedder(path).rank."""
+        return self._embedding_call("rank", query, documents)
+
+    def create_rerank(self, query: str, documents, top_n: int | None = None, return_documents: bool = False):
+        """The /v1/rerank response (Jina's and Cohere's shape) of LLM.create_rerank."""
+        return self._embedding_call("create_rerank", query, documents, top_n=top_n,
+                                    return_documents=return_documents)
+
     def _embedding_call(self, name, *args, **kwargs):
         fn = getattr(self.llm, name, None)
         if fn is None:

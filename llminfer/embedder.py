@@ -3,6 +3,8 @@
     emb = llminfer.Embedder("all-MiniLM-L6-v2.Q8_0.gguf")
     vecs = emb.embed(["a sentence", "another"])          # list of lists of floats
     emb.create_embedding("a sentence")                   # {"object": "list", "data": [...], ...}
+    rr = llminfer.Embedder("ms-marco-MiniLM-L6-v2-Q8_0.gguf")   # a reranker (pooling_type 4)
+    rr.rank("a query", ["doc one", "doc two"])          # a relevance score per document
 
 Encoder GGUFs (bert, nomic-bert) run in csrc/encoder.c; any decoder model
 llminfer loads gives its pooled hidden states through an LLM
@@ -15,9 +17,15 @@ import threading
 
 import numpy as np
 
+<<<<<<< HEAD
 from llminfer import _core, hub
 from llminfer.embeddings import POOLINGS, EmbeddingBase, declared_pooling, decoder_hidden
 from llminfer.errors import InvalidArgumentError
+=======
+from llminfer import _core, hub, rerank
+from llminfer.embeddings import POOLINGS, _Embedding, declared_pooling, decoder_hidden
+from llminfer.errors import InvalidArgumentError, UnsupportedModelError
+>>>>>>> rerank
 from llminfer.gguf_file import GGUFFile
 from llminfer.llm import LLM
 from llminfer.models import bert
@@ -25,7 +33,11 @@ from llminfer.system import check_threads
 from llminfer.tokenizer import Tokenizer
 
 
+<<<<<<< HEAD
 class Embedder(EmbeddingBase):
+=======
+class Embedder(_Embedding, rerank.Ranking):
+>>>>>>> rerank
     """An embedding model: an encoder GGUF (bert, nomic-bert), or any decoder
     model we load (its hidden states pooled). pooling overrides the one the
     GGUF declares; n_threads: threads of the native kernels."""
@@ -39,12 +51,15 @@ class Embedder(EmbeddingBase):
         self.model_name = str(path)
         self._lock = threading.Lock()
         self._llm = None
+        self.rank_head = None
         self.gguf = GGUFFile(path, mmap=mmap)
         if self.gguf.architecture in bert.ARCHS:
             try:
                 self.spec = bert.build(self.gguf)
                 self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
                 self.gguf.check_finite()  # a NaN block scale would give finite, wrong embeddings
+                if self.spec.pooling == "rank":
+                    self.rank_head = rerank.read_head(self.gguf, self.spec.n_embd)
                 self.desc = _core.EncoderDesc(self.spec)
                 self.desc.watch_faults(self.gguf.fault_token, self.gguf.path)
             except Exception:
@@ -53,12 +68,21 @@ class Embedder(EmbeddingBase):
             self.n_threads = check_threads(n_threads)
             self.n_ctx = min(self.spec.context_length, n_ctx or self.spec.context_length)
             self.n_embd = self.spec.n_embd
-            self.pooling = pooling or self.spec.pooling
+            # a reranker's embeddings: its first token's state (the head reads that one)
+            self.pooling = pooling or ("cls" if self.spec.pooling == "rank" else self.spec.pooling)
         else:
             arch = self.gguf.architecture
             declared = declared_pooling(self.gguf.metadata, arch)
             trained = self.gguf.metadata.get(f"{arch}.context_length")
-            self.gguf.close()
+            try:
+                if rerank.declares_rank(self.gguf.metadata, arch):  # a decoder reranker (Qwen3-Reranker)
+                    declared = "last"
+                    n_embd = self.gguf.metadata.get(f"{arch}.embedding_length")
+                    if not isinstance(n_embd, (int, np.integer)) or n_embd <= 0:
+                        raise UnsupportedModelError(f"{path}: {arch}.embedding_length is missing")
+                    self.rank_head = rerank.read_head(self.gguf, int(n_embd), decoder=True)
+            finally:
+                self.gguf.close()
             default = min(2048, int(trained)) if isinstance(trained, (int, np.integer)) and trained > 0 else 2048
             self._llm = LLM(path, n_ctx=n_ctx or default, n_threads=n_threads, mmap=mmap)
             self.tokenizer = self._llm.tokenizer
@@ -72,6 +96,13 @@ class Embedder(EmbeddingBase):
             return decoder_hidden(self._llm, ids)
         with self._lock:
             return self.desc.encode(np.asarray(ids, dtype=np.int32), None, self.n_threads)
+
+    @property
+    def _metadata(self):
+        return self._llm.metadata if self._llm is not None else self.gguf.metadata
+
+    def _rank_vectors(self, ids):
+        return self._token_vectors(ids)
 
     def close(self):
         if self._llm is not None:

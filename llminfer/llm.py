@@ -852,6 +852,23 @@ class LLM:
 
         return DecoderEmbedding(self).create_embedding(input, model=model, **kwargs)
 
+    def rank(self, query: str, documents) -> list:
+        """The relevance score of each document to query, in the documents'
+        order, for a decoder reranker (Qwen3-Reranker: a GGUF whose
+        pooling_type is rank): P("yes") after the GGUF's rerank prompt, as
+        llama.cpp computes it (llminfer.rerank). The context is untouched."""
+        from llminfer.rerank import DecoderRanking
+
+        return DecoderRanking(self).rank(query, documents)
+
+    def create_rerank(self, query: str, documents, top_n: int | None = None, return_documents: bool = False,
+                      model: str | None = None) -> dict:
+        """The /v1/rerank response (Jina's and Cohere's shape) for a decoder reranker."""
+        from llminfer.rerank import DecoderRanking
+
+        return DecoderRanking(self).create_rerank(query, documents, top_n=top_n, return_documents=return_documents,
+                                                  model=model)
+
     # ---- lifetime ----
 
     def close(self):

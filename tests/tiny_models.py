@@ -113,14 +113,17 @@ def vocab():
 
 
 def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, extra_uint32=None,
-                extra_strings=None, extra_tokens=None) -> str:
+                extra_strings=None, extra_tokens=None, extra_arrays=None, extra_tensors=None) -> str:
     """Write the model; declared_arch replaces general.architecture (and the
     metadata prefix), tensor_hook(name, data, qtype) may return None to drop a
     tensor or a replacement (data, qtype) to corrupt it. extra_uint32: more
     metadata keys with integer values (FIM token ids, say); extra_strings:
     with string values (tokenizer.chat_template, say); extra_tokens: more
     vocabulary entries, {piece: token type} (4: user-defined, as a thinking
-    model's <think>), placed before BOS and EOS, which stay last."""
+    model's <think>), placed before BOS and EOS, which stay last.
+    extra_arrays: metadata arrays; extra_tensors: {name: fn(rng, n_embd,
+    n_vocab) -> float32 array} written after the model's own (a reranker's
+    cls.output.weight, say)."""
     rng = np.random.default_rng(cfg.seed)
     tokens, types = vocab()
     if extra_tokens:
@@ -184,6 +187,8 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
         w.add_uint32(key, value)
     for key, value in (extra_strings or {}).items():
         w.add_string(key, value)
+    for key, value in (extra_arrays or {}).items():
+        w.add_array(key, value)
 
     def add(name, data, t):
         if tensor_hook is not None:
@@ -256,6 +261,8 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
             vector(p + "attn_k_norm.weight", hd)
             vector(p + "post_attention_norm.weight", E)
             vector(p + "post_ffw_norm.weight", E)
+    for name, make in (extra_tensors or {}).items():
+        add(name, np.asarray(make(rng, E, n_vocab), dtype=np.float32), gguf.GGMLQuantizationType.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -279,9 +286,12 @@ def wordpiece_vocab():
 
 
 def write_encoder(path, arch="bert", qtype="Q8_0", n_embd=256, n_layer=2, n_head=4, n_ff=512,
-                  context_length=64, pooling=1, seed=0) -> str:
+                  context_length=64, pooling=1, seed=0, rank_head=None, n_labels=1) -> str:
     """A tiny random encoder GGUF (bert: absolute positions, GELU FFN with
-    biases; nomic-bert: fused attn_qkv, RoPE, SiLU-gated FFN)."""
+    biases; nomic-bert: fused attn_qkv, RoPE, SiLU-gated FFN). rank_head
+    (a reranker, with pooling=4): "full" writes the classifier head as
+    llama.cpp reads it (cls.weight/bias, cls.output.weight/bias with
+    n_labels rows), "dense" only cls.*, "out" only cls.output.*."""
     rng = np.random.default_rng(seed)
     tokens, types = wordpiece_vocab()
     E, F = n_embd, n_ff
@@ -345,6 +355,14 @@ def write_encoder(path, arch="bert", qtype="Q8_0", n_embd=256, n_layer=2, n_head
             vector(p + "ffn_down.bias", E)
         vector(p + "layer_output_norm.weight", E, 1.0)
         vector(p + "layer_output_norm.bias", E)
+    if rank_head in ("full", "dense"):
+        matrix("cls.weight", E, E, "F32", s)
+        vector("cls.bias", E)
+    if rank_head in ("full", "out"):
+        matrix("cls.output.weight", n_labels, E, "F32", 1.0)
+        vector("cls.output.bias", n_labels)
+    if rank_head is not None:
+        w.add_array(f"{arch}.classifier.output_labels", [f"LABEL_{i}" for i in range(n_labels)])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -782,3 +800,28 @@ def write_gpt_oss(path, cfg: GptOssConfig, tensor_hook=None, meta=None) -> str:
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+# ---- a decoder reranker (Qwen3-Reranker, as convert_hf_to_gguf.py writes it) ----
+
+QWEN3_RERANK_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: "
+    "Given a web search query, retrieve relevant passages that answer the query\n<Query>: {query}\n"
+    "<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def write_decoder_reranker(path, qtype="F32", seed=11, rank=True) -> str:
+    """A tiny random qwen3 reranker: pooling_type 4, the rerank prompt in
+    tokenizer.chat_template.rerank, cls.output.weight [2, n_embd] (the "yes"
+    and "no" rows; random here) and the labels; rank=False: the same model
+    without them (not a reranker)."""
+    cfg = TinyConfig(arch="qwen3", qtype=qtype, embd_qtype=qtype, pre="qwen2", seed=seed)
+    specials = {"<|im_start|>": 3, "<|im_end|>": 3}
+    if not rank:
+        return write_model(path, cfg, extra_tokens=specials)
+    return write_model(path, cfg, extra_uint32={"qwen3.pooling_type": 4},
+                       extra_strings={"tokenizer.chat_template.rerank": QWEN3_RERANK_TEMPLATE},
+                       extra_tokens=specials, extra_arrays={"qwen3.classifier.output_labels": ["yes", "no"]},
+                       extra_tensors={"cls.output.weight":
+                                      lambda rng, E, V: rng.standard_normal((2, E)) * (2.0 / np.sqrt(E))})

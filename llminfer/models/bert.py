@@ -8,7 +8,8 @@ embeddings (token_types.weight) add row 0, as llama.cpp does. The encoder
 runs in csrc/encoder.c (llminfer._core.EncoderDesc).
 
 pooling_type (`{arch}.pooling_type`, llama.cpp's numbers): 0 none, 1 mean,
-2 CLS (the first token), 3 last, 4 rank (not supported)."""
+2 CLS (the first token), 3 last, 4 rank (a cross-encoder reranker: the first
+token through the classifier head cls.*, read by llminfer.rerank)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from llminfer.models.base import ROPE_NEOX, Hparams, Matrix, Weights
 
 ARCHS = ("bert", "nomic-bert")
 POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last"}
+RANK = 4  # pooling_type of a reranker
 
 
 @dataclass
@@ -58,7 +60,7 @@ class EncoderSpec:
     rope_base: float
     norm_eps: float
     context_length: int   # the longest input
-    pooling: str          # "none", "mean", "cls" or "last"
+    pooling: str          # "none", "mean", "cls", "last" or "rank"
     tok_embd: Matrix
     embd_norm: np.ndarray
     embd_norm_b: np.ndarray
@@ -98,9 +100,9 @@ def build(gguf: GGUFFile) -> EncoderSpec:
     if hp.meta.get(f"{arch}.attention.causal") is True:
         raise UnsupportedModelError(f"{gguf.path}: a causal {arch} model is not supported")
     pooling_id = hp.int("pooling_type", 1)
-    if pooling_id not in POOLING:
+    if pooling_id not in POOLING and pooling_id != RANK:
         raise UnsupportedModelError(f"{gguf.path}: pooling_type {pooling_id} is not supported "
-                                    f"(0 none, 1 mean, 2 cls, 3 last)")
+                                    f"(0 none, 1 mean, 2 cls, 3 last, 4 rank)")
     tokens = gguf.metadata.get("tokenizer.ggml.tokens") or []
     n_vocab = hp.int("vocab_size", len(tokens))
     w = Weights(gguf)
@@ -111,7 +113,7 @@ def build(gguf: GGUFFile) -> EncoderSpec:
         n_rot=hp.int("rope.dimension_count", E // n_head) if nomic else 0,
         rope_mode=ROPE_NEOX, rope_base=hp.float("rope.freq_base", 10000.0) if nomic else 10000.0,
         norm_eps=hp.float("attention.layer_norm_epsilon", 1e-12),
-        context_length=ctx, pooling=POOLING[pooling_id],
+        context_length=ctx, pooling=POOLING.get(pooling_id, "rank"),
         tok_embd=w.matrix("token_embd.weight", n_vocab, E),
         embd_norm=w.vector("token_embd_norm.weight", E), embd_norm_b=w.vector("token_embd_norm.bias", E),
         pos_embd=None if nomic else w.matrix("position_embd.weight", ctx, E),
@@ -138,7 +140,7 @@ def build(gguf: GGUFFile) -> EncoderSpec:
             out_norm=w.vector(p + "layer_output_norm.weight", E),
             out_norm_b=w.vector(p + "layer_output_norm.bias", E),
         ))
-    # a classifier head (cls.*) is not part of the embedding
+    # a classifier head (cls.*) is not part of the embedding; a reranker's is read by llminfer.rerank
     for name in list(gguf.tensors):
         if name.startswith("cls."):
             w.used.add(name)

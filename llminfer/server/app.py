@@ -229,7 +229,8 @@ class Server:
         """A completion asked of an encoder model: 400 saying what it serves."""
         if self.engine is None:
             raise bad_request(f"{self.model_name} is an embedding model (an encoder): this server answers "
-                       f"/v1/embeddings, /tokenize and /detokenize", "model", "model_not_generative")
+                              f"/v1/embeddings{', /v1/rerank' if self.embedder.is_reranker else ''}, /tokenize and "
+                              f"/detokenize", "model", "model_not_generative")
 
     def _deliver(self, events):
         """From the engine thread: hand a step's events to the event loop in one call."""
@@ -732,11 +733,11 @@ async def _echoes(server, body, prompts, logprobs) -> list:
             return events
         return run
 
-    events = await _on_engine(server, prompts, entries, "prompt")
+    events = await on_engine(server, prompts, entries, "prompt")
     return [_Echo(t, ev) for t, ev in zip(texts, events)]
 
 
-async def _on_engine(server, items, work, what: str) -> list:
+async def on_engine(server, items, work, what: str) -> list:
     """[work(ids)(engine) for ids in items], each run on the engine thread
     between two batching steps (Scheduler.call: one a step, so the streams
     go on between them) with the blocks of its ids to hold; a pool with no
@@ -1045,7 +1046,7 @@ async def embeddings(server: Server, request: HTTPRequest):
     def work(ids):
         return lambda eng: l2_normalize(pool(engine_hidden(eng, ids), pooling))
 
-    vecs = await _on_engine(server, items, work, "input")
+    vecs = await on_engine(server, items, work, "input")
     return _embeddings_response(server, vecs, fmt, n)
 
 

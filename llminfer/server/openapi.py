@@ -77,6 +77,17 @@ OPERATIONS = {
                "encoding_format": {"type": "string", "enum": ["float", "base64"]},
                "dimensions": {"type": "integer"}}, ["input"]),
         "a list of embedding objects"),
+    **{(path, "post"): _op(
+        "Rerank documents (llama-server, Jina, Cohere)" + ("" if path == "/v1/rerank" else " (an alias)"),
+        "A relevance score per document for the query, from a reranker GGUF (pooling_type rank); results "
+        "best first, top_n of them, with return_documents each document's text. With `texts` in place of "
+        "`documents`, TEI's shape: a list of {index, score}.",
+        _body({"model": {"type": "string"}, "query": {"type": "string"},
+               "documents": {"type": "array", "items": {"anyOf": [{"type": "string"}, _OBJ]}},
+               "texts": {"type": "array", "items": {"type": "string"}},
+               "top_n": {"type": "integer"}, "return_documents": {"type": "boolean"}}, ["query"]),
+        "{model, object, results: [{index, relevance_score, document?}], usage}")
+       for path in ("/v1/rerank", "/rerank", "/reranking", "/v1/reranking")},
     ("/v1/models", "get"): _op(
         "The models served", "OpenAI's model list; with many models (--models-dir, --models-config) each "
         "with status.value: unloaded, loading, loaded or unloading."),
