@@ -17,15 +17,9 @@ import threading
 
 import numpy as np
 
-<<<<<<< HEAD
-from llminfer import _core, hub
-from llminfer.embeddings import POOLINGS, EmbeddingBase, declared_pooling, decoder_hidden
-from llminfer.errors import InvalidArgumentError
-=======
 from llminfer import _core, hub, rerank
-from llminfer.embeddings import POOLINGS, _Embedding, declared_pooling, decoder_hidden
+from llminfer.embeddings import POOLINGS, EmbeddingBase, declared_pooling, decoder_hidden
 from llminfer.errors import InvalidArgumentError, UnsupportedModelError
->>>>>>> rerank
 from llminfer.gguf_file import GGUFFile
 from llminfer.llm import LLM
 from llminfer.models import bert
@@ -33,11 +27,9 @@ from llminfer.system import check_threads
 from llminfer.tokenizer import Tokenizer
 
 
-<<<<<<< HEAD
-class Embedder(EmbeddingBase):
-=======
-class Embedder(_Embedding, rerank.Ranking):
->>>>>>> rerank
+from llminfer import _core, hub, rerank
+from llminfer.embeddings import POOLINGS, EmbeddingBase, declared_pooling, decoder_hidden
+from llminfer.errors import InvalidArgumentError, UnsupportedModelError
     """An embedding model: an encoder GGUF (bert, nomic-bert), or any decoder
     model we load (its hidden states pooled). pooling overrides the one the
     GGUF declares; n_threads: threads of the native kernels."""
