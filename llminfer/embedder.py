@@ -27,9 +27,7 @@ from llminfer.system import check_threads
 from llminfer.tokenizer import Tokenizer
 
 
-from llminfer import _core, hub, rerank
-from llminfer.embeddings import POOLINGS, EmbeddingBase, declared_pooling, decoder_hidden
-from llminfer.errors import InvalidArgumentError, UnsupportedModelError
+class Embedder(EmbeddingBase, rerank.Ranking):
     """An embedding model: an encoder GGUF (bert, nomic-bert), or any decoder
     model we load (its hidden states pooled). pooling overrides the one the
     GGUF declares; n_threads: threads of the native kernels."""
