@@ -10,7 +10,7 @@ Layers: app (HTTP, validation, SSE) over scheduler (one engine thread,
 continuous batching, preemption) over prefix_cache (blocks by hash chain)
 over llminfer.engine / llminfer.kv_cache; metrics renders Prometheus text.
 router serves many models (--models-dir, --models-config), each its own
-app._Server loaded on first use.
+app.Server loaded on first use.
 anthropic (/v1/messages) and responses (/v1/responses) translate their wire
 formats into app's chat path through chatrun, one internal chat run.
 Needs the `serve` extra: pip install 'llminfer[serve]'.

@@ -1,5 +1,5 @@
 """Many models in one `llminfer serve` (llama-server's router mode, Ollama's
-model store): a catalog of named GGUFs, each loaded into its own _Server
+model store): a catalog of named GGUFs, each loaded into its own Server
 (engine + scheduler) on the first request that names it, and unloaded when
 idle or to make room.
 
@@ -85,7 +85,7 @@ class ModelEntry:
     state: str = "unloaded"
     users: int = 0
     last_used: float = 0.0
-    server: object = None  # app._Server while loaded
+    server: object = None  # app.Server while loaded
     routes: Router | None = None
     task: asyncio.Task | None = None
     error: str | None = None  # why the last load failed
@@ -322,7 +322,7 @@ class ModelRouter:
 
     async def _load(self, e: ModelEntry, waits: list):
         """e's load: after the unloads it waits for (their memory back), its
-        _Server built on a worker thread, started on the loop."""
+        Server built on a worker thread, started on the loop."""
         try:
             await asyncio.gather(*waits, return_exceptions=True)
             options = {f.name: getattr(self.args, f.name) for f in fields(ServeArgs)}
