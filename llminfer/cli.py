@@ -265,8 +265,16 @@ def _ended_at_once(result, chat) -> None:
 
 def cmd_run(a):
     prompt = _run_prompt(a)
-    with _load(a) as llm:
+    if a.image and not a.mmproj:
+        raise LLMInferError("--image needs the model's vision tower: --mmproj FILE")
+    if a.image and a.raw:
+        raise LLMInferError("--image goes through the chat template: leave out --raw")
+    with _load(a, **({"mmproj": a.mmproj} if a.mmproj else {})) as llm:
         chat = not a.raw and _has_template(llm)
+        if a.image and not chat:
+            raise LLMInferError(f"--image needs a model with a chat template ({llm.model_path.name} has none)")
+        if a.image and prompt is None:
+            raise LLMInferError("--image goes with a prompt: after MODEL, -p TEXT or -f FILE")
         if prompt is None:
             if chat:  # `ollama run MODEL` on a terminal: a conversation
                 from llminfer.chat_repl import repl
@@ -278,8 +286,10 @@ def cmd_run(a):
         if a.system is not None and not chat:
             raise LLMInferError("--system needs a model with a chat template (and no --raw)")
         if chat:
+            content = prompt if not a.image else \
+                [{"type": "image", "image": path} for path in a.image] + [{"type": "text", "text": prompt}]
             messages = ([{"role": "system", "content": a.system}] if a.system else []) + \
-                       [{"role": "user", "content": prompt}]
+                       [{"role": "user", "content": content}]
             stream = llm.chat_completion(messages, max_tokens=a.n_predict, stop=a.stop or None, stream=True,
                                          **_chat_options(a), **_sampling_kwargs(a))
         else:
@@ -564,6 +574,7 @@ def build_parser():
                 "llminfer run gemma3-270m 'The capital of France is' -n 16 --temp 0",
                 "echo 'Summarize: ...' | llminfer run smollm2-135m-instruct",
                 "llminfer run model.gguf -f prompt.txt --raw --stop '\\n\\n'",
+                "llminfer run gemma-3-4b-it.gguf --mmproj mmproj.gguf --image cat.jpg 'What is this?'",
                 "llminfer run smollm2-135m-instruct          (no prompt, on a terminal: a chat)")
     r.add_argument("args", nargs="*", metavar="MODEL [PROMPT ...]",
                    help="the model, then the prompt (its words are joined with spaces); with -m, all are the "
@@ -578,6 +589,9 @@ def build_parser():
                    help="most tokens to generate")
     r.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     r.add_argument("--echo", action="store_true", help="print the prompt before the completion")
+    r.add_argument("--mmproj", metavar="FILE", help="the model's vision tower (an mmproj GGUF; projector gemma3)")
+    r.add_argument("--image", action="append", metavar="PATH",
+                   help="an image for the prompt, placed before its text (repeatable; needs --mmproj)")
     _add_thinking(r)
     _add_sampling(r)
     _add_spec(r)

@@ -324,3 +324,42 @@ def test_bad_data_urls(llm):
     for url in ("data:image/png,rawbytes", "data:image/png;base64,@@@not base64@@@"):
         with pytest.raises(ImageError):
             llm.chat_completion(image_message(url), max_tokens=1)
+
+
+# ---- the fronts: llama-cpp-python's Llama, the CLI ----
+
+def test_llama_takes_mmproj_and_gemma3_chat_handler(files, llm):
+    from llminfer import Llama
+    from llminfer.llama_chat_format import Gemma3ChatHandler
+
+    _, model, mm = files
+    msgs = image_message(data_url(png(synthetic(40, 70, seed=9))))
+    llm.chat_completion(msgs, max_tokens=1, temperature=0)
+    want = llm.last_logits
+    for kw in ({"mmproj": mm["F32"]}, {"chat_handler": Gemma3ChatHandler(clip_model_path=mm["F32"])}):
+        m = Llama(model_path=model, n_ctx=256, n_threads=1, verbose=False, **kw)
+        try:
+            out = m.create_chat_completion(msgs, max_tokens=1, temperature=0)
+            assert out["usage"]["prompt_tokens"] == len(llm.chat_prompt(msgs))
+            np.testing.assert_allclose(m.llm.last_logits, want, rtol=0, atol=1e-5)
+        finally:
+            m.close()
+
+
+def test_cli_run_with_an_image(files, tmp_path, capsys):
+    from llminfer import cli
+
+    _, model, mm = files
+    img = tmp_path / "cat.png"
+    img.write_bytes(png(synthetic(20, 20)))
+    code = cli.main(["run", "-m", model, "--mmproj", mm["F16"], "--image", str(img), "-p", "what is it",
+                     "-n", "3", "--temp", "0", "-c", "256"])
+    assert code == 0
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image")
+    code = cli.main(["run", "-m", model, "--mmproj", mm["F16"], "--image", str(bad), "-p", "x", "-n", "1",
+                     "-c", "256"])
+    err = capsys.readouterr().err
+    assert code != 0 and "no image" in err
+    code = cli.main(["run", "-m", model, "--image", str(img), "-p", "x"])
+    assert code != 0 and "--mmproj" in capsys.readouterr().err
