@@ -150,7 +150,7 @@ def reference_encode(path, pixels):
     return pooled @ t["mm.input_projection.weight"]
 
 
-@pytest.mark.parametrize("qtype,tol", [("F32", 5e-3), ("F16", 5e-3), ("Q8_0", 3e-2)])
+@pytest.mark.parametrize("qtype,tol", [("F32", 1e-3), ("F16", 1e-3), ("Q8_0", 2e-2)])
 def test_encoder_matches_numpy_siglip(files, qtype, tol):
     _, _, mm = files
     enc = load_mmproj(mm[qtype], n_threads=2)
@@ -228,7 +228,7 @@ def test_image_prompt_logits_and_greedy_tokens_match_the_reference(files, llm):
     with llminfer.LLM(model, mmproj=files[2]["F32"], n_ctx=256, n_threads=1) as fresh:
         fresh.chat_completion(msgs, max_tokens=1, temperature=0)
         got = fresh.last_logits
-    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.005 * np.abs(want).max())
 
 
 def test_the_image_changes_the_answer_and_repeats_reuse_the_context(llm):
@@ -363,3 +363,23 @@ def test_cli_run_with_an_image(files, tmp_path, capsys):
     assert code != 0 and "no image" in err
     code = cli.main(["run", "-m", model, "--image", str(img), "-p", "x"])
     assert code != 0 and "--mmproj" in capsys.readouterr().err
+
+
+def test_decode_rows_logits_at_an_image_position_match_the_reference(files, llm):
+    """The logits at an image's last row read that row's own residual: rows
+    scaled as token embeddings are (Gemma's sqrt(n_embd)) would show here."""
+    _, model, _ = files
+    msgs = image_message(data_url(png(synthetic(33, 47, seed=4))))
+    ids = llm.chat_prompt(msgs)
+    (span,) = ids.images
+    eng = llm.engine
+    seq = eng.new_sequence()
+    try:
+        eng.decode([(seq, np.asarray(ids[:span.start], np.int32), None)])
+        out = np.empty(eng.spec.n_vocab, np.float32)
+        eng.decode_rows(seq, np.asarray(ids[span.start:span.end], np.int32), span.rows, out)
+    finally:
+        eng.free(seq)
+    rows = {span.start + i: r for i, r in enumerate(span.rows)}
+    want = ReferenceModel(model).logits(list(ids[:span.end]), rows=rows)[-1]
+    np.testing.assert_allclose(out, want, rtol=0, atol=0.03 * np.abs(want).max())  # Q8_0 weights, f16 KV
