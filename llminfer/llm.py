@@ -24,7 +24,6 @@ import dataclasses
 import threading
 import time
 import warnings
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -190,11 +189,15 @@ class LLM:
         self._spare_logits = np.empty_like(self._last_logits)  # the next pass's (_forward)
         self._draft = None
         self._vision = None
-        self._image_rows = OrderedDict()  # content hash -> an image's rows (the last few)
+        self._image_rows = None  # llminfer.vision.prompt.ImageRows, with mmproj
         self._held_images = []  # the ImageSpans the context holds
         try:
             if mmproj is not None:
-                self._vision = _load_vision(mmproj, self)
+                from llminfer.vision.mmproj import load_for_model
+                from llminfer.vision.prompt import ImageRows
+
+                self._vision = load_for_model(mmproj, self.spec.n_embd, self.model_path, self.n_threads)
+                self._image_rows = ImageRows(self._vision, _IMAGES_KEPT, self.n_threads)
             if draft_model is not None:
                 from llminfer.speculative import DraftModel
 
@@ -803,7 +806,7 @@ class LLM:
         """_chat_render of messages with image parts: PromptIds whose images
         are the ImageSpans of the images' rows, laid out as mtmd does."""
         from llminfer.tools import prepare_messages
-        from llminfer.vision.prompt import MARKER, ImageSpan, PromptIds, split_images
+        from llminfer.vision.prompt import lay_out, split_images
 
         if self._vision is None:
             raise InvalidArgumentError("the messages hold images, and this model was loaded without its "
@@ -812,45 +815,10 @@ class LLM:
         msgs, sources = split_images(messages, allow_files=True)
         text = fmt.render(prepare_messages(msgs, "tools" in fmt.template), add_generation_prompt=True,
                           **options.template_kwargs)
-        pieces = text.split(MARKER)
-        if len(pieces) - 1 != len(sources):
-            from llminfer.errors import ChatTemplateError
-
-            raise ChatTemplateError(f"the chat template rendered {len(pieces) - 1} of the {len(sources)} images")
-        vis = self._vision
-        begin = self.tokenize(vis.image_begin, add_bos=False, special=True)
-        end = self.tokenize(vis.image_end, add_bos=False, special=True)
-        soft = self.tokenize(vis.placeholder, add_bos=False, special=True) if vis.placeholder else []
-        placeholder = soft[0] if len(soft) == 1 else 0
-        ids, spans = PromptIds(), []
-        for i, piece in enumerate(pieces):
-            if i:
-                key, rows = self._image_rows_of(sources[i - 1])
-                ids.extend(begin)
-                spans.append(ImageSpan(len(ids), key, rows))
-                ids.extend([placeholder] * len(rows))
-                ids.extend(end)
-            if piece or i == 0:
-                ids.extend(self.tokenize(piece, add_bos=i == 0 and not fmt.adds_bos, special=True))
-        ids.images = tuple(spans)
+        ids = lay_out(text, sources, self._vision,
+                      lambda t, bos: self.tokenize(t, add_bos=bos, special=True), self._image_rows,
+                      not fmt.adds_bos)
         return ids, options.reasoning(text, fmt.template, self.tokenizer)
-
-    def _image_rows_of(self, source):
-        """(content hash, rows) of an image; the rows of the last few images
-        are kept, so an image repeated in a conversation is encoded once."""
-        vis = self._vision
-        pixels = vis.preprocess(source)
-        key = vis.key(pixels)
-        rows = self._image_rows.get(key)
-        if rows is None:
-            rows = vis.encode_pixels(pixels, n_threads=self.n_threads)
-            rows.flags.writeable = False
-            self._image_rows[key] = rows
-            while len(self._image_rows) > _IMAGES_KEPT:
-                self._image_rows.popitem(last=False)
-        else:
-            self._image_rows.move_to_end(key)
-        return key, rows
 
     def encode_image(self, image) -> np.ndarray:
         """An image's rows for the text model, float32 [n, n_embd] (bytes,
@@ -859,7 +827,7 @@ class LLM:
             self._check_open()
             if self._vision is None:
                 raise InvalidArgumentError("this model was loaded without mmproj=")
-            return self._image_rows_of(image)[1].copy()
+            return self._image_rows(image)[1].copy()
 
     def chat_prompt(self, messages, **options) -> list:
         """The token ids of the prompt a chat call evaluates for `messages`
@@ -997,18 +965,6 @@ class LLM:
 
 
 _IMAGES_KEPT = 16  # images whose rows an LLM keeps (by content hash)
-
-
-def _load_vision(path, llm):
-    from llminfer.errors import UnsupportedModelError
-    from llminfer.vision import load_mmproj
-
-    vis = load_mmproj(path, n_threads=llm.n_threads)
-    if vis.n_embd_out != llm.spec.n_embd:
-        vis.close()
-        raise UnsupportedModelError(f"the mmproj {path} projects to width {vis.n_embd_out}, the model "
-                                    f"{llm.model_path} is {llm.spec.n_embd} wide: not its vision tower")
-    return vis
 
 
 def _images_agree(held, images, n) -> int:

@@ -181,3 +181,14 @@ def load_mmproj(path, n_threads=None, mmap: bool = True):
     except BaseException:
         gguf.close()
         raise
+
+
+def load_for_model(path, n_embd: int, model_name, n_threads=None):
+    """load_mmproj, refusing a tower that does not project to the text
+    model's width n_embd (the mmproj of another model)."""
+    vis = load_mmproj(path, n_threads=n_threads)
+    if vis.n_embd_out != n_embd:
+        vis.close()
+        raise UnsupportedModelError(f"the mmproj {path} projects to width {vis.n_embd_out}, the model "
+                                    f"{model_name} is {n_embd} wide: not its vision tower")
+    return vis

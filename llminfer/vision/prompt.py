@@ -103,6 +103,66 @@ def split_images(messages, allow_files: bool = True):
     return out, images
 
 
+class ImageRows:
+    """An encoder's rows of the last `keep` images, by content hash: an
+    image repeated in a conversation is encoded once. Thread-safe (an image
+    being encoded holds no lock; two threads may both encode one)."""
+
+    def __init__(self, vision, keep: int = 16, n_threads=None):
+        import threading
+        from collections import OrderedDict
+
+        self.vision, self.keep, self.n_threads = vision, keep, n_threads
+        self._rows = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, source):
+        """(content hash, rows, read-only float32 [n, n_embd]) of an image."""
+        pixels = self.vision.preprocess(source)
+        key = self.vision.key(pixels)
+        with self._lock:
+            rows = self._rows.get(key)
+            if rows is not None:
+                self._rows.move_to_end(key)
+                return key, rows
+        rows = self.vision.encode_pixels(pixels, n_threads=self.n_threads)
+        rows.flags.writeable = False
+        with self._lock:
+            self._rows[key] = rows
+            while len(self._rows) > self.keep:
+                self._rows.popitem(last=False)
+        return key, rows
+
+
+def lay_out(text, sources, vision, tokenize, rows_of, add_bos) -> PromptIds:
+    """The PromptIds of a rendered chat `text` holding one MARKER per image
+    of `sources`: each piece of text tokenized apart (the first with BOS when
+    add_bos), each image as vision.image_begin, one placeholder per row,
+    vision.image_end. tokenize(text, add_bos) -> ids; rows_of(source) ->
+    (content hash, rows). A marker count that is not the image count (a
+    template that drops parts, or a marker typed as text) is an error."""
+    pieces = text.split(MARKER)
+    if len(pieces) - 1 != len(sources):
+        raise InvalidArgumentError(f"the prompt holds {len(pieces) - 1} image markers for {len(sources)} images "
+                                   f"(the chat template dropped an image, or the text holds {MARKER!r})")
+    begin = tokenize(vision.image_begin, False)
+    end = tokenize(vision.image_end, False)
+    soft = tokenize(vision.placeholder, False) if vision.placeholder else []
+    placeholder = soft[0] if len(soft) == 1 else 0
+    ids, spans = PromptIds(), []
+    for i, piece in enumerate(pieces):
+        if i:
+            key, rows = rows_of(sources[i - 1])
+            ids.extend(begin)
+            spans.append(ImageSpan(len(ids), key, rows))
+            ids.extend([placeholder] * len(rows))
+            ids.extend(end)
+        if piece or i == 0:
+            ids.extend(tokenize(piece, add_bos and i == 0))
+    ids.images = tuple(spans)
+    return ids
+
+
 def has_images(messages) -> bool:
     return isinstance(messages, (list, tuple)) and any(
         isinstance(m, dict) and isinstance(m.get("content"), list) and any(
