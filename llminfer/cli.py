@@ -539,7 +539,9 @@ def cmd_serve(a):
                      reasoning_format=a.reasoning_format, reasoning_budget=a.reasoning_budget,
                      models_dir=a.models_dir, models_config=a.models_config,
                      models_idle_timeout=a.models_idle_timeout, models_max_loaded=a.models_max_loaded,
-                     models_memory_gib=a.models_memory)
+                     models_memory_gib=a.models_memory, mmproj=a.mmproj)
+    if a.mmproj and many:
+        raise LLMInferError("--mmproj goes with one model (-m); for many, give each its mmproj in --models-config")
     serve(args, host=a.host, port=a.port, log_level=a.log_level)
     return 0
 
@@ -709,6 +711,9 @@ def build_parser():
     v.add_argument("--chat-template", default=None, help="a jinja chat template, or a file holding one")
     v.add_argument("--chat-format", default=None, help="a built-in chat format (chatml, gemma, llama3)")
     v.add_argument("--served-model-name", default=None, help="the model id clients name (default: from -m)")
+    v.add_argument("--mmproj", default=None, metavar="FILE",
+                   help="the model's vision tower (an mmproj GGUF, projector gemma3): chat messages then take "
+                        "image_url parts as data: URLs")
     v.add_argument("--reasoning-format", default="deepseek", choices=["deepseek", "none"],
                    help="a thinking model's <think> text: apart in reasoning_content (deepseek, the default) "
                         "or left in content (none); a request's reasoning_format overrides it")

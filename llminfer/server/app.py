@@ -69,6 +69,7 @@ MAX_PROMPTS = 64        # prompts x n choices in one request
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024   # entries
 MAX_EMBED_INPUTS = 256  # inputs of one embeddings request
+MAX_IMAGES = 8  # images of one chat request (each one is encoded while the request is read)
 
 
 class APIError(Exception):
@@ -170,6 +171,7 @@ class _Server:
     def __init__(self, args: ServeArgs):
         self.args = args
         self.engine = self.scheduler = self.embedder = None
+        self.vision = self.image_rows = None
         path = hub.resolve(args.model)
         with GGUFFile(path) as f:
             encoder = f.architecture in bert.ARCHS
@@ -194,6 +196,16 @@ class _Server:
             self.n_embd = self.engine.spec.n_embd
             self.n_vocab = self.engine.n_vocab
             model_path = self.engine.model_path
+            if args.mmproj:
+                from llminfer.vision.mmproj import load_for_model
+                from llminfer.vision.prompt import ImageRows
+
+                try:
+                    self.vision = load_for_model(args.mmproj, self.n_embd, model_path, args.n_threads)
+                except BaseException:
+                    self.engine.close()
+                    raise
+                self.image_rows = ImageRows(self.vision, 16, args.n_threads)
         self.max_tokens_limit = min(args.max_tokens_limit or self.n_ctx, self.n_ctx)
         given = str(args.model)
         stem = Path(model_path).name
@@ -222,6 +234,8 @@ class _Server:
         if self.scheduler is not None:
             self.scheduler.stop()
             self.engine.close()
+            if self.vision is not None:
+                self.vision.close()
         else:
             self.embedder.close()
 
@@ -426,7 +440,7 @@ class _Server:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise _bad("messages must be a non-empty list", "messages")
-        plain = []
+        plain, images = [], []
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise _bad(f"messages[{i}] must be an object with a role", "messages")
@@ -435,10 +449,14 @@ class _Server:
                 content = ""
             elif isinstance(content, list):
                 parts = []
-                for part in content:
+                for j, part in enumerate(content):
+                    if isinstance(part, dict) and part.get("type") == "image_url":
+                        parts.append(self.image_part(part, f"messages[{i}].content[{j}]", images))
+                        continue
                     ok = isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
                     if not ok:
-                        raise _bad(f"messages[{i}].content: only text parts are supported", "messages")
+                        raise _bad(f"messages[{i}].content: only text and image_url parts are supported",
+                                   "messages")
                     parts.append(part["text"])
                 content = "".join(parts)
             elif not isinstance(content, str):
@@ -468,7 +486,35 @@ class _Server:
             raise _bad(f"the chat template cannot render these messages: {e}", "messages") from None
         tools = _Tools(offered, parse_fmt, grammar, choice) if offered else None  # tool_choice "none": plain
         reasoning = options.reasoning(text, fmt.template, self.tokenizer)
+        if images:
+            return self.image_ids(text, images, fmt), list(fmt.stop_texts), tools, reasoning
         return self.tokenize(text, add_special=not fmt.adds_bos), list(fmt.stop_texts), tools, reasoning
+
+    def image_part(self, part, where, images) -> str:
+        """An image_url part: its bytes (data: URLs only) appended to images,
+        the marker the chat template renders in its place returned."""
+        from llminfer.vision.prompt import MARKER, image_source
+
+        if self.vision is None:
+            raise _bad(f"{where}: this model takes no images (the server was started without --mmproj)",
+                       "messages")
+        if len(images) >= MAX_IMAGES:
+            raise _bad(f"at most {MAX_IMAGES} images in one request", "messages")
+        try:
+            images.append(image_source(part, where, allow_files=False))
+        except LLMInferError as e:
+            raise _bad(str(e), "messages") from None
+        return MARKER
+
+    def image_ids(self, text, images, fmt):
+        """The PromptIds of a rendered chat with images (llminfer.vision.prompt)."""
+        from llminfer.vision.prompt import lay_out
+
+        try:
+            return lay_out(text, images, self.vision, lambda t, bos: self.tokenize(t, add_special=bos),
+                           self.image_rows, not fmt.adds_bos)
+        except LLMInferError as e:
+            raise _bad(f"an image cannot be used: {e}", "messages") from None
 
     def embed_ids(self, body) -> list:
         """The token ids of an embeddings request's input: a string, a list of
