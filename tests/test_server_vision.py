@@ -119,3 +119,23 @@ def test_images_without_mmproj_are_400(files):
             c.chat.completions.create(model="m", messages=messages(data_url(png(synthetic(8, 8)))), max_tokens=2)
     finally:
         s.stop()
+
+
+def test_models_config_gives_a_model_its_mmproj(files, tmp_path):
+    import json
+    import os
+
+    model, mm = files
+    cfg = tmp_path / "models.json"
+    cfg.write_text(json.dumps({"seeing": {"path": model, "mmproj": os.path.relpath(mm, tmp_path), "n_ctx": 256},
+                               "blind": {"path": model, "n_ctx": 256}}))
+    s = ServerThread(ServeArgs(models_config=str(cfg), n_threads=1))
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        msgs = messages(data_url(png(synthetic(8, 8))))
+        r = c.chat.completions.create(model="seeing", messages=msgs, max_tokens=2, temperature=0)
+        assert r.usage.prompt_tokens > 40
+        with pytest.raises(openai.BadRequestError, match="mmproj"):
+            c.chat.completions.create(model="blind", messages=msgs, max_tokens=2)
+    finally:
+        s.stop()
