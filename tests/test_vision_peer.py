@@ -111,3 +111,31 @@ def test_prompt_layout_matches_mtmd(mtmd, files):
     (span,) = ids.images
     got = [t if not span.start <= i < span.end else "img" for i, t in enumerate(ids)]
     assert got == want
+
+
+def test_logits_after_an_image_prompt_match_llama_cpp_decoding_it_causally(mtmd, files):
+    """The whole path (layout, rows, decode) against llama.cpp decoding the
+    same chunks with the image's rows as input embeddings and causal
+    attention, which is what we do; llama.cpp's own Gemma 3 path turns
+    causal attention off for the image (the "noncausal" run), a difference
+    docs/python.md states."""
+    import llminfer
+
+    d, model, mm = files
+    img = synthetic(40, 70, seed=5)
+    prompt = "<start_of_turn>user\nwhat is<__media__>this<end_of_turn>\n<start_of_turn>model\n"
+    out = {}
+    for mode in ("causal", "noncausal"):
+        run_mtmd_logits = [str(mtmd), model, mm["F16"], str(d / "lg.rgb"), "70", "40", prompt, str(d / mode), mode]
+        np.ascontiguousarray(img).tofile(d / "lg.rgb")
+        r = subprocess.run(run_mtmd_logits, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[mode] = np.fromfile(f"{d / mode}.logits", np.float32)
+    with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=256, n_threads=1) as llm:
+        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
+                      llm._image_rows, True)
+        llm.complete(ids, max_tokens=1, temperature=0)
+        ours = llm.last_logits
+    scale = np.abs(out["causal"]).max()
+    assert np.abs(ours - out["causal"]).max() / scale < 3e-3
+    assert np.argmax(ours) == np.argmax(out["causal"])
