@@ -382,13 +382,15 @@ class Engine:
 
     @_locked
     def decode_rows(self, seq: Sequence, ids, rows: np.ndarray, logits: np.ndarray | None = None,
-                    n_threads: int | None = None):
+                    n_threads: int | None = None, causal: bool = True):
         """Append input embedding rows (float32 [n, n_embd]: an image's, say)
         to seq, n_batch at a time, in place of the token embeddings; the
         sequence records `ids` (n placeholder ids) as their tokens. logits: a
         float32 [width] buffer that receives the last row's logits, or None.
         Rows are not scaled as token embeddings are (Gemma's sqrt(n_embd)),
-        as in llama.cpp; attention over them is causal, as over tokens."""
+        as in llama.cpp. causal=False: each row sees all of them (llama.cpp's
+        non-causal image batch, Gemma 3's), so they run in one pass, at most
+        n_batch of them."""
         ids = self.check_ids(ids)
         rows = np.ascontiguousarray(rows, dtype=np.float32)
         n = len(ids)
@@ -399,7 +401,21 @@ class Engine:
         self._check_room(seq, n)
         if self.hybrid:
             raise InvalidArgumentError("embedding rows into a model with recurrent layers are not supported yet")
+        if not causal and n > self.n_batch:
+            raise InvalidArgumentError(f"{n} rows attended to both ways must run in one pass, of at most "
+                                       f"n_batch={self.n_batch}")
         nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
+        if not causal:
+            _core.set_causal(self.ctx, False)
+        try:
+            self._decode_rows(seq, ids, rows, logits, nt)
+        finally:
+            if not causal:
+                _core.set_causal(self.ctx, True)
+        return logits
+
+    def _decode_rows(self, seq, ids, rows, logits, nt):
+        n = len(ids)
         start = 0
         while start < n:
             m = min(self.n_batch, n - start)
@@ -418,7 +434,6 @@ class Engine:
             self.native_seconds += time.perf_counter() - t
             self.kv.commit(seq, ids[start:start + m])
             start += m
-        return logits
 
     # the most floats _logits_buffer keeps between passes (16 MiB)
     _KEEP_LOGITS = 4 << 20

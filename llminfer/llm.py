@@ -395,6 +395,9 @@ class LLM:
             n = 0
         # sliding-window layers give back positions the text has moved past
         n = min(n, _images_agree(self._held_images, images, n))
+        for span in images:  # an image's rows attend to each other both ways: all of them, or none kept
+            if span.start < n < span.end:
+                n = span.start
         if not self._engine.kv.can_truncate(self._seq, n):
             n = 0
         return n
@@ -424,7 +427,8 @@ class LLM:
             raise ContextFullError(f"{len(self._seq.tokens)} tokens in the context plus an image's {len(ids)} "
                                    f"exceed n_ctx={self.n_ctx}")
         spare = self._spare_logits
-        self._engine.decode_rows(self._seq, np.asarray(ids, dtype=np.int32), rows, spare, n_threads=self.n_threads)
+        self._engine.decode_rows(self._seq, np.asarray(ids, dtype=np.int32), rows, spare, n_threads=self.n_threads,
+                                 causal=not self._vision.non_causal)
         self._spare_logits, self._last_logits = self._last_logits, spare
 
     # ---- generation ----
@@ -818,6 +822,10 @@ class LLM:
         ids = lay_out(text, sources, self._vision,
                       lambda t, bos: self.tokenize(t, add_bos=bos, special=True), self._image_rows,
                       not fmt.adds_bos)
+        big = [len(s.rows) for s in ids.images if len(s.rows) > self.n_batch]
+        if big and self._vision.non_causal:
+            raise InvalidArgumentError(f"an image of {big[0]} positions must run in one pass: n_batch={self.n_batch} "
+                                       f"is too small")
         return ids, options.reasoning(text, fmt.template, self.tokenizer)
 
     def encode_image(self, image) -> np.ndarray:

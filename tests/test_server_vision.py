@@ -70,7 +70,7 @@ def test_openai_client_sends_an_image(files, client):
                 # the text before the image may come from the prefix cache, never the image's positions
                 span = llm.chat_prompt(msgs).images[0]
                 assert r.usage.prompt_tokens_details.cached_tokens <= span.start
-    assert abs(seconds[0] - seconds[2]) > 0.05  # the image is read: another one moves the logits
+    assert abs(seconds[0] - seconds[2]) > 0.01  # the image is read: another one moves the logits
 
 
 def test_streaming_with_an_image(client):

@@ -511,10 +511,15 @@ class _Server:
         from llminfer.vision.prompt import lay_out
 
         try:
-            return lay_out(text, images, self.vision, lambda t, bos: self.tokenize(t, add_special=bos),
-                           self.image_rows, not fmt.adds_bos)
+            ids = lay_out(text, images, self.vision, lambda t, bos: self.tokenize(t, add_special=bos),
+                          self.image_rows, not fmt.adds_bos)
         except LLMInferError as e:
             raise _bad(f"an image cannot be used: {e}", "messages") from None
+        big = [len(s.rows) for s in ids.images if len(s.rows) > self.args.max_batch_tokens]
+        if big and self.vision.non_causal:
+            raise _bad(f"an image of {big[0]} positions runs in one pass, and --max-batch-tokens is "
+                       f"{self.args.max_batch_tokens}", "messages")
+        return ids
 
     def embed_ids(self, body) -> list:
         """The token ids of an embeddings request's input: a string, a list of
@@ -604,7 +609,8 @@ class _Job:
             for j in range(n):
                 p = params if params.seed is None or j == 0 else params.replace(seed=params.seed + j)
                 r = Request(ids, p, max_tokens[i], stops=stops, ignore_eos=ignore_eos, logprobs=logprobs,
-                            grammar=grammar, reasoning=reasoning, out=self.queue)
+                            grammar=grammar, reasoning=reasoning, out=self.queue,
+                            non_causal=bool(getattr(ids, "images", ())) and server.vision.non_causal)
                 r.index = i * n + j
                 r.prompt_index = i
                 r.first_of_prompt = j == 0

@@ -83,6 +83,7 @@ class Request:
     grammar: object = None  # a llminfer.structured.Grammar the output follows
     reasoning: object = None  # a thinking model's llminfer.reasoning.Reasoning (the grammar follows the thinking)
     out: object = None
+    non_causal: bool = False  # the prompt's image rows attend to each other both ways (Gemma 3)
     rid: int = field(default_factory=lambda: next(_ids))
     # --- engine-thread state ---
     arrival: float = field(default_factory=time.monotonic)
@@ -343,6 +344,8 @@ class Scheduler:
             if req not in self.running:
                 continue  # preempted below by an older request
             n = self._chunk(req, min(req.pending(), budget))
+            if n == 0:
+                continue  # an image's rows wait for a step with room for all of them
             while not plan(req, n):
                 victim = self._youngest(exclude=work)
                 if victim is None:
@@ -377,7 +380,11 @@ class Scheduler:
         span = _span_at(req, len(req.seq.tokens), n)
         if span is not None:
             start = len(req.seq.tokens)
-            return min(n, span.end - start) if span.start <= start else span.start - start
+            if span.start > start:
+                return span.start - start
+            # rows that attend to each other both ways run in one pass: all of them, or wait for a step
+            # with the room (the server refuses an image larger than a pass)
+            return 0 if req.non_causal and span.end - start > n else min(n, span.end - start)
         if self.cache is None or not self.cache.hybrid:
             return n
         start, bs = len(req.seq.tokens), self.kv.block_size
@@ -467,7 +474,8 @@ class Scheduler:
             try:
                 lg = np.empty(self.engine.n_vocab, np.float32) if last else None
                 self.engine.decode_rows(req.seq, np.asarray(req.tokens()[start:start + n], dtype=np.int32),
-                                        span.rows[start - span.start:start - span.start + n], lg)
+                                        span.rows[start - span.start:start - span.start + n], lg,
+                                        causal=not req.non_causal)
                 out[req] = lg
             except Exception as e:  # noqa: BLE001 - this request fails; the server goes on
                 log.exception("an image's pass failed")

@@ -75,6 +75,7 @@ class Gemma3Vision:
     image_begin = IMAGE_BEGIN
     image_end = IMAGE_END
     placeholder = "<image_soft_token>"  # the id recorded at the rows' positions, where the vocabulary has it
+    non_causal = True  # an image's rows attend to each other both ways (llama.cpp's mtmd_decode_use_non_causal)
 
     def __init__(self, gguf, params: VisionParams, n_threads=None):
         self.gguf, self.params = gguf, params
