@@ -219,7 +219,7 @@ def test_image_prompt_logits_and_greedy_tokens_match_the_reference(files, llm):
     ref = ReferenceModel(model)
     rows = {span.start + i: r for i, r in enumerate(span.rows)}
     out = llm.chat_completion(msgs, max_tokens=6, temperature=0)
-    want = ref.logits(list(ids), rows=rows)[-1]
+    want = ref.logits(list(ids), rows=rows, both_ways=[(span.start, span.end)])[-1]
     tokens = llm.tokenize(out.text, add_bos=False, special=True)
     # the first token: the reference's argmax where its margin is clear
     top2 = np.sort(want)[-2:]
@@ -377,9 +377,30 @@ def test_decode_rows_logits_at_an_image_position_match_the_reference(files, llm)
     try:
         eng.decode([(seq, np.asarray(ids[:span.start], np.int32), None)])
         out = np.empty(eng.spec.n_vocab, np.float32)
-        eng.decode_rows(seq, np.asarray(ids[span.start:span.end], np.int32), span.rows, out)
+        eng.decode_rows(seq, np.asarray(ids[span.start:span.end], np.int32), span.rows, out, causal=False)
     finally:
         eng.free(seq)
     rows = {span.start + i: r for i, r in enumerate(span.rows)}
-    want = ReferenceModel(model).logits(list(ids[:span.end]), rows=rows)[-1]
+    want = ReferenceModel(model).logits(list(ids[:span.end]), rows=rows, both_ways=[(span.start, span.end)])[-1]
     np.testing.assert_allclose(out, want, rtol=0, atol=0.03 * np.abs(want).max())  # Q8_0 weights, f16 KV
+
+
+def test_image_rows_see_each_other_both_ways(tmp_path):
+    """F32 weights, so that the engine is much nearer the reference than the
+    causal and the non-causal graphs are to each other: the rows' logits
+    after the image are the non-causal reference's (llama.cpp's Gemma 3)."""
+    model = write_model(tmp_path / "f32.gguf", TinyConfig(arch="gemma3", qtype="F32", embd_qtype="F32"),
+                        extra_strings={"tokenizer.chat_template": GEMMA_TEMPLATE}, extra_tokens=IMAGE_TOKENS)
+    mm = write_mmproj(tmp_path / "mm.gguf", TinyMmproj(qtype="F32", n_merge=1))  # 16 rows
+    with llminfer.LLM(model, mmproj=mm, n_ctx=256, n_threads=2, kv_type="f32") as m:
+        msgs = image_message(data_url(png(synthetic(50, 50, seed=8))))
+        ids = m.chat_prompt(msgs)
+        (span,) = ids.images
+        m.chat_completion(msgs, max_tokens=1, temperature=0)
+        got = m.last_logits
+    ref = ReferenceModel(model)
+    rows = {span.start + i: r for i, r in enumerate(span.rows)}
+    both = ref.logits(list(ids), rows=rows, both_ways=[(span.start, span.end)])[-1]
+    causal = ref.logits(list(ids), rows=rows)[-1]
+    err, gap = np.abs(got - both).max(), np.abs(both - causal).max()
+    assert err < 0.1 * gap, (err, gap)
