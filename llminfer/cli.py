@@ -506,7 +506,7 @@ def cmd_chat(a):
         raise LLMInferError(f"give the model once: {a.args!r} and -m {a.model!r}")
     _model_and_words(a, [a.args] if a.args is not None else [])
 
-    with _load(a, chat_format=a.chat_format) as llm:
+    with _load(a, chat_format=a.chat_format, **({"mmproj": a.mmproj} if a.mmproj else {})) as llm:
         return repl(llm, system=a.system, max_tokens=a.n_predict, sampling=_sampling_kwargs(a),
                     hide_thinking=a.hide_thinking, chat_options=_chat_options(a))
 
@@ -606,6 +606,8 @@ def build_parser():
     _add_model(c, positional=True)
     c.add_argument("--system", help="system message")
     c.add_argument("--chat-format", help="force a chat format: chatml, gemma or llama3 (None: the file's template)")
+    c.add_argument("--mmproj", metavar="FILE",
+                   help="the model's vision tower (an mmproj GGUF, projector gemma3): /image PATH in the chat")
     c.add_argument("-n", "--n-predict", type=_non_negative_int, default=512, metavar="N",
                    help="most tokens per reply")
     _add_thinking(c)

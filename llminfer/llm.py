@@ -551,7 +551,7 @@ class LLM:
         if not isinstance(n_keep, (int, np.integer)) or isinstance(n_keep, bool) or n_keep < 0:
             raise InvalidArgumentError(f"n_keep must be a non-negative integer, got {n_keep!r}")
         stop = stop_list(stop)
-        if context_shift and (getattr(prompt_ids, "images", ()) or self._held_images):
+        if context_shift and getattr(prompt_ids, "images", ()):
             raise InvalidArgumentError("context_shift is not supported with images in the context yet")
         params.validate(self.n_vocab)
         if len(prompt_ids) == 0:

@@ -404,3 +404,29 @@ def test_image_rows_see_each_other_both_ways(tmp_path):
     causal = ref.logits(list(ids), rows=rows)[-1]
     err, gap = np.abs(got - both).max(), np.abs(both - causal).max()
     assert err < 0.1 * gap, (err, gap)
+
+
+def test_chat_repl_image_command(files, tmp_path, capsys):
+    """/image PATH puts the image in the next message: the reply is the
+    library's to the same messages; a bad file is said at once and dropped."""
+    from llminfer.chat_repl import repl
+    from test_cli import Script
+
+    _, model, mm = files
+    img = tmp_path / "cat.png"
+    img.write_bytes(png(synthetic(30, 40, seed=11)))
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"no image")
+    msgs = [{"role": "user", "content": [{"type": "image", "image": str(img)}, {"type": "text", "text": "what"}]}]
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=256, n_threads=1) as fresh:
+        want = fresh.chat(msgs, max_tokens=4, temperature=0)
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=256, n_threads=1) as m:
+        assert repl(m, max_tokens=4, sampling={"temperature": 0},
+                    input_fn=Script(f"/image {bad}", f"/image {img}", "what")) == 0
+        assert m.tokens[:len(m.chat_prompt(msgs))] == list(m.chat_prompt(msgs))
+    out = capsys.readouterr().out
+    assert "no image" in out and f"(image {img} goes with your next message)" in out
+    assert out.endswith(want + "\n\n")
+    with llminfer.LLM(model, n_ctx=256, n_threads=1) as blind:
+        assert repl(blind, max_tokens=2, input_fn=Script(f"/image {img}")) == 0
+    assert "--mmproj" in capsys.readouterr().out
