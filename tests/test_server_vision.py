@@ -1,7 +1,6 @@
 """`llminfer serve --mmproj`: images in chat requests as data: URLs, through
 the real openai client, against the library's own answer; bad images 400."""
 
-import base64
 
 import numpy as np
 import pytest

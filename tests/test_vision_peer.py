@@ -127,8 +127,8 @@ def test_logits_after_an_image_prompt_match_llama_cpp(mtmd, files, seed, h, w):
     out = {}
     np.ascontiguousarray(img).tofile(d / "lg.rgb")
     for mode in ("causal", "noncausal"):
-        r = subprocess.run([str(mtmd), model, mm["F16"], str(d / "lg.rgb"), str(w), str(h), prompt, str(d / mode), mode],
-                           capture_output=True, text=True, timeout=120)
+        argv = [str(mtmd), model, mm["F16"], str(d / "lg.rgb"), str(w), str(h), prompt, str(d / mode), mode]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
         out[mode] = np.fromfile(f"{d / mode}.logits", np.float32)
     with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=256, n_threads=1) as llm:

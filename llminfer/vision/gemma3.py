@@ -158,7 +158,7 @@ class Gemma3Vision:
             x = (x + self._mm(L.down, f, nt)).astype(np.float32)
         if self.post_ln is not None:
             x = layer_norm(x, *self.post_ln, p.eps)
-        g, m, n = self.grid, p.n_merge, self.pooled
+        m, n = p.n_merge, self.pooled
         x = x.reshape(n, m, n, m, E).mean(axis=(1, 3)).reshape(n * n, E)
         x = ops.rms_norm(np.ascontiguousarray(x, np.float32), self.soft_norm, eps=p.eps)
         return ops.matmul(self.proj_t, "F32", self.proj_t.shape, x, n_threads=nt)
