@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import threading
 import warnings
 
 import numpy as np
@@ -70,38 +71,45 @@ def _looks_like_svg(data: bytes) -> bool:
     return head.startswith(b"<svg") or (head.startswith(b"<?xml") and b"<svg" in data[:4096].lower())
 
 
+_open_lock = threading.Lock()
+
+
+def _open(Image, data):
+    """Image.open on the bytes, its header read. Pillow's own bomb check
+    warns past Image.MAX_IMAGE_PIXELS and raises past twice that: the
+    warning is made an error too (under a lock: the warnings filters are
+    the process's), and load_image's tighter limit is checked against the
+    header before a pixel is decoded."""
+    with _open_lock, warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        return Image.open(io.BytesIO(data), formats=list(FORMATS))
+
+
 def load_image(source, max_pixels: int = MAX_PIXELS, max_bytes: int = MAX_BYTES):
     """A decoded RGB PIL image of `source` (bytes, a path or a binary file)."""
     Image = _pil()
     data = image_bytes(source, max_bytes)
     if _looks_like_svg(data):
         raise ImageError("SVG images are not supported; send JPEG, PNG, WebP or GIF")
-    # Pillow's own bomb check warns past Image.MAX_IMAGE_PIXELS and raises
-    # past twice that; both become errors here, and our tighter limit is
-    # checked against the header before a pixel is decoded.
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
-        try:
-            im = Image.open(io.BytesIO(data), formats=list(FORMATS))
-            w, h = im.size
-            if w <= 0 or h <= 0:
-                raise ImageError(f"the image has no pixels ({w} x {h})")
-            if w * h > max_pixels:
-                raise ImageError(f"the image is {w} x {h} pixels, more than the {max_pixels} "
-                                 f"an image may have")
-            if getattr(im, "n_frames", 1) > 1:
-                im.seek(0)
-            im.load()
-            return im.convert("RGB")
-        except ImageError:
-            raise
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-            raise ImageError(f"the image is too large: {e}") from None
-        except Image.UnidentifiedImageError:
-            raise ImageError(f"the bytes are no image in a format we read ({', '.join(FORMATS)})") from None
-        except (OSError, SyntaxError, ValueError, EOFError) as e:
-            # Pillow's truncated or corrupt data ("image file is truncated", ...)
-            raise ImageError(f"the image cannot be decoded (truncated or corrupt): {e}") from None
+    try:
+        im = _open(Image, data)
+        w, h = im.size
+        if w <= 0 or h <= 0:
+            raise ImageError(f"the image has no pixels ({w} x {h})")
+        if w * h > max_pixels:
+            raise ImageError(f"the image is {w} x {h} pixels, more than the {max_pixels} "
+                             f"an image may have")
+        im.load()  # the first frame of a GIF or an animated WebP: the one open() positions at
+        return im.convert("RGB")
+    except ImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise ImageError(f"the image is too large: {e}") from None
+    except Image.UnidentifiedImageError:
+        raise ImageError(f"the bytes are no image in a format we read ({', '.join(FORMATS)})") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as e:
+        # Pillow's truncated or corrupt data ("image file is truncated", ...)
+        raise ImageError(f"the image cannot be decoded (truncated or corrupt): {e}") from None
 
 
 def fit_size(w: int, h: int, size: int) -> tuple[int, int]:
