@@ -28,7 +28,7 @@ from llminfer import ops
 from llminfer.errors import InvalidArgumentError, UnsupportedModelError
 from llminfer.system import check_threads
 from llminfer.vision.image import load_image, preprocess_fixed
-from llminfer.vision.mmproj import VisionParams, Weights
+from llminfer.vision.tower import VisionParams, Weights
 
 # mtmd's text around a Gemma 3 image's embeddings
 IMAGE_BEGIN = "<start_of_image>"
