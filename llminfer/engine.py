@@ -434,6 +434,8 @@ class Engine:
             self.native_seconds += time.perf_counter() - t
             self.kv.commit(seq, ids[start:start + m])
             start += m
+        if logits is not None:  # a NaN in an mmproj's weights shows here, not as a nonsense token
+            check_logits(logits, f"the logits after {n} input rows (positions up to {seq.next_pos - 1})")
 
     # the most floats _logits_buffer keeps between passes (16 MiB)
     _KEEP_LOGITS = 4 << 20

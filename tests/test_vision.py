@@ -430,3 +430,36 @@ def test_chat_repl_image_command(files, tmp_path, capsys):
     with llminfer.LLM(model, n_ctx=256, n_threads=1) as blind:
         assert repl(blind, max_tokens=2, input_fn=Script(f"/image {img}")) == 0
     assert "--mmproj" in capsys.readouterr().out
+
+
+def test_an_mmproj_with_a_nan_is_a_numerical_error(files, tmp_path):
+    from llminfer.errors import NumericalError
+
+    _, model, _ = files
+
+    def poison(name, data, t):
+        if name == "mm.input_projection.weight":
+            data = data.copy()
+            data[0, 0] = np.nan
+        return data, t
+
+    mm = write_mmproj(tmp_path / "nan.gguf", TinyMmproj(qtype="F32"), tensor_hook=poison)
+    with llminfer.LLM(model, mmproj=mm, n_ctx=256, n_threads=1) as m:
+        with pytest.raises(NumericalError):
+            m.chat_completion(image_message(data_url(png(synthetic(20, 20)))), max_tokens=1)
+
+
+def test_decode_rows_checks_its_logits(llm):
+    """Rows that end a prompt give its logits: a NaN among them is a
+    NumericalError there, not a token drawn from NaNs."""
+    from llminfer.errors import NumericalError
+
+    eng = llm.engine
+    seq = eng.new_sequence()
+    try:
+        rows = np.zeros((3, eng.spec.n_embd), np.float32)
+        rows[1, 5] = np.nan
+        with pytest.raises(NumericalError):
+            eng.decode_rows(seq, np.zeros(3, np.int32), rows, np.empty(eng.spec.n_vocab, np.float32), causal=False)
+    finally:
+        eng.free(seq)
