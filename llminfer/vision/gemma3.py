@@ -146,11 +146,12 @@ class Gemma3Vision:
         scale = np.float32(1.0 / np.sqrt(D))
         for L in self.layers:
             h = layer_norm(x, *L.ln1, p.eps)
-            q = self._mm(L.q, h, nt).reshape(P, H, D).transpose(1, 0, 2)
-            k = self._mm(L.k, h, nt).reshape(P, H, D).transpose(1, 0, 2)
-            v = self._mm(L.v, h, nt).reshape(P, H, D).transpose(1, 0, 2)
-            att = ops.softmax(np.ascontiguousarray(np.matmul(q, k.transpose(0, 2, 1)) * scale, np.float32))
-            a = np.matmul(att, v).transpose(1, 0, 2).reshape(P, E)
+            q, k, v = (self._mm(w, h, nt) for w in (L.q, L.k, L.v))
+            a = np.empty((P, E), np.float32)
+            for j in range(H):  # a head at a time: 4096 patches' scores are 64 MiB a head, 1 GiB for 16
+                hs = slice(j * D, (j + 1) * D)
+                att = ops.softmax(np.ascontiguousarray(q[:, hs] @ k[:, hs].T * scale, np.float32))
+                a[:, hs] = att @ v[:, hs]
             x = x + self._mm(L.o, a, nt)
             h = layer_norm(x, *L.ln2, p.eps)
             f = self._mm(L.up, h, nt)
