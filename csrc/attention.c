@@ -2,7 +2,8 @@
  *
  * A token at pos in a layer sees the positions [first, pos] (first = 0, or
  * pos - window + 1 in a sliding-window layer) whose blocks are in its
- * sequence's table. Those positions are cut at multiples of c->span into
+ * sequence's table; in a non-causal batch (li_context_set_causal), up to
+ * the last position of its sequence in the batch instead of pos (c->vis). Those positions are cut at multiples of c->span into
  * spans. A token whose keys all lie in one span takes the plain path:
  * scores, softmax, weights normalized (and rounded to f16 with an F16 cache,
  * as llama.cpp's V x softmax product takes them), then the weighted sum of
@@ -307,11 +308,12 @@ static void combine_spans(const float *part, size_t chunk_stride, int nchunks, i
     li_K->scale_f32(out, 1.0f / total, hdv);
 }
 
-int li_count_spans(const li_context *c, const li_layer_desc *L, const int32_t *blocks, int n_blocks, int pos) {
+int li_count_spans(const li_context *c, const li_layer_desc *L, const int32_t *blocks, int n_blocks, int pos,
+                   int end) {
     const int bs = c->kv.block_size, span = c->span;
     const int first = li_first_visible(L, pos);
     int count = 0, last_span = -1;
-    for (int b = first / bs; b <= pos / bs; b++) {
+    for (int b = first / bs; b <= end / bs; b++) {
         if (b >= n_blocks || blocks[b] < 0) continue;
         const int s = b * bs / span; /* a block lies within one span: span is a multiple of bs */
         if (s != last_span) count++;
@@ -320,15 +322,16 @@ int li_count_spans(const li_context *c, const li_layer_desc *L, const int32_t *b
     return count;
 }
 
-/* the positions [*p0, *p1) of the first span holding keys visible at pos */
+/* the positions [*p0, *p1) of the first span holding keys visible at pos
+ * (which sees up to end: pos itself, unless the batch is non-causal) */
 static void first_span(const li_context *c, const li_layer_desc *L, const int32_t *blocks, int n_blocks, int pos,
-                       int *p0, int *p1) {
+                       int end, int *p0, int *p1) {
     const int bs = c->kv.block_size, span = c->span, first = li_first_visible(L, pos);
     int b = first / bs;
-    while (b < pos / bs && (b >= n_blocks || blocks[b] < 0)) b++;
+    while (b < end / bs && (b >= n_blocks || blocks[b] < 0)) b++;
     const int s = b * bs / span;
     *p0 = LI_MAX(first, s * span);
-    *p1 = LI_MIN(pos + 1, (s + 1) * span);
+    *p1 = LI_MIN(end + 1, (s + 1) * span);
 }
 
 /* the token's table in layer il's group */
@@ -388,13 +391,14 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
     float *scores = c->scores + (size_t)ith * (size_t)tmax * (size_t)nh * (size_t)span;
     float *vrow = c->vrow + (size_t)ith * (size_t)hdv;
     float *tp = c->tparts + (size_t)ith * (size_t)tmax * (size_t)nh * head_stride; /* token i, head h: (i nh + h) */
-    int first[LI_ATTN_TILE], pos[LI_ATTN_TILE], kept[LI_ATTN_TILE], lo[LI_ATTN_TILE], hi[LI_ATTN_TILE];
+    /* end: the last position a token sees (its own, or later in a non-causal batch); it rises with pos */
+    int first[LI_ATTN_TILE], end[LI_ATTN_TILE], kept[LI_ATTN_TILE], lo[LI_ATTN_TILE], hi[LI_ATTN_TILE];
     int64_t present[LI_ATTN_TILE]; /* token i's present rows in the span */
     float mx[LI_ATTN_TILE * 64], sum[LI_ATTN_TILE * 64]; /* heads per group: checked in li_model_check */
     for (int i = 0; i < ntok; i++) {
         const int64_t t = t0 + i;
-        pos[i] = c->pos[t];
-        first[i] = li_first_visible(L, pos[i]);
+        end[i] = c->vis[t];
+        first[i] = li_first_visible(L, c->pos[t]);
         kept[i] = 0;
         memcpy(tq + (size_t)i * (size_t)nh * (size_t)hd, c->q + (t * m->n_head + (int64_t)kvh * nh) * hd,
                (size_t)nh * (size_t)hd * sizeof(float));
@@ -403,17 +407,17 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
                    (const char *)c->qq + ((size_t)t * (size_t)m->n_head + (size_t)kvh * (size_t)nh) * c->qq_row,
                    (size_t)nh * c->qq_row);
     }
-    for (int s = first[0] / span; s <= pos[ntok - 1] / span; s++) {
+    for (int s = first[0] / span; s <= end[ntok - 1] / span; s++) {
         int ia = ntok, ib = -1; /* the tokens that see span s: positions rise, so a range */
         for (int i = 0; i < ntok; i++)
-            if (first[i] / span <= s && s <= pos[i] / span) {
+            if (first[i] / span <= s && s <= end[i] / span) {
                 ia = LI_MIN(ia, i);
                 ib = i;
             }
         if (ib < 0) continue;
         for (int i = ia; i <= ib; i++) {
             lo[i] = LI_MAX(first[i], s * span);
-            hi[i] = LI_MIN(pos[i] + 1, (s + 1) * span);
+            hi[i] = LI_MIN(end[i] + 1, (s + 1) * span);
         }
         row_run runs[LI_ATTN_SPAN + 1];
         const int nr = span_runs(c, blocks, n_blocks, lo[ia], hi[ib], runs);
@@ -481,8 +485,7 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
  * (group g's count), else every span of its range */
 static int64_t split_spans(const li_context *c, const li_layer_desc *L, int64_t t, int g) {
     if (c->n_spans[t * 2 + g] <= 1) return 1;
-    const int pos = c->pos[t];
-    return pos / c->span - li_first_visible(L, pos) / c->span + 1;
+    return c->vis[t] / c->span - li_first_visible(L, c->pos[t]) / c->span + 1;
 }
 
 /* A thread's run of split mode's items (token, kv head, span, query head),
@@ -511,14 +514,14 @@ typedef struct {
  * keys lie in one span. */
 static int split_item_span(const li_context *c, const li_layer_desc *L, int il, int64_t t, const int32_t *blocks,
                            int n_blocks, int s_idx, int *p0, int *p1) {
-    const int pos = c->pos[t];
+    const int pos = c->pos[t], end = c->vis[t];
     if (c->n_spans[t * 2 + c->group[il]] <= 1) {
-        first_span(c, L, blocks, n_blocks, pos, p0, p1);
+        first_span(c, L, blocks, n_blocks, pos, end, p0, p1);
         return 1;
     }
     const int first = li_first_visible(L, pos), s = first / c->span + s_idx;
     *p0 = LI_MAX(first, s * c->span);
-    *p1 = LI_MIN(pos + 1, (s + 1) * c->span);
+    *p1 = LI_MIN(end + 1, (s + 1) * c->span);
     return 0;
 }
 
@@ -678,8 +681,8 @@ void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int 
     for (int64_t i = lo; i < hi; i++) {
         const int64_t t = i / m->n_head;
         if (c->n_spans[t * 2 + g] <= 1) continue;
-        const int pos = c->pos[t], first = li_first_visible(L, pos);
-        const int spans = pos / c->span - first / c->span + 1;
+        const int first = li_first_visible(L, c->pos[t]);
+        const int spans = c->vis[t] / c->span - first / c->span + 1;
         combine_spans(c->parts + (size_t)i * head_stride, ps, spans, hdv, sink_of(L, i % m->n_head), c->att + i * hdv);
     }
 }

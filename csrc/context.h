@@ -104,6 +104,9 @@ struct li_context {
 
     /* per batch */
     int32_t *pos;          /* [n_batch] */
+    int32_t *vis;          /* [n_batch] the last position a row sees: its own, or with non_causal the
+                            * last of its sequence in the batch */
+    int non_causal;        /* li_context_set_causal(c, 0) */
     int32_t *kv_row[LI_KV_GROUPS]; /* [n_batch] pool row (block * block_size + slot) a token writes */
     int32_t *out_rows;     /* [n_batch] batch rows whose logits are returned */
     float *logit_part;     /* [n_batch, max_threads, 2] the (min, max) of each piece of each logits row */
@@ -157,7 +160,8 @@ void li_prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t t, i
 void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth);
 void li_attention_prefetch(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth);
 /* spans holding at least one key visible to a token at pos with this table */
-int li_count_spans(const li_context *c, const li_layer_desc *L, const int32_t *blocks, int n_blocks, int pos);
+int li_count_spans(const li_context *c, const li_layer_desc *L, const int32_t *blocks, int n_blocks, int pos,
+                   int end);
 /* the first position a token at pos sees in layer L */
 int li_first_visible(const li_layer_desc *L, int pos);
 void li_round_to_f16(float *x, int64_t n);

@@ -533,6 +533,13 @@ int li_encode(const li_encoder_desc *m, const int32_t *tokens, const int32_t *ty
  * logits, so the rows are n_embd wide (decoder embeddings); 0 goes back. */
 int li_context_set_hidden_output(li_context *c, int on);
 
+/* on zero: in later decodes each row sees the positions of its sequence up
+ * to the last one in the batch, not only up to its own (llama.cpp's
+ * llama_set_causal_attn(ctx, false): an image's rows attend to each other
+ * both ways, as Gemma 3's do); nonzero, the default, goes back. Not on a
+ * context whose layers are offloaded (LI_E_ARG at decode). */
+int li_context_set_causal(li_context *c, int causal);
+
 /* The non-finite probe, for finding where a NaN or an infinity first appears
  * once the logits have shown one. While on, decode checks the residual stream
  * after the embedding and after each layer's attention and feed-forward

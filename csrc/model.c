@@ -327,6 +327,7 @@ void li_context_free(li_context *c) {
     free_aligned(c->own);
     li_share_free(c->share);
     free(c->pos);
+    free(c->vis);
     for (int g = 0; g < LI_KV_GROUPS; g++) free(c->kv_row[g]);
     free(c->out_rows);
     free(c->logit_part);
@@ -622,6 +623,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     c->own = alloc_aligned(nth * c->own_bytes);
     c->share = li_share_new((int)nth);
     c->pos = malloc(nb * sizeof(int32_t));
+    c->vis = malloc(nb * sizeof(int32_t));
     for (int g = 0; g < LI_KV_GROUPS; g++) c->kv_row[g] = malloc(nb * sizeof(int32_t));
     c->out_rows = malloc(nb * sizeof(int32_t));
     c->logit_part = malloc(nb * nth * 2 * sizeof(float));
@@ -629,7 +631,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     c->n_spans = malloc(nb * 2 * sizeof(int32_t));
     c->rope_cs = alloc_aligned((size_t)c->n_rope * nb * (size_t)m->n_rot * sizeof(float));
     if (!c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u || !c->scores ||
-        !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->embd_rows || !c->own || !c->share || !c->pos || !c->kv_row[0] ||
+        !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->embd_rows || !c->own || !c->share || !c->pos || !c->vis || !c->kv_row[0] ||
         !c->kv_row[1] || !c->out_rows || !c->logit_part || !c->n_spans || !c->rope_cs || !c->tq || !c->tout || !c->tile0)
         goto nomem;
     for (int a = 0; a < LI_ACT_COUNT; a++) {
@@ -1816,6 +1818,12 @@ int li_context_set_hidden_output(li_context *c, int on) {
     return LI_OK;
 }
 
+int li_context_set_causal(li_context *c, int causal) {
+    if (!c) return li_fail(LI_E_ARG, "no context");
+    c->non_causal = causal == 0;
+    return LI_OK;
+}
+
 /* Check a batch against its views and fill the per-batch fields: each token's
  * pool rows, its spans, and the rows whose logits are returned. */
 /* The batch's rows grouped by sequence (seq_rows, seq_off), and, in a model
@@ -1873,13 +1881,22 @@ static int prepare_batch(li_context *c, const li_batch *b, const li_seq_view *vi
             (!rep[c->group[il]] || m->layers[il].sliding_window > rep[c->group[il]]->sliding_window))
             rep[c->group[il]] = &m->layers[il];
     CHECK(group_rows(c, b, views, n_views));
+    /* the last position each row sees: its own, or its sequence's last in the batch */
+    for (int s = 0; s < n_views; s++) {
+        int last = -1;
+        for (int i = c->seq_off[s]; i < c->seq_off[s + 1]; i++) last = LI_MAX(last, b->pos[c->seq_rows[i]]);
+        for (int i = c->seq_off[s]; i < c->seq_off[s + 1]; i++) {
+            const int t = c->seq_rows[i];
+            c->vis[t] = c->non_causal ? last : b->pos[t];
+        }
+    }
     int max_spans = 0;
     *n_out = 0;
     for (int t = 0; t < b->n; t++) {
         if (b->token && (b->token[t] < 0 || b->token[t] >= m->n_vocab))
             return li_fail(LI_E_TOKEN, "batch row %d: token id %d is outside the vocabulary [0, %d)", t, b->token[t],
                            m->n_vocab);
-        const int s = b->seq[t], pos = b->pos[t];
+        const int s = b->seq[t], pos = b->pos[t], end = c->vis[t];
         if (s < 0 || s >= n_views)
             return li_fail(LI_E_ARG, "batch row %d: sequence index %d, but %d views were given", t, s, n_views);
         if (pos < 0) return li_fail(LI_E_CONTEXT, "batch row %d: negative position %d", t, pos);
@@ -1901,18 +1918,21 @@ static int prepare_batch(li_context *c, const li_batch *b, const li_seq_view *vi
                                "(group %d)", t, pos, own, pool, g);
             c->kv_row[g][t] = own * bs + pos % bs;
             const int first = li_first_visible(rep[g], pos);
-            for (int blk = first / bs; blk < pos / bs; blk++) {
+            if (end / bs >= nb)
+                return li_fail(LI_E_KV, "batch row %d: position %d is beyond sequence %d's %d blocks of %d "
+                               "(group %d)", t, end, s, nb, bs, g);
+            for (int blk = first / bs; blk < end / bs; blk++) {
                 const int32_t id = v->blocks[g][blk];
                 if (id < -1 || id >= pool)
                     return li_fail(LI_E_KV, "sequence %d: table entry %d is block %d, outside the pool of %d "
                                    "(group %d)", s, blk, id, pool, g);
             }
-            c->n_spans[t * 2 + g] = li_count_spans(c, rep[g], v->blocks[g], nb, pos);
+            c->n_spans[t * 2 + g] = li_count_spans(c, rep[g], v->blocks[g], nb, pos, end);
             if (c->n_spans[t * 2 + g] > c->max_chunks)
                 return li_fail(LI_E_KV, "sequence %d: its table reaches more spans (%d) than the pools hold", s,
                                c->n_spans[t * 2 + g]);
             /* split mode indexes every span of the range, empty or not */
-            max_spans = LI_MAX(max_spans, pos / c->span - first / c->span + 1);
+            max_spans = LI_MAX(max_spans, end / c->span - first / c->span + 1);
         }
         if (b->logits ? b->logits[t] != 0 : t == b->n - 1) c->out_rows[(*n_out)++] = t;
     }
@@ -1988,6 +2008,9 @@ int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views
     if (b->n <= 0 || b->n > c->n_batch)
         return li_fail(LI_E_ARG, "a batch of %d tokens; this context takes 1 to %d", b->n, c->n_batch);
     int64_t n_out = 0;
+    if (c->non_causal && c->be_layers > 0)
+        return li_fail(LI_E_ARG, "non-causal attention runs on the CPU only, and this context offloads %d layers",
+                       c->be_layers);
     CHECK(prepare_batch(c, b, views, n_views, &n_out));
     if (n_out > 0 && !logits) return li_fail(LI_E_ARG, "no logits buffer for %lld rows", (long long)n_out);
     const int width = c->hidden_out ? m->n_embd : m->n_vocab;

@@ -158,6 +158,7 @@ cdef extern from "llminfer.h" nogil:
     int li_encode(const li_encoder_desc *m, const int32_t *tokens, const int32_t *types, int n, float *out,
                   size_t out_size, int n_threads)
     int li_context_set_hidden_output(li_context *c, int on)
+    int li_context_set_causal(li_context *c, int causal)
     int LI_PROBE_NONE, LI_PROBE_EMBED, LI_PROBE_ATTN, LI_PROBE_FFN, LI_PROBE_BACKEND
     int LI_PROBE_OUTPUT_NORM, LI_PROBE_LOGITS
     ctypedef struct li_probe_result:

@@ -1130,6 +1130,14 @@ def set_hidden_output(Context ctx, bint on):
     check(C.li_context_set_hidden_output(ctx.ctx, on), "hidden output")
 
 
+def set_causal(Context ctx, bint causal):
+    """causal=False: ctx.decode's rows see their sequence's positions up to
+    the last one in the batch (an image's rows both ways); True goes back."""
+    if ctx.ctx == NULL:
+        raise errors.LLMInferError("the context is closed")
+    check(C.li_context_set_causal(ctx.ctx, causal), "causal attention")
+
+
 PROBE_STEPS = {C.LI_PROBE_EMBED: "embedding", C.LI_PROBE_ATTN: "attention", C.LI_PROBE_FFN: "ffn",
                C.LI_PROBE_BACKEND: "backend", C.LI_PROBE_OUTPUT_NORM: "output_norm",
                C.LI_PROBE_LOGITS: "logits"}

@@ -24,6 +24,7 @@ HELP = '''commands:
   /set                 list the settings
   /set NAME VALUE      change one: temperature, top_p, top_k, min_p, repeat_penalty, seed,
                        num_predict (or max_tokens), system (Ollama's "/set parameter NAME VALUE" too)
+  /image PATH          an image for the next message (needs --mmproj; repeatable)
   /clear               forget the conversation (keeps the system message; also /reset)
   /bye                 leave (also /exit, /quit, Ctrl-D)
   /? or /help          this text
@@ -86,6 +87,10 @@ def write_reply(stream, out, hide_thinking: bool = False, answer: list | None = 
 def prompt_tokens(llm, messages) -> list:
     """The token ids of `messages` rendered with the model's chat format and
     the assistant's turn opened: what llm.chat() will evaluate."""
+    from llminfer.vision.prompt import has_images
+
+    if has_images(messages):  # an image's positions are its rows': only the full render counts them
+        return list(llm.chat_prompt(messages))
     fmt = llm.chat_format
     text = fmt.render(messages, add_generation_prompt=True)
     return llm.tokenize(text, add_bos=not fmt.adds_bos, special=True)
@@ -214,6 +219,21 @@ class _Settings:
         return f"set {name} to {v}"
 
 
+def _add_image(llm, path, images) -> str:
+    """/image PATH: the image read and encoded now (a bad file is said at
+    once), its path kept for the next message."""
+    if not path:
+        return "/image needs a path"
+    if getattr(llm, "_vision", None) is None:
+        return "this model has no vision tower: start the chat with --mmproj FILE"
+    try:
+        llm.encode_image(path)
+    except LLMInferError as e:
+        return f"llminfer: {e}"
+    images.append(path)
+    return f"(image {path} goes with your next message)"
+
+
 def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=None, out=None, hide_thinking=False,
          chat_options=None) -> int:
     """Chat until /bye or end of input; returns the exit status. Lines come
@@ -232,6 +252,7 @@ def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=None, out=Non
         pass
     settings = _Settings(sampling or {}, max_tokens)
     conv = _Conversation(llm, system)
+    images = []  # paths for the next message (/image)
     name = llm.model_path.name if hasattr(llm.model_path, "name") else str(llm.model_path)
     print(f"llminfer chat with {name} ({llm.chat_format.name} format). /? for help.",
           file=sys.stderr, flush=True)
@@ -263,16 +284,24 @@ def repl(llm, system=None, max_tokens=512, sampling=None, input_fn=None, out=Non
                 say("(conversation cleared)")
             elif cmd == "/set":
                 say(settings.set(args, conv))
+            elif cmd == "/image":
+                say(_add_image(llm, text[len("/image"):].strip(), images))
             else:
                 say(f"unknown command {cmd}; /? lists them")
             continue
-        conv.turns.append({"role": "user", "content": line})
+        content = [{"type": "image", "image": p} for p in images] + [{"type": "text", "text": line}]
+        conv.turns.append({"role": "user", "content": content if images else line})
+        images.clear()
         reply = []
         try:
             room = max(1, min(settings.max_tokens, llm.n_ctx // 2))
             messages, n_keep = conv.fit(room)
-            stream = llm.chat(messages, max_tokens=settings.max_tokens, stream=True, context_shift=True,
-                              n_keep=n_keep, **(chat_options or {}), **settings.sampling)
+            from llminfer.vision.prompt import has_images
+
+            # a context holding images is not shifted (the reply ends when it is full)
+            stream = llm.chat(messages, max_tokens=settings.max_tokens, stream=True,
+                              context_shift=not has_images(messages), n_keep=n_keep, **(chat_options or {}),
+                              **settings.sampling)
             write_reply(stream, out, hide_thinking, reply)
         except KeyboardInterrupt:
             out.write(" [interrupted]")

@@ -272,8 +272,16 @@ def _ended_at_once(result, chat) -> None:
 
 def cmd_run(a):
     prompt = _run_prompt(a)
-    with _load(a) as llm:
+    if a.image and not a.mmproj:
+        raise LLMInferError("--image needs the model's vision tower: --mmproj FILE")
+    if a.image and a.raw:
+        raise LLMInferError("--image goes through the chat template: leave out --raw")
+    with _load(a, **({"mmproj": a.mmproj} if a.mmproj else {})) as llm:
         chat = not a.raw and _has_template(llm)
+        if a.image and not chat:
+            raise LLMInferError(f"--image needs a model with a chat template ({llm.model_path.name} has none)")
+        if a.image and prompt is None:
+            raise LLMInferError("--image goes with a prompt: after MODEL, -p TEXT or -f FILE")
         if prompt is None:
             if chat:  # `ollama run MODEL` on a terminal: a conversation
                 from llminfer.chat_repl import repl
@@ -285,8 +293,10 @@ def cmd_run(a):
         if a.system is not None and not chat:
             raise LLMInferError("--system needs a model with a chat template (and no --raw)")
         if chat:
+            content = prompt if not a.image else \
+                [{"type": "image", "image": path} for path in a.image] + [{"type": "text", "text": prompt}]
             messages = ([{"role": "system", "content": a.system}] if a.system else []) + \
-                       [{"role": "user", "content": prompt}]
+                       [{"role": "user", "content": content}]
             stream = llm.chat_completion(messages, max_tokens=a.n_predict, stop=a.stop or None, stream=True,
                                          **_chat_options(a), **_sampling_kwargs(a))
         else:
@@ -503,7 +513,7 @@ def cmd_chat(a):
         raise LLMInferError(f"give the model once: {a.args!r} and -m {a.model!r}")
     _model_and_words(a, [a.args] if a.args is not None else [])
 
-    with _load(a, chat_format=a.chat_format) as llm:
+    with _load(a, chat_format=a.chat_format, **({"mmproj": a.mmproj} if a.mmproj else {})) as llm:
         return repl(llm, system=a.system, max_tokens=a.n_predict, sampling=_sampling_kwargs(a),
                     hide_thinking=a.hide_thinking, chat_options=_chat_options(a))
 
@@ -536,7 +546,9 @@ def cmd_serve(a):
                      reasoning_format=a.reasoning_format, reasoning_budget=a.reasoning_budget,
                      models_dir=a.models_dir, models_config=a.models_config,
                      models_idle_timeout=a.models_idle_timeout, models_max_loaded=a.models_max_loaded,
-                     models_memory_gib=a.models_memory)
+                     models_memory_gib=a.models_memory, mmproj=a.mmproj)
+    if a.mmproj and many:
+        raise LLMInferError("--mmproj goes with one model (-m); for many, give each its mmproj in --models-config")
     serve(args, host=a.host, port=a.port, log_level=a.log_level)
     return 0
 
@@ -571,6 +583,7 @@ def build_parser():
                 "llminfer run gemma3-270m 'The capital of France is' -n 16 --temp 0",
                 "echo 'Summarize: ...' | llminfer run smollm2-135m-instruct",
                 "llminfer run model.gguf -f prompt.txt --raw --stop '\\n\\n'",
+                "llminfer run gemma-3-4b-it.gguf --mmproj mmproj.gguf --image cat.jpg 'What is this?'",
                 "llminfer run smollm2-135m-instruct          (no prompt, on a terminal: a chat)")
     r.add_argument("args", nargs="*", metavar="MODEL [PROMPT ...]",
                    help="the model, then the prompt (its words are joined with spaces); with -m, all are the "
@@ -585,6 +598,9 @@ def build_parser():
                    help="most tokens to generate")
     r.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     r.add_argument("--echo", action="store_true", help="print the prompt before the completion")
+    r.add_argument("--mmproj", metavar="FILE", help="the model's vision tower (an mmproj GGUF; projector gemma3)")
+    r.add_argument("--image", action="append", metavar="PATH",
+                   help="an image for the prompt, placed before its text (repeatable; needs --mmproj)")
     _add_thinking(r)
     _add_sampling(r)
     _add_spec(r)
@@ -597,6 +613,8 @@ def build_parser():
     _add_model(c, positional=True)
     c.add_argument("--system", help="system message")
     c.add_argument("--chat-format", help="force a chat format: chatml, gemma or llama3 (None: the file's template)")
+    c.add_argument("--mmproj", metavar="FILE",
+                   help="the model's vision tower (an mmproj GGUF, projector gemma3): /image PATH in the chat")
     c.add_argument("-n", "--n-predict", type=_non_negative_int, default=512, metavar="N",
                    help="most tokens per reply")
     _add_thinking(c)
@@ -702,6 +720,9 @@ def build_parser():
     v.add_argument("--chat-template", default=None, help="a jinja chat template, or a file holding one")
     v.add_argument("--chat-format", default=None, help="a built-in chat format (chatml, gemma, llama3)")
     v.add_argument("--served-model-name", default=None, help="the model id clients name (default: from -m)")
+    v.add_argument("--mmproj", default=None, metavar="FILE",
+                   help="the model's vision tower (an mmproj GGUF, projector gemma3): chat messages then take "
+                        "image_url parts as data: URLs")
     v.add_argument("--reasoning-format", default="deepseek", choices=["deepseek", "none"],
                    help="a thinking model's <think> text: apart in reasoning_content (deepseek, the default) "
                         "or left in content (none); a request's reasoning_format overrides it")

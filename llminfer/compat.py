@@ -162,6 +162,18 @@ class Llama:
         if not isinstance(n_gpu_layers, int) or isinstance(n_gpu_layers, bool):
             raise InvalidArgumentError(f"n_gpu_layers must be an integer, got {n_gpu_layers!r}")
         spec = None
+        mmproj = kwargs.pop("mmproj", None)
+        handler = kwargs.pop("chat_handler", None)
+        if handler is not None:
+            from llminfer.llama_chat_format import Gemma3ChatHandler
+
+            if not isinstance(handler, Gemma3ChatHandler):
+                raise InvalidArgumentError("chat_handler= takes llminfer.llama_chat_format.Gemma3ChatHandler "
+                                           "(clip_model_path=...); other handlers are llama-cpp-python features "
+                                           "llminfer does not have")
+            if mmproj is not None and mmproj != handler.clip_model_path:
+                raise InvalidArgumentError("mmproj= and chat_handler's clip_model_path name different files")
+            mmproj = handler.clip_model_path
         draft = kwargs.pop("draft_model", None)
         if draft is not None:
             from llminfer.llama_speculative import LlamaPromptLookupDecoding
@@ -207,7 +219,7 @@ class Llama:
         self.llm = LLM(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, seed=self._seed,
                        kv_type=_kv_type(kwargs.get("type_k"), kwargs.get("type_v")), chat_format=fmt,
                        chat_template=template, mmap=use_mmap, n_gpu_layers=n_gpu_layers,
-                       main_gpu=kwargs.get("main_gpu", 0), spec=spec)
+                       main_gpu=kwargs.get("main_gpu", 0), spec=spec, mmproj=mmproj)
         self.chat_format = chat_format
         self.n_batch = self.llm.n_batch
         self.n_threads = self.llm.n_threads

@@ -30,7 +30,7 @@ from functools import wraps
 import numpy as np
 
 from llminfer import _core, gpu, hub
-from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError, TokenError
+from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError, ShapeError, TokenError
 from llminfer.gguf_file import GGUFFile
 from llminfer.kv_cache import FULL, SWA, KVCache, Sequence, StatePool
 from llminfer.models import build_spec
@@ -379,6 +379,63 @@ class Engine:
                 done[i] = start + n
             pending = [i for i in pending if done[i] < len(items[i][1])]
         return out
+
+    @_locked
+    def decode_rows(self, seq: Sequence, ids, rows: np.ndarray, logits: np.ndarray | None = None,
+                    n_threads: int | None = None, causal: bool = True):
+        """Append input embedding rows (float32 [n, n_embd]: an image's, say)
+        to seq, n_batch at a time, in place of the token embeddings; the
+        sequence records `ids` (n placeholder ids) as their tokens. logits: a
+        float32 [width] buffer that receives the last row's logits, or None.
+        Rows are not scaled as token embeddings are (Gemma's sqrt(n_embd)),
+        as in llama.cpp. causal=False: each row sees all of them (llama.cpp's
+        non-causal image batch, Gemma 3's), so they run in one pass, at most
+        n_batch of them."""
+        ids = self.check_ids(ids)
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        n = len(ids)
+        if rows.shape != (n, self.spec.n_embd):
+            raise ShapeError(f"embedding rows of shape {rows.shape}, expected ({n}, {self.spec.n_embd})")
+        if logits is not None:
+            self._check_buffer(logits)
+        self._check_room(seq, n)
+        if self.hybrid:
+            raise InvalidArgumentError("embedding rows into a model with recurrent layers are not supported yet")
+        if not causal and n > self.n_batch:
+            raise InvalidArgumentError(f"{n} rows attended to both ways must run in one pass, of at most "
+                                       f"n_batch={self.n_batch}")
+        nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
+        if not causal:
+            _core.set_causal(self.ctx, False)
+        try:
+            self._decode_rows(seq, ids, rows, logits, nt)
+        finally:
+            if not causal:
+                _core.set_causal(self.ctx, True)
+        return logits
+
+    def _decode_rows(self, seq, ids, rows, logits, nt):
+        n = len(ids)
+        start = 0
+        while start < n:
+            m = min(self.n_batch, n - start)
+            self.kv.reserve(seq, m)
+            views = [self.kv.table_arrays(seq)]
+            pos = np.arange(seq.next_pos, seq.next_pos + m, dtype=np.int32)
+            seq_idx = np.zeros(m, np.int32)
+            want = np.zeros(m, np.int8)
+            last = logits is not None and start + m == n
+            if last:
+                want[m - 1] = 1
+            out = logits if last else np.empty(0, np.float32)
+            self.gguf.check_unchanged()
+            t = time.perf_counter()
+            self.ctx.decode(None, rows[start:start + m], pos, seq_idx, want, views, out, nt)
+            self.native_seconds += time.perf_counter() - t
+            self.kv.commit(seq, ids[start:start + m])
+            start += m
+        if logits is not None:  # a NaN in an mmproj's weights shows here, not as a nonsense token
+            check_logits(logits, f"the logits after {n} input rows (positions up to {seq.next_pos - 1})")
 
     # the most floats _logits_buffer keeps between passes (16 MiB)
     _KEEP_LOGITS = 4 << 20

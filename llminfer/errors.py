@@ -46,6 +46,12 @@ class UnsupportedModelError(LLMInferError, ValueError):
     """A GGUF file whose architecture, tensor types or tensors we cannot run."""
 
 
+class ImageError(LLMInferError, ValueError):
+    """An image that cannot be used: bytes that are no image, a format not
+    read (SVG, say), a truncated file, or one too large (a decompression
+    bomb). The message says which."""
+
+
 class TokenizerError(LLMInferError, ValueError):
     """A vocabulary we cannot build a tokenizer from, or text we cannot encode."""
 

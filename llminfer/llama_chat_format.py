@@ -221,3 +221,21 @@ def template_for(name: str) -> tuple[str, tuple]:
         return spec, stops
     header = "".join(f"{{%- set {k} = {_literal(v)} -%}}" for k, v in spec.items())
     return header + _STYLED, stops
+
+
+class Gemma3ChatHandler:
+    """llama-cpp-python's vision chat handler for Gemma 3, as far as llminfer
+    takes it: `Llama(model_path=..., chat_handler=Gemma3ChatHandler(
+    clip_model_path="mmproj.gguf"))` loads the mmproj beside the model (the
+    same as Llama(..., mmproj=...)); the model's own chat template renders
+    the messages, image_url parts included."""
+
+    def __init__(self, clip_model_path: str, verbose: bool = True, **kwargs):
+        import os
+
+        if not isinstance(clip_model_path, (str, os.PathLike)):
+            from llminfer.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"clip_model_path must be a path, got {clip_model_path!r}")
+        self.clip_model_path = os.fspath(clip_model_path)
+        self.verbose = verbose

@@ -37,6 +37,7 @@ from llminfer.generation import Generator, stop_list
 from llminfer.reasoning import ChatOptions
 from llminfer.sampling import Sampler, SamplingParams
 from llminfer.structured import Constraint, grammar_from_args
+from llminfer.vision.prompt import PromptIds
 
 
 @dataclass
@@ -139,13 +140,17 @@ class LLM:
     draft_model (a path or name of a smaller model with the same vocabulary)
     drafts with that model (spec="draft", the default when it is given);
     draft_max caps the tokens drafted per pass; a SpecConfig for full control.
-    A call may override it with spec= ("ngram", "draft", "off")."""
+    A call may override it with spec= ("ngram", "draft", "off").
+
+    mmproj: the path of the model's vision tower (llminfer.vision); chat
+    messages may then hold OpenAI image_url parts (data: URLs, file:// URLs
+    or paths) or {"type": "image", "image": bytes, path or PIL image}."""
 
     def __init__(self, model, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
                  seed: int | None = None, kv_type: str = "f16", chat_format: str | None = None,
                  chat_template: str | None = None, kv_pool_tokens: int | None = None, mmap: bool = True,
                  n_gpu_layers: int = 0, main_gpu: int = 0, draft_model=None, spec=None,
-                 draft_max: int | None = None):
+                 draft_max: int | None = None, mmproj=None):
         check_positive_int("n_ctx", n_ctx)
         check_positive_int("n_batch", n_batch)
         if not isinstance(kv_type, str) or kv_type not in KV_TYPES:
@@ -183,7 +188,16 @@ class LLM:
         self._last_logits = np.zeros(self.spec.n_vocab, dtype=np.float32)
         self._spare_logits = np.empty_like(self._last_logits)  # the next pass's (_forward)
         self._draft = None
+        self._vision = None
+        self._image_rows = None  # llminfer.vision.prompt.ImageRows, with mmproj
+        self._held_images = []  # the ImageSpans the context holds
         try:
+            if mmproj is not None:
+                from llminfer.vision.mmproj import load_for_model
+                from llminfer.vision.prompt import ImageRows
+
+                self._vision = load_for_model(mmproj, self.spec.n_embd, self.model_path, self.n_threads)
+                self._image_rows = ImageRows(self._vision, _IMAGES_KEPT, self.n_threads)
             if draft_model is not None:
                 from llminfer.speculative import DraftModel
 
@@ -288,6 +302,7 @@ class LLM:
         with self._lock:
             self._check_open()
             self._engine.truncate(self._seq, 0)
+            self._held_images = []
             self._owner = None
 
     def _check_open(self):
@@ -352,6 +367,7 @@ class LLM:
             if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= len(self._seq.tokens):
                 raise InvalidArgumentError(f"truncate takes 0..{len(self._seq.tokens)} tokens, got {n!r}")
             self._engine.truncate(self._seq, int(n))
+            self._held_images = [s for s in self._held_images if s.start < n]
             self._owner = None
 
     def keep_prefix(self, ids) -> int:
@@ -365,9 +381,10 @@ class LLM:
             self._owner = None
             return n
 
-    def _prefix_to_keep(self, ids) -> int:
+    def _prefix_to_keep(self, ids, images=()) -> int:
         """How many of `ids` the context already holds (at least one is always
-        re-run, since its logits are needed)."""
+        re-run, since its logits are needed); up to the first image that is
+        not the one the context holds at its place."""
         held = self._seq.tokens
         n = 0
         limit = min(len(held), len(ids) - 1)
@@ -377,23 +394,53 @@ class LLM:
         if n and self._seq.positions[n - 1] != n - 1:
             n = 0
         # sliding-window layers give back positions the text has moved past
+        n = min(n, _images_agree(self._held_images, images, n))
+        for span in images:  # an image's rows attend to each other both ways: all of them, or none kept
+            if span.start < n < span.end:
+                n = span.start
         if not self._engine.kv.can_truncate(self._seq, n):
             n = 0
         return n
 
     def _keep(self, n):
         self._engine.truncate(self._seq, n)
+        self._held_images = [s for s in self._held_images if s.start < n]
+
+    def _prefill(self, ids, keep, images=()):
+        """Evaluate ids[keep:] (the context holds ids[:keep]); the positions
+        of `images` from their rows. The last logits end in _last_logits."""
+        cursor = keep
+        for span in images:
+            if span.end <= cursor:
+                continue
+            if span.start > cursor:
+                self._forward(np.asarray(ids[cursor:span.start], dtype=np.int32), logits_all=False)
+                cursor = span.start
+            self._forward_rows(ids[cursor:span.end], span.rows[cursor - span.start:])
+            cursor = span.end
+        if cursor < len(ids):
+            self._forward(np.asarray(ids[cursor:], dtype=np.int32), logits_all=False)
+        self._held_images = [s for s in images if s.start < len(ids)]
+
+    def _forward_rows(self, ids, rows):
+        if len(self._seq.tokens) + len(ids) > self.n_ctx:
+            raise ContextFullError(f"{len(self._seq.tokens)} tokens in the context plus an image's {len(ids)} "
+                                   f"exceed n_ctx={self.n_ctx}")
+        spare = self._spare_logits
+        self._engine.decode_rows(self._seq, np.asarray(ids, dtype=np.int32), rows, spare, n_threads=self.n_threads,
+                                 causal=not self._vision.non_causal)
+        self._spare_logits, self._last_logits = self._last_logits, spare
 
     # ---- generation ----
 
     def _token_stream(self, gen: Generator, prompt_ids, max_tokens, timings: Timings, context_shift: bool,
-                      n_keep: int, spec=None, hooks: "_Hooks | None" = None) -> Iterator[int]:
+                      n_keep: int, spec=None, hooks: "_Hooks | None" = None, images=()) -> Iterator[int]:
         """The tokens of one generation, drawn with gen's sampler and grammar;
         the caller hands each to gen.emit before it asks for the next (which
         grows gen.history and advances the grammar while the next pass runs)."""
         t0 = time.perf_counter()
         owner = self._owner = object()
-        keep = self._prefix_to_keep(prompt_ids)
+        keep = self._prefix_to_keep(prompt_ids, images)
         self._keep(keep)
         timings.cached_tokens = keep
         ids = self._check_ids(prompt_ids[keep:])
@@ -402,7 +449,7 @@ class LLM:
         masked = (lambda lg: lg) if gen.constraint is None and gen.thinking is None else gen.mask  # noqa: E731
         if hooks is not None:
             masked = hooks.wrap(masked)
-        self._forward(ids, logits_all=False)
+        self._prefill(prompt_ids, keep, images)
         mine = list(self._seq.tokens)  # what this generation's context holds
         sampler = gen.sampler
         spec = self._speculator(spec, sampler, prompt_ids)
@@ -437,10 +484,10 @@ class LLM:
             if self._owner is not owner:
                 # other calls used the context while this stream waited: put its
                 # tokens back, reusing the prefix they share
-                keep = self._prefix_to_keep(mine + [tok])
+                keep = self._prefix_to_keep(mine + [tok], images)
                 self._keep(keep)
                 self._owner = owner
-                self._forward(np.array(mine[keep:], dtype=np.int32), logits_all=False)
+                self._prefill(mine, keep, images)
             if len(self._seq.tokens) >= self.n_ctx:
                 if not context_shift:
                     return  # the context is full: what was generated stands, finish_reason "length"
@@ -495,7 +542,7 @@ class LLM:
         self._keep(0)
         self._forward(np.array(kept, dtype=np.int32), logits_all=False)
 
-    def _check_run(self, prompt_ids, max_tokens, params: SamplingParams, stop, n_keep) -> list:
+    def _check_run(self, prompt_ids, max_tokens, params: SamplingParams, stop, n_keep, context_shift=False) -> list:
         """Every check on a generation's arguments, made before anything runs,
         so that a stream raises at the call and the context is left as it was.
         Returns the stop strings as a list."""
@@ -504,6 +551,8 @@ class LLM:
         if not isinstance(n_keep, (int, np.integer)) or isinstance(n_keep, bool) or n_keep < 0:
             raise InvalidArgumentError(f"n_keep must be a non-negative integer, got {n_keep!r}")
         stop = stop_list(stop)
+        if context_shift and getattr(prompt_ids, "images", ()):
+            raise InvalidArgumentError("context_shift is not supported with images in the context yet")
         params.validate(self.n_vocab)
         if len(prompt_ids) == 0:
             raise InvalidArgumentError("the prompt is empty (and the vocabulary adds no BOS)")
@@ -513,7 +562,7 @@ class LLM:
         return stop
 
     def _run(self, prompt_ids, max_tokens, params, stop, context_shift, n_keep,
-             result: Completion, spec=None, grammar=None, hooks=None, reasoning=None) -> Iterator[str]:
+             result: Completion, spec=None, grammar=None, hooks=None, reasoning=None, images=()) -> Iterator[str]:
         result.prompt_tokens = len(prompt_ids)
         result.finish_reason = "length"
         if max_tokens == 0:
@@ -530,7 +579,8 @@ class LLM:
         # a stream half read on one thread must not block every other call on
         # the object. A call that runs in between takes the context; the
         # stream's next step finds it gone and restores its own tokens.
-        tokens = self._token_stream(gen, prompt_ids, max_tokens, result.timings, context_shift, n_keep, spec, hooks)
+        tokens = self._token_stream(gen, prompt_ids, max_tokens, result.timings, context_shift, n_keep, spec, hooks,
+                                    images)
         reason = "length"
         try:
             while True:
@@ -554,6 +604,9 @@ class LLM:
             yield text
 
     def _prompt_ids(self, prompt) -> list:
+        if isinstance(prompt, PromptIds):  # a chat prompt with images: ids and their ImageSpans
+            self._check_ids(prompt)
+            return prompt
         if isinstance(prompt, (list, tuple, np.ndarray)):
             return [int(t) for t in self._check_ids(prompt)]
         return self.tokenize(prompt, add_bos=True, special=True)
@@ -619,7 +672,7 @@ class LLM:
         ids = self._prompt_ids(prompt)
         if max_tokens is None:
             max_tokens = max(self.n_ctx - len(ids) + 1, 0)  # the last token needs no room
-        stop = self._check_run(ids, max_tokens, params, stop, n_keep)
+        stop = self._check_run(ids, max_tokens, params, stop, n_keep, context_shift)
         config = self._spec_config if spec is None else _spec_config(spec, self._draft, self._spec_config)
         if logprobs is not None or grammar is not None or hooks is not None or \
                 (reasoning is not None and reasoning.budget >= 0):
@@ -627,7 +680,7 @@ class LLM:
         result = Completion(text="", logprobs=None if logprobs is None else [], top_logprobs=logprobs or 0,
                             reasoning=reasoning)
         pieces = self._run(ids, max_tokens, params, stop, context_shift, n_keep, result, config, grammar, hooks,
-                           reasoning)
+                           reasoning, getattr(ids, "images", ()))
         if stream:
             return _Stream(pieces, result)
         for _ in pieces:
@@ -645,6 +698,8 @@ class LLM:
             params = [_sampling(p, sampling_kwargs) for p in sampling]
         else:
             params = [_sampling(sampling, sampling_kwargs)] * len(prompts)
+        if any(getattr(p, "images", ()) for p in prompts):
+            raise InvalidArgumentError("prompts with images run one at a time (not n > 1 nor a list) yet")
         ids = [self._prompt_ids(p) for p in prompts]
         if max_tokens is None:
             max_tokens = max((self.n_ctx - len(x) + 1 for x in ids), default=0)
@@ -740,13 +795,47 @@ class LLM:
     def _chat_render(self, messages, options: ChatOptions | None = None):
         """(prompt ids, the Reasoning of a thinking model's reply or None)."""
         from llminfer.tools import prepare_messages  # content None, tool turns
+        from llminfer.vision.prompt import has_images
 
         options = options if options is not None else ChatOptions.make()
         fmt = self.chat_format
+        if has_images(messages):
+            return self._chat_render_images(messages, options)
         text = fmt.render(prepare_messages(messages, "tools" in fmt.template), add_generation_prompt=True,
                           **options.template_kwargs)
         ids = self.tokenize(text, add_bos=not fmt.adds_bos, special=True)
         return ids, options.reasoning(text, fmt.template, self.tokenizer)
+
+    def _chat_render_images(self, messages, options: ChatOptions):
+        """_chat_render of messages with image parts: PromptIds whose images
+        are the ImageSpans of the images' rows, laid out as mtmd does."""
+        from llminfer.tools import prepare_messages
+        from llminfer.vision.prompt import lay_out, split_images
+
+        if self._vision is None:
+            raise InvalidArgumentError("the messages hold images, and this model was loaded without its "
+                                       "vision tower: LLM(model, mmproj=PATH)")
+        fmt = self.chat_format
+        msgs, sources = split_images(messages, allow_files=True)
+        text = fmt.render(prepare_messages(msgs, "tools" in fmt.template), add_generation_prompt=True,
+                          **options.template_kwargs)
+        ids = lay_out(text, sources, self._vision,
+                      lambda t, bos: self.tokenize(t, add_bos=bos, special=True), self._image_rows,
+                      not fmt.adds_bos)
+        big = [len(s.rows) for s in ids.images if len(s.rows) > self.n_batch]
+        if big and self._vision.non_causal:
+            raise InvalidArgumentError(f"an image of {big[0]} positions must run in one pass: n_batch={self.n_batch} "
+                                       f"is too small")
+        return ids, options.reasoning(text, fmt.template, self.tokenizer)
+
+    def encode_image(self, image) -> np.ndarray:
+        """An image's rows for the text model, float32 [n, n_embd] (bytes,
+        a path, a binary file or a PIL image); needs mmproj=."""
+        with self._lock:
+            self._check_open()
+            if self._vision is None:
+                raise InvalidArgumentError("this model was loaded without mmproj=")
+            return self._image_rows(image)[1].copy()
 
     def chat_prompt(self, messages, **options) -> list:
         """The token ids of the prompt a chat call evaluates for `messages`
@@ -812,6 +901,7 @@ class LLM:
         with self._lock:
             self._check_open()
             state.load(self, blob)
+            self._held_images = []
 
     def save_session(self, path) -> None:
         """save_state()'s bytes to a file, a KV block at a time (no copy of
@@ -881,6 +971,10 @@ class LLM:
             if draft is not None:
                 draft.close()
             self._draft = None
+            vision = getattr(self, "_vision", None)
+            if vision is not None:
+                vision.close()
+            self._vision = None
             self._engine = None
             self.spec = None
 
@@ -893,6 +987,20 @@ class LLM:
     def __repr__(self):
         state = "" if getattr(self, "_engine", None) is not None else ", closed"
         return f"LLM({str(self.model_path)!r}, arch={self._arch}, n_ctx={self.n_ctx}{state})"
+
+
+_IMAGES_KEPT = 16  # images whose rows an LLM keeps (by content hash)
+
+
+def _images_agree(held, images, n) -> int:
+    """n, or the start of the first image before n where the context's
+    images and the prompt's differ."""
+    a = {s.start: s.key for s in held if s.start < n}
+    b = {s.start: s.key for s in images if s.start < n}
+    for start in sorted(set(a) | set(b)):
+        if a.get(start) != b.get(start):
+            return start
+    return n
 
 
 def _spec_config(spec, draft, base=None, draft_max=None):

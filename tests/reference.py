@@ -131,8 +131,12 @@ class ReferenceModel:
             x = ln(x + d, T("layer_output_norm.weight"), T("layer_output_norm.bias"))
         return x
 
-    def logits(self, tokens, positions=None, kv_type=None, hidden=False) -> np.ndarray:
-        """Logits at every token; `positions` (default 0, 1, ...) give each
+    def logits(self, tokens, positions=None, kv_type=None, hidden=False, rows=None, both_ways=()) -> np.ndarray:
+        """Logits at every token; rows: {index: float [n_embd]}, input rows
+        that replace those tokens' embeddings, unscaled (an image's, as
+        llama.cpp feeds them); both_ways: (start, end) index ranges whose
+        tokens see each other both ways (a non-causal image); `positions`
+        (default 0, 1, ...) give each
         token's position, increasing, for a context with gaps (a context shift).
         kv_type "q8_0" or "q4_0": keys and values rounded to that type per
         head row, and queries to Q8_0, as a quantized KV cache stores them."""
@@ -229,6 +233,8 @@ class ReferenceModel:
         x = self.t["token_embd.weight"][tokens]
         if gemma:
             x = x * math.sqrt(E)
+        for i, row in (rows or {}).items():
+            x[i] = row
         if a == "granite":
             x = x * self.hp("embedding_scale", 1.0)
         for i in range(self.hp("block_count")):
@@ -263,6 +269,8 @@ class ReferenceModel:
             group = n_head // n_kv
             att = np.zeros((n, n_head, hd))
             visible = pos[None, :] <= pos[:, None]
+            for a_, b_ in both_ways:
+                visible[a_:b_, a_:b_] = True
             if local:
                 visible &= pos[:, None] - pos[None, :] < window
             for h_ in range(n_head):

@@ -825,3 +825,103 @@ def write_decoder_reranker(path, qtype="F32", seed=11, rank=True) -> str:
                        extra_tokens=specials, extra_arrays={"qwen3.classifier.output_labels": ["yes", "no"]},
                        extra_tensors={"cls.output.weight":
                                       lambda rng, E, V: rng.standard_normal((2, E)) * (2.0 / np.sqrt(E))})
+
+
+# ---- mmproj files (llminfer.vision) ----
+
+@dataclass
+class TinyMmproj:
+    projector: str = "gemma3"
+    qtype: str = "F16"            # the ViT's and projector's matrices (F32, F16, BF16, Q8_0)
+    image_size: int = 56
+    patch_size: int = 14
+    n_embd: int = 64
+    n_ff: int = 128
+    n_layer: int = 2
+    n_head: int = 4
+    n_merge: int = 2              # 4 x 4 patches pooled to 2 x 2 tokens
+    n_embd_text: int = 256        # the text model's width (TinyConfig.n_embd)
+    eps: float = 1e-6
+    mean: tuple = (0.5, 0.5, 0.5)
+    std: tuple = (0.5, 0.5, 0.5)
+    swap_ffn: bool = False        # old conversions: up and down under each other's names
+    seed: int = 7
+
+
+def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=None) -> str:
+    """A random Gemma 3-style vision tower as llama.cpp's converter writes
+    one (clip.* metadata, v.* and mm.* tensors); meta: keys to add or
+    replace ({key: value}, strings, floats, ints, bools)."""
+    rng = np.random.default_rng(cfg.seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    kv = {
+        "clip.projector_type": cfg.projector, "clip.has_vision_encoder": True, "clip.use_gelu": True,
+        "clip.vision.image_size": cfg.image_size, "clip.vision.patch_size": cfg.patch_size,
+        "clip.vision.embedding_length": cfg.n_embd, "clip.vision.feed_forward_length": cfg.n_ff,
+        "clip.vision.block_count": cfg.n_layer, "clip.vision.attention.head_count": cfg.n_head,
+        "clip.vision.attention.layer_norm_epsilon": cfg.eps, "clip.vision.projection_dim": cfg.n_embd_text,
+        "clip.vision.projector.scale_factor": cfg.n_merge,
+        "clip.vision.image_mean": list(cfg.mean), "clip.vision.image_std": list(cfg.std),
+    }
+    kv.update(meta or {})
+    for key, v in kv.items():
+        if isinstance(v, bool):
+            w.add_bool(key, v)
+        elif isinstance(v, int):
+            w.add_uint32(key, v)
+        elif isinstance(v, float):
+            w.add_float32(key, v)
+        elif isinstance(v, str):
+            w.add_string(key, v)
+        else:
+            w.add_array(key, [float(a) for a in v])
+
+    def add(name, data, t):
+        if tensor_hook is not None:
+            replaced = tensor_hook(name, data, t)
+            if replaced is None:
+                return
+            data, t = replaced
+        w.add_tensor(name, data, raw_dtype=t)
+
+    def matrix(name, rows, k, scale, qtype=None):
+        t = gguf.GGMLQuantizationType[qtype or cfg.qtype]
+        data = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
+        add(name, quantized_matrix(rng, data, t), t)
+
+    def f32(name, data):
+        add(name, np.ascontiguousarray(data, np.float32), gguf.GGMLQuantizationType.F32)
+
+    def vector(name, n, around=0.0, spread=0.1):
+        f32(name, around + rng.standard_normal(n) * spread)
+
+    E, F, ps = cfg.n_embd, cfg.n_ff, cfg.patch_size
+    grid = cfg.image_size // ps
+    patch = (rng.standard_normal((E, 3, ps, ps)) / np.sqrt(3 * ps * ps)).astype(np.float16)
+    add("v.patch_embd.weight", patch, gguf.GGMLQuantizationType.F16)  # conv kernels stay F16, as converted
+    vector("v.patch_embd.bias", E)
+    f32("v.position_embd.weight", rng.standard_normal((grid * grid, E)) * 0.5)
+    for i in range(cfg.n_layer):
+        p = f"v.blk.{i}."
+        vector(p + "ln1.weight", E, 1.0)
+        vector(p + "ln1.bias", E)
+        vector(p + "ln2.weight", E, 1.0)
+        vector(p + "ln2.bias", E)
+        for m in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            matrix(p + m + ".weight", E, E, 1.0 / np.sqrt(E))
+            vector(p + m + ".bias", E)
+        up, down = ("ffn_down", "ffn_up") if cfg.swap_ffn else ("ffn_up", "ffn_down")
+        matrix(p + up + ".weight", F, E, 1.0 / np.sqrt(E))
+        vector(p + up + ".bias", F)
+        matrix(p + down + ".weight", E, F, 1.0 / np.sqrt(F))
+        vector(p + down + ".bias", E)
+    vector("v.post_ln.weight", E, 1.0)
+    vector("v.post_ln.bias", E)
+    vector("mm.soft_emb_norm.weight", E, 1.0)
+    # stored [E, n_embd_text] (ggml ne [n_embd_text, E]): the encoder's x @ W
+    f32("mm.input_projection.weight", rng.standard_normal((E, cfg.n_embd_text)) / np.sqrt(E))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)

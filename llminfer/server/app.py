@@ -65,6 +65,7 @@ MAX_PROMPTS = 64        # prompts x n choices in one request
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024   # entries
 MAX_EMBED_INPUTS = 256  # inputs of one embeddings request
+MAX_IMAGES = 8  # images of one chat request (each one is encoded while the request is read)
 
 
 class APIError(Exception):
@@ -166,6 +167,7 @@ class Server:
     def __init__(self, args: ServeArgs):
         self.args = args
         self.engine = self.scheduler = self.embedder = None
+        self.vision = self.image_rows = None
         path = hub.resolve(args.model)
         with GGUFFile(path) as f:
             encoder = f.architecture in bert.ARCHS
@@ -190,6 +192,16 @@ class Server:
             self.n_embd = self.engine.spec.n_embd
             self.n_vocab = self.engine.n_vocab
             model_path = self.engine.model_path
+            if args.mmproj:
+                from llminfer.vision.mmproj import load_for_model
+                from llminfer.vision.prompt import ImageRows
+
+                try:
+                    self.vision = load_for_model(args.mmproj, self.n_embd, model_path, args.n_threads)
+                except BaseException:
+                    self.engine.close()
+                    raise
+                self.image_rows = ImageRows(self.vision, 16, args.n_threads)
         self.max_tokens_limit = min(args.max_tokens_limit or self.n_ctx, self.n_ctx)
         given = str(args.model)
         stem = Path(model_path).name
@@ -218,6 +230,8 @@ class Server:
         if self.scheduler is not None:
             self.scheduler.stop()
             self.engine.close()
+            if self.vision is not None:
+                self.vision.close()
         else:
             self.embedder.close()
 
@@ -424,7 +438,7 @@ class Server:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise bad_request("messages must be a non-empty list", "messages")
-        plain = []
+        plain, images = [], []
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise bad_request(f"messages[{i}] must be an object with a role", "messages")
@@ -433,10 +447,14 @@ class Server:
                 content = ""
             elif isinstance(content, list):
                 parts = []
-                for part in content:
+                for j, part in enumerate(content):
+                    if isinstance(part, dict) and part.get("type") == "image_url":
+                        parts.append(self.image_part(part, f"messages[{i}].content[{j}]", images))
+                        continue
                     ok = isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
                     if not ok:
-                        raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
+                        raise bad_request(f"messages[{i}].content: only text and image_url parts are supported",
+                                          "messages")
                     parts.append(part["text"])
                 content = "".join(parts)
             elif not isinstance(content, str):
@@ -466,7 +484,40 @@ class Server:
             raise bad_request(f"the chat template cannot render these messages: {e}", "messages") from None
         tools = _Tools(offered, parse_fmt, grammar, choice) if offered else None  # tool_choice "none": plain
         reasoning = options.reasoning(text, fmt.template, self.tokenizer)
+        if images:
+            return self.image_ids(text, images, fmt), list(fmt.stop_texts), tools, reasoning
         return self.tokenize(text, add_special=not fmt.adds_bos), list(fmt.stop_texts), tools, reasoning
+
+    def image_part(self, part, where, images) -> str:
+        """An image_url part: its bytes (data: URLs only) appended to images,
+        the marker the chat template renders in its place returned."""
+        from llminfer.vision.prompt import MARKER, image_source
+
+        if self.vision is None:
+            raise bad_request(f"{where}: this model takes no images (the server was started without --mmproj)",
+                       "messages")
+        if len(images) >= MAX_IMAGES:
+            raise bad_request(f"at most {MAX_IMAGES} images in one request", "messages")
+        try:
+            images.append(image_source(part, where, allow_files=False))
+        except LLMInferError as e:
+            raise bad_request(str(e), "messages") from None
+        return MARKER
+
+    def image_ids(self, text, images, fmt):
+        """The PromptIds of a rendered chat with images (llminfer.vision.prompt)."""
+        from llminfer.vision.prompt import lay_out
+
+        try:
+            ids = lay_out(text, images, self.vision, lambda t, bos: self.tokenize(t, add_special=bos),
+                          self.image_rows, not fmt.adds_bos)
+        except LLMInferError as e:
+            raise bad_request(f"an image cannot be used: {e}", "messages") from None
+        big = [len(s.rows) for s in ids.images if len(s.rows) > self.args.max_batch_tokens]
+        if big and self.vision.non_causal:
+            raise bad_request(f"an image of {big[0]} positions runs in one pass, and --max-batch-tokens is "
+                       f"{self.args.max_batch_tokens}", "messages")
+        return ids
 
     def embed_ids(self, body) -> list:
         """The token ids of an embeddings request's input: a string, a list of
@@ -556,7 +607,8 @@ class Job:
             for j in range(n):
                 p = params if params.seed is None or j == 0 else params.replace(seed=params.seed + j)
                 r = Request(ids, p, max_tokens[i], stops=stops, ignore_eos=ignore_eos, logprobs=logprobs,
-                            grammar=grammar, reasoning=reasoning, out=self.queue)
+                            grammar=grammar, reasoning=reasoning, out=self.queue,
+                            non_causal=bool(getattr(ids, "images", ())) and server.vision.non_causal)
                 r.index = i * n + j
                 r.prompt_index = i
                 r.first_of_prompt = j == 0

@@ -50,6 +50,7 @@ class ServeArgs:
     models_idle_timeout: float | None = None  # seconds; None: never
     models_max_loaded: int | None = 4
     models_memory_gib: float | None = None
+    mmproj: str | None = None  # the model's vision tower (llminfer.vision): chat takes image_url data: URLs
 
     @property
     def multi_model(self) -> bool:

@@ -63,7 +63,7 @@ RETRY_AFTER_S = 2  # what a 503 for a full server suggests: running requests fin
 
 # ServeArgs fields a models_config entry may set for its model
 PER_MODEL = ("n_ctx", "n_threads", "kv_pool_tokens", "kv_type", "n_gpu_layers", "max_batch_tokens", "max_running",
-             "max_waiting", "prefix_caching", "chat_template", "chat_format", "max_tokens_limit")
+             "max_waiting", "prefix_caching", "chat_template", "chat_format", "max_tokens_limit", "mmproj")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _KV_ELEMENT_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 _GIB = 1 << 30
@@ -200,6 +200,12 @@ def _read_config(path: Path) -> dict:
             p = path.parent / p
         if not p.is_file():
             raise ModelNotFoundError(f"{where}: no such file: {p}")
+        if "mmproj" in options:  # the vision tower, relative to the config file as the model is
+            mm = Path(options["mmproj"]).expanduser()
+            mm = mm if mm.is_absolute() else path.parent / mm
+            if not mm.is_file():
+                raise ModelNotFoundError(f"{where}: no such mmproj file: {mm}")
+            options["mmproj"] = str(mm)
         out[str(name)] = (p, options)
     return out
 

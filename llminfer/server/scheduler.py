@@ -83,6 +83,7 @@ class Request:
     grammar: object = None  # a llminfer.structured.Grammar the output follows
     reasoning: object = None  # a thinking model's llminfer.reasoning.Reasoning (the grammar follows the thinking)
     out: object = None
+    non_causal: bool = False  # the prompt's image rows attend to each other both ways (Gemma 3)
     rid: int = field(default_factory=lambda: next(_ids))
     # --- engine-thread state ---
     arrival: float = field(default_factory=time.monotonic)
@@ -103,6 +104,19 @@ class Request:
     def pending(self) -> int:
         """Tokens not yet in the KV cache."""
         return len(self.prompt) + len(self.output) - (len(self.seq.tokens) if self.seq is not None else 0)
+
+
+def _images(req) -> tuple:
+    """The ImageSpans of req's prompt (llminfer.vision.prompt.PromptIds)."""
+    return getattr(req.prompt, "images", ())
+
+
+def _span_at(req, start: int, n: int):
+    """The first image of req whose positions meet [start, start + n), or None."""
+    for span in _images(req):
+        if span.end > start and span.start < start + n:
+            return span
+    return None
 
 
 def _generator(req: Request, n_vocab: int, tokenizer) -> Generator:
@@ -180,7 +194,13 @@ class Scheduler:
             raise InvalidArgumentError(f"a prompt must have 1 to {n_ctx - 1} tokens, got {len(req.prompt)}")
         if not isinstance(req.max_tokens, int) or req.max_tokens < 1:
             raise InvalidArgumentError(f"max_tokens must be a positive integer, got {req.max_tokens!r}")
+        images = _images(req)
         req.prompt = [int(t) for t in self.engine.check_ids(req.prompt)]
+        if images:  # the image rows' positions (llminfer.vision.prompt.PromptIds)
+            from llminfer.vision.prompt import PromptIds
+
+            req.prompt = PromptIds(req.prompt)
+            req.prompt.images = images
         with self._cond:
             if self._in_flight >= self.max_waiting + self.max_running:
                 return False
@@ -324,6 +344,8 @@ class Scheduler:
             if req not in self.running:
                 continue  # preempted below by an older request
             n = self._chunk(req, min(req.pending(), budget))
+            if n == 0:
+                continue  # an image's rows wait for a step with room for all of them
             while not plan(req, n):
                 victim = self._youngest(exclude=work)
                 if victim is None:
@@ -353,7 +375,16 @@ class Scheduler:
     def _chunk(self, req, n: int) -> int:
         """n tokens of req for this step, or fewer so that a hybrid model's
         prompt pass ends on its last full block (that block's recurrent
-        state is what the prefix cache keeps of the prompt)."""
+        state is what the prefix cache keeps of the prompt), and so that a
+        chunk of a prompt with images is all tokens or all one image's rows."""
+        span = _span_at(req, len(req.seq.tokens), n)
+        if span is not None:
+            start = len(req.seq.tokens)
+            if span.start > start:
+                return span.start - start
+            # rows that attend to each other both ways run in one pass: all of them, or wait for a step
+            # with the room (the server refuses an image larger than a pass)
+            return 0 if req.non_causal and span.end - start > n else min(n, span.end - start)
         if self.cache is None or not self.cache.hybrid:
             return n
         start, bs = len(req.seq.tokens), self.kv.block_size
@@ -388,7 +419,7 @@ class Scheduler:
         if req.seq is None:
             req.seq = eng.kv.new_sequence()
             req.keys = []
-            if self.cache is not None:
+            if self.cache is not None and not _images(req):  # an image's positions hold placeholder ids
                 keys, blocks = self.cache.match(req.tokens())
                 if blocks:
                     toks = req.tokens()[:len(blocks) * self.kv.block_size]
@@ -429,9 +460,35 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.on_preemption()
 
+    def _image_rows(self, work, events) -> dict:
+        """The chunks of `work` that are an image's rows, each run in a pass
+        of its own (a batch is all tokens or all rows): {request: logits or
+        None}; a request whose pass fails is finished and left out."""
+        out = {}
+        for req, n in list(work.items()):
+            start = len(req.seq.tokens)
+            span = _span_at(req, start, n)
+            if span is None or span.start > start:
+                continue
+            last = n == req.pending()
+            try:
+                lg = np.empty(self.engine.n_vocab, np.float32) if last else None
+                self.engine.decode_rows(req.seq, np.asarray(req.tokens()[start:start + n], dtype=np.int32),
+                                        span.rows[start - span.start:start - span.start + n], lg,
+                                        causal=not req.non_causal)
+                out[req] = lg
+            except Exception as e:  # noqa: BLE001 - this request fails; the server goes on
+                log.exception("an image's pass failed")
+                del work[req]
+                self._finish(req, "error", events, e)
+        return out
+
     def _run(self, work, events):
+        rows = self._image_rows(work, events) if any(_images(r) for r in work) else {}
         items = []
         for req, n in work.items():
+            if req in rows:
+                continue
             start = len(req.seq.tokens)
             ids = np.asarray(req.tokens()[start:start + n], dtype=np.int32)
             # a view of the engine's output, read before the next step: a
@@ -439,17 +496,21 @@ class Scheduler:
             # ~40% of the engine thread's Python (Gemma 3, 32 requests)
             items.append((req.seq, ids, "view" if n == req.pending() else None))
         try:
-            logits = self.engine.decode(items)
+            logits = self.engine.decode(items) if items else []
         except Exception as e:  # noqa: BLE001 - the step's requests fail; the server goes on
             log.exception("a forward pass of %d requests failed", len(work))
             for req in list(work):
-                self._finish(req, "error", events, e)
-            return
+                if req not in rows:
+                    self._finish(req, "error", events, e)
+            work = {r: n for r, n in work.items() if r in rows}
+            logits = []
         self.steps += 1
         now = time.monotonic()
         generated = 0
-        for (req, _), lg in zip(work.items(), logits):
-            if self.cache is not None:
+        logits = iter(logits)
+        for req in list(work):
+            lg = rows[req] if req in rows else next(logits)
+            if self.cache is not None and not _images(req):
                 req.keys = self.cache.insert(req.seq, req.keys)
             if lg is None:
                 continue  # a prompt chunk; more to come

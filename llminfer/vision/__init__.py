@@ -1,0 +1,14 @@
+"""llminfer.vision: images in, through a model's mmproj file.
+
+    enc = load_mmproj("mmproj-gemma-3-4b-f16.gguf")
+    rows = enc.encode("cat.jpg")      # float32 [256, n_embd of the text model]
+
+LLM(model, mmproj=PATH) loads one beside the model, and chat messages take
+OpenAI's image_url parts (data: URLs, or paths and bytes in the library).
+Projector types run: gemma3 (SigLIP, average pooling, projection).
+"""
+
+from llminfer.vision.image import MAX_BYTES, MAX_PIXELS, load_image
+from llminfer.vision.mmproj import SUPPORTED, load_mmproj
+
+__all__ = ["load_mmproj", "load_image", "SUPPORTED", "MAX_BYTES", "MAX_PIXELS"]
