@@ -146,3 +146,14 @@ def test_only_openai_shapes_names_openai_objects():
     others = {str(p.relative_to(ROOT)): found for p in PKG.rglob("*.py") if p != OPENAI_SHAPES
               for found in [_object_literals(p)] if found}
     assert others == {}
+
+
+def test_every_subpackage_ships_in_the_wheel():
+    """pyproject.toml names the packages the wheel carries: a folder of
+    modules left out installs as a ModuleNotFoundError."""
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11's tomllib")
+    named = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.parent.relative_to(PKG.parent).parts) for p in PKG.rglob("__init__.py")}
+    assert folders <= named, f"not in pyproject.toml's packages: {sorted(folders - named)}"
