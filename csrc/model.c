@@ -1324,10 +1324,40 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
 
 /* ---- mixture of experts ---- */
 
+/* The ids of the k largest v[e] + bias[e] (bias NULL: v alone) into sel,
+ * the largest first and, among equals, the lower index first. */
+static void top_k_ids(const float *v, const float *bias, int n, int k, int32_t *sel) {
+    for (int j = 0; j < k; j++) {
+        int pick = -1;
+        float best = 0.0f;
+        for (int e = 0; e < n; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= sel[i] == e;
+            const float x = bias ? v[e] + bias[e] : v[e];
+            if (!taken && (pick < 0 || x > best)) {
+                pick = e;
+                best = x;
+            }
+        }
+        sel[j] = pick;
+    }
+}
+
+/* w[j] = prob[sel[j]] renormalized to sum to 1, the sum clamped as
+ * llama.cpp clamps it, to the smallest normal float16 */
+static void picked_weights(const float *prob, const int32_t *sel, int k, float *w) {
+    float wsum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        w[j] = prob[sel[j]];
+        wsum += w[j];
+    }
+    wsum = LI_MAX(wsum, 6.103515625e-5f);
+    for (int j = 0; j < k; j++) w[j] /= wsum;
+}
+
 /* Route one token: softmax over its router logits, the k most probable
  * experts (the lower index first among equals) in descending order, and
- * their probabilities renormalized to sum to 1 (Qwen3-MoE). The sum is
- * clamped as llama.cpp clamps it, to the smallest normal float16. */
+ * their probabilities renormalized to sum to 1 (Qwen3-MoE). */
 static void route_token(const float *logits, int n_expert, int k, float *prob, int32_t *sel, float *w) {
     float best = logits[0];
     for (int e = 1; e < n_expert; e++) best = LI_MAX(best, logits[e]);
@@ -1337,20 +1367,8 @@ static void route_token(const float *logits, int n_expert, int k, float *prob, i
         sum += prob[e];
     }
     for (int e = 0; e < n_expert; e++) prob[e] /= sum;
-    float wsum = 0.0f;
-    for (int j = 0; j < k; j++) {
-        int pick = -1;
-        for (int e = 0; e < n_expert; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++) taken |= sel[i] == e;
-            if (!taken && (pick < 0 || prob[e] > prob[pick])) pick = e;
-        }
-        sel[j] = pick;
-        w[j] = prob[pick];
-        wsum += w[j];
-    }
-    wsum = LI_MAX(wsum, 6.103515625e-5f);
-    for (int j = 0; j < k; j++) w[j] /= wsum;
+    top_k_ids(prob, NULL, n_expert, k, sel);
+    picked_weights(prob, sel, k, w);
 }
 
 /* Route one token as lfm2moe does (LI_GATING_SIGMOID): p = sigmoid(logit);
@@ -1359,25 +1377,8 @@ static void route_token(const float *logits, int n_expert, int k, float *prob, i
 static void route_token_sigmoid(const float *logits, const float *bias, int n_expert, int k, float *prob,
                                 int32_t *sel, float *w) {
     for (int e = 0; e < n_expert; e++) prob[e] = 1.0f / (1.0f + expf(-logits[e]));
-    float wsum = 0.0f;
-    for (int j = 0; j < k; j++) {
-        int pick = -1;
-        float best = 0.0f;
-        for (int e = 0; e < n_expert; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++) taken |= sel[i] == e;
-            const float v = prob[e] + (bias ? bias[e] : 0.0f);
-            if (!taken && (pick < 0 || v > best)) {
-                pick = e;
-                best = v;
-            }
-        }
-        sel[j] = pick;
-        w[j] = prob[pick];
-        wsum += w[j];
-    }
-    wsum = LI_MAX(wsum, 6.103515625e-5f);
-    for (int j = 0; j < k; j++) w[j] /= wsum;
+    top_k_ids(prob, bias, n_expert, k, sel);
+    picked_weights(prob, sel, k, w);
 }
 
 /* Route one token as gpt-oss does (LI_GATING_SOFTMAX_WEIGHT): the k
@@ -1385,15 +1386,7 @@ static void route_token_sigmoid(const float *logits, const float *bias, int n_ex
  * their weights a softmax over those k alone, as ggml's soft_max computes
  * it (a double sum, its inverse rounded to float). */
 static void route_token_topk(const float *logits, int n_expert, int k, int32_t *sel, float *w) {
-    for (int j = 0; j < k; j++) {
-        int pick = -1;
-        for (int e = 0; e < n_expert; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++) taken |= sel[i] == e;
-            if (!taken && (pick < 0 || logits[e] > logits[pick])) pick = e;
-        }
-        sel[j] = pick;
-    }
+    top_k_ids(logits, NULL, n_expert, k, sel);
     const float best = logits[sel[0]];
     double sum = 0.0;
     for (int j = 0; j < k; j++) {
