@@ -39,8 +39,9 @@ import numpy as np
 from llminfer import hub
 
 
-def copy_tokenizer(w: gguf.GGUFWriter, src: str) -> int:
-    """Copy the tokenizer.* keys of src into w; returns the vocabulary size."""
+def copy_tokenizer(w: gguf.GGUFWriter, src: str, n_vocab_to: int | None = None) -> int:
+    """Copy the tokenizer.* keys of src into w, the tokens padded with unused
+    ones up to n_vocab_to when given; returns the vocabulary size."""
     r = gguf.GGUFReader(src)
     n_vocab = 0
     for name, f in r.fields.items():
@@ -53,6 +54,10 @@ def copy_tokenizer(w: gguf.GGUFWriter, src: str) -> int:
                 vals = [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
             else:
                 vals = [f.parts[i].tolist()[0] for i in f.data]
+            if n_vocab_to and name == "tokenizer.ggml.tokens":
+                vals += [f"<|unused_{i}|>" for i in range(n_vocab_to - len(vals))]
+            elif n_vocab_to and name == "tokenizer.ggml.token_type":
+                vals += [5] * (n_vocab_to - len(vals))  # UNUSED
             w.add_array(name, vals)
             if name == "tokenizer.ggml.tokens":
                 n_vocab = len(vals)
@@ -62,37 +67,6 @@ def copy_tokenizer(w: gguf.GGUFWriter, src: str) -> int:
             val = f.parts[f.data[0]].tolist()[0]
             {gguf.GGUFValueType.UINT32: w.add_uint32, gguf.GGUFValueType.INT32: w.add_int32,
              gguf.GGUFValueType.BOOL: w.add_bool, gguf.GGUFValueType.FLOAT32: w.add_float32}[t](name, val)
-    return n_vocab
-
-
-def pad_vocab(w: gguf.GGUFWriter, src: str, n_vocab: int | None) -> int:
-    """copy_tokenizer, the tokens padded with unused ones up to n_vocab"""
-    if not n_vocab:
-        return copy_tokenizer(w, src)
-    r = gguf.GGUFReader(src)
-    for name, f in r.fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        t = f.types[0]
-        if t == gguf.GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            if sub == gguf.GGUFValueType.STRING:
-                vals = [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
-            else:
-                vals = [f.parts[i].tolist()[0] for i in f.data]
-            if name == "tokenizer.ggml.tokens":
-                vals += [f"<|unused_{i}|>" for i in range(n_vocab - len(vals))]
-            elif name == "tokenizer.ggml.token_type":
-                vals += [5] * (n_vocab - len(vals))  # UNUSED
-            w.add_array(name, vals)
-        elif t == gguf.GGUFValueType.STRING:
-            w.add_string(name, bytes(f.parts[f.data[0]]).decode("utf-8"))
-        else:
-            val = f.parts[f.data[0]].tolist()[0]
-            if isinstance(val, int) and not isinstance(val, bool):
-                w.add_uint32(name, val)
-            elif isinstance(val, bool):
-                w.add_bool(name, val)
     return n_vocab
 
 
@@ -107,7 +81,7 @@ def write_qwen35(a):
     ne, nu, Fe, Fs = 256, 8, 512, 512
     rng = np.random.default_rng(a.seed)
     w = gguf.GGUFWriter(a.out, arch)
-    n_vocab = pad_vocab(w, str(hub.pull("smollm2-135m-instruct")), a.n_vocab or 248320)
+    n_vocab = copy_tokenizer(w, str(hub.pull("smollm2-135m-instruct")), a.n_vocab or 248320)
     w.add_name(f"random-{arch}-shape")
     w.add_context_length(8192)
     w.add_embedding_length(E)
@@ -231,7 +205,7 @@ def main():
     rng = np.random.default_rng(a.seed)
     arch = "qwen3moe" if a.moe else "llama"
     w = gguf.GGUFWriter(a.out, arch)
-    n_vocab = copy_tokenizer(w, str(hub.pull("smollm2-135m-instruct")))
+    n_vocab = copy_tokenizer(w, str(hub.pull("smollm2-135m-instruct")), a.n_vocab)
     E = a.n_embd
     hd = 128 if a.moe else E // a.n_head
     nq, nkv = a.n_head * hd, a.n_head_kv * hd
