@@ -150,7 +150,43 @@ struct li_context {
     const li_backend_ops *be_ops;
     void *be;
     int be_layers, be_output;
+
+    /* LoRA adapters (li_context_set_loras), borrowed, and per batch each
+     * row's scale of each: lora_s[t * n_lora + j] (0: off) */
+    const li_lora *loras;
+    int n_lora, lora_rank;  /* adapters, and the largest rank of any pair */
+    float *lora_s;         /* [n_batch, n_lora] */
+    float *lora_tmp;       /* [LI_LORA_PROJ, n_batch, n_lora, lora_rank] each (row, adapter)'s A x */
+    int lora_any;          /* this batch has a row with a scale != 0 */
 };
+/* the most projections a step runs side by side (q, k, v) */
+#define LI_LORA_PROJ 3
+
+/* lora.c: one projection a step adapts. pair: where its li_lora_pair is in
+ * li_lora_layer (offsetof), for layer il, or il -1: the output head. x: its
+ * float input rows (x_ld apart), y: its output rows (y_ld apart), n rows of
+ * the step; row t is batch row row_map[t], or row0 + t when row_map is NULL. */
+typedef struct li_lora_proj {
+    size_t pair;
+    int il;
+    const li_matrix *w;
+    const float *x;
+    int64_t x_ld;
+    float *y;
+    int64_t y_ld;
+    int64_t row0;
+    const int32_t *row_map;
+} li_lora_proj;
+/* each batch row's scales into lora_s and lora_any, the views' scales checked */
+int li_lora_prepare(li_context *c, const li_batch *b, const li_seq_view *views, int n_views);
+/* whether some adapter adapts one of ps[0..np) and some row of the batch has a scale != 0 (the
+ * same answer in every thread) */
+int li_lora_covers(const li_context *c, const li_lora_proj *ps, int np);
+/* before the base product: each (row, adapter) with a scale != 0's A x into lora_tmp */
+void li_lora_down(li_context *c, const li_lora_proj *ps, int np, int64_t n, int ith, int nth);
+/* after it (and a barrier): y += s * B (A x), adapters in order */
+void li_lora_up(li_context *c, const li_lora_proj *ps, int np, int64_t n, int ith, int nth);
+void li_lora_free(li_context *c);
 
 /* attention.c */
 /* biases, per-head norms, RoPE and the cache write for token t, head item h

@@ -408,6 +408,10 @@ typedef struct li_seq_view {
                                   * recurrent layers). The slot holds the state after every position
                                   * before the batch's first token of this sequence; the batch updates it
                                   * in place to the state after its last. */
+    const float *lora_scale;     /* [n_lora] the scale of each of the context's LoRA adapters for this
+                                  * sequence (li_context_set_loras), 0 where it is off; NULL with n_lora 0:
+                                  * every adapter off */
+    int n_lora;
 } li_seq_view;
 
 /* A batch, in the spirit of llama.cpp's llama_batch: n tokens, each with its
@@ -527,6 +531,35 @@ int li_encoder_check(const li_encoder_desc *m);
  * this sequence only, never on n_threads. */
 int li_encode(const li_encoder_desc *m, const int32_t *tokens, const int32_t *types, int n, float *out,
               size_t out_size, int n_threads);
+
+/* ---- LoRA adapters ----
+ * A low-rank delta to a projection W [rows, k]: A [rank, k] and B [rows,
+ * rank], float32, row-major (numpy order; llama.cpp's lora_a and lora_b).
+ * A row whose sequence gives adapter j the scale s_j != 0 gets, after W x,
+ * y += s * (B (A x)) for each such adapter in order, s = s_j * alpha / rank
+ * (s_j itself when alpha is 0), as llama.cpp's build_lora_mm. The delta is
+ * computed per row with the same operations whatever else is batched and
+ * however many threads run; a row whose scales are all 0 is the base
+ * model's, bit for bit. A pair with NULL a and b is absent. */
+typedef struct li_lora_pair {
+    const float *a;              /* [rank, k] */
+    const float *b;              /* [rows, rank] */
+    int rank;
+} li_lora_pair;
+typedef struct li_lora_layer {
+    li_lora_pair wq, wk, wv, wo, w_gate, w_up, w_down;
+} li_lora_layer;
+typedef struct li_lora {
+    float alpha;                 /* adapter.lora.alpha; 0: the scales are used as given */
+    const li_lora_layer *layers; /* [n_layer] */
+    li_lora_pair output;         /* the output head's */
+} li_lora;
+/* Borrow n adapters (their arrays stay alive and unchanged while the
+ * context uses them; n 0 drops them). Refused (LI_E_ARG) on a context
+ * with offloaded layers, for a pair without its other half, a rank outside
+ * 1..65536, or a pair on a projection the model lacks. Not to be called
+ * during a decode. */
+int li_context_set_loras(li_context *c, const li_lora *loras, int n);
 
 /* on nonzero: later decodes write, for each row asked for, the final normed
  * hidden state ([n_embd], what the output head would read) instead of the

@@ -340,6 +340,7 @@ void li_context_free(li_context *c) {
     free(c->seq_rows);
     free(c->seq_off);
     free(c->slot_mark);
+    li_lora_free(c);
     free(c);
 }
 
@@ -969,7 +970,8 @@ static void pre_norm(const li_model_desc *m, const float *x, const float *w, flo
  * (sync_before). */
 #define OWN_ROWS_MAX_EMBD 1024
 static int own_rows(const li_context *c, int64_t n, int nth) {
-    return n == 1 && nth > 1 && c->m->n_expert == 0 && c->m->n_embd <= OWN_ROWS_MAX_EMBD;
+    /* LoRA's deltas read the shared xb (lora.c); own rows give the same bits, so either is right */
+    return n == 1 && nth > 1 && c->m->n_expert == 0 && c->m->n_embd <= OWN_ROWS_MAX_EMBD && !c->lora_any;
 }
 
 static own_row own_of(const li_context *c, int ith) {
@@ -1042,9 +1044,19 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
                               {&L->wk, xq[li_types[L->wk.type].act_type], n, c->k, nk},
                               {&L->wv, xq[li_types[L->wv.type].act_type], n, c->v, nv}};
     if (!own) sync_before(c, qkv_p, 3, ith, nth);
+    const li_lora_proj qkv_l[3] = {
+        {offsetof(li_lora_layer, wq), il, &L->wq, c->xb, E, gated ? c->qg : c->q, gated ? 2 * nq : nq, 0, NULL},
+        {offsetof(li_lora_layer, wk), il, &L->wk, c->xb, E, c->k, nk, 0, NULL},
+        {offsetof(li_lora_layer, wv), il, &L->wv, c->xb, E, c->v, nv, 0, NULL}};
+    const int lora_qkv = li_lora_covers(c, qkv_l, 3); /* never with own rows: xb holds every row */
+    if (lora_qkv) li_lora_down(c, qkv_l, 3, n, ith, nth);
     matmuls(c, qkv_p, 3, ith, nth);
     li_attention_prefetch(c, L, il, n, ith, nth);
     li_share_sync(c->share);
+    if (lora_qkv) {
+        li_lora_up(c, qkv_l, 3, n, ith, nth);
+        li_share_sync(c->share);
+    }
     if (gated) {
         const int64_t hd = m->head_dim;
         li_split(n * m->n_head, ith, nth, &lo, &hi);
@@ -1084,8 +1096,18 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     gated_quantize(c, c->att, NULL, n, na, &L->wo, 0, ith, nth);
     const product wo_p = {&L->wo, acts_for(c, &L->wo), n, c->o, E};
     sync_before(c, &wo_p, 1, ith, nth);
+    const li_lora_proj wo_l = {offsetof(li_lora_layer, wo), il, &L->wo, c->att, na, c->o, E, 0, NULL};
+    const int lora_o = li_lora_covers(c, &wo_l, 1);
+    if (lora_o) { /* A att, before Wo's product writes o over att */
+        li_lora_down(c, &wo_l, 1, n, ith, nth);
+        li_share_sync(c->share);
+    }
     matmuls(c, &wo_p, 1, ith, nth);
     li_share_sync(c->share);
+    if (lora_o) {
+        li_lora_up(c, &wo_l, 1, n, ith, nth);
+        li_share_sync(c->share);
+    }
 
     li_split(n, ith, nth, &lo, &hi);
     half_output(c, L->bo, L->post_attn_norm, own, ith, lo, hi);
@@ -1284,6 +1306,7 @@ static void act_quantize_to(void *dst, float *u, int64_t n, int64_t k, const li_
 static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, int nth) {
     const li_model_desc *m = c->m;
     const int64_t E = m->n_embd, F = m->n_ff;
+    const int il = (int)(L - m->layers);
     int64_t lo, hi;
 
     const int own = own_rows(c, n, nth);
@@ -1305,8 +1328,19 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
             {&L->w_up, (const char *)xq[li_types[L->w_up.type].act_type] + (size_t)c0 * row_u, nc, c->u, F}};
         const product *ps = gated ? gu_p : gu_p + 1;
         if (c0 == 0 && !own) sync_before(c, ps, gated ? 2 : 1, ith, nth); /* after the quantized rows */
+        /* LoRA (lora.c; never with own rows): its deltas after each product, a barrier after each step */
+        const li_lora_proj gu_l[2] = {
+            {offsetof(li_lora_layer, w_gate), il, &L->w_gate, c->xb + c0 * E, E, c->g, F, c0, NULL},
+            {offsetof(li_lora_layer, w_up), il, &L->w_up, c->xb + c0 * E, E, c->u, F, c0, NULL}};
+        const li_lora_proj *gu_lp = gated ? gu_l : gu_l + 1;
+        const int lora_gu = li_lora_covers(c, gu_lp, gated ? 2 : 1);
+        if (lora_gu) li_lora_down(c, gu_lp, gated ? 2 : 1, nc, ith, nth);
         matmuls(c, ps, gated ? 2 : 1, ith, nth);
         li_share_sync(c->share);
+        if (lora_gu) {
+            li_lora_up(c, gu_lp, gated ? 2 : 1, nc, ith, nth);
+            li_share_sync(c->share);
+        }
 
         if (gated)
             gated_quantize_to(xd, c->g, c->u, nc, F, &L->w_down, m->gate_fn, ith, nth);
@@ -1314,7 +1348,17 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
             act_quantize_to(xd, c->u, nc, F, &L->w_down, m->gate_fn, ith, nth);
         const product down_p = {&L->w_down, xd, nc, c->o + c0 * E, E};
         sync_before(c, &down_p, 1, ith, nth);
+        /* the activations in place: g times fn, or fn(u) */
+        const li_lora_proj down_l = {offsetof(li_lora_layer, w_down), il, &L->w_down, gated ? c->g : c->u, F,
+                                     c->o + c0 * E, E, c0, NULL};
+        const int lora_d = li_lora_covers(c, &down_l, 1);
+        if (lora_d) li_lora_down(c, &down_l, 1, nc, ith, nth); /* down's product writes o, not g or u */
         matmuls(c, &down_p, 1, ith, nth);
+        if (lora_d) {
+            li_share_sync(c->share);
+            li_lora_up(c, &down_l, 1, nc, ith, nth);
+            li_share_sync(c->share); /* the next chunk's steps write lora_tmp, g and u again */
+        }
     }
     li_share_sync(c->share);
 
@@ -1749,7 +1793,14 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     quantize_rows_for(c, c->xb, E, lo, hi, out, 1);
     const product head_p = {&m->output, acts_for(c, &m->output), n_out, logits, m->n_vocab};
     sync_before(c, &head_p, 1, ith, nth);
+    const li_lora_proj head_l = {0, -1, &m->output, c->xb, E, logits, m->n_vocab, 0, c->out_rows};
+    const int lora_h = li_lora_covers(c, &head_l, 1);
+    if (lora_h) li_lora_down(c, &head_l, 1, n_out, ith, nth);
     matmuls(c, &head_p, 1, ith, nth);
+    if (lora_h) {
+        li_share_sync(c->share);
+        li_lora_up(c, &head_l, 1, n_out, ith, nth);
+    }
     const int64_t V = m->n_vocab;
     if (m->logit_scale != 1.0f || m->final_softcap != 0.0f) {
         li_share_sync(c->share);
@@ -1874,6 +1925,7 @@ static int prepare_batch(li_context *c, const li_batch *b, const li_seq_view *vi
             (!rep[c->group[il]] || m->layers[il].sliding_window > rep[c->group[il]]->sliding_window))
             rep[c->group[il]] = &m->layers[il];
     CHECK(group_rows(c, b, views, n_views));
+    CHECK(li_lora_prepare(c, b, views, n_views));
     /* the last position each row sees: its own, or its sequence's last in the batch */
     for (int s = 0; s < n_views; s++) {
         int last = -1;

@@ -93,6 +93,8 @@ cdef extern from "llminfer.h" nogil:
         const int32_t *blocks[2]
         int n_blocks[2]
         int state_slot
+        const float *lora_scale
+        int n_lora
     ctypedef struct li_batch:
         int n
         const int32_t *token
@@ -159,6 +161,17 @@ cdef extern from "llminfer.h" nogil:
                   size_t out_size, int n_threads)
     int li_context_set_hidden_output(li_context *c, int on)
     int li_context_set_causal(li_context *c, int causal)
+    ctypedef struct li_lora_pair:
+        const float *a
+        const float *b
+        int rank
+    ctypedef struct li_lora_layer:
+        li_lora_pair wq, wk, wv, wo, w_gate, w_up, w_down
+    ctypedef struct li_lora:
+        float alpha
+        const li_lora_layer *layers
+        li_lora_pair output
+    int li_context_set_loras(li_context *c, const li_lora *loras, int n)
     int LI_PROBE_NONE, LI_PROBE_EMBED, LI_PROBE_ATTN, LI_PROBE_FFN, LI_PROBE_BACKEND
     int LI_PROBE_OUTPUT_NORM, LI_PROBE_LOGITS
     ctypedef struct li_probe_result:

@@ -451,6 +451,10 @@ cdef class Context:
     # step()'s block tables: each group's Python list copied here, grown as it grows
     cdef int32_t *table[2]
     cdef Py_ssize_t table_room[2]
+    # LoRA adapters (set_loras): the C descriptions and the arrays they point into
+    cdef C.li_lora *loras
+    cdef C.li_lora_layer *lora_layers
+    cdef list lora_keep
 
     def __cinit__(self, ModelDesc model, int kv_type, int block_size, n_blocks, int n_batch,
                   int max_threads, backend=None, int n_backend_layers=0, bint backend_output=False,
@@ -531,7 +535,9 @@ cdef class Context:
         keep = []
         try:
             for i in range(nv):
-                views[i].state_slot = tables[i][2] if len(tables[i]) > 2 else -1
+                views[i].state_slot = tables[i][2] if len(tables[i]) > 2 and tables[i][2] is not None else -1
+                if len(tables[i]) > 3 and tables[i][3] is not None:
+                    self._lora_view(tables[i][3], &views[i], keep)
                 for g in range(2):
                     arr = tables[i][g]
                     if arr is None or len(arr) == 0:
@@ -563,7 +569,62 @@ cdef class Context:
         view.n_blocks[g] = <int>n
         return 0
 
-    def step(self, int token, int pos, full, swa, float[::1] logits, int width, int n_threads, int slot=-1):
+    cdef int _lora_view(self, scales, C.li_seq_view *view, list keep) except -1:
+        """a sequence's LoRA scales (float32 [n_lora]) into its view"""
+        cdef const float[::1] sc = scales
+        keep.append(scales)
+        view.n_lora = <int>sc.shape[0]
+        view.lora_scale = &sc[0] if sc.shape[0] else NULL
+        return 0
+
+    def set_loras(self, list adapters):
+        """Hold these LoRA adapters (li_context_set_loras), [] none: each
+        (alpha, layers, output), layers a list of n_layer dicts from a
+        projection's name (wq, wk, wv, wo, w_gate, w_up, w_down) to its (a, b)
+        float32 C-contiguous arrays ([rank, k], [rows, rank]), output such a
+        pair or None. The arrays are kept while the context holds them; the
+        caller (llminfer.lora) has checked their shapes."""
+        if self.ctx == NULL:
+            raise errors.LLMInferError("the context is closed")
+        cdef int n = len(adapters), nl = self.model.desc.n_layer, j, il
+        cdef C.li_lora *L = NULL
+        cdef C.li_lora_layer *LL = NULL
+        if n:
+            L = <C.li_lora *>calloc(n, sizeof(C.li_lora))
+            LL = <C.li_lora_layer *>calloc(<size_t>n * <size_t>max(nl, 1), sizeof(C.li_lora_layer))
+            if L == NULL or LL == NULL:
+                free(L)
+                free(LL)
+                raise MemoryError()
+        keep = []
+        cdef int st
+        try:
+            for j in range(n):
+                alpha, layers, output = adapters[j]
+                L[j].alpha = alpha
+                L[j].layers = &LL[<size_t>j * nl]
+                if len(layers) != nl:
+                    raise errors.ShapeError(f"adapter {j}: {len(layers)} layers, the model has {nl}")
+                for il in range(nl):
+                    for name, pair in layers[il].items():
+                        _lora_pair(_lora_slot(&LL[<size_t>j * nl + il], name),
+                                   _lora_base(&self.model.desc.layers[il], name), pair, keep)
+                if output is not None:
+                    _lora_pair(&L[j].output, &self.model.desc.output, output, keep)
+            st = C.li_context_set_loras(self.ctx, L, n)
+            check(st, "setting the LoRA adapters")
+        except BaseException:
+            free(L)
+            free(LL)
+            raise
+        free(self.loras)
+        free(self.lora_layers)
+        self.loras = L
+        self.lora_layers = LL
+        self.lora_keep = keep
+
+    def step(self, int token, int pos, full, swa, float[::1] logits, int width, int n_threads, int slot=-1,
+             lora=None):
         """One token of one sequence (sequence index 0), its logits into
         logits: decode for a generation step without its arrays. full, swa:
         the sequence's block tables (lists of ints, or None for a group the
@@ -589,6 +650,11 @@ cdef class Context:
         view.blocks[0] = view.blocks[1] = NULL
         view.n_blocks[0] = view.n_blocks[1] = 0
         view.state_slot = slot
+        view.lora_scale = NULL
+        view.n_lora = 0
+        keep = []
+        if lora is not None:
+            self._lora_view(lora, &view, keep)
         if full is not None:
             self._table_view(0, full, &view)
         if swa is not None:
@@ -724,6 +790,59 @@ cdef class Context:
             C.li_context_free(self.ctx)
         free(self.table[0])
         free(self.table[1])
+        free(self.loras)
+        free(self.lora_layers)
+
+
+cdef C.li_lora_pair *_lora_slot(C.li_lora_layer *P, str name) except NULL:
+    if name == "wq":
+        return &P.wq
+    if name == "wk":
+        return &P.wk
+    if name == "wv":
+        return &P.wv
+    if name == "wo":
+        return &P.wo
+    if name == "w_gate":
+        return &P.w_gate
+    if name == "w_up":
+        return &P.w_up
+    if name == "w_down":
+        return &P.w_down
+    raise errors.InvalidArgumentError(f"no LoRA projection named {name!r}")
+
+
+cdef const C.li_matrix *_lora_base(const C.li_layer_desc *Ly, str name) except NULL:
+    if name == "wq":
+        return &Ly.wq
+    if name == "wk":
+        return &Ly.wk
+    if name == "wv":
+        return &Ly.wv
+    if name == "wo":
+        return &Ly.wo
+    if name == "w_gate":
+        return &Ly.w_gate
+    if name == "w_up":
+        return &Ly.w_up
+    if name == "w_down":
+        return &Ly.w_down
+    raise errors.InvalidArgumentError(f"no LoRA projection named {name!r}")
+
+
+cdef int _lora_pair(C.li_lora_pair *P, const C.li_matrix *w, pair, list keep) except -1:
+    """(a, b) into P, checked against the base matrix w: a [rank, w.k], b [w.rows, rank]"""
+    cdef const float[:, ::1] a = pair[0]
+    cdef const float[:, ::1] b = pair[1]
+    if a.shape[0] != b.shape[1] or a.shape[0] < 1 or a.shape[1] != w.k or b.shape[0] != w.rows:
+        raise errors.ShapeError(f"a LoRA pair of A {a.shape[0]}x{a.shape[1]} and B {b.shape[0]}x{b.shape[1]} "
+                                f"for a weight of {w.rows}x{w.k}")
+    keep.append(pair[0])
+    keep.append(pair[1])
+    P.a = &a[0, 0]
+    P.b = &b[0, 0]
+    P.rank = <int>a.shape[0]
+    return 0
 
 
 cdef int _stamp(int fd, int64_t *size, int64_t *mtime) except -1:

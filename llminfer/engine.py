@@ -97,12 +97,15 @@ class Engine:
     state pool; state_checkpoints: copies of its state a sequence keeps so
     that it can go back (truncate, a rejected draft) by running the tokens
     after the latest one again. The pool has n_seq_max * (1 +
-    state_checkpoints) slots, its pages touched only as slots are used."""
+    state_checkpoints) slots, its pages touched only as slots are used.
+
+    lora: LoRA adapter files (llminfer.lora) to load, each a path; a
+    sequence turns them on with set_lora (none is on until then)."""
 
     def __init__(self, model, n_ctx: int = 4096, kv_pool_tokens: int | None = None, n_batch: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", block_size: int = 32, mmap: bool = True,
                  n_gpu_layers: int = 0, main_gpu: int = 0, repack: bool = True, n_seq_max: int = 64,
-                 state_checkpoints: int = 3):
+                 state_checkpoints: int = 3, lora=None):
         n_ctx = check_positive_int("n_ctx", n_ctx)
         n_batch = check_positive_int("n_batch", n_batch)
         pool = check_positive_int("kv_pool_tokens", kv_pool_tokens, allow_none=True) or n_ctx
@@ -201,6 +204,52 @@ class Engine:
         self._ranges = np.empty((0, 2), np.float32)  # each pass's logit ranges (_core.Context.logit_range)
         # step's batch of one: token, position, sequence 0, its logits wanted
         self._one = (np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32), np.ones(1, np.int8))
+        self.loras = []  # llminfer.lora.LoRAAdapter, in id order
+        if lora:
+            try:
+                for path in lora:
+                    self.add_lora(path)
+            except BaseException:
+                self.close()
+                raise
+
+    # ---- LoRA adapters ----
+
+    @_locked
+    def add_lora(self, path) -> int:
+        """Load the LoRA adapter at `path` (a GGUF adapter for this model,
+        llminfer.lora); returns its id. It is off for every sequence until
+        set_lora turns it on."""
+        from llminfer import lora
+
+        if self.n_gpu_layers:
+            raise InvalidArgumentError("LoRA adapters run on the CPU only: load the model with n_gpu_layers=0")
+        adapter = lora.load_adapter(path, self.gguf, self.spec)
+        self.ctx.set_loras([a.describe() for a in self.loras + [adapter]])
+        self.loras.append(adapter)
+        return len(self.loras) - 1
+
+    def lora_scales(self, scales):
+        """scales ({id: scale}, or a list of scales by id, or None) as the
+        float32 array a sequence holds, None when every scale is 0."""
+        from llminfer import lora
+
+        if scales is None:
+            return None
+        out = np.zeros(len(self.loras), np.float32)
+        items = scales.items() if isinstance(scales, dict) else enumerate(scales)
+        for i, s in items:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < len(self.loras):
+                raise InvalidArgumentError(f"no LoRA adapter with id {i!r} ({len(self.loras)} loaded)")
+            out[i] = lora.check_scale(s, f"LoRA adapter {i}'s scale")
+        return out if out.any() else None
+
+    @_locked
+    def set_lora(self, seq: Sequence, scales):
+        """The LoRA adapters seq's next tokens run with: {id: scale}, a
+        list of scales by id, or None (none). Tokens already in the cache keep
+        the keys and values they were computed with."""
+        seq.lora = self.lora_scales(scales)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -421,7 +470,7 @@ class Engine:
             m = min(self.n_batch, n - start)
             self.kv.reserve(seq, m)
             views = [self.kv.table_arrays(seq)]
-            pos = np.arange(seq.next_pos, seq.next_pos + m, dtype=np.int32)
+            pos = np.arange(seq.next_pos, seq.next_pos + m, dtype=np.int32)  # (LoRA scales in the view)
             seq_idx = np.zeros(m, np.int32)
             want = np.zeros(m, np.int8)
             last = logits is not None and start + m == n
@@ -535,7 +584,8 @@ class Engine:
         t = time.perf_counter()
         try:
             sound = self.ctx.step(token, pos, tables[FULL] if FULL in groups else None,
-                                  tables[SWA] if SWA in groups else None, logits, self._width, nt, seq.slot)
+                                  tables[SWA] if SWA in groups else None, logits, self._width, nt, seq.slot,
+                                  seq.lora)
         except (TypeError, ValueError, BufferError) as e:  # Cython's: not a float32 C-contiguous writable array
             if isinstance(e, LLMInferError):
                 raise

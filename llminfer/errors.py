@@ -102,6 +102,14 @@ class DeviceError(LLMInferError, RuntimeError):
     memory, a tensor type it does not run, a kernel that failed."""
 
 
+class LoRAAdapterError(LLMInferError, ValueError):
+    """A LoRA adapter file that cannot be applied to this model: not a GGUF
+    LoRA adapter (general.type "adapter", adapter.type "lora"), made for
+    another architecture, a tensor naming no weight of the model or one
+    llminfer does not adapt, a lora_a without its lora_b (or the reverse),
+    or shapes that do not fit the weight. The message names the tensor."""
+
+
 _BY_STATUS = {
     -1: InvalidArgumentError,
     -2: UnsupportedTypeError,

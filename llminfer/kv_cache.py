@@ -124,6 +124,9 @@ class Sequence:
     slot: int = -1
     state_len: int = 0
     checkpoints: list = field(default_factory=list)
+    # LoRA: the scale of each of the engine's adapters for this sequence's
+    # next tokens (float32 [n_lora]), or None: none on (Engine.set_lora)
+    lora: object = None
 
     def __len__(self):
         return len(self.tokens)
@@ -252,6 +255,7 @@ class KVCache:
         child.positions = list(s.positions)
         child.next_pos = s.next_pos
         child.swa_floor = s.swa_floor
+        child.lora = s.lora
         for g in self.groups:
             child.tables[g] = list(s.tables[g])
             for b in child.tables[g]:
@@ -444,8 +448,10 @@ class KVCache:
 
     def table_arrays(self, s: Sequence):
         """(full table, sliding-window table) as int32 arrays, for the C core,
-        and a hybrid model's state slot."""
+        a hybrid model's state slot, and the sequence's LoRA scales when it has any."""
         tables = tuple(np.asarray(s.tables[g], dtype=np.int32) if g in self.groups else None for g in (FULL, SWA))
+        if s.lora is not None:
+            return tables + (s.slot if self.states is not None else None, s.lora)
         return tables if self.states is None else tables + (s.slot,)
 
     # ---- accounting ----
