@@ -546,7 +546,10 @@ def cmd_serve(a):
                      reasoning_format=a.reasoning_format, reasoning_budget=a.reasoning_budget,
                      models_dir=a.models_dir, models_config=a.models_config,
                      models_idle_timeout=a.models_idle_timeout, models_max_loaded=a.models_max_loaded,
-                     models_memory_gib=a.models_memory, mmproj=a.mmproj)
+                     models_memory_gib=a.models_memory, mmproj=a.mmproj,
+                     lora=[ServeArgs.parse_lora(x) for x in a.lora or []])
+    if a.lora and many:
+        raise LLMInferError("--lora goes with one model (-m)")
     if a.mmproj and many:
         raise LLMInferError("--mmproj goes with one model (-m); for many, give each its mmproj in --models-config")
     serve(args, host=a.host, port=a.port, log_level=a.log_level)
@@ -723,6 +726,9 @@ def build_parser():
     v.add_argument("--mmproj", default=None, metavar="FILE",
                    help="the model's vision tower (an mmproj GGUF, projector gemma3): chat messages then take "
                         "image_url parts as data: URLs")
+    v.add_argument("--lora", action="append", default=None, metavar="FILE[:SCALE]",
+                   help="a LoRA adapter GGUF (llama.cpp's convert_lora_to_gguf.py), at SCALE (default 1.0) for "
+                        "requests that name none of their own; repeatable, ids in order (GET/POST /lora-adapters)")
     v.add_argument("--reasoning-format", default="deepseek", choices=["deepseek", "none"],
                    help="a thinking model's <think> text: apart in reasoning_content (deepseek, the default) "
                         "or left in content (none); a request's reasoning_format overrides it")

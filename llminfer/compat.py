@@ -59,7 +59,7 @@ _CHAT_FORMATS = {"chatml-function-calling": "chatml", "llama3": "llama3"}
 
 # Arguments that need something llminfer does not have: a non-default value is an error.
 _UNSUPPORTED = {
-    "lora_base": None, "lora_path": None, "chat_handler": None, "draft_model": None, "tokenizer": None,
+    "lora_base": None, "chat_handler": None, "draft_model": None, "tokenizer": None,
     "kv_overrides": None, "vocab_only": False, "rope_freq_base": 0.0, "rope_freq_scale": 0.0,
     "tensor_split": None, "spm_infill": False, "split_mode": 1,
 }
@@ -67,7 +67,7 @@ _UNSUPPORTED = {
 _IGNORED = {"main_gpu", "use_mlock", "n_ubatch", "n_threads_batch", "rope_scaling_type",
             "pooling_type", "attention_type", "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast",
             "yarn_beta_slow", "yarn_orig_ctx", "offload_kqv", "flash_attn", "op_offload", "swa_full",
-            "no_perf", "last_n_tokens_size", "lora_scale", "numa", "type_k", "type_v"}
+            "no_perf", "last_n_tokens_size", "numa", "type_k", "type_v"}
 
 _gpu_warned = False
 
@@ -183,6 +183,11 @@ class Llama:
                                            "(from llminfer.llama_speculative); for a draft model file use "
                                            "llminfer.LLM(model, draft_model=PATH)")
             spec = draft.spec_config()
+        lora = None
+        lora_path = kwargs.pop("lora_path", None)
+        lora_scale = kwargs.pop("lora_scale", 1.0)
+        if lora_path is not None:  # llama-cpp-python's one adapter at lora_scale (llminfer.lora)
+            lora = [(lora_path, lora_scale)]
         for name, value in kwargs.items():
             if name in _UNSUPPORTED:
                 if value != _UNSUPPORTED[name]:
@@ -219,7 +224,7 @@ class Llama:
         self.llm = LLM(model_path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, seed=self._seed,
                        kv_type=_kv_type(kwargs.get("type_k"), kwargs.get("type_v")), chat_format=fmt,
                        chat_template=template, mmap=use_mmap, n_gpu_layers=n_gpu_layers,
-                       main_gpu=kwargs.get("main_gpu", 0), spec=spec, mmproj=mmproj)
+                       main_gpu=kwargs.get("main_gpu", 0), spec=spec, mmproj=mmproj, lora=lora)
         self.chat_format = chat_format
         self.n_batch = self.llm.n_batch
         self.n_threads = self.llm.n_threads

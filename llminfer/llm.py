@@ -122,6 +122,26 @@ def _sampling(params: SamplingParams | None, kwargs: dict) -> SamplingParams:
     return base.replace(**kwargs) if kwargs else base.validate()
 
 
+def _lora_args(lora) -> list:
+    """LLM's lora argument as [(path, scale)]: a path, or a list of paths and (path, scale) pairs."""
+    import os
+
+    from llminfer.lora import check_scale
+
+    items = [lora] if isinstance(lora, (str, os.PathLike)) else lora
+    if not isinstance(items, (list, tuple)):
+        raise InvalidArgumentError(f"lora must be a path or a list of paths and (path, scale) pairs, got {lora!r}")
+    out = []
+    for item in items:
+        if isinstance(item, (str, os.PathLike)):
+            out.append((item, 1.0))
+        elif isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], (str, os.PathLike)):
+            out.append((item[0], check_scale(item[1], f"the scale of LoRA adapter {item[0]}")))
+        else:
+            raise InvalidArgumentError(f"a lora entry must be a path or (path, scale), got {item!r}")
+    return out
+
+
 class LLM:
     """A GGUF model loaded for generation.
 
@@ -144,13 +164,18 @@ class LLM:
 
     mmproj: the path of the model's vision tower (llminfer.vision); chat
     messages may then hold OpenAI image_url parts (data: URLs, file:// URLs
-    or paths) or {"type": "image", "image": bytes, path or PIL image}."""
+    or paths) or {"type": "image", "image": bytes, path or PIL image}.
+
+    lora: LoRA adapters (GGUF, as llama.cpp's convert_lora_to_gguf.py
+    writes them; llminfer.lora), each a path (scale 1.0) or (path, scale);
+    they apply to everything this LLM runs. set_lora changes the scales (0
+    turns one off: the base model's output, bit for bit)."""
 
     def __init__(self, model, n_ctx: int = 4096, n_threads: int | None = None, n_batch: int = 512,
                  seed: int | None = None, kv_type: str = "f16", chat_format: str | None = None,
                  chat_template: str | None = None, kv_pool_tokens: int | None = None, mmap: bool = True,
                  n_gpu_layers: int = 0, main_gpu: int = 0, draft_model=None, spec=None,
-                 draft_max: int | None = None, mmproj=None):
+                 draft_max: int | None = None, mmproj=None, lora=None):
         check_positive_int("n_ctx", n_ctx)
         check_positive_int("n_batch", n_batch)
         if not isinstance(kv_type, str) or kv_type not in KV_TYPES:
@@ -192,6 +217,11 @@ class LLM:
         self._image_rows = None  # llminfer.vision.prompt.ImageRows, with mmproj
         self._held_images = []  # the ImageSpans the context holds
         try:
+            if lora is not None:
+                scales = {}
+                for path, scale in _lora_args(lora):
+                    scales[eng.add_lora(path)] = scale
+                self._seq.lora = eng.lora_scales(scales)
             if mmproj is not None:
                 from llminfer.vision.mmproj import load_for_model
                 from llminfer.vision.prompt import ImageRows
@@ -304,6 +334,26 @@ class LLM:
             self._engine.truncate(self._seq, 0)
             self._held_images = []
             self._owner = None
+
+    @property
+    def lora_adapters(self) -> list:
+        """The LoRA adapters loaded, in id order: {"id", "path", "scale"}."""
+        eng = self._engine
+        scales = self._seq.lora
+        return [{"id": i, "path": a.path, "scale": float(str(scales[i])) if scales is not None else 0.0}
+                for i, a in enumerate(eng.loras)]
+
+    def set_lora(self, scales) -> None:
+        """The scale of each loaded LoRA adapter for what runs next: {id:
+        scale}, a list of scales by id, or None (all off). The context's
+        tokens were computed with the old scales, so a change empties it."""
+        with self._lock:
+            self._check_open()
+            new = self._engine.lora_scales(scales)
+            old = self._seq.lora
+            if (old is None) != (new is None) or (old is not None and not np.array_equal(old, new)):
+                self.reset()
+                self._seq.lora = new
 
     def _check_open(self):
         if getattr(self, "_engine", None) is None:
@@ -714,6 +764,8 @@ class LLM:
             seqs = []
             try:
                 seqs = [eng.new_sequence() for _ in prompts]
+                for s in seqs:
+                    s.lora = self._seq.lora  # the LLM's adapters
                 t0 = time.perf_counter()
                 logits = eng.decode([(s, x) for s, x in zip(seqs, ids)], n_threads=self.n_threads)
                 t1 = time.perf_counter()

@@ -167,6 +167,7 @@ class Server:
     def __init__(self, args: ServeArgs):
         self.args = args
         self.engine = self.scheduler = self.embedder = None
+        self.lora_global = None  # the LoRA scales of a request without its own (GET/POST /lora-adapters)
         self.vision = self.image_rows = None
         path = hub.resolve(args.model)
         with GGUFFile(path) as f:
@@ -187,6 +188,13 @@ class Server:
             self.engine = Engine(path, n_ctx=args.n_ctx, kv_pool_tokens=pool, n_batch=args.max_batch_tokens,
                                  n_threads=args.n_threads, kv_type=args.kv_type, n_gpu_layers=args.n_gpu_layers,
                                  n_seq_max=args.max_running + 8)
+            if args.lora:
+                try:
+                    scales = {self.engine.add_lora(path): scale for path, scale in args.lora}
+                except BaseException:
+                    self.engine.close()
+                    raise
+                self.lora_global = self.engine.lora_scales(scales)
             self.tokenizer = self.engine.tokenizer
             self.n_ctx = self.engine.n_ctx
             self.n_embd = self.engine.spec.n_embd
@@ -278,7 +286,8 @@ class Server:
             raise APIError(401, "a valid API key is needed: send 'Authorization: Bearer KEY'",
                            code="invalid_api_key")
 
-    async def read_json(self, request: HTTPRequest) -> dict:
+    async def read_json(self, request: HTTPRequest, array: bool = False) -> dict:
+        """The request's JSON body: an object (array=True: an array, as llama-server's POST /lora-adapters)."""
         limit = self.args.max_body_bytes
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
@@ -292,9 +301,26 @@ class Server:
             body = jsonlimits.loads(bytes(data), "the request body")
         except InvalidArgumentError as e:
             raise bad_request(str(e)) from None
-        if not isinstance(body, dict):
+        if array:
+            if not isinstance(body, list):
+                raise bad_request("the request body must be a JSON array")
+        elif not isinstance(body, dict):
             raise bad_request("the request body must be a JSON object")
         return body
+
+    def request_lora(self, value):
+        """A request's "lora" (llama-server's [{id, scale}]; adapters it
+        leaves out are off) as the scales its sequence runs with; absent or
+        empty: the server's global scales."""
+        if value is None or value == []:
+            return self.lora_global
+        scales = _lora_list(value)
+        if self.engine is None or not self.engine.loras:
+            raise bad_request("this server has no LoRA adapters (llminfer serve --lora FILE)", "lora")
+        try:
+            return self.engine.lora_scales(scales)
+        except InvalidArgumentError as e:
+            raise bad_request(str(e), "lora") from None
 
     def check_model(self, body):
         """A request's model: any name is served by the one model loaded (as
@@ -599,8 +625,11 @@ class Job:
     queue their events arrive on."""
 
     def __init__(self, server: Server, prompts, params, max_tokens, n, stops, ignore_eos, logprobs, grammar=None,
-                 reasoning=None):
+                 reasoning=None, lora="global"):
+        """lora: the LoRA scales the requests run with (Server.request_lora), or
+        "global": the server's current ones."""
         self.server = server
+        lora = server.lora_global if isinstance(lora, str) else lora
         self.queue: asyncio.Queue = asyncio.Queue()
         self.reqs = []
         for i, ids in enumerate(prompts):
@@ -608,7 +637,7 @@ class Job:
                 p = params if params.seed is None or j == 0 else params.replace(seed=params.seed + j)
                 r = Request(ids, p, max_tokens[i], stops=stops, ignore_eos=ignore_eos, logprobs=logprobs,
                             grammar=grammar, reasoning=reasoning, out=self.queue,
-                            non_causal=bool(getattr(ids, "images", ())) and server.vision.non_causal)
+                            non_causal=bool(getattr(ids, "images", ())) and server.vision.non_causal, lora=lora)
                 r.index = i * n + j
                 r.prompt_index = i
                 r.first_of_prompt = j == 0
@@ -707,6 +736,7 @@ class _Logprobs:
 async def _run_job(server: Server, request: HTTPRequest, body: dict, chat: bool):
     params, max_tokens, n, stops, ignore_eos, logprobs, grammar, echo = await run_in_threadpool(
         server.sampling, body, chat)
+    lora = server.request_lora(body.get("lora"))
     stream = _bool(body, "stream", False)
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
@@ -731,7 +761,7 @@ async def _run_job(server: Server, request: HTTPRequest, body: dict, chat: bool)
     echoes = await _echoes(server, body, prompts, logprobs) if echo else None
     if max_tokens == 0:
         return _echo_only(server, env, echoes, prompts, n, stream, include_usage)
-    job = Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar, reasoning)
+    job = Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar, reasoning, lora)
     job.tools = tools
     job.echoes = echoes
     job.submit()
@@ -1112,6 +1142,42 @@ def _embeddings_response(server, vecs, fmt, n_tokens) -> JSONResponse:
                          "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
 
+def _lora_list(value, what="lora") -> dict:
+    """llama-server's [{"id": i, "scale": s}, ...] as {id: scale} (unlisted adapters: 0)"""
+    if not isinstance(value, list):
+        raise bad_request(f"{what} must be an array of {{id, scale}} objects, got {shown(value)}", "lora")
+    out = {}
+    for entry in value:
+        if not isinstance(entry, dict) or "id" not in entry:
+            raise bad_request(f"each {what} entry must be an object with an id and a scale, got {shown(entry)}",
+                              "lora")
+        i, scale = entry["id"], entry.get("scale", 0.0)
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise bad_request(f"a LoRA adapter id must be an integer, got {shown(i)}", "lora")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+            raise bad_request(f"LoRA adapter {i}'s scale must be a finite number, got {shown(scale)}", "lora")
+        out[i] = float(scale)
+    return out
+
+
+async def lora_adapters(server: Server, request: HTTPRequest):
+    """llama-server's GET /lora-adapters: [{id, path, scale}] with the global scales (float32 scales as
+    their shortest decimal: 0.8, not 0.800000011920929)."""
+    eng, scales = server.engine, server.lora_global
+    loras = eng.loras if eng is not None else []
+    return JSONResponse([{"id": i, "path": a.path, "scale": float(str(scales[i])) if scales is not None else 0.0,
+                          "task_name": "", "prompt_prefix": ""} for i, a in enumerate(loras)])
+
+
+async def set_lora_adapters(server: Server, request: HTTPRequest):
+    """llama-server's POST /lora-adapters: [{id, scale}] become the global
+    scales (adapters left out: 0) for the requests that come after and name
+    none of their own."""
+    body = await server.read_json(request, array=True)
+    server.lora_global = server.request_lora(body) if body else None
+    return JSONResponse({"success": True})
+
+
 async def health(server: Server, request: HTTPRequest):
     if not server.alive:
         return APIError(503, "the engine is not running").response()
@@ -1132,6 +1198,8 @@ def openai_routes(server: Server) -> list:
         Route("/v1/embeddings", openai_endpoint(server, embeddings), methods=["POST"]),
         Route("/tokenize", openai_endpoint(server, tokenize), methods=["POST"]),
         Route("/detokenize", openai_endpoint(server, detokenize), methods=["POST"]),
+        Route("/lora-adapters", openai_endpoint(server, lora_adapters), methods=["GET"]),
+        Route("/lora-adapters", openai_endpoint(server, set_lora_adapters), methods=["POST"]),
         Route("/health", openai_endpoint(server, health, auth=False), methods=["GET"]),
         Route("/metrics", openai_endpoint(server, metrics, auth=False), methods=["GET"]),
     ]

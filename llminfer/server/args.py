@@ -3,9 +3,10 @@ CLI can check them before the server's packages are imported)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llminfer import hub
+from llminfer.errors import InvalidArgumentError
 
 
 @dataclass
@@ -51,6 +52,26 @@ class ServeArgs:
     models_max_loaded: int | None = 4
     models_memory_gib: float | None = None
     mmproj: str | None = None  # the model's vision tower (llminfer.vision): chat takes image_url data: URLs
+    # LoRA adapters (llminfer.lora): (path, scale) each, ids in this order; the scales are the
+    # global ones (GET/POST /lora-adapters), which a request's "lora" list replaces for it
+    lora: list = field(default_factory=list)
+
+    @staticmethod
+    def parse_lora(text: str) -> tuple:
+        """--lora's FILE[:SCALE] as (path, scale); a path with a colon
+        whose tail is no number is the path alone (scale 1.0)."""
+        import math
+
+        path, sep, tail = text.rpartition(":")
+        if sep and path:
+            try:
+                scale = float(tail)
+            except ValueError:
+                return text, 1.0
+            if not math.isfinite(scale):
+                raise InvalidArgumentError(f"--lora {text}: the scale must be finite")
+            return path, scale
+        return text, 1.0
 
     @property
     def multi_model(self) -> bool:

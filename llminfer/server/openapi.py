@@ -32,6 +32,9 @@ _SAMPLING = {
     "stream": {"type": "boolean", "description": "answer as server-sent events"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
     "response_format": _OBJ, "json_schema": _OBJ, "grammar": {"type": "string"},
+    "lora": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"},
+                                                                         "scale": {"type": "number"}}},
+             "description": "llama-server's per-request LoRA scales; adapters left out are off"},
 }
 _ERRORS = {"400": "a bad request (OpenAI's error shape: {error: {message, type, param, code}})",
            "401": "the API key is missing or wrong", "404": "an unknown model (with many models)",
@@ -128,6 +131,15 @@ OPERATIONS = {
                "temperature": {"type": "number"}, "top_p": {"type": "number"}, "stream": {"type": "boolean"},
                "tools": {"type": "array", "items": _OBJ}, "tool_choice": {}, "text": _OBJ},
               ["input"]), "a response object, or text/event-stream events"),
+    ("/lora-adapters", "get"): _op(
+        "LoRA adapters (llama-server)", "The adapters loaded with --lora: [{id, path, scale}], scale the global "
+        "one a request without its own \"lora\" list runs with."),
+    ("/lora-adapters", "post"): _op(
+        "Set the LoRA scales (llama-server)", "An array of {id, scale}: the global scales from now on (adapters "
+        "left out: 0, off). A request's own \"lora\" list in chat/completions bodies replaces them for it.",
+        {"required": True, "content": {"application/json": {"schema": {"type": "array", "items": {
+            "type": "object", "properties": {"id": {"type": "integer"}, "scale": {"type": "number"}},
+            "required": ["id"]}}}}}, "{success: true}"),
     ("/health", "get"): _op("Liveness", "200 {status: ok} while the engine runs, else 503; no API key needed."),
     ("/metrics", "get"): _op("Prometheus metrics", "vLLM's metric names under the llminfer: prefix, each "
                                                    "labelled model_name; no API key needed.",

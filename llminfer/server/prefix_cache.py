@@ -30,6 +30,15 @@ from llminfer.kv_cache import FULL, KVCache, Sequence
 ROOT = b""  # the key before the first block
 
 
+def root_key(lora) -> bytes:
+    """The key before the first block of a text run with LoRA scales `lora`
+    (None: none): keys and values differ with the adapters, so each set of
+    scales has its own chains."""
+    if lora is None:
+        return ROOT
+    return hashlib.blake2b(b"lora" + np.asarray(lora, dtype=np.float32).tobytes(), digest_size=16).digest()
+
+
 def block_key(parent: bytes, tokens) -> bytes:
     """The chain hash of a block holding `tokens` after the block keyed `parent`."""
     h = hashlib.blake2b(parent, digest_size=16)
@@ -76,13 +85,14 @@ class PrefixCache:
             out.append(key)
         return out
 
-    def match(self, tokens) -> tuple[list, list]:
+    def match(self, tokens, root: bytes = ROOT) -> tuple[list, list]:
         """(keys, blocks) of the longest cached prefix of `tokens` in full
         blocks, leaving at least one token after it (its logits are needed);
         for a hybrid model, the longest whose state is kept (state_for).
-        The blocks found become the most recently used."""
+        The blocks found become the most recently used. root: root_key of
+        the text's LoRA scales."""
         limit = (len(tokens) - 1) // self.bs
-        keys, blocks, key = [], [], ROOT
+        keys, blocks, key = [], [], root
         for i in range(limit):
             key = block_key(key, tokens[i * self.bs:(i + 1) * self.bs])
             e = self.entries.get(key)
@@ -123,7 +133,7 @@ class PrefixCache:
         cover yet; returns the keys extended. seq's tokens must sit at
         positions 0.. (no context shift)."""
         start = len(keys)
-        parent = keys[-1] if keys else ROOT
+        parent = keys[-1] if keys else root_key(seq.lora)
         table = seq.tables[FULL]
         for i, key in enumerate(self.keys(seq.tokens, parent, start), start):
             keys.append(key)

@@ -48,7 +48,7 @@ from llminfer.kv_cache import FULL, SWA
 from llminfer.generation import Generator, TokenEvent
 from llminfer.sampling import Sampler, SamplingParams
 from llminfer.server.metrics import Metrics
-from llminfer.server.prefix_cache import PrefixCache
+from llminfer.server.prefix_cache import PrefixCache, root_key
 from llminfer.structured import Constraint
 
 _ids = itertools.count()
@@ -84,6 +84,7 @@ class Request:
     reasoning: object = None  # a thinking model's llminfer.reasoning.Reasoning (the grammar follows the thinking)
     out: object = None
     non_causal: bool = False  # the prompt's image rows attend to each other both ways (Gemma 3)
+    lora: object = None  # the LoRA scales it runs with (float32 [n_lora], Engine.lora_scales), None: none
     rid: int = field(default_factory=lambda: next(_ids))
     # --- engine-thread state ---
     arrival: float = field(default_factory=time.monotonic)
@@ -418,9 +419,10 @@ class Scheduler:
                 return True
         if req.seq is None:
             req.seq = eng.kv.new_sequence()
+            req.seq.lora = req.lora
             req.keys = []
             if self.cache is not None and not _images(req):  # an image's positions hold placeholder ids
-                keys, blocks = self.cache.match(req.tokens())
+                keys, blocks = self.cache.match(req.tokens(), root_key(req.lora))
                 if blocks:
                     toks = req.tokens()[:len(blocks) * self.kv.block_size]
                     if self.cache.hybrid:
