@@ -235,7 +235,9 @@ def served(tiny):
     s.stop()
 
 
-PROMPT = "the cat sat on"
+# long enough for full KV blocks, which the prefix cache keeps: a request
+# with other scales must not adopt them
+PROMPT = "the cat sat on the mat and the dog sat on the log. " * 3
 
 
 def _want(tiny, scales):

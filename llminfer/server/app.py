@@ -758,7 +758,7 @@ async def _run_job(server: Server, request: HTTPRequest, body: dict, chat: bool)
         raise bad_request(f"{len(prompts)} prompts x n={n} choices is more than {MAX_PROMPTS} generations", "n")
     limits = [server.check_length(p, max_tokens) for p in prompts]
     env = oai.Envelope(server.model_name, chat)
-    echoes = await _echoes(server, body, prompts, logprobs) if echo else None
+    echoes = await _echoes(server, body, prompts, logprobs, lora) if echo else None
     if max_tokens == 0:
         return _echo_only(server, env, echoes, prompts, n, stream, include_usage)
     job = Job(server, prompts, params, limits, n, stops, ignore_eos, logprobs, grammar, reasoning, lora)
@@ -787,7 +787,7 @@ class _Echo:
         return lp
 
 
-async def _echoes(server, body, prompts, logprobs) -> list:
+async def _echoes(server, body, prompts, logprobs, lora=None) -> list:
     """Each prompt's _Echo. Its log-probabilities come from its logits on
     the engine thread, in a sequence of its own, 256 positions a pass (the
     logits of a whole long prompt at once would be n_vocab floats a token)."""
@@ -800,6 +800,7 @@ async def _echoes(server, body, prompts, logprobs) -> list:
     def entries(ids):
         def run(eng):
             seq = eng.new_sequence()
+            seq.lora = lora  # the request's LoRA scales
             events = [TokenEvent(ids[0], "", None, [])]
             try:
                 for a in range(0, len(ids), 256):
