@@ -17,7 +17,7 @@ import pytest
 from llminfer import LLM
 from llminfer.engine import Engine
 from llminfer.errors import InvalidArgumentError, LoRAAdapterError
-from lora_files import LAYER_WEIGHTS, effective, random_pairs, write_adapter
+from lora_files import effective, random_pairs, write_adapter
 from reference import ReferenceModel
 from tiny_models import TinyConfig, write_model
 
@@ -335,4 +335,13 @@ def test_logits_match_llama_cpp_with_the_same_adapter(peer_python, tiny, engine,
     assert np.array_equal(ours.argmax(-1), want.argmax(-1))
 
 
-LAYER_WEIGHTS = LAYER_WEIGHTS  # the projections the adapters here cover (tests/lora_files.py)
+
+def test_serve_lora_argument():
+    from llminfer.server.args import ServeArgs
+
+    assert ServeArgs.parse_lora("a.gguf:0.5") == ("a.gguf", 0.5)
+    assert ServeArgs.parse_lora("a.gguf") == ("a.gguf", 1.0)
+    assert ServeArgs.parse_lora("dir:v2/a.gguf") == ("dir:v2/a.gguf", 1.0)
+    assert ServeArgs.parse_lora("a.gguf:-1e-1") == ("a.gguf", -0.1)
+    with pytest.raises(InvalidArgumentError):
+        ServeArgs.parse_lora("a.gguf:nan")

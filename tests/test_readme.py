@@ -51,6 +51,7 @@ SKIP = [
     ("n_gpu_layers=-1)   # every layer", "needs a GPU build and a GPU", _gpu_missing),
     ("gemma-3-4b-it-Q4_K_M.gguf", "needs a vision model and its mmproj (tests/test_vision.py covers it)", None),
     ("ms-marco-MiniLM-L6-v2-Q8_0.gguf", "needs a reranker GGUF (tests/test_rerank.py covers it)", None),
+    ('"my-lora.gguf"', "needs a LoRA adapter GGUF for the model (tests/test_lora.py covers it)", None),
     ('open("cat.jpg"', "needs a server with a vision model and an image (tests/test_server_vision.py covers it)",
      None),
 ]
