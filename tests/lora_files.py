@@ -20,7 +20,7 @@ def random_pairs(model_path, rank=4, seed=0, weights=LAYER_WEIGHTS, output=False
     rng = np.random.default_rng(seed)
     out = {}
     with GGUFFile(model_path) as f:
-        names = [n for n in f.tensors if n.startswith("blk.") and n.split(".")[2] in weights]
+        names = [n for n in f.tensors if n.startswith("blk.") and n.endswith(".weight") and n.split(".")[2] in weights]
         if output:
             names.append("output.weight")
         for name in sorted(names):

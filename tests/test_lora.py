@@ -91,6 +91,98 @@ def _against_numpy(tiny, engine):
         assert err < max(3 * base_err, 1e-4)
 
 
+ARCH_CASES = {
+    # arch: (the weights an adapter covers, {a weight llminfer refuses to adapt: why})
+    "qwen2": (("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"), {}),
+    "gemma3": (("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"), {}),
+    "qwen3moe": (("attn_q", "attn_k", "attn_v", "attn_output"),
+                 {"blk.0.ffn_gate_exps.weight": "does not apply LoRA"}),
+    "phi3": (("attn_output", "ffn_down"), {"blk.0.attn_qkv.weight": "does not apply LoRA",
+                                           "blk.1.ffn_up.weight": "not used as stored"}),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_CASES))
+def test_other_architectures_match_numpy(tiny, arch):
+    """Biases (qwen2), post-norms and soft-caps (gemma3), experts beside
+    adapted attention (qwen3moe), fused projections (phi3): against the
+    numpy forward with the deltas merged, and what is not adapted refused."""
+    from llminfer.gguf_file import GGUFFile
+
+    weights, refused = ARCH_CASES[arch]
+    path = write_model(tiny["dir"] / f"{arch}.gguf", TinyConfig(arch=arch, qtype="F32", embd_qtype="F32",
+                                                                 pre="default"))
+    pairs = random_pairs(path, rank=4, seed=7, weights=weights)
+    assert len(pairs) == 2 * len(weights)  # both layers
+    ad = write_adapter(tiny["dir"] / f"{arch}-ad.gguf", arch, pairs, alpha=4.0)
+    with Engine(path, n_ctx=256, n_threads=2, kv_type="f32", lora=[ad]) as eng:
+        ref = ReferenceModel(path)
+        base_err = np.abs(run(eng, None) - ref.logits(list(TOKS))).max()
+        for name, m in effective(pairs, 4.0, 0.8).items():
+            ref.t[name] = ref.t[name] + m
+        want = ref.logits(list(TOKS))
+        ours = run(eng, {0: 0.8})
+        err = np.abs(ours - want).max()
+        print(f"{arch}: max |llminfer - numpy| {err:.2e} (base {base_err:.2e}), largest {np.abs(want).max():.1f}")
+        assert np.abs(want - ReferenceModel(path).logits(list(TOKS))).max() > 0.05
+        assert err < max(3 * base_err, 1e-4)
+        with GGUFFile(path) as f:
+            shapes = {n: f.tensors[n].shape for n in refused}
+        for name, why in refused.items():
+            rows, k = shapes[name][-2:]
+            a = np.zeros((4, k), np.float32)
+            b = np.zeros((rows, 4), np.float32)
+            bad = write_adapter(tiny["dir"] / f"{arch}-bad.gguf", arch, {name: (a, b)})
+            with pytest.raises(LoRAAdapterError, match=why):
+                eng.add_lora(bad)
+
+
+@pytest.mark.parametrize("arch, refused", [("qwen35", "blk.0.ssm_out.weight"), ("lfm2", "blk.0.shortconv.out_proj.weight")])
+def test_hybrid_models_adapt_their_attention_layers(tiny, arch, refused):
+    """qwen35 (gated attention: attn_q yields queries and gates) and lfm2:
+    their attention and feed-forward projections against the numpy forward
+    with the deltas merged, two sequences batched each bitwise alone, and a
+    recurrent layer's weight refused."""
+    from reference_hybrid import HybridReference
+    from tiny_models import HybridConfig, write_hybrid
+
+    from llminfer.gguf_file import GGUFFile
+
+    path = write_hybrid(tiny["dir"] / f"{arch}.gguf", HybridConfig(arch=arch, qtype="F32", embd_qtype="F32"))
+    pairs = random_pairs(path, rank=4, seed=11)
+    assert any(".attn_q." in n for n in pairs) and any(".ffn_down." in n for n in pairs)
+    ad = write_adapter(tiny["dir"] / f"{arch}-ad.gguf", arch, pairs, alpha=4.0)
+    toks = TOKS[:8]
+    with Engine(path, n_ctx=256, n_threads=2, kv_type="f32", lora=[ad]) as eng:
+        ref = HybridReference(path)
+        base = ref.logits(list(toks))
+        base_err = np.abs(run(eng, None, toks) - base).max()
+        for name, m in effective(pairs, 4.0, 0.8).items():
+            ref.t[name] = ref.t[name] + m
+        want = ref.logits(list(toks))
+        ours = run(eng, {0: 0.8}, toks)
+        err = np.abs(ours - want).max()
+        print(f"{arch}: max |llminfer - numpy| {err:.2e} (base {base_err:.2e}), the adapter moves "
+              f"{np.abs(want - base).max():.3f}")
+        assert np.abs(want - base).max() > 0.05
+        assert err < max(3 * base_err, 1e-4)
+        a, b = eng.new_sequence(), eng.new_sequence()
+        try:
+            eng.set_lora(a, {0: 0.8})
+            la, lb = eng.decode([(a, toks, "all"), (b, toks[:5], "all")])
+            assert np.array_equal(la, ours)
+            assert np.array_equal(lb, run(eng, None, toks[:5]))
+        finally:
+            eng.free(a)
+            eng.free(b)
+        with GGUFFile(path) as f:
+            rows, k = f.tensors[refused].shape[-2:]
+        bad = write_adapter(tiny["dir"] / f"{arch}-bad.gguf", arch,
+                            {refused: (np.zeros((4, k), np.float32), np.zeros((rows, 4), np.float32))})
+        with pytest.raises(LoRAAdapterError, match="does not apply LoRA"):
+            eng.add_lora(bad)
+
+
 def test_scale_zero_is_the_base_model_bitwise(engine):
     base = run(engine, None)
     assert np.array_equal(run(engine, {0: 0.0, 1: 0.0}), base)
@@ -122,6 +214,34 @@ def test_batched_sequences_with_different_adapters_are_each_alone_bitwise(engine
         finally:
             for s in seqs:
                 engine.free(s)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+def test_long_batches_of_quantized_models_are_invariant(tiny, qtype):
+    """A quantized model (the repacked kernels, the prompt's GEMM), three
+    prompts of 70 tokens with different adapters in one pass of 210 rows:
+    the feed-forward's chunks of 128 rows cut the second one, whose rows
+    keep their own scales; each equals its prompt run alone."""
+    path = write_model(tiny["dir"] / f"{qtype}.gguf", TinyConfig(qtype=qtype, tie_output=False))
+    pairs = random_pairs(path, rank=8, seed=5, output=True)
+    ad = write_adapter(tiny["dir"] / f"{qtype}-ad.gguf", "llama", pairs, alpha=16.0)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 200, 70).astype(np.int32) for _ in range(3)]
+    sets = [{0: 0.9}, None, {0: -0.6}]
+    with Engine(path, n_ctx=256, n_threads=2, n_batch=256, lora=[ad]) as eng:
+        alone = [run(eng, sc, p) for sc, p in zip(sets, prompts)]
+        assert not np.array_equal(run(eng, {0: 0.9}, prompts[1]), alone[1])
+        for n_threads in (1, 2):
+            seqs = [eng.new_sequence() for _ in sets]
+            try:
+                for s, sc in zip(seqs, sets):
+                    eng.set_lora(s, sc)
+                out = eng.decode([(s, p, "all") for s, p in zip(seqs, prompts)], n_threads=n_threads)
+                for i in range(3):
+                    assert np.array_equal(out[i], alone[i]), (qtype, i, n_threads)
+            finally:
+                for s in seqs:
+                    eng.free(s)
 
 
 def test_llm_and_llama_take_adapters(tiny):
