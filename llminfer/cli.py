@@ -169,11 +169,21 @@ def _load(a, **kw):
     from llminfer.llm import LLM
 
     kw.setdefault("n_gpu_layers", getattr(a, "n_gpu_layers", 0))
+    if getattr(a, "lora", None):
+        from llminfer.server.args import ServeArgs  # the core's, no server packages
+
+        kw["lora"] = [ServeArgs.parse_lora(x) for x in a.lora]
     if getattr(a, "spec", None) is not None or getattr(a, "draft_model", None) is not None:
         kw.update(spec=a.spec, draft_model=a.draft_model, draft_max=a.draft_max)
     elif getattr(a, "draft_max", None) is not None:
         raise LLMInferError("--draft-max needs --spec ngram or --draft-model")
     return LLM(a.model, n_ctx=a.ctx_size, n_threads=a.threads, n_batch=a.batch_size, kv_type=a.kv_type, **kw)
+
+
+def _add_lora(p):
+    p.add_argument("--lora", action="append", default=None, metavar="FILE[:SCALE]",
+                   help="a LoRA adapter GGUF (llama.cpp's convert_lora_to_gguf.py) at SCALE (default 1.0); "
+                        "repeatable")
 
 
 def _err(msg):
@@ -604,6 +614,7 @@ def build_parser():
     r.add_argument("--mmproj", metavar="FILE", help="the model's vision tower (an mmproj GGUF; projector gemma3)")
     r.add_argument("--image", action="append", metavar="PATH",
                    help="an image for the prompt, placed before its text (repeatable; needs --mmproj)")
+    _add_lora(r)
     _add_thinking(r)
     _add_sampling(r)
     _add_spec(r)
@@ -618,6 +629,7 @@ def build_parser():
     c.add_argument("--chat-format", help="force a chat format: chatml, gemma or llama3 (None: the file's template)")
     c.add_argument("--mmproj", metavar="FILE",
                    help="the model's vision tower (an mmproj GGUF, projector gemma3): /image PATH in the chat")
+    _add_lora(c)
     c.add_argument("-n", "--n-predict", type=_non_negative_int, default=512, metavar="N",
                    help="most tokens per reply")
     _add_thinking(c)

@@ -465,3 +465,22 @@ def test_serve_lora_argument():
     assert ServeArgs.parse_lora("a.gguf:-1e-1") == ("a.gguf", -0.1)
     with pytest.raises(InvalidArgumentError):
         ServeArgs.parse_lora("a.gguf:nan")
+
+
+def test_cli_run_takes_lora(tiny, capsys):
+    """`llminfer run --lora FILE:SCALE` is LLM(lora=[(FILE, SCALE)]); a bad
+    adapter is a one-line error naming it."""
+    from llminfer import cli
+
+    with LLM(tiny["model"], n_ctx=128, n_threads=1, lora=[(tiny["ad"], 0.9)]) as llm:
+        want = llm.generate(PROMPT, max_tokens=8, temperature=0)
+    with LLM(tiny["model"], n_ctx=128, n_threads=1) as llm:
+        base = llm.generate(PROMPT, max_tokens=8, temperature=0)
+    argv = ["run", "-m", tiny["model"], "-t", "1", "-p", PROMPT, "-n", "8", "--temp", "0", "-c", "128", "--raw"]
+    assert cli.main(argv + ["--lora", f"{tiny['ad']}:0.9"]) == 0
+    out, _ = capsys.readouterr()
+    assert out == want + "\n"
+    assert want != base
+    assert cli.main(argv + ["--lora", tiny["model"]]) != 0
+    _, err = capsys.readouterr()
+    assert "not a LoRA adapter" in err and "Traceback" not in err
