@@ -187,6 +187,8 @@ void li_lora_down(li_context *c, const li_lora_proj *ps, int np, int64_t n, int 
 /* after it (and a barrier): y += s * B (A x), adapters in order */
 void li_lora_up(li_context *c, const li_lora_proj *ps, int np, int64_t n, int ith, int nth);
 void li_lora_free(li_context *c);
+/* batch row `row`'s embedding x (n_embd floats) of token `token` += each adapter's delta (one thread) */
+void li_lora_embed(const li_context *c, int32_t token, int64_t row, float *x);
 
 /* attention.c */
 /* biases, per-head norms, RoPE and the cache write for token t, head item h

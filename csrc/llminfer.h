@@ -553,6 +553,9 @@ typedef struct li_lora {
     float alpha;                 /* adapter.lora.alpha; 0: the scales are used as given */
     const li_lora_layer *layers; /* [n_layer] */
     li_lora_pair output;         /* the output head's */
+    li_lora_pair tok_embd;       /* the token embedding's, flipped as llama.cpp has it: a [n_vocab, rank],
+                                  * b [n_embd, rank]; token t's row gets s * b a[t] before any scaling
+                                  * (not input rows given as embd) */
 } li_lora;
 /* Borrow n adapters (their arrays stay alive and unchanged while the
  * context uses them; n 0 drops them). Refused (LI_E_ARG) on a context

@@ -89,6 +89,7 @@ int li_context_set_loras(li_context *c, const li_lora *loras, int n) {
         }
         CHECK(check_pair(&A->output, &m->output, j, -1, "output"));
         if (A->output.a) rank = LI_MAX(rank, A->output.rank);
+        CHECK(check_pair(&A->tok_embd, &m->tok_embd, j, -1, "token_embd"));
     }
     free(c->lora_s);
     li_free_aligned(c->lora_tmp);
@@ -159,6 +160,23 @@ static int64_t batch_row(const li_lora_proj *p, int64_t t) { return p->row_map ?
 static float *tmp_of(const li_context *c, int p, int64_t t, int j) {
     return c->lora_tmp + (((size_t)p * (size_t)c->n_batch + (size_t)t) * (size_t)c->n_lora + (size_t)j) *
                              (size_t)c->lora_rank;
+}
+
+void li_lora_embed(const li_context *c, int32_t token, int64_t row, float *x) {
+    const int nl = c->n_lora;
+    const int64_t E = c->m->n_embd;
+    const float *s = c->lora_s + row * nl;
+    for (int j = 0; j < nl; j++) {
+        const li_lora *A = &c->loras[j];
+        const li_lora_pair *pr = &A->tok_embd;
+        if (!pr->a || s[j] == 0.0f) continue;
+        const float scale = A->alpha != 0.0f ? s[j] * A->alpha / (float)pr->rank : s[j];
+        const float *arow = pr->a + (size_t)token * (size_t)pr->rank; /* token < n_vocab: prepare_batch */
+        for (int64_t e = 0; e < E; e++) {
+            const float d = lora_dot(pr->b + (size_t)e * (size_t)pr->rank, arow, pr->rank) * scale;
+            x[e] = x[e] + d;
+        }
+    }
 }
 
 void li_lora_down(li_context *c, const li_lora_proj *ps, int np, int64_t n, int ith, int nth) {

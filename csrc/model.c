@@ -1751,6 +1751,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
         const int read = m->embd_release && li_embd_read_row(m, row, emb_row, copy);
         li_K->dequant[emb->type](read ? copy : row, x, E);
         if (m->embd_release && !read) li_release_row(emb->data, emb->nbytes, row, emb_row);
+        if (c->lora_any) li_lora_embed(c, b->token[t], t, x); /* before the scale, as llama.cpp */
         if (m->embd_scale != 1.0f) li_K->scale_f32(x, m->embd_scale, E);
     }
     if (c->probe && embed) probe_team(c, c->x, n, E, LI_PROBE_EMBED, 0);

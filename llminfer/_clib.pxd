@@ -171,6 +171,7 @@ cdef extern from "llminfer.h" nogil:
         float alpha
         const li_lora_layer *layers
         li_lora_pair output
+        li_lora_pair tok_embd
     int li_context_set_loras(li_context *c, const li_lora *loras, int n)
     int LI_PROBE_NONE, LI_PROBE_EMBED, LI_PROBE_ATTN, LI_PROBE_FFN, LI_PROBE_BACKEND
     int LI_PROBE_OUTPUT_NORM, LI_PROBE_LOGITS

@@ -579,10 +579,11 @@ cdef class Context:
 
     def set_loras(self, list adapters):
         """Hold these LoRA adapters (li_context_set_loras), [] none: each
-        (alpha, layers, output), layers a list of n_layer dicts from a
+        (alpha, layers, output[, tok_embd]), layers a list of n_layer dicts from a
         projection's name (wq, wk, wv, wo, w_gate, w_up, w_down) to its (a, b)
         float32 C-contiguous arrays ([rank, k], [rows, rank]), output such a
-        pair or None. The arrays are kept while the context holds them; the
+        pair or None, tok_embd the embedding's flipped pair ([n_vocab, rank],
+        [n_embd, rank]) or None. The arrays are kept while the context holds them; the
         caller (llminfer.lora) has checked their shapes."""
         if self.ctx == NULL:
             raise errors.LLMInferError("the context is closed")
@@ -600,7 +601,8 @@ cdef class Context:
         cdef int st
         try:
             for j in range(n):
-                alpha, layers, output = adapters[j]
+                alpha, layers, output = adapters[j][:3]
+                embd = adapters[j][3] if len(adapters[j]) > 3 else None
                 L[j].alpha = alpha
                 L[j].layers = &LL[<size_t>j * nl]
                 if len(layers) != nl:
@@ -611,6 +613,8 @@ cdef class Context:
                                    _lora_base(&self.model.desc.layers[il], name), pair, keep)
                 if output is not None:
                     _lora_pair(&L[j].output, &self.model.desc.output, output, keep)
+                if embd is not None:
+                    _lora_embd_pair(&L[j].tok_embd, &self.model.desc.tok_embd, embd, keep)
             st = C.li_context_set_loras(self.ctx, L, n)
             check(st, "setting the LoRA adapters")
         except BaseException:
@@ -810,6 +814,21 @@ cdef C.li_lora_pair *_lora_slot(C.li_lora_layer *P, str name) except NULL:
     if name == "w_down":
         return &P.w_down
     raise errors.InvalidArgumentError(f"no LoRA projection named {name!r}")
+
+
+cdef int _lora_embd_pair(C.li_lora_pair *P, const C.li_matrix *w, pair, list keep) except -1:
+    """the token embedding's (a, b), flipped: a [n_vocab, rank], b [n_embd, rank]"""
+    cdef const float[:, ::1] a = pair[0]
+    cdef const float[:, ::1] b = pair[1]
+    if a.shape[1] != b.shape[1] or a.shape[1] < 1 or a.shape[0] != w.rows or b.shape[0] != w.k:
+        raise errors.ShapeError(f"a token embedding LoRA pair of A {a.shape[0]}x{a.shape[1]} and B "
+                                f"{b.shape[0]}x{b.shape[1]} for an embedding of {w.rows}x{w.k}")
+    keep.append(pair[0])
+    keep.append(pair[1])
+    P.a = &a[0, 0]
+    P.b = &b[0, 0]
+    P.rank = <int>a.shape[1]
+    return 0
 
 
 cdef const C.li_matrix *_lora_base(const C.li_layer_desc *Ly, str name) except NULL:

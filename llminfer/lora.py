@@ -11,9 +11,12 @@ when alpha is 0): llama.cpp's build_lora_mm. The C core does that per row
 gets the bits it gets alone; scale 0 is the base model, bit for bit.
 
 llminfer adapts the attention projections (attn_q, attn_k, attn_v,
-attn_output), the dense feed-forward's (ffn_gate, ffn_up, ffn_down) and the
-output head; an adapter with any other tensor (the token embedding, a MoE
-layer's experts, a recurrent layer's) is refused rather than half applied.
+attn_output), the dense feed-forward's (ffn_gate, ffn_up, ffn_down), the
+output head and the token embedding (its pair flipped, as llama.cpp has it:
+lora_a [n_vocab, rank], lora_b [n_embd, rank], token t's row + s * b a[t];
+not where the output head shares it, which llama.cpp cannot run either); an
+adapter with any other tensor (a MoE layer's experts, a recurrent layer's)
+is refused rather than half applied.
 """
 
 from __future__ import annotations
@@ -45,11 +48,12 @@ class LoRAAdapter:
     alpha: float
     layers: list                     # [n_layer] dicts: projection name -> (a, b)
     output: tuple | None = None      # the output head's (a, b)
+    tok_embd: tuple | None = None    # the token embedding's (a [n_vocab, rank], b [n_embd, rank])
     tensors: list = field(default_factory=list)  # the base weights it adapts, by GGUF name
 
     def describe(self):
         """(alpha, layers, output) for _core.Context.set_loras."""
-        return (self.alpha, self.layers, self.output)
+        return (self.alpha, self.layers, self.output, self.tok_embd)
 
 
 def load_adapter(path, model_gguf, spec) -> LoRAAdapter:
@@ -111,8 +115,10 @@ def _load(f, path, model_gguf, spec) -> LoRAAdapter:
                                    f"model?)")
         target, slot = _target(base, spec)
         if target is None:
-            raise LoRAAdapterError(f"{path}: {base!r} is a weight llminfer does not apply LoRA to (it adapts the "
-                                   f"attention and dense feed-forward projections and the output head)")
+            tied = " (this model's output head shares the token embedding)" if base == "token_embd.weight" else ""
+            raise LoRAAdapterError(f"{path}: {base!r} is a weight llminfer does not apply LoRA to{tied} (it adapts "
+                                   f"the attention and dense feed-forward projections, the output head and an "
+                                   f"untied token embedding)")
         winfo = model_gguf.tensors[base]
         if (target.data.ctypes.data != model_gguf.tensor_bytes(base).ctypes.data
                 or winfo.shape != (target.rows, target.k)):
@@ -126,6 +132,14 @@ def _load(f, path, model_gguf, spec) -> LoRAAdapter:
             if len(info.shape) != 2:
                 raise LoRAAdapterError(f"{path}: {info.name} has shape {info.shape}, not a matrix")
         rows, k = target.rows, target.k
+        if slot == "tok_embd":  # flipped (llama.cpp's build_inp_embd): a [n_vocab, rank], b [n_embd, rank]
+            rank = a_info.shape[1]
+            if a_info.shape[0] != rows or b_info.shape != (k, rank):
+                raise LoRAAdapterError(f"{path}: {base}: lora_a {a_info.shape} and lora_b {b_info.shape} do not "
+                                       f"fit an embedding of {rows}x{k} (expected [{rows}, rank] and [{k}, rank])")
+            adapter.tok_embd = (_read(f, a_info, path), _read(f, b_info, path))
+            adapter.tensors.append(base)
+            continue
         rank = a_info.shape[0]
         if a_info.shape[1] != k or b_info.shape != (rows, rank):
             raise LoRAAdapterError(f"{path}: {base}: lora_a {a_info.shape} and lora_b {b_info.shape} do not fit "
@@ -145,6 +159,8 @@ def _target(base, spec):
     or (None, None) where llminfer does not adapt it."""
     if base == "output.weight":
         return (spec.output, None) if spec.output is not spec.tok_embd else (None, None)
+    if base == "token_embd.weight":
+        return (spec.tok_embd, "tok_embd") if spec.output is not spec.tok_embd else (None, None)
     m = _LAYER.match(base)
     if not m or m.group(2) not in PROJECTIONS:
         return None, None

@@ -14,9 +14,11 @@ from llminfer.gguf_file import GGUFFile
 LAYER_WEIGHTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def random_pairs(model_path, rank=4, seed=0, weights=LAYER_WEIGHTS, output=False, scale=0.05):
+def random_pairs(model_path, rank=4, seed=0, weights=LAYER_WEIGHTS, output=False, embd=False, scale=0.05):
     """{base weight name: (a, b)} float32 for every layer's `weights` (and
-    output.weight when asked), shaped for the model at model_path."""
+    output.weight, token_embd.weight when asked), shaped for the model at
+    model_path; token_embd's flipped as llama.cpp reads it: a [n_vocab,
+    rank], b [n_embd, rank]."""
     rng = np.random.default_rng(seed)
     out = {}
     with GGUFFile(model_path) as f:
@@ -28,6 +30,10 @@ def random_pairs(model_path, rank=4, seed=0, weights=LAYER_WEIGHTS, output=False
             a = (rng.standard_normal((rank, k)) * scale).astype(np.float32)
             b = (rng.standard_normal((rows, rank)) * scale).astype(np.float32)
             out[name] = (a, b)
+        if embd:
+            n_vocab, n_embd = f.tensors["token_embd.weight"].shape
+            out["token_embd.weight"] = ((rng.standard_normal((n_vocab, rank)) * scale).astype(np.float32),
+                                        (rng.standard_normal((n_embd, rank)) * scale).astype(np.float32))
     return out
 
 
@@ -68,7 +74,10 @@ def effective(pairs, alpha, scale):
     """{name: scale_eff * B @ A} in float64, as llama.cpp's scale = scale * alpha / rank"""
     out = {}
     for name, (a, b) in pairs.items():
-        rank = a.shape[0]
+        rank = b.shape[1]
         s = np.float32(scale) * np.float32(alpha) / np.float32(rank) if alpha else np.float32(scale)
-        out[name] = float(s) * (b.astype(np.float64) @ a.astype(np.float64))
+        if name == "token_embd.weight":  # flipped: row t gets b a[t]
+            out[name] = float(s) * (a.astype(np.float64) @ b.astype(np.float64).T)
+        else:
+            out[name] = float(s) * (b.astype(np.float64) @ a.astype(np.float64))
     return out

@@ -29,12 +29,12 @@ TOKS = np.array([5, 9, 17, 33, 2, 8, 100, 7, 64, 12, 3], np.int32)
 def tiny(tmp_path_factory):
     """A tiny llama in F32 (so the reference's float64 is the only
     difference), with an output head of its own, and two adapters for it:
-    every projection and the head at rank 4, and the attention's alone at
-    rank 2 in F16."""
+    every projection, the head and the token embedding at rank 4, and the
+    attention's alone at rank 2 in F16."""
     d = tmp_path_factory.mktemp("lora")
     path = write_model(d / "tiny.gguf", TinyConfig(qtype="F32", embd_qtype="F32", tie_output=False,
                                                           pre="default"))  # a pre-tokenizer llama.cpp knows
-    pairs = random_pairs(path, rank=4, seed=1, output=True)
+    pairs = random_pairs(path, rank=4, seed=1, output=True, embd=True)
     ad = write_adapter(d / "ad.gguf", "llama", pairs, alpha=ALPHA)
     pairs2 = random_pairs(path, rank=2, seed=2, weights=("attn_q", "attn_k", "attn_v", "attn_output"))
     pairs2 = {k: (a.astype(np.float16).astype(np.float32), b.astype(np.float16).astype(np.float32))
@@ -93,7 +93,8 @@ def _against_numpy(tiny, engine):
 
 ARCH_CASES = {
     # arch: (the weights an adapter covers, {a weight llminfer refuses to adapt: why})
-    "qwen2": (("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"), {}),
+    "qwen2": (("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"),
+              {"token_embd.weight": "shares the token embedding"}),  # tied: llama.cpp cannot run it either
     "gemma3": (("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"), {}),
     "qwen3moe": (("attn_q", "attn_k", "attn_v", "attn_output"),
                  {"blk.0.ffn_gate_exps.weight": "does not apply LoRA"}),
@@ -284,7 +285,7 @@ def _bad(tiny, name, **kw):
     ("half", "has no .*lora_b"),
     ("unknown", "names no weight"),
     ("shape", "do not fit"),
-    ("embd", "does not apply LoRA"),
+    ("embd", "do not fit an embedding"),
     ("suffix", "neither a .lora_a"),
     ("garbage", "not a GGUF LoRA adapter"),
 ])
