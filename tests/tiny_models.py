@@ -925,3 +925,169 @@ def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=No
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+# ---- Gemma 4 (issue 52) ----
+
+@dataclass
+class Gemma4Config:
+    """A tiny gemma4, its tensors named and shaped as llama.cpp's
+    src/models/gemma4.cpp loads them (norms as the model applies them, 1-D
+    tensors F32). swa: one flag per layer (true: sliding window), written as
+    the attention.sliding_window_pattern array. Sliding and full layers have
+    their own head sizes and KV head counts; full layers rotate the first
+    rope_partial of each head's pairs (rope_freqs.weight: 1e30 elsewhere).
+    n_shared: the last layers read earlier layers' keys and values; n_pe > 0:
+    per-layer embeddings (the E models); v_from_k: full layers without
+    attn_v; wide_shared: the shared layers' feed-forward twice as wide (an
+    array feed_forward_length)."""
+
+    qtype: str = "F32"
+    embd_qtype: str = "F32"
+    n_embd: int = 256
+    swa: tuple = (True, True, False, True, True, False)
+    n_head: int = 4
+    n_head_kv_swa: int = 2
+    n_head_kv_full: int = 1
+    head_dim_swa: int = 64
+    head_dim_full: int = 128
+    rope_partial: float = 0.25
+    n_ff: int = 512
+    sliding_window: int = 8
+    rope_base: float = 1000000.0
+    rope_base_swa: float = 10000.0
+    final_softcap: float = 15.0
+    qk_norm: float = 0.4          # q and k norm weights: scores (unscaled) of a few units, not sqrt(head_dim)
+    n_shared: int = 0
+    n_pe: int = 0
+    v_from_k: bool = False
+    wide_shared: bool = False
+    out_scale: bool = True
+    tie_output: bool = True
+    context_length: int = 512
+    seed: int = 0
+    eps: float = 1e-6
+    pre: str = "default"
+
+
+def write_gemma4(path, cfg: Gemma4Config = Gemma4Config(), tensor_hook=None, meta=None, extra_tensors=None) -> str:
+    """Write a tiny random `gemma4` file; tensor_hook as write_model's, meta:
+    metadata keys to replace (a value) or leave out (None); extra_tensors:
+    {name: float32 array} written after the model's own."""
+    rng = np.random.default_rng(cfg.seed)
+    tokens, types = vocab()
+    n_vocab = len(tokens)
+    arch = "gemma4"
+    E, H, NL, P = cfg.n_embd, cfg.n_head, len(cfg.swa), cfg.n_pe
+    n_kv_layers = NL - cfg.n_shared
+    n_ff = [cfg.n_ff * (2 if cfg.wide_shared and i >= n_kv_layers else 1) for i in range(NL)]
+    kv = {
+        f"{arch}.block_count": NL,
+        f"{arch}.context_length": cfg.context_length,
+        f"{arch}.embedding_length": E,
+        f"{arch}.feed_forward_length": n_ff if cfg.wide_shared else cfg.n_ff,
+        f"{arch}.attention.head_count": H,
+        f"{arch}.attention.head_count_kv": [cfg.n_head_kv_swa if s else cfg.n_head_kv_full for s in cfg.swa],
+        f"{arch}.attention.key_length": cfg.head_dim_full,
+        f"{arch}.attention.value_length": cfg.head_dim_full,
+        f"{arch}.attention.key_length_swa": cfg.head_dim_swa,
+        f"{arch}.attention.value_length_swa": cfg.head_dim_swa,
+        f"{arch}.attention.layer_norm_rms_epsilon": float(cfg.eps),
+        f"{arch}.attention.sliding_window": cfg.sliding_window,
+        f"{arch}.attention.sliding_window_pattern": [bool(s) for s in cfg.swa],
+        f"{arch}.attention.shared_kv_layers": cfg.n_shared,
+        f"{arch}.embedding_length_per_layer_input": P,
+        f"{arch}.rope.freq_base": float(cfg.rope_base),
+        f"{arch}.rope.freq_base_swa": float(cfg.rope_base_swa),
+        f"{arch}.rope.dimension_count": cfg.head_dim_full,
+        f"{arch}.rope.dimension_count_swa": cfg.head_dim_swa,
+        f"{arch}.final_logit_softcapping": float(cfg.final_softcap),
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": cfg.pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": MERGES,
+        "tokenizer.ggml.bos_token_id": n_vocab - 2,
+        "tokenizer.ggml.eos_token_id": n_vocab - 1,
+        "tokenizer.ggml.add_bos_token": True,
+    }
+    kv.update(meta or {})
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in kv.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
+
+    def add(name, data, t):
+        if tensor_hook is not None:
+            replaced = tensor_hook(name, data, t)
+            if replaced is None:
+                return
+            data, t = replaced
+        w.add_tensor(name, data, raw_dtype=t)
+
+    def matrix(name, rows, k, qtype, scale=1.0):
+        data = (rng.standard_normal((rows, k)) * scale / np.sqrt(k)).astype(np.float32)
+        t = gguf.GGMLQuantizationType[qtype]
+        add(name, quantized_matrix(rng, data, t), t)
+
+    def f32(name, data):
+        add(name, np.ascontiguousarray(data, dtype=np.float32), gguf.GGMLQuantizationType.F32)
+
+    def vector(name, n, around=1.0, spread=0.1):
+        f32(name, around + rng.standard_normal(n) * spread)
+
+    matrix("token_embd.weight", n_vocab, E, cfg.embd_qtype, np.sqrt(E) / 16)
+    vector("output_norm.weight", E)
+    if not cfg.tie_output:
+        matrix("output.weight", n_vocab, E, cfg.qtype)
+    half = cfg.head_dim_full // 2
+    n_rotated = int(half * cfg.rope_partial)
+    if not all(cfg.swa):  # read by the full layers only
+        f32("rope_freqs.weight", [1.0] * n_rotated + [1e30] * (half - n_rotated))
+    if P:
+        matrix("per_layer_token_embd.weight", n_vocab, NL * P, cfg.embd_qtype, np.sqrt(NL * P) / np.sqrt(P))
+        matrix("per_layer_model_proj.weight", NL * P, E, cfg.qtype)
+        vector("per_layer_proj_norm.weight", P)
+    for i, swa in enumerate(cfg.swa):
+        p = f"blk.{i}."
+        hd = cfg.head_dim_swa if swa else cfg.head_dim_full
+        nkv = (cfg.n_head_kv_swa if swa else cfg.n_head_kv_full) * hd
+        own_kv = i < n_kv_layers
+        vector(p + "attn_norm.weight", E)
+        matrix(p + "attn_q.weight", H * hd, E, cfg.qtype)
+        if own_kv:
+            matrix(p + "attn_k.weight", nkv, E, cfg.qtype)
+            if not (cfg.v_from_k and not swa):
+                matrix(p + "attn_v.weight", nkv, E, cfg.qtype)
+            vector(p + "attn_k_norm.weight", hd, cfg.qk_norm, 0.1 * cfg.qk_norm)
+        vector(p + "attn_q_norm.weight", hd, cfg.qk_norm, 0.1 * cfg.qk_norm)
+        matrix(p + "attn_output.weight", E, H * hd, cfg.qtype)
+        vector(p + "post_attention_norm.weight", E)
+        vector(p + "ffn_norm.weight", E)
+        matrix(p + "ffn_gate.weight", n_ff[i], E, cfg.qtype, 2.0)
+        matrix(p + "ffn_up.weight", n_ff[i], E, cfg.qtype)
+        matrix(p + "ffn_down.weight", E, n_ff[i], cfg.qtype)
+        vector(p + "post_ffw_norm.weight", E)
+        if cfg.out_scale:
+            vector(p + "layer_output_scale.weight", 1, 0.8, 0.3)
+        if P:
+            matrix(p + "inp_gate.weight", P, E, cfg.qtype, 2.0)
+            matrix(p + "proj.weight", E, P, cfg.qtype)
+            vector(p + "post_norm.weight", E)
+    for name, data in (extra_tensors or {}).items():
+        f32(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
