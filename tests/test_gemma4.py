@@ -19,6 +19,7 @@ from llminfer.engine import Engine
 from llminfer.errors import InvalidArgumentError, ShapeError, UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import build_spec
+from llminfer.reasoning import ChatOptions
 
 from reference_gemma4 import PIECES, Gemma4Reference
 from test_archs import run, tokens_for
@@ -246,3 +247,103 @@ def test_logits_match_llama_cpp(peer_python, files, tmp_path, name):
     s = np.sort(peer, axis=-1)
     clear = s[:, -1] - s[:, -2] >= MARGIN
     assert clear.sum() >= 10 and np.array_equal(ours.argmax(-1)[clear], peer.argmax(-1)[clear]), name
+
+
+# ---- the chat template's thinking (Gemma 4's channel markers) ----
+
+# Gemma 4's turn format, as its template writes it: thinking on, the model
+# opens "<|channel>thought" itself; off, the prompt holds an empty one
+G4_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|turn>{{ 'model' if m.role == 'assistant' else m.role }}\n"
+               "{{ m.content }}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n"
+               "{% if not enable_thinking | default(false) %}<|channel>thought\n<channel|>{% endif %}{% endif %}")
+G4_TOKENS = {"<|turn>": 4, "<turn|>": 4, "<|channel>": 4, "<channel|>": 4}
+PEER_TEMPLATE = ("/work/peer/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/"
+                 "google-gemma-4-31B-it.jinja")
+
+
+@pytest.fixture(scope="module")
+def chat_llm(tmp_path_factory):
+    from llminfer import LLM
+
+    path = write_gemma4(tmp_path_factory.mktemp("g4chat") / "chat.gguf", Gemma4Config(context_length=2048),
+                        meta={"tokenizer.chat_template": G4_TEMPLATE}, extra_tokens=G4_TOKENS)
+    with LLM(path, n_ctx=1024, n_threads=1) as m:
+        yield m
+
+
+class Script:
+    """A logits_processor that makes the model write `text`, then end."""
+
+    def __init__(self, llm, text):
+        self.ids = llm.tokenize(text, add_bos=False, special=True)
+        self.eos = llm.tokenizer.eos_id
+        self.i = 0
+
+    def __call__(self, input_ids, scores):
+        tok = self.ids[self.i] if self.i < len(self.ids) else self.eos
+        self.i += 1
+        out = np.full_like(scores, -np.inf)
+        out[tok] = 0.0
+        return out
+
+
+MSGS = [{"role": "user", "content": "What is 2 + 2?"}]
+THOUGHT, ANSWER = "The user adds two and two.", "4."
+
+
+def _chat(llm, text, **kw):
+    return llm.create_chat_completion(MSGS, max_tokens=40, temperature=0, logits_processor=Script(llm, text), **kw)
+
+
+def test_thinking_on_splits_the_channel_from_the_answer(chat_llm):
+    """enable_thinking: the reply's thought channel is reasoning_content,
+    whole and streamed; a stream cut inside the thinking gives what was thought."""
+    reply = f"<|channel>thought\n{THOUGHT}<channel|>{ANSWER}"
+    msg = _chat(chat_llm, reply, enable_thinking=True)["choices"][0]["message"]
+    assert (msg["reasoning_content"], msg["content"]) == (THOUGHT, ANSWER)
+    chunks = list(_chat(chat_llm, reply, enable_thinking=True, stream=True))
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == THOUGHT
+    assert "".join(d.get("content") or "" for d in deltas) == ANSWER
+    cut = chat_llm.create_chat_completion(MSGS, max_tokens=20, temperature=0, enable_thinking=True,
+                                          logits_processor=Script(chat_llm, f"<|channel>thought\n{THOUGHT * 4}"))
+    msg = cut["choices"][0]["message"]
+    assert msg["reasoning_content"] and THOUGHT.startswith(msg["reasoning_content"][:10]) and not msg["content"]
+
+
+def test_thinking_off_writes_an_empty_channel_and_the_reply_is_the_answer(chat_llm):
+    ids = chat_llm._chat_prompt(MSGS)
+    assert ids[-1] == chat_llm.tokenizer.token_id("<channel|>")
+    msg = _chat(chat_llm, ANSWER)["choices"][0]["message"]
+    assert msg["content"] == ANSWER and msg.get("reasoning_content") is None
+    on = chat_llm._chat_prompt(MSGS, ChatOptions.make(enable_thinking=True))
+    assert chat_llm.detokenize(on[-7:]) == "<|turn>model\n"
+
+
+def test_the_budget_closes_the_channel(chat_llm):
+    """reasoning_budget N: after N thinking tokens <channel|> is forced, then the model answers."""
+    out = chat_llm.create_chat_completion(MSGS, max_tokens=20, temperature=0, enable_thinking=True,
+                                          reasoning_budget=3,
+                                          logits_processor=Script(chat_llm, f"<|channel>thought\n{THOUGHT * 4}"))
+    msg = out["choices"][0]["message"]
+    assert msg["reasoning_content"] and len(chat_llm.tokenize(msg["reasoning_content"].encode(), add_bos=False)) <= 4
+
+
+@pytest.mark.skipif(not __import__("os").path.exists(PEER_TEMPLATE), reason="llama.cpp's Gemma 4 template is absent")
+def test_the_released_template_renders_and_thinks(chat_llm):
+    """Gemma 4's own template (llama.cpp's copy) through the sandbox: thinking
+    on puts <|think|> in the system turn and leaves the model to open its
+    channel; off writes the empty channel; the tags are Gemma 4's."""
+    from llminfer.chat import ChatFormat
+    from llminfer.reasoning import GEMMA4_TAGS
+
+    with open(PEER_TEMPLATE) as f:
+        template = f.read()
+    fmt = ChatFormat("gemma4", template, bos_token="<bos>", eos_token="<eos>")
+    msgs = [{"role": "system", "content": "Be brief."}] + MSGS
+    on = fmt.render(msgs, enable_thinking=True)
+    off = fmt.render(msgs, enable_thinking=False)
+    assert "<|think|>" in on and on.endswith("<|turn>model\n")
+    assert "<|think|>" not in off and off.endswith("<|turn>model\n<|channel>thought\n<channel|>")
+    r = ChatOptions.make(enable_thinking=True).reasoning(on, template, chat_llm.tokenizer)
+    assert r.tags == GEMMA4_TAGS and not r.in_thinking

@@ -970,12 +970,17 @@ class Gemma4Config:
     pre: str = "default"
 
 
-def write_gemma4(path, cfg: Gemma4Config = Gemma4Config(), tensor_hook=None, meta=None, extra_tensors=None) -> str:
+def write_gemma4(path, cfg: Gemma4Config = Gemma4Config(), tensor_hook=None, meta=None, extra_tensors=None,
+                 extra_tokens=None) -> str:
     """Write a tiny random `gemma4` file; tensor_hook as write_model's, meta:
     metadata keys to replace (a value) or leave out (None); extra_tensors:
-    {name: float32 array} written after the model's own."""
+    {name: float32 array} written after the model's own; extra_tokens as
+    write_model's."""
     rng = np.random.default_rng(cfg.seed)
     tokens, types = vocab()
+    if extra_tokens:
+        tokens = tokens[:-2] + list(extra_tokens) + tokens[-2:]
+        types = types[:-2] + list(extra_tokens.values()) + types[-2:]
     n_vocab = len(tokens)
     arch = "gemma4"
     E, H, NL, P = cfg.n_embd, cfg.n_head, len(cfg.swa), cfg.n_pe
