@@ -347,3 +347,63 @@ def test_the_released_template_renders_and_thinks(chat_llm):
     assert "<|think|>" not in off and off.endswith("<|turn>model\n<|channel>thought\n<channel|>")
     r = ChatOptions.make(enable_thinking=True).reasoning(on, template, chat_llm.tokenizer)
     assert r.tags == GEMMA4_TAGS and not r.in_thinking
+
+
+# ---- Gemma 4's vocabulary (tokenizer.ggml.model "gemma4") ----
+
+G4_TEXTS = ["the hello world", " the\n\nhello", "hello\n\n\nthe  an\n", "\u00e9 \u00fcn\u00ef \u4e16\u754c hello",
+            "  leading", "a\nb\n\n\nc", "tab\there", "", "hellohello the", "\n", "\n\n\n\n", "the\r\nend ",
+            "<bos>the", "emoji \U0001f600!"]
+
+
+@pytest.fixture(scope="module")
+def g4_vocab_path(tmp_path_factory):
+    return write_gemma4(tmp_path_factory.mktemp("g4tok") / "tok.gguf", Gemma4Config(tokenizer="gemma4"))
+
+
+def test_the_gemma4_vocabulary_encodes_as_llama_cpp_reads_it(g4_vocab_path):
+    """Spaces become U+2581 pieces, merges run within runs of newlines and
+    of other characters, a newline run that is a piece is one token,
+    characters without a piece are their UTF-8 bytes; BOS is added; decoding
+    gives the text back."""
+    from llminfer.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(g4_vocab_path)
+    assert tok.kind == "gemma4" and tok.add_bos and tok.bos_id == 2
+    assert tok.encode(" the", add_bos=False) == [tok.token_id("\u2581the")]
+    assert tok.encode("hello", add_bos=False) == [tok.token_id("hello")]
+    assert tok.encode("\n\n", add_bos=False) == [tok.token_id("\n\n")]
+    assert tok.encode("\u00e9", add_bos=False) == [tok.token_id("<0xC3>"), tok.token_id("<0xA9>")]
+    for text in G4_TEXTS:
+        ids = tok.encode(text)
+        assert ids[0] == tok.bos_id and tok.decode(ids) == text, text
+
+
+def test_a_model_with_the_gemma4_vocabulary_generates(g4_vocab_path):
+    from llminfer import LLM
+
+    with LLM(g4_vocab_path, n_ctx=128, n_threads=1) as llm:
+        out = llm.create_completion("the hello", max_tokens=8, temperature=0.0)
+        want = llm.tokenize(b"the hello")
+    assert out["usage"]["prompt_tokens"] == len(want) == 5 and out["usage"]["completion_tokens"] > 0
+
+
+@pytest.mark.peer
+def test_the_gemma4_vocabulary_matches_llama_cpp(peer_python, g4_vocab_path):
+    """The same ids as llama.cpp's tokenizer for every text, and the same text back."""
+    import json
+    import subprocess
+
+    code = ("import sys, json\nfrom llama_cpp import Llama\n"
+            "llm = Llama(model_path=sys.argv[1], vocab_only=True, verbose=False)\n"
+            "texts = json.loads(sys.stdin.read())\n"
+            "print(json.dumps([llm.tokenize(t.encode(), add_bos=True, special=False) for t in texts]))\n")
+    r = subprocess.run([peer_python, "-c", code, g4_vocab_path], input=json.dumps(G4_TEXTS), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from llminfer.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(g4_vocab_path)
+    peer = json.loads(r.stdout.strip().splitlines()[-1])
+    for text, want in zip(G4_TEXTS, peer):
+        assert tok.encode(text) == want, text

@@ -929,6 +929,25 @@ def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=No
 
 # ---- Gemma 4 (issue 52) ----
 
+GEMMA4_MERGES = ["\u2581 t", "h e", "\u2581t he", "i n", "\u2581 a", "e r", "o n", "\u2581 s", "e n", "a n",
+                 "l l", "he ll", "hell o", "\n \n", "\u2581 \u2581"]
+
+
+def gemma4_vocab():
+    """A Gemma-4-style vocabulary (tokenizer.ggml.model "gemma4"): control
+    tokens, the 256 <0xXX> byte tokens, U+2581 for the space, printable
+    ASCII, newline runs and what the merges make; (tokens, types, merges).
+    Characters outside it (any non-ASCII) fall back to bytes."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    types = [3, 3, 3, 2]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    normal = ["\u2581", "\n"] + [chr(c) for c in range(0x21, 0x7F)]
+    normal += [a + b for a, b in (m.split(" ") for m in GEMMA4_MERGES)]
+    tokens += normal
+    types += [1] * len(normal)
+    return tokens, types, GEMMA4_MERGES
+
 @dataclass
 class Gemma4Config:
     """A tiny gemma4, its tensors named and shaped as llama.cpp's
@@ -968,6 +987,7 @@ class Gemma4Config:
     seed: int = 0
     eps: float = 1e-6
     pre: str = "default"
+    tokenizer: str = "gpt2"       # "gemma4": gemma4_vocab(), as Gemma 4's files hold it
 
 
 def write_gemma4(path, cfg: Gemma4Config = Gemma4Config(), tensor_hook=None, meta=None, extra_tensors=None,
@@ -978,6 +998,10 @@ def write_gemma4(path, cfg: Gemma4Config = Gemma4Config(), tensor_hook=None, met
     write_model's."""
     rng = np.random.default_rng(cfg.seed)
     tokens, types = vocab()
+    merges, bos, eos = MERGES, len(tokens) - 2, len(tokens) - 1
+    if cfg.tokenizer == "gemma4":
+        tokens, types, merges = gemma4_vocab()
+        bos, eos = 2, 1
     if extra_tokens:
         tokens = tokens[:-2] + list(extra_tokens) + tokens[-2:]
         types = types[:-2] + list(extra_tokens.values()) + types[-2:]
@@ -1007,15 +1031,17 @@ def write_gemma4(path, cfg: Gemma4Config = Gemma4Config(), tensor_hook=None, met
         f"{arch}.rope.dimension_count": cfg.head_dim_full,
         f"{arch}.rope.dimension_count_swa": cfg.head_dim_swa,
         f"{arch}.final_logit_softcapping": float(cfg.final_softcap),
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": cfg.pre,
+        "tokenizer.ggml.model": cfg.tokenizer,
+        "tokenizer.ggml.pre": cfg.pre if cfg.tokenizer == "gpt2" else None,
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.merges": MERGES,
-        "tokenizer.ggml.bos_token_id": n_vocab - 2,
-        "tokenizer.ggml.eos_token_id": n_vocab - 1,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": bos,
+        "tokenizer.ggml.eos_token_id": eos,
         "tokenizer.ggml.add_bos_token": True,
     }
+    if cfg.tokenizer == "gemma4":
+        kv["tokenizer.ggml.add_space_prefix"] = False
     kv.update(meta or {})
     w = gguf.GGUFWriter(str(path), arch)
     for key, value in kv.items():
