@@ -108,6 +108,7 @@ struct li_context {
     float *sg, *su;        /* [LI_FFN_CHUNK, n_ff_shexp] the shared expert's gate and up outputs */
     float *so;             /* [n_batch, n_embd] its output */
     float *sgate;          /* [n_batch] sigmoid(x . gate_inp_shexp) per row */
+    float *gu;             /* [n_batch * n_expert_used, 2 * n_ff_exp] fused gate_up_exps products, or NULL */
 
     /* per batch */
     int32_t *pos;          /* [n_batch] */

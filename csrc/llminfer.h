@@ -273,6 +273,18 @@ typedef struct li_layer_desc {
                                   * token's per-layer input for this layer (li_model_desc) */
     li_matrix pe_proj;           /* [n_embd, n_embd_pe] */
     const float *pe_post_norm;   /* [n_embd] */
+    /* Gemma 4's MoE layers (router_in_scale non-NULL): the router reads
+     * rmsnorm(x) * router_in_scale / sqrt(n_embd), the experts rmsnorm(x) *
+     * moe_norm, the shared expert (ungated, n_ff_shexp wide) rmsnorm(x) *
+     * ffn_norm; expert e's output is times down_exps_s[e]; the experts'
+     * weighted sum is normed by moe_post_norm, the shared expert's output by
+     * shexp_post_norm, and their sum by post_ffn_norm before the residual */
+    const float *router_in_scale;/* [n_embd] */
+    const float *moe_norm;       /* [n_embd] */
+    const float *down_exps_s;    /* [n_expert], or NULL */
+    const float *moe_post_norm, *shexp_post_norm; /* [n_embd] */
+    li_matrix gate_up_exps;      /* [n_expert * 2 * n_ff_exp, n_embd]: each expert's gate rows, then its up rows,
+                                  * in place of gate_exps and up_exps (absent: those) */
 } li_layer_desc;
 
 /* What mixes a layer's positions. */

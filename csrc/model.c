@@ -324,8 +324,18 @@ int li_model_check(const li_model_desc *m) {
             if (m->n_expert == 0) return li_fail(LI_E_ARG, "layer %d has a router, but the model no experts", il);
             const int64_t ne = m->n_expert, fe = m->n_ff_exp;
             CHECK(check_matrix(&L->router, "ffn_gate_inp", il, ne, m->n_embd));
-            CHECK(check_matrix(&L->gate_exps, "ffn_gate_exps", il, ne * fe, m->n_embd));
-            CHECK(check_matrix(&L->up_exps, "ffn_up_exps", il, ne * fe, m->n_embd));
+            if (L->gate_up_exps.data) {
+                if (L->gate_exps.data || L->up_exps.data || L->gate_exps_b || L->up_exps_b)
+                    return li_fail(LI_E_ARG, "layer %d has fused and separate gate and up experts", il);
+                CHECK(check_matrix(&L->gate_up_exps, "ffn_gate_up_exps", il, ne * 2 * fe, m->n_embd));
+            } else {
+                CHECK(check_matrix(&L->gate_exps, "ffn_gate_exps", il, ne * fe, m->n_embd));
+                CHECK(check_matrix(&L->up_exps, "ffn_up_exps", il, ne * fe, m->n_embd));
+            }
+            if (L->router_in_scale && (!L->moe_norm || !L->moe_post_norm || !L->shexp_post_norm ||
+                                       !L->gate_shexp.data || L->gate_inp_shexp || L->router_b || L->router_sel_b))
+                return li_fail(LI_E_ARG, "layer %d: a Gemma 4 MoE layer needs its experts' norms and an ungated shared "
+                               "expert, and has no router biases", il);
             CHECK(check_matrix(&L->down_exps, "ffn_down_exps", il, ne * m->n_embd, fe));
             if (L->gate_shexp.data || L->up_shexp.data || L->down_shexp.data) {
                 if (m->n_ff_shexp <= 0) return li_fail(LI_E_SHAPE, "layer %d has a shared expert of width %d", il,
@@ -391,7 +401,7 @@ void li_context_free(li_context *c) {
     free(c->lm);
     float *bufs[] = {c->x, c->xb /* att and o too */, c->q, c->k, c->v, c->g, c->u, c->scores, c->vrow, c->parts,
                      c->tparts, c->rope_cs, c->route, c->eo, c->wsel, c->tq, c->tout, c->pe_raw, c->pe_in,
-                     c->pe_g, c->pe_row};
+                     c->pe_g, c->pe_row, c->gu};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free_aligned(bufs[i]);
     for (int a = 0; a < LI_ACT_COUNT; a++) {
         free_aligned(c->xq[a]);
@@ -586,7 +596,8 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
                        "does not run; keep every layer on the CPU");
     for (int il = 0; il < n_be_layers; il++) {
         const li_layer_desc *ly = &m->layers[il];
-        if (own_sizes(ly) || ly->v_norm || ly->kv_reuse || ly->out_scale != 0.0f)
+        if (own_sizes(ly) || ly->v_norm || ly->kv_reuse || ly->out_scale != 0.0f || ly->router_in_scale ||
+            ly->gate_up_exps.data || ly->down_exps_s)
             return li_fail(LI_E_DEVICE, "layer %d has attention sizes of its own, value norms, another layer's keys "
                            "and values or an output scale (Gemma 4), which the GPU backend does not run; keep it on "
                            "the CPU (fewer GPU layers)", il);
@@ -626,6 +637,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
         goto nomem;
     /* the largest of the layers' sizes, for the scratch */
     size_t hd_max = 0, hdv_max = 0, nk_max = 0, nv_max = 0, nh = 1, ff_max = 0;
+    int gu_fused = 0;
 
     for (int il = 0; il < L; il++) {
         const li_layer_desc *ly = &m->layers[il];
@@ -667,9 +679,13 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
             if (rs[i]->data) need_act(c, rs[i]);
         if (is_moe) {
             /* gate/up read the token rows of xq (gathered), down reads rows of n_ff_exp */
-            need_expert_act(c, &ly->gate_exps);
-            need_expert_act(c, &ly->up_exps);
-            need_expert_act(c, &ly->down_exps);
+            const li_matrix *ex[] = {&ly->gate_exps, &ly->up_exps, &ly->down_exps, &ly->gate_up_exps};
+            for (size_t i = 0; i < sizeof(ex) / sizeof(ex[0]); i++)
+                if (ex[i]->data) need_expert_act(c, ex[i]);
+            if (ly->gate_up_exps.data) {
+                need_act(c, &ly->gate_up_exps);
+                gu_fused = 1;
+            }
         }
         if (ly->pe_gate.data) {
             need_act(c, &ly->pe_gate);
@@ -715,6 +731,10 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
         c->slot_tok = malloc(slots * sizeof(int32_t));
         c->e_off = malloc(((size_t)m->n_expert + 1) * sizeof(int32_t));
         if (!c->route || !c->eo || !c->wsel || !c->sel || !c->slot || !c->slot_tok || !c->e_off) goto nomem;
+        if (gu_fused) {
+            c->gu = alloc_aligned(slots * 2 * (size_t)m->n_ff_exp * sizeof(float));
+            if (!c->gu) goto nomem;
+        }
         if (m->n_ff_shexp > 0) {
             const size_t chunk = LI_MIN(nb, (size_t)LI_FFN_CHUNK) * (size_t)m->n_ff_shexp;
             c->sg = alloc_aligned(chunk * sizeof(float));
@@ -1673,13 +1693,25 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     int64_t lo, hi;
 
     const int shared = L->gate_shexp.data != NULL;
+    const int g4 = L->router_in_scale != NULL; /* gemma4: router, experts and shared expert read their own norms */
     li_split(n, ith, nth, &lo, &hi);
-    pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
-    const li_matrix *in[5] = {&L->router, &L->gate_exps, &L->up_exps, &L->gate_shexp, &L->up_shexp};
-    quantize_rows_for(c, c->xb, E, lo, hi, in, shared ? 5 : 3);
-    for (int64_t t = lo; t < hi && shared; t++) /* the shared expert's gate, while the normed rows are there */
-        c->sgate[t] = L->gate_inp_shexp ? 1.0f / (1.0f + expf(-li_K->dot_f32(c->xb + t * E, L->gate_inp_shexp, E)))
-                                        : 1.0f;
+    if (g4) {
+        const float s = 1.0f / sqrtf((float)E);
+        for (int64_t t = lo; t < hi; t++) {
+            li_K->rms_norm(c->x + t * E, L->router_in_scale, c->xb + t * E, E, m->norm_eps);
+            li_K->scale_f32(c->xb + t * E, s, E);
+        }
+        const li_matrix *in[1] = {&L->router};
+        quantize_rows_for(c, c->xb, E, lo, hi, in, 1);
+    } else {
+        pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
+        const li_matrix *in[5] = {&L->router, &L->gate_exps, &L->up_exps, &L->gate_shexp, &L->up_shexp};
+        quantize_rows_for(c, c->xb, E, lo, hi, in, shared ? 5 : 3);
+        for (int64_t t = lo; t < hi && shared; t++) /* the shared expert's gate, while the normed rows are there */
+            c->sgate[t] = L->gate_inp_shexp
+                              ? 1.0f / (1.0f + expf(-li_K->dot_f32(c->xb + t * E, L->gate_inp_shexp, E)))
+                              : 1.0f;
+    }
     li_share_sync(c->share);
 
     matmul(c, &L->router, acts_for(c, &L->router), n, c->route, NE, ith, nth);
@@ -1697,6 +1729,18 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
             route_token(r, NE, K, r, c->sel + t * K, c->wsel + t * K);
     }
     li_share_sync(c->share);
+    if (g4) { /* the shared expert over rmsnorm(x) * ffn_norm into so, then the experts' input */
+        li_split(n, ith, nth, &lo, &hi);
+        pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
+        const li_matrix *sh[2] = {&L->gate_shexp, &L->up_shexp};
+        quantize_rows_for(c, c->xb, E, lo, hi, sh, 2);
+        shared_expert(c, L, n, ith, nth); /* its first barrier orders the rows before its products */
+        li_split(n, ith, nth, &lo, &hi);
+        pre_norm(m, c->x, L->moe_norm, c->xb, lo, hi);
+        const li_matrix *ex[3] = {&L->gate_up_exps, &L->gate_exps, &L->up_exps};
+        quantize_rows_for(c, c->xb, E, lo, hi, L->gate_up_exps.data ? ex : ex + 1, L->gate_up_exps.data ? 1 : 2);
+        li_share_sync(c->share);
+    }
 
     if (ith == 0) { /* counting sort of the slots by expert; a few thousand steps */
         int32_t *off = c->e_off;
@@ -1714,7 +1758,9 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     li_share_sync(c->share);
 
     /* each slot's input row: its token's row of xq, in the formats of gate and up */
-    const int ag = li_types[L->gate_exps.type].act_type, au = li_types[L->up_exps.type].act_type;
+    const int fused = L->gate_up_exps.data != NULL;
+    const int ag = li_types[(fused ? L->gate_up_exps : L->gate_exps).type].act_type;
+    const int au = fused ? ag : li_types[L->up_exps.type].act_type;
     li_split(n * K, ith, nth, &lo, &hi);
     for (int64_t s = lo; s < hi; s++) {
         const size_t rg = li_act_row_bytes(ag, E), ru = li_act_row_bytes(au, E);
@@ -1724,10 +1770,23 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     }
 
     /* the used experts' gate and up products */
-    const li_matrix *gu[2] = {&L->gate_exps, &L->up_exps};
-    void *gu_in[2] = {c->xe[ag], c->xe[au]};
-    float *gu_out[2] = {c->g, c->u};
-    expert_products(c, gu, gu_in, gu_out, 2, E, Fe, ith, nth);
+    if (fused) { /* one product per expert, its rows then cut into gate and up */
+        const li_matrix *w[1] = {&L->gate_up_exps};
+        void *w_in[1] = {c->xe[ag]};
+        float *w_out[1] = {c->gu};
+        expert_products(c, w, w_in, w_out, 1, E, 2 * Fe, ith, nth);
+        li_share_sync(c->share);
+        li_split(n * K, ith, nth, &lo, &hi);
+        for (int64_t s = lo; s < hi; s++) {
+            memcpy(c->g + s * Fe, c->gu + s * 2 * Fe, (size_t)Fe * sizeof(float));
+            memcpy(c->u + s * Fe, c->gu + s * 2 * Fe + Fe, (size_t)Fe * sizeof(float));
+        }
+    } else {
+        const li_matrix *gu[2] = {&L->gate_exps, &L->up_exps};
+        void *gu_in[2] = {c->xe[ag], c->xe[au]};
+        float *gu_out[2] = {c->g, c->u};
+        expert_products(c, gu, gu_in, gu_out, 2, E, Fe, ith, nth);
+    }
     li_share_sync(c->share);
     if (L->gate_exps_b || L->up_exps_b) { /* each slot's expert's biases (gpt-oss) */
         li_split(n * K, ith, nth, &lo, &hi);
@@ -1754,7 +1813,9 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
         float *o = c->o + t * E;
         memset(o, 0, (size_t)E * sizeof(float));
         for (int j = 0; j < K; j++) {
-            const float *eo = c->eo + (int64_t)c->slot[t * K + j] * E, w = c->wsel[t * K + j];
+            const float *eo = c->eo + (int64_t)c->slot[t * K + j] * E;
+            const float w = L->down_exps_s ? c->wsel[t * K + j] * L->down_exps_s[c->sel[t * K + j]]
+                                           : c->wsel[t * K + j];
             if (L->down_exps_b) { /* the expert's output bias, before its weight (ggml_add_id, then ggml_mul) */
                 const float *b = L->down_exps_b + (int64_t)c->sel[t * K + j] * E;
                 for (int64_t i = 0; i < E; i++) o[i] += w * (eo[i] + b[i]);
@@ -1763,7 +1824,13 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
             }
         }
     }
-    if (shared) {
+    if (g4) { /* each sum normed, then added */
+        for (int64_t t = lo; t < hi; t++) {
+            li_K->rms_norm(c->o + t * E, L->moe_post_norm, c->o + t * E, E, m->norm_eps);
+            li_K->rms_norm(c->so + t * E, L->shexp_post_norm, c->so + t * E, E, m->norm_eps);
+            li_K->add_f32(c->o + t * E, c->so + t * E, c->o + t * E, E);
+        }
+    } else if (shared) {
         shared_expert(c, L, n, ith, nth);
         li_split(n, ith, nth, &lo, &hi);
         for (int64_t t = lo; t < hi; t++) li_K->axpy_f32(c->sgate[t], c->so + t * E, c->o + t * E, E);

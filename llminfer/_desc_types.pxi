@@ -64,6 +64,12 @@ cdef extern from "llminfer.h" nogil:
         li_matrix pe_gate
         li_matrix pe_proj
         const float *pe_post_norm
+        const float *router_in_scale
+        const float *moe_norm
+        const float *down_exps_s
+        const float *moe_post_norm
+        const float *shexp_post_norm
+        li_matrix gate_up_exps
 
     ctypedef struct li_model_desc:
         int n_vocab

@@ -41,6 +41,7 @@ def gelu(x, f16=False):
 
 # what logits(without=...) can leave out, to show that each piece matters
 PIECES = ("window", "v_norm", "rope_freqs", "out_scale", "softcap", "per_layer", "kv_share")
+MOE_PIECES = ("router_scale", "expert_scale", "moe_norms")
 
 
 def _q8_0(x):
@@ -70,12 +71,48 @@ class Gemma4Reference(ReferenceModel):
             x = _q8_0(x)
         return x @ self.t[name].T
 
+    def _experts(self, x, p, norm):
+        """The routed experts' normed sum: the router reads rmsnorm(x) /
+        sqrt(n_embd) * ffn_gate_inp.scale, softmax over all experts, the top
+        k renormalized; the experts read rmsnorm(x) * pre_ffw_norm_2; expert
+        e's output times ffn_down_exps.scale[e]."""
+        t = self.t
+        E, K = x.shape[1], self.hp("expert_used_count")
+        rs = 1.0 if "router_scale" in self.without else t[p + "ffn_gate_inp.scale"]
+        logits = (norm(x) / math.sqrt(E) * rs) @ t[p + "ffn_gate_inp.weight"].T
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        srt = -np.sort(-probs, axis=1)
+        if srt.shape[1] > K:
+            self.route_gap = np.minimum(self.route_gap, srt[:, K - 1] - srt[:, K])
+        h = norm(x, t[p + ("ffn_norm.weight" if "moe_norms" in self.without else "pre_ffw_norm_2.weight")])
+        q8 = self.act_q8 and p + "ffn_down_exps.weight" in self.quantized
+        hq = _q8_0(h) if q8 else h
+        if p + "ffn_gate_up_exps.weight" in t:
+            gu = t[p + "ffn_gate_up_exps.weight"]
+            gate, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
+        else:
+            gate, up = t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"]
+        down = t[p + "ffn_down_exps.weight"]
+        scale = None if "expert_scale" in self.without else t.get(p + "ffn_down_exps.scale")
+        out = np.zeros_like(x)
+        for r in range(x.shape[0]):
+            chosen = np.argsort(-probs[r], kind="stable")[:K]
+            w = probs[r, chosen] / probs[r, chosen].sum()
+            for e, we in zip(chosen, w):
+                a = gelu(gate[e] @ hq[r], self.gelu16) * (up[e] @ hq[r])
+                if q8:
+                    a = _q8_0(a)
+                out[r] += we * (1.0 if scale is None else scale[e]) * (down[e] @ a)
+        return out if "moe_norms" in self.without else norm(out, t[p + "post_ffw_norm_2.weight"])
+
     def _per_layer(self, key, n_layer, default):
         v = self.hp(key, default)
         return list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n_layer
 
     def logits(self, tokens, positions=None, kv_type=None, hidden=False, without=()) -> np.ndarray:
-        assert kv_type is None and set(without) <= set(PIECES)
+        assert kv_type is None and set(without) <= set(PIECES + MOE_PIECES)
+        self.without = without
         t = self.t
         E = self.hp("embedding_length")
         NL = self.hp("block_count")
@@ -97,6 +134,7 @@ class Gemma4Reference(ReferenceModel):
         tokens = np.asarray(tokens)
         n = len(tokens)
         pos = np.arange(n) if positions is None else np.asarray(positions)
+        self.route_gap = np.full(n, np.inf)  # per token, the least margin of its k-th expert's probability
 
         def norm(x, w=1.0):
             return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
@@ -155,7 +193,13 @@ class Gemma4Reference(ReferenceModel):
             x = x + norm(self._mm(att.reshape(n, -1), p + "attn_output.weight"), t[p + "post_attention_norm.weight"])
             h = norm(x, t[p + "ffn_norm.weight"])
             a = gelu(self._mm(h, p + "ffn_gate.weight"), self.gelu16) * self._mm(h, p + "ffn_up.weight")
-            x = x + norm(self._mm(a, p + "ffn_down.weight"), t[p + "post_ffw_norm.weight"])
+            f = self._mm(a, p + "ffn_down.weight")
+            if p + "ffn_gate_inp.weight" in t:
+                if "moe_norms" in self.without:  # the halves summed as they come, the experts read ffn_norm's input
+                    f = f + self._experts(x, p, norm)
+                else:
+                    f = norm(f, t[p + "post_ffw_norm_1.weight"]) + self._experts(x, p, norm)
+            x = x + norm(f, t[p + "post_ffw_norm.weight"])
             if pe is not None:
                 a = gelu(self._mm(x, p + "inp_gate.weight"), self.gelu16) * pe[:, il]
                 x = x + norm(self._mm(a, p + "proj.weight"), t[p + "post_norm.weight"])

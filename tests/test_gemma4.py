@@ -21,7 +21,7 @@ from llminfer.gguf_file import GGUFFile
 from llminfer.models import build_spec
 from llminfer.reasoning import ChatOptions
 
-from reference_gemma4 import PIECES, Gemma4Reference
+from reference_gemma4 import MOE_PIECES, PIECES, Gemma4Reference
 from test_archs import run, tokens_for
 from tiny_models import Gemma4Config, write_gemma4
 
@@ -32,6 +32,9 @@ FILES = {
     "shared": dict(swa=ALT, n_shared=2),
     "per_layer": dict(n_pe=64),
     "e_model": dict(swa=ALT, n_shared=2, n_pe=64, wide_shared=True, v_from_k=True),
+    "moe": dict(n_expert=8),                      # 26B-A4B's layout: gate and up experts fused
+    "moe_split": dict(n_expert=8, moe_fused=False),
+    "moe_e": dict(n_expert=8, swa=ALT, n_shared=2, n_pe=64),
 }
 # Relative to the largest |reference logit|, F32 weights and KV cache. A
 # layer alone is within ~1e-7 of the reference (float32 against float64);
@@ -117,21 +120,22 @@ def test_quantized_weights_and_f16_cache(files):
     assert err < 1e-2, f"F16 KV cache: relative logit error {err:.3g}"
 
 
-def test_each_piece_matters(files):
+@pytest.mark.parametrize("name, pieces", [("e_model", PIECES), ("moe", MOE_PIECES)])
+def test_each_piece_matters(files, name, pieces):
     """Without any one of the pieces the reference's logits move far more
     than ours differ from it: each is exercised by these files and computed
     as llama.cpp does."""
-    path = files(**FILES["e_model"])
+    path = files(**FILES[name])
     toks = tokens_for(23, n=40)
     model = Gemma4Reference(path, gelu16=True)
     ref = model.logits(toks)
     err = np.abs(run_f32_kv(path, toks) - ref).max()
-    for piece in PIECES:
+    for piece in pieces:
         moved = np.abs(model.logits(toks, without=(piece,)) - ref).max()
         assert moved > 20 * err, f"leaving out {piece} moves the logits by {moved:.4g}, ours differ by {err:.4g}"
 
 
-@pytest.mark.parametrize("name", ["dense", "e_model"])
+@pytest.mark.parametrize("name", ["dense", "e_model", "moe_e"])
 def test_alone_batched_chunked_and_threads_are_bitwise_the_same(files, name):
     """300 positions (the full layers' keys cross the attention span at
     256): prefill, chunks of 7, a decode token by token, 1 or 2 threads and
@@ -200,11 +204,34 @@ def test_bad_metadata_is_refused(tmp_path, meta, match):
         build_spec(GGUFFile(path))
 
 
-def test_moe_variant_is_refused_by_name(tmp_path):
-    path = write_gemma4(tmp_path / "moe.gguf", Gemma4Config(),
-                        extra_tensors={"blk.0.ffn_gate_inp.weight": np.zeros((8, 256), np.float32)})
-    with pytest.raises(UnsupportedModelError, match="mixture-of-experts"):
-        build_spec(GGUFFile(path))
+def test_moe_spec_reads_what_llama_cpp_reads(files):
+    """The dense feed-forward is the shared expert, the router's input
+    scale, the experts' norms and scales are read; fused gate and up experts
+    stay one tensor."""
+    from llminfer.models.base import GATING_SOFTMAX
+
+    spec = build_spec(GGUFFile(files(**FILES["moe"])))
+    assert spec.n_expert == 8 and spec.n_expert_used == 2 and spec.n_ff_exp == 128 and spec.n_ff_shexp == 512
+    assert spec.expert_gating == GATING_SOFTMAX
+    L = spec.layers[0]
+    assert L.w_gate is None and L.gate_shexp.rows == 512 and L.moe.gate_exps is None
+    assert L.gate_up_exps.rows == 8 * 256 and L.moe.down_exps.rows == 8 * 256
+    assert L.router_in_scale.shape == (256,) and L.down_exps_s.shape == (8,)
+    assert all(v is not None for v in (L.moe_norm, L.moe_post_norm, L.shexp_post_norm))
+    split = build_spec(GGUFFile(files(**FILES["moe_split"]))).layers[0]
+    assert split.gate_up_exps is None and split.moe.gate_exps.rows == 8 * 128
+
+
+def test_quantized_experts_match_reference_exactly(files, isa):
+    """One MoE layer of Q8_0 weights against the reference with 8-bit
+    activations: the router, the gathered expert inputs, the fused gate and
+    up product cut in two, the scales and the norms, every token within
+    float32's reach (more layers spread the rounding of a near tie)."""
+    path = files(qtype="Q8_0", embd_qtype="Q8_0", swa=(True,), n_expert=8)
+    toks = tokens_for(24, n=40)
+    ref = Gemma4Reference(path, act_q8=True, gelu16=True).logits(toks)
+    err = relative_error(run_f32_kv(path, toks), ref)
+    assert err < 1e-5, f"Q8_0 experts/{isa}: relative logit error {err:.3g}"
 
 
 def test_info_and_generation(files, capsys):

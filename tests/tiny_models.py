@@ -988,6 +988,14 @@ class Gemma4Config:
     eps: float = 1e-6
     pre: str = "default"
     tokenizer: str = "gpt2"       # "gemma4": gemma4_vocab(), as Gemma 4's files hold it
+    # MoE (26B-A4B's layout) when n_expert > 0: every layer's feed-forward a
+    # shared expert beside n_expert routed ones; moe_fused: gate and up
+    # experts in one ffn_gate_up_exps tensor, as the converter writes them
+    n_expert: int = 0
+    n_expert_used: int = 2
+    n_ff_exp: int = 128
+    moe_fused: bool = True
+    router_scale: float = 4.0
 
 
 def write_gemma4(path, cfg: Gemma4Config = Gemma4Config(), tensor_hook=None, meta=None, extra_tensors=None,
@@ -1031,6 +1039,9 @@ def write_gemma4(path, cfg: Gemma4Config = Gemma4Config(), tensor_hook=None, met
         f"{arch}.rope.dimension_count": cfg.head_dim_full,
         f"{arch}.rope.dimension_count_swa": cfg.head_dim_swa,
         f"{arch}.final_logit_softcapping": float(cfg.final_softcap),
+        f"{arch}.expert_count": cfg.n_expert or None,
+        f"{arch}.expert_used_count": cfg.n_expert_used if cfg.n_expert else None,
+        f"{arch}.expert_feed_forward_length": cfg.n_ff_exp if cfg.n_expert else None,
         "tokenizer.ggml.model": cfg.tokenizer,
         "tokenizer.ggml.pre": cfg.pre if cfg.tokenizer == "gpt2" else None,
         "tokenizer.ggml.tokens": tokens,
@@ -1066,10 +1077,13 @@ def write_gemma4(path, cfg: Gemma4Config = Gemma4Config(), tensor_hook=None, met
             data, t = replaced
         w.add_tensor(name, data, raw_dtype=t)
 
-    def matrix(name, rows, k, qtype, scale=1.0):
-        data = (rng.standard_normal((rows, k)) * scale / np.sqrt(k)).astype(np.float32)
+    def matrix(name, rows, k, qtype, scale=1.0, n_expert=0):
+        """[rows, k], or [n_expert, rows, k] as GGUF's 3-D expert tensors"""
+        n = max(n_expert, 1)
+        data = (rng.standard_normal((n * rows, k)) * scale / np.sqrt(k)).astype(np.float32)
         t = gguf.GGMLQuantizationType[qtype]
-        add(name, quantized_matrix(rng, data, t), t)
+        q = quantized_matrix(rng, data, t)
+        add(name, q.reshape(n, rows, -1) if n_expert else q, t)
 
     def f32(name, data):
         add(name, np.ascontiguousarray(data, dtype=np.float32), gguf.GGMLQuantizationType.F32)
@@ -1109,6 +1123,20 @@ def write_gemma4(path, cfg: Gemma4Config = Gemma4Config(), tensor_hook=None, met
         matrix(p + "ffn_up.weight", n_ff[i], E, cfg.qtype)
         matrix(p + "ffn_down.weight", E, n_ff[i], cfg.qtype)
         vector(p + "post_ffw_norm.weight", E)
+        if cfg.n_expert:
+            ne, Fe = cfg.n_expert, cfg.n_ff_exp
+            matrix(p + "ffn_gate_inp.weight", ne, E, "F32", cfg.router_scale)
+            vector(p + "ffn_gate_inp.scale", E)
+            if cfg.moe_fused:
+                matrix(p + "ffn_gate_up_exps.weight", 2 * Fe, E, cfg.qtype, 2.0, n_expert=ne)
+            else:
+                matrix(p + "ffn_gate_exps.weight", Fe, E, cfg.qtype, 2.0, n_expert=ne)
+                matrix(p + "ffn_up_exps.weight", Fe, E, cfg.qtype, n_expert=ne)
+            matrix(p + "ffn_down_exps.weight", E, Fe, cfg.qtype, n_expert=ne)
+            vector(p + "ffn_down_exps.scale", ne, 1.0, 0.3)
+            vector(p + "pre_ffw_norm_2.weight", E)
+            vector(p + "post_ffw_norm_1.weight", E)
+            vector(p + "post_ffw_norm_2.weight", E)
         if cfg.out_scale:
             vector(p + "layer_output_scale.weight", 1, 0.8, 0.3)
         if P:

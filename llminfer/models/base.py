@@ -60,8 +60,8 @@ class MoESpec:
     [n_expert * n_embd, n_ff_exp])."""
 
     router: Matrix      # ffn_gate_inp [n_expert, n_embd]
-    gate_exps: Matrix
-    up_exps: Matrix
+    gate_exps: Matrix | None  # None where the layer's gate_up_exps holds both (gemma4)
+    up_exps: Matrix | None
     down_exps: Matrix
 
 
@@ -136,6 +136,17 @@ class LayerSpec:
     pe_gate: Matrix | None = None
     pe_proj: Matrix | None = None
     pe_post_norm: np.ndarray | None = None
+    # gemma4's MoE layers: the router's input scale [n_embd] (its input is
+    # rmsnorm(x) * it / sqrt(n_embd)), the experts' input norm, each expert's
+    # output scale [n_expert], the norms of the experts' sum and of the shared
+    # expert's output; gate and up experts fused in one tensor
+    # [n_expert * 2 * n_ff_exp, n_embd] (moe.gate_exps and moe.up_exps None)
+    router_in_scale: np.ndarray | None = None
+    moe_norm: np.ndarray | None = None
+    down_exps_s: np.ndarray | None = None
+    moe_post_norm: np.ndarray | None = None
+    shexp_post_norm: np.ndarray | None = None
+    gate_up_exps: Matrix | None = None
 
     @property
     def recurrent(self) -> bool:
@@ -175,7 +186,8 @@ class LayerSpec:
         if self.moe is None:
             return [m for m in (self.w_gate, self.w_up, self.w_down) if m is not None]
         shared = [m for m in (self.gate_shexp, self.up_shexp, self.down_shexp) if m is not None]
-        return [self.moe.router, self.moe.gate_exps, self.moe.up_exps, self.moe.down_exps] + shared
+        experts = [self.moe.gate_exps, self.moe.up_exps, self.gate_up_exps, self.moe.down_exps]
+        return [self.moe.router] + [m for m in experts if m is not None] + shared
 
 
 @dataclass
@@ -237,7 +249,8 @@ class ModelSpec:
                              self.ssm_d_inner, self.n_embd)
         sizes = {"gate_inp_shexp": E, "router_sel_b": self.n_expert, "attn_sinks": self.n_head, "bo": E, "router_b": self.n_expert,
                  "gate_exps_b": self.n_expert * self.n_ff_exp, "up_exps_b": self.n_expert * self.n_ff_exp,
-                 "down_exps_b": self.n_expert * E}
+                 "down_exps_b": self.n_expert * E, "router_in_scale": E, "moe_norm": E, "down_exps_s": self.n_expert,
+                 "moe_post_norm": E, "shexp_post_norm": E}
         if self.pe_proj_norm is not None:
             v = self.pe_proj_norm
             if not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.size != self.n_embd_pe:
@@ -292,7 +305,8 @@ class ModelSpec:
             if L.moe is None:
                 total += sum(m.data.nbytes for m in L.ffn_matrices())
             else:
-                experts = sum(m.data.nbytes for m in (L.moe.gate_exps, L.moe.up_exps, L.moe.down_exps))
+                experts = sum(m.data.nbytes for m in (L.moe.gate_exps, L.moe.up_exps, L.gate_up_exps, L.moe.down_exps)
+                              if m is not None)
                 total += L.moe.router.data.nbytes + experts * self.n_expert_used // self.n_expert
                 total += sum(m.data.nbytes for m in (L.gate_shexp, L.up_shexp, L.down_shexp) if m is not None)
         return total

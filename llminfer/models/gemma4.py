@@ -32,8 +32,18 @@ its src/models/gemma4.cpp runs it.
   feed-forward through inp_gate, proj and post_norm (csrc/llminfer.h).
 - feed_forward_length may be an array (wider layers after the shared ones).
 
-Not supported: the MoE variant (ffn_gate_inp: 26B-A4B), refused by name;
-a fused attn_qkv.
+- MoE layers (ffn_gate_inp: 26B-A4B): the dense feed-forward becomes a
+  shared expert beside the routed ones, each half with its own norms: the
+  shared one reads rmsnorm(x) * ffn_norm and its output is normed by
+  post_ffw_norm_1; the experts read rmsnorm(x) * pre_ffw_norm_2, their
+  weighted sum (softmax over all experts, the top expert_used_count
+  renormalized; expert e's output times ffn_down_exps.scale[e]) normed by
+  post_ffw_norm_2; the router reads rmsnorm(x) / sqrt(n_embd) *
+  ffn_gate_inp.scale. The two sums go through post_ffw_norm. Gate and up
+  experts may be one tensor (ffn_gate_up_exps: each expert's gate rows,
+  then its up rows).
+
+Not supported: a fused attn_qkv.
 """
 
 import math
@@ -42,8 +52,8 @@ import numpy as np
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models.base import (_RANGES, ACT_GELU, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, Weights,
-                                  output_head, rope_scale, vocab_size)
+from llminfer.models.base import (_RANGES, ACT_GELU, GATING_SOFTMAX, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, MoESpec,
+                                  Weights, output_head, rope_scale, vocab_size)
 
 ARCH = "gemma4"
 DEFAULT_FINAL_SOFTCAP = 30.0
@@ -109,6 +119,25 @@ def kv_sources(swa: list, n_shared: int, path) -> list:
     return out
 
 
+def _moe_layer(w: Weights, p: str, L: LayerSpec, dense: tuple, n_embd: int, n_expert: int, n_ff_exp: int):
+    """A MoE layer's router, experts and norms into L; its dense
+    feed-forward is the shared expert."""
+    router = w.matrix(p + "ffn_gate_inp.weight", n_expert, n_embd)
+    down = w.expert_matrix(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp)
+    if w.has(p + "ffn_gate_up_exps.weight"):
+        L.gate_up_exps = w.expert_matrix(p + "ffn_gate_up_exps.weight", n_expert, 2 * n_ff_exp, n_embd)
+        L.moe = MoESpec(router, None, None, down)
+    else:
+        L.moe = MoESpec(router, w.expert_matrix(p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd),
+                        w.expert_matrix(p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd), down)
+    L.gate_shexp, L.up_shexp, L.down_shexp = dense
+    L.router_in_scale = w.vector(p + "ffn_gate_inp.scale", n_embd)
+    L.down_exps_s = w.vector(p + "ffn_down_exps.scale", n_expert, optional=True)
+    L.moe_norm = w.vector(p + "pre_ffw_norm_2.weight", n_embd)
+    L.moe_post_norm = w.vector(p + "post_ffw_norm_2.weight", n_embd)
+    L.shexp_post_norm = w.vector(p + "post_ffw_norm_1.weight", n_embd)
+
+
 def build(gguf: GGUFFile) -> ModelSpec:
     hp = Hparams(gguf, ARCH)
     n_embd = hp.int("embedding_length")
@@ -149,9 +178,15 @@ def build(gguf: GGUFFile) -> ModelSpec:
 
     n_vocab = vocab_size(gguf, hp)
     w = Weights(gguf)
-    if any(w.has(f"blk.{i}.ffn_gate_inp.weight") for i in range(n_layer)):
-        raise UnsupportedModelError(f"{gguf.path}: the Gemma 4 mixture-of-experts variant (ffn_gate_inp, as in "
-                                    f"26B-A4B) is not supported yet; the dense and E models are")
+    moe_layers = [i for i in range(n_layer) if w.has(f"blk.{i}.ffn_gate_inp.weight")]
+    n_expert = n_used = n_ff_exp = 0
+    if moe_layers:
+        n_expert, n_used = hp.int("expert_count"), hp.int("expert_used_count")
+        n_ff_exp = hp.int("expert_feed_forward_length")
+        if not 0 < n_used <= n_expert:
+            raise UnsupportedModelError(f"{gguf.path}: {n_used} of {n_expert} experts used per token")
+        if len({n_ff[i] for i in moe_layers}) > 1:
+            raise UnsupportedModelError(f"{gguf.path}: MoE layers whose shared feed-forwards differ in width")
     if any(w.has(f"blk.{i}.attn_qkv.weight") for i in range(n_layer)):
         raise UnsupportedModelError(f"{gguf.path}: a fused attn_qkv in gemma4 is not supported")
     tok_embd = w.matrix("token_embd.weight", n_vocab, n_embd)
@@ -171,19 +206,24 @@ def build(gguf: GGUFFile) -> ModelSpec:
         p = f"blk.{i}."
         hd = hd_swa if swa[i] else hd_full
         nkv = n_head_kv[i]
+        dense = (w.matrix(p + "ffn_gate.weight", n_ff[i], n_embd), w.matrix(p + "ffn_up.weight", n_ff[i], n_embd),
+                 w.matrix(p + "ffn_down.weight", n_embd, n_ff[i]))
+        moe = i in moe_layers
         L = LayerSpec(
             attn_norm=w.vector(p + "attn_norm.weight", n_embd),
             wq=w.matrix(p + "attn_q.weight", n_head * hd, n_embd),
             wk=None, wv=None,
             wo=w.matrix(p + "attn_output.weight", n_embd, n_head * hd),
             ffn_norm=w.vector(p + "ffn_norm.weight", n_embd),
-            w_gate=w.matrix(p + "ffn_gate.weight", n_ff[i], n_embd),
-            w_up=w.matrix(p + "ffn_up.weight", n_ff[i], n_embd),
-            w_down=w.matrix(p + "ffn_down.weight", n_embd, n_ff[i]),
+            w_gate=None if moe else dense[0],
+            w_up=None if moe else dense[1],
+            w_down=None if moe else dense[2],
             q_norm=w.vector(p + "attn_q_norm.weight", hd),
             post_attn_norm=w.vector(p + "post_attention_norm.weight", n_embd),
             post_ffn_norm=w.vector(p + "post_ffw_norm.weight", n_embd),
         )
+        if moe:
+            _moe_layer(w, p, L, dense, n_embd, n_expert, n_ff_exp)
         if reuse[i] == 0:
             L.wk = w.matrix(p + "attn_k.weight", nkv * hd, n_embd)
             L.wv = w.matrix(p + "attn_v.weight", nkv * hd, n_embd) if w.has(p + "attn_v.weight") else L.wk
@@ -207,7 +247,7 @@ def build(gguf: GGUFFile) -> ModelSpec:
             L.n_rot = rot
         if nkv != n_head_kv[ref]:
             L.n_head_kv = nkv
-        if n_ff[i] != n_ff[ref]:
+        if n_ff[i] != n_ff[ref] and not moe:
             L.n_ff = n_ff[i]
         if w.has(p + "layer_output_scale.weight"):
             s = float(w.vector(p + "layer_output_scale.weight", 1)[0])
@@ -242,6 +282,10 @@ def build(gguf: GGUFFile) -> ModelSpec:
         layers=layers,
         final_softcap=softcap,
     )
+    if moe_layers:
+        spec.n_expert, spec.n_expert_used, spec.n_ff_exp = n_expert, n_used, n_ff_exp
+        spec.n_ff_shexp = n_ff[moe_layers[0]]
+        spec.expert_gating = GATING_SOFTMAX
     if n_pe > 0:
         spec.n_embd_pe = n_pe
         spec.pe_tok_embd = w.matrix("per_layer_token_embd.weight", n_vocab, n_layer * n_pe)
