@@ -291,8 +291,10 @@ def main():
     p.add_argument("--qwen35moe", action="store_true", help="a Qwen3.6-35B-A3B-shaped hybrid MoE")
     p.add_argument("--n-vocab", type=int, default=None, help="pad the vocabulary with unused tokens to this size")
     p.add_argument("--gemma4", action="store_true", help="a Gemma-4-shaped dense model of about 1B parameters")
-    p.add_argument("--gemma4-shared", type=int, default=0, help="gemma4: layers reading earlier layers' keys and values")
-    p.add_argument("--gemma4-pe", type=int, default=0, help="gemma4: per-layer embeddings of this width (E models: 256)")
+    p.add_argument("--gemma4-shared", type=int, default=0,
+                   help="gemma4: layers reading earlier layers' keys and values")
+    p.add_argument("--gemma4-pe", type=int, default=0,
+                   help="gemma4: per-layer embeddings of this width (E models: 256)")
     a = p.parse_args()
     if a.gemma4:
         return write_gemma4(a)
