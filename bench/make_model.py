@@ -23,6 +23,17 @@ Qwen3.6-35B-A3B-shaped one (attention 16 heads, DeltaNet 32 value heads,
     python bench/make_model.py --qwen35 -o qwen35-2b-f16.gguf
     python bench/make_model.py --qwen35moe --n-layer 8 -o qwen35moe-8l-f16.gguf
 
+`--gemma4` writes a Gemma-4-shaped dense model of about 1B parameters
+(gemma4: n_embd 1536, 18 layers, sliding layers (5 of every 6, window 512)
+with 8 heads of 256 and 2 kv heads, full layers with 8 heads of 512 and 1
+kv head whose keys are also its values, a quarter of each full head rotated
+(rope_freqs), q/k/v norms, per-layer output scales, n_ff 6144, final soft-cap
+30, the vocabulary padded to 262144 and tied to the head); --n-layer,
+--gemma4-shared (the last layers reading earlier layers' keys and values) and
+--gemma4-pe (per-layer embeddings of that width, as the E models) change it:
+
+    python bench/make_model.py --gemma4 -o gemma4-1b-f16.gguf
+
 The vocabulary and tokenizer are SmolLM2's (taken from its
 GGUF), so text prompts work; --n-vocab pads it with unused tokens to a
 real model's size (248320 for Qwen3.5), whose output head a token reads. Weights are N(0, 0.02) in F16, norms 1. The text
@@ -181,6 +192,88 @@ def write_qwen35(a):
     print("\n" + a.out)
 
 
+def write_gemma4(a):
+    arch = "gemma4"
+    n_layer = a.n_layer if a.n_layer != 16 else 18
+    E, H, F, window = 1536, 8, 6144, 512
+    hd_swa, hd_full, kv_swa, kv_full = 256, 512, 2, 1
+    swa = [i % 6 != 5 for i in range(n_layer)]
+    n_shared, P = a.gemma4_shared, a.gemma4_pe
+    if n_shared and (n_layer - n_shared < 2 or not swa[n_layer - n_shared - 2] or swa[n_layer - n_shared - 1]):
+        raise SystemExit(f"--gemma4-shared {n_shared}: layers {n_layer - n_shared - 2} and {n_layer - n_shared - 1} "
+                         f"must be a sliding and a full layer (what llama.cpp's sharing reads)")
+    rng = np.random.default_rng(a.seed)
+    w = gguf.GGUFWriter(a.out, arch)
+    n_vocab = copy_tokenizer(w, str(hub.pull("smollm2-135m-instruct")), a.n_vocab or 262144)
+    w.add_name(f"random-{arch}-shape")
+    w.add_context_length(131072)
+    w.add_embedding_length(E)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv([kv_swa if s else kv_full for s in swa])
+    w.add_key_length(hd_full)
+    w.add_value_length(hd_full)
+    w.add_uint32(f"{arch}.attention.key_length_swa", hd_swa)
+    w.add_uint32(f"{arch}.attention.value_length_swa", hd_swa)
+    w.add_rope_dimension_count(hd_full)
+    w.add_uint32(f"{arch}.rope.dimension_count_swa", hd_swa)
+    w.add_rope_freq_base(1000000.0)
+    w.add_float32(f"{arch}.rope.freq_base_swa", 10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_uint32(f"{arch}.attention.sliding_window", window)
+    w.add_array(f"{arch}.attention.sliding_window_pattern", swa)
+    w.add_uint32(f"{arch}.attention.shared_kv_layers", n_shared)
+    w.add_uint32(f"{arch}.embedding_length_per_layer_input", P)
+    w.add_float32(f"{arch}.final_logit_softcapping", 30.0)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+
+    def rand(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+
+    def ones(n):
+        return np.ones(n, np.float32)
+
+    w.add_tensor("token_embd.weight", rand(n_vocab, E))
+    w.add_tensor("output_norm.weight", ones(E))
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * (hd_full // 8) + [1e30] * (hd_full // 2 - hd_full // 8),
+                                               np.float32))
+    if P:
+        w.add_tensor("per_layer_token_embd.weight", rand(n_vocab, n_layer * P))
+        w.add_tensor("per_layer_model_proj.weight", rand(n_layer * P, E))
+        w.add_tensor("per_layer_proj_norm.weight", ones(P))
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        hd, nkv = (hd_swa, kv_swa) if swa[i] else (hd_full, kv_full)
+        w.add_tensor(b + "attn_norm.weight", ones(E))
+        w.add_tensor(b + "attn_q.weight", rand(H * hd, E))
+        # q and k norms of hd^-1/4: unscaled scores of about unit size, not sqrt(hd) (random weights
+        # would otherwise make every softmax an argmax, and the text chaotic in float32)
+        w.add_tensor(b + "attn_q_norm.weight", ones(hd) * hd ** -0.25)
+        if i < n_layer - n_shared:
+            w.add_tensor(b + "attn_k.weight", rand(nkv * hd, E))
+            if swa[i]:  # the full layers' values are their keys (no attn_v)
+                w.add_tensor(b + "attn_v.weight", rand(nkv * hd, E))
+            w.add_tensor(b + "attn_k_norm.weight", ones(hd) * hd ** -0.25)
+        w.add_tensor(b + "attn_output.weight", rand(E, H * hd))
+        w.add_tensor(b + "post_attention_norm.weight", ones(E))
+        w.add_tensor(b + "ffn_norm.weight", ones(E))
+        w.add_tensor(b + "ffn_gate.weight", rand(F, E))
+        w.add_tensor(b + "ffn_up.weight", rand(F, E))
+        w.add_tensor(b + "ffn_down.weight", rand(E, F))
+        w.add_tensor(b + "post_ffw_norm.weight", ones(E))
+        w.add_tensor(b + "layer_output_scale.weight", np.array([0.5], np.float32))
+        if P:
+            w.add_tensor(b + "inp_gate.weight", rand(P, E))
+            w.add_tensor(b + "proj.weight", rand(E, P))
+            w.add_tensor(b + "post_norm.weight", ones(E))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=True)
+    w.close()
+    print(a.out)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-o", "--out", required=True)
@@ -197,7 +290,14 @@ def main():
     p.add_argument("--qwen35", action="store_true", help="a Qwen3.5-2B-shaped hybrid (Gated DeltaNet) model")
     p.add_argument("--qwen35moe", action="store_true", help="a Qwen3.6-35B-A3B-shaped hybrid MoE")
     p.add_argument("--n-vocab", type=int, default=None, help="pad the vocabulary with unused tokens to this size")
+    p.add_argument("--gemma4", action="store_true", help="a Gemma-4-shaped dense model of about 1B parameters")
+    p.add_argument("--gemma4-shared", type=int, default=0,
+                   help="gemma4: layers reading earlier layers' keys and values")
+    p.add_argument("--gemma4-pe", type=int, default=0,
+                   help="gemma4: per-layer embeddings of this width (E models: 256)")
     a = p.parse_args()
+    if a.gemma4:
+        return write_gemma4(a)
     if a.qwen35 or a.qwen35moe:
         return write_qwen35(a)
     if a.moe and a.n_head_kv == 8:

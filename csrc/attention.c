@@ -51,10 +51,10 @@ static int kv_quantized(const li_context *c) {
 
 /* the row of kv head h at pool row r (block * block_size + slot) */
 static char *k_at(const li_context *c, int il, int64_t r, int h) {
-    return c->k_pool[il] + ((size_t)r * (size_t)c->m->n_head_kv + (size_t)h) * c->k_row;
+    return c->k_pool[c->kv_src[il]] + ((size_t)r * (size_t)lm_of(c, il)->n_head_kv + (size_t)h) * c->k_rows[il];
 }
 static char *v_at(const li_context *c, int il, int64_t r, int h) {
-    return c->v_pool[il] + ((size_t)r * (size_t)c->m->n_head_kv + (size_t)h) * c->v_row;
+    return c->v_pool[c->kv_src[il]] + ((size_t)r * (size_t)lm_of(c, il)->n_head_kv + (size_t)h) * c->v_rows[il];
 }
 
 static void store_row(const li_context *c, const float *x, char *dst, int64_t n) {
@@ -68,9 +68,10 @@ static void store_row(const li_context *c, const float *x, char *dst, int64_t n)
 }
 
 void li_prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t t, int h) {
-    const li_model_desc *m = c->m;
+    const li_model_desc *m = lm_of(c, il);
     const int64_t hd = m->head_dim, hdv = m->head_dim_v;
-    const float *cs = c->rope_cs + ((size_t)c->layer_rope[il] * (size_t)c->n_batch + (size_t)t) * (size_t)m->n_rot;
+    const float *cs = c->rope_cs + (size_t)c->layer_rope[il] * (size_t)c->n_batch * (size_t)c->n_rot_max +
+                      (size_t)t * (size_t)m->n_rot;
     if (h < m->n_head) {
         float *qh = c->q + (t * m->n_head + h) * hd;
         if (L->bq) li_K->add_f32(qh, L->bq + h * hd, qh, hd);
@@ -89,12 +90,14 @@ void li_prepare_head(li_context *c, const li_layer_desc *L, int il, int64_t t, i
         return;
     }
     h -= m->n_head;
+    if (L->kv_reuse > 0) return; /* another layer's keys and values: nothing to write */
     float *kh = c->k + (t * m->n_head_kv + h) * hd;
     float *vh = c->v + (t * m->n_head_kv + h) * hdv;
     if (L->bk) li_K->add_f32(kh, L->bk + h * hd, kh, hd);
     if (L->bv) li_K->add_f32(vh, L->bv + h * hdv, vh, hdv);
     if (L->k_norm && !m->qk_norm_whole) li_K->rms_norm(kh, L->k_norm, kh, hd, m->norm_eps);
     if (!L->no_rope) li_rope_head(kh, cs, m->n_rot, m->rope_mode);
+    if (L->v_norm) li_K->rms_norm(vh, L->v_norm, vh, hdv, m->norm_eps);
     const int64_t r = c->kv_row[c->group[il]][t];
     store_row(c, kh, k_at(c, il, r, h), hd);
     store_row(c, vh, v_at(c, il, r, h), hdv);
@@ -135,7 +138,7 @@ static int span_runs(const li_context *c, const int32_t *blocks, int n_blocks, i
  * arrive (docs/kernel-tuning.md#attention-hint-runs). */
 #define HINT_RUNS 2
 static void hint_run(const li_context *c, int il, int kvh, const row_run *run, int v) {
-    const size_t row = v ? c->v_row : c->k_row, stride = (size_t)c->m->n_head_kv * row;
+    const size_t row = v ? c->v_rows[il] : c->k_rows[il], stride = (size_t)lm_of(c, il)->n_head_kv * row;
     if (stride == row) return; /* one kv head: the rows are contiguous, and the prefetchers stream them */
     const char *p = v ? v_at(c, il, run->r0, kvh) : k_at(c, il, run->r0, kvh);
     for (int64_t j = 0; j < run->n; j++, p += stride)
@@ -151,9 +154,9 @@ static void hint_runs(const li_context *c, int il, int kvh, const row_run *runs,
  * [r0, r0 + n) into out (row ld) */
 static void run_scores(li_context *c, int il, int kvh, const float *q, const char *qq, int nh, int64_t r0, int64_t n,
                        float *out, size_t ld) {
-    const li_model_desc *m = c->m;
+    const li_model_desc *m = lm_of(c, il);
     const int64_t hd = m->head_dim;
-    const size_t stride = (size_t)m->n_head_kv * c->k_row; /* bytes between a head's rows */
+    const size_t stride = (size_t)m->n_head_kv * c->k_rows[il]; /* bytes between a head's rows */
     const char *k0 = k_at(c, il, r0, kvh);
     switch (c->kv.kv_type) {
     case LI_TYPE_F16:
@@ -185,9 +188,9 @@ static void run_scores(li_context *c, int il, int kvh, const float *q, const cha
 /* out_h (out_stride apart) += p_h . value rows [r0, r0 + n), for the group's nh heads */
 static void run_accum(li_context *c, int il, int kvh, const float *p, size_t ld, int nh, int64_t r0, int64_t n,
                       float *out, size_t out_stride, float *vrow) {
-    const li_model_desc *m = c->m;
+    const li_model_desc *m = lm_of(c, il);
     const int64_t hdv = m->head_dim_v;
-    const size_t stride = (size_t)m->n_head_kv * c->v_row;
+    const size_t stride = (size_t)m->n_head_kv * c->v_rows[il];
     const char *v0 = v_at(c, il, r0, kvh);
     switch (c->kv.kv_type) {
     case LI_TYPE_F16:
@@ -243,7 +246,7 @@ static void softmax_row(const li_context *c, float *row, int64_t n, int normaliz
  * ranges gives the same bits. */
 static void attend_span(li_context *c, int il, int64_t t, int kvh, int h0, int nh, const int32_t *blocks,
                         int n_blocks, int p0, int p1, float *part, size_t part_stride, int ith) {
-    const li_model_desc *m = c->m;
+    const li_model_desc *m = lm_of(c, il);
     const int64_t hdv = m->head_dim_v;
     const int group = m->n_head / m->n_head_kv;
     const int64_t head = t * m->n_head + (int64_t)kvh * group + h0; /* the first head's index */
@@ -377,7 +380,7 @@ static void accum_range(li_context *c, int il, int kvh, const row_run *runs, int
 }
 
 static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t0, int ntok, int kvh, int ith) {
-    const li_model_desc *m = c->m;
+    const li_model_desc *m = lm_of(c, il);
     const int nh = m->n_head / m->n_head_kv, g = c->group[il], span = c->span, tmax = c->tile_max;
     const int64_t hd = m->head_dim, hdv = m->head_dim_v;
     const size_t ps = (size_t)hdv + 2, head_stride = (size_t)c->max_chunks * ps;
@@ -542,7 +545,7 @@ static int64_t split_item_cost(const li_context *c, const li_layer_desc *L, int 
  * span does (split_item_cost), and costs[t] is all of token t's items. */
 static int64_t split_item_at(const li_context *c, const li_layer_desc *L, int il, int64_t n, const int64_t *costs,
                              int64_t at) {
-    const li_model_desc *m = c->m;
+    const li_model_desc *m = lm_of(c, il);
     const int nh = m->n_head / m->n_head_kv, g = c->group[il];
     int64_t before = 0, base = 0;
     for (int64_t t = 0; t < n; t++) {
@@ -592,7 +595,7 @@ static void split_walk_begin(const li_context *c, const li_layer_desc *L, int il
 }
 
 static int split_walk_next(const li_context *c, const li_layer_desc *L, int il, split_walk *w, split_item *it) {
-    const li_model_desc *m = c->m;
+    const li_model_desc *m = lm_of(c, il);
     const int nh = m->n_head / m->n_head_kv, g = c->group[il];
     if (w->i >= w->hi) return 0;
     while (w->i >= w->base + w->per_tok) {
@@ -623,7 +626,7 @@ static int split_walk_next(const li_context *c, const li_layer_desc *L, int il, 
 #define PREFETCH_MAX ((size_t)96 << 10)
 void li_attention_prefetch(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
     if (!c->split) return;
-    const int64_t kv_heads = c->m->n_head_kv;
+    const int64_t kv_heads = lm_of(c, il)->n_head_kv;
     size_t budget = PREFETCH_MAX;
     split_walk w;
     split_item it;
@@ -633,7 +636,7 @@ void li_attention_prefetch(li_context *c, const li_layer_desc *L, int il, int64_
         const int nr = span_runs(c, it.blocks, it.n_blocks, it.p0, it.p1, runs);
         for (int k = 0; k < nr && budget > 0; k++)
             for (int v = 0; v < 2; v++) {
-                const size_t row = v ? c->v_row : c->k_row, stride = (size_t)kv_heads * row;
+                const size_t row = v ? c->v_rows[il] : c->k_rows[il], stride = (size_t)kv_heads * row;
                 const char *p = v ? v_at(c, il, runs[k].r0, it.kvh) : k_at(c, il, runs[k].r0, it.kvh);
                 for (int64_t j = 0; j < runs[k].n && budget > 0; j++, p += stride, budget -= LI_MIN(budget, row))
                     for (size_t b = 0; b < row; b += 64) li_hint_l2(p + b);
@@ -642,7 +645,7 @@ void li_attention_prefetch(li_context *c, const li_layer_desc *L, int il, int64_
 }
 
 void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
-    const li_model_desc *m = c->m;
+    const li_model_desc *m = lm_of(c, il);
     const int nh = m->n_head / m->n_head_kv, g = c->group[il];
     const int64_t hdv = m->head_dim_v;
     const size_t ps = (size_t)hdv + 2;

@@ -20,6 +20,9 @@
 #include "util.h"
 
 #define MAX_ROPE_TABLES 4
+
+/* layer il's view of the model (li_context.lm) */
+#define lm_of(c, il) (&(c)->lm[il])
 /* Most experts a MoE layer may have (released models have up to 512). */
 #define LI_MAX_EXPERTS 4096
 /* Attention splits a token's visible positions at multiples of this span
@@ -50,9 +53,13 @@ struct li_context {
 
     /* KV pools, per layer, in its group's pool of blocks:
      * [n_blocks[group], block_size, n_head_kv] rows of k_row / v_row bytes */
-    char **k_pool, **v_pool;  /* [n_layer] */
-    size_t k_row, v_row;      /* bytes of one head's keys (head_dim) / values (head_dim_v) */
+    char **k_pool, **v_pool;  /* [n_layer] (NULL for a layer that reads another's: kv_src) */
+    size_t *k_rows, *v_rows;  /* [n_layer] bytes of one head's keys (head_dim) / values (head_dim_v) */
     int *group;               /* [n_layer] LI_KV_FULL or LI_KV_SWA */
+    int *kv_src;              /* [n_layer] the layer whose pool a layer reads and writes: itself, or
+                               * il - kv_reuse (which it only reads) */
+    li_model_desc *lm;        /* [n_layer] the model as layer il sees it: its own attention sizes and
+                               * RoPE divisors in place of the model's (lm_of) */
 
     /* scratch for one batch */
     float *x;              /* [n_batch, n_embd] residual stream */
@@ -101,6 +108,7 @@ struct li_context {
     float *sg, *su;        /* [LI_FFN_CHUNK, n_ff_shexp] the shared expert's gate and up outputs */
     float *so;             /* [n_batch, n_embd] its output */
     float *sgate;          /* [n_batch] sigmoid(x . gate_inp_shexp) per row */
+    float *gu;             /* [n_batch * n_expert_used, 2 * n_ff_exp] fused gate_up_exps products, or NULL */
 
     /* per batch */
     int32_t *pos;          /* [n_batch] */
@@ -124,8 +132,19 @@ struct li_context {
     /* RoPE: one frequency table per distinct (base, scale), and per batch a cos/sin table */
     int n_rope;
     li_rope_params rope[MAX_ROPE_TABLES];
-    float *rope_cs;        /* [n_rope, n_batch, n_rot] */
+    int rope_n_rot[MAX_ROPE_TABLES]; /* the dims each table rotates */
+    int n_rot_max;         /* the most of them: rope_cs's stride between tables is n_batch * n_rot_max */
+    float *rope_cs;        /* [n_rope, n_batch * n_rot_max]: table r's token t at r * n_batch * n_rot_max +
+                            * t * rope_n_rot[r] */
     int *layer_rope;       /* [n_layer] -> table */
+
+    /* per-layer embeddings (m->n_embd_pe > 0), P = n_embd_pe, NL = n_layer */
+    float *pe_raw;         /* [n_batch, NL * P] pe_model_proj's products */
+    float *pe_in;          /* [NL, n_batch, P] each layer's inputs */
+    float *pe_g;           /* [n_batch, P] a layer's gate */
+    float *pe_row;         /* [max_threads, NL * P] a token's dequantized pe_tok_embd row */
+    int no_own;            /* the model scales or adds to a layer's output (out_scale, per-layer
+                            * embeddings), which own rows do not: no own rows */
 
     /* hybrid models: the state pool (llminfer.h) and the recurrent mixers' scratch */
     float *state;          /* [n_state_slots, slot_floats] */

@@ -256,6 +256,35 @@ typedef struct li_layer_desc {
     const float *router_b;       /* [n_expert] added to the router's logits */
     const float *gate_exps_b, *up_exps_b; /* [n_expert * n_ff_exp]: expert e's at e * n_ff_exp */
     const float *down_exps_b;    /* [n_expert * n_embd]: expert e's at e * n_embd */
+    /* Gemma 4: sliding and full layers differ in their attention sizes and
+     * RoPE; the values get a per-head RMSNorm; the last layers attend to an
+     * earlier layer's keys and values; each layer's output may be scaled;
+     * and the small (E) models add a per-layer embedding after the
+     * feed-forward */
+    int head_dim, head_dim_v, n_head_kv, n_rot, n_ff; /* this layer's sizes; 0: the model's */
+    const float *rope_factors;   /* [n_rot/2] this layer's RoPE frequency divisors; NULL: the model's */
+    const float *v_norm;         /* [head_dim_v] per-head RMSNorm of the values before the cache, or NULL */
+    int kv_reuse;                /* > 0: the layer has no wk, wv (nor k_norm, v_norm) and attends to the keys and
+                                  * values of layer il - kv_reuse, an earlier attention layer of the same group and
+                                  * sizes; 0: its own */
+    float out_scale;             /* != 0: the residual stream is multiplied by this after the layer; 0: not */
+    li_matrix pe_gate;           /* [n_embd_pe, n_embd]: with per-layer embeddings, after the feed-forward
+                                  * x += rmsnorm(pe_proj (gelu(pe_gate x) * pe_in)) * pe_post_norm, pe_in the
+                                  * token's per-layer input for this layer (li_model_desc) */
+    li_matrix pe_proj;           /* [n_embd, n_embd_pe] */
+    const float *pe_post_norm;   /* [n_embd] */
+    /* Gemma 4's MoE layers (router_in_scale non-NULL): the router reads
+     * rmsnorm(x) * router_in_scale / sqrt(n_embd), the experts rmsnorm(x) *
+     * moe_norm, the shared expert (ungated, n_ff_shexp wide) rmsnorm(x) *
+     * ffn_norm; expert e's output is times down_exps_s[e]; the experts'
+     * weighted sum is normed by moe_post_norm, the shared expert's output by
+     * shexp_post_norm, and their sum by post_ffn_norm before the residual */
+    const float *router_in_scale;/* [n_embd] */
+    const float *moe_norm;       /* [n_embd] */
+    const float *down_exps_s;    /* [n_expert], or NULL */
+    const float *moe_post_norm, *shexp_post_norm; /* [n_embd] */
+    li_matrix gate_up_exps;      /* [n_expert * 2 * n_ff_exp, n_embd]: each expert's gate rows, then its up rows,
+                                  * in place of gate_exps and up_exps (absent: those) */
 } li_layer_desc;
 
 /* What mixes a layer's positions. */
@@ -317,6 +346,15 @@ typedef struct li_model_desc {
                                   * grouped order), not h % n_group (qwen35's, tiled) */
     int n_ff_shexp;              /* the shared expert's width (0: none) */
     int expert_gating;           /* enum li_expert_gating: how router logits become the experts' weights */
+    /* per-layer embeddings (gemma4's E models; n_embd_pe 0: none). Token t's
+     * input for layer l, pe_in[l, t], is (rmsnorm(slice l of pe_model_proj
+     * x0 / sqrt(n_embd)) * pe_proj_norm + slice l of pe_tok_embd's row of the
+     * token * sqrt(n_embd_pe)) / sqrt(2), x0 the token's scaled embedding and
+     * a slice n_embd_pe wide (an input row instead of a token takes row 0) */
+    int n_embd_pe;
+    li_matrix pe_tok_embd;       /* [n_vocab, n_layer * n_embd_pe] */
+    li_matrix pe_model_proj;     /* [n_layer * n_embd_pe, n_embd] */
+    const float *pe_proj_norm;   /* [n_embd_pe] */
     /* -- the core's own -- */
     int embd_release;            /* set by li_model_repack(release): tok_embd is a clean file mapping that
                                   * nothing reads in bulk, and each token's lookup hands its row's pages back */

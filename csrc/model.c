@@ -188,6 +188,69 @@ size_t li_state_slot_bytes(const li_model_desc *m) {
     return total * sizeof(float);
 }
 
+/* The model as layer L sees it: its own attention sizes and RoPE divisors
+ * where it gives them (gemma4), else the model's. */
+static void layer_view(const li_model_desc *m, const li_layer_desc *L, li_model_desc *out) {
+    *out = *m;
+    if (L->head_dim) out->head_dim = L->head_dim;
+    if (L->head_dim_v) out->head_dim_v = L->head_dim_v;
+    if (L->n_head_kv) out->n_head_kv = L->n_head_kv;
+    if (L->n_rot) out->n_rot = L->n_rot;
+    if (L->n_ff) out->n_ff = L->n_ff;
+    if (L->rope_factors) out->rope_factors = L->rope_factors;
+}
+
+/* whether a layer has sizes or RoPE divisors of its own */
+static int own_sizes(const li_layer_desc *L) {
+    return L->head_dim || L->head_dim_v || L->n_head_kv || L->n_rot || L->rope_factors || L->n_ff;
+}
+
+/* Gemma 4's additions to a layer: its own sizes, shared keys and values,
+ * the output scale and the per-layer embedding's weights */
+static int check_gemma4_parts(const li_model_desc *m, const li_layer_desc *L, int il) {
+    li_model_desc s;
+    layer_view(m, L, &s);
+    if (L->head_dim < 0 || L->head_dim_v < 0 || L->n_head_kv < 0 || L->n_rot < 0 || L->n_ff < 0 || s.head_dim <= 0 ||
+        s.head_dim_v <= 0 || s.n_head_kv <= 0)
+        return li_fail(LI_E_SHAPE, "layer %d: head sizes %d, %d or %d kv heads out of range", il, L->head_dim,
+                       L->head_dim_v, L->n_head_kv);
+    if (m->n_head % s.n_head_kv != 0 || m->n_head / s.n_head_kv > 64)
+        return li_fail(LI_E_SHAPE, "layer %d: n_head %d is not a multiple (at most 64 times) of its %d kv heads", il,
+                       m->n_head, s.n_head_kv);
+    if (s.n_rot <= 0 || s.n_rot % 2 != 0 || s.n_rot > s.head_dim)
+        return li_fail(LI_E_SHAPE, "layer %d: n_rot %d must be even and within its head_dim %d", il, s.n_rot,
+                       s.head_dim);
+    if (L->n_ff && L->router.data) return li_fail(LI_E_ARG, "layer %d: a width of its own for a MoE layer", il);
+    if (own_sizes(L) && (L->mixer != LI_MIX_ATTN || L->attn_out_gate || m->qk_norm_whole))
+        return li_fail(LI_E_ARG, "layer %d: sizes of its own go with plain attention only", il);
+    if (!isfinite(L->out_scale)) return li_fail(LI_E_ARG, "layer %d: output scale %g", il, (double)L->out_scale);
+    if (L->kv_reuse < 0 || L->kv_reuse > il)
+        return li_fail(LI_E_ARG, "layer %d: it reads the keys and values of layer %d, which does not come before "
+                       "it", il, il - L->kv_reuse);
+    if (L->kv_reuse > 0) {
+        const li_layer_desc *S = &m->layers[il - L->kv_reuse];
+        li_model_desc ss;
+        layer_view(m, S, &ss);
+        if (L->mixer != LI_MIX_ATTN || S->mixer != LI_MIX_ATTN || S->kv_reuse != 0 ||
+            (L->sliding_window > 0) != (S->sliding_window > 0) || L->sliding_window != S->sliding_window ||
+            ss.head_dim != s.head_dim || ss.head_dim_v != s.head_dim_v || ss.n_head_kv != s.n_head_kv)
+            return li_fail(LI_E_ARG, "layer %d reads the keys and values of layer %d, which has its own of another "
+                           "kind (mixer, window or sizes)", il, il - L->kv_reuse);
+        if (L->wk.data || L->wv.data || L->bk || L->bv || L->k_norm || L->v_norm)
+            return li_fail(LI_E_ARG, "layer %d reads another layer's keys and values, yet has key or value weights",
+                           il);
+    }
+    const int64_t P = m->n_embd_pe;
+    if (P > 0) {
+        CHECK(check_matrix(&L->pe_gate, "inp_gate", il, P, m->n_embd));
+        CHECK(check_matrix(&L->pe_proj, "proj", il, m->n_embd, P));
+        if (!L->pe_post_norm) return li_fail(LI_E_ARG, "layer %d: the per-layer embedding's post_norm is missing", il);
+    } else if (L->pe_gate.data || L->pe_proj.data || L->pe_post_norm) {
+        return li_fail(LI_E_ARG, "layer %d has per-layer embedding weights, but the model no per-layer width", il);
+    }
+    return LI_OK;
+}
+
 int li_model_check(const li_model_desc *m) {
     li_fail(LI_OK, "%s", "");
     if (!m || !m->layers) return li_fail(LI_E_ARG, "no model description or no layers");
@@ -228,18 +291,31 @@ int li_model_check(const li_model_desc *m) {
     if (!m->output_norm) return li_fail(LI_E_ARG, "output_norm is missing");
     CHECK(check_matrix(&m->tok_embd, "token_embd", -1, m->n_vocab, m->n_embd));
     CHECK(check_matrix(&m->output, "output", -1, m->n_vocab, m->n_embd));
-    const int64_t nq = (int64_t)m->n_head * m->head_dim, nk = (int64_t)m->n_head_kv * m->head_dim;
-    const int64_t nv = (int64_t)m->n_head_kv * m->head_dim_v, na = (int64_t)m->n_head * m->head_dim_v;
     CHECK(check_recurrent_sizes(m));
+    if (m->n_embd_pe < 0 || m->n_embd_pe > (1 << 16))
+        return li_fail(LI_E_SHAPE, "per-layer embedding width %d out of range", m->n_embd_pe);
+    if (m->n_embd_pe > 0) {
+        const int64_t NP = (int64_t)m->n_layer * m->n_embd_pe;
+        CHECK(check_matrix(&m->pe_tok_embd, "per_layer_token_embd", -1, m->n_vocab, NP));
+        CHECK(check_matrix(&m->pe_model_proj, "per_layer_model_proj", -1, NP, m->n_embd));
+        if (!m->pe_proj_norm) return li_fail(LI_E_ARG, "per_layer_proj_norm is missing");
+    }
     for (int il = 0; il < m->n_layer; il++) {
         const li_layer_desc *L = &m->layers[il];
         if (L->mixer < 0 || L->mixer >= LI_MIX_COUNT) return li_fail(LI_E_ARG, "layer %d: unknown mixer %d", il, L->mixer);
+        CHECK(check_gemma4_parts(m, L, il));
+        li_model_desc s;
+        layer_view(m, L, &s);
+        const int64_t nq = (int64_t)m->n_head * s.head_dim, nk = (int64_t)s.n_head_kv * s.head_dim;
+        const int64_t nv = (int64_t)s.n_head_kv * s.head_dim_v, na = (int64_t)m->n_head * s.head_dim_v;
         if (L->mixer == LI_MIX_ATTN) {
             if (L->attn_out_gate && m->head_dim_v != m->head_dim)
                 return li_fail(LI_E_SHAPE, "layer %d: a gated attention needs equal key and value head sizes", il);
             CHECK(check_matrix(&L->wq, "attn_q", il, L->attn_out_gate ? 2 * nq : nq, m->n_embd));
-            CHECK(check_matrix(&L->wk, "attn_k", il, nk, m->n_embd));
-            CHECK(check_matrix(&L->wv, "attn_v", il, nv, m->n_embd));
+            if (L->kv_reuse == 0) {
+                CHECK(check_matrix(&L->wk, "attn_k", il, nk, m->n_embd));
+                CHECK(check_matrix(&L->wv, "attn_v", il, nv, m->n_embd));
+            }
             CHECK(check_matrix(&L->wo, "attn_output", il, m->n_embd, na));
         } else {
             CHECK(check_mixer(m, L, il));
@@ -248,8 +324,18 @@ int li_model_check(const li_model_desc *m) {
             if (m->n_expert == 0) return li_fail(LI_E_ARG, "layer %d has a router, but the model no experts", il);
             const int64_t ne = m->n_expert, fe = m->n_ff_exp;
             CHECK(check_matrix(&L->router, "ffn_gate_inp", il, ne, m->n_embd));
-            CHECK(check_matrix(&L->gate_exps, "ffn_gate_exps", il, ne * fe, m->n_embd));
-            CHECK(check_matrix(&L->up_exps, "ffn_up_exps", il, ne * fe, m->n_embd));
+            if (L->gate_up_exps.data) {
+                if (L->gate_exps.data || L->up_exps.data || L->gate_exps_b || L->up_exps_b)
+                    return li_fail(LI_E_ARG, "layer %d has fused and separate gate and up experts", il);
+                CHECK(check_matrix(&L->gate_up_exps, "ffn_gate_up_exps", il, ne * 2 * fe, m->n_embd));
+            } else {
+                CHECK(check_matrix(&L->gate_exps, "ffn_gate_exps", il, ne * fe, m->n_embd));
+                CHECK(check_matrix(&L->up_exps, "ffn_up_exps", il, ne * fe, m->n_embd));
+            }
+            if (L->router_in_scale && (!L->moe_norm || !L->moe_post_norm || !L->shexp_post_norm ||
+                                       !L->gate_shexp.data || L->gate_inp_shexp || L->router_b || L->router_sel_b))
+                return li_fail(LI_E_ARG, "layer %d: a Gemma 4 MoE layer needs its experts' norms and an ungated shared "
+                               "expert, and has no router biases", il);
             CHECK(check_matrix(&L->down_exps, "ffn_down_exps", il, ne * m->n_embd, fe));
             if (L->gate_shexp.data || L->up_shexp.data || L->down_shexp.data) {
                 if (m->n_ff_shexp <= 0) return li_fail(LI_E_SHAPE, "layer %d has a shared expert of width %d", il,
@@ -261,15 +347,15 @@ int li_model_check(const li_model_desc *m) {
         } else if (!L->w_gate.data && L->w_up.data) { /* ungated: act(x Wu^T) Wd^T (nemotron_h) */
             if (m->gate_fn == LI_FN_SWIGLU_OAI)
                 return li_fail(LI_E_ARG, "layer %d: the clamped SwiGLU gates a feed-forward; this one has no gate", il);
-            CHECK(check_matrix(&L->w_up, "ffn_up", il, m->n_ff, m->n_embd));
-            CHECK(check_matrix(&L->w_down, "ffn_down", il, m->n_embd, m->n_ff));
+            CHECK(check_matrix(&L->w_up, "ffn_up", il, s.n_ff, m->n_embd));
+            CHECK(check_matrix(&L->w_down, "ffn_down", il, m->n_embd, s.n_ff));
         } else if (L->w_gate.data || L->mixer == LI_MIX_NONE) {
             /* a layer may be its mixer alone (mamba2, nemotron_h), not nothing */
             if (m->gate_fn == LI_FN_RELU_SQR)
                 return li_fail(LI_E_ARG, "layer %d: a squared ReLU gates no feed-forward (ungated ones only)", il);
-            CHECK(check_matrix(&L->w_gate, "ffn_gate", il, m->n_ff, m->n_embd));
-            CHECK(check_matrix(&L->w_up, "ffn_up", il, m->n_ff, m->n_embd));
-            CHECK(check_matrix(&L->w_down, "ffn_down", il, m->n_embd, m->n_ff));
+            CHECK(check_matrix(&L->w_gate, "ffn_gate", il, s.n_ff, m->n_embd));
+            CHECK(check_matrix(&L->w_up, "ffn_up", il, s.n_ff, m->n_embd));
+            CHECK(check_matrix(&L->w_down, "ffn_down", il, m->n_embd, s.n_ff));
         }
         if (!(L->rope_base > 0.0f) || !(L->rope_scale > 0.0f) || L->sliding_window < 0)
             return li_fail(LI_E_ARG, "layer %d: RoPE base %g, scale %g or window %d out of range", il,
@@ -290,9 +376,11 @@ static int kv_type_ok(int t) {
 
 size_t li_kv_block_bytes(const li_model_desc *m, int kv_type, int block_size, int il) {
     if (!m || il < 0 || il >= m->n_layer || !kv_type_ok(kv_type) || block_size <= 0) return 0;
-    if (li_layer_kv_group(m, il) == LI_KV_GROUPS) return 0;
-    const size_t k = li_row_bytes(kv_type, m->head_dim), v = li_row_bytes(kv_type, m->head_dim_v);
-    return (size_t)block_size * (size_t)m->n_head_kv * (k + v);
+    if (li_layer_kv_group(m, il) == LI_KV_GROUPS || m->layers[il].kv_reuse > 0) return 0;
+    li_model_desc s;
+    layer_view(m, &m->layers[il], &s);
+    const size_t k = li_row_bytes(kv_type, s.head_dim), v = li_row_bytes(kv_type, s.head_dim_v);
+    return (size_t)block_size * (size_t)s.n_head_kv * (k + v);
 }
 
 /* ---- context ---- */
@@ -307,8 +395,13 @@ void li_context_free(li_context *c) {
     free(c->k_pool);
     free(c->v_pool);
     free(c->group);
+    free(c->kv_src);
+    free(c->k_rows);
+    free(c->v_rows);
+    free(c->lm);
     float *bufs[] = {c->x, c->xb /* att and o too */, c->q, c->k, c->v, c->g, c->u, c->scores, c->vrow, c->parts,
-                     c->tparts, c->rope_cs, c->route, c->eo, c->wsel, c->tq, c->tout};
+                     c->tparts, c->rope_cs, c->route, c->eo, c->wsel, c->tq, c->tout, c->pe_raw, c->pe_in,
+                     c->pe_g, c->pe_row, c->gu};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free_aligned(bufs[i]);
     for (int a = 0; a < LI_ACT_COUNT; a++) {
         free_aligned(c->xq[a]);
@@ -395,15 +488,18 @@ static size_t own_layout(const li_context *c, char *base, int ith, own_row *r) {
     return at;
 }
 
-/* one RoPE table per distinct (base, scale) */
-static int rope_table(li_context *c, float keys[][2], const li_layer_desc *ly) {
+/* one RoPE table per distinct (base, scale, dims, divisors); s is the layer's view of the model */
+static int rope_table(li_context *c, float keys[][2], const li_layer_desc *ly, const li_model_desc *s) {
     for (int t = 0; t < c->n_rope; t++)
-        if (keys[t][0] == ly->rope_base && keys[t][1] == ly->rope_scale) return t;
+        if (keys[t][0] == ly->rope_base && keys[t][1] == ly->rope_scale && c->rope_n_rot[t] == s->n_rot &&
+            c->rope[t].factors == s->rope_factors)
+            return t;
     if (c->n_rope == MAX_ROPE_TABLES) return -1;
     const int t = c->n_rope++;
     keys[t][0] = ly->rope_base;
     keys[t][1] = ly->rope_scale;
-    li_rope_params_init(&c->rope[t], c->m->n_rot, ly->rope_base, ly->rope_scale, c->m->rope_factors);
+    c->rope_n_rot[t] = s->n_rot;
+    li_rope_params_init(&c->rope[t], s->n_rot, ly->rope_base, ly->rope_scale, s->rope_factors);
     return t;
 }
 
@@ -471,9 +567,13 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
         return li_fail(LI_E_ARG, "n_batch %d and max_threads %d must be positive", n_batch, max_threads);
     if (!kv_type_ok(kv->kv_type))
         return li_fail(LI_E_TYPE, "KV cache type %s is not one of f32, f16, q8_0, q4_0", li_type_name(kv->kv_type));
-    if (kv->kv_type != LI_TYPE_F32 && kv->kv_type != LI_TYPE_F16 && (m->head_dim % 32 || m->head_dim_v % 32))
-        return li_fail(LI_E_SHAPE, "a %s KV cache needs head sizes that are multiples of 32, not %d and %d",
-                       li_type_name(kv->kv_type), m->head_dim, m->head_dim_v);
+    for (int il = 0; il < m->n_layer; il++) {
+        li_model_desc s;
+        layer_view(m, &m->layers[il], &s);
+        if (kv->kv_type != LI_TYPE_F32 && kv->kv_type != LI_TYPE_F16 && (s.head_dim % 32 || s.head_dim_v % 32))
+            return li_fail(LI_E_SHAPE, "a %s KV cache needs head sizes that are multiples of 32, not %d and %d",
+                           li_type_name(kv->kv_type), s.head_dim, s.head_dim_v);
+    }
     if (kv->block_size < 1 || kv->block_size > 1024 || (kv->block_size & (kv->block_size - 1)))
         return li_fail(LI_E_ARG, "KV block size %d is not a power of two from 1 to 1024", kv->block_size);
     for (int g = 0; g < LI_KV_GROUPS; g++)
@@ -492,8 +592,16 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
             return li_fail(LI_E_DEVICE, "layer %d is a hybrid model's layer (recurrent, gated attention, a shared "
                            "expert or an ungated feed-forward), which the GPU backend does not run; keep it on the "
                            "CPU (fewer GPU layers)", il);
+    if (n_be_layers > 0 && m->n_embd_pe > 0)
+        return li_fail(LI_E_DEVICE, "the model has per-layer embeddings (Gemma 4's E models), which the GPU backend "
+                       "does not run; keep every layer on the CPU");
     for (int il = 0; il < n_be_layers; il++) {
         const li_layer_desc *ly = &m->layers[il];
+        if (own_sizes(ly) || ly->v_norm || ly->kv_reuse || ly->out_scale != 0.0f || ly->router_in_scale ||
+            ly->gate_up_exps.data || ly->down_exps_s)
+            return li_fail(LI_E_DEVICE, "layer %d has attention sizes of its own, value norms, another layer's keys "
+                           "and values or an output scale (Gemma 4), which the GPU backend does not run; keep it on "
+                           "the CPU (fewer GPU layers)", il);
         if (ly->attn_sinks || ly->bo || ly->router_b || ly->gate_exps_b || ly->up_exps_b || ly->down_exps_b ||
             ly->router_sel_b ||
             m->gate_fn == LI_FN_SWIGLU_OAI || (ly->router.data && m->expert_gating != LI_GATING_SOFTMAX))
@@ -509,8 +617,6 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     c->n_batch = n_batch;
     c->max_threads = max_threads;
     c->span = LI_MAX(LI_ATTN_SPAN, kv->block_size);
-    c->k_row = li_row_bytes(kv->kv_type, m->head_dim);
-    c->v_row = li_row_bytes(kv->kv_type, m->head_dim_v);
     {
         int64_t most = 0; /* positions of the largest pool: a token sees no more keys */
         for (int g = 0; g < LI_KV_GROUPS; g++) most = LI_MAX(most, (int64_t)kv->n_blocks[g] * kv->block_size);
@@ -518,26 +624,47 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     }
 
     const int L = m->n_layer;
-    const size_t nb = (size_t)n_batch, nth = (size_t)max_threads, nh = (size_t)(m->n_head / m->n_head_kv);
+    const size_t nb = (size_t)n_batch, nth = (size_t)max_threads;
     c->k_pool = calloc((size_t)L, sizeof(char *));
     c->v_pool = calloc((size_t)L, sizeof(char *));
     c->group = calloc((size_t)L, sizeof(int));
     c->layer_rope = calloc((size_t)L, sizeof(int));
+    c->kv_src = calloc((size_t)L, sizeof(int));
+    c->k_rows = calloc((size_t)L, sizeof(size_t));
+    c->v_rows = calloc((size_t)L, sizeof(size_t));
+    c->lm = calloc((size_t)L, sizeof(li_model_desc));
     float rope_keys[MAX_ROPE_TABLES][2];
-    if (!c->k_pool || !c->v_pool || !c->group || !c->layer_rope) goto nomem;
+    if (!c->k_pool || !c->v_pool || !c->group || !c->layer_rope || !c->kv_src || !c->k_rows || !c->v_rows || !c->lm)
+        goto nomem;
+    /* the largest of the layers' sizes, for the scratch */
+    size_t hd_max = 0, hdv_max = 0, nk_max = 0, nv_max = 0, nh = 1, ff_max = 0;
+    int gu_fused = 0;
 
     for (int il = 0; il < L; il++) {
         const li_layer_desc *ly = &m->layers[il];
+        li_model_desc *s = &c->lm[il];
+        layer_view(m, ly, s);
+        hd_max = LI_MAX(hd_max, (size_t)s->head_dim);
+        hdv_max = LI_MAX(hdv_max, (size_t)s->head_dim_v);
+        nk_max = LI_MAX(nk_max, (size_t)s->n_head_kv * (size_t)s->head_dim);
+        nv_max = LI_MAX(nv_max, (size_t)s->n_head_kv * (size_t)s->head_dim_v);
+        nh = LI_MAX(nh, (size_t)(m->n_head / s->n_head_kv));
+        ff_max = LI_MAX(ff_max, (size_t)s->n_ff);
+        c->n_rot_max = LI_MAX(c->n_rot_max, s->n_rot);
+        c->no_own |= ly->out_scale != 0.0f || m->n_embd_pe > 0;
         c->group[il] = li_layer_kv_group(m, il);
+        c->kv_src[il] = il - ly->kv_reuse;
+        c->k_rows[il] = li_row_bytes(kv->kv_type, s->head_dim);
+        c->v_rows[il] = li_row_bytes(kv->kv_type, s->head_dim_v);
         /* pages are only touched as blocks are used, so resident memory grows with the text */
-        const size_t rows = c->group[il] == LI_KV_GROUPS ? 0 :
-                            (size_t)kv->n_blocks[c->group[il]] * (size_t)kv->block_size * (size_t)m->n_head_kv;
+        const size_t rows = c->group[il] == LI_KV_GROUPS || ly->kv_reuse > 0 ? 0 :
+                            (size_t)kv->n_blocks[c->group[il]] * (size_t)kv->block_size * (size_t)s->n_head_kv;
         if (il >= n_be_layers && rows > 0) { /* a backend's layers keep their keys and values in its memory */
-            c->k_pool[il] = alloc_aligned(rows * c->k_row);
-            c->v_pool[il] = alloc_aligned(rows * c->v_row);
+            c->k_pool[il] = alloc_aligned(rows * c->k_rows[il]);
+            c->v_pool[il] = alloc_aligned(rows * c->v_rows[il]);
             if (!c->k_pool[il] || !c->v_pool[il]) goto nomem;
         }
-        c->layer_rope[il] = rope_table(c, rope_keys, ly);
+        c->layer_rope[il] = rope_table(c, rope_keys, ly, s);
         if (c->layer_rope[il] < 0) {
             li_context_free(c);
             return li_fail(LI_E_ARG, "more than %d distinct RoPE settings", MAX_ROPE_TABLES);
@@ -553,28 +680,45 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
             if (rs[i]->data) need_act(c, rs[i]);
         if (is_moe) {
             /* gate/up read the token rows of xq (gathered), down reads rows of n_ff_exp */
-            need_expert_act(c, &ly->gate_exps);
-            need_expert_act(c, &ly->up_exps);
-            need_expert_act(c, &ly->down_exps);
+            const li_matrix *ex[] = {&ly->gate_exps, &ly->up_exps, &ly->down_exps, &ly->gate_up_exps};
+            for (size_t i = 0; i < sizeof(ex) / sizeof(ex[0]); i++)
+                if (ex[i]->data) need_expert_act(c, ex[i]);
+            if (ly->gate_up_exps.data) {
+                need_act(c, &ly->gate_up_exps);
+                gu_fused = 1;
+            }
+        }
+        if (ly->pe_gate.data) {
+            need_act(c, &ly->pe_gate);
+            need_act(c, &ly->pe_proj);
         }
     }
     need_act(c, &m->output);
+    if (m->n_embd_pe > 0) need_act(c, &m->pe_model_proj);
 
-    const size_t ps = (size_t)m->head_dim_v + 2;
+    const size_t ps = hdv_max + 2;
     c->x = alloc_aligned(nb * (size_t)m->n_embd * sizeof(float));
     /* xb, att and o share one buffer: a layer's normed input is spent (quantized
      * into xq) before attention writes att, att is spent before Wo writes o, and
      * o is spent (added to x) row by row by the thread that next writes those
      * rows of xb; the output norm comes after a barrier */
-    const size_t h_row = LI_MAX((size_t)m->n_embd, (size_t)m->n_head * (size_t)m->head_dim_v);
+    const size_t h_row = LI_MAX((size_t)m->n_embd, (size_t)m->n_head * hdv_max);
     c->xb = alloc_aligned(nb * h_row * sizeof(float));
     c->att = c->xb;
     c->o = c->xb;
-    c->q = alloc_aligned(nb * (size_t)m->n_head * (size_t)m->head_dim * sizeof(float));
-    c->k = alloc_aligned(nb * (size_t)m->n_head_kv * (size_t)m->head_dim * sizeof(float));
-    c->v = alloc_aligned(nb * (size_t)m->n_head_kv * (size_t)m->head_dim_v * sizeof(float));
+    c->q = alloc_aligned(nb * (size_t)m->n_head * hd_max * sizeof(float));
+    c->k = alloc_aligned(nb * nk_max * sizeof(float));
+    c->v = alloc_aligned(nb * nv_max * sizeof(float));
+    if (m->n_embd_pe > 0) {
+        const size_t P = (size_t)m->n_embd_pe, NP = (size_t)L * P;
+        c->pe_raw = alloc_aligned(nb * NP * sizeof(float));
+        c->pe_in = alloc_aligned(nb * NP * sizeof(float));
+        c->pe_g = alloc_aligned(nb * P * sizeof(float));
+        c->pe_row = alloc_aligned(nth * NP * sizeof(float));
+        if (!c->pe_raw || !c->pe_in || !c->pe_g || !c->pe_row) goto nomem;
+    }
     /* g and u hold [LI_FFN_CHUNK, n_ff] for a dense layer, [n_batch * n_expert_used, n_ff_exp] for a MoE one */
-    const size_t gu = LI_MAX(LI_MIN(nb, (size_t)LI_FFN_CHUNK) * (size_t)m->n_ff,
+    const size_t gu = LI_MAX(LI_MIN(nb, (size_t)LI_FFN_CHUNK) * ff_max,
                              nb * (size_t)m->n_expert_used * (size_t)m->n_ff_exp);
     c->g = alloc_aligned(gu * sizeof(float));
     c->u = alloc_aligned(gu * sizeof(float));
@@ -588,6 +732,10 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
         c->slot_tok = malloc(slots * sizeof(int32_t));
         c->e_off = malloc(((size_t)m->n_expert + 1) * sizeof(int32_t));
         if (!c->route || !c->eo || !c->wsel || !c->sel || !c->slot || !c->slot_tok || !c->e_off) goto nomem;
+        if (gu_fused) {
+            c->gu = alloc_aligned(slots * 2 * (size_t)m->n_ff_exp * sizeof(float));
+            if (!c->gu) goto nomem;
+        }
         if (m->n_ff_shexp > 0) {
             const size_t chunk = LI_MIN(nb, (size_t)LI_FFN_CHUNK) * (size_t)m->n_ff_shexp;
             c->sg = alloc_aligned(chunk * sizeof(float));
@@ -610,10 +758,10 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     }
     const size_t tmax = (size_t)c->tile_max;
     c->scores = alloc_aligned(nth * tmax * nh * (size_t)c->span * sizeof(float));
-    c->tq = alloc_aligned(nth * tmax * nh * (size_t)m->head_dim * sizeof(float));
-    c->tout = alloc_aligned(nth * tmax * nh * (size_t)m->head_dim_v * sizeof(float));
+    c->tq = alloc_aligned(nth * tmax * nh * hd_max * sizeof(float));
+    c->tout = alloc_aligned(nth * tmax * nh * hdv_max * sizeof(float));
     c->tile0 = malloc((nb + 1) * sizeof(int32_t));
-    c->vrow = alloc_aligned(nth * (size_t)m->head_dim_v * sizeof(float));
+    c->vrow = alloc_aligned(nth * hdv_max * sizeof(float));
     c->parts = alloc_aligned((size_t)LI_ATTN_SPLIT_TOKENS * (size_t)m->n_head * (size_t)c->max_chunks * ps *
                              sizeof(float));
     c->tparts = alloc_aligned(nth * tmax * nh * (size_t)c->max_chunks * ps * sizeof(float));
@@ -630,7 +778,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     c->logit_part = malloc(nb * nth * 2 * sizeof(float));
     c->range_rows = -1;
     c->n_spans = malloc(nb * 2 * sizeof(int32_t));
-    c->rope_cs = alloc_aligned((size_t)c->n_rope * nb * (size_t)m->n_rot * sizeof(float));
+    c->rope_cs = alloc_aligned((size_t)c->n_rope * nb * (size_t)c->n_rot_max * sizeof(float));
     if (!c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->o || !c->g || !c->u || !c->scores ||
         !c->vrow || !c->parts || !c->tparts || !c->gemm_scratch || !c->embd_rows || !c->own || !c->share || !c->pos || !c->vis || !c->kv_row[0] ||
         !c->kv_row[1] || !c->out_rows || !c->logit_part || !c->n_spans || !c->rope_cs || !c->tq || !c->tout || !c->tile0)
@@ -643,7 +791,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     }
     if (make_recurrent(c, m, kv, nb) != LI_OK) goto nomem;
     if (kv->kv_type != LI_TYPE_F32 && kv->kv_type != LI_TYPE_F16) {
-        c->qq_row = li_act_row_bytes(li_types[kv->kv_type].act_type, m->head_dim);
+        c->qq_row = li_act_row_bytes(li_types[kv->kv_type].act_type, (int64_t)hd_max);
         c->qq = alloc_aligned(nb * (size_t)m->n_head * c->qq_row);
         c->tqq = alloc_aligned(nth * tmax * nh * c->qq_row);
         if (!c->qq || !c->tqq) goto nomem;
@@ -670,9 +818,14 @@ nomem:
 
 size_t li_context_kv_bytes(const li_context *c, int il) {
     if (!c || il < 0 || il >= c->m->n_layer) return 0;
-    if (c->group[il] == LI_KV_GROUPS) return 0;
+    if (c->group[il] == LI_KV_GROUPS || c->kv_src[il] != il) return 0;
     if (il < c->be_layers) return c->be_ops->kv_bytes(c->be, il);
     return (size_t)c->kv.n_blocks[c->group[il]] * li_kv_block_bytes(c->m, c->kv.kv_type, c->kv.block_size, il);
+}
+
+/* the rows one block holds in layer il's pool: a row per position and kv head */
+static size_t block_rows(const li_context *c, int il) {
+    return (size_t)c->kv.block_size * (size_t)lm_of(c, il)->n_head_kv;
 }
 
 int li_kv_copy_block(li_context *c, int group, int src, int dst) {
@@ -681,28 +834,25 @@ int li_kv_copy_block(li_context *c, int group, int src, int dst) {
     if (src < 0 || src >= nb || dst < 0 || dst >= nb)
         return li_fail(LI_E_KV, "block %d or %d is outside the pool of %d blocks", src, dst, nb);
     if (src == dst) return LI_OK;
-    const size_t rows = (size_t)c->kv.block_size * (size_t)c->m->n_head_kv;
     if (c->be) {
         char err[400] = "";
         const int st = c->be_ops->copy_block(c->be, group, src, dst, err, sizeof(err));
         if (st != LI_OK) return li_fail(st, "%s backend: %s", c->be_ops->name, err);
     }
     for (int il = c->be_layers; il < c->m->n_layer; il++) {
-        if (c->group[il] != group) continue;
-        memcpy(c->k_pool[il] + (size_t)dst * rows * c->k_row, c->k_pool[il] + (size_t)src * rows * c->k_row,
-               rows * c->k_row);
-        memcpy(c->v_pool[il] + (size_t)dst * rows * c->v_row, c->v_pool[il] + (size_t)src * rows * c->v_row,
-               rows * c->v_row);
+        if (c->group[il] != group || c->kv_src[il] != il) continue;
+        const size_t rows = block_rows(c, il), kr = c->k_rows[il], vr = c->v_rows[il];
+        memcpy(c->k_pool[il] + (size_t)dst * rows * kr, c->k_pool[il] + (size_t)src * rows * kr, rows * kr);
+        memcpy(c->v_pool[il] + (size_t)dst * rows * vr, c->v_pool[il] + (size_t)src * rows * vr, rows * vr);
     }
     return LI_OK;
 }
 
 size_t li_kv_group_block_bytes(const li_context *c, int group) {
     if (!c || group < 0 || group >= LI_KV_GROUPS) return 0;
-    const size_t rows = (size_t)c->kv.block_size * (size_t)c->m->n_head_kv;
     size_t total = 0;
     for (int il = 0; il < c->m->n_layer; il++)
-        if (c->group[il] == group) total += rows * (c->k_row + c->v_row);
+        if (c->group[il] == group && c->kv_src[il] == il) total += block_rows(c, il) * (c->k_rows[il] + c->v_rows[il]);
     return total;
 }
 
@@ -727,14 +877,14 @@ static int check_block_io(const li_context *c, int group, int block, const void 
 int li_kv_read_block(const li_context *c, int group, int block, void *dst, size_t size) {
     int st = check_block_io(c, group, block, dst, size);
     if (st != LI_OK) return st;
-    const size_t rows = (size_t)c->kv.block_size * (size_t)c->m->n_head_kv;
     char *out = (char *)dst;
     for (int il = 0; il < c->m->n_layer; il++) {
-        if (c->group[il] != group) continue;
-        memcpy(out, c->k_pool[il] + (size_t)block * rows * c->k_row, rows * c->k_row);
-        out += rows * c->k_row;
-        memcpy(out, c->v_pool[il] + (size_t)block * rows * c->v_row, rows * c->v_row);
-        out += rows * c->v_row;
+        if (c->group[il] != group || c->kv_src[il] != il) continue;
+        const size_t rows = block_rows(c, il), kr = c->k_rows[il], vr = c->v_rows[il];
+        memcpy(out, c->k_pool[il] + (size_t)block * rows * kr, rows * kr);
+        out += rows * kr;
+        memcpy(out, c->v_pool[il] + (size_t)block * rows * vr, rows * vr);
+        out += rows * vr;
     }
     return LI_OK;
 }
@@ -742,14 +892,14 @@ int li_kv_read_block(const li_context *c, int group, int block, void *dst, size_
 int li_kv_write_block(li_context *c, int group, int block, const void *src, size_t size) {
     int st = check_block_io(c, group, block, src, size);
     if (st != LI_OK) return st;
-    const size_t rows = (size_t)c->kv.block_size * (size_t)c->m->n_head_kv;
     const char *in = (const char *)src;
     for (int il = 0; il < c->m->n_layer; il++) {
-        if (c->group[il] != group) continue;
-        memcpy(c->k_pool[il] + (size_t)block * rows * c->k_row, in, rows * c->k_row);
-        in += rows * c->k_row;
-        memcpy(c->v_pool[il] + (size_t)block * rows * c->v_row, in, rows * c->v_row);
-        in += rows * c->v_row;
+        if (c->group[il] != group || c->kv_src[il] != il) continue;
+        const size_t rows = block_rows(c, il), kr = c->k_rows[il], vr = c->v_rows[il];
+        memcpy(c->k_pool[il] + (size_t)block * rows * kr, in, rows * kr);
+        in += rows * kr;
+        memcpy(c->v_pool[il] + (size_t)block * rows * vr, in, rows * vr);
+        in += rows * vr;
     }
     return LI_OK;
 }
@@ -971,7 +1121,8 @@ static void pre_norm(const li_model_desc *m, const float *x, const float *w, flo
 #define OWN_ROWS_MAX_EMBD 1024
 static int own_rows(const li_context *c, int64_t n, int nth) {
     /* LoRA's deltas read the shared xb (lora.c); own rows give the same bits, so either is right */
-    return n == 1 && nth > 1 && c->m->n_expert == 0 && c->m->n_embd <= OWN_ROWS_MAX_EMBD && !c->lora_any;
+    return n == 1 && nth > 1 && c->m->n_expert == 0 && c->m->n_embd <= OWN_ROWS_MAX_EMBD && !c->lora_any &&
+           !c->no_own;
 }
 
 static own_row own_of(const li_context *c, int ith) {
@@ -1028,7 +1179,7 @@ static void half_output(li_context *c, const float *bias, const float *post_norm
 
 /* The attention half: reads x, adds the attention output to it. */
 static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
-    const li_model_desc *m = c->m;
+    const li_model_desc *m = lm_of(c, il);
     const int64_t E = m->n_embd;
     const int64_t nq = (int64_t)m->n_head * m->head_dim, nk = (int64_t)m->n_head_kv * m->head_dim;
     const int64_t nv = (int64_t)m->n_head_kv * m->head_dim_v, na = (int64_t)m->n_head * m->head_dim_v;
@@ -1038,23 +1189,25 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     li_split(n, ith, nth, &lo, &hi);
     const li_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv};
     void *xq[LI_ACT_COUNT];
-    half_input(c, L->attn_norm, qkv, 3, own, ith, lo, hi, xq);
+    half_input(c, L->attn_norm, qkv, L->kv_reuse > 0 ? 1 : 3, own, ith, lo, hi, xq);
     const int gated = L->attn_out_gate; /* qwen35: wq gives [queries, gate] per head, into qg */
+    const int kv_own = L->kv_reuse == 0;
     const product qkv_p[3] = {{&L->wq, xq[li_types[L->wq.type].act_type], n, gated ? c->qg : c->q, gated ? 2 * nq : nq},
-                              {&L->wk, xq[li_types[L->wk.type].act_type], n, c->k, nk},
-                              {&L->wv, xq[li_types[L->wv.type].act_type], n, c->v, nv}};
-    if (!own) sync_before(c, qkv_p, 3, ith, nth);
+                              {&L->wk, kv_own ? xq[li_types[L->wk.type].act_type] : NULL, n, c->k, nk},
+                              {&L->wv, kv_own ? xq[li_types[L->wv.type].act_type] : NULL, n, c->v, nv}};
+    const int n_qkv = L->kv_reuse > 0 ? 1 : 3; /* a layer reading another's keys and values has queries alone */
+    if (!own) sync_before(c, qkv_p, n_qkv, ith, nth);
     const li_lora_proj qkv_l[3] = {
         {offsetof(li_lora_layer, wq), il, &L->wq, c->xb, E, gated ? c->qg : c->q, gated ? 2 * nq : nq, 0, NULL},
         {offsetof(li_lora_layer, wk), il, &L->wk, c->xb, E, c->k, nk, 0, NULL},
         {offsetof(li_lora_layer, wv), il, &L->wv, c->xb, E, c->v, nv, 0, NULL}};
-    const int lora_qkv = li_lora_covers(c, qkv_l, 3); /* never with own rows: xb holds every row */
-    if (lora_qkv) li_lora_down(c, qkv_l, 3, n, ith, nth);
-    matmuls(c, qkv_p, 3, ith, nth);
+    const int lora_qkv = li_lora_covers(c, qkv_l, n_qkv); /* never with own rows: xb holds every row */
+    if (lora_qkv) li_lora_down(c, qkv_l, n_qkv, n, ith, nth);
+    matmuls(c, qkv_p, n_qkv, ith, nth);
     li_attention_prefetch(c, L, il, n, ith, nth);
     li_share_sync(c->share);
     if (lora_qkv) {
-        li_lora_up(c, qkv_l, 3, n, ith, nth);
+        li_lora_up(c, qkv_l, n_qkv, n, ith, nth);
         li_share_sync(c->share);
     }
     if (gated) {
@@ -1079,7 +1232,7 @@ static void attention_half(li_context *c, const li_layer_desc *L, int il, int64_
     }
 
     /* per (token, head): biases, norms, RoPE, cache write */
-    const int heads = m->n_head + m->n_head_kv;
+    const int heads = m->n_head + (kv_own ? m->n_head_kv : 0);
     li_split(n * heads, ith, nth, &lo, &hi);
     for (int64_t i = lo; i < hi; i++) li_prepare_head(c, L, il, i / heads, (int)(i % heads));
     li_share_sync(c->share);
@@ -1304,7 +1457,7 @@ static void act_quantize_to(void *dst, float *u, int64_t n, int64_t k, const li_
 }
 
 static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, int nth) {
-    const li_model_desc *m = c->m;
+    const li_model_desc *m = lm_of(c, (int)(L - c->m->layers));
     const int64_t E = m->n_embd, F = m->n_ff;
     const int il = (int)(L - m->layers);
     int64_t lo, hi;
@@ -1364,6 +1517,66 @@ static void ffn_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
 
     li_split(n, ith, nth, &lo, &hi);
     half_output(c, NULL, L->post_ffn_norm, own, ith, lo, hi);
+}
+
+/* ---- per-layer embeddings and output scales (gemma4) ---- */
+
+/* Each token's per-layer inputs pe_in (llminfer.h, li_model_desc) from its
+ * scaled embedding in x: rows [lo, hi) are this thread's, as the embedding's */
+static void pe_inputs(li_context *c, const li_batch *b, int64_t n, int ith, int nth, int64_t lo, int64_t hi) {
+    const li_model_desc *m = c->m;
+    const int64_t E = m->n_embd, P = m->n_embd_pe, NL = m->n_layer, NP = NL * P;
+    const li_matrix *w[1] = {&m->pe_model_proj};
+    quantize_rows_for(c, c->x, E, lo, hi, w, 1);
+    const product p = {&m->pe_model_proj, acts_for(c, &m->pe_model_proj), n, c->pe_raw, NP};
+    sync_before(c, &p, 1, ith, nth);
+    matmuls(c, &p, 1, ith, nth);
+    li_share_sync(c->share);
+    const li_matrix *emb = &m->pe_tok_embd;
+    const size_t emb_row = emb->nbytes / (size_t)emb->rows;
+    float *row = c->pe_row + (size_t)ith * (size_t)NP;
+    const float proj_scale = 1.0f / sqrtf((float)E), tok_scale = sqrtf((float)P), in_scale = 1.0f / sqrtf(2.0f);
+    for (int64_t t = lo; t < hi; t++) {
+        const int32_t tok = b->token ? b->token[t] : 0; /* an input row takes token 0's */
+        li_K->dequant[emb->type]((const char *)emb->data + (size_t)tok * emb_row, row, NP);
+        for (int64_t l = 0; l < NL; l++) {
+            float *pr = c->pe_raw + t * NP + l * P;
+            float *out = c->pe_in + ((size_t)l * (size_t)c->n_batch + (size_t)t) * (size_t)P;
+            li_K->scale_f32(pr, proj_scale, P);
+            li_K->rms_norm(pr, m->pe_proj_norm, out, P, m->norm_eps);
+            for (int64_t j = 0; j < P; j++) out[j] = (out[j] + row[l * P + j] * tok_scale) * in_scale;
+        }
+    }
+}
+
+/* After layer il's feed-forward: its per-layer embedding (when the model has
+ * them), x += rmsnorm(pe_proj (gelu(pe_gate x) * pe_in[il])) * pe_post_norm,
+ * then x *= out_scale (when not 0). Rows [lo, hi) as the halves split them. */
+static void layer_end(li_context *c, const li_layer_desc *L, int il, int64_t n, int ith, int nth) {
+    const li_model_desc *m = c->m;
+    const int64_t E = m->n_embd, P = m->n_embd_pe;
+    int64_t lo, hi;
+    li_split(n, ith, nth, &lo, &hi);
+    if (P > 0) {
+        const li_matrix *w[1] = {&L->pe_gate};
+        quantize_rows_for(c, c->x, E, lo, hi, w, 1);
+        const product gp = {&L->pe_gate, acts_for(c, &L->pe_gate), n, c->pe_g, P};
+        sync_before(c, &gp, 1, ith, nth);
+        matmuls(c, &gp, 1, ith, nth);
+        li_share_sync(c->share);
+        gated_quantize(c, c->pe_g, c->pe_in + (size_t)il * (size_t)c->n_batch * (size_t)P, n, P, &L->pe_proj,
+                       LI_FN_GELU, ith, nth);
+        const product pp = {&L->pe_proj, acts_for(c, &L->pe_proj), n, c->o, E};
+        sync_before(c, &pp, 1, ith, nth);
+        matmuls(c, &pp, 1, ith, nth);
+        li_share_sync(c->share);
+        for (int64_t t = lo; t < hi; t++) {
+            li_K->rms_norm(c->o + t * E, L->pe_post_norm, c->o + t * E, E, m->norm_eps);
+            li_K->add_f32(c->x + t * E, c->o + t * E, c->x + t * E, E);
+        }
+    }
+    if (L->out_scale != 0.0f)
+        for (int64_t t = lo; t < hi; t++) li_K->scale_f32(c->x + t * E, L->out_scale, E);
 }
 
 /* ---- mixture of experts ---- */
@@ -1525,13 +1738,25 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     int64_t lo, hi;
 
     const int shared = L->gate_shexp.data != NULL;
+    const int g4 = L->router_in_scale != NULL; /* gemma4: router, experts and shared expert read their own norms */
     li_split(n, ith, nth, &lo, &hi);
-    pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
-    const li_matrix *in[5] = {&L->router, &L->gate_exps, &L->up_exps, &L->gate_shexp, &L->up_shexp};
-    quantize_rows_for(c, c->xb, E, lo, hi, in, shared ? 5 : 3);
-    for (int64_t t = lo; t < hi && shared; t++) /* the shared expert's gate, while the normed rows are there */
-        c->sgate[t] = L->gate_inp_shexp ? 1.0f / (1.0f + expf(-li_K->dot_f32(c->xb + t * E, L->gate_inp_shexp, E)))
-                                        : 1.0f;
+    if (g4) {
+        const float s = 1.0f / sqrtf((float)E);
+        for (int64_t t = lo; t < hi; t++) {
+            li_K->rms_norm(c->x + t * E, L->router_in_scale, c->xb + t * E, E, m->norm_eps);
+            li_K->scale_f32(c->xb + t * E, s, E);
+        }
+        const li_matrix *in[1] = {&L->router};
+        quantize_rows_for(c, c->xb, E, lo, hi, in, 1);
+    } else {
+        pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
+        const li_matrix *in[5] = {&L->router, &L->gate_exps, &L->up_exps, &L->gate_shexp, &L->up_shexp};
+        quantize_rows_for(c, c->xb, E, lo, hi, in, shared ? 5 : 3);
+        for (int64_t t = lo; t < hi && shared; t++) /* the shared expert's gate, while the normed rows are there */
+            c->sgate[t] = L->gate_inp_shexp
+                              ? 1.0f / (1.0f + expf(-li_K->dot_f32(c->xb + t * E, L->gate_inp_shexp, E)))
+                              : 1.0f;
+    }
     li_share_sync(c->share);
 
     matmul(c, &L->router, acts_for(c, &L->router), n, c->route, NE, ith, nth);
@@ -1549,6 +1774,18 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
             route_token(r, NE, K, r, c->sel + t * K, c->wsel + t * K);
     }
     li_share_sync(c->share);
+    if (g4) { /* the shared expert over rmsnorm(x) * ffn_norm into so, then the experts' input */
+        li_split(n, ith, nth, &lo, &hi);
+        pre_norm(m, c->x, L->ffn_norm, c->xb, lo, hi);
+        const li_matrix *sh[2] = {&L->gate_shexp, &L->up_shexp};
+        quantize_rows_for(c, c->xb, E, lo, hi, sh, 2);
+        shared_expert(c, L, n, ith, nth); /* its first barrier orders the rows before its products */
+        li_split(n, ith, nth, &lo, &hi);
+        pre_norm(m, c->x, L->moe_norm, c->xb, lo, hi);
+        const li_matrix *ex[3] = {&L->gate_up_exps, &L->gate_exps, &L->up_exps};
+        quantize_rows_for(c, c->xb, E, lo, hi, L->gate_up_exps.data ? ex : ex + 1, L->gate_up_exps.data ? 1 : 2);
+        li_share_sync(c->share);
+    }
 
     if (ith == 0) { /* counting sort of the slots by expert; a few thousand steps */
         int32_t *off = c->e_off;
@@ -1566,7 +1803,9 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     li_share_sync(c->share);
 
     /* each slot's input row: its token's row of xq, in the formats of gate and up */
-    const int ag = li_types[L->gate_exps.type].act_type, au = li_types[L->up_exps.type].act_type;
+    const int fused = L->gate_up_exps.data != NULL;
+    const int ag = li_types[(fused ? L->gate_up_exps : L->gate_exps).type].act_type;
+    const int au = fused ? ag : li_types[L->up_exps.type].act_type;
     li_split(n * K, ith, nth, &lo, &hi);
     for (int64_t s = lo; s < hi; s++) {
         const size_t rg = li_act_row_bytes(ag, E), ru = li_act_row_bytes(au, E);
@@ -1576,10 +1815,23 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
     }
 
     /* the used experts' gate and up products */
-    const li_matrix *gu[2] = {&L->gate_exps, &L->up_exps};
-    void *gu_in[2] = {c->xe[ag], c->xe[au]};
-    float *gu_out[2] = {c->g, c->u};
-    expert_products(c, gu, gu_in, gu_out, 2, E, Fe, ith, nth);
+    if (fused) { /* one product per expert, its rows then cut into gate and up */
+        const li_matrix *w[1] = {&L->gate_up_exps};
+        void *w_in[1] = {c->xe[ag]};
+        float *w_out[1] = {c->gu};
+        expert_products(c, w, w_in, w_out, 1, E, 2 * Fe, ith, nth);
+        li_share_sync(c->share);
+        li_split(n * K, ith, nth, &lo, &hi);
+        for (int64_t s = lo; s < hi; s++) {
+            memcpy(c->g + s * Fe, c->gu + s * 2 * Fe, (size_t)Fe * sizeof(float));
+            memcpy(c->u + s * Fe, c->gu + s * 2 * Fe + Fe, (size_t)Fe * sizeof(float));
+        }
+    } else {
+        const li_matrix *gu[2] = {&L->gate_exps, &L->up_exps};
+        void *gu_in[2] = {c->xe[ag], c->xe[au]};
+        float *gu_out[2] = {c->g, c->u};
+        expert_products(c, gu, gu_in, gu_out, 2, E, Fe, ith, nth);
+    }
     li_share_sync(c->share);
     if (L->gate_exps_b || L->up_exps_b) { /* each slot's expert's biases (gpt-oss) */
         li_split(n * K, ith, nth, &lo, &hi);
@@ -1606,7 +1858,9 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
         float *o = c->o + t * E;
         memset(o, 0, (size_t)E * sizeof(float));
         for (int j = 0; j < K; j++) {
-            const float *eo = c->eo + (int64_t)c->slot[t * K + j] * E, w = c->wsel[t * K + j];
+            const float *eo = c->eo + (int64_t)c->slot[t * K + j] * E;
+            const float w = L->down_exps_s ? c->wsel[t * K + j] * L->down_exps_s[c->sel[t * K + j]]
+                                           : c->wsel[t * K + j];
             if (L->down_exps_b) { /* the expert's output bias, before its weight (ggml_add_id, then ggml_mul) */
                 const float *b = L->down_exps_b + (int64_t)c->sel[t * K + j] * E;
                 for (int64_t i = 0; i < E; i++) o[i] += w * (eo[i] + b[i]);
@@ -1615,7 +1869,13 @@ static void moe_half(li_context *c, const li_layer_desc *L, int64_t n, int ith, 
             }
         }
     }
-    if (shared) {
+    if (g4) { /* each sum normed, then added */
+        for (int64_t t = lo; t < hi; t++) {
+            li_K->rms_norm(c->o + t * E, L->moe_post_norm, c->o + t * E, E, m->norm_eps);
+            li_K->rms_norm(c->so + t * E, L->shexp_post_norm, c->so + t * E, E, m->norm_eps);
+            li_K->add_f32(c->o + t * E, c->so + t * E, c->o + t * E, E);
+        }
+    } else if (shared) {
         shared_expert(c, L, n, ith, nth);
         li_split(n, ith, nth, &lo, &hi);
         for (int64_t t = lo; t < hi; t++) li_K->axpy_f32(c->sgate[t], c->so + t * E, c->o + t * E, E);
@@ -1754,6 +2014,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
         if (c->lora_any) li_lora_embed(c, b->token[t], t, x); /* before the scale, as llama.cpp */
         if (m->embd_scale != 1.0f) li_K->scale_f32(x, m->embd_scale, E);
     }
+    if (embed && m->n_embd_pe > 0) pe_inputs(c, b, n, ith, nth, lo, hi);
     if (c->probe && embed) probe_team(c, c->x, n, E, LI_PROBE_EMBED, 0);
     if (own_rows(c, n, nth) && l1 > l0) { /* each thread's own copy of the row (thread 0's is x) */
         li_share_sync(c->share);
@@ -1776,6 +2037,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
             moe_half(c, Ly, n, ith, nth);
         else if (Ly->w_up.data)
             ffn_half(c, Ly, n, ith, nth);
+        if (m->n_embd_pe > 0 || Ly->out_scale != 0.0f) layer_end(c, Ly, il, n, ith, nth);
         if (c->probe) probe_team(c, c->x, n, E, LI_PROBE_FFN, il);
     }
     if (!head) return;
@@ -2072,7 +2334,8 @@ int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views
     if (c->split && (int64_t)b->n * m->n_head_kv >= 2 * nt) c->split = 0;
     if (!c->split) make_tiles(c, b, nt);
     for (int r = 0; r < c->n_rope; r++)
-        li_rope_cache(c->pos, b->n, m->n_rot, &c->rope[r], c->rope_cs + (size_t)r * (size_t)c->n_batch * (size_t)m->n_rot);
+        li_rope_cache(c->pos, b->n, c->rope_n_rot[r], &c->rope[r],
+                      c->rope_cs + (size_t)r * (size_t)c->n_batch * (size_t)c->n_rot_max);
     (void)nt;
     if (!c->be) {
 #ifdef _OPENMP

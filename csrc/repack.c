@@ -486,7 +486,7 @@ typedef struct {
 /* a malloc'd list of them in layers first_layer.. (and the output head), *n
  * long; NULL when out of memory */
 static packable *model_matrices(li_model_desc *m, int first_layer, int with_output, int *n) {
-    packable *out = malloc(sizeof(*out) * (size_t)(1 + 20 * m->n_layer));
+    packable *out = malloc(sizeof(*out) * (size_t)(1 + 24 * m->n_layer));
     *n = 0;
     if (!out) return NULL;
     if (with_output) out[(*n)++] = (packable){&m->output, 1};
@@ -494,10 +494,11 @@ static packable *model_matrices(li_model_desc *m, int first_layer, int with_outp
         li_layer_desc *L = (li_layer_desc *)(void *)&m->layers[il];
         li_matrix *ws[] = {&L->wq,      &L->wk,         &L->wv,       &L->wo,         &L->w_gate,
                            &L->w_up,    &L->w_down,     &L->ssm_in,   &L->ssm_z,      &L->ssm_beta,
-                           &L->ssm_alpha, &L->ssm_out,  &L->gate_shexp, &L->up_shexp, &L->down_shexp};
+                           &L->ssm_alpha, &L->ssm_out,  &L->gate_shexp, &L->up_shexp, &L->down_shexp,
+                           &L->pe_gate, &L->pe_proj};
         for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
             if (ws[i]->data) out[(*n)++] = (packable){ws[i], 1};
-        li_matrix *es[] = {&L->gate_exps, &L->up_exps, &L->down_exps};
+        li_matrix *es[] = {&L->gate_exps, &L->up_exps, &L->down_exps, &L->gate_up_exps};
         for (size_t i = 0; i < sizeof(es) / sizeof(es[0]); i++)
             if (es[i]->data && L->router.data && m->n_expert > 0 && es[i]->rows % m->n_expert == 0)
                 out[(*n)++] = (packable){es[i], m->n_expert};

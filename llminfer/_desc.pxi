@@ -38,6 +38,10 @@ cdef int _fill_model(ModelDesc self, C.li_model_desc *d, spec) except -1:
     d.ssm_kv_grouped = spec.ssm_kv_grouped
     d.n_ff_shexp = spec.n_ff_shexp
     d.expert_gating = spec.expert_gating
+    d.n_embd_pe = spec.n_embd_pe
+    self._matrix(&d.pe_tok_embd, spec.pe_tok_embd)
+    self._matrix(&d.pe_model_proj, spec.pe_model_proj)
+    d.pe_proj_norm = self._vector(spec.pe_proj_norm)
     return 0
 
 
@@ -90,8 +94,26 @@ cdef int _fill_layer(ModelDesc self, C.li_layer_desc *L, ls) except -1:
     L.gate_exps_b = self._vector(ls.gate_exps_b)
     L.up_exps_b = self._vector(ls.up_exps_b)
     L.down_exps_b = self._vector(ls.down_exps_b)
+    L.head_dim = ls.head_dim
+    L.head_dim_v = ls.head_dim_v
+    L.n_head_kv = ls.n_head_kv
+    L.n_rot = ls.n_rot
+    L.n_ff = ls.n_ff
+    L.rope_factors = self._vector(ls.rope_factors)
+    L.v_norm = self._vector(ls.v_norm)
+    L.kv_reuse = ls.kv_reuse
+    L.out_scale = ls.out_scale
+    self._matrix(&L.pe_gate, ls.pe_gate)
+    self._matrix(&L.pe_proj, ls.pe_proj)
+    L.pe_post_norm = self._vector(ls.pe_post_norm)
+    L.router_in_scale = self._vector(ls.router_in_scale)
+    L.moe_norm = self._vector(ls.moe_norm)
+    L.down_exps_s = self._vector(ls.down_exps_s)
+    L.moe_post_norm = self._vector(ls.moe_post_norm)
+    L.shexp_post_norm = self._vector(ls.shexp_post_norm)
+    self._matrix(&L.gate_up_exps, ls.gate_up_exps)
     return 0
 
 
-MODEL_FIELDS = ('n_vocab', 'n_embd', 'n_head', 'n_head_kv', 'head_dim', 'head_dim_v', 'n_ff', 'n_rot', 'rope_mode', 'gate_fn', 'norm_eps', 'embd_scale', 'attn_scale', 'tok_embd', 'output_norm', 'output', 'rope_factors', 'residual_scale', 'logit_scale', 'attn_softcap', 'final_softcap', 'qk_norm_whole', 'n_expert', 'n_expert_used', 'n_ff_exp', 'attn_temp_scale', 'attn_temp_offset', 'attn_temp_floor', 'ssm_d_conv', 'ssm_d_inner', 'ssm_d_state', 'ssm_n_group', 'ssm_n_head', 'ssm_kv_grouped', 'n_ff_shexp', 'expert_gating')
-LAYER_FIELDS = ('attn_norm', 'wq', 'wk', 'wv', 'wo', 'bq', 'bk', 'bv', 'q_norm', 'k_norm', 'post_attn_norm', 'ffn_norm', 'w_gate', 'w_up', 'w_down', 'post_ffn_norm', 'rope_base', 'rope_scale', 'sliding_window', 'no_rope', 'router', 'gate_exps', 'up_exps', 'down_exps', 'mixer', 'attn_out_gate', 'ssm_in', 'ssm_z', 'ssm_beta', 'ssm_alpha', 'ssm_conv', 'ssm_conv_b', 'ssm_dt_b', 'ssm_a', 'ssm_d', 'ssm_norm', 'ssm_out', 'gate_shexp', 'up_shexp', 'down_shexp', 'gate_inp_shexp', 'router_sel_b', 'attn_sinks', 'bo', 'router_b', 'gate_exps_b', 'up_exps_b', 'down_exps_b')
+MODEL_FIELDS = ('n_vocab', 'n_embd', 'n_head', 'n_head_kv', 'head_dim', 'head_dim_v', 'n_ff', 'n_rot', 'rope_mode', 'gate_fn', 'norm_eps', 'embd_scale', 'attn_scale', 'tok_embd', 'output_norm', 'output', 'rope_factors', 'residual_scale', 'logit_scale', 'attn_softcap', 'final_softcap', 'qk_norm_whole', 'n_expert', 'n_expert_used', 'n_ff_exp', 'attn_temp_scale', 'attn_temp_offset', 'attn_temp_floor', 'ssm_d_conv', 'ssm_d_inner', 'ssm_d_state', 'ssm_n_group', 'ssm_n_head', 'ssm_kv_grouped', 'n_ff_shexp', 'expert_gating', 'n_embd_pe', 'pe_tok_embd', 'pe_model_proj', 'pe_proj_norm')
+LAYER_FIELDS = ('attn_norm', 'wq', 'wk', 'wv', 'wo', 'bq', 'bk', 'bv', 'q_norm', 'k_norm', 'post_attn_norm', 'ffn_norm', 'w_gate', 'w_up', 'w_down', 'post_ffn_norm', 'rope_base', 'rope_scale', 'sliding_window', 'no_rope', 'router', 'gate_exps', 'up_exps', 'down_exps', 'mixer', 'attn_out_gate', 'ssm_in', 'ssm_z', 'ssm_beta', 'ssm_alpha', 'ssm_conv', 'ssm_conv_b', 'ssm_dt_b', 'ssm_a', 'ssm_d', 'ssm_norm', 'ssm_out', 'gate_shexp', 'up_shexp', 'down_shexp', 'gate_inp_shexp', 'router_sel_b', 'attn_sinks', 'bo', 'router_b', 'gate_exps_b', 'up_exps_b', 'down_exps_b', 'head_dim', 'head_dim_v', 'n_head_kv', 'n_rot', 'n_ff', 'rope_factors', 'v_norm', 'kv_reuse', 'out_scale', 'pe_gate', 'pe_proj', 'pe_post_norm', 'router_in_scale', 'moe_norm', 'down_exps_s', 'moe_post_norm', 'shexp_post_norm', 'gate_up_exps')

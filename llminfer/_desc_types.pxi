@@ -52,6 +52,24 @@ cdef extern from "llminfer.h" nogil:
         const float *gate_exps_b
         const float *up_exps_b
         const float *down_exps_b
+        int head_dim
+        int head_dim_v
+        int n_head_kv
+        int n_rot
+        int n_ff
+        const float *rope_factors
+        const float *v_norm
+        int kv_reuse
+        float out_scale
+        li_matrix pe_gate
+        li_matrix pe_proj
+        const float *pe_post_norm
+        const float *router_in_scale
+        const float *moe_norm
+        const float *down_exps_s
+        const float *moe_post_norm
+        const float *shexp_post_norm
+        li_matrix gate_up_exps
 
     ctypedef struct li_model_desc:
         int n_vocab
@@ -92,6 +110,10 @@ cdef extern from "llminfer.h" nogil:
         int ssm_kv_grouped
         int n_ff_shexp
         int expert_gating
+        int n_embd_pe
+        li_matrix pe_tok_embd
+        li_matrix pe_model_proj
+        const float *pe_proj_norm
         int embd_release
         int embd_file
         int embd_fd

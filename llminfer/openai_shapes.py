@@ -120,7 +120,7 @@ def message(content, tool_calls: list | None = None, reasoning: str | None = Non
 
 def _answer(full: str, reasoning) -> str:
     """The answer part of a reply (tool calls are parsed there, not in the thinking)."""
-    return full if reasoning is None or reasoning.harmony else ReasoningSplitter.split(full, reasoning.in_thinking)[1]
+    return full if reasoning is None or reasoning.harmony else ReasoningSplitter.split(full, reasoning.in_thinking, reasoning.tags)[1]
 
 
 def _harmony(reasoning) -> bool:
@@ -138,7 +138,7 @@ def chat_message(text: str, reasoning=None, tool_fmt: str | None = None, special
         thought, text, calls = HarmonySplitter.split(text)
         return message(text if text or not calls else None, tool_calls(calls), thought), calls
     if reasoning is not None and reasoning.parse:
-        thought, text = ReasoningSplitter.split(text, reasoning.in_thinking)
+        thought, text = ReasoningSplitter.split(text, reasoning.in_thinking, reasoning.tags)
     calls = []
     if tool_fmt:
         content, calls = parse_tool_calls(_answer(special_text(), reasoning), tool_fmt)

@@ -16,6 +16,10 @@ over several tokens is held back until it is known whole; a generation cut
 inside the thinking gives what was thought as reasoning. Blanks around the
 reasoning, and between it and the answer, are dropped.
 
+Gemma 4 wraps its thoughts in "<|channel>thought" and "<channel|>" (its
+template writes an empty pair into the prompt when thinking is off): the
+same splitter with those tags (GEMMA4_TAGS), chosen by the template.
+
 gpt-oss's harmony format (llminfer.harmony: the analysis channel is the
 reasoning, the final channel the answer, commentary to=functions.NAME a tool
 call) is read the same way when the template is harmony's: Reasoning.harmony,
@@ -36,6 +40,8 @@ from llminfer import harmony
 from llminfer.errors import InvalidArgumentError
 
 OPEN, CLOSE = "<think>", "</think>"
+THINK_TAGS = (OPEN, CLOSE)
+GEMMA4_TAGS = ("<|channel>thought", "<channel|>")  # llama.cpp's common/parsers/gemma4.cpp reads the same
 FORMATS = ("deepseek", "none")
 _BLANKS = " \t\r\n"
 
@@ -54,14 +60,25 @@ def check_budget(budget) -> int:
 
 
 def template_thinks(template: str, tokenizer) -> bool:
-    """Whether a chat template (or the vocabulary) knows the <think> tags."""
-    return OPEN in template or CLOSE in template or tokenizer.token_id(OPEN) is not None
+    """Whether a chat template (or the vocabulary) knows thinking tags."""
+    return thinking_tags(template, tokenizer) is not None
 
 
-def starts_in_thinking(prompt_text: str) -> bool:
+def thinking_tags(template: str, tokenizer) -> tuple | None:
+    """The (opening, closing) tags a chat template's model thinks in:
+    Gemma 4's channel markers, or <think> and </think> (named by the
+    template or the vocabulary); None when neither."""
+    if GEMMA4_TAGS[0] in template and GEMMA4_TAGS[1] in template:
+        return GEMMA4_TAGS
+    if OPEN in template or CLOSE in template or tokenizer.token_id(OPEN) is not None:
+        return THINK_TAGS
+    return None
+
+
+def starts_in_thinking(prompt_text: str, tags: tuple = THINK_TAGS) -> bool:
     """Whether a rendered chat prompt leaves the model inside its thinking
     (the template wrote the opening tag, as DeepSeek-R1's do)."""
-    return prompt_text.rstrip(_BLANKS).endswith(OPEN)
+    return prompt_text.rstrip(_BLANKS).endswith(tags[0])
 
 
 def _partial_suffix(text: str, tag: str) -> int:
@@ -77,7 +94,8 @@ class ReasoningSplitter:
     "start" (the output may still open a thinking), "thinking", "after"
     (the tag closed, blanks dropped) or "answer"."""
 
-    def __init__(self, in_thinking: bool = False):
+    def __init__(self, in_thinking: bool = False, tags: tuple = THINK_TAGS):
+        self.open, self.close = tags
         self.phase = "thinking" if in_thinking else "start"
         self.pending = ""
         self._lead = True  # blanks at the start of the reasoning are dropped
@@ -89,10 +107,10 @@ class ReasoningSplitter:
             p = self.pending
             if self.phase == "start":
                 lead = p.lstrip(_BLANKS)
-                if lead.startswith(OPEN):
-                    self.phase, self.pending = "thinking", lead[len(OPEN):]
+                if lead.startswith(self.open):
+                    self.phase, self.pending = "thinking", lead[len(self.open):]
                     continue
-                if not lead or OPEN.startswith(lead):
+                if not lead or self.open.startswith(lead):
                     break  # blanks, or maybe the opening tag: wait
                 self.phase = "answer"
                 continue
@@ -102,14 +120,14 @@ class ReasoningSplitter:
                     if not p:
                         break
                     self._lead = False
-                i = p.find(CLOSE)
+                i = p.find(self.close)
                 if i >= 0:
                     reasoning.append(p[:i].rstrip(_BLANKS))
-                    self.phase, self.pending = "after", p[i + len(CLOSE):]
+                    self.phase, self.pending = "after", p[i + len(self.close):]
                     continue
                 # hold back what may begin the closing tag, and the blanks
                 # before it (they end the reasoning if the tag follows)
-                cut = len(p) - _partial_suffix(p, CLOSE)
+                cut = len(p) - _partial_suffix(p, self.close)
                 cut = len(p[:cut].rstrip(_BLANKS))
                 reasoning.append(p[:cut])
                 self.pending = p[cut:]
@@ -136,9 +154,9 @@ class ReasoningSplitter:
         return "", p
 
     @classmethod
-    def split(cls, text: str, in_thinking: bool = False) -> tuple[str | None, str]:
+    def split(cls, text: str, in_thinking: bool = False, tags: tuple = THINK_TAGS) -> tuple[str | None, str]:
         """(reasoning or None when there is none, content) of a whole output."""
-        s = cls(in_thinking)
+        s = cls(in_thinking, tags)
         r1, c1 = s.feed(text)
         r2, c2 = s.finish()
         return (r1 + r2) or None, c1 + c2
@@ -150,7 +168,8 @@ class Reasoning:
     opened it), budget (-1: unlimited; N: the closing tag is forced after N
     thinking tokens), and the tags' token ids in this vocabulary (open_id
     when <think> is one token, close_ids the tokens of </think>). harmony:
-    the reply is in gpt-oss's harmony format (llminfer.harmony)."""
+    the reply is in gpt-oss's harmony format (llminfer.harmony). tags: the
+    (opening, closing) tags, <think> and </think> or Gemma 4's."""
 
     in_thinking: bool
     budget: int = -1
@@ -158,11 +177,13 @@ class Reasoning:
     close_ids: tuple = ()
     parse: bool = True  # reasoning_format "deepseek": the OpenAI layer splits the text
     harmony: bool = False
+    tags: tuple = THINK_TAGS
 
     @classmethod
-    def for_prompt(cls, prompt_text: str, tokenizer, budget: int = -1) -> "Reasoning":
-        close = tuple(tokenizer.encode(CLOSE, add_bos=False, special=True))
-        return cls(starts_in_thinking(prompt_text), check_budget(budget), tokenizer.token_id(OPEN), close)
+    def for_prompt(cls, prompt_text: str, tokenizer, budget: int = -1, tags: tuple = THINK_TAGS) -> "Reasoning":
+        close = tuple(tokenizer.encode(tags[1], add_bos=False, special=True))
+        return cls(starts_in_thinking(prompt_text, tags), check_budget(budget), tokenizer.token_id(tags[0]), close,
+                   tags=tags)
 
     @classmethod
     def for_harmony(cls, tokenizer, budget: int = -1) -> "Reasoning":
@@ -174,7 +195,7 @@ class Reasoning:
 
     def splitter(self):
         """A ReasoningSplitter, or for harmony a llminfer.harmony.HarmonySplitter."""
-        return harmony.HarmonySplitter() if self.harmony else ReasoningSplitter(self.in_thinking)
+        return harmony.HarmonySplitter() if self.harmony else ReasoningSplitter(self.in_thinking, self.tags)
 
     def tracker(self) -> "ThinkingTracker":
         return ThinkingTracker(self)
@@ -284,13 +305,14 @@ class ChatOptions:
 
     def reasoning(self, prompt_text: str, template: str, tokenizer) -> Reasoning | None:
         """How the generation after prompt_text thinks (None: a model whose
-        template knows no <think> tags and is not harmony's)."""
+        template knows no thinking tags and is not harmony's)."""
         if harmony.is_harmony(template, tokenizer):
             r = Reasoning.for_harmony(tokenizer, self.reasoning_budget)
             r.parse = self.reasoning_format == "deepseek"
             return r
-        if not template_thinks(template, tokenizer):
+        tags = thinking_tags(template, tokenizer)
+        if tags is None:
             return None
-        r = Reasoning.for_prompt(prompt_text, tokenizer, self.reasoning_budget)
+        r = Reasoning.for_prompt(prompt_text, tokenizer, self.reasoning_budget, tags)
         r.parse = self.reasoning_format == "deepseek"
         return r

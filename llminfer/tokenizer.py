@@ -5,12 +5,15 @@ ids as llama.cpp for the same file and text.
     ids = tok.encode("Hello", add_bos=True, special=False)
     text = tok.decode(ids)
 
-Two vocabulary kinds (tokenizer.ggml.model):
+The vocabulary kinds (tokenizer.ggml.model):
   "gpt2"   byte-level BPE: ranked merges, a pre-tokenizer regex chosen by
            tokenizer.ggml.pre; run by the `tokenizers` library.
   "llama"  SentencePiece BPE: pieces merged by score, byte fallback to
            <0xXX> tokens; run by the `sentencepiece` library from a model
            proto serialized here from the GGUF arrays (no protobuf package).
+  "gemma4" BPE over UTF-8 characters (Gemma 4): spaces as U+2581, ranked
+           merges within runs of newlines and runs of other characters,
+           byte fallback to <0xXX> tokens; run by `tokenizers`.
 
 Encoding follows llama.cpp (src/llama-vocab.cpp) step by step:
   1. partition: special tokens written in the text are cut out as single
@@ -41,7 +44,7 @@ from llminfer.gguf_file import StringArray
 
 from llminfer.errors import TokenError, TokenizerError
 
-SUPPORTED_MODELS = ("gpt2", "llama", "bert")
+SUPPORTED_MODELS = ("gpt2", "llama", "bert", "gemma4")
 
 # llama_token_attr bits
 _A_UNDEFINED = 0
@@ -379,6 +382,10 @@ class _Vocab:
             bos, eos, unk = 1, 2, 0
             self.add_bos = True
             self.add_space_prefix = bool(metadata.get(Keys.Tokenizer.ADD_PREFIX, True))
+        elif kind == "gemma4":  # llama.cpp: no default special ids, BOS always added
+            bos, eos, unk = None, None, None
+            self.add_bos = True
+            self.add_space_prefix = False
         elif kind == "bert":
             # WordPiece: [CLS] text [SEP]; llama.cpp's add_sep is our add_eos with [SEP] as EOS
             sep = metadata.get("tokenizer.ggml.seperator_token_id", 102)
@@ -401,7 +408,7 @@ class _Vocab:
             self.unk_id = _default_id(unk, n)
         self.eot_id = _meta_id(metadata, Keys.Tokenizer.EOT_ID, n)
         self.eom_id = _meta_id(metadata, Keys.Tokenizer.EOM_ID, n)
-        if Keys.Tokenizer.ADD_BOS in metadata:
+        if Keys.Tokenizer.ADD_BOS in metadata and kind != "gemma4":  # llama.cpp overrides it to true for Gemma 4
             self.add_bos = bool(metadata[Keys.Tokenizer.ADD_BOS])
         if Keys.Tokenizer.ADD_EOS in metadata:
             self.add_eos = bool(metadata[Keys.Tokenizer.ADD_EOS])
@@ -588,21 +595,8 @@ class _BPEModel:
         from tokenizers import Regex, models, pre_tokenizers
         from tokenizers import Tokenizer as HFTokenizer
 
-        merges_raw = metadata.get(Keys.Tokenizer.MERGES)
-        if not isinstance(merges_raw, (list, StringArray)):
-            raise TokenizerError(f"a BPE vocabulary needs {Keys.Tokenizer.MERGES}; the metadata has none")
         ids = vocab.ids.to_dict()  # `tokenizers` takes a dict; it keeps its own copy
-        merges = []
-        for m in merges_raw:
-            cut = m.find(" ", 1)  # the first piece may itself be a space
-            if cut < 0:
-                continue
-            a, b = m[:cut], m[cut + 1:]
-            # `tokenizers` refuses merges whose parts or result are not tokens
-            # (llama.cpp would apply one and then spell the result byte by
-            # byte); vocabularies converted from tokenizer.json have none
-            if a in ids and b in ids and a + b in ids:
-                merges.append((a, b))
+        merges = _bpe_merges(vocab, metadata)
         try:
             # No word cache: `tokenizers` (0.23) never frees the words a BPE
             # model cached when the model is dropped, about 0.5 KiB per load
@@ -630,6 +624,75 @@ class _BPEModel:
             else:
                 out.extend(next(encoded).ids)
         return out
+
+
+def _bpe_merges(vocab: _Vocab, metadata: dict) -> list:
+    """The merges (a, b) of tokenizer.ggml.merges whose parts and result
+    are pieces: `tokenizers` refuses the others (llama.cpp would apply one
+    and then spell the result byte by byte); vocabularies converted from
+    tokenizer.json have none."""
+    merges_raw = metadata.get(Keys.Tokenizer.MERGES)
+    if not isinstance(merges_raw, (list, StringArray)):
+        raise TokenizerError(f"a BPE vocabulary needs {Keys.Tokenizer.MERGES}; the metadata has none")
+    ids = vocab.ids
+    merges = []
+    for m in merges_raw:
+        cut = m.find(" ", 1)  # the first piece may itself be a space
+        if cut < 0:
+            continue
+        a, b = m[:cut], m[cut + 1:]
+        if a in ids and b in ids and a + b in ids:
+            merges.append((a, b))
+    return merges
+
+
+class _Gemma4Model:
+    """Gemma 4's BPE (tokenizer.ggml.model "gemma4", llama.cpp's
+    LLAMA_VOCAB_PRE_TYPE_GEMMA4): a fragment's spaces become U+2581, it is
+    cut into runs of newlines and runs of anything else, and ranked merges
+    run within each run over its UTF-8 characters (no GPT-2 byte mapping).
+    A run of newlines that is a piece is that token. What ends in no piece
+    becomes <0xXX> byte tokens (`tokenizers`' byte fallback)."""
+
+    _RUNS = re.compile(r"[^\n]+|\n+")
+
+    def __init__(self, vocab: _Vocab, metadata: dict):
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import models
+
+        self._ids = vocab.ids
+        try:
+            model = models.BPE(vocab=vocab.ids.to_dict(), merges=_bpe_merges(vocab, metadata), fuse_unk=False,
+                               byte_fallback=True, cache_capacity=0)
+        except Exception as e:  # tokenizers raises plain Exception subclasses
+            raise TokenizerError(f"cannot build the BPE model: {e}") from e
+        self._hf = HFTokenizer(model)  # no pre-tokenizer: encode is handed one run at a time
+
+    def encode(self, fragments, add_space_prefix):
+        out, runs, slots = [], [], []
+        for f in fragments:
+            if isinstance(f, int):
+                out.append(f)
+                continue
+            for m in self._RUNS.finditer(f.replace(" ", SPACE_MARK)):
+                run = m.group(0)
+                tid = self._ids.get(run) if run[0] == "\n" else None
+                if tid is not None:
+                    out.append(tid)
+                else:
+                    slots.append(len(out))
+                    out.append(None)
+                    runs.append(run)
+        if runs:
+            for at, enc in zip(slots, self._hf.encode_batch(runs, add_special_tokens=False)):
+                out[at] = enc.ids
+        flat = []
+        for x in out:
+            if isinstance(x, list):
+                flat.extend(x)
+            else:
+                flat.append(x)
+        return flat
 
 
 def _varint_sizes(values):
@@ -820,7 +883,7 @@ class Tokenizer:
                 f"unsupported tokenizer model {kind!r} ({Keys.Tokenizer.MODEL}); "
                 f"supported: {', '.join(repr(k) for k in SUPPORTED_MODELS)}")
         _pieces(metadata)
-        if kind in ("llama", "bert"):
+        if kind in ("llama", "bert", "gemma4"):
             return kind, None, None
         pre_name = metadata.get(Keys.Tokenizer.PRE) or "default"
         pre = _PRE_BY_NAME.get(pre_name)
@@ -841,6 +904,9 @@ class Tokenizer:
         if kind == "llama":
             vocab = _Vocab(metadata, kind, None)
             return cls(vocab, _SPMModel(vocab), kind, None)
+        if kind == "gemma4":
+            vocab = _Vocab(metadata, kind, None)
+            return cls(vocab, _Gemma4Model(vocab, metadata), kind, None)
         if kind == "bert":
             from llminfer.wordpiece import WPMModel
 
@@ -925,7 +991,7 @@ class Tokenizer:
         if attr & (_A_SPECIAL | _A_USER_DEFINED):
             return piece.encode("utf-8")
         if attr & _A_NORMAL:
-            if self.kind in ("llama", "bert"):
+            if self.kind in ("llama", "bert", "gemma4"):
                 return piece.replace(SPACE_MARK, " ").encode("utf-8")
             # characters outside GPT-2's table (none in a sane vocabulary) pass as UTF-8
             return b"".join(bytes((_CHAR_TO_BYTE[c],)) if c in _CHAR_TO_BYTE else c.encode("utf-8")

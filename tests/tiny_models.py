@@ -925,3 +925,228 @@ def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=No
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+# ---- Gemma 4 (issue 52) ----
+
+GEMMA4_MERGES = ["\u2581 t", "h e", "\u2581t he", "i n", "\u2581 a", "e r", "o n", "\u2581 s", "e n", "a n",
+                 "l l", "he ll", "hell o", "\n \n", "\u2581 \u2581"]
+
+
+def gemma4_vocab():
+    """A Gemma-4-style vocabulary (tokenizer.ggml.model "gemma4"): control
+    tokens, the 256 <0xXX> byte tokens, U+2581 for the space, printable
+    ASCII, newline runs and what the merges make; (tokens, types, merges).
+    Characters outside it (any non-ASCII) fall back to bytes."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    types = [3, 3, 3, 2]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    normal = ["\u2581", "\n"] + [chr(c) for c in range(0x21, 0x7F)]
+    normal += [a + b for a, b in (m.split(" ") for m in GEMMA4_MERGES)]
+    tokens += normal
+    types += [1] * len(normal)
+    return tokens, types, GEMMA4_MERGES
+
+@dataclass
+class Gemma4Config:
+    """A tiny gemma4, its tensors named and shaped as llama.cpp's
+    src/models/gemma4.cpp loads them (norms as the model applies them, 1-D
+    tensors F32). swa: one flag per layer (true: sliding window), written as
+    the attention.sliding_window_pattern array. Sliding and full layers have
+    their own head sizes and KV head counts; full layers rotate the first
+    rope_partial of each head's pairs (rope_freqs.weight: 1e30 elsewhere).
+    n_shared: the last layers read earlier layers' keys and values; n_pe > 0:
+    per-layer embeddings (the E models); v_from_k: full layers without
+    attn_v; wide_shared: the shared layers' feed-forward twice as wide (an
+    array feed_forward_length)."""
+
+    qtype: str = "F32"
+    embd_qtype: str = "F32"
+    n_embd: int = 256
+    swa: tuple = (True, True, False, True, True, False)
+    n_head: int = 4
+    n_head_kv_swa: int = 2
+    n_head_kv_full: int = 1
+    head_dim_swa: int = 64
+    head_dim_full: int = 128
+    rope_partial: float = 0.25
+    n_ff: int = 512
+    sliding_window: int = 8
+    rope_base: float = 1000000.0
+    rope_base_swa: float = 10000.0
+    final_softcap: float = 15.0
+    qk_norm: float = 0.4          # q and k norm weights: scores (unscaled) of a few units, not sqrt(head_dim)
+    n_shared: int = 0
+    n_pe: int = 0
+    v_from_k: bool = False
+    wide_shared: bool = False
+    out_scale: bool = True
+    tie_output: bool = True
+    context_length: int = 512
+    seed: int = 0
+    eps: float = 1e-6
+    pre: str = "default"
+    tokenizer: str = "gpt2"       # "gemma4": gemma4_vocab(), as Gemma 4's files hold it
+    # MoE (26B-A4B's layout) when n_expert > 0: every layer's feed-forward a
+    # shared expert beside n_expert routed ones; moe_fused: gate and up
+    # experts in one ffn_gate_up_exps tensor, as the converter writes them
+    n_expert: int = 0
+    n_expert_used: int = 2
+    n_ff_exp: int = 128
+    moe_fused: bool = True
+    router_scale: float = 4.0
+
+
+def write_gemma4(path, cfg: Gemma4Config = Gemma4Config(), tensor_hook=None, meta=None, extra_tensors=None,
+                 extra_tokens=None) -> str:
+    """Write a tiny random `gemma4` file; tensor_hook as write_model's, meta:
+    metadata keys to replace (a value) or leave out (None); extra_tensors:
+    {name: float32 array} written after the model's own; extra_tokens as
+    write_model's."""
+    rng = np.random.default_rng(cfg.seed)
+    tokens, types = vocab()
+    merges, bos, eos = MERGES, len(tokens) - 2, len(tokens) - 1
+    if cfg.tokenizer == "gemma4":
+        tokens, types, merges = gemma4_vocab()
+        bos, eos = 2, 1
+    if extra_tokens:
+        tokens = tokens[:-2] + list(extra_tokens) + tokens[-2:]
+        types = types[:-2] + list(extra_tokens.values()) + types[-2:]
+    n_vocab = len(tokens)
+    arch = "gemma4"
+    E, H, NL, P = cfg.n_embd, cfg.n_head, len(cfg.swa), cfg.n_pe
+    n_kv_layers = NL - cfg.n_shared
+    n_ff = [cfg.n_ff * (2 if cfg.wide_shared and i >= n_kv_layers else 1) for i in range(NL)]
+    kv = {
+        f"{arch}.block_count": NL,
+        f"{arch}.context_length": cfg.context_length,
+        f"{arch}.embedding_length": E,
+        f"{arch}.feed_forward_length": n_ff if cfg.wide_shared else cfg.n_ff,
+        f"{arch}.attention.head_count": H,
+        f"{arch}.attention.head_count_kv": [cfg.n_head_kv_swa if s else cfg.n_head_kv_full for s in cfg.swa],
+        f"{arch}.attention.key_length": cfg.head_dim_full,
+        f"{arch}.attention.value_length": cfg.head_dim_full,
+        f"{arch}.attention.key_length_swa": cfg.head_dim_swa,
+        f"{arch}.attention.value_length_swa": cfg.head_dim_swa,
+        f"{arch}.attention.layer_norm_rms_epsilon": float(cfg.eps),
+        f"{arch}.attention.sliding_window": cfg.sliding_window,
+        f"{arch}.attention.sliding_window_pattern": [bool(s) for s in cfg.swa],
+        f"{arch}.attention.shared_kv_layers": cfg.n_shared,
+        f"{arch}.embedding_length_per_layer_input": P,
+        f"{arch}.rope.freq_base": float(cfg.rope_base),
+        f"{arch}.rope.freq_base_swa": float(cfg.rope_base_swa),
+        f"{arch}.rope.dimension_count": cfg.head_dim_full,
+        f"{arch}.rope.dimension_count_swa": cfg.head_dim_swa,
+        f"{arch}.final_logit_softcapping": float(cfg.final_softcap),
+        f"{arch}.expert_count": cfg.n_expert or None,
+        f"{arch}.expert_used_count": cfg.n_expert_used if cfg.n_expert else None,
+        f"{arch}.expert_feed_forward_length": cfg.n_ff_exp if cfg.n_expert else None,
+        "tokenizer.ggml.model": cfg.tokenizer,
+        "tokenizer.ggml.pre": cfg.pre if cfg.tokenizer == "gpt2" else None,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": bos,
+        "tokenizer.ggml.eos_token_id": eos,
+        "tokenizer.ggml.add_bos_token": True,
+    }
+    if cfg.tokenizer == "gemma4":
+        kv["tokenizer.ggml.add_space_prefix"] = False
+    kv.update(meta or {})
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in kv.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
+
+    def add(name, data, t):
+        if tensor_hook is not None:
+            replaced = tensor_hook(name, data, t)
+            if replaced is None:
+                return
+            data, t = replaced
+        w.add_tensor(name, data, raw_dtype=t)
+
+    def matrix(name, rows, k, qtype, scale=1.0, n_expert=0):
+        """[rows, k], or [n_expert, rows, k] as GGUF's 3-D expert tensors"""
+        n = max(n_expert, 1)
+        data = (rng.standard_normal((n * rows, k)) * scale / np.sqrt(k)).astype(np.float32)
+        t = gguf.GGMLQuantizationType[qtype]
+        q = quantized_matrix(rng, data, t)
+        add(name, q.reshape(n, rows, -1) if n_expert else q, t)
+
+    def f32(name, data):
+        add(name, np.ascontiguousarray(data, dtype=np.float32), gguf.GGMLQuantizationType.F32)
+
+    def vector(name, n, around=1.0, spread=0.1):
+        f32(name, around + rng.standard_normal(n) * spread)
+
+    matrix("token_embd.weight", n_vocab, E, cfg.embd_qtype, np.sqrt(E) / 16)
+    vector("output_norm.weight", E)
+    if not cfg.tie_output:
+        matrix("output.weight", n_vocab, E, cfg.qtype)
+    half = cfg.head_dim_full // 2
+    n_rotated = int(half * cfg.rope_partial)
+    if not all(cfg.swa):  # read by the full layers only
+        f32("rope_freqs.weight", [1.0] * n_rotated + [1e30] * (half - n_rotated))
+    if P:
+        matrix("per_layer_token_embd.weight", n_vocab, NL * P, cfg.embd_qtype, np.sqrt(NL * P) / np.sqrt(P))
+        matrix("per_layer_model_proj.weight", NL * P, E, cfg.qtype)
+        vector("per_layer_proj_norm.weight", P)
+    for i, swa in enumerate(cfg.swa):
+        p = f"blk.{i}."
+        hd = cfg.head_dim_swa if swa else cfg.head_dim_full
+        nkv = (cfg.n_head_kv_swa if swa else cfg.n_head_kv_full) * hd
+        own_kv = i < n_kv_layers
+        vector(p + "attn_norm.weight", E)
+        matrix(p + "attn_q.weight", H * hd, E, cfg.qtype)
+        if own_kv:
+            matrix(p + "attn_k.weight", nkv, E, cfg.qtype)
+            if not (cfg.v_from_k and not swa):
+                matrix(p + "attn_v.weight", nkv, E, cfg.qtype)
+            vector(p + "attn_k_norm.weight", hd, cfg.qk_norm, 0.1 * cfg.qk_norm)
+        vector(p + "attn_q_norm.weight", hd, cfg.qk_norm, 0.1 * cfg.qk_norm)
+        matrix(p + "attn_output.weight", E, H * hd, cfg.qtype)
+        vector(p + "post_attention_norm.weight", E)
+        vector(p + "ffn_norm.weight", E)
+        matrix(p + "ffn_gate.weight", n_ff[i], E, cfg.qtype, 2.0)
+        matrix(p + "ffn_up.weight", n_ff[i], E, cfg.qtype)
+        matrix(p + "ffn_down.weight", E, n_ff[i], cfg.qtype)
+        vector(p + "post_ffw_norm.weight", E)
+        if cfg.n_expert:
+            ne, Fe = cfg.n_expert, cfg.n_ff_exp
+            matrix(p + "ffn_gate_inp.weight", ne, E, "F32", cfg.router_scale)
+            vector(p + "ffn_gate_inp.scale", E)
+            if cfg.moe_fused:
+                matrix(p + "ffn_gate_up_exps.weight", 2 * Fe, E, cfg.qtype, 2.0, n_expert=ne)
+            else:
+                matrix(p + "ffn_gate_exps.weight", Fe, E, cfg.qtype, 2.0, n_expert=ne)
+                matrix(p + "ffn_up_exps.weight", Fe, E, cfg.qtype, n_expert=ne)
+            matrix(p + "ffn_down_exps.weight", E, Fe, cfg.qtype, n_expert=ne)
+            vector(p + "ffn_down_exps.scale", ne, 1.0, 0.3)
+            vector(p + "pre_ffw_norm_2.weight", E)
+            vector(p + "post_ffw_norm_1.weight", E)
+            vector(p + "post_ffw_norm_2.weight", E)
+        if cfg.out_scale:
+            vector(p + "layer_output_scale.weight", 1, 0.8, 0.3)
+        if P:
+            matrix(p + "inp_gate.weight", P, E, cfg.qtype, 2.0)
+            matrix(p + "proj.weight", E, P, cfg.qtype)
+            vector(p + "post_norm.weight", E)
+    for name, data in (extra_tensors or {}).items():
+        f32(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)

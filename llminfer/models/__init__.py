@@ -7,7 +7,7 @@ import inspect
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models import (gemma2, gemma3, gpt_oss, granite, granitehybrid, lfm2, llama, mamba2, mistral3,
+from llminfer.models import (gemma2, gemma3, gemma4, gpt_oss, granite, granitehybrid, lfm2, llama, mamba2, mistral3,
                              nemotron_h, olmo2, phi3, qwen2, qwen3, qwen3moe, qwen3next, qwen35, qwen35moe, smollm3)
 from llminfer.models.base import ModelSpec
 
@@ -34,6 +34,7 @@ ARCHITECTURES = {
     granitehybrid.ARCH: granitehybrid.build,
     nemotron_h.ARCH: nemotron_h.build,
     gpt_oss.ARCH: gpt_oss.build,
+    gemma4.ARCH: gemma4.build,
 }
 
 

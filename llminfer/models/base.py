@@ -60,8 +60,8 @@ class MoESpec:
     [n_expert * n_embd, n_ff_exp])."""
 
     router: Matrix      # ffn_gate_inp [n_expert, n_embd]
-    gate_exps: Matrix
-    up_exps: Matrix
+    gate_exps: Matrix | None  # None where the layer's gate_up_exps holds both (gemma4)
+    up_exps: Matrix | None
     down_exps: Matrix
 
 
@@ -118,6 +118,35 @@ class LayerSpec:
     gate_exps_b: np.ndarray | None = None
     up_exps_b: np.ndarray | None = None
     down_exps_b: np.ndarray | None = None
+    # gemma4: the layer's own attention and feed-forward sizes (0: the model's) and RoPE
+    # divisors [n_rot/2] (None: the model's); a per-head RMSNorm of the values
+    # [head_dim_v]; kv_reuse > 0: no wk/wv, the keys and values of layer
+    # i - kv_reuse; out_scale != 0: the residual stream times it after the
+    # layer; the per-layer embedding's gate [n_embd_pe, n_embd], projection
+    # [n_embd, n_embd_pe] and norm [n_embd] (csrc/llminfer.h)
+    head_dim: int = 0
+    head_dim_v: int = 0
+    n_head_kv: int = 0
+    n_rot: int = 0
+    n_ff: int = 0
+    rope_factors: np.ndarray | None = None
+    v_norm: np.ndarray | None = None
+    kv_reuse: int = 0
+    out_scale: float = 0.0
+    pe_gate: Matrix | None = None
+    pe_proj: Matrix | None = None
+    pe_post_norm: np.ndarray | None = None
+    # gemma4's MoE layers: the router's input scale [n_embd] (its input is
+    # rmsnorm(x) * it / sqrt(n_embd)), the experts' input norm, each expert's
+    # output scale [n_expert], the norms of the experts' sum and of the shared
+    # expert's output; gate and up experts fused in one tensor
+    # [n_expert * 2 * n_ff_exp, n_embd] (moe.gate_exps and moe.up_exps None)
+    router_in_scale: np.ndarray | None = None
+    moe_norm: np.ndarray | None = None
+    down_exps_s: np.ndarray | None = None
+    moe_post_norm: np.ndarray | None = None
+    shexp_post_norm: np.ndarray | None = None
+    gate_up_exps: Matrix | None = None
 
     @property
     def recurrent(self) -> bool:
@@ -127,8 +156,12 @@ class LayerSpec:
     def mixer_matrices(self) -> list:
         """The matrices of the layer's mixer (attention's four, or a recurrent mixer's)."""
         mats = [self.wq, self.wk, self.wv, self.wo, self.ssm_in, self.ssm_z, self.ssm_beta, self.ssm_alpha,
-                self.ssm_out]
-        return [m for m in mats if m is not None]
+                self.ssm_out, self.pe_gate, self.pe_proj]
+        out = []
+        for m in mats:  # gemma4's wv may be wk itself (keys and values from one projection)
+            if m is not None and not any(m is o for o in out):
+                out.append(m)
+        return out
 
     # the experts' weights by the C description's names (None in a dense layer)
     @property
@@ -153,7 +186,8 @@ class LayerSpec:
         if self.moe is None:
             return [m for m in (self.w_gate, self.w_up, self.w_down) if m is not None]
         shared = [m for m in (self.gate_shexp, self.up_shexp, self.down_shexp) if m is not None]
-        return [self.moe.router, self.moe.gate_exps, self.moe.up_exps, self.moe.down_exps] + shared
+        experts = [self.moe.gate_exps, self.moe.up_exps, self.gate_up_exps, self.moe.down_exps]
+        return [self.moe.router] + [m for m in experts if m is not None] + shared
 
 
 @dataclass
@@ -199,6 +233,14 @@ class ModelSpec:
     ssm_kv_grouped: bool = False  # GDN: value head h reads key head h // (n_head / n_group) (qwen3next)
     n_ff_shexp: int = 0           # a MoE layer's shared expert's width (0: none)
     expert_gating: int = GATING_SOFTMAX  # how router logits become the experts' weights
+    # gemma4's E models: per-layer embeddings n_embd_pe wide (0: none), their
+    # token table [n_vocab, n_layer * n_embd_pe] (read a row per token, like
+    # tok_embd), the projection of the embedding [n_layer * n_embd_pe, n_embd]
+    # and its norm [n_embd_pe]
+    n_embd_pe: int = 0
+    pe_tok_embd: Matrix | None = None
+    pe_model_proj: Matrix | None = None
+    pe_proj_norm: np.ndarray | None = None
 
     def check_vectors(self):
         """Raise ShapeError where a recurrent layer's vector does not hold what
@@ -207,9 +249,16 @@ class ModelSpec:
                              self.ssm_d_inner, self.n_embd)
         sizes = {"gate_inp_shexp": E, "router_sel_b": self.n_expert, "attn_sinks": self.n_head, "bo": E, "router_b": self.n_expert,
                  "gate_exps_b": self.n_expert * self.n_ff_exp, "up_exps_b": self.n_expert * self.n_ff_exp,
-                 "down_exps_b": self.n_expert * E}
+                 "down_exps_b": self.n_expert * E, "router_in_scale": E, "moe_norm": E, "down_exps_s": self.n_expert,
+                 "moe_post_norm": E, "shexp_post_norm": E}
+        if self.pe_proj_norm is not None:
+            v = self.pe_proj_norm
+            if not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.size != self.n_embd_pe:
+                raise ShapeError(f"pe_proj_norm holds {getattr(v, 'size', '?')} values, not {self.n_embd_pe} float32")
         for i, L in enumerate(self.layers):
-            for name, n in sizes.items():
+            own = {"v_norm": L.head_dim_v or self.head_dim_v, "rope_factors": (L.n_rot or self.n_rot) // 2,
+                   "pe_post_norm": E}
+            for name, n in list(sizes.items()) + list(own.items()):
                 v = getattr(L, name)
                 if v is not None and (not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.size != n):
                     raise ShapeError(f"layer {i}: {name} holds {getattr(v, 'size', '?')} values, not {n} float32")
@@ -239,20 +288,25 @@ class ModelSpec:
 
     def n_params(self) -> int:
         mats = [self.tok_embd] + ([] if self.output is self.tok_embd else [self.output])
+        mats += [m for m in (self.pe_tok_embd, self.pe_model_proj) if m is not None]
         for L in self.layers:
             mats += L.mixer_matrices() + L.ffn_matrices()
         return sum(m.rows * m.k for m in mats)
 
     def weight_bytes(self) -> int:
         """Bytes of weights one token's forward pass reads (the embedding row
-        aside); of a MoE layer, the router and k experts."""
+        aside, and a per-layer embedding's row); of a MoE layer, the router
+        and k experts."""
         total = self.output.data.nbytes
+        if self.pe_model_proj is not None:
+            total += self.pe_model_proj.data.nbytes
         for L in self.layers:
             total += sum(m.data.nbytes for m in L.mixer_matrices())
             if L.moe is None:
                 total += sum(m.data.nbytes for m in L.ffn_matrices())
             else:
-                experts = sum(m.data.nbytes for m in (L.moe.gate_exps, L.moe.up_exps, L.moe.down_exps))
+                experts = sum(m.data.nbytes for m in (L.moe.gate_exps, L.moe.up_exps, L.gate_up_exps, L.moe.down_exps)
+                              if m is not None)
                 total += L.moe.router.data.nbytes + experts * self.n_expert_used // self.n_expert
                 total += sum(m.data.nbytes for m in (L.gate_shexp, L.up_shexp, L.down_shexp) if m is not None)
         return total
