@@ -864,6 +864,16 @@ LI_INLINE void k_pair_sums(const int type, const char *p0, const char *p1, int64
     for (int c = 0; c < nc; c++) h[c] = _mm256_hadd_epi32(v0[c], v1[c]);
 }
 
+/* In decode the integer pass hints the weight stream K_AHEAD bytes ahead
+ * of its loads: rows are read one after another, front to back, so the
+ * stream runs on into the next rows (and, at a share's end, past it: hints
+ * never fault). The hardware prefetchers alone left a 1-thread Q4_K or
+ * Q6_K matvec well short of a plain read on a Zen 3 host; measurements:
+ * docs/kernel-tuning.md#avx2-k-quant-stream-hints */
+#ifndef K_AHEAD
+#define K_AHEAD 4096
+#endif
+
 /* the integer pass of a K-quant over super-blocks i0 .. i0+n of one row */
 LI_INLINE void int_pass_k(const int type, const char *row, int r, int64_t i0, int n, const void *x,
                           size_t xs, const int nc, pass_buf *pb) {
@@ -878,6 +888,8 @@ LI_INLINE void int_pass_k(const int type, const char *row, int r, int64_t i0, in
             for (int t = 0; t < 4; t++) idx[t] = i0 + LI_MIN(j + t, n - 1);
         const char *blk[4];
         for (int t = 0; t < 4; t++) blk[t] = row + (size_t)idx[t] * bb;
+        if (nc == 1) /* decode: the stream K_AHEAD bytes on (this row's or the rows after it) */
+            for (size_t o = 0; o < 4 * bb; o += 64) _mm_prefetch(blk[0] + K_AHEAD + o, _MM_HINT_T0);
         /* h[0]: vphaddd of super-blocks 0 and 1's sums, h[1]: of 2 and 3 (folded
          * as they come, so that few vectors stay live) */
         __m256i h[2][LI_DOT_MAX_NC];
