@@ -93,12 +93,19 @@ static inline void unpack_q5_K(const block_q5_K *b, int8_t q[QK_K], int sc[8], i
 
 /* Q6_K: q in [-32, 31]; scales are the block's int8 scales */
 static inline void unpack_q6_K(const block_q6_K *b, int8_t q[QK_K]) {
-    for (int h = 0; h < 2; h++)
-        for (int j = 0; j < 128; j++) {
-            const int lo = (b->ql[64 * h + j % 64] >> (4 * (j / 64))) & 15;
-            const int hi = (b->qh[32 * h + j % 32] >> (2 * (j / 32))) & 3;
-            q[128 * h + j] = (int8_t)((lo | hi << 4) - 32);
+    /* each half: 4 runs of 32 with constant shifts (value 32s + l of the
+     * half: ql[l + 32 (s & 1)] >> 4 (s / 2), bit pair s of qh[l]), which the
+     * compiler vectorizes; the prefill panel packing runs on it */
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+        int8_t *o = q + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            o[l] = (int8_t)(((ql[l] & 15) | (qh[l] & 3) << 4) - 32);
+            o[l + 32] = (int8_t)(((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4) - 32);
+            o[l + 64] = (int8_t)(((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+            o[l + 96] = (int8_t)(((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
         }
+    }
 }
 
 #endif
