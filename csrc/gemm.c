@@ -260,9 +260,10 @@ size_t li_gemm_scratch_bytes(int type, int64_t k, int64_t n) {
     return li_panel_bytes(type, k) + 64 + (size_t)n * (size_t)(k / 32) * sizeof(int32_t);
 }
 
-int li_gemm_applies(int type, int64_t n) {
+int li_gemm_applies(int type, int64_t n, int64_t rows, int64_t k) {
     const int kind = li_panel_kind(type);
-    return n >= LI_GEMM_MIN_N && kind != LI_PANEL_NONE && li_K->gemm[kind] != NULL;
+    const int64_t min_n = rows * k <= LI_GEMM_SMALL ? LI_GEMM_MIN_N_SMALL : LI_GEMM_MIN_N;
+    return n >= min_n && kind != LI_PANEL_NONE && li_K->gemm[kind] != NULL;
 }
 
 void li_gemm_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,

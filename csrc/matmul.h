@@ -37,7 +37,14 @@ void li_matmul_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_
  * the panels, n=16 0.8x, n=32 about the same). Both give a row bitwise the
  * same result, so the choice is only one of speed. */
 #define LI_GEMM_MIN_N 32
-int li_gemm_applies(int type, int64_t n);
+/* A small matrix (at most LI_GEMM_SMALL values: a MoE expert's) takes the
+ * panels from LI_GEMM_MIN_N_SMALL rows: a Qwen3.6-35B-A3B-shaped MoE's
+ * prompt routes ~16 tokens to each expert, and its 1-thread pp512 ran 7-8%
+ * faster so (docs/kernel-tuning.md#gemm-small-matrices); a large matrix at
+ * n = 16 still went faster through the dot kernels. */
+#define LI_GEMM_SMALL ((int64_t)1 << 20)
+#define LI_GEMM_MIN_N_SMALL 16
+int li_gemm_applies(int type, int64_t n, int64_t rows, int64_t k);
 size_t li_gemm_scratch_bytes(int type, int64_t k, int64_t n);
 void li_gemm_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
                void *scratch, int ith, int nth);

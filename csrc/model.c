@@ -978,7 +978,7 @@ static void matmul(li_context *c, const li_matrix *w, const void *xq, int64_t n,
         return;
     }
     const li_weight wt = {w->data, w->type, w->rows, w->k, w->nbytes / (size_t)w->rows};
-    if (li_gemm_applies(w->type, n))
+    if (li_gemm_applies(w->type, n, w->rows, w->k))
         li_gemm_q(&wt, xq, n, y, y_stride, c->gemm_scratch + (size_t)ith * c->gemm_bytes, ith, nth);
     else
         li_matmul_q(&wt, xq, n, y, y_stride, ith, nth);

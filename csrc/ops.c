@@ -146,7 +146,7 @@ int li_matmul(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, 
     const int act = li_types[type].act_type;
     if (k % li_act_block_size(act) != 0) return LI_E_SHAPE;
     const int nt = team_size(n_threads);
-    const int gemm = li_gemm_applies(type, n);
+    const int gemm = li_gemm_applies(type, n, rows, k);
     const size_t per_thread = gemm ? li_gemm_scratch_bytes(type, k, n) : 0;
     void *xq = malloc(li_act_row_bytes(act, k) * (size_t)n);
     char *scratch = gemm ? malloc(per_thread * (size_t)nt) : NULL;
