@@ -317,7 +317,7 @@ class ModelSpec:
 # hostile, and would overflow a C int, divide by zero or turn every logit into
 # the same number (layer_norm_rms_epsilon=1e300 makes each norm output zero).
 _INT32_MAX = (1 << 31) - 1
-_RANGES = {
+HPARAM_RANGES = {
     "block_count": (1, 1 << 12, False),
     "context_length": (1, _INT32_MAX, False),
     "embedding_length": (1, 1 << 20, False),
@@ -345,7 +345,7 @@ _RANGES = {
 class Hparams:
     """Reads `{arch}.*` metadata with errors that name the missing or bad key.
     Integers must be stored as integers, floats as numbers, and both must lie
-    in the key's _RANGES."""
+    in the key's HPARAM_RANGES."""
 
     def __init__(self, gguf: GGUFFile, arch: str):
         self.meta = gguf.metadata
@@ -373,8 +373,8 @@ class Hparams:
             raise UnsupportedModelError(f"{self.path}: metadata {full!r} must be {want}, "
                                         f"got {type(v).__name__} {_short(v)}")
         out = kind(v)
-        if key in _RANGES:
-            lo, hi, open_lo = _RANGES[key]
+        if key in HPARAM_RANGES:
+            lo, hi, open_lo = HPARAM_RANGES[key]
             if not (math.isfinite(out) and (out > lo if open_lo else out >= lo) and out <= hi):
                 interval = f"{'(' if open_lo else '['}{lo:g}, {hi:g}]"
                 raise UnsupportedModelError(f"{self.path}: metadata {full!r} is {out!r}, outside the range "

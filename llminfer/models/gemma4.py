@@ -52,8 +52,8 @@ import numpy as np
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.gguf_file import GGUFFile
-from llminfer.models.base import (_RANGES, ACT_GELU, GATING_SOFTMAX, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, MoESpec,
-                                  Weights, output_head, rope_scale, vocab_size)
+from llminfer.models.base import (ACT_GELU, GATING_SOFTMAX, HPARAM_RANGES, ROPE_NEOX, Hparams, LayerSpec, ModelSpec,
+                                  MoESpec, Weights, output_head, rope_scale, vocab_size)
 
 ARCH = "gemma4"
 DEFAULT_FINAL_SOFTCAP = 30.0
@@ -76,7 +76,7 @@ def _per_layer(hp: Hparams, key: str, n_layer: int, default=None) -> list:
     else:
         arr = [v] * n_layer
     out = []
-    lo, hi, _ = _RANGES.get(key, (0, 1 << 30, False))
+    lo, hi, _ = HPARAM_RANGES.get(key, (0, 1 << 30, False))
     for x in arr:
         if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or not lo <= int(x) <= hi:
             raise UnsupportedModelError(f"{hp.path}: metadata {full!r} holds {x!r}, not an integer in "
