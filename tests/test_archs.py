@@ -54,8 +54,10 @@ def tiny(tmp_path_factory):
     return get
 
 
-def run(path, tokens, step=None, n_ctx=512, n_batch=64, threads=2, block_size=16, repack=True, engine_out=None):
-    eng = Engine(path, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads, block_size=block_size, repack=repack)
+def run(path, tokens, step=None, n_ctx=512, n_batch=64, threads=2, block_size=16, repack=True, engine_out=None,
+        kv_type="f16"):
+    eng = Engine(path, n_ctx=n_ctx, n_batch=n_batch, n_threads=threads, block_size=block_size, repack=repack,
+                 kv_type=kv_type)
     if engine_out is not None:
         engine_out.append(eng.repacked_bytes)
     try:
@@ -69,6 +71,34 @@ def run(path, tokens, step=None, n_ctx=512, n_batch=64, threads=2, block_size=16
 
 def tokens_for(seed, n=40, vocab=268):
     return np.random.default_rng(seed).integers(0, vocab, n).astype(np.int32)
+
+
+def run_f32_kv(path, tokens, step=7, threads=2):
+    """every position's logits, the prompt fed `step` tokens at a time, F32 KV cache"""
+    return run(path, tokens, step=step, threads=threads, kv_type="f32")
+
+
+def assert_invariant_across_span(path):
+    """300 positions (past a 128- or 256-token attention span): prefill,
+    chunks of 7, a decode token by token, 1 or 2 threads and a batch shared
+    with another sequence all give a token the same bits. Returns the
+    whole prefill's logits."""
+    a, b = tokens_for(31, 300), tokens_for(32, 45)
+    whole = run(path, a, n_batch=300, threads=1)
+    assert np.array_equal(run(path, a, step=7, n_batch=300, threads=2), whole)
+    eng = Engine(path, n_ctx=512, kv_pool_tokens=1024, n_batch=512, n_threads=2, block_size=16)
+    try:
+        s = eng.new_sequence()
+        eng.decode([(s, a[:250], "all")])
+        steps = [eng.decode([(s, a[i:i + 1], "all")])[0] for i in range(250, 300)]
+        assert np.array_equal(np.concatenate(steps), whole[250:])
+        sa, sb = eng.new_sequence(), eng.new_sequence()
+        la, lb = eng.decode([(sa, a, "all"), (sb, b, "all")])
+    finally:
+        eng.close()
+    assert np.array_equal(la, whole)
+    assert np.array_equal(lb, run(path, b))
+    return whole
 
 
 def check_close(ours, ref, tol, what, route_gap=None):

@@ -22,7 +22,7 @@ from llminfer.models import build_spec
 from llminfer.reasoning import ChatOptions
 
 from reference_gemma4 import MOE_PIECES, PIECES, Gemma4Reference
-from test_archs import run, tokens_for
+from test_archs import assert_invariant_across_span, run, run_f32_kv, tokens_for
 from tiny_models import Gemma4Config, write_gemma4
 
 ALT = (True, False, True, False, True, False)  # llama.cpp's KV sharing reads layers n_kv - 2 (sliding), n_kv - 1 (full)
@@ -56,17 +56,6 @@ def files(tmp_path_factory):
         return cache[key]
 
     return get
-
-
-def run_f32_kv(path, tokens, step=7, threads=2):
-    """every position's logits, the prompt fed `step` tokens at a time, F32 KV cache"""
-    eng = Engine(path, n_ctx=512, n_batch=64, n_threads=threads, block_size=16, kv_type="f32")
-    try:
-        seq = eng.new_sequence()
-        return np.concatenate([eng.decode([(seq, tokens[i:i + step], "all")])[0]
-                               for i in range(0, len(tokens), step)])
-    finally:
-        eng.close()
 
 
 def relative_error(ours, ref):
@@ -141,21 +130,7 @@ def test_alone_batched_chunked_and_threads_are_bitwise_the_same(files, name):
     256): prefill, chunks of 7, a decode token by token, 1 or 2 threads and
     a batch shared with another sequence all give a token the same bits."""
     path = files(**FILES[name])
-    a, b = tokens_for(31, 300), tokens_for(32, 45)
-    whole = run(path, a, n_batch=300, threads=1)
-    assert np.array_equal(run(path, a, step=7, n_batch=300, threads=2), whole)
-    eng = Engine(path, n_ctx=512, kv_pool_tokens=1024, n_batch=512, n_threads=2, block_size=16)
-    try:
-        s = eng.new_sequence()
-        eng.decode([(s, a[:250], "all")])
-        steps = [eng.decode([(s, a[i:i + 1], "all")])[0] for i in range(250, 300)]
-        assert np.array_equal(np.concatenate(steps), whole[250:])
-        sa, sb = eng.new_sequence(), eng.new_sequence()
-        la, lb = eng.decode([(sa, a, "all"), (sb, b, "all")])
-    finally:
-        eng.close()
-    assert np.array_equal(la, whole)
-    assert np.array_equal(lb, run(path, b))
+    assert_invariant_across_span(path)
 
 
 def test_shared_layers_hold_no_cache(files):

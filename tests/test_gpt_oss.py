@@ -12,14 +12,13 @@ import numpy as np
 import pytest
 
 from llminfer import ops
-from llminfer.engine import Engine
 from llminfer.gguf_file import GGUFFile
 from llminfer.models import build_spec
 from llminfer.models.base import ACT_SWIGLU_OAI, GATING_SOFTMAX_WEIGHT
 from llminfer.quantize_model import quantize_model
 
 from reference_gpt_oss import PIECES, GptOssReference
-from test_archs import run, tokens_for
+from test_archs import assert_invariant_across_span, run, run_f32_kv, tokens_for
 from tiny_models import GptOssConfig, write_gpt_oss
 
 # Relative to the largest |reference logit|. With an F32 KV cache the
@@ -37,17 +36,6 @@ TOL_F16_KV = 5e-3  # F32 weights, the default F16 cache (q, k, v and attention w
 ROUTE_TIE = 1e-3   # router logits this near the k-th may rightly choose the other expert
 CALM = dict(gate_scale=2.0, down_scale=0.1, router_scale=8.0)
 MXFP4_FILE = dict(expert_qtype="MXFP4", qtype="Q8_0", embd_qtype="Q8_0", **CALM)  # the released files' mix
-
-
-def run_f32_kv(path, tokens, step=7):
-    """every position's logits, the prompt fed `step` tokens at a time, F32 KV cache"""
-    eng = Engine(path, n_ctx=512, n_batch=64, n_threads=2, block_size=16, kv_type="f32")
-    try:
-        seq = eng.new_sequence()
-        return np.concatenate([eng.decode([(seq, tokens[i:i + step], "all")])[0]
-                               for i in range(0, len(tokens), step)])
-    finally:
-        eng.close()
 
 
 @pytest.fixture(scope="module")
@@ -151,22 +139,9 @@ def test_alone_batched_chunked_and_threads_are_bitwise_the_same(files, experts):
     with another sequence all give a token the same bits; with F32
     weights, the reference's logits too."""
     path = files() if experts == "F32" else files(**MXFP4_FILE)
-    a, b = tokens_for(31, 300), tokens_for(32, 45)
-    whole = run(path, a, n_batch=300, threads=1)
-    assert np.array_equal(run(path, a, step=7, n_batch=300, threads=2), whole)
-    eng = Engine(path, n_ctx=512, kv_pool_tokens=1024, n_batch=512, n_threads=2, block_size=16)
-    try:
-        s = eng.new_sequence()
-        eng.decode([(s, a[:250], "all")])
-        steps = [eng.decode([(s, a[i:i + 1], "all")])[0] for i in range(250, 300)]
-        assert np.array_equal(np.concatenate(steps), whole[250:])
-        sa, sb = eng.new_sequence(), eng.new_sequence()
-        la, lb = eng.decode([(sa, a, "all"), (sb, b, "all")])
-    finally:
-        eng.close()
-    assert np.array_equal(la, whole)
-    assert np.array_equal(lb, run(path, b))
+    assert_invariant_across_span(path)
     if experts == "F32":  # across the span's seam
+        a = tokens_for(31, 300)
         ref_model = GptOssReference(path)
         err = relative_error(run_f32_kv(path, a, step=300), ref_model.logits(a), ref_model.route_gap, ROUTE_TIE)
         assert err < TOL_EXACT, f"300 positions: relative logit error {err:.3g}"
