@@ -94,6 +94,9 @@ struct li_context {
     li_share *share;       /* the team's shares of each repacked product (share.h) */
     uint32_t passes;       /* decode passes of a 2-thread team (thread 0's count), for placement_probe */
     int probe_now;         /* whether this pass probes (thread 0 sets it before the pass's first barrier) */
+    li_tuning tuning;      /* the context's host tuning (llminfer.h), changed only between passes */
+    int near;              /* placement_probe's finding: the team's two threads share a core */
+    unsigned hints;        /* LI_X16_HINT_* for this pass's repacked products, set before its first barrier */
 
     /* mixture of experts (NULL for a dense model); a slot is one (token, choice) */
     float *route;          /* [n_batch, n_expert] router logits, then probabilities */

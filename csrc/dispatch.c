@@ -179,8 +179,7 @@ static li_kernels tables[LI_ISA_COUNT];
 static int tables_ready = 0;
 static int current_isa = LI_ISA_SCALAR;
 const li_kernels *li_K = &tables[LI_ISA_SCALAR];
-volatile int li_x16_near;
-int li_x16_stream = LI_STREAM_L1_NTA;
+static int stream_for_new = LI_STREAM_L1_NTA; /* the kind a new context takes */
 
 /* A level is ready when the CPU has it and its file was built with its flags
  * (a fill function built without them leaves the table marked as scalar). A
@@ -206,7 +205,7 @@ void li_init(void) {
     tables_ready = 1;
     current_isa = li_isa_best();
     li_K = &tables[current_isa];
-    li_x16_stream = li_stream_hint_default();
+    stream_for_new = li_stream_hint_default();
 }
 
 /* The x16 decode kernels were tuned on Zen 5, whose prefetchnta fills L1
@@ -231,13 +230,13 @@ const char *li_stream_hint_name(int kind) {
 
 int li_stream_hint_current(void) {
     li_init();
-    return li_x16_stream;
+    return stream_for_new;
 }
 
 int li_stream_hint_select(int kind) {
     li_init();
     if (kind < 0 || kind >= LI_STREAM_COUNT) return LI_E_ARG;
-    li_x16_stream = kind;
+    stream_for_new = kind;
     return LI_OK;
 }
 

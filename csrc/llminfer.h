@@ -90,8 +90,9 @@ int li_isa_select(int isa);
  * loads (csrc/kernels/x86_avx512_x16.c): into L1 as the first line to go
  * (prefetchnta, the way AMD's cores read fastest) or into L2 (prefetcht1:
  * Intel's, whose prefetchnta fills L1 alone and left one core at a third of
- * its read pace). li_init picks by the CPU's vendor; a hint never changes a
- * result. Not to be changed while another thread is computing. */
+ * its read pace). A context takes its kind when it is created (li_tuning);
+ * li_stream_hint_select sets the kind new contexts take (li_init's choice
+ * by the CPU's vendor until then). A hint never changes a result. */
 enum li_stream_hint {
     LI_STREAM_L1_NTA = 0,
     LI_STREAM_L2 = 1,
@@ -613,6 +614,30 @@ int li_context_set_hidden_output(li_context *c, int on);
  * both ways, as Gemma 3's do); nonzero, the default, goes back. Not on a
  * context whose layers are offloaded (LI_E_ARG at decode). */
 int li_context_set_causal(li_context *c, int causal);
+
+/* A context's host tuning: choices that change no result, only how fast a
+ * pass runs. Set when the context is created (stream_hint: the process's
+ * li_stream_hint_current(); placement: LI_PLACEMENT_PROBE), changed only
+ * between passes (li_context_set_tuning), and read by the kernels as
+ * arguments: a draft model's context and its target's each have their own.
+ * placement: where a 2-thread decode team runs: PROBE times the team's
+ * barrier every few passes to tell two hyperthreads of one core (near) from
+ * two cores (apart), as this VM moves them; NEAR and APART fix it. */
+enum li_placement {
+    LI_PLACEMENT_PROBE = 0,
+    LI_PLACEMENT_NEAR = 1,
+    LI_PLACEMENT_APART = 2,
+    LI_PLACEMENT_COUNT = 3
+};
+typedef struct {
+    int stream_hint; /* enum li_stream_hint */
+    int placement;   /* enum li_placement */
+} li_tuning;
+/* LI_E_ARG for a kind or placement out of range (nothing changed) */
+int li_context_set_tuning(li_context *c, const li_tuning *t);
+/* the context's tuning; *near: whether its last 2-thread decode ran as if
+ * on one core (the probe's finding or the fixed placement) */
+int li_context_get_tuning(const li_context *c, li_tuning *out, int *near);
 
 /* The non-finite probe, for finding where a NaN or an infinity first appears
  * once the logits have shown one. While on, decode checks the residual stream

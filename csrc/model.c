@@ -613,6 +613,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
     li_context *c = calloc(1, sizeof(*c));
     if (!c) return li_fail(LI_E_NOMEM, "no memory for a context");
     c->m = m;
+    c->tuning = (li_tuning){li_stream_hint_current(), LI_PLACEMENT_PROBE};
     c->kv = *kv;
     c->n_batch = n_batch;
     c->max_threads = max_threads;
@@ -974,7 +975,7 @@ static void matmul(li_context *c, const li_matrix *w, const void *xq, int64_t n,
                    int nth) {
     if (w->packed && li_K->x16[w->type]) { /* repacked at load (repack.h): decode and prefill alike */
         int32_t *scratch = (int32_t *)(void *)(c->gemm_scratch + (size_t)ith * c->gemm_bytes);
-        li_x16_matmul(w->type, w->packed, w->rows, w->k, xq, n, y, y_stride, scratch, c->share, ith, nth);
+        li_x16_matmul(w->type, w->packed, w->rows, w->k, xq, n, y, y_stride, scratch, c->share, ith, nth, c->hints);
         return;
     }
     const li_weight wt = {w->data, w->type, w->rows, w->k, w->nbytes / (size_t)w->rows};
@@ -1023,7 +1024,7 @@ static void matmuls(li_context *c, const product *ps, int np, int ith, int nth) 
     for (int i = 0; i < np;) {
         const int j = joint_run(c, ps + i, np - i, parts);
         if (j >= 2) {
-            (void)li_x16_matmul_parts(parts, j, scratch, c->share, ith, nth); /* j is in range */
+            (void)li_x16_matmul_parts(parts, j, scratch, c->share, ith, nth, c->hints); /* j is in range */
             i += j;
         } else {
             matmul(c, ps[i].w, ps[i].xq, ps[i].n, ps[i].y, ps[i].y_stride, ith, nth);
@@ -1955,7 +1956,7 @@ int li_context_probe_result(const li_context *c, li_probe_result *out) {
  * when they are cores apart (this VM moves them between the two every few
  * seconds; bench/compare.py's probe reads the same signal). Sharing a core,
  * each thread decodes at about half the pace, and most super-block kernels'
- * L1 hints then do better a shorter way ahead (li_x16_near). Every thread
+ * L1 hints then do better a shorter way ahead (LI_X16_HINT_NEAR). Every thread
  * calls this, every PROBE_EVERY decode passes; thread 0 times each of
  * PROBE_SYNCS barriers and keeps the least, its clock's two reads included
  * (here 90-120 ns near, 210-330 ns apart; the first barriers of a pass,
@@ -1972,11 +1973,19 @@ static void placement_probe(li_context *c, int ith) {
         li_share_sync(c->share);
         best = LI_MIN(best, omp_get_wtime() - t0);
     }
-    if (ith == 0) li_x16_near = best < NEAR_SYNC_S;
+    if (ith == 0) c->near = best < NEAR_SYNC_S;
 #else
     (void)c;
     (void)ith;
 #endif
+}
+
+/* The pass's LI_X16_HINT_* flags from the context's tuning (thread 0, before
+ * the pass's first barrier: fixed for the whole pass) */
+static unsigned x16_hints(const li_context *c, int nth) {
+    const int p = c->tuning.placement;
+    const int near = nth == 2 && (p == LI_PLACEMENT_PROBE ? c->near : p == LI_PLACEMENT_NEAR);
+    return (c->tuning.stream_hint == LI_STREAM_L2 ? LI_X16_HINT_L2 : 0u) | (near ? LI_X16_HINT_NEAR : 0u);
 }
 
 /* The team's share of a pass: the embedding (embed), layers [l0, l1), then
@@ -1993,10 +2002,11 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
      * the whole team takes the probe's barriers, or none of it (each call
      * is a parallel region of its own, whose end orders the next write) */
     const int decode2 = nth == 2 && n == 1;
-    if (ith == 0 && decode2) c->probe_now = c->passes++ % PROBE_EVERY == 0;
-    if (ith == 0 && nth != 2 && li_x16_near) li_x16_near = 0; /* no team of two shares a core now */
+    const int probe = decode2 && c->tuning.placement == LI_PLACEMENT_PROBE;
+    if (ith == 0 && probe) c->probe_now = c->passes++ % PROBE_EVERY == 0;
+    if (ith == 0) c->hints = x16_hints(c, nth); /* the last probe's finding: the next pass reads this one's */
     li_share_sync(c->share);
-    if (decode2 && c->probe_now) placement_probe(c, ith);
+    if (probe && c->probe_now) placement_probe(c, ith);
     li_split(n, ith, nth, &lo, &hi);
     const li_matrix *emb = &m->tok_embd;
     const size_t emb_row = emb->nbytes / (size_t)emb->rows;
@@ -2122,6 +2132,23 @@ int li_context_logit_range(const li_context *c, float *lo_hi, int64_t n) {
 int li_context_set_hidden_output(li_context *c, int on) {
     if (!c) return li_fail(LI_E_ARG, "no context");
     c->hidden_out = on != 0;
+    return LI_OK;
+}
+
+int li_context_set_tuning(li_context *c, const li_tuning *t) {
+    if (!c || !t) return li_fail(LI_E_ARG, "no context or no tuning");
+    if (t->stream_hint < 0 || t->stream_hint >= LI_STREAM_COUNT)
+        return li_fail(LI_E_ARG, "prefetch kind %d is not one of 0 to %d", t->stream_hint, LI_STREAM_COUNT - 1);
+    if (t->placement < 0 || t->placement >= LI_PLACEMENT_COUNT)
+        return li_fail(LI_E_ARG, "placement %d is not one of 0 to %d", t->placement, LI_PLACEMENT_COUNT - 1);
+    c->tuning = *t;
+    return LI_OK;
+}
+
+int li_context_get_tuning(const li_context *c, li_tuning *out, int *near) {
+    if (!c || !out) return li_fail(LI_E_ARG, "no context or no result");
+    *out = c->tuning;
+    if (near) *near = c->tuning.placement == LI_PLACEMENT_PROBE ? c->near : c->tuning.placement == LI_PLACEMENT_NEAR;
     return LI_OK;
 }
 

@@ -249,6 +249,8 @@ int li_repacked_matmul_joint(const li_repacked *const *ms, const float *const *x
     }
     if (np == 0) return LI_OK;
     const int nt = team_size(n_threads);
+    /* no context here: the process's default for new contexts (li_stream_hint_select) */
+    const unsigned hints = li_stream_hint_current() == LI_STREAM_L2 ? LI_X16_HINT_L2 : 0u;
     const size_t per_thread = li_x16_parts_scratch_ints(parts, np) + 1;
     char *xq = li_alloc_aligned(at[np], 64);
     int32_t *scratch = malloc(per_thread * sizeof(int32_t) * (size_t)nt);
@@ -269,7 +271,7 @@ int li_repacked_matmul_joint(const li_repacked *const *ms, const float *const *x
         for (int i = 0; i < np; i++)
             li_quantize_acts(parts[i].type, src[i], parts[i].k, parts[i].n, parts[i].k, xq + at[i], ith, nth);
         LI_BARRIER();
-        (void)li_x16_matmul_parts(parts, np, scratch + per_thread * (size_t)ith, share, ith, nth); /* np in range */
+        (void)li_x16_matmul_parts(parts, np, scratch + per_thread * (size_t)ith, share, ith, nth, hints); /* np in range */
     }
     li_free_aligned(xq);
     free(scratch);

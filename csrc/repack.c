@@ -325,7 +325,8 @@ static void act_terms(int type, const char *a, int64_t nb, int32_t *t) {
 /* groups [lo, hi) of the product (li_x16_matmul's arguments): terms as
  * act_terms left them for the n rows, vals room for one unpacked group */
 static void x16_groups(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
-                       int64_t y_stride, const int32_t *terms, uint8_t *vals, int64_t lo, int64_t hi) {
+                       int64_t y_stride, const int32_t *terms, uint8_t *vals, int64_t lo, int64_t hi,
+                       unsigned hints) {
     const size_t xs = li_act_row_bytes(li_types[type].act_type, k);
     const size_t gb = li_x16_group_bytes(type, k);
     const int64_t per_col = blocks_of(type, k) * terms_per_block(type);
@@ -353,7 +354,7 @@ static void x16_groups(int type, const void *packed, int64_t rows, int64_t k, co
             if (unpack)
                 li_K->x16u[type](g, vals, k, x, xs, nc, terms + c0 * per_col, yc, (size_t)y_stride, nr);
             else
-                li_K->x16[type](g, k, x, xs, nc, terms + c0 * per_col, yc, (size_t)y_stride, nr);
+                li_K->x16[type](g, k, x, xs, nc, terms + c0 * per_col, yc, (size_t)y_stride, nr, hints);
         }
     }
 }
@@ -382,18 +383,19 @@ size_t li_x16_scratch_ints(int type, int64_t k, int64_t n) {
 
 /* units [u0, u1) of the joint product: the parts' groups in order, at[i] the first of part i's */
 static void x16_units(const li_x16_part_desc *parts, int np, const int64_t *at, int32_t *const *terms, uint8_t *vals,
-                      int64_t u0, int64_t u1) {
+                      int64_t u0, int64_t u1, unsigned hints) {
     for (int i = 0; i < np && u0 < u1; i++) {
         if (u0 >= at[i + 1]) continue;
         const int64_t e = LI_MIN(u1, at[i + 1]);
         const li_x16_part_desc *p = &parts[i];
         x16_groups(p->type, p->packed, p->rows, p->k, p->xq, p->n, p->y, p->y_stride, terms[i], vals, u0 - at[i],
-                   e - at[i]);
+                   e - at[i], hints);
         u0 = e;
     }
 }
 
-int li_x16_matmul_parts(const li_x16_part_desc *parts, int np, int32_t *scratch, li_share *share, int ith, int nth) {
+int li_x16_matmul_parts(const li_x16_part_desc *parts, int np, int32_t *scratch, li_share *share, int ith, int nth,
+                        unsigned hints) {
     if (np < 1 || np > LI_X16_MAX_PARTS)
         return li_fail(LI_E_ARG, "a joint product of %d parts (1 to %d)", np, LI_X16_MAX_PARTS);
     int32_t *terms[LI_X16_MAX_PARTS];
@@ -424,12 +426,12 @@ int li_x16_matmul_parts(const li_x16_part_desc *parts, int np, int32_t *scratch,
         int64_t u0, u1;
         li_share_open(share, units, ith, nth, &st);
         if (decode) st.chunk = LI_X16_NG;
-        while (li_share_next(share, &st, &u0, &u1)) x16_units(parts, np, at, terms, vals, u0, u1);
+        while (li_share_next(share, &st, &u0, &u1)) x16_units(parts, np, at, terms, vals, u0, u1, hints);
         return LI_OK;
     }
     int64_t lo, hi;
     li_split(units, ith, nth, &lo, &hi);
-    x16_units(parts, np, at, terms, vals, lo, hi);
+    x16_units(parts, np, at, terms, vals, lo, hi, hints);
     return LI_OK;
 }
 
@@ -453,9 +455,9 @@ void li_x16_parts_head(const li_x16_part_desc *parts, int np, int ith, int nth, 
 }
 
 void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
-                   int64_t y_stride, int32_t *scratch, li_share *share, int ith, int nth) {
+                   int64_t y_stride, int32_t *scratch, li_share *share, int ith, int nth, unsigned hints) {
     const li_x16_part_desc p = {type, packed, rows, k, xq, n, y, y_stride};
-    (void)li_x16_matmul_parts(&p, 1, scratch, share, ith, nth);
+    (void)li_x16_matmul_parts(&p, 1, scratch, share, ith, nth, hints);
 }
 
 /* ---- a whole model ---- */

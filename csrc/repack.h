@@ -113,9 +113,17 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
  * the 8 sub-block sums as 4 int16 pairs; Q6_K: minus 32 times each group's
  * sum (16). The last two are negated: the kernels add them (IQ4_XS's, and
  * Q6_K's in prefill, as the start of a sum's chain), with no negation or
- * subtraction. */
+ * subtraction. hints: LI_X16_HINT_* flags, the context's prefetch choices
+ * for decode (x16_hints in model.c); they change no result. */
 typedef void (*li_x16_fn)(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *terms,
-                          float *y, size_t ys, int nr);
+                          float *y, size_t ys, int nr, unsigned hints);
+
+/* How a decode kernel hints its weight stream: LI_X16_HINT_L2 into L2 ahead
+ * of its loads (else into L1 as the first line to go: enum li_stream_hint);
+ * LI_X16_HINT_NEAR while the team's two threads share one core (the
+ * context's placement: probed, or set). Chosen per context, read by the
+ * kernels as an argument: never a process-wide value changed mid-pass. */
+enum { LI_X16_HINT_L2 = 1u, LI_X16_HINT_NEAR = 2u };
 
 /* Prefill of the super-block types unpacks each group once into
  * LI_X16_UNPACKED(k) bytes and runs the kernel for every 4 activation rows
@@ -141,7 +149,7 @@ size_t li_x16_scratch_ints(int type, int64_t k, int64_t n);
  * whole team calls with it) pieces as it goes; scratch: li_x16_scratch_ints
  * of its own */
 void li_x16_matmul(int type, const void *packed, int64_t rows, int64_t k, const void *xq, int64_t n, float *y,
-                   int64_t y_stride, int32_t *scratch, li_share *share, int ith, int nth);
+                   int64_t y_stride, int32_t *scratch, li_share *share, int ith, int nth, unsigned hints);
 
 /* One product of a joint product (li_x16_matmul's arguments): the
  * products that follow one another with no barrier between them (a
@@ -170,7 +178,8 @@ typedef struct {
 size_t li_x16_parts_scratch_ints(const li_x16_part_desc *parts, int np);
 /* each part's product as li_x16_matmul gives it, bit for bit whoever
  * computes a group; LI_E_ARG (nothing done) for np outside 1..LI_X16_MAX_PARTS */
-int li_x16_matmul_parts(const li_x16_part_desc *parts, int np, int32_t *scratch, li_share *share, int ith, int nth);
+int li_x16_matmul_parts(const li_x16_part_desc *parts, int np, int32_t *scratch, li_share *share, int ith, int nth,
+                        unsigned hints);
 
 /* Where thread ith of nth starts in the joint product of parts: *p the
  * first group of its share (the fixed share li_x16_matmul_parts starts it

@@ -161,6 +161,12 @@ cdef extern from "llminfer.h" nogil:
                   size_t out_size, int n_threads)
     int li_context_set_hidden_output(li_context *c, int on)
     int li_context_set_causal(li_context *c, int causal)
+    int LI_PLACEMENT_COUNT
+    ctypedef struct li_tuning:
+        int stream_hint
+        int placement
+    int li_context_set_tuning(li_context *c, const li_tuning *t)
+    int li_context_get_tuning(const li_context *c, li_tuning *out, int *near)
     ctypedef struct li_lora_pair:
         const float *a
         const float *b

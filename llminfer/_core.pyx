@@ -1276,6 +1276,30 @@ def set_causal(Context ctx, bint causal):
     check(C.li_context_set_causal(ctx.ctx, causal), "causal attention")
 
 
+def set_tuning(Context ctx, int stream_hint, int placement):
+    """The context's host tuning (llminfer.h's li_tuning), between passes."""
+    if ctx.ctx == NULL:
+        raise errors.LLMInferError("the context is closed")
+    cdef C.li_tuning t
+    t.stream_hint = stream_hint
+    t.placement = placement
+    check(C.li_context_set_tuning(ctx.ctx, &t), "tuning")
+
+
+def get_tuning(Context ctx):
+    """(stream_hint, placement, near) of the context."""
+    if ctx.ctx == NULL:
+        raise errors.LLMInferError("the context is closed")
+    cdef C.li_tuning t
+    cdef int near = 0
+    check(C.li_context_get_tuning(ctx.ctx, &t, &near), "tuning")
+    return t.stream_hint, t.placement, bool(near)
+
+
+def placement_count():
+    return C.LI_PLACEMENT_COUNT
+
+
 PROBE_STEPS = {C.LI_PROBE_EMBED: "embedding", C.LI_PROBE_ATTN: "attention", C.LI_PROBE_FFN: "ffn",
                C.LI_PROBE_BACKEND: "backend", C.LI_PROBE_OUTPUT_NORM: "output_norm",
                C.LI_PROBE_LOGITS: "logits"}

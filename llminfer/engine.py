@@ -35,7 +35,7 @@ from llminfer.gguf_file import GGUFFile
 from llminfer.kv_cache import FULL, SWA, KVCache, Sequence, StatePool
 from llminfer.models import build_spec
 from llminfer.numerics import check_logits, locate_non_finite
-from llminfer.system import available_memory, check_memory, check_threads
+from llminfer.system import PLACEMENTS, STREAM_HINTS, Tuning, available_memory, check_memory, check_threads
 from llminfer.tokenizer import Tokenizer
 
 # KV cache types: the GGML type numbers the C core takes
@@ -105,7 +105,7 @@ class Engine:
     def __init__(self, model, n_ctx: int = 4096, kv_pool_tokens: int | None = None, n_batch: int = 512,
                  n_threads: int | None = None, kv_type: str = "f16", block_size: int = 32, mmap: bool = True,
                  n_gpu_layers: int = 0, main_gpu: int = 0, repack: bool = True, n_seq_max: int = 64,
-                 state_checkpoints: int = 3, lora=None):
+                 state_checkpoints: int = 3, lora=None, tuning=None):
         n_ctx = check_positive_int("n_ctx", n_ctx)
         n_batch = check_positive_int("n_batch", n_batch)
         pool = check_positive_int("kv_pool_tokens", kv_pool_tokens, allow_none=True) or n_ctx
@@ -120,6 +120,8 @@ class Engine:
             raise InvalidArgumentError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         block_size = check_positive_int("block_size", block_size)
         n_seq_max = check_positive_int("n_seq_max", n_seq_max)
+        tuning = Tuning.of(tuning)
+        tuning.indices()  # an unknown kind is refused before the model is read
         if (not isinstance(state_checkpoints, int) or isinstance(state_checkpoints, bool)
                 or not 0 <= state_checkpoints <= 64):
             raise InvalidArgumentError(f"state_checkpoints must be an integer from 0 to 64, got {state_checkpoints!r}")
@@ -167,6 +169,7 @@ class Engine:
             self.ctx = _core.Context(self.desc, KV_TYPES[kv_type], block_size, self.n_blocks, n_batch,
                                      self.n_threads, backend, n_gpu, gpu_head, main_gpu, n_slots)
             self.n_gpu_layers = n_gpu  # layers on the GPU (the head too when all are)
+            self.tuning = tuning
             # the CPU's weights in the kernels' interleaved layout (csrc/repack.h), the mapped
             # file's pages of the originals handed back; LLMINFER_REPACK=0 keeps the file's rows
             self.repacked_bytes = 0
@@ -250,6 +253,20 @@ class Engine:
         list of scales by id, or None (none). Tokens already in the cache keep
         the keys and values they were computed with."""
         seq.lora = self.lora_scales(scales)
+
+    @property
+    def tuning(self) -> Tuning:
+        """This engine's host tuning (llminfer.system.Tuning): where decode
+        hints the weights and where a 2-thread team runs; set it (a Tuning, a
+        dict or None for the defaults) between calls. It changes no result."""
+        hint, placement, _ = _core.get_tuning(self.ctx)
+        return Tuning(STREAM_HINTS[hint], PLACEMENTS[placement])
+
+    @tuning.setter
+    def tuning(self, value):
+        hint, placement = Tuning.of(value).indices()
+        with self._lock:
+            _core.set_tuning(self.ctx, hint, placement)
 
     @property
     def tokenizer(self) -> Tokenizer:

@@ -15,6 +15,12 @@ Decode's kernels hint the weights they stream into a cache a few KiB ahead
 of their loads: into L1 as the first line to go on AMD's cores ("l1_nta"),
 into L2 elsewhere ("l2"). LLMINFER_PREFETCH forces one of the two; a hint
 never changes a result, only the pace.
+
+Those choices are a context's (Tuning): an Engine takes the process's
+prefetch kind when it is created (select_prefetch sets the kind for engines
+created afterwards), and Engine(tuning=Tuning(...)) or engine.tuning = ...
+overrides it and the placement of a 2-thread decode team for that engine
+alone.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -61,13 +68,58 @@ def current_isa():
 STREAM_HINTS = tuple(_core.stream_hint_name(i) for i in range(_core.stream_hint_count()))
 
 
-def select_prefetch(name):
-    """Hint decode's weight stream `name` ("l1_nta" or "l2") from now on (not
-    while others compute); the results are the same either way."""
+# where a 2-thread decode team runs (llminfer.h's enum li_placement): "probe"
+# times the team's barrier every few passes to tell one core's two
+# hyperthreads ("near") from two cores ("apart"); the other two fix it
+PLACEMENTS = ("probe", "near", "apart")
+assert len(PLACEMENTS) == _core.placement_count()
+
+
+def _prefetch_index(name) -> int:
     key = str(name).strip().lower()
     if key not in STREAM_HINTS:
         raise InvalidArgumentError(f"unknown prefetch kind {name!r}; known kinds: {', '.join(STREAM_HINTS)}")
-    _core.stream_hint_select(STREAM_HINTS.index(key))
+    return STREAM_HINTS.index(key)
+
+
+def select_prefetch(name):
+    """Hint decode's weight stream `name` ("l1_nta" or "l2") in the engines
+    created from now on (Tuning overrides it per engine); the results are the
+    same either way."""
+    _core.stream_hint_select(_prefetch_index(name))
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """An engine's host tuning, choices that change no result: `prefetch`,
+    where decode's kernels hint the weights ("l1_nta" or "l2"; None: the
+    process's kind, current_prefetch()); `placement` of a 2-thread decode
+    team ("probe", "near" or "apart")."""
+    prefetch: str | None = None
+    placement: str = "probe"
+
+    def indices(self) -> tuple[int, int]:
+        """(stream hint, placement) as the C core numbers them; raises
+        InvalidArgumentError naming a kind that is not one."""
+        hint = _core.stream_hint_current() if self.prefetch is None else _prefetch_index(self.prefetch)
+        key = str(self.placement).strip().lower()
+        if key not in PLACEMENTS:
+            raise InvalidArgumentError(f"unknown placement {self.placement!r}; known: {', '.join(PLACEMENTS)}")
+        return hint, PLACEMENTS.index(key)
+
+    @classmethod
+    def of(cls, value) -> "Tuning":
+        """A Tuning from None, a Tuning or a dict of its fields."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = set(value) - {"prefetch", "placement"}
+            if unknown:
+                raise InvalidArgumentError(f"unknown tuning fields {sorted(unknown)}; known: prefetch, placement")
+            return cls(**value)
+        raise InvalidArgumentError(f"tuning must be a Tuning, a dict or None, not {type(value).__name__}")
 
 
 def current_prefetch():

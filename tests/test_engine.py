@@ -465,3 +465,73 @@ def test_a_decode_steps_ids_are_checked(eng, side):
     with pytest.raises(TokenError, match=f"token id {bad} is outside the vocabulary"):
         eng.decode([(s, np.array([1, bad], np.int32))])
     assert s.tokens == []
+
+
+def test_tuning_is_the_engines_own(path):
+    """An engine takes the process's prefetch kind when it is created;
+    select_prefetch afterwards changes only engines created later, and one
+    engine's tuning set at creation or between calls leaves another's alone
+    (a draft model's engine and its target's each keep theirs)."""
+    from llminfer import system
+    before = system.current_prefetch()
+    other = [k for k in system.STREAM_HINTS if k != before][0]
+    a = Engine(path, n_ctx=64, n_threads=1)
+    try:
+        assert a.tuning == system.Tuning(before, "probe")
+        system.select_prefetch(other)
+        b = Engine(path, n_ctx=64, n_threads=1, tuning={"placement": "near"})
+        c = Engine(path, n_ctx=64, n_threads=1, tuning=system.Tuning(prefetch=before, placement="apart"))
+    finally:
+        system.select_prefetch(before)
+    try:
+        assert a.tuning == system.Tuning(before, "probe")
+        assert b.tuning == system.Tuning(other, "near")
+        assert c.tuning == system.Tuning(before, "apart")
+        a.tuning = {"prefetch": other}
+        assert a.tuning == system.Tuning(other, "probe") and b.tuning.placement == "near"
+    finally:
+        for e in (a, b, c):
+            e.close()
+
+
+def test_bad_tuning_is_refused_and_changes_nothing(path):
+    with pytest.raises(InvalidArgumentError, match="unknown prefetch kind 'l3'"):
+        Engine(path, n_ctx=64, tuning={"prefetch": "l3"})
+    with pytest.raises(InvalidArgumentError, match="unknown tuning fields"):
+        Engine(path, n_ctx=64, tuning={"prefetch": "l2", "lead": 4096})
+    with pytest.raises(InvalidArgumentError, match="tuning must be"):
+        Engine(path, n_ctx=64, tuning="l2")
+    e = Engine(path, n_ctx=64, n_threads=1)
+    try:
+        was = e.tuning
+        with pytest.raises(InvalidArgumentError, match="unknown placement 'far'; known: probe, near, apart"):
+            e.tuning = {"placement": "far"}
+        assert e.tuning == was
+    finally:
+        e.close()
+
+
+def test_tuning_changes_no_logit(smollm2_path):
+    """Every prefetch kind and placement gives a 2-thread decode the same
+    logits bit for bit (prompt, then tokens one at a time, through the
+    repacked kernels where the level has them), and so does switching
+    between them mid-sequence."""
+    from llminfer import system
+    ids = np.random.default_rng(5).integers(0, 49152, 24).astype(np.int32)
+    e = Engine(smollm2_path, n_ctx=128, n_threads=2)
+    try:
+        def run(tunings):
+            s = e.new_sequence()
+            out = [e.decode([(s, ids[:8], "last")])[0]]
+            for i, t in zip(range(8, 24), tunings):
+                e.tuning = t
+                out.append(e.decode([(s, ids[i:i + 1], "last")])[0])
+            e.free(s)
+            return np.stack(out)
+        kinds = [system.Tuning(p, pl) for p in system.STREAM_HINTS for pl in system.PLACEMENTS]
+        want = run([kinds[0]] * 16)
+        for t in kinds[1:]:
+            assert np.array_equal(run([t] * 16), want), t
+        assert np.array_equal(run([kinds[i % len(kinds)] for i in range(16)]), want)
+    finally:
+        e.close()

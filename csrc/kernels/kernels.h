@@ -129,20 +129,6 @@ void li_swiglu_oai(const float *g, const float *u, float *y, int64_t n);
 /* y = fn(g) * u for any enum li_gate_fn: the level's act_apply, or li_swiglu_oai */
 void li_gate_apply(int fn, const float *g, const float *u, float *y, int64_t n);
 
-/* Nonzero while the decode team's two threads seem to share one core (two
- * hyperthreads: model.c's placement probe); the x16 decode kernels then keep
- * their L2 hints, and the Q4_K, Q5_K and IQ4_XS ones hint into L1 a shorter
- * way ahead (Q6_K's ignores it). Hints only, never a result: any value, from
- * any thread, is correct. */
-extern volatile int li_x16_near;
-
-/* Where the x16 decode kernels hint the weight stream a few KiB ahead of
- * their loads (enum li_stream_hint): LI_STREAM_L1_NTA into L1 as the first
- * line to go, LI_STREAM_L2 into L2. Hints only, like li_x16_near, but
- * set only between passes (li_init, li_stream_hint_select), so not
- * volatile: a kernel's loop may read it once. */
-extern int li_x16_stream;
-
 /* the tables, filled once by dispatch.c */
 void li_kernels_fill_scalar(li_kernels *t);
 void li_kernels_fill_scalar_iq(li_kernels *t); /* scalar_iq.c */

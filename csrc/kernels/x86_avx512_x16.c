@@ -79,9 +79,9 @@ LI_INLINE void ahead(const uint8_t *p, int bytes, const int dist) {
  * each line that starts in [p, p + bytes), `lead` bytes on: pieces that
  * tile the stream hint each line once. Measurements:
  * docs/kernel-tuning.md#x16-l1-stream-hints */
-LI_INLINE void stream_l1_at(const uint8_t *p, int bytes, int lead) {
+LI_INLINE void stream_l1_at(const uint8_t *p, int bytes, int lead, const unsigned hints) {
     const uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)bytes;
-    if (li_x16_stream == LI_STREAM_L2) { /* the same lines into L2 (dispatch.c: Intel) */
+    if (hints & LI_X16_HINT_L2) { /* the same lines into L2 (the context's choice; by default on Intel) */
         for (uintptr_t o = (a + 63) & ~(uintptr_t)63; o < e; o += 64) _mm_prefetch((const char *)o + lead, _MM_HINT_T1);
         return;
     }
@@ -105,11 +105,11 @@ LI_INLINE void stream_hint(const uint8_t *p, int bytes) { ahead(p, bytes, PREFET
 /* Whether a kernel hints its stream into L2 (ahead, stream_hint). In decode
  * (one activation column) the L1 hints (stream_l1_at) lead the loads by a
  * few KiB, and the L2 hints on top cost more than they bring, except while
- * the team's two threads share a core (li_x16_near), where each reads at
+ * the team's two threads share a core (LI_X16_HINT_NEAR), where each reads at
  * half the pace. Q8_0 and the 5-bit 32-value types lose without them and
  * keep them, and so does a prompt (several columns, no L1 hints).
  * Measurements: docs/kernel-tuning.md#x16-l2-hints-in-decode */
-LI_INLINE int l2_hints(int nc, int near) { return nc > 1 || near; }
+LI_INLINE int l2_hints(int nc, unsigned hints) { return nc > 1 || (hints & LI_X16_HINT_NEAR); }
 
 #define L1_LEAD_32 6144
 
@@ -220,21 +220,22 @@ LI_INLINE void store_cols(float *y, size_t ys, const __m512 acc[NC], const int n
 /* ---- Q4_0 (bits 4) and Q5_0 (bits 5): per block, 4 chunks of nibbles
  * (256 bytes), for Q5_0 a chunk of fifth bits, then the block's 16 scales ---- */
 
-/* Q4_0's decode hints into L2 (li_x16_stream: Intel) lead by half the L1
+/* Q4_0's decode hints into L2 (LI_X16_HINT_L2: Intel) lead by half the L1
  * hints' bytes, which Q4_0 decoded faster with on Intel; Q5_0, not measured
  * so, keeps L1_LEAD_32. Measurements: docs/kernel-tuning.md#x16-q4_0-l2-lead */
 #define Q4_0_L2_LEAD (L1_LEAD_32 / 2)
 
 LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
-                         float *y, size_t ys, int nr, const int bits) {
+                         float *y, size_t ys, int nr, const int bits, const unsigned hints) {
     const size_t bb = bits == 5 ? 320 : 256, stride = bb + 32; /* a block's values, then its scales */
-    const int l2 = bits == 5 || l2_hints(nc, li_x16_near);
+    const int l2 = bits == 5 || l2_hints(nc, hints);
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb;
         if (l2) stream_hint(qs, (int)stride);
-        if (nc == 1) stream_l1_at(qs, (int)stride, bits == 4 && li_x16_stream == LI_STREAM_L2 ? Q4_0_L2_LEAD : L1_LEAD_32);
+        if (nc == 1)
+            stream_l1_at(qs, (int)stride, bits == 4 && (hints & LI_X16_HINT_L2) ? Q4_0_L2_LEAD : L1_LEAD_32, hints);
         __m512i lo[4], hi[4];
         values16(qs, lo, hi, bits);
         const __m512 dw = f16x16(dd);
@@ -252,15 +253,15 @@ LI_INLINE void q4_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
 /* ---- Q4_1 and Q5_1: Q4_0's and Q5_0's layouts without the offset, each block's 16 mins after its scales ---- */
 
 LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, float *y, size_t ys,
-                         int nr, const int bits) {
+                         int nr, const int bits, const unsigned hints) {
     const size_t bb = bits == 5 ? 320 : 256, stride = bb + 64; /* values, scales, mins */
-    const int l2 = bits == 5 || l2_hints(nc, li_x16_near);
+    const int l2 = bits == 5 || l2_hints(nc, hints);
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * stride, *dd = qs + bb, *mm = dd + 32;
         if (l2) stream_hint(qs, (int)stride);
-        if (nc == 1) stream_l1_at(qs, (int)stride, L1_LEAD_32);
+        if (nc == 1) stream_l1_at(qs, (int)stride, L1_LEAD_32, hints);
         __m512i lo[4], hi[4];
         values16(qs, lo, hi, bits);
         const __m512 dw = f16x16(dd), mw = f16x16(mm);
@@ -279,20 +280,20 @@ LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
 
 /* ---- Q8_0: per block, 8 chunks of q + 128 (512 bytes), then its 16 scales ---- */
 
-/* Q8_0's decode hints into L2 (li_x16_stream: Intel) lead by twice the L1
+/* Q8_0's decode hints into L2 (LI_X16_HINT_L2: Intel) lead by twice the L1
  * hints' bytes, which Q8_0 decoded faster with on Intel; the other types
  * gained nothing from it and keep L1_LEAD_32. Measurements:
  * docs/kernel-tuning.md#x16-q8_0-l2-lead */
 #define Q8_0_L2_LEAD (2 * L1_LEAD_32)
 
 LI_INLINE void q8_0_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
-                         float *y, size_t ys, int nr) {
+                         float *y, size_t ys, int nr, const unsigned hints) {
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *qs = g + (size_t)b * (512 + 32), *dd = qs + 512;
         stream_hint(qs, 512 + 32);
-        if (nc == 1) stream_l1_at(qs, 512 + 32, li_x16_stream == LI_STREAM_L2 ? Q8_0_L2_LEAD : L1_LEAD_32);
+        if (nc == 1) stream_l1_at(qs, 512 + 32, (hints & LI_X16_HINT_L2) ? Q8_0_L2_LEAD : L1_LEAD_32, hints);
         const __m512 dw = f16x16(dd);
         UNROLL for (int c = 0; c < nc; c++) {
             const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
@@ -368,9 +369,9 @@ LI_INLINE void q5_K_values(const uint8_t *si, const __m512i h0, const __m512i h1
  * the values, with a branch per chunk and registers given to the unused
  * one. Measurements: docs/kernel-tuning.md#x16-unpacked-constant */
 LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
-                        const int32_t *terms, float *y, size_t ys, int nr, const int five) {
+                        const int32_t *terms, float *y, size_t ys, int nr, const int five, const unsigned hints) {
     const int sb_bytes = five ? LI_X16_SB_Q5_K : LI_X16_SB_Q4_K; /* sc and mn 192, d and dmin 64, then the values */
-    const int near = li_x16_near;
+    const int near = (hints & LI_X16_HINT_NEAR) != 0;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
@@ -383,10 +384,10 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
         scale_bytes own;
         if (!unpacked) six_bits(sb, own.v);
         const uint8_t *scm = unpacked ? vals + unpacked_scales(nb * QK_K, s) : own.b;
-        if (unpacked || l2_hints(nc, near)) ahead(sb, sb_bytes, PREFETCH_AHEAD_K);
+        if (unpacked || l2_hints(nc, hints)) ahead(sb, sb_bytes, PREFETCH_AHEAD_K);
         /* the super-block two on into L1 (in the group, or in the group a
          * share reads next), or the next one while the team's two threads
-         * share a core (li_x16_near), where each thread goes at half the
+         * share a core (LI_X16_HINT_NEAR), where each thread goes at half the
          * pace and the same lead in bytes is twice as long in time: nearer,
          * the lines came too late; further ahead decoded slower.
          * IQ4_XS and Q6_K lead by about as many bytes. A quarter of the
@@ -399,7 +400,7 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
         __m512i isum[NC], imin[NC];
         UNROLL for (int c = 0; c < nc; c++) isum[c] = imin[c] = _mm512_setzero_si512();
         for (int i = 0; i < 4; i++) {
-            if (nc == 1 && !unpacked) stream_l1_at(sb + i * quarter, i == 3 ? sb_bytes - 3 * quarter : quarter, l1_lead);
+            if (nc == 1 && !unpacked) stream_l1_at(sb + i * quarter, i == 3 ? sb_bytes - 3 * quarter : quarter, l1_lead, hints);
             const uint8_t *si = five ? sb + 256 + 640 * i + 128 : sb + 256 + 512 * i; /* the pair's nibble chunks */
             const __m512i h0 = five && !unpacked ? load64(si - 128) : m4, h1 = five && !unpacked ? load64(si - 64) : m4;
             __m512i sa[NC], sbv[NC], sa2[NC], sbv2[NC]; /* odd chunks in chains of their own */
@@ -456,13 +457,13 @@ LI_INLINE void k45_cols(const uint8_t *g, const int unpacked, const uint8_t *val
 
 /* unpacked (a constant): the values from vals, as x16_unpack_q6_K left them */
 LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
-                         const int32_t *terms, float *y, size_t ys, int nr) {
+                         const int32_t *terms, float *y, size_t ys, int nr, const unsigned hints) {
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * LI_X16_SB_Q6_K;
         /* Unlike the other super-block kernels, this one ignores
-         * li_x16_near: with the team's two threads on one core's
+         * LI_X16_HINT_NEAR: with the team's two threads on one core's
          * hyperthreads it decodes faster as it does apart (no L2 hints, the
          * L1 lead below). Measurements: docs/kernel-tuning.md#x16-q6_k */
         if (unpacked || l2_hints(nc, 0)) ahead(sb, LI_X16_SB_Q6_K, PREFETCH_AHEAD_K);
@@ -475,7 +476,7 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
         __m512i isum[NC];
         UNROLL for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         for (int gi = 0; gi < 16; gi++) {
-            if (nc == 1 && !unpacked && (gi & 3) == 0) stream_l1_at(sb + LI_X16_SB_Q6_K / 4 * (gi >> 2), LI_X16_SB_Q6_K / 4, l1_lead);
+            if (nc == 1 && !unpacked && (gi & 3) == 0) stream_l1_at(sb + LI_X16_SB_Q6_K / 4 * (gi >> 2), LI_X16_SB_Q6_K / 4, l1_lead, hints);
             __m512i u[4];
             if (unpacked)
                 UNROLL for (int t = 0; t < 4; t++) u[t] = load64(vals + q6_K_unpacked(s, gi) + 64 * t);
@@ -544,17 +545,17 @@ LI_INLINE void iq4_xs_scales(const uint8_t *p, __m512i ls[2]) {
 
 /* unpacked (a constant): the values from vals, as x16_unpack_iq4_xs left them */
 LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *vals, int64_t nb, const char *x, size_t xs, const int nc,
-                           const int32_t *terms, float *y, size_t ys, int nr) {
-    const int near = li_x16_near;
+                           const int32_t *terms, float *y, size_t ys, int nr, const unsigned hints) {
+    const int near = (hints & LI_X16_HINT_NEAR) != 0;
     __m512 acc[NC];
     UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *sb = g + (size_t)s * LI_X16_SB_IQ4_XS;
-        if (unpacked || l2_hints(nc, near)) ahead(sb, LI_X16_SB_IQ4_XS, PREFETCH_AHEAD_K);
+        if (unpacked || l2_hints(nc, hints)) ahead(sb, LI_X16_SB_IQ4_XS, PREFETCH_AHEAD_K);
         /* two ahead, one near, as k45_cols, but all of the lines at the
          * super-block's start: spread as k45_cols spreads them, they were
          * slower here (docs/kernel-tuning.md#x16-iq4_xs) */
-        if (nc == 1 && !unpacked) stream_l1_at(sb, LI_X16_SB_IQ4_XS, (near ? 1 : 2) * LI_X16_SB_IQ4_XS);
+        if (nc == 1 && !unpacked) stream_l1_at(sb, LI_X16_SB_IQ4_XS, (near ? 1 : 2) * LI_X16_SB_IQ4_XS, hints);
         scale_bytes lsb; /* ls - 32 [8 blocks][16]: unpacked, from vals */
         if (!unpacked) iq4_xs_scales(sb, lsb.v);
         const uint8_t *ls_at = unpacked ? vals + unpacked_scales(nb * QK_K, s) : lsb.b;
@@ -600,7 +601,7 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
 /* one group against nc activation rows */
 #define X16_ENTRY(name, call)                                                                                     \
     static void x16_##name(const void *group, int64_t k, const void *xq, size_t xs, int nc, const int32_t *terms, \
-                           float *y, size_t ys, int nr) {                                                         \
+                           float *y, size_t ys, int nr, unsigned hints) {                                         \
         const uint8_t *g = (const uint8_t *)group;                                                                \
         const char *x = (const char *)xq;                                                                         \
         switch (nc) {                                                                                             \
@@ -612,15 +613,15 @@ LI_INLINE void iq4_xs_cols(const uint8_t *g, const int unpacked, const uint8_t *
     }
 LI_STATIC_ASSERT(LI_X16_NC == 4, "the entries below take up to 4 activation rows");
 
-#define Q4_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 4)
-#define Q4_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 4)
-#define Q5_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 5)
-#define Q5_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 5)
-#define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr)
-#define Q4_K_CALL(n) k45_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, 0)
-#define Q5_K_CALL(n) k45_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, 1)
-#define Q6_K_CALL(n) q6_K_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr)
-#define IQ4_XS_CALL(n) iq4_xs_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr)
+#define Q4_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 4, hints)
+#define Q4_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 4, hints)
+#define Q5_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 5, hints)
+#define Q5_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 5, hints)
+#define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, hints)
+#define Q4_K_CALL(n) k45_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, 0, hints)
+#define Q5_K_CALL(n) k45_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, 1, hints)
+#define Q6_K_CALL(n) q6_K_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, hints)
+#define IQ4_XS_CALL(n) iq4_xs_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, hints)
 X16_ENTRY(q4_0, Q4_0_CALL)
 X16_ENTRY(q4_1, Q4_1_CALL)
 X16_ENTRY(q5_0, Q5_0_CALL)
@@ -711,10 +712,10 @@ static void x16_unpack_iq4_xs(const void *group, int64_t k, uint8_t *vals) {
         default: call(4); break;                                                                                   \
         }                                                                                                          \
     }
-#define Q4_K_UCALL(n) k45_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr, 0)
-#define Q5_K_UCALL(n) k45_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr, 1)
-#define Q6_K_UCALL(n) q6_K_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr)
-#define IQ4_XS_UCALL(n) iq4_xs_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr)
+#define Q4_K_UCALL(n) k45_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr, 0, 0u)
+#define Q5_K_UCALL(n) k45_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr, 1, 0u)
+#define Q6_K_UCALL(n) q6_K_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr, 0u)
+#define IQ4_XS_UCALL(n) iq4_xs_cols(g, 1, vals, k / QK_K, x, xs, n, terms, y, ys, nr, 0u)
 UNPACKED_ENTRY(q4_K, Q4_K_UCALL)
 UNPACKED_ENTRY(q5_K, Q5_K_UCALL)
 UNPACKED_ENTRY(q6_K, Q6_K_UCALL)
