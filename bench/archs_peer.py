@@ -1,5 +1,5 @@
 """Per architecture, llminfer's logits against llama.cpp's on the same tiny
-random-weight GGUF (tests/tiny_models.py): the max abs difference, that
+random-weight GGUF (tests/support/tiny_models.py): the max abs difference, that
 difference over the largest |llama.cpp logit|, and top-1 agreement on the
 positions where llama.cpp's top logit leads its second by >= --margin.
 A correctness figure, not a speed one.
@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import peer  # noqa: E402
-from test_archs import NEW_ARCHS, config, run, tokens_for  # noqa: E402
+from archs import NEW_ARCHS, config, run, tokens_for  # noqa: E402
 from tiny_models import write_model  # noqa: E402
 
 

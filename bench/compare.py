@@ -182,7 +182,7 @@ def tg_bytes_per_token(path, n_gen, n_depth=0):
     """What one generated token of llama-bench's tg test reads: the weights
     (the embedding row aside) and the KV cache at the test's average position
     (it starts from a context of n_depth tokens, -d)."""
-    from llminfer.gguf_file import GGUFFile
+    from llminfer.core.gguf_file import GGUFFile
     from llminfer.models import build_spec
 
     spec = build_spec(GGUFFile(path))
@@ -288,7 +288,7 @@ def default_models():
             continue
         out = os.path.join(qdir, f"SmolLM2-135M-Instruct.{preset}.gguf")
         if not os.path.exists(out):
-            from llminfer.quantize_model import quantize_model
+            from llminfer.core.quantize_model import quantize_model
 
             print(f"making {out} with llminfer's quantizer", file=sys.stderr)
             quantize_model(smol, out, preset, allow_requantize=True)

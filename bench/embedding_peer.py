@@ -42,12 +42,12 @@ print(json.dumps(out))
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", action="append", default=[])
-    ap.add_argument("--tiny", action="store_true", help="also the tiny random encoders of tests/tiny_models.py")
+    ap.add_argument("--tiny", action="store_true", help="also the tiny random encoders of tests/support/tiny_models.py")
     peer.add_peer_python_arg(ap, "--peer")
     a = ap.parse_args()
     models = list(a.model)
     if a.tiny:
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "support"))
         from tiny_models import write_encoder
         d = tempfile.mkdtemp()
         models += [write_encoder(os.path.join(d, f"{arch}.gguf"), arch=arch) for arch in ("bert", "nomic-bert")]

@@ -36,7 +36,7 @@ import peer
 def worker(path, ngl, n_prompt, n_gen, threads):
     import numpy as np
 
-    from llminfer.engine import Engine
+    from llminfer.runtime.engine import Engine
 
     eng = Engine(path, n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 1), n_threads=threads, n_gpu_layers=ngl)
     ids = np.random.default_rng(0).integers(0, eng.n_vocab, n_prompt).tolist()
@@ -75,7 +75,7 @@ def run_llama_bench(binary, path, ngl, a):
 
 
 def n_layers(path):
-    from llminfer.gguf_file import GGUFFile
+    from llminfer.core.gguf_file import GGUFFile
     from llminfer.models import build_spec
 
     g = GGUFFile(path)
@@ -100,7 +100,7 @@ def main():
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
-    from llminfer import gpu
+    from llminfer.core import gpu
 
     info = gpu.info()
     if not info["available"]:

@@ -1,6 +1,6 @@
 """Per hybrid architecture (issue 51) and weight type, llama.cpp's logits on a
-tiny random-weight file (tests/tiny_models.py, write_hybrid) against the
-numpy reference (tests/reference_hybrid.py) and, with --ours, llminfer's:
+tiny random-weight file (tests/support/tiny_models.py, write_hybrid) against the
+numpy reference (tests/support/reference_hybrid.py) and, with --ours, llminfer's:
 the max abs difference, that over the largest |llama.cpp logit|, and top-1
 agreement where llama.cpp's top logit leads its second by >= --margin. A
 correctness figure, not a speed one.
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import peer  # noqa: E402
 from reference_hybrid import HybridReference  # noqa: E402

@@ -6,7 +6,7 @@ Run with the Python that has llama_cpp (not llminfer's):
 
 IDS.npy holds int32 token ids; OUT.npy gets float32 logits [n_tokens,
 n_vocab], every position's, from one batched evaluation of the ids. Used by
-tests/test_archs_peer.py and bench/archs_peer.py.
+tests/models/test_archs_peer.py and bench/archs_peer.py.
 """
 
 import argparse

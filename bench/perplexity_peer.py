@@ -1,5 +1,5 @@
 """Perplexity of llama.cpp (through llama-cpp-python) and of llminfer on the
-same file and settings, by llama-perplexity's method (llminfer.perplexity
+same file and settings, by llama-perplexity's method (llminfer.generation.perplexity
 documents it; the same windows and scoring are applied to both engines).
 
     PYTHONPATH=. /path/to/peer-venv/bin/python bench/perplexity_peer.py MODEL.gguf -f text.txt -c 512
@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from llminfer.perplexity import chunks, token_nll
+from llminfer.generation.perplexity import chunks, token_nll
 
 
 def peer_perplexity(path, text, n_ctx, threads):
@@ -50,7 +50,7 @@ def main():
     p.add_argument("-t", "--threads", type=int, default=2)
     a = p.parse_args()
     import llminfer
-    from llminfer.perplexity import perplexity
+    from llminfer.generation.perplexity import perplexity
 
     text = open(a.file, encoding="utf-8").read()
     print(f"{'model':<40} {'llama.cpp':>20} {'llminfer':>20} {'diff':>8}")

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 import llminfer
-from llminfer.sampling import Sampler, SamplingParams
+from llminfer.generation.sampling import Sampler, SamplingParams
 
 TEXT = ("The history of the city begins in the early medieval period, when a small settlement grew up "
         "around a river crossing. Over the following centuries")

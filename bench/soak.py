@@ -6,7 +6,7 @@ intervals; a leak shows as a column that keeps growing.
     python bench/soak.py -m model.gguf --cycles 200 --calls 2000
 Every tenth call of the second phase is a stream abandoned after its first
 piece. The two last lines sum up each phase: RSS and fds at the start,
-after the warm-up (the first tenth) and at the end. Without -m it writes a tiny random model (tests/tiny_models.py), so the run
+after the warm-up (the first tenth) and at the end. Without -m it writes a tiny random model (tests/support/tiny_models.py), so the run
 measures llminfer's own bookkeeping rather than a big model's page cache.
 """
 

@@ -119,7 +119,7 @@ def tasks(code_lines: int) -> dict:
 
 def requantized(src: str, cache: Path, qtype: str = "Q4_0") -> str:
     """A qtype copy of src in cache, made once with llminfer's quantizer."""
-    from llminfer.quantize_model import quantize_model
+    from llminfer.core.quantize_model import quantize_model
 
     src = str(hub.resolve(src))
     out = cache / f"{Path(src).stem}.{qtype}.gguf"

@@ -11,7 +11,7 @@ end-of-generation tokens are banned, and the schema (an array of at least
   schema       the grammar's mask for step t+1 computed on a worker thread
                while the forward pass of step t runs (the default)
   serial       the same grammar, each mask computed after the forward pass
-               (llminfer.structured.OVERLAP_MASK = False)
+               (llminfer.text.structured.OVERLAP_MASK = False)
 
 Printed: median decode tokens/s over --runs runs (runs interleave the modes),
 the cost against free, and the mean time of one mask computed alone (the
@@ -27,7 +27,9 @@ import time
 
 import numpy as np
 
-from llminfer import LLM, structured
+from llminfer import LLM
+
+from llminfer.text import structured
 
 SCHEMA = {
     "type": "array", "minItems": 1000,

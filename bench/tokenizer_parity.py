@@ -5,7 +5,7 @@ Run with a Python that has llama-cpp-python (the peer) as well as llminfer:
     PYTHONPATH=. $LLMINFER_PEER_PYTHON bench/tokenizer_parity.py [model.gguf ...]
 
 Without arguments it checks the known models (fetched into the cache by
-name). Each battery string (tests/test_tokenizer.py) is encoded under every
+name). Each battery string (tests/text/test_tokenizer.py) is encoded under every
 (add_bos, special) combination and compared with llama.cpp's ids; the table
 counts exact matches. Build time is from metadata to a ready Tokenizer,
 first and best of three, reading the GGUF not included.
@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from llminfer import hub  # noqa: E402
-from llminfer.gguf_file import GGUFFile  # noqa: E402
-from llminfer.tokenizer import Tokenizer  # noqa: E402
+from llminfer.core.gguf_file import GGUFFile  # noqa: E402
+from llminfer.text.tokenizer import Tokenizer  # noqa: E402
 from test_tokenizer import BATTERY, FLAGS  # noqa: E402
 
 KNOWN = ("smollm2-135m-instruct", "gemma3-270m")

@@ -15,16 +15,20 @@ except ImportError as e:  # e.g. the source folder shadowing an installed packag
         "Install the package (pip install .) and run from outside the source folder, or build "
         "it in place (python setup.py build_ext --inplace).") from e
 
-from llminfer import errors, ops
-from llminfer.embedder import Embedder
-from llminfer.engine import Engine
+from llminfer import _moved, errors
+
+_moved.install()  # the flat layout's module names (llminfer.engine, llminfer.llama_chat_format, ...)
+
+from llminfer.core import ops  # noqa: E402 (after the old names are found)
+from llminfer.generation.embedder import Embedder
+from llminfer.runtime.engine import Engine
 from llminfer.hub import pull
-from llminfer.llm import LLM, Completion, Timings, generate
-from llminfer.compat import Llama, LogitsProcessorList, StoppingCriteriaList
-from llminfer.llama_cache import LlamaDiskCache, LlamaRAMCache, LlamaState
-from llminfer.llama_grammar import LlamaGrammar
-from llminfer.sampling import SamplingParams
-from llminfer.system import system_info
+from llminfer.generation.llm import LLM, Completion, Timings, generate
+from llminfer.compat.llama import Llama, LogitsProcessorList, StoppingCriteriaList
+from llminfer.compat.llama_cache import LlamaDiskCache, LlamaRAMCache, LlamaState
+from llminfer.compat.llama_grammar import LlamaGrammar
+from llminfer.generation.sampling import SamplingParams
+from llminfer.core.system import system_info
 
 __version__ = "0.1.0"
 

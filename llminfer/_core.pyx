@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The boundary between Python and the C core (csrc/). Thin on purpose: the
-callers in llminfer.ops check shapes and types and name the problem; here
+callers in llminfer.core.ops check shapes and types and name the problem; here
 arrays become pointers, the GIL is released around every kernel, and C
 status codes become llminfer.errors exceptions."""
 
@@ -442,7 +442,7 @@ include "_desc.pxi"
 cdef class Context:
     """The KV pools and the scratch of a model (li_context), for batches of
     tokens from many sequences. The block tables live in Python
-    (llminfer.kv_cache); each call hands them in."""
+    (llminfer.runtime.kv_cache); each call hands them in."""
 
     cdef C.li_context *ctx
     cdef readonly ModelDesc model
@@ -459,7 +459,7 @@ cdef class Context:
     def __cinit__(self, ModelDesc model, int kv_type, int block_size, n_blocks, int n_batch,
                   int max_threads, backend=None, int n_backend_layers=0, bint backend_output=False,
                   int device=0, int n_state_slots=0):
-        """backend: a capsule holding a li_backend_ops table (llminfer.gpu),
+        """backend: a capsule holding a li_backend_ops table (llminfer.core.gpu),
         running layers [0, n_backend_layers) (and the output head when
         backend_output) on `device`; None: every layer on the CPU.
         n_state_slots: slots of the state pool (a hybrid model's recurrent
@@ -584,7 +584,7 @@ cdef class Context:
         float32 C-contiguous arrays ([rank, k], [rows, rank]), output such a
         pair or None, tok_embd the embedding's flipped pair ([n_vocab, rank],
         [n_embd, rank]) or None. The arrays are kept while the context holds them; the
-        caller (llminfer.lora) has checked their shapes."""
+        caller (llminfer.runtime.lora) has checked their shapes."""
         if self.ctx == NULL:
             raise errors.LLMInferError("the context is closed")
         cdef int n = len(adapters), nl = self.model.desc.n_layer, j, il
@@ -1060,7 +1060,7 @@ def attn_kernel(bint accumulate, const float[:, ::1] a, const uint16_t[:, ::1] c
     check(st, "attn_kernel")
 
 
-# ---- GGUF string arrays (llminfer.gguf_file) ----
+# ---- GGUF string arrays (llminfer.core.gguf_file) ----
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8

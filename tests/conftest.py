@@ -4,12 +4,18 @@ cannot reach the package index skips the tests that need them."""
 
 import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
-from llminfer import hub
+# the tests mirror the package (tests/core, tests/runtime, ...); what they
+# share (tiny model writers, numpy references, kernel cases) is in tests/support
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
-from kernel_cases import isa  # noqa: F401 (the fixture that runs a test at every kernel level)
+from llminfer import hub  # noqa: E402
+
+from kernel_cases import isa  # noqa: F401,E402 (the fixture that runs a test at every kernel level)
 
 
 def _model(name):

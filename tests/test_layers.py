@@ -1,4 +1,5 @@
-"""The package's floors, read from the sources (nothing is imported): no
+"""The package's floors, read from the sources (nothing is imported): each
+folder of llminfer imports only from the folders below it, no
 import cycle between llminfer's Python modules, no module imports a
 private name of another (the server none of the library's), and in C nothing below the model includes the
 model's context (kernels and utilities report and allocate through util.h)."""
@@ -67,6 +68,63 @@ def _cycles(edges) -> list:
     return out
 
 
+# llminfer's folders, lowest first: a module imports from its own folder and
+# the folders before it (errors, _core and _moved sit below them all, and the
+# package's __init__ re-exports from above them all); the last three stand side
+# by side above the rest, the server below the command line and integrations
+FLOORS = ["core", "hub", "text", "models", "vision", "runtime", "generation", "compat", "server", "cli",
+          "integrations"]
+BASE = {"llminfer.errors", "llminfer._core", "llminfer._moved"}
+
+
+def _floor(module: str) -> int | None:
+    parts = module.split(".")
+    return FLOORS.index(parts[1]) if len(parts) > 1 and parts[1] in FLOORS else None
+
+
+def _upward_imports(edges) -> list:
+    """(module, what it imports) for each import of a higher floor, or of a
+    flat module outside the floors."""
+    out = []
+    for m, targets in edges.items():
+        if m in BASE or m in ("llminfer", "llminfer.__main__"):  # the entry points re-export from above
+            continue
+        for t in sorted(targets):
+            if t in BASE:
+                continue
+            if _floor(t) is None or _floor(m) is None or _floor(t) > _floor(m) \
+                    or (_floor(t) == _floor(m) and FLOORS[_floor(m)] in ("cli", "integrations") and
+                        t.split(".")[1] != m.split(".")[1]):
+                out.append((m, t))
+    return out
+
+
+def test_the_floor_check_sees_an_upward_import():
+    assert _upward_imports({"llminfer.core.ops": {"llminfer.runtime.engine", "llminfer.errors"},
+                            "llminfer.runtime.engine": {"llminfer.core.ops"},
+                            "llminfer.text.chat": {"llminfer.tokenizer"}}) == [
+        ("llminfer.core.ops", "llminfer.runtime.engine"), ("llminfer.text.chat", "llminfer.tokenizer")]
+
+
+def test_every_module_is_in_a_floor_and_imports_only_below_it():
+    mods = _modules()
+    flat = sorted(m for m in mods if m not in BASE and m not in ("llminfer", "llminfer.__main__") and _floor(m) is None)
+    assert flat == [], f"modules outside llminfer's folders: {flat}"
+    assert _upward_imports(_imports(mods)) == []
+
+
+def test_the_old_flat_names_are_the_moved_modules():
+    """Every module name the flat layout had still imports, as the same
+    module object as its new name (llminfer/_moved.py)."""
+    import importlib
+
+    from llminfer import _moved
+
+    for old, new in _moved.OLD_NAMES.items():
+        assert importlib.import_module(f"llminfer.{old}") is importlib.import_module(f"llminfer.{new}"), old
+        assert (PKG / (new.replace(".", "/") + ".py")).is_file(), new
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -117,7 +175,7 @@ def test_only_the_model_includes_its_context_in_c():
         assert not above, f"kernels/{p.name} includes {above}: the forward pass's floors, above the kernels"
 
 
-OPENAI_SHAPES = PKG / "openai_shapes.py"
+OPENAI_SHAPES = PKG / "generation" / "openai_shapes.py"
 # the object names of OpenAI's completion responses, as a dict literal writes them
 _OBJECT_LITERAL = re.compile(r"""["'](chat\.completion\.chunk|chat\.completion|text_completion)["']""")
 
@@ -141,7 +199,7 @@ def test_the_literal_finder_sees_an_object_name(tmp_path):
 
 def test_only_openai_shapes_names_openai_objects():
     """One OpenAI layer: every completion, chat completion and chunk is
-    built by llminfer.openai_shapes; no other module writes their object
+    built by llminfer.generation.openai_shapes; no other module writes their object
     names (a second builder would drift from the first)."""
     assert _object_literals(OPENAI_SHAPES), "openai_shapes builds the objects"
     others = {str(p.relative_to(ROOT)): found for p in PKG.rglob("*.py") if p != OPENAI_SHAPES

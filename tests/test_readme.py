@@ -29,7 +29,7 @@ _FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 
 
 def _gpu_missing():
-    from llminfer import gpu
+    from llminfer.core import gpu
 
     return not gpu.info()["available"]
 
@@ -43,16 +43,16 @@ FILES = {
 
 SKIP = [
     # (text in the block, reason, when: None for always, else a callable)
-    ("OpenAI(base_url=", "needs a running llminfer server (tests/test_server.py covers it)", None),
-    ("anthropic.Anthropic(base_url=", "needs a running llminfer server (tests/test_server_anthropic.py covers it)",
+    ("OpenAI(base_url=", "needs a running llminfer server (tests/server/test_server.py covers it)", None),
+    ("anthropic.Anthropic(base_url=", "needs a running llminfer server (tests/server/test_server_anthropic.py covers it)",
      None),
     ('from_pretrained("ORG/REPO-GGUF"', "needs the network: a placeholder Hugging Face repository", None),
-    ("from ray import serve", "needs Ray Serve and a model at /models (tests/test_ray_serve.py covers it)", None),
+    ("from ray import serve", "needs Ray Serve and a model at /models (tests/integrations/test_ray_serve.py covers it)", None),
     ("n_gpu_layers=-1)   # every layer", "needs a GPU build and a GPU", _gpu_missing),
-    ("gemma-3-4b-it-Q4_K_M.gguf", "needs a vision model and its mmproj (tests/test_vision.py covers it)", None),
-    ("ms-marco-MiniLM-L6-v2-Q8_0.gguf", "needs a reranker GGUF (tests/test_rerank.py covers it)", None),
-    ('"my-lora.gguf"', "needs a LoRA adapter GGUF for the model (tests/test_lora.py covers it)", None),
-    ('open("cat.jpg"', "needs a server with a vision model and an image (tests/test_server_vision.py covers it)",
+    ("gemma-3-4b-it-Q4_K_M.gguf", "needs a vision model and its mmproj (tests/vision/test_vision.py covers it)", None),
+    ("ms-marco-MiniLM-L6-v2-Q8_0.gguf", "needs a reranker GGUF (tests/generation/test_rerank.py covers it)", None),
+    ('"my-lora.gguf"', "needs a LoRA adapter GGUF for the model (tests/runtime/test_lora.py covers it)", None),
+    ('open("cat.jpg"', "needs a server with a vision model and an image (tests/server/test_server_vision.py covers it)",
      None),
 ]
 

@@ -40,8 +40,9 @@ PLAT=manylinux_2_28_x86_64
 # file layers on the real SmolLM2 (the file stamp's glibc call included). The
 # server, sampling and tokenizer files are pure Python over these and run in
 # the README's test command right after.
-TESTS=(test_dequantize.py test_vec_kernels.py test_matmul.py test_ops.py test_forward.py
-       test_engine.py test_llm.py test_cli.py test_gguf_file.py)
+TESTS=(core/test_dequantize.py core/test_vec_kernels.py core/test_matmul.py core/test_ops.py
+       models/test_forward.py runtime/test_engine.py generation/test_llm.py cli/test_cli.py
+       core/test_gguf_file.py)
 
 say() { echo "check_wheel: $*"; }
 fail() { echo "check_wheel: FAILED: $*" >&2; exit 1; }

@@ -12,7 +12,7 @@ li_model_desc or li_layer_desc is read from the spec's attribute of the same
 name (an int or float as it is, a `const float *` through ModelDesc._vector,
 a li_matrix through ModelDesc._matrix). Fields after a line
 `/* -- the core's own -- */` in a struct are set by the C core or by
-ModelDesc itself and are not read from the spec. tests/test_clib_header.py
+ModelDesc itself and are not read from the spec. tests/core/test_clib_header.py
 checks that the file is current and that every spec has every field.
 """
 

@@ -60,7 +60,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError('llminfer.integrations.ray_serve needs Ray Serve: pip install "llminfer[ray]"') from exc
 
-from llminfer import jsonlimits
+from llminfer.text import jsonlimits
 from llminfer.errors import InvalidArgumentError
 
 logger = logging.getLogger("llminfer.ray_serve")

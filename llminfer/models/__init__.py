@@ -6,12 +6,12 @@ context length) is given the context the model will run with."""
 import inspect
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import (gemma2, gemma3, gemma4, gpt_oss, granite, granitehybrid, lfm2, llama, mamba2, mistral3,
                              nemotron_h, olmo2, phi3, qwen2, qwen3, qwen3moe, qwen3next, qwen35, qwen35moe, smollm3)
 from llminfer.models.base import ModelSpec
 
-ENCODER_ARCHS = ("bert", "nomic-bert")  # llminfer.models.bert, run by llminfer.embeddings
+ENCODER_ARCHS = ("bert", "nomic-bert")  # llminfer.models.bert, run by llminfer.generation.embeddings
 
 ARCHITECTURES = {
     llama.ARCH: llama.build,
@@ -44,7 +44,7 @@ def build_spec(gguf: GGUFFile, n_ctx: int | None = None) -> ModelSpec:
         # one part of a gguf-split model holds only some of the tensors
         raise UnsupportedModelError(
             f"{gguf.path} is part {gguf.metadata.get('split.no', 0) + 1} of a model split into {count} files; "
-            f"llminfer loads one file: join the parts (llminfer.hf.join_split, or llama.cpp's "
+            f"llminfer loads one file: join the parts (llminfer.hub.hf.join_split, or llama.cpp's "
             f"llama-gguf-split --merge), or fetch it with LLM.from_pretrained / llminfer pull hf://..., "
             f"which join them")
     arch = gguf.architecture

@@ -13,11 +13,11 @@ import re
 from dataclasses import dataclass, field
 
 import numpy as np
-from llminfer.ggml import GGMLQuantizationType
+from llminfer.core.ggml import GGMLQuantizationType
 
 from llminfer import _core
 from llminfer.errors import ShapeError, UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 
 ROPE_NORM = 0  # rotate pairs (2i, 2i+1): GGUF llama weights are permuted for it
 ROPE_NEOX = 2  # rotate pairs (i, i + n_rot/2)
@@ -457,7 +457,7 @@ class Weights:
         if t == GGMLQuantizationType.F32:
             out = raw.view(np.float32)
         elif t in (GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
-            from llminfer import ops
+            from llminfer.core import ops
             out = ops.dequantize(np.ascontiguousarray(raw), t, (n,))
         else:
             raise UnsupportedModelError(f"{self.gguf.path}: tensor {name!r} has type {info.type_name}; "

@@ -9,7 +9,7 @@ runs in csrc/encoder.c (llminfer._core.EncoderDesc).
 
 pooling_type (`{arch}.pooling_type`, llama.cpp's numbers): 0 none, 1 mean,
 2 CLS (the first token), 3 last, 4 rank (a cross-encoder reranker: the first
-token through the classifier head cls.*, read by llminfer.rerank)."""
+token through the classifier head cls.*, read by llminfer.generation.rerank)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models.base import ROPE_NEOX, Hparams, Matrix, Weights
 
 ARCHS = ("bert", "nomic-bert")
@@ -140,7 +140,7 @@ def build(gguf: GGUFFile) -> EncoderSpec:
             out_norm=w.vector(p + "layer_output_norm.weight", E),
             out_norm_b=w.vector(p + "layer_output_norm.bias", E),
         ))
-    # a classifier head (cls.*) is not part of the embedding; a reranker's is read by llminfer.rerank
+    # a classifier head (cls.*) is not part of the embedding; a reranker's is read by llminfer.generation.rerank
     for name in list(gguf.tensors):
         if name.startswith("cls."):
             w.used.add(name)

@@ -17,7 +17,7 @@
 
 import math
 
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_GELU, ROPE_NEOX, Hparams, ModelSpec, Weights, output_head,
                                   read_shape, rope_dims, rope_scale, standard_layers, vocab_size)
 

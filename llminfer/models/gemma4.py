@@ -51,7 +51,7 @@ import math
 import numpy as np
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_GELU, GATING_SOFTMAX, HPARAM_RANGES, ROPE_NEOX, Hparams, LayerSpec, ModelSpec,
                                   MoESpec, Weights, output_head, rope_scale, vocab_size)
 

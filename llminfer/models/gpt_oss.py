@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import llama
 from llminfer.models.base import (ACT_SWIGLU_OAI, GATING_SOFTMAX_WEIGHT, ROPE_NEOX, LayerSpec, ModelSpec, MoESpec,
                                   is_swa_layer, rope_dims, rope_scale)

@@ -15,7 +15,7 @@ reads it for granite."""
 import numpy as np
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import llama
 from llminfer.models.base import ROPE_NORM, ModelSpec
 

@@ -19,7 +19,7 @@ refused too (LayerSpec has no place for them)."""
 import numpy as np
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_SILU, ROPE_NORM, Hparams, LayerSpec, ModelSpec, Weights, attn_scale_default,
                                   output_head, rope_dims, rope_scale, vocab_size)
 from llminfer.models.hybrid import (dense_ffn, layer_array, mamba2_layer, mamba2_sizes, refuse_biases,

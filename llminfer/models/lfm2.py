@@ -27,7 +27,7 @@ head (dense_2) are not read."""
 import numpy as np
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_SILU, GATING_SIGMOID, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, MoESpec, Weights,
                                   attn_scale_default, output_head, rope_dims, rope_scale, vocab_size)
 from llminfer.models.hybrid import MAX_CONV, dense_ffn, layer_array, shortconv_layer, ssm_size

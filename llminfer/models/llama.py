@@ -15,7 +15,7 @@ RoPE layout, their own `make_layers(w, hp, sh)` where the blocks' tensors
 differ, and a `customize(spec, w, hp, sh)` step that reads their extra
 tensors and settings before the check that every tensor was used."""
 
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_SILU, ROPE_NORM, Hparams, ModelSpec, Weights,
                                   apply_yarn, attn_scale_default, output_head, read_shape, rope_dims, rope_scale,
                                   standard_layers, vocab_size)

@@ -16,7 +16,7 @@ The file gives no attention sizes (head_count 0) and no feed-forward; the
 ModelSpec's attention and feed-forward sizes are placeholders (1 head of 2,
 n_ff 1), which the C core checks but no layer uses."""
 
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models.base import ACT_SILU, ROPE_NEOX, Hparams, ModelSpec, Weights, output_head, vocab_size
 from llminfer.models.hybrid import mamba2_layer, mamba2_sizes, set_ssm_sizes
 

@@ -14,7 +14,7 @@ Files with experts (expert_count > 0) are refused: llama.cpp's mistral3
 routes them with an expert weight scale the MoE core here does not apply."""
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import llama
 from llminfer.models.base import ROPE_NORM, Hparams, ModelSpec
 

@@ -18,7 +18,7 @@ core computes them. nemotron_h_moe (Nemotron 3)
 is another architecture."""
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_RELU_SQR, ACT_SILU, MIX_NONE, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, Weights,
                                   attn_scale_default, output_head, vocab_size)
 from llminfer.models.hybrid import layer_array, mamba2_layer, mamba2_sizes, refuse_biases, set_ssm_sizes

@@ -11,7 +11,7 @@
   rope.freq_base_swa and no RoPE scaling.
 """
 
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import llama
 from llminfer.models.base import ROPE_NEOX, LayerSpec, ModelSpec, is_swa_layer, rope_scale
 

@@ -15,7 +15,7 @@ llama.cpp's converter stores it.
   so the two agree only on texts shorter than the window.
 """
 
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import llama
 from llminfer.models.base import ROPE_NEOX, LayerSpec, ModelSpec, rope_scale
 

@@ -4,9 +4,9 @@ biases, an RMSNorm over each query and key head (attn_q_norm, attn_k_norm,
 head size given by attention.key_length (128), not n_embd / n_head.
 
 A Qwen3-Reranker file (pooling_type 4) holds cls.output.weight, the
-output head's "yes" and "no" rows, read by llminfer.rerank, not here."""
+output head's "yes" and "no" rows, read by llminfer.generation.rerank, not here."""
 
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import llama
 from llminfer.models.base import ROPE_NEOX, ModelSpec
 
@@ -14,7 +14,7 @@ ARCH = "qwen3"
 
 
 def head_norms(spec, w, hp, sh):
-    if w.has("cls.output.weight"):  # a reranker's head (llminfer.rerank), as llama.cpp loads it
+    if w.has("cls.output.weight"):  # a reranker's head (llminfer.generation.rerank), as llama.cpp loads it
         w.used.add("cls.output.weight")
     for i, L in enumerate(spec.layers):
         L.q_norm = w.vector(f"blk.{i}.attn_q_norm.weight", sh.head_dim)

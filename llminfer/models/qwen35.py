@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_SILU, LAYER_TENSOR, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, Weights,
                                   attn_scale_default, output_head, rope_dims, rope_scale, vocab_size)
 from llminfer.models.hybrid import MAX_CONV, dense_ffn, gdn_layer, layer_array, ssm_size

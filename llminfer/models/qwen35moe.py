@@ -20,7 +20,7 @@ experts."""
 
 from llminfer import _core
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import qwen35
 from llminfer.models.base import LayerSpec, ModelSpec, MoESpec
 from llminfer.models.qwen3moe import MAX_EXPERTS

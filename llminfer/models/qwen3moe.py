@@ -15,7 +15,7 @@ The C core runs each expert once per batch over the tokens routed to it
 (csrc/model.c, moe_half), so a decoded token reads only its experts' bytes."""
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import llama
 from llminfer.models.base import ROPE_NEOX, LayerSpec, ModelSpec, MoESpec, rope_scale
 

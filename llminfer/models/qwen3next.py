@@ -15,7 +15,7 @@ The grouped order is li_model_desc's ssm_kv_grouped (the C core reads
 it); the older fused ssm_in (q, k, v and z in one) is refused."""
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import qwen35, qwen35moe
 from llminfer.models.base import ModelSpec
 from llminfer.models.hybrid import gather_rows, gdn_layer

@@ -4,7 +4,7 @@ pairs, the converter permutes q/k for it), except that every 4th layer
 those layers: llama.cpp fixes the step at 4 (n_no_rope_layer_step), as the
 released model's config has it, and so do we."""
 
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import llama
 from llminfer.models.base import ROPE_NORM, ModelSpec
 

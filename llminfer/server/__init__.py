@@ -8,7 +8,7 @@ batching and prefix caching over one Engine.
 
 Layers: app (HTTP, validation, SSE) over scheduler (one engine thread,
 continuous batching, preemption) over prefix_cache (blocks by hash chain)
-over llminfer.engine / llminfer.kv_cache; metrics renders Prometheus text.
+over llminfer.runtime.engine / llminfer.runtime.kv_cache; metrics renders Prometheus text.
 router serves many models (--models-dir, --models-config), each its own
 app.Server loaded on first use.
 anthropic (/v1/messages) and responses (/v1/responses) translate their wire

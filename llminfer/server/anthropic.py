@@ -241,7 +241,7 @@ def to_chat(body: dict, count_only: bool = False) -> tuple[dict, int | None]:
 def _thinking(body, max_tokens) -> dict:
     """The chat path's reasoning options of Anthropic's extended thinking:
     {"type": "enabled", "budget_tokens": N} thinks for at most N tokens
-    (the end of the thinking is forced then, llminfer.reasoning's budget);
+    (the end of the thinking is forced then, llminfer.text.reasoning's budget);
     {"type": "disabled"} does not think (the template is told
     enable_thinking false and the budget is 0); "adaptive" thinks as long
     as the model likes. Absent: the server's own reasoning options."""

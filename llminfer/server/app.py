@@ -38,23 +38,25 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from llminfer import hub, jsonlimits
-from llminfer import openai_shapes as oai
-from llminfer.completions import fim_layout
-from llminfer.embedder import Embedder
-from llminfer.embeddings import declared_pooling, engine_hidden, l2_normalize, pool
-from llminfer.engine import Engine
+from llminfer import hub
+
+from llminfer.text import jsonlimits
+from llminfer.generation import openai_shapes as oai
+from llminfer.generation.completions import fim_layout
+from llminfer.generation.embedder import Embedder
+from llminfer.generation.embeddings import declared_pooling, engine_hidden, l2_normalize, pool
+from llminfer.runtime.engine import Engine
 from llminfer.errors import InvalidArgumentError, KVCacheFullError, LLMInferError
-from llminfer.generation import TokenEvent, token_logprobs
-from llminfer.gguf_file import GGUFFile
+from llminfer.generation.generator import TokenEvent, token_logprobs
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import bert
-from llminfer.reasoning import OPTION_NAMES, ChatOptions
-from llminfer.sampling import SamplingParams
+from llminfer.text.reasoning import OPTION_NAMES, ChatOptions
+from llminfer.generation.sampling import SamplingParams
 from llminfer.server.args import ServeArgs
 from llminfer.server.metrics import Metrics
 from llminfer.server.scheduler import FinishEvent, Request, Scheduler
-from llminfer.structured import grammar_from_args
-from llminfer.tools import check_tools, tool_prompt
+from llminfer.text.structured import grammar_from_args
+from llminfer.text.tools import check_tools, tool_prompt
 
 log = logging.getLogger("llminfer.server")
 
@@ -268,7 +270,7 @@ class Server:
     def chat_format(self):
         self.check_generates()
         if self._chat_format is None:
-            from llminfer.chat import chat_format_for
+            from llminfer.text.chat import chat_format_for
 
             self._chat_format = chat_format_for(self.engine.gguf.metadata, chat_format=self.args.chat_format,
                                                 chat_template=self.args.chat_template)
@@ -459,7 +461,7 @@ class Server:
 
     def chat_ids(self, body) -> tuple[list, list, object, object]:
         """(prompt ids, the chat format's stop texts, its _Tools or None, the
-        reply's llminfer.reasoning.Reasoning or None) of a chat request's
+        reply's llminfer.text.reasoning.Reasoning or None) of a chat request's
         messages (and tools)."""
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:

@@ -52,7 +52,7 @@ class ServeArgs:
     models_max_loaded: int | None = 4
     models_memory_gib: float | None = None
     mmproj: str | None = None  # the model's vision tower (llminfer.vision): chat takes image_url data: URLs
-    # LoRA adapters (llminfer.lora): (path, scale) each, ids in this order; the scales are the
+    # LoRA adapters (llminfer.runtime.lora): (path, scale) each, ids in this order; the scales are the
     # global ones (GET/POST /lora-adapters), which a request's "lora" list replaces for it
     lora: list = field(default_factory=list)
 

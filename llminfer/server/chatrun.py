@@ -16,7 +16,7 @@ dicts; each translator shapes its own.
 A reply that opens with <think> (or whose prompt ends in an opened <think>,
 as reasoning models' templates write it) is split at </think>: the part
 before is thinking, the rest the answer, parsed for tool calls as the chat
-path parses them (llminfer.tools).
+path parses them (llminfer.text.tools).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 from starlette.concurrency import run_in_threadpool
 
-from llminfer.generation import TokenEvent
-from llminfer.reasoning import Reasoning
-from llminfer import openai_shapes as oai
+from llminfer.generation.generator import TokenEvent
+from llminfer.text.reasoning import Reasoning
+from llminfer.generation import openai_shapes as oai
 from llminfer.server.app import APIError, Job, bad_request, until_disconnect
 
 log = logging.getLogger("llminfer.server")
@@ -73,7 +73,7 @@ class ChatRun:
         complete. An engine failure raises its APIError."""
         job, tok = self.job, self.server.tokenizer
         # the reply is read as /v1/chat/completions reads it: the thinking by
-        # llminfer.reasoning, the calls by llminfer.tools, after the thinking
+        # llminfer.text.reasoning, the calls by llminfer.text.tools, after the thinking
         read = oai.ChatDeltas(job.reasoning, job.tools.fmt if job.tools is not None else None)
         tokens, emitted = [], []
         reply = self.reply

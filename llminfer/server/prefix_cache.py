@@ -5,7 +5,7 @@ Block i of a text holds its tokens [i * bs, (i + 1) * bs), whose keys and
 values depend on every token before them too, so a block is named by a hash
 chain: key_i = H(key_{i-1} || tokens of block i). Two texts that share their
 first k full blocks share the first k keys, and a new request adopts the
-blocks of the longest prefix found (llminfer.kv_cache.KVCache.adopt).
+blocks of the longest prefix found (llminfer.runtime.kv_cache.KVCache.adopt).
 
 The cache holds one reference on each block it names (BlockPool refcounts),
 so a block outlives the request that wrote it. A block whose only reference
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llminfer.kv_cache import FULL, KVCache, Sequence
+from llminfer.runtime.kv_cache import FULL, KVCache, Sequence
 
 ROOT = b""  # the key before the first block
 

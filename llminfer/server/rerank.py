@@ -13,7 +13,7 @@ string or {"text": ...}; return_documents (default false, as llama-server
 answers) echoes each as {"text": ...}. With `texts` in place of
 `documents`, the answer is TEI's: a bare list of {index, score[, text]}
 (text with return_text). The scores are the reranker's raw outputs
-(llminfer.rerank), as llama-server gives them. The model must be a
+(llminfer.generation.rerank), as llama-server gives them. The model must be a
 reranker (a GGUF whose pooling_type is rank): a cross-encoder runs on its
 Embedder, a decoder reranker (Qwen3-Reranker) on the engine thread between
 batching steps, one document a step, as embeddings do. Others get a 400.
@@ -25,9 +25,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse
 
-from llminfer import rerank
+from llminfer.generation import rerank
 from llminfer.errors import ContextFullError, InvalidArgumentError, LLMInferError
-from llminfer.embeddings import engine_hidden
+from llminfer.generation.embeddings import engine_hidden
 from llminfer.server.app import bad_request, on_engine, openai_endpoint
 
 MAX_RERANK_DOCUMENTS = 256  # documents of one request

@@ -9,7 +9,7 @@ function_call_output items) and `instructions` become an OpenAI chat
 request run by llminfer.server.chatrun; the reply comes back as output
 items: a reasoning item (when the model thinks in <think>…</think>), a
 message with its output_text, and function_call items. `text.format`
-constrains the text as response_format does (llminfer.structured).
+constrains the text as response_format does (llminfer.text.structured).
 Nothing is stored: `store` is ignored (the response says false), and
 previous_response_id or an item_reference, which need a stored response,
 are refused with a 400. Errors have OpenAI's shape.
@@ -23,7 +23,7 @@ import time
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse
 
-from llminfer.reasoning import EFFORTS
+from llminfer.text.reasoning import EFFORTS
 from llminfer.server.app import APIError, bad_request, openai_endpoint, shown
 from llminfer.server.chatrun import EventStream, new_id, start_chat
 
@@ -181,7 +181,7 @@ def _reasoning(body) -> dict:
     """The chat path's reasoning options of the Responses API's reasoning
     object: its effort is the chat request's reasoning_effort (none: no
     thinking; minimal, low, medium, high: the template's reasoning_effort,
-    minimal as low; llminfer.reasoning.ChatOptions). summary is accepted;
+    minimal as low; llminfer.text.reasoning.ChatOptions). summary is accepted;
     the reasoning item carries the whole reasoning text, no summary."""
     r = body.get("reasoning")
     if r is None:

@@ -48,9 +48,9 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 
-from llminfer import jsonlimits
+from llminfer.text import jsonlimits
 from llminfer.errors import InvalidArgumentError, LLMInferError, ModelNotFoundError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.server import app as single
 from llminfer.server.routes import routes as model_routes
 from llminfer.server import page

@@ -44,12 +44,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llminfer.errors import InvalidArgumentError, LLMInferError
-from llminfer.kv_cache import FULL, SWA
-from llminfer.generation import Generator, TokenEvent
-from llminfer.sampling import Sampler, SamplingParams
+from llminfer.runtime.kv_cache import FULL, SWA
+from llminfer.generation.generator import Generator, TokenEvent
+from llminfer.generation.sampling import Sampler, SamplingParams
 from llminfer.server.metrics import Metrics
 from llminfer.server.prefix_cache import PrefixCache, root_key
-from llminfer.structured import Constraint
+from llminfer.text.structured import Constraint
 
 _ids = itertools.count()
 log = logging.getLogger("llminfer.server")
@@ -80,8 +80,8 @@ class Request:
     stops: list = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
-    grammar: object = None  # a llminfer.structured.Grammar the output follows
-    reasoning: object = None  # a thinking model's llminfer.reasoning.Reasoning (the grammar follows the thinking)
+    grammar: object = None  # a llminfer.text.structured.Grammar the output follows
+    reasoning: object = None  # a thinking model's llminfer.text.reasoning.Reasoning (the grammar follows the thinking)
     out: object = None
     non_causal: bool = False  # the prompt's image rows attend to each other both ways (Gemma 3)
     lora: object = None  # the LoRA scales it runs with (float32 [n_lora], Engine.lora_scales), None: none
@@ -124,7 +124,7 @@ def _generator(req: Request, n_vocab: int, tokenizer) -> Generator:
     """A request's sampler, grammar, stop strings and text (made at first
     admission; it lives across preemptions, which recompute the context)."""
     # the grammar's mask for the next token is computed on a worker thread
-    # while the forward pass runs (llminfer.structured)
+    # while the forward pass runs (llminfer.text.structured)
     constraint = Constraint(req.grammar, tokenizer, n_vocab) if req.grammar is not None else None
     return Generator(Sampler(req.params, n_vocab), tokenizer, req.stops, constraint, req.prompt, req.logprobs,
                      req.ignore_eos, thinking=None if req.reasoning is None else req.reasoning.tracker())

@@ -14,7 +14,7 @@ average pooling, an RMS norm and a projection into the text model's width.
     input_projection  x @ W, W [E, n_embd_text]
 
 The graph of llama.cpp's tools/mtmd/models/siglip.cpp and clip.cpp's
-build_vit, written again here; the matrices go through llminfer.ops.matmul
+build_vit, written again here; the matrices go through llminfer.core.ops.matmul
 in their stored type (F16, BF16, Q8_0 or F32), the rest is numpy.
 """
 
@@ -24,9 +24,9 @@ import hashlib
 
 import numpy as np
 
-from llminfer import ops
+from llminfer.core import ops
 from llminfer.errors import InvalidArgumentError, UnsupportedModelError
-from llminfer.system import check_threads
+from llminfer.core.system import check_threads
 from llminfer.vision.image import load_image, preprocess_fixed
 from llminfer.vision.tower import VisionParams, Weights
 

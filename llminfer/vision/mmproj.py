@@ -6,7 +6,7 @@ are read by llminfer.vision.tower."""
 from __future__ import annotations
 
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
+from llminfer.core.gguf_file import GGUFFile
 from llminfer.vision.gemma3 import Gemma3Vision
 from llminfer.vision.tower import SUPPORTED, read_params
 

@@ -8,7 +8,7 @@ clip.vision.* the ViT's sizes, image size, patch size, mean and std); its
 tensors under `v.*` (the ViT) and `mm.*` (the projector). One module per
 projector type builds the encoder (llminfer/vision/<type>.py), as llama.cpp
 keeps one graph per type in tools/mtmd/models/. Weights stay in the file's
-memory map; matrices are multiplied in their stored type by llminfer.ops.
+memory map; matrices are multiplied in their stored type by llminfer.core.ops.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llminfer import ops
+from llminfer.core import ops
 from llminfer.errors import UnsupportedModelError
-from llminfer.gguf_file import GGUFFile
-from llminfer.ggml import GGMLQuantizationType
+from llminfer.core.gguf_file import GGUFFile
+from llminfer.core.ggml import GGMLQuantizationType
 
 # the projector types this version runs, each a module of llminfer.vision
 SUPPORTED = ("gemma3",)

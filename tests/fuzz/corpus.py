@@ -33,7 +33,7 @@ def gguf_seeds() -> list:
 
 
 def template_seeds() -> list:
-    from llminfer.chat import _BUILTINS
+    from llminfer.text.chat import _BUILTINS
 
     out = [t for t, _ in _BUILTINS.values()]
     out += [
@@ -45,7 +45,7 @@ def template_seeds() -> list:
         "{% endfor %}",
     ]
     out += _hostile_templates()
-    from llminfer.gguf_file import GGUFFile
+    from llminfer.core.gguf_file import GGUFFile
 
     cache = os.environ.get("LLMINFER_CACHE", os.path.expanduser("~/.cache/llminfer"))
     for path in sorted(glob.glob(os.path.join(cache, "models", "*.gguf"))):
@@ -64,7 +64,7 @@ def _hostile_templates() -> list:
     method or operator asked to build gigabytes, structures that share their
     items), which the sandbox stops by a size bound, before they are built;
     those stopped by the deadline would spend it on every mutation."""
-    from test_chat_sandbox import HOSTILE
+    from hostile_templates import HOSTILE
 
     return [template for _, template, _, limits in HOSTILE if "timeout" not in limits]
 

@@ -107,10 +107,10 @@ def _atheris(target, argv):
     import atheris
 
     with atheris.instrument_imports(include=["llminfer", "jinja2"]):
-        import llminfer.chat  # noqa: F401
-        import llminfer.gguf_file  # noqa: F401
+        import llminfer.text.chat  # noqa: F401
+        import llminfer.core.gguf_file  # noqa: F401
         import llminfer.models  # noqa: F401
-        import llminfer.tokenizer  # noqa: F401
+        import llminfer.text.tokenizer  # noqa: F401
     run_one = TARGETS[target]
 
     def test_one_input(data):

@@ -39,11 +39,11 @@ def _path():
 def load_gguf(data: bytes, run: bool = False) -> str:
     """'ok' when the file loads (and runs), 'refused' when it raises an
     LLMInferError; anything else propagates."""
-    from llminfer.chat import chat_format_for
-    from llminfer.chat_sandbox import TemplateLimits
-    from llminfer.gguf_file import GGUFFile
+    from llminfer.text.chat import chat_format_for
+    from llminfer.text.chat_sandbox import TemplateLimits
+    from llminfer.core.gguf_file import GGUFFile
     from llminfer.models import build_spec
-    from llminfer.tokenizer import Tokenizer
+    from llminfer.text.tokenizer import Tokenizer
 
     path = _path()
     with open(path, "wb") as f:
@@ -83,8 +83,8 @@ def _run(path):
 
 
 def render_template(data: bytes) -> str:
-    from llminfer.chat import ChatFormat
-    from llminfer.chat_sandbox import TemplateLimits
+    from llminfer.text.chat import ChatFormat
+    from llminfer.text.chat_sandbox import TemplateLimits
 
     source = data.decode("utf-8", errors="replace")
     limits = TemplateLimits(max_steps=100_000, timeout=2.0, max_chars=1 << 20)

@@ -1,0 +1,282 @@
+"""llminfer.core.ops: the native kernels on numpy arrays.
+
+    w = ops.quantize(weights, "Q4_K")                    # uint8, gguf layout
+    y = ops.matmul(w, "Q4_K", weights.shape, x)          # x @ W.T, float32
+    ops.dequantize(w, "Q4_K", weights.shape)             # back to float32
+
+Weight shapes are numpy's: (rows, k), k contiguous, the shape that
+``gguf.quants.dequantize`` gives the same bytes. ``qtype`` is a
+``gguf.GGMLQuantizationType``, its integer value, or its name ("Q4_K").
+Arrays must already be C-contiguous and of the stated dtype; nothing is
+copied or converted behind the caller's back, and a mismatch raises a
+ValueError (an llminfer.errors class) that names the argument.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llminfer.core.ggml import GGMLQuantizationType
+
+from llminfer import _core
+from llminfer.errors import InvalidArgumentError, ShapeError, UnsupportedTypeError
+from llminfer.core.system import check_threads, cpu_count, current_isa
+
+__all__ = [
+    "qtype_of", "block_sizes", "quantize", "dequantize", "matmul", "rms_norm", "rope",
+    "silu", "gelu", "silu_mul", "gelu_mul", "swiglu_oai", "softmax", "add", "mul",
+]
+
+SUPPORTED_TYPES = tuple(t for t in GGMLQuantizationType if _core.type_sizes(int(t)) is not None)
+QUANTIZABLE_TYPES = tuple(GGMLQuantizationType[n] for n in (
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+    "IQ4_NL", "IQ4_XS", "MXFP4"))
+
+_ACT = {"silu": 0, "gelu": 1, "swiglu_oai": 3}
+_ROPE_MODES = {"norm": 0, "neox": 2}
+
+
+def qtype_of(qtype) -> GGMLQuantizationType:
+    """The GGMLQuantizationType named by `qtype`, if llminfer supports it."""
+    try:
+        if isinstance(qtype, str):
+            t = GGMLQuantizationType[qtype.strip().upper()]
+        else:
+            t = GGMLQuantizationType(int(qtype))
+    except (KeyError, ValueError, TypeError):
+        raise UnsupportedTypeError(f"unknown tensor type {qtype!r}") from None
+    if t not in SUPPORTED_TYPES:
+        names = ", ".join(s.name for s in SUPPORTED_TYPES)
+        raise UnsupportedTypeError(f"tensor type {t.name} is not supported; supported: {names}")
+    return t
+
+
+def block_sizes(qtype) -> tuple[int, int]:
+    """(elements per block, bytes per block) of a supported type."""
+    return _core.type_sizes(int(qtype_of(qtype)))
+
+
+def _threads(n_threads):
+    # A few more threads than CPUs are allowed here, so tests can split rows
+    # any way on a small machine; a huge OpenMP team crashes the runtime.
+    return check_threads(n_threads, limit=max(16, 4 * cpu_count()))
+
+
+def _require(a, name, dtype, ndim=None):
+    if not isinstance(a, np.ndarray):
+        raise InvalidArgumentError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise InvalidArgumentError(f"{name} must have dtype {np.dtype(dtype).name}, got {a.dtype}")
+    if ndim is not None and a.ndim not in ((ndim,) if isinstance(ndim, int) else ndim):
+        raise ShapeError(f"{name} must have {ndim} dimension(s), got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise InvalidArgumentError(f"{name} must be C-contiguous (use np.ascontiguousarray)")
+    return a
+
+
+def _weight_shape(shape, t):
+    try:
+        rows, k = (int(v) for v in shape)
+    except (TypeError, ValueError):
+        raise ShapeError(f"weight shape must be (rows, k), got {shape!r}") from None
+    if rows <= 0 or k <= 0:
+        raise ShapeError(f"weight shape must be positive, got {shape!r}")
+    bs, ts = _core.type_sizes(int(t))
+    if k % bs:
+        raise ShapeError(f"k={k} is not a multiple of the {t.name} block size {bs}")
+    return rows, k, k // bs * ts
+
+
+def _weight_bytes(data, name):
+    """A weight buffer as flat uint8: uint8 arrays of any shape, or the raw
+    float32/float16 arrays gguf gives for F32/F16 tensors."""
+    if not isinstance(data, np.ndarray):
+        raise InvalidArgumentError(f"{name} must be a numpy array, got {type(data).__name__}")
+    if data.dtype not in (np.uint8, np.float32, np.float16):
+        raise InvalidArgumentError(f"{name} must have dtype uint8, got {data.dtype}")
+    if not data.flags.c_contiguous:
+        raise InvalidArgumentError(f"{name} must be C-contiguous (use np.ascontiguousarray)")
+    return data.reshape(-1).view(np.uint8)
+
+
+def quantize(x: np.ndarray, qtype, n_threads=None) -> np.ndarray:
+    """Rows of float32 `x` (..., k) in `qtype`'s blocks: uint8 (..., bytes per row)."""
+    t = qtype_of(qtype)
+    if t not in QUANTIZABLE_TYPES:
+        names = ", ".join(s.name for s in QUANTIZABLE_TYPES)
+        raise UnsupportedTypeError(f"cannot quantize to {t.name}; quantizable types: {names}")
+    _require(x, "x", np.float32, ndim=None)
+    if x.ndim == 0:
+        raise ShapeError("x must have at least one dimension")
+    k = x.shape[-1]
+    bs, ts = _core.type_sizes(int(t))
+    if k == 0 or k % bs:
+        raise ShapeError(f"row length {k} is not a multiple of the {t.name} block size {bs}")
+    rows = x.size // k
+    out_shape = (*x.shape[:-1], k // bs * ts)
+    if rows == 0:
+        return np.empty(out_shape, dtype=np.uint8)
+    return _core.quantize(int(t), x.reshape(rows, k), _threads(n_threads)).reshape(out_shape)
+
+
+def dequantize(data: np.ndarray, qtype, shape, n_threads=None) -> np.ndarray:
+    """float32 array of `shape` (..., k) from its stored bytes `data`."""
+    t = qtype_of(qtype)
+    raw = _weight_bytes(data, "data")
+    shape = tuple(int(v) for v in np.atleast_1d(shape))
+    if not shape or any(v < 0 for v in shape) or shape[-1] == 0:
+        raise ShapeError(f"invalid shape {shape}")
+    k = shape[-1]
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+    bs, ts = _core.type_sizes(int(t))
+    if k % bs:
+        raise ShapeError(f"k={k} is not a multiple of the {t.name} block size {bs}")
+    if raw.size != rows * (k // bs) * ts:
+        raise ShapeError(f"{t.name} data of shape {shape} takes {rows * (k // bs) * ts} bytes, "
+                         f"got {raw.size}")
+    if rows == 0:
+        return np.empty(shape, dtype=np.float32)
+    return _core.dequantize(int(t), raw, rows, k, _threads(n_threads)).reshape(shape)
+
+
+def matmul(w_data: np.ndarray, qtype, w_shape, x: np.ndarray, n_threads=None, repacked: bool = False) -> np.ndarray:
+    """x @ W.T for W (rows, k) stored in `qtype`: x (n, k) gives (n, rows); x (k,) gives (rows,).
+    Activations are quantized on the fly to the type's activation format.
+    repacked: go through the weights' repacked form (csrc/repack.h), as a
+    loaded model does; UnsupportedTypeError where this CPU's kernel level has
+    no repacked kernel for the type (see repacked_types())."""
+    t = qtype_of(qtype)
+    rows, k, row_bytes = _weight_shape(w_shape, t)
+    raw = _weight_bytes(w_data, "w_data")
+    if raw.size != rows * row_bytes:
+        raise ShapeError(f"{t.name} weight of shape ({rows}, {k}) takes {rows * row_bytes} bytes, "
+                         f"got {raw.size}")
+    _require(x, "x", np.float32, ndim=(1, 2))
+    if x.shape[-1] != k:
+        raise ShapeError(f"x has {x.shape[-1]} columns, the weight has k={k}")
+    x2 = x.reshape(-1, k)
+    if not isinstance(repacked, bool):
+        raise InvalidArgumentError(f"repacked must be True or False, got {repacked!r}")
+    if repacked and t.name not in repacked_types():
+        raise UnsupportedTypeError(f"the {current_isa()} kernel level has no repacked kernel for {t.name} "
+                                   f"(it has: {', '.join(repacked_types()) or 'none'})")
+    y = _core.matmul(int(t), raw, rows, k, x2, _threads(n_threads), repacked)
+    return y.reshape(rows) if x.ndim == 1 else y
+
+
+def repacked_types() -> tuple[str, ...]:
+    """Names of the weight types the active kernel level multiplies in a
+    repacked layout (csrc/repack.h): a model's matrices of these types are
+    repacked at load."""
+    return tuple(_core.repacked_types())
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6,
+             n_threads=None) -> np.ndarray:
+    """x / sqrt(mean(x**2, axis=-1) + eps) * weight, over the last axis."""
+    _require(x, "x", np.float32, ndim=(1, 2))
+    k = x.shape[-1]
+    if weight is not None:
+        _require(weight, "weight", np.float32, ndim=1)
+        if weight.shape[0] != k:
+            raise ShapeError(f"weight has {weight.shape[0]} elements, x rows have {k}")
+    if not (float(eps) >= 0):
+        raise InvalidArgumentError(f"eps must be >= 0, got {eps!r}")
+    if x.size == 0:
+        return np.empty_like(x)
+    return _core.rms_norm(x.reshape(-1, k), weight, float(eps), _threads(n_threads)).reshape(x.shape)
+
+
+def _unary(name, x, u=None):
+    _require(x, "x", np.float32)
+    if u is not None:
+        _require(u, "up", np.float32)
+        if u.shape != x.shape:
+            raise ShapeError(f"up has shape {u.shape}, gate has {x.shape}")
+    if x.size == 0:
+        return np.empty_like(x)
+    y = _core.activation(_ACT[name], x.reshape(-1), None if u is None else u.reshape(-1))
+    return y.reshape(x.shape)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), through a table indexed by x rounded to float16."""
+    return _unary("silu", x)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU in its tanh form, through a table indexed by x rounded to float16."""
+    return _unary("gelu", x)
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up: the gated feed-forward of Llama-family models."""
+    return _unary("silu", gate, up)
+
+
+def gelu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu(gate) * up: the gated feed-forward of Gemma models."""
+    return _unary("gelu", gate, up)
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU, as ggml_swiglu_oai: g = min(gate, 7),
+    u = clip(up, -7, 7), g * sigmoid(1.702 g) * (u + 1), computed exactly
+    (no table)."""
+    return _unary("swiglu_oai", gate, up)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, numerically stable."""
+    _require(x, "x", np.float32)
+    if x.ndim == 0 or x.shape[-1] == 0:
+        raise ShapeError(f"softmax needs a non-empty last axis, got shape {x.shape}")
+    if x.size == 0:
+        return np.empty_like(x)
+    return _core.softmax(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+
+
+def _binary(op, a, b):
+    _require(a, "a", np.float32)
+    _require(b, "b", np.float32)
+    if a.shape != b.shape:
+        raise ShapeError(f"shapes differ: {a.shape} and {b.shape}")
+    if a.size == 0:
+        return np.empty_like(a)
+    return _core.binary(op, a.reshape(-1), b.reshape(-1)).reshape(a.shape)
+
+
+def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return _binary("add", a, b)
+
+
+def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return _binary("mul", a, b)
+
+
+def rope(x: np.ndarray, positions, n_rot: int | None = None, freq_base: float = 10000.0,
+         freq_scale: float = 1.0, mode: str = "norm") -> np.ndarray:
+    """Rotary position embedding of x (n_tok, n_head, head_dim), returned as a new array.
+
+    The first n_rot dims of each head (all by default) are rotated by
+    positions[t] * freq_scale * freq_base**(-2i/n_rot). mode "norm" rotates
+    adjacent pairs (2i, 2i+1), as GGUF Llama weights expect; "neox" rotates
+    (i, i + n_rot/2), as Qwen2 and Gemma do."""
+    _require(x, "x", np.float32, ndim=3)
+    n_tok, n_head, head_dim = x.shape
+    pos = np.asarray(positions)
+    if pos.shape != (n_tok,) or not np.issubdtype(pos.dtype, np.integer):
+        raise ShapeError(f"positions must be {n_tok} integers, got {pos.dtype} {pos.shape}")
+    if pos.size and (pos.min() < 0 or pos.max() > np.iinfo(np.int32).max):
+        raise InvalidArgumentError("positions must be in [0, 2**31)")
+    n_rot = head_dim if n_rot is None else int(n_rot)
+    if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
+        raise ShapeError(f"n_rot must be even and in [2, head_dim={head_dim}], got {n_rot}")
+    if mode not in _ROPE_MODES:
+        raise InvalidArgumentError(f"mode must be 'norm' or 'neox', got {mode!r}")
+    if not (freq_base > 0 and freq_scale > 0):
+        raise InvalidArgumentError("freq_base and freq_scale must be > 0")
+    out = x.copy()
+    if n_tok:
+        _core.rope(out, np.ascontiguousarray(pos, dtype=np.int32), n_rot, float(freq_base),
+                   float(freq_scale), _ROPE_MODES[mode])
+    return out

@@ -1,0 +1,140 @@
+"""`llminfer serve --mmproj`: images in chat requests as data: URLs, through
+the real openai client, against the library's own answer; bad images 400."""
+
+
+import numpy as np
+import pytest
+
+pytest.importorskip("starlette", reason="the server needs starlette (pip install 'llminfer[serve]')")
+pytest.importorskip("uvicorn", reason="the server needs uvicorn (pip install 'llminfer[serve]')")
+openai = pytest.importorskip("openai", reason="the server tests use the openai client")
+pytest.importorskip("PIL")
+
+import llminfer  # noqa: E402
+from llminfer.server import ServeArgs  # noqa: E402
+from servers import ServerThread  # noqa: E402
+from images import GEMMA_TEMPLATE, HOSTILE, IMAGE_TOKENS, data_url, png, synthetic  # noqa: E402
+from tiny_models import TinyConfig, TinyMmproj, write_mmproj, write_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("server_vision")
+    model = write_model(d / "gemma3.gguf", TinyConfig(arch="gemma3"),
+                        extra_strings={"tokenizer.chat_template": GEMMA_TEMPLATE}, extra_tokens=IMAGE_TOKENS)
+    return model, write_mmproj(d / "mmproj.gguf", TinyMmproj(qtype="F16"))
+
+
+@pytest.fixture(scope="module")
+def server(files):
+    model, mm = files
+    s = ServerThread(ServeArgs(model=model, mmproj=mm, n_ctx=256, kv_pool_tokens=2048, n_threads=1,
+                               max_batch_tokens=16, max_body_bytes=1 << 20))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def messages(url):
+    """Text around the image long enough that full KV blocks (32
+    positions) hold the image: the prefix cache would match them."""
+    return [{"role": "user", "content": [{"type": "text", "text": "look at this picture, one I took myself:"},
+                                         {"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": " what is in it? tell me in a few words please."}]}]
+
+
+def test_openai_client_sends_an_image(files, client):
+    """The server's greedy reply and its token count are the library's, for
+    two images (chunks of 16 tokens: the image's rows are a chunk apart),
+    and a repeated request gives the same: another image at the same place
+    is not taken from the prefix cache."""
+    model, mm = files
+    seconds = []  # the first token's runner-up logprob: the tiny model's answer is sure, its alternatives not
+    with llminfer.LLM(model, mmproj=mm, n_ctx=256, n_threads=1) as llm:
+        for seed in (1, 2):
+            msgs = messages(data_url(png(synthetic(40, 70, seed=seed))))
+            want = llm.chat_completion(msgs, max_tokens=8, temperature=0, logprobs=2)
+            for _ in range(2):
+                r = client.chat.completions.create(model="m", messages=msgs, max_tokens=8, temperature=0,
+                                                   logprobs=True, top_logprobs=2)
+                assert r.choices[0].message.content == want.text
+                second = r.choices[0].logprobs.content[0].top_logprobs[1].logprob
+                assert second == pytest.approx(want.logprobs[0][1][1][1], abs=0.02)
+                seconds.append(second)
+                assert r.usage.prompt_tokens == want.prompt_tokens
+                # the text before the image may come from the prefix cache, never the image's positions
+                span = llm.chat_prompt(msgs).images[0]
+                assert r.usage.prompt_tokens_details.cached_tokens <= span.start
+    assert abs(seconds[0] - seconds[2]) > 0.01  # the image is read: another one moves the logits
+
+
+def test_streaming_with_an_image(client):
+    msgs = messages(data_url(png(synthetic(20, 20, seed=3))))
+    whole = client.chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=0)
+    pieces = client.chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=0, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
+    assert text == whole.choices[0].message.content
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_images_are_400(client, name):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="m", messages=messages(data_url(HOSTILE[name]())), max_tokens=2)
+    assert "image" in str(e.value).lower()
+
+
+@pytest.mark.parametrize("url", ["https://example.com/cat.png", "file:///etc/passwd", "/etc/passwd",
+                                 "data:image/png;base64,@@@", "data:image/png,raw"])
+def test_urls_that_are_not_data_urls_are_400(client, url):
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="m", messages=messages(url), max_tokens=2)
+
+
+def test_a_body_past_the_limit_is_refused(client):
+    big = data_url(png((np.random.default_rng(0).random((700, 700, 3)) * 255).astype(np.uint8)))
+    assert len(big) > 1 << 20
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model="m", messages=messages(big), max_tokens=2)
+    assert e.value.status_code == 413
+
+
+def test_too_many_images(client):
+    url = data_url(png(synthetic(8, 8)))
+    content = [{"type": "image_url", "image_url": {"url": url}}] * 9
+    with pytest.raises(openai.BadRequestError, match="at most"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}], max_tokens=2)
+
+
+def test_images_without_mmproj_are_400(files):
+    model, _ = files
+    s = ServerThread(ServeArgs(model=model, n_ctx=128, kv_pool_tokens=512, n_threads=1))
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        with pytest.raises(openai.BadRequestError, match="mmproj"):
+            c.chat.completions.create(model="m", messages=messages(data_url(png(synthetic(8, 8)))), max_tokens=2)
+    finally:
+        s.stop()
+
+
+def test_models_config_gives_a_model_its_mmproj(files, tmp_path):
+    import json
+    import os
+
+    model, mm = files
+    cfg = tmp_path / "models.json"
+    cfg.write_text(json.dumps({"seeing": {"path": model, "mmproj": os.path.relpath(mm, tmp_path), "n_ctx": 256},
+                               "blind": {"path": model, "n_ctx": 256}}))
+    s = ServerThread(ServeArgs(models_config=str(cfg), n_threads=1))
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        msgs = messages(data_url(png(synthetic(8, 8))))
+        r = c.chat.completions.create(model="seeing", messages=msgs, max_tokens=2, temperature=0)
+        assert r.usage.prompt_tokens > 40
+        with pytest.raises(openai.BadRequestError, match="mmproj"):
+            c.chat.completions.create(model="blind", messages=msgs, max_tokens=2)
+    finally:
+        s.stop()

@@ -1,0 +1,70 @@
+"""Images for the vision tests: PNG bytes and data: URLs of synthetic
+pictures, the hostile ones every image path must refuse clearly, and the
+chat template and special tokens of the tiny Gemma 3 vision model."""
+
+import base64
+import io
+import struct
+import zlib
+
+import numpy as np
+from PIL import Image
+
+
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+IMAGE_TOKENS = {"<start_of_image>": 4, "<end_of_image>": 4, "<image_soft_token>": 4,
+                "<start_of_turn>": 4, "<end_of_turn>": 4}
+
+
+def png(arr) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.asarray(arr, np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def data_url(b: bytes, mime="image/png") -> str:
+    return f"data:{mime};base64," + base64.b64encode(b).decode()
+
+
+def synthetic(h, w, seed=0):
+    return (np.random.default_rng(seed).random((h, w, 3)) * 255).astype(np.uint8)
+
+
+# ---- preprocessing ----
+
+
+def png_header_only(w, h) -> bytes:
+    """A PNG that claims w x h pixels: a valid IHDR, no data (a bomb costs
+    its header only)."""
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + ihdr
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(ihdr)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+
+
+HOSTILE = {
+    "truncated png": lambda: png(synthetic(64, 64))[:300],
+    "truncated jpeg": lambda: (lambda b: b[:len(b) // 2])(_jpeg(synthetic(64, 64))),
+    "bomb 30000x30000": lambda: png_header_only(30000, 30000),
+    "bomb 8000x8000": lambda: png_header_only(8000, 8000),
+    "not an image": lambda: b"hello, this is plain text and no image at all" * 10,
+    "svg": lambda: b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect/></svg>',
+    "svg with xml header": lambda: b'<?xml version="1.0"?>\n<svg xmlns="http://www.w3.org/2000/svg"></svg>',
+    "empty": lambda: b"",
+    "bmp (a format not read)": lambda: _save(synthetic(8, 8), "BMP"),
+}
+
+
+def _jpeg(a):
+    return _save(a, "JPEG")
+
+
+def _save(a, fmt):
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, fmt)
+    return buf.getvalue()

@@ -1,0 +1,46 @@
+"""llama.cpp beside us: its logits on a file (llama-cpp-python in its own
+Python, through bench/peer_logits.py), the agreement check with its margin
+and tolerance, and its llama-quantize."""
+
+import subprocess
+from pathlib import Path
+import numpy as np
+import glob
+import os
+import shutil
+
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "peer_logits.py"
+
+
+MARGIN = 0.25       # top-1 must agree where llama.cpp's top logit leads its second by this much
+
+
+TOL_RELATIVE = 2e-2  # max |ours - llama.cpp| over the largest |llama.cpp logit| (Q8_0 weights, 2 layers)
+
+
+def peer_logits(peer_python, path, toks, tmp_path, n_ctx=512):
+    ids, out = tmp_path / "ids.npy", tmp_path / "out.npy"
+    np.save(ids, toks)
+    r = subprocess.run([peer_python, str(SCRIPT), str(path), str(ids), str(out), "--n-ctx", str(n_ctx)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"llama.cpp failed on {path}: {r.stderr[-2000:]}"
+    return np.load(out)
+
+
+def check_against_peer(ours, peer, what):
+    """ours within TOL_RELATIVE of llama.cpp's logits (relative to its largest),
+    and the same top token wherever llama.cpp's leads by MARGIN"""
+    err = np.abs(ours - peer).max() / np.abs(peer).max()
+    assert err < TOL_RELATIVE, f"{what}: max |ours - llama.cpp| is {err:.4f} of the largest logit"
+    s = np.sort(peer, axis=-1)
+    clear = s[:, -1] - s[:, -2] >= MARGIN
+    assert np.array_equal(ours.argmax(-1)[clear], peer.argmax(-1)[clear]), what
+
+
+def find_llama_quantize():
+    exe = os.environ.get("LLAMA_QUANTIZE") or shutil.which("llama-quantize")
+    if exe:
+        return exe
+    found = sorted(glob.glob("/work/peer/*/vendor/llama.cpp/build/bin/llama-quantize"))
+    return found[0] if found else None
