@@ -138,3 +138,78 @@ def test_models_config_gives_a_model_its_mmproj(files, tmp_path):
             c.chat.completions.create(model="blind", messages=msgs, max_tokens=2)
     finally:
         s.stop()
+
+
+# ---- Anthropic's Messages API: image blocks through the same chat path ----
+
+@pytest.fixture(scope="module")
+def claude(server):
+    anthropic = pytest.importorskip("anthropic", reason="the Messages API tests use the anthropic client")
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+GREEDY = {"temperature": 0}  # the anthropic client takes it through extra_body
+
+
+def image_block(data: bytes, media_type="image/png") -> dict:
+    import base64
+
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type,
+                                        "data": base64.b64encode(data).decode()}}
+
+
+def anthropic_messages(block):
+    """messages() as Anthropic's content blocks: the same text around the image."""
+    return [{"role": "user", "content": [{"type": "text", "text": "look at this picture, one I took myself:"}, block,
+                                         {"type": "text", "text": " what is in it? tell me in a few words please."}]}]
+
+
+def test_anthropic_image_block_answers_as_the_openai_route(client, claude):
+    """The anthropic client's image block gives the OpenAI route's greedy
+    answer and prompt length for the same image and text, whole and
+    streamed, and count_tokens counts the image's positions."""
+    for seed in (4, 5):
+        data = png(synthetic(30, 50, seed=seed))
+        want = client.chat.completions.create(model="m", messages=messages(data_url(data)), max_tokens=8,
+                                              temperature=0)
+        msgs = anthropic_messages(image_block(data))
+        r = claude.messages.create(model="m", max_tokens=8, messages=msgs, extra_body=GREEDY)
+        assert "".join(b.text for b in r.content if b.type == "text") == want.choices[0].message.content
+        assert r.usage.input_tokens == want.usage.prompt_tokens
+        with claude.messages.stream(model="m", max_tokens=8, messages=msgs, extra_body=GREEDY) as s:
+            assert "".join(s.text_stream) == want.choices[0].message.content
+        assert claude.messages.count_tokens(model="m", messages=msgs).input_tokens == want.usage.prompt_tokens
+    text_only = claude.messages.count_tokens(model="m", messages=[
+        {"role": "user", "content": [b for b in msgs[0]["content"] if b["type"] == "text"]}]).input_tokens
+    assert want.usage.prompt_tokens > text_only  # the image's rows are in the prompt
+
+
+def _anthropic_400(claude, msgs):
+    import anthropic
+
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model="m", max_tokens=2, messages=msgs)
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
+    return e.value.body["error"]["message"]
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_anthropic_hostile_images_are_400(claude, name):
+    assert "image" in _anthropic_400(claude, anthropic_messages(image_block(HOSTILE[name]()))).lower()
+
+
+@pytest.mark.parametrize("source", [
+    {"type": "url", "url": "https://example.com/cat.png"},
+    {"type": "url", "url": "file:///etc/passwd"},
+    {"type": "base64", "media_type": "image/svg+xml", "data": "PHN2Zy8+"},
+    {"type": "base64", "media_type": "image/png", "data": "@@@"},
+    {"type": "file", "file_id": "file_123"},
+    "not a source"])
+def test_anthropic_image_sources_that_are_refused(claude, source):
+    _anthropic_400(claude, anthropic_messages({"type": "image", "source": source}))
+
+
+def test_anthropic_image_in_an_assistant_turn_is_400(claude):
+    block = image_block(png(synthetic(8, 8)))
+    _anthropic_400(claude, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [block]},
+                            {"role": "user", "content": "and?"}])
