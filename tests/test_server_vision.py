@@ -213,3 +213,60 @@ def test_anthropic_image_in_an_assistant_turn_is_400(claude):
     block = image_block(png(synthetic(8, 8)))
     _anthropic_400(claude, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [block]},
                             {"role": "user", "content": "and?"}])
+
+
+# ---- Ollama's API: a message's images through the same chat path ----
+
+@pytest.fixture(scope="module")
+def llama(server):
+    ollama = pytest.importorskip("ollama", reason="the Ollama API tests use the ollama client")
+    return ollama.Client(host=server.url, timeout=120)
+
+
+def test_ollama_images_answer_as_the_openai_route(client, llama):
+    """The ollama client's images (bytes, sent as base64) give the OpenAI
+    route's greedy answer and prompt length for the same image and text,
+    placed before the text as Ollama places them; whole and streamed chat,
+    and generate through the chat template."""
+    question = "what is in this picture? tell me in a few words please."
+    for seed in (6, 7):
+        data = png(synthetic(40, 30, seed=seed))
+        want = client.chat.completions.create(model="m", max_tokens=8, temperature=0, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(data)}},
+                                         {"type": "text", "text": question}]}])
+        opts = {"temperature": 0, "num_predict": 8}
+        msgs = [{"role": "user", "content": question, "images": [data]}]
+        r = llama.chat(model="m", messages=msgs, options=opts)
+        assert r.message.content == want.choices[0].message.content
+        assert r.prompt_eval_count == want.usage.prompt_tokens
+        parts = list(llama.chat(model="m", messages=msgs, options=opts, stream=True))
+        assert "".join(p.message.content for p in parts) == want.choices[0].message.content
+        g = llama.generate(model="m", prompt=question, images=[data], options=opts)
+        assert g.response == want.choices[0].message.content and g.prompt_eval_count == want.usage.prompt_tokens
+    assert "vision" in llama.show("m").capabilities
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_ollama_hostile_images_are_400(server, llama, name):
+    import base64
+
+    import httpx
+    import ollama
+
+    data = HOSTILE[name]()
+    body = {"model": "m", "stream": False,
+            "messages": [{"role": "user", "content": "hi", "images": [base64.b64encode(data).decode()]}]}
+    r = httpx.post(server.url + "/api/chat", json=body, timeout=60)
+    assert r.status_code == 400 and set(r.json()) == {"error"} and "image" in r.json()["error"].lower(), r.text
+    if data:  # the client refuses to send an empty image itself
+        with pytest.raises(ollama.ResponseError) as e:
+            llama.generate(model="m", prompt="hi", images=[data])
+        assert e.value.status_code == 400 and "image" in e.value.error.lower()
+
+
+def test_ollama_image_that_is_not_base64_is_400(server):
+    import httpx
+
+    r = httpx.post(server.url + "/api/chat", timeout=60, json={
+        "model": "m", "stream": False, "messages": [{"role": "user", "content": "hi", "images": ["@@not base64@@"]}]})
+    assert r.status_code == 400 and "base64" in r.json()["error"]
