@@ -270,3 +270,39 @@ def test_ollama_image_that_is_not_base64_is_400(server):
     r = httpx.post(server.url + "/api/chat", timeout=60, json={
         "model": "m", "stream": False, "messages": [{"role": "user", "content": "hi", "images": ["@@not base64@@"]}]})
     assert r.status_code == 400 and "base64" in r.json()["error"]
+
+
+# ---- an idefics3 (SmolVLM) projector: tiles, causal rows ----
+
+def test_idefics3_images_through_the_server(tmp_path):
+    """A SmolVLM-style tower (2 x 2 tiles and the overview: 20 rows, more
+    than a step's 16 tokens, so the rows run over several steps, causally)
+    answers as the library does, through the OpenAI and Ollama routes."""
+    import base64
+
+    from test_vision import IDEFICS3_TOKENS
+
+    ollama = pytest.importorskip("ollama", reason="the Ollama API tests use the ollama client")
+    model = write_model(tmp_path / "smolvlm.gguf", TinyConfig(), extra_tokens=IDEFICS3_TOKENS)
+    mm = write_mmproj(tmp_path / "mmproj.gguf", TinyMmproj(projector="idefics3", qtype="F16"))
+    data = png(synthetic(45, 60, seed=9))
+    msgs = messages(data_url(data))
+    with llminfer.LLM(model, mmproj=mm, n_ctx=256, n_threads=1) as llm:
+        want = llm.chat_completion(msgs, max_tokens=6, temperature=0)
+        assert sum(len(s.rows) for s in llm.chat_prompt(msgs).images) == 20
+    s = ServerThread(ServeArgs(model=model, mmproj=mm, n_ctx=256, kv_pool_tokens=1024, n_threads=1,
+                               max_batch_tokens=16))
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        r = c.chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=0)
+        assert r.choices[0].message.content == want.text and r.usage.prompt_tokens == want.prompt_tokens
+        first, second = (p["text"] for p in (msgs[0]["content"][0], msgs[0]["content"][2]))
+        o = ollama.Client(host=s.url, timeout=120).chat(model="m", options={"temperature": 0, "num_predict": 6},
+                                                        messages=[{"role": "user", "content": first + second,
+                                                                   "images": [base64.b64encode(data).decode()]}])
+        image_first = c.chat.completions.create(model="m", max_tokens=6, temperature=0, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(data)}},
+                                         {"type": "text", "text": first + second}]}])
+        assert o.message.content == image_first.choices[0].message.content
+    finally:
+        s.stop()

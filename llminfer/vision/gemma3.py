@@ -85,6 +85,10 @@ class Gemma3Vision:
         x = ops.rms_norm(np.ascontiguousarray(x, np.float32), self.soft_norm, eps=p.eps)
         return ops.matmul(self.proj_t, "F32", self.proj_t.shape, x, n_threads=nt)
 
+    def image_parts(self, rows: np.ndarray) -> list:
+        """The image's place in the prompt: text and its rows, in order."""
+        return [self.image_begin, rows, self.image_end]
+
     def encode(self, image, n_threads=None) -> np.ndarray:
         """float32 [n_tokens, n_embd_text]: an image's rows for the text model."""
         return self.encode_pixels(self.preprocess(image), n_threads)

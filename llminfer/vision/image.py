@@ -134,6 +134,13 @@ def preprocess_fixed(im, size: int, mean, std) -> np.ndarray:
         canvas = Image.new("RGB", (size, size), (0, 0, 0))
         canvas.paste(resized, ((size - nw) // 2, (size - nh) // 2))
         im = canvas
+    return normalize(im, mean, std)
+
+
+def normalize(im, mean, std) -> np.ndarray:
+    """An RGB PIL image as float32 [3, h, w]: scaled to [0, 1] and
+    normalised with the mmproj's mean and std per channel (clip_image_f32's
+    normalize in mtmd)."""
     x = np.asarray(im, dtype=np.float32) / np.float32(255.0)  # [h, w, 3]
     x = (x - np.asarray(mean, np.float32)[:3]) / np.asarray(std, np.float32)[:3]
     return np.ascontiguousarray(x.transpose(2, 0, 1))
