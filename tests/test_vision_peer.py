@@ -184,6 +184,48 @@ def test_idefics3_layout_and_rows_match_mtmd(mtmd, idefics3, qtype):
             assert err < TOL[qtype], f"{qtype} {h}x{w}: {err:.2e}"
 
 
+@pytest.mark.parametrize("seed,h,w", [(8, 40, 70), (9, 100, 30)])
+def test_idefics3_logits_after_an_image_prompt_match_llama_cpp(mtmd, idefics3, seed, h, w):
+    """The whole path (tiles, layout, rows, causal decode) against llama.cpp
+    decoding mtmd's chunks with the tiles' rows as input embeddings. The
+    tiny random llama model magnifies small differences: its logits move
+    ~2.5e-3 of their largest between our rows and mtmd's (6e-4 apart) under
+    our decode, and as much between our decode and llama.cpp's on mtmd's
+    rows; another image moves them ~20 times that."""
+    import llminfer
+    from llminfer.vision.prompt import ImageSpan, PromptIds
+
+    d, model, mm = idefics3
+    img = synthetic(h, w, seed=seed)
+    prompt = "what is<__media__>this picture"
+    np.ascontiguousarray(img).tofile(d / "idf-lg.rgb")
+    argv = [str(mtmd), model, mm["F32"], str(d / "idf-lg.rgb"), str(w), str(h), prompt, str(d / "idf-lg"), "causal"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    peer = np.fromfile(f"{d / 'idf-lg'}.logits", np.float32)
+    peer_rows = np.fromfile(f"{d / 'idf-lg'}.embd", np.float32)
+    scale = np.abs(peer).max()
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=256, n_threads=1) as llm:
+        def logits(image, rows=None):
+            ids = lay_out(prompt, [png(image)], llm._vision,
+                          lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
+            if rows is not None:  # the same prompt with mtmd's rows in the image's positions
+                rows = rows.reshape(-1, llm._vision.n_embd_out)
+                ids2, at = PromptIds(ids), np.cumsum([0] + [len(s.rows) for s in ids.images])
+                ids2.images = tuple(ImageSpan(s.start, f"mtmd/{k}", rows[at[k]:at[k + 1]])
+                                    for k, s in enumerate(ids.images))
+                ids = ids2
+            llm.complete(ids, max_tokens=1, temperature=0)
+            return llm.last_logits.copy()
+
+        ours, with_mtmd_rows = logits(img), logits(img, peer_rows)
+        other = logits(synthetic(h, w, seed=seed + 50))
+    assert np.abs(ours - with_mtmd_rows).max() / scale < 5e-3
+    err = np.abs(ours - peer).max() / scale
+    assert err < 5e-3 and np.abs(other - peer).max() / scale > 8 * err
+    assert np.argmax(ours) == np.argmax(peer)
+
+
 def test_idefics3_generation_runs_through_the_library(idefics3):
     """LLM(mmproj=) with an idefics3 projector: a chat with an image runs,
     its prompt holds every tile's rows, and another image moves the logits."""
