@@ -103,6 +103,61 @@ def test_format_json_and_a_schema_give_json(server, client):
     wait_idle(server.url)
 
 
+# keys in the order the ollama client's Tool model sends them (the template writes the JSON as given)
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}
+
+
+def test_tools_and_a_tool_exchange_are_the_chat_completions(server, client, oai):
+    """tools offered, then the assistant's call and the tool's answer sent
+    back: the same reply (calls or text) as /v1/chat/completions gives."""
+    ask = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+    want = chat(oai, ask, 40, tools=[WEATHER])
+    r = client.chat(model="m", messages=ask, tools=[WEATHER], options={**GREEDY, "num_predict": 40})
+    calls = want.choices[0].message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == \
+        [(c.function.name, dict(c.function.arguments)) for c in r.message.tool_calls or []]
+    assert r.message.content == (want.choices[0].message.content or "")
+    turns = ask + [{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "18 C and sunny", "tool_name": "get_weather"}]
+    oai_turns = ask + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "content": "18 C and sunny", "name": "get_weather"}]
+    want = chat(oai, oai_turns, 24, tools=[WEATHER])
+    r = client.chat(model="m", messages=turns, tools=[WEATHER], options={**GREEDY, "num_predict": 24})
+    assert r.message.content == want.choices[0].message.content and not r.message.tool_calls
+    assert r.prompt_eval_count == want.usage.prompt_tokens
+    wait_idle(server.url)
+
+
+def test_a_replys_tool_calls_and_thinking_in_ollamas_shape():
+    """A reply with thinking and a call (SmolLM2 makes neither when asked):
+    the body the ollama client reads into message.thinking and
+    message.tool_calls, arguments an object, done_reason stop."""
+    import asyncio
+
+    from llminfer.server.chatrun import ChatReply
+    from llminfer.server.ollama import _answer
+
+    class Run:
+        started_ns, first_token_ns, ended_ns = 100, 250, 1000
+        reply = ChatReply(finish="tool_calls", thinking="hmm", text="", prompt_tokens=7, completion_tokens=5,
+                          calls=[{"name": "get_weather", "arguments": {"city": "Paris"}}])
+
+        async def whole(self, request):
+            return self.reply
+
+    body = json.loads(asyncio.run(_answer(Run(), None, "m", True, False)).body)
+    r = ollama.ChatResponse(**body)
+    assert r.message.thinking == "hmm" and r.done and r.done_reason == "stop"
+    assert [(c.function.name, dict(c.function.arguments)) for c in r.message.tool_calls] == \
+        [("get_weather", {"city": "Paris"})]
+    assert (r.prompt_eval_count, r.eval_count, r.prompt_eval_duration, r.eval_duration, r.total_duration) == \
+        (7, 5, 150, 750, 900)
+
+
 def test_empty_messages_load_the_model(client):
     r = client.chat(model="m", messages=[])
     assert r.done and r.done_reason == "load" and r.message.content == ""
