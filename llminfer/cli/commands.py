@@ -611,7 +611,7 @@ def build_parser():
                    help="most tokens to generate")
     r.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     r.add_argument("--echo", action="store_true", help="print the prompt before the completion")
-    r.add_argument("--mmproj", metavar="FILE", help="the model's vision tower (an mmproj GGUF; projector gemma3)")
+    r.add_argument("--mmproj", metavar="FILE", help="the model's vision tower (an mmproj GGUF; projector gemma3 or idefics3)")
     r.add_argument("--image", action="append", metavar="PATH",
                    help="an image for the prompt, placed before its text (repeatable; needs --mmproj)")
     _add_lora(r)
@@ -628,7 +628,7 @@ def build_parser():
     c.add_argument("--system", help="system message")
     c.add_argument("--chat-format", help="force a chat format: chatml, gemma or llama3 (None: the file's template)")
     c.add_argument("--mmproj", metavar="FILE",
-                   help="the model's vision tower (an mmproj GGUF, projector gemma3): /image PATH in the chat")
+                   help="the model's vision tower (an mmproj GGUF, projector gemma3 or idefics3): /image PATH in the chat")
     _add_lora(c)
     c.add_argument("-n", "--n-predict", type=_non_negative_int, default=512, metavar="N",
                    help="most tokens per reply")
@@ -736,8 +736,8 @@ def build_parser():
     v.add_argument("--chat-format", default=None, help="a built-in chat format (chatml, gemma, llama3)")
     v.add_argument("--served-model-name", default=None, help="the model id clients name (default: from -m)")
     v.add_argument("--mmproj", default=None, metavar="FILE",
-                   help="the model's vision tower (an mmproj GGUF, projector gemma3): chat messages then take "
-                        "image_url parts as data: URLs")
+                   help="the model's vision tower (an mmproj GGUF, projector gemma3 or idefics3): chat messages "
+                        "then take image_url parts as data: URLs")
     v.add_argument("--lora", action="append", default=None, metavar="FILE[:SCALE]",
                    help="a LoRA adapter GGUF (llama.cpp's convert_lora_to_gguf.py), at SCALE (default 1.0) for "
                         "requests that name none of their own; repeatable, ids in order (GET/POST /lora-adapters)")

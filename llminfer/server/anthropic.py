@@ -8,7 +8,8 @@
 
 A request is translated into an OpenAI-shaped chat request (system first,
 tool_use blocks as an assistant's tool_calls, tool_result blocks as tool
-messages) and run by llminfer.server.chatrun; the reply comes back as
+messages, image blocks as image_url parts) and run by
+llminfer.server.chatrun; the reply comes back as
 thinking, text and tool_use blocks. max_tokens is required, as Anthropic
 requires it, and capped at the room the context has left. Errors have
 Anthropic's shape, {"type": "error", "error": {"type", "message"}}. The
@@ -93,6 +94,39 @@ def _text_of(blocks, what: str) -> str:
     return "".join(out)
 
 
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # the media types Anthropic takes
+
+
+def _image_part(block, at: str) -> dict:
+    """An image block as the chat path's image_url part: a base64 source
+    as a data: URL, a url source as its URL (which the chat path takes or
+    refuses as it does OpenAI's image_url: data: URLs alone today). The
+    bytes are checked where the OpenAI route checks them
+    (Server.image_part, llminfer.vision)."""
+    src = block.get("source")
+    kind = src.get("type") if isinstance(src, dict) else None
+    if kind == "base64":
+        media, data = src.get("media_type"), src.get("data")
+        if media not in IMAGE_TYPES:
+            raise bad_request(f"{at}.source.media_type: must be one of {', '.join(IMAGE_TYPES)}, got {shown(media)}")
+        if not isinstance(data, str) or not data:
+            raise bad_request(f"{at}.source.data: must be the image's bytes in base64")
+        return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
+    if kind == "url":
+        if not isinstance(src.get("url"), str) or not src["url"]:
+            raise bad_request(f"{at}.source.url: must be a URL")
+        return {"type": "image_url", "image_url": {"url": src["url"]}}
+    raise bad_request(f"{at}.source: an image's source must be {{'type': 'base64', 'media_type', 'data'}} or "
+                      f"{{'type': 'url', 'url'}}, got {shown(src)}")
+
+
+def _content(parts: list, images: bool):
+    """A message's content: its text joined, or with images the chat path's list of text and image_url parts."""
+    if not images:
+        return "".join(parts)
+    return [p if isinstance(p, dict) else {"type": "text", "text": p} for p in parts]
+
+
 def _messages(body) -> list:
     """The OpenAI chat messages of a Messages request's system and messages."""
     out = []
@@ -117,12 +151,15 @@ def _messages(body) -> list:
             continue
         if not isinstance(content, list):
             raise bad_request(f"{where}.content: must be a string or a list of content blocks")
-        text, calls, results = [], [], False
+        text, calls, results, images = [], [], False, False
         for j, b in enumerate(content):
             at = f"{where}.content.{j}"
             kind = b.get("type") if isinstance(b, dict) else None
             if kind == "text" and isinstance(b.get("text"), str):
                 text.append(b["text"])
+            elif kind == "image" and role == "user":
+                text.append(_image_part(b, at))
+                images = True
             elif kind in ("thinking", "redacted_thinking") and role == "assistant":
                 continue  # earlier turns' thinking is not shown to the model again
             elif kind == "tool_use" and role == "assistant":
@@ -138,18 +175,18 @@ def _messages(body) -> list:
                 if b.get("is_error"):
                     result = f"Error: {result}"
                 if text:  # text before the result stays before it
-                    out.append({"role": "user", "content": "".join(text)})
-                    text = []
+                    out.append({"role": "user", "content": _content(text, images)})
+                    text, images = [], False
                 out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": result})
                 results = True
-            elif kind in ("image", "document"):
-                raise bad_request(f"{at}: {kind} blocks are not supported by this server (text only)")
+            elif kind == "document":
+                raise bad_request(f"{at}: document blocks are not supported by this server (text and images only)")
             else:
                 raise bad_request(f"{at}: a {role} message cannot hold a block of type {shown(kind or b)}")
         if calls:
             out.append({"role": "assistant", "content": "".join(text) or None, "tool_calls": calls})
         elif text or not results:
-            out.append({"role": role, "content": "".join(text)})
+            out.append({"role": role, "content": _content(text, images)})
     if msgs[-1].get("role") == "assistant":
         raise bad_request("messages: the last message must be the user's; continuing a prefilled assistant turn is "
                    "not supported by this server")

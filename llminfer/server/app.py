@@ -7,9 +7,11 @@ Endpoints: POST /v1/completions, POST /v1/chat/completions (streamed as
 server-sent events with "stream": true), GET /v1/models, GET
 /v1/models/{id}, POST /tokenize, POST /detokenize, GET /health, GET
 /metrics (Prometheus text); Anthropic's POST /v1/messages and
-/v1/messages/count_tokens (llminfer.server.anthropic) and OpenAI's POST
-/v1/responses (llminfer.server.responses), both translated into the chat
-path (llminfer.server.chatrun). Any model name is served by the one model
+/v1/messages/count_tokens (llminfer.server.anthropic), OpenAI's POST
+/v1/responses (llminfer.server.responses) and Ollama's /api/chat,
+/api/generate, /api/show, /api/tags, /api/ps, /api/version
+(llminfer.server.ollama), all translated into the chat path
+(llminfer.server.chatrun). Any model name is served by the one model
 loaded.
 
 Every request is checked here, before it reaches the engine thread: a bad

@@ -1,6 +1,6 @@
 """One chat generation as the non-OpenAI wire formats see it: the internal
-request that /v1/messages (Anthropic) and /v1/responses (OpenAI Responses)
-are translated into, and the reply as pieces of thinking, answer text and
+request that /v1/messages (Anthropic), /v1/responses (OpenAI Responses)
+and Ollama's /api/chat and /api/generate are translated into, and the reply as pieces of thinking, answer text and
 tool calls that they translate back.
 
     run = await start_chat(server, body, max_tokens)   # body: an OpenAI chat request's fields
@@ -22,6 +22,7 @@ path parses them (llminfer.text.tools).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -64,6 +65,8 @@ class ChatRun:
         self.job = job
         self.stops = stops  # the request's own stop strings (not the template's)
         self.reply = ChatReply()
+        # monotonic ns: submitted, first token out (the prompt read), last event in
+        self.started_ns, self.first_token_ns, self.ended_ns = time.monotonic_ns(), None, None
 
     def cancel(self):
         self.job.cancel()
@@ -80,6 +83,8 @@ class ChatRun:
         finish, calls = None, []
         async for _req, ev in job.events():
             if isinstance(ev, TokenEvent):
+                if self.first_token_ns is None:
+                    self.first_token_ns = time.monotonic_ns()
                 tokens.append(ev.token)
                 if read.thinking:
                     reply.reasoning_tokens += 1
@@ -96,6 +101,7 @@ class ChatRun:
             if text:
                 reply.text += text
                 yield "text", text
+        self.ended_ns = time.monotonic_ns()
         reply.prompt_tokens = finish.prompt_tokens
         reply.completion_tokens = finish.completion_tokens
         reply.cached_tokens = finish.cached_tokens
@@ -142,13 +148,19 @@ async def prompt_ids(server, body) -> tuple[list, list, object, object]:
     return await run_in_threadpool(server.chat_ids, body)
 
 
-async def start_chat(server, body: dict, max_tokens: int | None) -> ChatRun:
+async def start_chat(server, body: dict, max_tokens: int | None, prompt: list | None = None) -> ChatRun:
     """Submit the chat request `body` (OpenAI chat fields: messages, tools,
     tool_choice, response_format, stop and sampling) for at most max_tokens
-    new tokens, fewer when the context has less room (None: all it has)."""
+    new tokens, fewer when the context has less room (None: all it has).
+    prompt: token ids to run instead of the chat template's rendering of
+    messages (a raw prompt, as Ollama's /api/generate "raw" sends): no
+    template stops, no tools, the reply not read for thinking."""
     server.check_generates()
     params, _, _, stops, ignore_eos, _, grammar, _ = await run_in_threadpool(server.sampling, body, True)
-    ids, chat_stops, tools, reasoning = await run_in_threadpool(server.chat_ids, body)
+    if prompt is not None:
+        ids, chat_stops, tools, reasoning = prompt, [], None, None
+    else:
+        ids, chat_stops, tools, reasoning = await run_in_threadpool(server.chat_ids, body)
     if tools is not None and tools.grammar is not None:
         if grammar is not None:
             raise bad_request(f"a structured-output format cannot be combined with a required tool call "
@@ -158,7 +170,7 @@ async def start_chat(server, body: dict, max_tokens: int | None) -> ChatRun:
     limit = room if max_tokens is None else min(max_tokens, room)
     job = Job(server, [ids], params, [limit], 1, chat_stops + stops, ignore_eos, None, grammar, reasoning)
     job.tools = tools
-    if reasoning is None:
+    if reasoning is None and prompt is None:
         # a template that knows no <think>: the generation is not steered by
         # it, but a reply that opens with <think> is still read as thinking
         job.reasoning = Reasoning(in_thinking=False)
@@ -173,8 +185,9 @@ class EventStream:
     a failure while making chunks ends the stream with on_error(APIError)'s
     bytes instead of a cut connection."""
 
-    def __init__(self, chunks, run: ChatRun, on_error):
+    def __init__(self, chunks, run: ChatRun, on_error, media_type: str = "text/event-stream"):
         self.chunks, self.run, self.on_error = chunks, run, on_error
+        self.media_type = media_type  # Ollama's streams are application/x-ndjson
 
     async def _guarded(self):
         try:
@@ -189,7 +202,7 @@ class EventStream:
 
     async def __call__(self, scope, receive, send):
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                    "headers": [(b"content-type", f"{self.media_type}; charset=utf-8".encode()),
                                 (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
 
         async def pump():

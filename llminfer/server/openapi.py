@@ -2,7 +2,7 @@
 per route the app has, its summary, description, request body and answers.
 Written here rather than from endpoint docstrings (Starlette's
 SchemaGenerator reads YAML from them): the endpoints are closures over their
-server, and the wire formats are OpenAI's and Anthropic's, described loosely
+server, and the wire formats are OpenAI's, Anthropic's and Ollama's, described loosely
 (the fields llminfer reads), not re-specified.
 
 document(routes) describes exactly the routes given: a route without an
@@ -36,6 +36,10 @@ _SAMPLING = {
                                                                          "scale": {"type": "number"}}},
              "description": "llama-server's per-request LoRA scales; adapters left out are off"},
 }
+_OLLAMA_OPTIONS = {"type": "object", "properties": {
+    k: {"type": "integer" if k in ("top_k", "seed", "num_predict") else "number"}
+    for k in ("temperature", "top_p", "top_k", "min_p", "seed", "num_predict", "repeat_penalty", "presence_penalty",
+              "frequency_penalty")} | {"stop": {"type": "array", "items": {"type": "string"}}}}
 _ERRORS = {"400": "a bad request (OpenAI's error shape: {error: {message, type, param, code}})",
            "401": "the API key is missing or wrong", "404": "an unknown model (with many models)",
            "503": "the engine is not running, or (with many models) no room to load the model: see Retry-After"}
@@ -108,7 +112,7 @@ OPERATIONS = {
     ("/v1/messages", "post"): _op(
         "Messages (Anthropic)",
         "Anthropic's Messages API over the same chat path: system, multi-turn, tools / tool_use / tool_result, "
-        "thinking blocks, stop_sequences; streamed as message_start ... message_stop events. Errors in "
+        "thinking blocks, image blocks (base64; with --mmproj), stop_sequences; streamed as message_start ... message_stop events. Errors in "
         "Anthropic's shape; the key as x-api-key or a bearer token.",
         _body({"model": {"type": "string"}, "max_tokens": {"type": "integer"}, "messages": _MESSAGES,
                "system": {"anyOf": [{"type": "string"}, {"type": "array"}]}, "stream": {"type": "boolean"},
@@ -131,6 +135,34 @@ OPERATIONS = {
                "temperature": {"type": "number"}, "top_p": {"type": "number"}, "stream": {"type": "boolean"},
                "tools": {"type": "array", "items": _OBJ}, "tool_choice": {}, "text": _OBJ},
               ["input"]), "a response object, or text/event-stream events"),
+    ("/api/chat", "post"): _op(
+        "Chat (Ollama)",
+        "Ollama's chat over the same chat path: messages with base64 `images` (with --mmproj), tools, `options` "
+        "(temperature, top_p, top_k, min_p, seed, num_predict, stop, repeat_penalty, presence_penalty, "
+        "frequency_penalty), `format` json or a JSON schema, `think`; newline-delimited JSON unless "
+        "`stream: false`. Errors as {error}.",
+        _body({"model": {"type": "string"}, "messages": _MESSAGES, "stream": {"type": "boolean"},
+               "options": _OLLAMA_OPTIONS, "format": {"anyOf": [{"type": "string"}, _OBJ]},
+               "think": {"anyOf": [{"type": "boolean"}, {"type": "string"}]},
+               "tools": {"type": "array", "items": _OBJ}}, ["model"]),
+        "a chat response, or application/x-ndjson lines, the last with done: true"),
+    ("/api/generate", "post"): _op(
+        "Generate (Ollama)",
+        "A prompt (with system and base64 `images`) rendered by the chat template, or with `raw: true` as it "
+        "is; `suffix` for fill-in-the-middle; options, format and think as /api/chat; no prompt: the model's "
+        "load answer (done_reason load).",
+        _body({"model": {"type": "string"}, "prompt": {"type": "string"}, "system": {"type": "string"},
+               "images": {"type": "array", "items": {"type": "string"}}, "raw": {"type": "boolean"},
+               "suffix": {"type": "string"}, "stream": {"type": "boolean"}, "options": _OLLAMA_OPTIONS,
+               "format": {"anyOf": [{"type": "string"}, _OBJ]}}, ["model"]),
+        "a generate response, or application/x-ndjson lines, the last with done: true"),
+    ("/api/show", "post"): _op(
+        "Show a model (Ollama)", "The model's details, metadata (model_info), chat template and capabilities.",
+        _body({"model": {"type": "string"}}, ["model"]),
+        "{details, model_info, template, capabilities, modified_at, modelfile, parameters}"),
+    ("/api/tags", "get"): _op("The models (Ollama)", "Every model served: name, size, details."),
+    ("/api/ps", "get"): _op("The loaded models (Ollama)", "The models loaded now, with their context length."),
+    ("/api/version", "get"): _op("The server's version (Ollama)", "{version}: llminfer's."),
     ("/lora-adapters", "get"): _op(
         "LoRA adapters (llama-server)", "The adapters loaded with --lora: [{id, path, scale}], scale the global "
         "one a request without its own \"lora\" list runs with."),
@@ -175,7 +207,8 @@ def document(routes) -> dict:
             paths.setdefault(p, {})[m] = op
     return {"openapi": "3.1.0",
             "info": {"title": "llminfer serve", "version": __version__,
-                     "description": "OpenAI's, Anthropic's and the Responses API over continuous batching."},
+                     "description": "OpenAI's, Anthropic's, Ollama's and the Responses API over continuous "
+                                    "batching."},
             "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
             "security": [{}, {"bearer": []}],
             "paths": paths}

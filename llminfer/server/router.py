@@ -14,7 +14,8 @@ split GGUF are not served (join a split model first: llama-gguf-split
 --merge).
 
 Every POST route of the one-model server (chat, completions, embeddings,
-tokenize, Anthropic's messages, responses) reads the request's `model`,
+tokenize, Anthropic's messages, responses, Ollama's chat, generate and
+show) reads the request's `model`,
 takes hold of that model (loading it, off the event loop, when needed;
 requests for a model being loaded wait for that load) and hands the request
 to the model's own routes (app.routes), letting go of it when the response
@@ -23,7 +24,8 @@ unloaded. Room is made least recently used first, among models no request
 holds, to keep at most models_max_loaded models and their estimated memory
 (the file's size + its KV pool) within models_memory_gib; when even that
 leaves no room, the request gets 503 with Retry-After. An unknown model is a
-404 naming the known ones.
+404 naming the known ones. Ollama's GET /api/tags lists every model known,
+/api/ps those loaded.
 
 All bookkeeping runs on the event loop, so it needs no lock: a decision and
 the state it changes happen between two awaits.
@@ -419,6 +421,10 @@ def _error(e: APIError, path: str) -> Response:
         from llminfer.server.anthropic import error_body
 
         return JSONResponse(error_body(e), status_code=e.status, headers=headers)
+    if path.startswith("/api/"):
+        from llminfer.server.ollama import error_body
+
+        return JSONResponse(error_body(e), status_code=e.status, headers=headers)
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
@@ -513,6 +519,29 @@ async def _model(router: ModelRouter, request):
     return JSONResponse(router.card(router.entry(request.path_params["name"])))
 
 
+async def _ollama_tags(router: ModelRouter, request):
+    """Ollama's /api/tags (every model known) or /api/ps (those loaded)."""
+    from llminfer.server import ollama
+
+    loaded_only = request.url.path == "/api/ps"
+    out = []
+    for e in list(router.entries.values()):
+        if loaded_only and e.state != "loaded":
+            continue
+        try:
+            d = await run_in_threadpool(ollama.describe_file, e.path, bool(e.options.get("mmproj")))
+        except (OSError, LLMInferError):
+            continue  # a file gone or broken since the catalog was read: not listed
+        out.append(ollama.running(e.name, d, e.n_ctx(router.args)) if loaded_only else ollama.listed(e.name, d))
+    return JSONResponse({"models": out})
+
+
+async def _ollama_version(router: ModelRouter, request):
+    import llminfer
+
+    return JSONResponse({"version": llminfer.__version__})
+
+
 async def _health(router: ModelRouter, request):
     loaded = sum(e.state == "loaded" for e in router.entries.values())
     return JSONResponse({"status": "ok", "models": len(router.entries), "loaded": loaded})
@@ -571,6 +600,9 @@ def create_app(args: ServeArgs) -> Starlette:
     routes = [
         Route("/v1/models", _endpoint(router, _models), methods=["GET"]),
         Route("/v1/models/{name:path}", _endpoint(router, _model), methods=["GET"]),
+        Route("/api/tags", _endpoint(router, _ollama_tags), methods=["GET"]),
+        Route("/api/ps", _endpoint(router, _ollama_tags), methods=["GET"]),
+        Route("/api/version", _endpoint(router, _ollama_version), methods=["GET"]),
         Route("/health", _endpoint(router, _health, auth=False), methods=["GET"]),
         Route("/metrics", _endpoint(router, _metrics, auth=False), methods=["GET"]),
     ] + [Route(r.path, dispatch, methods=["POST"]) for r in probe] + page.routes()

@@ -27,7 +27,8 @@ MAX_BYTES = 20 << 20          # bytes of one encoded image
 MAX_PIXELS = 50_000_000       # width * height by the header, before decoding
 
 
-def _pil():
+def pil():
+    """PIL.Image, or ImageError naming the missing optional dependency."""
     try:
         from PIL import Image
     except ImportError:  # pragma: no cover - an optional dependency
@@ -87,7 +88,7 @@ def _open(Image, data):
 
 def load_image(source, max_pixels: int = MAX_PIXELS, max_bytes: int = MAX_BYTES):
     """A decoded RGB PIL image of `source` (bytes, a path or a binary file)."""
-    Image = _pil()
+    Image = pil()
     data = image_bytes(source, max_bytes)
     if _looks_like_svg(data):
         raise ImageError("SVG images are not supported; send JPEG, PNG, WebP or GIF")
@@ -126,7 +127,7 @@ def preprocess_fixed(im, size: int, mean, std) -> np.ndarray:
     filter, which llama.cpp reimplements) into the square with its aspect
     ratio kept, centred on black, scaled to [0, 1] and normalised with the
     mmproj's mean and std per channel. What mtmd does for Gemma 3."""
-    Image = _pil()
+    Image = pil()
     im = im.convert("RGB")
     if im.size != (size, size):
         nw, nh = fit_size(im.size[0], im.size[1], size)
@@ -134,6 +135,13 @@ def preprocess_fixed(im, size: int, mean, std) -> np.ndarray:
         canvas = Image.new("RGB", (size, size), (0, 0, 0))
         canvas.paste(resized, ((size - nw) // 2, (size - nh) // 2))
         im = canvas
+    return normalize(im, mean, std)
+
+
+def normalize(im, mean, std) -> np.ndarray:
+    """An RGB PIL image as float32 [3, h, w]: scaled to [0, 1] and
+    normalised with the mmproj's mean and std per channel (clip_image_f32's
+    normalize in mtmd)."""
     x = np.asarray(im, dtype=np.float32) / np.float32(255.0)  # [h, w, 3]
     x = (x - np.asarray(mean, np.float32)[:3]) / np.asarray(std, np.float32)[:3]
     return np.ascontiguousarray(x.transpose(2, 0, 1))

@@ -137,26 +137,34 @@ class ImageRows:
 def lay_out(text, sources, vision, tokenize, rows_of, add_bos) -> PromptIds:
     """The PromptIds of a rendered chat `text` holding one MARKER per image
     of `sources`: each piece of text tokenized apart (the first with BOS when
-    add_bos), each image as vision.image_begin, one placeholder per row,
-    vision.image_end. tokenize(text, add_bos) -> ids; rows_of(source) ->
-    (content hash, rows). A marker count that is not the image count (a
-    template that drops parts, or a marker typed as text) is an error."""
+    add_bos), each image as vision.image_parts lays it out: its text (a
+    Gemma 3 image: vision.image_begin, the rows, vision.image_end; an
+    Idefics3 one: text between its tiles' rows) and one placeholder per
+    row. tokenize(text, add_bos) -> ids; rows_of(source) -> (content hash,
+    rows). A marker count that is not the image count (a template that
+    drops parts, or a marker typed as text) is an error."""
     pieces = text.split(MARKER)
     if len(pieces) - 1 != len(sources):
         raise InvalidArgumentError(f"the prompt holds {len(pieces) - 1} image markers for {len(sources)} images "
                                    f"(the chat template dropped an image, or the text holds {MARKER!r})")
-    begin = tokenize(vision.image_begin, False)
-    end = tokenize(vision.image_end, False)
     soft = tokenize(vision.placeholder, False) if vision.placeholder else []
     placeholder = soft[0] if len(soft) == 1 else 0
     ids, spans = PromptIds(), []
     for i, piece in enumerate(pieces):
         if i:
             key, rows = rows_of(sources[i - 1])
-            ids.extend(begin)
-            spans.append(ImageSpan(len(ids), key, rows))
-            ids.extend([placeholder] * len(rows))
-            ids.extend(end)
+            parts = vision.image_parts(rows)
+            blocks = sum(not isinstance(part, str) for part in parts)
+            k = 0
+            for part in parts:
+                if isinstance(part, str):
+                    if part:
+                        ids.extend(tokenize(part, False))
+                    continue
+                # an image's blocks of rows, each its own span (its own key: the hash and its place)
+                spans.append(ImageSpan(len(ids), key if blocks == 1 else f"{key}/{k}", part))
+                ids.extend([placeholder] * len(part))
+                k += 1
         if piece or i == 0:
             ids.extend(tokenize(piece, add_bos and i == 0))
     ids.images = tuple(spans)

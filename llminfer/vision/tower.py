@@ -23,7 +23,7 @@ from llminfer.core.gguf_file import GGUFFile
 from llminfer.core.ggml import GGMLQuantizationType
 
 # the projector types this version runs, each a module of llminfer.vision
-SUPPORTED = ("gemma3",)
+SUPPORTED = ("gemma3", "idefics3")
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0")
 
 

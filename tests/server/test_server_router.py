@@ -174,6 +174,24 @@ def test_an_unknown_model_is_a_404_naming_the_models(serve):
     assert _states(s) == {n: "unloaded" for n in NAMES}
 
 
+def test_ollamas_api_lists_and_dispatches_by_model(serve, reference):
+    """/api/tags lists every model known (nothing loads for it), /api/ps
+    those loaded; /api/generate is dispatched by its model; an unknown one
+    is a 404 in Ollama's shape."""
+    s = serve()
+    tags = httpx.get(s.url + "/api/tags").json()["models"]
+    assert [m["name"] for m in tags] == list(NAMES) and all(m["details"]["format"] == "gguf" for m in tags)
+    assert httpx.get(s.url + "/api/ps").json() == {"models": []}
+    r = httpx.post(s.url + "/api/generate", timeout=60, json={
+        "model": "beta", "prompt": PROMPTS[0], "raw": True, "stream": False,
+        "options": {"temperature": 0, "num_predict": 8}}).json()
+    assert (r["model"], r["response"]) == ("beta", reference["beta"][PROMPTS[0]][1])
+    assert [m["name"] for m in httpx.get(s.url + "/api/ps").json()["models"]] == ["beta"]
+    r = httpx.post(s.url + "/api/chat", json={"model": "delta", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and set(r.json()) == {"error"} and "'alpha'" in r.json()["error"]
+    assert _states(s) == {"alpha": "unloaded", "beta": "loaded", "gamma": "unloaded"}
+
+
 @pytest.fixture(scope="module")
 def long_models(tmp_path_factory):
     """Two tiny models with a context long enough for a stream that outlasts the test's checks."""

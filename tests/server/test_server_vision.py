@@ -138,3 +138,171 @@ def test_models_config_gives_a_model_its_mmproj(files, tmp_path):
             c.chat.completions.create(model="blind", messages=msgs, max_tokens=2)
     finally:
         s.stop()
+
+
+# ---- Anthropic's Messages API: image blocks through the same chat path ----
+
+@pytest.fixture(scope="module")
+def claude(server):
+    anthropic = pytest.importorskip("anthropic", reason="the Messages API tests use the anthropic client")
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+GREEDY = {"temperature": 0}  # the anthropic client takes it through extra_body
+
+
+def image_block(data: bytes, media_type="image/png") -> dict:
+    import base64
+
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type,
+                                        "data": base64.b64encode(data).decode()}}
+
+
+def anthropic_messages(block):
+    """messages() as Anthropic's content blocks: the same text around the image."""
+    return [{"role": "user", "content": [{"type": "text", "text": "look at this picture, one I took myself:"}, block,
+                                         {"type": "text", "text": " what is in it? tell me in a few words please."}]}]
+
+
+def test_anthropic_image_block_answers_as_the_openai_route(client, claude):
+    """The anthropic client's image block gives the OpenAI route's greedy
+    answer and prompt length for the same image and text, whole and
+    streamed, and count_tokens counts the image's positions."""
+    for seed in (4, 5):
+        data = png(synthetic(30, 50, seed=seed))
+        want = client.chat.completions.create(model="m", messages=messages(data_url(data)), max_tokens=8,
+                                              temperature=0)
+        msgs = anthropic_messages(image_block(data))
+        r = claude.messages.create(model="m", max_tokens=8, messages=msgs, extra_body=GREEDY)
+        assert "".join(b.text for b in r.content if b.type == "text") == want.choices[0].message.content
+        assert r.usage.input_tokens == want.usage.prompt_tokens
+        with claude.messages.stream(model="m", max_tokens=8, messages=msgs, extra_body=GREEDY) as s:
+            assert "".join(s.text_stream) == want.choices[0].message.content
+        assert claude.messages.count_tokens(model="m", messages=msgs).input_tokens == want.usage.prompt_tokens
+    text_only = claude.messages.count_tokens(model="m", messages=[
+        {"role": "user", "content": [b for b in msgs[0]["content"] if b["type"] == "text"]}]).input_tokens
+    assert want.usage.prompt_tokens > text_only  # the image's rows are in the prompt
+
+
+def _anthropic_400(claude, msgs):
+    import anthropic
+
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model="m", max_tokens=2, messages=msgs)
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "invalid_request_error"
+    return e.value.body["error"]["message"]
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_anthropic_hostile_images_are_400(claude, name):
+    assert "image" in _anthropic_400(claude, anthropic_messages(image_block(HOSTILE[name]()))).lower()
+
+
+@pytest.mark.parametrize("source", [
+    {"type": "url", "url": "https://example.com/cat.png"},
+    {"type": "url", "url": "file:///etc/passwd"},
+    {"type": "base64", "media_type": "image/svg+xml", "data": "PHN2Zy8+"},
+    {"type": "base64", "media_type": "image/png", "data": "@@@"},
+    {"type": "file", "file_id": "file_123"},
+    "not a source"])
+def test_anthropic_image_sources_that_are_refused(claude, source):
+    _anthropic_400(claude, anthropic_messages({"type": "image", "source": source}))
+
+
+def test_anthropic_image_in_an_assistant_turn_is_400(claude):
+    block = image_block(png(synthetic(8, 8)))
+    _anthropic_400(claude, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [block]},
+                            {"role": "user", "content": "and?"}])
+
+
+# ---- Ollama's API: a message's images through the same chat path ----
+
+@pytest.fixture(scope="module")
+def llama(server):
+    ollama = pytest.importorskip("ollama", reason="the Ollama API tests use the ollama client")
+    return ollama.Client(host=server.url, timeout=120)
+
+
+def test_ollama_images_answer_as_the_openai_route(client, llama):
+    """The ollama client's images (bytes, sent as base64) give the OpenAI
+    route's greedy answer and prompt length for the same image and text,
+    placed before the text as Ollama places them; whole and streamed chat,
+    and generate through the chat template."""
+    question = "what is in this picture? tell me in a few words please."
+    for seed in (6, 7):
+        data = png(synthetic(40, 30, seed=seed))
+        want = client.chat.completions.create(model="m", max_tokens=8, temperature=0, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(data)}},
+                                         {"type": "text", "text": question}]}])
+        opts = {"temperature": 0, "num_predict": 8}
+        msgs = [{"role": "user", "content": question, "images": [data]}]
+        r = llama.chat(model="m", messages=msgs, options=opts)
+        assert r.message.content == want.choices[0].message.content
+        assert r.prompt_eval_count == want.usage.prompt_tokens
+        parts = list(llama.chat(model="m", messages=msgs, options=opts, stream=True))
+        assert "".join(p.message.content for p in parts) == want.choices[0].message.content
+        g = llama.generate(model="m", prompt=question, images=[data], options=opts)
+        assert g.response == want.choices[0].message.content and g.prompt_eval_count == want.usage.prompt_tokens
+    assert "vision" in llama.show("m").capabilities
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_ollama_hostile_images_are_400(server, llama, name):
+    import base64
+
+    import httpx
+    import ollama
+
+    data = HOSTILE[name]()
+    body = {"model": "m", "stream": False,
+            "messages": [{"role": "user", "content": "hi", "images": [base64.b64encode(data).decode()]}]}
+    r = httpx.post(server.url + "/api/chat", json=body, timeout=60)
+    assert r.status_code == 400 and set(r.json()) == {"error"} and "image" in r.json()["error"].lower(), r.text
+    if data:  # the client refuses to send an empty image itself
+        with pytest.raises(ollama.ResponseError) as e:
+            llama.generate(model="m", prompt="hi", images=[data])
+        assert e.value.status_code == 400 and "image" in e.value.error.lower()
+
+
+def test_ollama_image_that_is_not_base64_is_400(server):
+    import httpx
+
+    r = httpx.post(server.url + "/api/chat", timeout=60, json={
+        "model": "m", "stream": False, "messages": [{"role": "user", "content": "hi", "images": ["@@not base64@@"]}]})
+    assert r.status_code == 400 and "base64" in r.json()["error"]
+
+
+# ---- an idefics3 (SmolVLM) projector: tiles, causal rows ----
+
+def test_idefics3_images_through_the_server(tmp_path):
+    """A SmolVLM-style tower (2 x 2 tiles and the overview: 20 rows, more
+    than a step's 16 tokens, so the rows run over several steps, causally)
+    answers as the library does, through the OpenAI and Ollama routes."""
+    import base64
+
+    from images import IDEFICS3_TOKENS
+
+    ollama = pytest.importorskip("ollama", reason="the Ollama API tests use the ollama client")
+    model = write_model(tmp_path / "smolvlm.gguf", TinyConfig(), extra_tokens=IDEFICS3_TOKENS)
+    mm = write_mmproj(tmp_path / "mmproj.gguf", TinyMmproj(projector="idefics3", qtype="F16"))
+    data = png(synthetic(45, 60, seed=9))
+    msgs = messages(data_url(data))
+    with llminfer.LLM(model, mmproj=mm, n_ctx=256, n_threads=1) as llm:
+        want = llm.chat_completion(msgs, max_tokens=6, temperature=0)
+        assert sum(len(s.rows) for s in llm.chat_prompt(msgs).images) == 20
+    s = ServerThread(ServeArgs(model=model, mmproj=mm, n_ctx=256, kv_pool_tokens=1024, n_threads=1,
+                               max_batch_tokens=16))
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        r = c.chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=0)
+        assert r.choices[0].message.content == want.text and r.usage.prompt_tokens == want.prompt_tokens
+        first, second = (p["text"] for p in (msgs[0]["content"][0], msgs[0]["content"][2]))
+        o = ollama.Client(host=s.url, timeout=120).chat(model="m", options={"temperature": 0, "num_predict": 6},
+                                                        messages=[{"role": "user", "content": first + second,
+                                                                   "images": [base64.b64encode(data).decode()]}])
+        image_first = c.chat.completions.create(model="m", max_tokens=6, temperature=0, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(data)}},
+                                         {"type": "text", "text": first + second}]}])
+        assert o.message.content == image_first.choices[0].message.content
+    finally:
+        s.stop()

@@ -18,6 +18,9 @@ GEMMA_TEMPLATE = (
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 
 
+# the special tokens of the tiny Idefics3 (SmolVLM) model's image layout
+IDEFICS3_TOKENS = {"<fake_token_around_image>": 4, "<global-img>": 4, "<image>": 4, "\n\n": 4,
+                   **{f"<row_{y}_col_{x}>": 4 for y in (1, 2) for x in (1, 2)}}
 IMAGE_TOKENS = {"<start_of_image>": 4, "<end_of_image>": 4, "<image_soft_token>": 4,
                 "<start_of_turn>": 4, "<end_of_turn>": 4}
 

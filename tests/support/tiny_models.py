@@ -846,11 +846,13 @@ class TinyMmproj:
     std: tuple = (0.5, 0.5, 0.5)
     swap_ffn: bool = False        # old conversions: up and down under each other's names
     seed: int = 7
+    longest_edge: int = 112       # idefics3: clip.vision.preproc_image_size (112: up to 2 x 2 tiles of 56)
 
 
 def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=None) -> str:
-    """A random Gemma 3-style vision tower as llama.cpp's converter writes
-    one (clip.* metadata, v.* and mm.* tensors); meta: keys to add or
+    """A random Gemma 3-style (or, with projector "idefics3", SmolVLM-style)
+    vision tower as llama.cpp's converter writes one (clip.* metadata, v.*
+    and mm.* tensors); meta: keys to add or
     replace ({key: value}, strings, floats, ints, bools)."""
     rng = np.random.default_rng(cfg.seed)
     w = gguf.GGUFWriter(str(path), "clip")
@@ -863,6 +865,8 @@ def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=No
         "clip.vision.projector.scale_factor": cfg.n_merge,
         "clip.vision.image_mean": list(cfg.mean), "clip.vision.image_std": list(cfg.std),
     }
+    if cfg.projector == "idefics3":
+        kv["clip.vision.preproc_image_size"] = cfg.longest_edge
     kv.update(meta or {})
     for key, v in kv.items():
         if isinstance(v, bool):
@@ -917,9 +921,14 @@ def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=No
         vector(p + down + ".bias", E)
     vector("v.post_ln.weight", E, 1.0)
     vector("v.post_ln.bias", E)
-    vector("mm.soft_emb_norm.weight", E, 1.0)
-    # stored [E, n_embd_text] (ggml ne [n_embd_text, E]): the encoder's x @ W
-    f32("mm.input_projection.weight", rng.standard_normal((E, cfg.n_embd_text)) / np.sqrt(E))
+    if cfg.projector == "idefics3":
+        # pixel-shuffled rows [n, s*s*E] @ W.T, W [n_embd_text, s*s*E]
+        k = E * cfg.n_merge * cfg.n_merge
+        matrix("mm.model.fc.weight", cfg.n_embd_text, k, 1.0 / np.sqrt(k))
+    else:
+        vector("mm.soft_emb_norm.weight", E, 1.0)
+        # stored [E, n_embd_text] (ggml ne [n_embd_text, E]): the encoder's x @ W
+        f32("mm.input_projection.weight", rng.standard_normal((E, cfg.n_embd_text)) / np.sqrt(E))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

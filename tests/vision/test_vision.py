@@ -73,12 +73,44 @@ def test_preprocess_keeps_aspect_ratio_rounding_up(files):
 
 # ---- the encoder against numpy ----
 
-def reference_encode(path, pixels):
-    """The SigLIP graph in float64 from gguf's own dequantization."""
+def reference_file(path):
+    """(metadata, {name: float64 tensor}) of an mmproj, by gguf's own dequantization."""
     r = GGUFReader(str(path))
     md = {k: f.contents() for k, f in r.fields.items()}
     t = {x.name: gguf_dequantize(x.data, x.tensor_type).reshape(tuple(int(v) for v in reversed(x.shape.tolist())))
          .astype(np.float64) for x in r.tensors}
+    return md, t
+
+
+def reference_encode(path, pixels):
+    """The Gemma 3 graph in float64: the ViT, 2-D average pooling, RMS norm, projection."""
+    md, t = reference_file(path)
+    x, g, m, eps = reference_vit(md, t, pixels)
+    E = x.shape[1]
+    n = g // m
+    pooled = np.zeros((n * n, E))
+    for oy in range(n):
+        for ox in range(n):
+            pooled[oy * n + ox] = np.mean([x[(oy * m + a) * g + ox * m + b] for a in range(m) for b in range(m)], 0)
+    pooled = pooled / np.sqrt((pooled ** 2).mean(-1, keepdims=True) + eps) * t["mm.soft_emb_norm.weight"]
+    return pooled @ t["mm.input_projection.weight"]
+
+
+def reference_idefics3_tile(path, pixels):
+    """The Idefics3 graph of one tile in float64: the ViT, each m x m block
+    of patches concatenated row-major into one row, the projection."""
+    md, t = reference_file(path)
+    x, g, m, _ = reference_vit(md, t, pixels)
+    n = g // m
+    rows = np.zeros((n * n, m * m * x.shape[1]))
+    for oy in range(n):
+        for ox in range(n):
+            rows[oy * n + ox] = np.concatenate([x[(oy * m + a) * g + ox * m + b] for a in range(m) for b in range(m)])
+    return rows @ t["mm.model.fc.weight"].T
+
+
+def reference_vit(md, t, pixels):
+    """The SigLIP ViT in float64: ([g*g, E] rows, g, scale factor, eps)."""
     S, ps = md["clip.vision.image_size"], md["clip.vision.patch_size"]
     E, H, eps = md["clip.vision.embedding_length"], md["clip.vision.attention.head_count"], \
         md["clip.vision.attention.layer_norm_epsilon"]
@@ -113,14 +145,7 @@ def reference_encode(path, pixels):
         x = x + out @ T("attn_out.weight").T + T("attn_out.bias")
         h = ln(x, T("ln2.weight"), T("ln2.bias"))
         x = x + gelu(h @ T("ffn_up.weight").T + T("ffn_up.bias")) @ T("ffn_down.weight").T + T("ffn_down.bias")
-    x = ln(x, t["v.post_ln.weight"], t["v.post_ln.bias"])
-    n = g // m
-    pooled = np.zeros((n * n, E))
-    for oy in range(n):
-        for ox in range(n):
-            pooled[oy * n + ox] = np.mean([x[(oy * m + a) * g + ox * m + b] for a in range(m) for b in range(m)], 0)
-    pooled = pooled / np.sqrt((pooled ** 2).mean(-1, keepdims=True) + eps) * t["mm.soft_emb_norm.weight"]
-    return pooled @ t["mm.input_projection.weight"]
+    return ln(x, t["v.post_ln.weight"], t["v.post_ln.bias"]), g, m, eps
 
 
 @pytest.mark.parametrize("qtype,tol", [("F32", 1e-3), ("F16", 1e-3), ("Q8_0", 2e-2)])
@@ -136,6 +161,49 @@ def test_encoder_matches_numpy_siglip(files, qtype, tol):
         assert err < tol, f"{qtype}: max error {err:.2e} of the largest value"
     finally:
         enc.close()
+
+
+@pytest.mark.parametrize("qtype,tol", [("F32", 1e-3), ("Q8_0", 2e-2)])
+def test_idefics3_encoder_matches_numpy(tmp_path, qtype, tol):
+    """Each tile's rows (2 x 2 tiles and the overview) against the float64
+    graph, and the tiles are the image cut as mtmd cuts it."""
+    mm = write_mmproj(tmp_path / "idefics3.gguf", TinyMmproj(projector="idefics3", qtype=qtype))
+    enc = load_mmproj(mm, n_threads=2)
+    try:
+        img = synthetic(45, 60, seed=3)
+        pixels = enc.preprocess(png(img))
+        assert pixels.shape == (5, 3, 56, 56) and pixels.grid == (2, 2)  # 60 x 45 -> 112 x 84 -> 112 x 112
+        refined = Image.fromarray(img).resize((112, 84), Image.LANCZOS).resize((112, 112), Image.LANCZOS)
+        top_right = np.asarray(refined, np.float32)[:56, 56:] / 255
+        assert np.allclose(pixels[1], ((top_right - 0.5) / 0.5).transpose(2, 0, 1))
+        got = enc.encode_pixels(pixels)
+        assert got.shape == (5 * 4, 256)
+        for k in range(5):
+            want = reference_idefics3_tile(mm, pixels[k])
+            err = np.abs(got[4 * k:4 * k + 4] - want).max() / np.abs(want).max()
+            assert err < tol, f"{qtype} tile {k}: max error {err:.2e} of the largest value"
+    finally:
+        enc.close()
+
+
+@pytest.mark.parametrize("w,h,grid", [(60, 45, (2, 2)), (30, 100, (1, 2)), (200, 40, (2, 1)), (1000, 3, (2, 1))])
+def test_idefics3_tiles_follow_the_longest_edge(tmp_path, w, h, grid):
+    """112 on the longer side, the other to the aspect ratio (even, at
+    least 2: a 1000 x 3 strip is not an empty image), in tiles of 56."""
+    mm = write_mmproj(tmp_path / "idefics3.gguf", TinyMmproj(projector="idefics3"))
+    enc = load_mmproj(mm)
+    try:
+        pixels = enc.preprocess(png(synthetic(h, w)))
+        assert pixels.grid == grid and pixels.shape[0] == grid[0] * grid[1] + 1
+    finally:
+        enc.close()
+
+
+def test_idefics3_without_its_preprocessing_size_is_refused(tmp_path):
+    mm = write_mmproj(tmp_path / "old.gguf", TinyMmproj(projector="idefics3"),
+                      meta={"clip.vision.preproc_image_size": 0})
+    with pytest.raises(UnsupportedModelError, match="preproc_image_size"):
+        load_mmproj(mm)
 
 
 def test_swapped_ffn_names_are_read_as_llama_cpp_reads_them(files, tmp_path):
@@ -405,3 +473,10 @@ def test_decode_rows_checks_its_logits(llm):
             eng.decode_rows(seq, np.zeros(3, np.int32), rows, np.empty(eng.spec.n_vocab, np.float32), causal=False)
     finally:
         eng.free(seq)
+
+
+def test_idefics3_of_too_many_tiles_is_refused(tmp_path):
+    mm = write_mmproj(tmp_path / "huge.gguf", TinyMmproj(projector="idefics3"),
+                      meta={"clip.vision.preproc_image_size": 56 * 9})
+    with pytest.raises(UnsupportedModelError, match="tiles"):
+        load_mmproj(mm)

@@ -21,7 +21,7 @@ pytest.importorskip("PIL")
 
 from llminfer.vision import load_mmproj  # noqa: E402
 from llminfer.vision.prompt import lay_out  # noqa: E402
-from images import GEMMA_TEMPLATE, IMAGE_TOKENS, png, synthetic  # noqa: E402
+from images import GEMMA_TEMPLATE, IDEFICS3_TOKENS, IMAGE_TOKENS, png, synthetic  # noqa: E402
 from tiny_models import TinyConfig, TinyMmproj, write_mmproj, write_model  # noqa: E402
 
 pytestmark = pytest.mark.peer_tools
@@ -141,3 +141,107 @@ def test_logits_after_an_image_prompt_match_llama_cpp(mtmd, files, seed, h, w):
     assert err["noncausal"] < 1.5e-3, err
     assert err["noncausal"] < 0.6 * err["causal"], err
     assert np.argmax(ours) == np.argmax(out["noncausal"])
+
+
+# ---- Idefics3 (SmolVLM): tiles, pixel shuffle, one projection ----
+
+IDEFICS3_SIZES = [(40, 70), (100, 30), (56, 56), (13, 9), (120, 200)]  # (height, width): 2x2, 1x2, 2x2 ... tiles
+
+
+@pytest.fixture(scope="module")
+def idefics3(tmp_path_factory):
+    d = tmp_path_factory.mktemp("idefics3_peer")
+    model = write_model(d / "smolvlm.gguf", TinyConfig(pre="default"), extra_tokens=IDEFICS3_TOKENS)
+    return d, model, {q: write_mmproj(d / f"mmproj-idefics3-{q}.gguf", TinyMmproj(projector="idefics3", qtype=q))
+                      for q in ("F32", "Q8_0")}
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_idefics3_layout_and_rows_match_mtmd(mtmd, idefics3, qtype):
+    """Each image's tiles (a grid of 1 x 2 to 2 x 2 and the overview) in
+    mtmd's order and text around them, token for token, and every tile's
+    rows within TOL of mtmd's, for images of several aspect ratios."""
+    import llminfer
+
+    d, model, mm = idefics3
+    prompt = "what is<__media__>this"
+    with llminfer.LLM(model, mmproj=mm[qtype], n_ctx=512, n_threads=1) as llm:
+        for i, (h, w) in enumerate(IDEFICS3_SIZES):
+            img = synthetic(h, w, seed=20 + i)
+            chunks, peer = run_mtmd(mtmd, model, mm[qtype], img, prompt, d / f"idf-{qtype}-{i}")
+            want = []
+            for c in chunks:
+                want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+            assert all(c[2] == "0" for c in chunks if c[0] == "image")  # causal, as text
+            ids = lay_out(prompt, [png(img)], llm._vision,
+                          lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
+            inside = {p for s in ids.images for p in range(s.start, s.end)}
+            assert [t if p not in inside else "img" for p, t in enumerate(ids)] == want, (h, w)
+            ours = np.concatenate([s.rows for s in ids.images])
+            peer = peer.reshape(-1, llm._vision.n_embd_out)
+            assert ours.shape == peer.shape
+            err = np.abs(ours - peer).max() / np.abs(peer).max()
+            assert err < TOL[qtype], f"{qtype} {h}x{w}: {err:.2e}"
+
+
+@pytest.mark.parametrize("seed,h,w", [(8, 40, 70), (9, 100, 30)])
+def test_idefics3_logits_after_an_image_prompt_match_llama_cpp(mtmd, idefics3, seed, h, w):
+    """The whole path (tiles, layout, rows, causal decode) against llama.cpp
+    decoding mtmd's chunks with the tiles' rows as input embeddings. The
+    tiny random llama model magnifies small differences: its logits move
+    ~2.5e-3 of their largest between our rows and mtmd's (6e-4 apart) under
+    our decode, and as much between our decode and llama.cpp's on mtmd's
+    rows; another image moves them ~20 times that."""
+    import llminfer
+    from llminfer.vision.prompt import ImageSpan, PromptIds
+
+    d, model, mm = idefics3
+    img = synthetic(h, w, seed=seed)
+    prompt = "what is<__media__>this picture"
+    np.ascontiguousarray(img).tofile(d / "idf-lg.rgb")
+    argv = [str(mtmd), model, mm["F32"], str(d / "idf-lg.rgb"), str(w), str(h), prompt, str(d / "idf-lg"), "causal"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    peer = np.fromfile(f"{d / 'idf-lg'}.logits", np.float32)
+    peer_rows = np.fromfile(f"{d / 'idf-lg'}.embd", np.float32)
+    scale = np.abs(peer).max()
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=256, n_threads=1) as llm:
+        def logits(image, rows=None):
+            ids = lay_out(prompt, [png(image)], llm._vision,
+                          lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
+            if rows is not None:  # the same prompt with mtmd's rows in the image's positions
+                rows = rows.reshape(-1, llm._vision.n_embd_out)
+                ids2, at = PromptIds(ids), np.cumsum([0] + [len(s.rows) for s in ids.images])
+                ids2.images = tuple(ImageSpan(s.start, f"mtmd/{k}", rows[at[k]:at[k + 1]])
+                                    for k, s in enumerate(ids.images))
+                ids = ids2
+            llm.complete(ids, max_tokens=1, temperature=0)
+            return llm.last_logits.copy()
+
+        ours, with_mtmd_rows = logits(img), logits(img, peer_rows)
+        other = logits(synthetic(h, w, seed=seed + 50))
+    assert np.abs(ours - with_mtmd_rows).max() / scale < 5e-3
+    err = np.abs(ours - peer).max() / scale
+    assert err < 5e-3 and np.abs(other - peer).max() / scale > 8 * err
+    assert np.argmax(ours) == np.argmax(peer)
+
+
+def test_idefics3_generation_runs_through_the_library(idefics3):
+    """LLM(mmproj=) with an idefics3 projector: a chat with an image runs,
+    its prompt holds every tile's rows, and another image moves the logits."""
+    import llminfer
+    from images import data_url
+
+    d, model, mm = idefics3
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
+        logits = []
+        for seed in (1, 2):
+            msgs = [{"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {
+                "url": data_url(png(synthetic(40, 70, seed=seed)))}}]}]
+            ids = llm.chat_prompt(msgs)
+            assert sum(len(s.rows) for s in ids.images) == 5 * llm._vision.n_tokens  # 2 x 2 tiles + overview
+            r = llm.chat_completion(msgs, max_tokens=2, temperature=0)
+            assert r.prompt_tokens == len(ids)
+            llm.complete(ids, max_tokens=1, temperature=0)
+            logits.append(llm.last_logits.copy())
+        assert np.abs(logits[0] - logits[1]).max() > 1e-4

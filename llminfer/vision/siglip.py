@@ -1,0 +1,119 @@
+"""The SigLIP ViT that several projector types put before their projector
+(gemma3, idefics3): patches, learned positions, pre-norm layers and an
+optional post norm, as llama.cpp's clip.cpp build_vit builds it.
+
+    pixels [3, S, S]  (S = image_size, normalised; vision.image)
+    patches           conv p x p stride p, as a matmul: [P, 3*p*p] @ W.T + b,
+                      P = (S/p)^2 patches in row-major order (y, then x)
+    + position_embd   [P, E]
+    per layer (pre-norm):
+        h = x + attn_out(attention(layer_norm(x; ln1)))      heads of E/n_head, no mask
+        x = h + ffn_down(act(ffn_up(layer_norm(h; ln2))))
+    post_ln           layer norm, when the file has one
+    -> [P, E]
+
+The matrices go through llminfer.core.ops.matmul in their stored type (F16,
+BF16, Q8_0 or F32), the rest is numpy. Each projector's module
+(llminfer/vision/<type>.py) takes the [P, E] rows from here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llminfer.core import ops
+from llminfer.errors import InvalidArgumentError
+from llminfer.vision.tower import VisionParams, Weights
+
+
+def layer_norm(x, w, b, eps):
+    mu = x.mean(axis=-1, keepdims=True)
+    d = x - mu
+    var = (d * d).mean(axis=-1, keepdims=True)
+    return (d / np.sqrt(var + np.float32(eps))) * w + b
+
+
+def _activation(op, f):
+    if op == "gelu":
+        return ops.gelu(f)
+    if op == "silu":
+        return ops.silu(f)
+    return (f / (1 + np.exp(np.float32(-1.702) * f))).astype(np.float32)  # gelu_quick
+
+
+class _Layer:
+    def __init__(self, wt: Weights, i: int, p: VisionParams):
+        E, F = p.n_embd, p.n_ff
+        pre = f"v.blk.{i}"
+        self.ln1 = (wt.f32(f"{pre}.ln1.weight", (E,)), wt.f32(f"{pre}.ln1.bias", (E,)))
+        self.ln2 = (wt.f32(f"{pre}.ln2.weight", (E,)), wt.f32(f"{pre}.ln2.bias", (E,)))
+        self.q = (wt.matrix(f"{pre}.attn_q.weight", E, E), wt.f32(f"{pre}.attn_q.bias", (E,)))
+        self.k = (wt.matrix(f"{pre}.attn_k.weight", E, E), wt.f32(f"{pre}.attn_k.bias", (E,)))
+        self.v = (wt.matrix(f"{pre}.attn_v.weight", E, E), wt.f32(f"{pre}.attn_v.bias", (E,)))
+        self.o = (wt.matrix(f"{pre}.attn_out.weight", E, E), wt.f32(f"{pre}.attn_out.bias", (E,)))
+        up, down = f"{pre}.ffn_up", f"{pre}.ffn_down"
+        # old conversions wrote up and down under each other's names
+        # (llama.cpp swaps them back when ffn_down's input is the ViT's width)
+        if wt.info(f"{down}.weight").shape == (F, E) and F != E:
+            up, down = down, up
+        self.up = (wt.matrix(f"{up}.weight", F, E), wt.f32(f"{up}.bias", (F,)))
+        self.down = (wt.matrix(f"{down}.weight", E, F), wt.f32(f"{down}.bias", (E,)))
+
+
+class SiglipViT:
+    """The ViT of an mmproj file: forward(pixels [3, S, S]) -> [P, E]."""
+
+    def __init__(self, wt: Weights, params: VisionParams):
+        self.params = p = params
+        E, ps = p.n_embd, p.patch_size
+        self.grid = p.image_size // ps
+        self.n_patches = self.grid * self.grid
+        # the conv kernel as a matrix [E, 3*p*p], input (c, ky, kx); float32
+        # (3*14*14 = 588 is no whole number of Q8_0 blocks)
+        self.patch_w = np.ascontiguousarray(wt.f32("v.patch_embd.weight", (E, 3, ps, ps)).reshape(E, 3 * ps * ps))
+        self.patch_b = wt.f32("v.patch_embd.bias", (E,)) if wt.has("v.patch_embd.bias") else None
+        self.pos = wt.f32("v.position_embd.weight", (self.n_patches, E))
+        self.layers = [_Layer(wt, i, p) for i in range(p.n_layer)]
+        self.post_ln = (wt.f32("v.post_ln.weight", (E,)), wt.f32("v.post_ln.bias", (E,))) \
+            if wt.has("v.post_ln.weight") else None
+
+    def patches(self, pixels: np.ndarray) -> np.ndarray:
+        """[P, 3*p*p]: each patch's pixels in (channel, y, x) order."""
+        S, ps, g = self.params.image_size, self.params.patch_size, self.grid
+        if pixels.shape != (3, S, S):
+            raise InvalidArgumentError(f"pixels must have shape (3, {S}, {S}), got {pixels.shape}")
+        x = pixels.reshape(3, g, ps, g, ps).transpose(1, 3, 0, 2, 4)  # gy, gx, c, ky, kx
+        return np.ascontiguousarray(x.reshape(g * g, 3 * ps * ps), dtype=np.float32)
+
+    @staticmethod
+    def _mm(m, x, nt):
+        mat, bias = m
+        return mat(x, nt, bias)
+
+    def forward(self, pixels: np.ndarray, nt: int) -> np.ndarray:
+        """float32 [P, E]: the ViT's output rows of one image, patches row-major."""
+        p = self.params
+        E, H = p.n_embd, p.n_head
+        D = E // H
+        x = ops.matmul(self.patch_w, "F32", self.patch_w.shape, self.patches(pixels), n_threads=nt)
+        if self.patch_b is not None:
+            x = x + self.patch_b
+        x = (x + self.pos).astype(np.float32)
+        P = x.shape[0]
+        scale = np.float32(1.0 / np.sqrt(D))
+        for L in self.layers:
+            h = layer_norm(x, *L.ln1, p.eps)
+            q, k, v = (self._mm(w, h, nt) for w in (L.q, L.k, L.v))
+            a = np.empty((P, E), np.float32)
+            for j in range(H):  # a head at a time: 4096 patches' scores are 64 MiB a head, 1 GiB for 16
+                hs = slice(j * D, (j + 1) * D)
+                att = ops.softmax(np.ascontiguousarray(q[:, hs] @ k[:, hs].T * scale, np.float32))
+                a[:, hs] = att @ v[:, hs]
+            x = x + self._mm(L.o, a, nt)
+            h = layer_norm(x, *L.ln2, p.eps)
+            f = self._mm(L.up, h, nt)
+            f = _activation(p.ffn_op, np.ascontiguousarray(f, np.float32))
+            x = (x + self._mm(L.down, f, nt)).astype(np.float32)
+        if self.post_ln is not None:
+            x = layer_norm(x, *self.post_ln, p.eps)
+        return np.ascontiguousarray(x, np.float32)
