@@ -1,4 +1,4 @@
-/* context.h: the state a context holds (model.c builds it, attention.c and
+/* context.h: the state a context holds (context.c builds it, attention.c and
  * model.c use it), and the error message helper every file reports through.
  *
  * Lifetimes, as llama2.c splits them: the model description (weights in the
@@ -211,6 +211,37 @@ void li_lora_up(li_context *c, const li_lora_proj *ps, int np, int64_t n, int it
 void li_lora_free(li_context *c);
 /* batch row `row`'s embedding x (n_embd floats) of token `token` += each adapter's delta (one thread) */
 void li_lora_embed(const li_context *c, int32_t token, int64_t row, float *x);
+
+/* model_check.c: what the context and the pass read of a description */
+/* return a failing status at once (the caller's own, already reported) */
+#define CHECK(expr)                  \
+    do {                             \
+        const int st_ = (expr);      \
+        if (st_ != LI_OK) return st_; \
+    } while (0)
+/* layer L's view of the model: its own attention sizes and RoPE divisors in place of the model's */
+void li_layer_view(const li_model_desc *m, const li_layer_desc *L, li_model_desc *out);
+/* whether L has attention sizes of its own (Gemma 4's sliding layers) */
+int li_own_sizes(const li_layer_desc *L);
+/* whether some layer is a recurrent mixer */
+int li_has_recurrent(const li_model_desc *m);
+/* a KV cache type the context stores (f32, f16, q8_0, q4_0) */
+int li_kv_type_ok(int t);
+/* the rows of ssm_in, the convolution's channels and the floats of state of
+ * a layer with a recurrent mixer (0, 0, 0 for the others) */
+void li_mixer_sizes(const li_model_desc *m, const li_layer_desc *L, int64_t *in_rows, int64_t *channels,
+                    int64_t *state);
+
+/* context.c */
+/* a thread's own copy of a decoded row (model.c's own_rows; laid out by li_own_layout) */
+typedef struct {
+    float *x;                /* [n_embd] the residual stream's row */
+    float *xb;               /* [n_embd] its normed copy, or an output normed before it is added */
+    void *xq[LI_ACT_COUNT];  /* xb quantized, in each format of xq */
+} own_row;
+
+/* the layout of thread ith's region of c->own at base, into r (when not NULL); its size */
+size_t li_own_layout(const li_context *c, char *base, int ith, own_row *r);
 
 /* attention.c */
 /* biases, per-head norms, RoPE and the cache write for token t, head item h

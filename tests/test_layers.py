@@ -166,7 +166,7 @@ def test_only_the_model_includes_its_context_in_c():
     shares, repacking, the ops) use util.h to allocate and report."""
     includers = sorted(str(p.relative_to(CSRC)) for p in CSRC.rglob("*.[ch]")
                        if "cuda" not in p.parts and '#include "context.h"' in p.read_text())
-    assert includers == ["attention.c", "encoder.c", "lora.c", "model.c"]
+    assert includers == ["attention.c", "context.c", "encoder.c", "lora.c", "model.c", "model_check.c"]
     util = (CSRC / "util.h").read_text()
     assert not re.search(r'#include "', util), "util.h sits below every other header"
     for p in (CSRC / "kernels").glob("*.[ch]"):
