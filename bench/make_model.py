@@ -34,6 +34,18 @@ kv head whose keys are also its values, a quarter of each full head rotated
 
     python bench/make_model.py --gemma4 -o gemma4-1b-f16.gguf
 
+`--gpt-oss` writes a gpt-oss-20b-shaped model (gpt-oss: n_embd 2880, 64
+heads of 64 and 8 kv heads with q/k/v/o biases and attention sinks, layers
+alternating between a sliding window of 128 and the whole context, YaRN
+RoPE (theta 150000, factor 32, original context 4096), 32 experts of 2880
+with 4 used and biases, the vocabulary padded to 201088, an untied head)
+with --n-layer layers (24 in the real model, 6 by default here: 12 GB of
+F16); llama-quantize's MXFP4_MOE then makes its experts MXFP4 (and the
+other matrices Q8_0), as the released files are:
+
+    python bench/make_model.py --gpt-oss -o gptoss-6l-f16.gguf
+    llama-quantize gptoss-6l-f16.gguf gptoss-6l-mxfp4.gguf MXFP4_MOE
+
 The vocabulary and tokenizer are SmolLM2's (taken from its
 GGUF), so text prompts work; --n-vocab pads it with unused tokens to a
 real model's size (248320 for Qwen3.5), whose output head a token reads. Weights are N(0, 0.02) in F16, norms 1. The text
@@ -81,6 +93,51 @@ def copy_tokenizer(w: gguf.GGUFWriter, src: str, n_vocab_to: int | None = None) 
     return n_vocab
 
 
+class Lazy:
+    """A tensor's shape and type, its data made only when it is written."""
+
+    def __init__(self, shape, dtype, make):
+        self.shape, self.dtype, self.make = shape, np.dtype(dtype), make
+
+
+def random_makers(rng):
+    """rand(*shape): N(0, 0.02) in F16, ones(n): F32 ones, both Lazy."""
+    def rand(*shape):
+        return Lazy(shape, np.float16,
+                    lambda: (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16))
+
+    def ones(n):
+        return Lazy((n,), np.float32, lambda: np.ones(n, np.float32))
+
+    return rand, ones
+
+
+class Plan:
+    """The tensors of a file too big to hold in memory: their shapes first,
+    then each one's data made as it is written."""
+
+    def __init__(self):
+        self.plan = []
+
+    def add_tensor(self, name, t):
+        if not isinstance(t, Lazy):
+            arr = np.asarray(t)
+            t = Lazy(arr.shape, arr.dtype, lambda: arr)
+        self.plan.append((name, t))
+
+    def write(self, out: gguf.GGUFWriter, path: str):
+        for name, t in self.plan:
+            out.add_tensor_info(name, t.shape, t.dtype, int(np.prod(t.shape)) * t.dtype.itemsize)
+        out.write_header_to_file()
+        out.write_kv_data_to_file()
+        out.write_ti_data_to_file()
+        for i, (name, t) in enumerate(self.plan):
+            out.write_tensor_data(t.make())
+            print(f"\r{i + 1}/{len(self.plan)} {name}", end="", flush=True)
+        out.close()
+        print("\n" + path)
+
+
 def write_qwen35(a):
     moe = a.qwen35moe
     arch = "qwen35moe" if moe else "qwen35"
@@ -119,29 +176,8 @@ def write_qwen35(a):
         w.add_uint32(f"{arch}.expert_shared_feed_forward_length", Fs)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
 
-    # tensors are made one at a time as they are written (an 8-layer MoE is 13 GB of F16): first their
-    # shapes, then their data
-    plan = []  # (name, shape, dtype, make)
-
-    class Lazy:
-        def __init__(self, shape, dtype, make):
-            self.shape, self.dtype, self.make = shape, np.dtype(dtype), make
-
-    def rand(*shape):
-        return Lazy(shape, np.float16,
-                    lambda: (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16))
-
-    def ones(n):
-        return Lazy((n,), np.float32, lambda: np.ones(n, np.float32))
-
-    def exact(arr):
-        return Lazy(arr.shape, arr.dtype, lambda: arr)
-
-    class Plan:
-        def add_tensor(self, name, t):
-            t = t if isinstance(t, Lazy) else exact(np.asarray(t))
-            plan.append((name, t))
-
+    # tensors are made one at a time as they are written (an 8-layer MoE is 13 GB of F16)
+    rand, ones = random_makers(rng)
     out, w = w, Plan()
     w.add_tensor("token_embd.weight", rand(n_vocab, E))
     w.add_tensor("output_norm.weight", ones(E))
@@ -180,16 +216,7 @@ def write_qwen35(a):
             w.add_tensor(b + "ffn_gate.weight", rand(F, E))
             w.add_tensor(b + "ffn_up.weight", rand(F, E))
             w.add_tensor(b + "ffn_down.weight", rand(E, F))
-    for name, t in plan:
-        out.add_tensor_info(name, t.shape, t.dtype, int(np.prod(t.shape)) * t.dtype.itemsize)
-    out.write_header_to_file()
-    out.write_kv_data_to_file()
-    out.write_ti_data_to_file()
-    for i, (name, t) in enumerate(plan):
-        out.write_tensor_data(t.make())
-        print(f"\r{i + 1}/{len(plan)} {name}", end="", flush=True)
-    out.close()
-    print("\n" + a.out)
+    w.write(out, a.out)
 
 
 def write_gemma4(a):
@@ -274,6 +301,70 @@ def write_gemma4(a):
     print(a.out)
 
 
+def write_gpt_oss(a):
+    """gpt-oss-20b's shape (tensor names as tests/tiny_models.py's write_gpt_oss and llama.cpp's
+    openai-moe.cpp read them): 1-D tensors, biases, sinks and the router in F32, the rest F16."""
+    arch = "gpt-oss"
+    n_layer = a.n_layer if a.n_layer != 16 else 6
+    E, H, n_kv, hd, window = 2880, 64, 8, 64, 128
+    ne, nu, Fe = 32, 4, 2880
+    rng = np.random.default_rng(a.seed)
+    w = gguf.GGUFWriter(a.out, arch)
+    n_vocab = copy_tokenizer(w, str(hub.pull("smollm2-135m-instruct")), a.n_vocab or 201088)
+    w.add_name(f"random-{arch}-shape")
+    w.add_context_length(131072)
+    w.add_embedding_length(E)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(Fe)
+    w.add_expert_feed_forward_length(Fe)
+    w.add_expert_count(ne)
+    w.add_expert_used_count(nu)
+    w.add_head_count(H)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(150000.0)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(32.0)
+    w.add_rope_scaling_orig_ctx_len(4096)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_sliding_window(window)  # even layers windowed, odd ones global (the default pattern of 2)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+
+    rand, ones = random_makers(rng)
+
+    def f32(*shape):
+        return Lazy(shape, np.float32, lambda: rng.standard_normal(shape, dtype=np.float32) * 0.02)
+
+    out, w = w, Plan()
+    w.add_tensor("token_embd.weight", rand(n_vocab, E))
+    w.add_tensor("output_norm.weight", ones(E))
+    w.add_tensor("output.weight", rand(n_vocab, E))
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", ones(E))
+        w.add_tensor(b + "post_attention_norm.weight", ones(E))
+        w.add_tensor(b + "attn_q.weight", rand(H * hd, E))
+        w.add_tensor(b + "attn_k.weight", rand(n_kv * hd, E))
+        w.add_tensor(b + "attn_v.weight", rand(n_kv * hd, E))
+        w.add_tensor(b + "attn_q.bias", f32(H * hd))
+        w.add_tensor(b + "attn_k.bias", f32(n_kv * hd))
+        w.add_tensor(b + "attn_v.bias", f32(n_kv * hd))
+        w.add_tensor(b + "attn_output.weight", rand(E, H * hd))
+        w.add_tensor(b + "attn_output.bias", f32(E))
+        w.add_tensor(b + "attn_sinks.weight", f32(H))
+        w.add_tensor(b + "ffn_gate_inp.weight", f32(ne, E))
+        w.add_tensor(b + "ffn_gate_inp.bias", f32(ne))
+        w.add_tensor(b + "ffn_gate_exps.weight", rand(ne, Fe, E))
+        w.add_tensor(b + "ffn_up_exps.weight", rand(ne, Fe, E))
+        w.add_tensor(b + "ffn_down_exps.weight", rand(ne, E, Fe))
+        w.add_tensor(b + "ffn_gate_exps.bias", f32(ne, Fe))
+        w.add_tensor(b + "ffn_up_exps.bias", f32(ne, Fe))
+        w.add_tensor(b + "ffn_down_exps.bias", f32(ne, E))
+    w.write(out, a.out)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-o", "--out", required=True)
@@ -295,7 +386,11 @@ def main():
                    help="gemma4: layers reading earlier layers' keys and values")
     p.add_argument("--gemma4-pe", type=int, default=0,
                    help="gemma4: per-layer embeddings of this width (E models: 256)")
+    p.add_argument("--gpt-oss", action="store_true",
+                   help="a gpt-oss-20b-shaped model (6 layers unless --n-layer says otherwise)")
     a = p.parse_args()
+    if a.gpt_oss:
+        return write_gpt_oss(a)
     if a.gemma4:
         return write_gemma4(a)
     if a.qwen35 or a.qwen35moe:

@@ -177,6 +177,10 @@ int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float 
     case LI_VEC_SCALE_F32: li_K->scale_f32((float *)b, alpha, n); break;
     case LI_VEC_F32_TO_F16: li_K->f32_to_f16((const float *)a, (uint16_t *)b, n); break;
     case LI_VEC_F16_TO_F32: li_K->f16_to_f32((const uint16_t *)a, (float *)b, n); break;
+    case LI_VEC_SOFTCAP_F32:
+        if (!(alpha > 0.0f)) return LI_E_ARG;
+        li_K->softcap_f32((float *)b, n, 1.0f, alpha);
+        break;
     default: return LI_E_ARG;
     }
     if (result) *result = r;

@@ -701,7 +701,8 @@ enum li_vec_op {
     LI_VEC_AXPY_F16 = 3,    /* b += alpha * a             (a f16, b float) */
     LI_VEC_SCALE_F32 = 4,   /* b *= alpha                 (b float; a unused but not NULL) */
     LI_VEC_F32_TO_F16 = 5,  /* b = a                      (a float, b f16) */
-    LI_VEC_F16_TO_F32 = 6   /* b = a                      (a f16, b float) */
+    LI_VEC_F16_TO_F32 = 6,  /* b = a                      (a f16, b float) */
+    LI_VEC_SOFTCAP_F32 = 7  /* b = alpha tanh(b / alpha)  (b float, alpha > 0; a unused but not NULL) */
 };
 /* One vector kernel of the active level on n elements; the caller sizes the buffers. */
 int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float *result);

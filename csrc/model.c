@@ -1178,12 +1178,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
         li_share_sync(c->share);
         /* granite's logit scale, gemma2's final soft-cap */
         li_split(n_out * V, ith, nth, &lo, &hi);
-        const float cap = m->final_softcap;
-        for (int64_t i = lo; i < hi; i++) {
-            float z = logits[i] * m->logit_scale;
-            if (cap > 0.0f) z = cap * tanhf(z / cap);
-            logits[i] = z;
-        }
+        li_K->softcap_f32(logits + lo, hi - lo, m->logit_scale, m->final_softcap);
     }
     if (c->probe) probe_team(c, logits, n_out, V, LI_PROBE_LOGITS, 0);
 

@@ -34,6 +34,7 @@ size_t li_x16_group_bytes(int type, int64_t k) {
     case LI_TYPE_Q5_0: return round64((size_t)(k / 32) * (320 + 32));
     case LI_TYPE_Q5_1: return round64((size_t)(k / 32) * (320 + 64));
     case LI_TYPE_Q8_0: return round64((size_t)(k / 32) * (512 + 32));
+    case LI_TYPE_MXFP4: return round64((size_t)(k / 32) * (256 + 16));
     case LI_TYPE_Q4_K: return (size_t)(k / QK_K) * LI_X16_SB_Q4_K;
     case LI_TYPE_Q5_K: return (size_t)(k / QK_K) * LI_X16_SB_Q5_K;
     case LI_TYPE_Q6_K: return (size_t)(k / QK_K) * LI_X16_SB_Q6_K;
@@ -47,7 +48,7 @@ int li_x16_layout(int type) { return li_x16_group_bytes(type, QK_K) != 0; }
 /* lane r, byte e of chunk `ch` (64 bytes) */
 #define LANE(ch, r, e) ((ch)[4 * (r) + (e)])
 
-/* Q4_0's, Q4_1's and IQ4_XS's 16 bytes of nibbles are already what a lane
+/* Q4_0's, Q4_1's, IQ4_XS's and MXFP4's 16 bytes of nibbles are already what a lane
  * wants (byte i: value i low, value i + 16 high): 4 bytes to each chunk */
 static inline void put_nibbles16(uint8_t *blk, int r, const uint8_t qs[16]) {
     for (int j = 0; j < 4; j++) memcpy(blk + 64 * j + 4 * r, qs + 4 * j, 4);
@@ -62,6 +63,16 @@ static void pack_q4_0(const char *row, int r, int64_t nb, uint8_t *g) {
         uint8_t *blk = g + (size_t)b * (256 + 32);
         put_nibbles16(blk, r, x->qs); /* v = q + 8: the stored nibble */
         put_half(blk + 256, r, x->d);
+    }
+}
+
+/* MXFP4: the level indices as Q4_0's values, then the block's 16 E8M0 exponents */
+static void pack_mxfp4(const char *row, int r, int64_t nb, uint8_t *g) {
+    for (int64_t b = 0; b < nb; b++) {
+        const block_mxfp4 *x = (const block_mxfp4 *)(const void *)row + b;
+        uint8_t *blk = g + (size_t)b * (256 + 16);
+        put_nibbles16(blk, r, x->qs);
+        blk[256 + r] = x->e;
     }
 }
 
@@ -241,7 +252,7 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
                  int64_t g_hi) {
     const size_t gb = li_x16_group_bytes(type, k);
     const int64_t nb = type == LI_TYPE_Q4_0 || type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_0 || type == LI_TYPE_Q5_1 ||
-                               type == LI_TYPE_Q8_0
+                               type == LI_TYPE_Q8_0 || type == LI_TYPE_MXFP4
                            ? k / 32
                            : k / QK_K;
     for (int64_t gi = g_lo; gi < g_hi; gi++) {
@@ -256,6 +267,7 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
             case LI_TYPE_Q5_0: pack_q5_0(row, r, nb, g); break;
             case LI_TYPE_Q5_1: pack_q5_1(row, r, nb, g); break;
             case LI_TYPE_Q8_0: pack_q8_0(row, r, nb, g); break;
+            case LI_TYPE_MXFP4: pack_mxfp4(row, r, nb, g); break;
             case LI_TYPE_Q4_K: pack_q4_K(row, r, nb, g); break;
             case LI_TYPE_Q5_K: pack_q5_K(row, r, nb, g); break;
             case LI_TYPE_Q6_K: pack_q6_K(row, r, nb, g); break;
@@ -276,7 +288,8 @@ int li_x16_available(int type) {
 /* int32s of per-column terms the kernels take from the activations, per block (super-block) */
 static int64_t terms_per_block(int type) {
     switch (type) {
-    case LI_TYPE_Q4_0: case LI_TYPE_Q5_0: case LI_TYPE_Q8_0: case LI_TYPE_IQ4_XS: return 1; /* offset * sum of a block of 32 */
+    case LI_TYPE_Q4_0: case LI_TYPE_Q5_0: case LI_TYPE_Q8_0: case LI_TYPE_MXFP4: case LI_TYPE_IQ4_XS:
+        return 1; /* offset * sum of a block of 32 */
     case LI_TYPE_Q4_K: case LI_TYPE_Q5_K: return 4; /* the sub-block sums, in int16 pairs */
     case LI_TYPE_Q6_K: return 16;                  /* 32 * each group's sum */
     default: return 0;
@@ -301,11 +314,11 @@ static int unpacks(int type, int64_t n) {
 /* the terms of activation row a (terms_per_block(type) per block) */
 static void act_terms(int type, const char *a, int64_t nb, int32_t *t) {
     for (int64_t b = 0; b < nb; b++) {
-        if (type == LI_TYPE_Q4_0 || type == LI_TYPE_Q5_0 || type == LI_TYPE_Q8_0) {
+        if (type == LI_TYPE_Q4_0 || type == LI_TYPE_Q5_0 || type == LI_TYPE_Q8_0 || type == LI_TYPE_MXFP4) {
             const act_q8_0 *x = (const act_q8_0 *)(const void *)a + b;
             int32_t s = 0;
             for (int i = 0; i < 32; i++) s += x->qs[i];
-            t[b] = s * (type == LI_TYPE_Q4_0 ? 8 : type == LI_TYPE_Q5_0 ? 16 : 128); /* the stored values' offset */
+            t[b] = s * (type == LI_TYPE_Q4_0 ? 8 : type == LI_TYPE_Q5_0 ? 16 : 128); /* the stored values' offset (MXFP4: the kernel's levels + 128) */
         } else if (type == LI_TYPE_IQ4_XS) { /* block b of 32: group sums 2 (b % 8) and the next of super-block b / 8 */
             const act_q8_K *x = (const act_q8_K *)(const void *)a + b / 8;
             t[b] = -128 * (x->bsums[2 * (b % 8)] + x->bsums[2 * (b % 8) + 1]); /* negated: the kernel's chain starts there */

@@ -32,6 +32,11 @@
  * Q5_1: as Q5_0 with v = q, then d and m as Q4_1's: 384 bytes a block.
  * Q8_0: per block, qs [8 chunks j][16][4], byte = q[4j+e] + 128 (unsigned);
  *   then d [16] f16. 544 bytes a block.
+ * MXFP4: per block, the level indices laid out as Q4_0's values (4 chunks),
+ *   then the 16 rows' E8M0 exponents e [16]: 272 bytes a block (the file's
+ *   17 times 16). The kernel looks levels up + 128 (as IQ4_XS's), and its
+ *   terms take the offset out as Q8_0's do; the scale is 2^(e - 128), as
+ *   scalar_iq.c's li_e8m0_half.
  * Q4_K, per super-block (2304 bytes, the file's 144 per row times 16):
  *   the sub-blocks' scales and mins in 6 bits (192 bytes): 256 values, sc
  *   [8 sub-blocks][16] then mn [4 pairs p][16][2] (the mins of sub-blocks
@@ -107,9 +112,9 @@ void li_x16_pack(int type, const void *src, size_t row_bytes, int64_t rows, int6
 /* y[c * ys + r] = dot(row r of the group, activation row c) for r < nr
  * <= 16, c < nc <= LI_X16_NC; xq: activation rows (stride xs) in the type's
  * activation format; terms: what li_x16_matmul works out from each
- * activation row, per block, row c's after row c-1's: Q4_0, Q5_0, Q8_0: the
- * block's sum times the stored values' offset (8, 16, 128); IQ4_XS: minus
- * 128 times each block of 32's sum (from its Q8_K group sums); Q4_K, Q5_K:
+ * activation row, per block, row c's after row c-1's: Q4_0, Q5_0, Q8_0,
+ * MXFP4: the block's sum times the stored values' offset (8, 16, 128, 128
+ * for MXFP4's levels + 128); IQ4_XS: minus 128 times each block of 32's sum (from its Q8_K group sums); Q4_K, Q5_K:
  * the 8 sub-block sums as 4 int16 pairs; Q6_K: minus 32 times each group's
  * sum (16). The last two are negated: the kernels add them (IQ4_XS's, and
  * Q6_K's in prefill, as the start of a sum's chain), with no negation or

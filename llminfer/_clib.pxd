@@ -198,7 +198,7 @@ cdef extern from "llminfer.h" nogil:
     int li_share_barrier_check(int n_threads, int rounds, int slow_thread, int slow_spins, int slow_every,
                                int64_t *stale)
     int LI_VEC_DOT_F32, LI_VEC_DOT_F32_F16, LI_VEC_AXPY_F32, LI_VEC_AXPY_F16
-    int LI_VEC_SCALE_F32, LI_VEC_F32_TO_F16, LI_VEC_F16_TO_F32
+    int LI_VEC_SCALE_F32, LI_VEC_F32_TO_F16, LI_VEC_F16_TO_F32, LI_VEC_SOFTCAP_F32
     int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float *result)
     int li_attn_kernel(int accumulate, const float *a, size_t a_ld, int nh, const uint16_t *cache,
                        int64_t n, int64_t d, size_t stride, float scale, float *out, size_t out_ld)

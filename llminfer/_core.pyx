@@ -1018,7 +1018,7 @@ _VEC_OPS = {
     "dot_f32": (C.LI_VEC_DOT_F32, 4, 4), "dot_f32_f16": (C.LI_VEC_DOT_F32_F16, 4, 2),
     "axpy_f32": (C.LI_VEC_AXPY_F32, 4, 4), "axpy_f16": (C.LI_VEC_AXPY_F16, 2, 4),
     "scale_f32": (C.LI_VEC_SCALE_F32, 4, 4), "f32_to_f16": (C.LI_VEC_F32_TO_F16, 4, 2),
-    "f16_to_f32": (C.LI_VEC_F16_TO_F32, 2, 4),
+    "f16_to_f32": (C.LI_VEC_F16_TO_F32, 2, 4), "softcap_f32": (C.LI_VEC_SOFTCAP_F32, 4, 4),
 }
 
 

@@ -533,6 +533,44 @@ static void softmax(float *x, int64_t k) {
 /* The F16 index of each x goes through the conversion unit; the table reads
  * are scalar (NEON has no gather). */
 
+/* tanh of 4 floats: x86_avx2.c's tanh_ps (Eigen's rational approximation,
+ * within 4e-7 relative of tanh); FMIN/FMAX return NaN when x is */
+LI_INLINE float32x4_t tanh_f32x4(float32x4_t x) {
+    const float32x4_t c = vdupq_n_f32(7.99881172180175781f);
+    const float32x4_t xc = vmaxq_f32(vnegq_f32(c), vminq_f32(c, x));
+    const float32x4_t x2 = vmulq_f32(xc, xc);
+    float32x4_t p = vfmaq_f32(vdupq_n_f32(2.00018790482477e-13f), x2, vdupq_n_f32(-2.76076847742355e-16f));
+    p = vfmaq_f32(vdupq_n_f32(-8.60467152213735e-11f), x2, p);
+    p = vfmaq_f32(vdupq_n_f32(5.12229709037114e-08f), x2, p);
+    p = vfmaq_f32(vdupq_n_f32(1.48572235717979e-05f), x2, p);
+    p = vfmaq_f32(vdupq_n_f32(6.37261928875436e-04f), x2, p);
+    p = vfmaq_f32(vdupq_n_f32(4.89352455891786e-03f), x2, p);
+    p = vmulq_f32(xc, p);
+    float32x4_t q = vfmaq_f32(vdupq_n_f32(1.18534705686654e-04f), x2, vdupq_n_f32(1.19825839466702e-06f));
+    q = vfmaq_f32(vdupq_n_f32(2.26843463243900e-03f), x2, q);
+    q = vfmaq_f32(vdupq_n_f32(4.89352518554385e-03f), x2, q);
+    return vbslq_f32(vcltq_f32(vabsq_f32(x), vdupq_n_f32(0.0004f)), x, vdivq_f32(p, q));
+}
+
+LI_INLINE float32x4_t softcap_f32x4(float32x4_t v, float scale, float32x4_t cap, int capped) {
+    const float32x4_t z = vmulq_n_f32(v, scale);
+    return capped ? vmulq_f32(cap, tanh_f32x4(vdivq_f32(z, cap))) : z;
+}
+
+/* the last n % 4 through the same vector steps (in a buffer), as x86_avx2.c's */
+static void softcap_f32(float *x, int64_t n, float scale, float cap) {
+    const float32x4_t vc = vdupq_n_f32(cap);
+    const int capped = cap > 0.0f;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(x + i, softcap_f32x4(vld1q_f32(x + i), scale, vc, capped));
+    if (i < n) {
+        float t[4] = {0};
+        memcpy(t, x + i, (size_t)(n - i) * sizeof(float));
+        vst1q_f32(t, softcap_f32x4(vld1q_f32(t), scale, vc, capped));
+        memcpy(x + i, t, (size_t)(n - i) * sizeof(float));
+    }
+}
+
 void li_kernels_fill_neon(li_kernels *t) {
     li_kernels_fill_scalar(t);
     t->dequant[LI_TYPE_F16] = dequant_f16;
@@ -566,6 +604,7 @@ void li_kernels_fill_neon(li_kernels *t) {
     t->scale_f32 = scale_f32;
     t->add_f32 = add_f32;
     t->mul_f32 = mul_f32;
+    t->softcap_f32 = softcap_f32;
     t->isa = LI_ISA_NEON;
 }
 #elif defined(LI_ARCH_ARM64)

@@ -2,12 +2,15 @@
  * MXFP4 types (scalar_iq.c is their specification), for aarch64's baseline
  * Advanced SIMD: no flags needed. li_kernels_fill_neon calls
  * li_kernels_fill_neon_iq, so the dot-product level inherits them.
- * Dequantization stays the scalar file's.
+ * Dequantization stays the scalar file's, but for IQ4_NL's and MXFP4's: a
+ * table lookup and one multiply per value, d * level as scalar_iq.c's.
  *
- * Every block is turned into signed bytes (a table lookup, vqtbl1q, for the
- * 4-bit levels of IQ4_NL/IQ4_XS/MXFP4, IQ4_XS's against Q8_K activations,
- * the other two's against Q8_0; grid rows of 8 or 4 bytes times sign
- * bytes of +-1 for the grid types; 8 * grid +- 1 for IQ1_S/IQ1_M; t - 1 for
+ * IQ4_NL's and MXFP4's dot products live in arm_neon_quants.h with Q4_0's,
+ * so that the dot-product level takes them over SDOT.
+ *
+ * Every block is turned into signed bytes (a table lookup, vqtbl1q, for
+ * IQ4_XS's 4-bit levels, against Q8_K activations; grid rows of 8 or 4
+ * bytes times sign bytes of +-1 for the grid types; 8 * grid +- 1 for IQ1_S/IQ1_M; t - 1 for
  * the ternary types), multiplied with the activations in int16 (vmull_s8)
  * and summed into int32 lanes; group scales multiply the int32 partial sums.
  * All integer sums are exact, and the float steps are scalar_iq.c's, so the
@@ -29,7 +32,7 @@ LI_INLINE int32x4_t idot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
     return vpadalq_s16(acc, p);
 }
 
-/* ---- IQ4_NL, MXFP4 against Q8_0 ---- */
+/* ---- IQ4_NL, MXFP4: their dot products are arm_neon_quants.h's (both levels) ---- */
 
 LI_INLINE void nl4_values(const uint8_t *qs, int8x16_t table, int8x16_t *lo, int8x16_t *hi) {
     const uint8x16_t v = vld1q_u8(qs);
@@ -37,30 +40,33 @@ LI_INLINE void nl4_values(const uint8_t *qs, int8x16_t table, int8x16_t *lo, int
     *hi = vqtbl1q_s8(table, vshrq_n_u8(v, 4));
 }
 
-LI_INLINE void nl4_dot(const int type, int64_t k, const void *w, const void *x, size_t xs, const int nc,
-                       float *s) {
+/* y = d * level, 32 values a block */
+LI_INLINE void nl4_dequant(const int type, const void *src, float *y, int64_t k) {
     const int8x16_t table = vld1q_s8(type == LI_TYPE_MXFP4 ? li_kvalues_mxfp4 : li_kvalues_iq4nl);
-    float acc[LI_DOT_MAX_NC] = {0};
-    for (int64_t i = 0; i < k / 32; i++) {
-        int8x16_t lo, hi;
+    for (int64_t i = 0; i < k / 32; i++, y += 32) {
+        int8x16_t v[2];
         float d;
         if (type == LI_TYPE_IQ4_NL) {
-            const block_iq4_nl *b = (const block_iq4_nl *)w + i;
-            nl4_values(b->qs, table, &lo, &hi);
+            const block_iq4_nl *b = (const block_iq4_nl *)src + i;
+            nl4_values(b->qs, table, &v[0], &v[1]);
             d = li_f16_to_f32(b->d);
         } else {
-            const block_mxfp4 *b = (const block_mxfp4 *)w + i;
-            nl4_values(b->qs, table, &lo, &hi);
+            const block_mxfp4 *b = (const block_mxfp4 *)src + i;
+            nl4_values(b->qs, table, &v[0], &v[1]);
             d = li_e8m0_half(b->e);
         }
-        for (int c = 0; c < nc; c++) {
-            const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i;
-            const int32x4_t p = idot16(idot16(vdupq_n_s32(0), lo, vld1q_s8(a->qs)), hi, vld1q_s8(a->qs + 16));
-            acc[c] = fmaf((float)vaddvq_s32(p), d * a->d, acc[c]);
+        for (int h = 0; h < 2; h++) {
+            const int16x8_t w[2] = {vmovl_s8(vget_low_s8(v[h])), vmovl_high_s8(v[h])};
+            for (int j = 0; j < 4; j++) {
+                const int32x4_t q = j % 2 ? vmovl_high_s16(w[j / 2]) : vmovl_s16(vget_low_s16(w[j / 2]));
+                vst1q_f32(y + 16 * h + 4 * j, vmulq_n_f32(vcvtq_f32_s32(q), d));
+            }
         }
     }
-    for (int c = 0; c < nc; c++) s[c] = acc[c];
 }
+
+static void dequant_iq4_nl(const void *src, float *y, int64_t k) { nl4_dequant(LI_TYPE_IQ4_NL, src, y, k); }
+static void dequant_mxfp4(const void *src, float *y, int64_t k) { nl4_dequant(LI_TYPE_MXFP4, src, y, k); }
 
 /* ---- IQ4_XS against Q8_K: per super-block the sum over blocks b of
  * (ls_b - 32) * sum(q * qx), then scalar_iq.c's fmaf(isum, d * dx, acc) ---- */
@@ -290,8 +296,6 @@ LI_INLINE void tq_dot(const int type, int64_t k, const void *w, const void *x, s
         default: worker(LI_TYPE_##T, k, w, x, xs, 4, s); break;                                   \
         }                                                                                         \
     }
-ENTRY(iq4_nl, IQ4_NL, nl4_dot)
-ENTRY(mxfp4, MXFP4, nl4_dot)
 ENTRY(iq4_xs, IQ4_XS, iq4_xs_dot)
 ENTRY(tq1_0, TQ1_0, tq_dot)
 ENTRY(tq2_0, TQ2_0, tq_dot)
@@ -305,8 +309,10 @@ ENTRY(iq1_m, IQ1_M, grid_dot)
 #undef ENTRY
 
 void li_kernels_fill_neon_iq(li_kernels *t) {
+    t->dequant[LI_TYPE_IQ4_NL] = dequant_iq4_nl;
+    t->dequant[LI_TYPE_MXFP4] = dequant_mxfp4;
 #define SET(T, name) t->dot[LI_TYPE_##T] = dot_##name;
-    SET(IQ4_NL, iq4_nl) SET(MXFP4, mxfp4) SET(IQ4_XS, iq4_xs) SET(TQ1_0, tq1_0) SET(TQ2_0, tq2_0);
+    SET(IQ4_XS, iq4_xs) SET(TQ1_0, tq1_0) SET(TQ2_0, tq2_0);
     SET(IQ2_XXS, iq2_xxs) SET(IQ2_XS, iq2_xs) SET(IQ2_S, iq2_s) SET(IQ3_XXS, iq3_xxs) SET(IQ3_S, iq3_s);
     SET(IQ1_S, iq1_s) SET(IQ1_M, iq1_m);
 #undef SET

@@ -33,6 +33,7 @@
 
 #include "../common.h"
 #include "kernels.h"
+#include "unpack_iq.h" /* li_e8m0_half and the 4-bit level tables of IQ4_NL and MXFP4 */
 
 /* Fixed-count loops over vectors and rows, unrolled at any optimization
  * level so that the arrays they index (a half's q[8], the rows' sums) stay in
@@ -153,6 +154,15 @@ LI_INLINE void decode_q5_1(const block_q5_1 *b, int8x16_t q[2]) {
     q5_high_bits(b->qh, h);
     q[0] = s8(vorrq_u8(n[0], h[0]));
     q[1] = s8(vorrq_u8(n[1], h[1]));
+}
+
+/* IQ4_NL and MXFP4: 4-bit indices in Q4_0's nibble order, through their 16-entry level table */
+LI_INLINE void decode_nl4(const uint8_t *qs, const int8_t table[16], int8x16_t q[2]) {
+    uint8x16_t n[2];
+    nibbles16(qs, n);
+    const int8x16_t t = vld1q_s8(table);
+    q[0] = vqtbl1q_s8(t, n[0]);
+    q[1] = vqtbl1q_s8(t, n[1]);
 }
 
 LI_INLINE void decode_q8_0(const block_q8_0 *b, int8x16_t q[2]) {
@@ -376,6 +386,31 @@ LI_INLINE void dot_q8_0_rows(int64_t k, const void *w, const void *x, size_t xs,
     store_rows(s, acc, nc);
 }
 
+/* IQ4_NL and MXFP4 against act_q8_0, as Q4_0 (scalar_iq.c's per-block fma) */
+LI_INLINE void dot_iq4_nl_rows(int64_t k, const void *w, const void *x, size_t xs, const int nc,
+                               float *s) {
+    const block_iq4_nl *b = (const block_iq4_nl *)w;
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (int64_t i = 0; i < k / 32; i++) {
+        int8x16_t q[2];
+        decode_nl4(b[i].qs, li_kvalues_iq4nl, q);
+        acc = step_q8_0(acc, q, h2f(b[i].d), x, xs, i, nc);
+    }
+    store_rows(s, acc, nc);
+}
+
+LI_INLINE void dot_mxfp4_rows(int64_t k, const void *w, const void *x, size_t xs, const int nc,
+                              float *s) {
+    const block_mxfp4 *b = (const block_mxfp4 *)w;
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (int64_t i = 0; i < k / QK_MXFP4; i++) {
+        int8x16_t q[2];
+        decode_nl4(b[i].qs, li_kvalues_mxfp4, q);
+        acc = step_q8_0(acc, q, li_e8m0_half(b[i].e), x, xs, i, nc);
+    }
+    store_rows(s, acc, nc);
+}
+
 LI_INLINE void dot_q4_1_rows(int64_t k, const void *w, const void *x, size_t xs, const int nc,
                              float *s) {
     const block_q4_1 *b = (const block_q4_1 *)w;
@@ -594,6 +629,12 @@ static void dot_q5_1(int64_t k, const void *w, const void *x, size_t xs, int nc,
 static void dot_q8_0(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
     FOR_ROWS_BY_4(dot_q8_0_rows)
 }
+static void dot_iq4_nl(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    FOR_ROWS_BY_4(dot_iq4_nl_rows)
+}
+static void dot_mxfp4(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
+    FOR_ROWS_BY_4(dot_mxfp4_rows)
+}
 static void dot_q2_K(int64_t k, const void *w, const void *x, size_t xs, int nc, float *s) {
     FOR_ROWS_BY_4(dot_q2_K_rows)
 }
@@ -617,6 +658,8 @@ static void set_quant_dots(li_kernels *t) {
     t->dot[LI_TYPE_Q5_0] = dot_q5_0;
     t->dot[LI_TYPE_Q5_1] = dot_q5_1;
     t->dot[LI_TYPE_Q8_0] = dot_q8_0;
+    t->dot[LI_TYPE_IQ4_NL] = dot_iq4_nl;
+    t->dot[LI_TYPE_MXFP4] = dot_mxfp4;
     t->dot[LI_TYPE_Q2_K] = dot_q2_K;
     t->dot[LI_TYPE_Q3_K] = dot_q3_K;
     t->dot[LI_TYPE_Q4_K] = dot_q4_K;

@@ -94,6 +94,12 @@ typedef struct li_kernels {
     /* the least and greatest of x[0..n) (n >= 1) into lo and hi; both NaN
      * when some x is NaN */
     void (*range_f32)(const float *x, int64_t n, float *lo, float *hi);
+    /* x[i] = z = x[i] * scale, then cap * tanh(z / cap) when cap > 0 (the
+     * final logit soft-cap). Scalar: tanhf. A SIMD level's tanh is its own
+     * approximation (within 1e-6 relative of tanh), the same function of
+     * each element wherever it lies in x, so a logit's bits do not depend
+     * on how the rows are split between threads. */
+    void (*softcap_f32)(float *x, int64_t n, float scale, float cap);
 
     /* prefill kernels over packed panels (gemm.h), by panel kind; NULL: the
      * level multiplies batches with its dot kernels */

@@ -590,6 +590,14 @@ static float exp_sum(float *x, int64_t n, float mx) {
     return (float)sum;
 }
 
+static void softcap_f32(float *x, int64_t n, float scale, float cap) {
+    for (int64_t i = 0; i < n; i++) {
+        float z = x[i] * scale;
+        if (cap > 0.0f) z = cap * tanhf(z / cap);
+        x[i] = z;
+    }
+}
+
 void li_kernels_fill_scalar(li_kernels *t) {
     memset(t, 0, sizeof(*t));
     t->isa = LI_ISA_SCALAR;
@@ -621,4 +629,5 @@ void li_kernels_fill_scalar(li_kernels *t) {
     t->attn_accum_f16 = attn_accum_f16;
     t->exp_sum = exp_sum;
     t->range_f32 = range_f32;
+    t->softcap_f32 = softcap_f32;
 }

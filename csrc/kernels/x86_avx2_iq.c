@@ -1,7 +1,9 @@
 /* x86_avx2_iq.c: AVX2 dot products of the non-linear, grid, ternary and MXFP4
  * types (scalar_iq.c is their specification). Built with -mavx2 -mfma -mf16c;
  * li_kernels_fill_avx2 calls li_kernels_fill_avx2_iq. Dequantization stays
- * the scalar file's (it runs once per row of an embedding lookup, not per token).
+ * the scalar file's (it runs once per row of an embedding lookup, not per
+ * token), but for IQ4_NL's and MXFP4's: a table lookup and one multiply per
+ * value, d * level as scalar_iq.c's, so gguf's bits.
  *
  * IQ4_NL, IQ4_XS and MXFP4: a block's 4-bit indices become its 32 signed
  * values through one vpshufb over the 16-entry level table; products with the
@@ -92,6 +94,24 @@ LI_INLINE __m256i nl4_block(const int type, const void *row, int64_t b, __m256i 
     *d = li_e8m0_half(x->e);
     return nl4_values(x->qs, table);
 }
+
+/* y = d * level, 32 values a block */
+LI_INLINE void nl4_dequant(const int type, const void *src, float *y, int64_t k) {
+    const __m256i table = level_table(type == LI_TYPE_MXFP4 ? li_kvalues_mxfp4 : li_kvalues_iq4nl);
+    for (int64_t i = 0; i < k / 32; i++, y += 32) {
+        float d;
+        const __m256i q = nl4_block(type, src, i, table, &d);
+        const __m256 vd = _mm256_set1_ps(d);
+        const __m128i h[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+        for (int j = 0; j < 4; j++) {
+            const __m128i b = j % 2 ? _mm_unpackhi_epi64(h[j / 2], h[j / 2]) : h[j / 2];
+            _mm256_storeu_ps(y + 8 * j, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))));
+        }
+    }
+}
+
+static void dequant_iq4_nl(const void *src, float *y, int64_t k) { nl4_dequant(LI_TYPE_IQ4_NL, src, y, k); }
+static void dequant_mxfp4(const void *src, float *y, int64_t k) { nl4_dequant(LI_TYPE_MXFP4, src, y, k); }
 
 LI_INLINE void nl4_dot(const int type, int64_t k, const void *w, const void *x, size_t xs, const int nc,
                        float *s) {
@@ -538,6 +558,8 @@ TQ_ENTRY(tq2_0, TQ2_0)
 #undef TQ_ENTRY
 
 void li_kernels_fill_avx2_iq(li_kernels *t) {
+    t->dequant[LI_TYPE_IQ4_NL] = dequant_iq4_nl;
+    t->dequant[LI_TYPE_MXFP4] = dequant_mxfp4;
     t->dot[LI_TYPE_IQ4_NL] = dot_iq4_nl;
     t->dot[LI_TYPE_MXFP4] = dot_mxfp4;
     t->dot[LI_TYPE_IQ4_XS] = dot_iq4_xs;

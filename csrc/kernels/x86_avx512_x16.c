@@ -5,7 +5,8 @@
  * unsigned weight bytes by four activation bytes broadcast to all lanes
  * (an embedded-broadcast memory operand) and adds the four products into the
  * lane: row r's exact integer sum builds up in lane r. Offsets of the stored
- * values (Q4_0: q + 8, Q5_0: q + 16, Q8_0: q + 128, Q6_K: q + 32) come out as offset *
+ * values (Q4_0: q + 8, Q5_0: q + 16, Q8_0: q + 128, Q6_K: q + 32; IQ4_XS's
+ * and MXFP4's levels + 128) come out as offset *
  * sum(activation block) in integer; K-quant sub-scales multiply their
  * sub-block sums (vpmulld) before the super-block's sum. The float steps
  * then follow scalar.c for 16 rows at once, blocks in order.
@@ -278,6 +279,57 @@ LI_INLINE void q4_1_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs,
     store_cols(y, ys, acc, nc, nr);
 }
 
+/* ---- MXFP4: per block, 4 chunks of level indices laid out as Q4_0's values
+ * (256 bytes), then the block's 16 E8M0 exponents. A level through the table
+ * + 128 (nl4_values, as IQ4_XS's), the 128 out as 128 * the block's sum (the
+ * terms, as Q8_0's); then scalar_iq.c's acc = fma(isum, d * dx, acc) per
+ * block, d = 2^(e - 128). ---- */
+
+/* 4-bit indices into a 16-entry table of signed levels, + 128: lo[j] values
+ * 4j.., hi[j] values 16 + 4j.. of the block whose 4 chunks are at p */
+LI_INLINE void nl4_values(const uint8_t *p, const int8_t table[16], __m512i lo[4], __m512i hi[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)(const void *)table),
+                                                            _mm_set1_epi8((char)0x80)));
+    UNROLL for (int j = 0; j < 4; j++) {
+        const __m512i w = load64(p + 64 * j);
+        lo[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(w, m4));
+        hi[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(w, 4), m4));
+    }
+}
+
+/* the 16 E8M0 exponents at p as li_e8m0_half's floats: (e - 1) << 23, or
+ * for e < 2 the subnormal 0x00200000 << e */
+LI_INLINE __m512 e8m0x16(const uint8_t *p) {
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, sub));
+}
+
+LI_INLINE void mxfp4_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
+                          float *y, size_t ys, int nr, const unsigned hints) {
+    const size_t stride = 256 + 16; /* a block's indices, then its exponents */
+    const int l2 = l2_hints(nc, hints);
+    __m512 acc[NC];
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *qs = g + (size_t)b * stride;
+        if (l2) stream_hint(qs, (int)stride);
+        if (nc == 1) stream_l1_at(qs, (int)stride, L1_LEAD_32, hints);
+        __m512i lo[4], hi[4];
+        nl4_values(qs, li_kvalues_mxfp4, lo, hi);
+        const __m512 dw = e8m0x16(qs + 256);
+        UNROLL for (int c = 0; c < nc; c++) {
+            const char *blk = x + (size_t)c * xs + (size_t)b * sizeof(act_q8_0);
+            const int8_t *a = (const int8_t *)blk + offsetof(act_q8_0, qs);
+            const __m512i is = _mm512_sub_epi32(block_sum(lo, hi, a, 0), _mm512_set1_epi32(terms[c * nb + b]));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(act_d(blk))), acc[c]);
+        }
+    }
+    store_cols(y, ys, acc, nc, nr);
+}
+
 /* ---- Q8_0: per block, 8 chunks of q + 128 (512 bytes), then its 16 scales ---- */
 
 /* Q8_0's decode hints into L2 (LI_X16_HINT_L2: Intel) lead by twice the L1
@@ -517,16 +569,7 @@ LI_INLINE void q6_K_cols(const uint8_t *g, const int unpacked, const uint8_t *va
 
 /* block b's levels + 128 from its 4 chunks of indices at p: lo[j] values
  * 4j.., hi[j] values 16 + 4j.. */
-LI_INLINE void iq4_xs_values(const uint8_t *p, __m512i lo[4], __m512i hi[4]) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)(const void *)li_kvalues_iq4nl),
-                                                            _mm_set1_epi8((char)0x80)));
-    UNROLL for (int j = 0; j < 4; j++) {
-        const __m512i w = load64(p + 64 * j);
-        lo[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(w, m4));
-        hi[j] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(w, 4), m4));
-    }
-}
+LI_INLINE void iq4_xs_values(const uint8_t *p, __m512i lo[4], __m512i hi[4]) { nl4_values(p, li_kvalues_iq4nl, lo, hi); }
 
 /* the super-block's 128 block scales ls - 32 (8 blocks of 16 rows) as
  * signed bytes, from the 96 bytes at p (repack.h): blocks 0..3's ls whole
@@ -618,6 +661,7 @@ LI_STATIC_ASSERT(LI_X16_NC == 4, "the entries below take up to 4 activation rows
 #define Q5_0_CALL(n) q4_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, 5, hints)
 #define Q5_1_CALL(n) q4_1_cols(g, k / 32, x, xs, n, y, ys, nr, 5, hints)
 #define Q8_0_CALL(n) q8_0_cols(g, k / 32, x, xs, n, terms, y, ys, nr, hints)
+#define MXFP4_CALL(n) mxfp4_cols(g, k / 32, x, xs, n, terms, y, ys, nr, hints)
 #define Q4_K_CALL(n) k45_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, 0, hints)
 #define Q5_K_CALL(n) k45_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, 1, hints)
 #define Q6_K_CALL(n) q6_K_cols(g, 0, NULL, k / QK_K, x, xs, n, terms, y, ys, nr, hints)
@@ -627,6 +671,7 @@ X16_ENTRY(q4_1, Q4_1_CALL)
 X16_ENTRY(q5_0, Q5_0_CALL)
 X16_ENTRY(q5_1, Q5_1_CALL)
 X16_ENTRY(q8_0, Q8_0_CALL)
+X16_ENTRY(mxfp4, MXFP4_CALL)
 X16_ENTRY(q4_K, Q4_K_CALL)
 X16_ENTRY(q5_K, Q5_K_CALL)
 X16_ENTRY(q6_K, Q6_K_CALL)
@@ -794,6 +839,7 @@ void li_x16_fill_avx512(li_kernels *t) {
     t->x16[LI_TYPE_Q5_0] = x16_q5_0;
     t->x16[LI_TYPE_Q5_1] = x16_q5_1;
     t->x16[LI_TYPE_Q8_0] = x16_q8_0;
+    t->x16[LI_TYPE_MXFP4] = x16_mxfp4;
     t->x16[LI_TYPE_Q4_K] = x16_q4_K;
     t->x16[LI_TYPE_Q5_K] = x16_q5_K;
     t->x16[LI_TYPE_Q6_K] = x16_q6_K;

@@ -477,6 +477,27 @@ static void check_vector_ops(const char *lv, const li_kernels *L, const li_kerne
         }
     finish(&t, "", L->softmax != S->softmax);
 
+    t = start(lv, "vec", "softcap_f32"); /* a level's own tanh: within 1e-6 of tanhf's, relative */
+    for (int li = 0; li < nl; li++)
+        for (int v = 0; v < 3; v++) { /* cap 30 (Gemma's logits), cap 1, no cap with a scale */
+            const int64_t n = lens[li];
+            const float cap = v == 0 ? 30.0f : v == 1 ? 1.0f : 0.0f, scale = v == 2 ? 0.75f : 1.0f;
+            float *x0 = gmalloc((size_t)n * 4), *x1 = gmalloc((size_t)n * 4);
+            for (int64_t i = 0; i < n; i++) x0[i] = gauss() * (v == 0 ? 60.0f : 3.0f);
+            if (n > 4) { /* signed zero, overflow, NaN, a value where the approximation is x itself */
+                x0[0] = -0.0f;
+                x0[1] = cap > 0.0f ? -INFINITY : -1e30f; /* (expect_close takes no infinite result) */
+                x0[2] = NAN;
+                x0[3] = 3e-4f * cap;
+            }
+            memcpy(x1, x0, (size_t)n * 4);
+            S->softcap_f32(x0, n, scale, cap);
+            L->softcap_f32(x1, n, scale, cap);
+            expect_close(&t, x1, x0, n, 1e-6, 1e-40, v == 0 ? "cap 30" : v == 1 ? "cap 1" : "no cap");
+            gfree_all();
+        }
+    finish(&t, "", L->softcap_f32 != S->softcap_f32);
+
     t = start(lv, "vec", "act_apply");
     for (int li = 0; li < nl; li++)
         for (int withu = 0; withu < 4; withu++) { /* bit 0: with u; bit 1: GELU, else SiLU */

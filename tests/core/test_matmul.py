@@ -181,7 +181,7 @@ def test_errors():
         ops.matmul(w, "Q4_0", (4, 64), x, n_threads=0)
 
 
-REPACK_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)  # csrc/repack.h's layouts
+REPACK_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.MXFP4, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)  # repack.h
 
 
 @pytest.mark.parametrize("t", REPACK_TYPES, ids=type_id)
@@ -244,11 +244,11 @@ def test_joint_product_gives_each_product_its_own_bits():
     group, decode's one row beside rows enough to unpack groups (8+), and a
     product of no rows."""
     from llminfer import _core
-    types = [t for t in (Q.Q4_K, Q.Q6_K, Q.Q4_0, Q.IQ4_XS, Q.Q8_0) if t.name in ops.repacked_types()]
+    types = [t for t in (Q.Q4_K, Q.Q6_K, Q.Q4_0, Q.IQ4_XS, Q.Q8_0, Q.MXFP4) if t.name in ops.repacked_types()]
     if len(types) < 2:
         pytest.skip(f"the {system.current_isa()} level has fewer than two repacked types")
     rng = np.random.default_rng(11)
-    shapes = [(100, 512, 1), (37, 512, 9), (64, 256, 3), (16, 256, 0), (200, 512, 1)]
+    shapes = [(100, 512, 1), (37, 512, 9), (64, 256, 3), (16, 256, 0), (200, 512, 1), (48, 256, 2)]
     mats, xs, refs = [], [], []
     for i, (rows, k, n) in enumerate(shapes):
         t = types[i % len(types)]

@@ -123,3 +123,45 @@ def test_a_score_does_not_depend_on_what_is_computed_beside_it(isa, d):
         part = np.zeros((7, b - a), np.float32)
         _core.attn_kernel(False, q, np.ascontiguousarray(cache[a:b]).view(np.uint16), d, 0.125, part)
         assert np.array_equal(part, whole[:, a:b]), f"rows {a}:{b}"
+
+
+SOFTCAP_REL = 1e-6  # a SIMD level's tanh against tanh (csrc/kernels/x86_avx2.c's tanh_ps: 4e-7 at worst)
+
+
+@pytest.mark.parametrize("cap", [30.0, 1.0])
+def test_softcap_is_tanh_within_a_stated_tolerance(isa, cap):
+    """The final logit soft-cap cap * tanh(x / cap) (Gemma's logits, 262144 a
+    token): the scalar level's tanhf, a SIMD level's own vector tanh, each
+    within SOFTCAP_REL of float64 tanh, over the whole range of tanh (tiny
+    values, where it is x, up to the values where it rounds to 1), with
+    signed zeros, infinities and NaN kept as tanhf keeps them."""
+    rng = np.random.default_rng(int(cap))
+    x = np.concatenate([rng.standard_normal(5000) * 3 * cap, np.linspace(-10 * cap, 10 * cap, 4001),
+                        cap * np.logspace(-9, 1, 2000) * rng.choice([-1, 1], 2000),
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30]]).astype(np.float32)
+    y = x.copy()
+    _core.vec_kernel("softcap_f32", cap, np.zeros_like(y), y)
+    z = x.astype(np.float64) / np.float32(cap)
+    want = cap * np.tanh(z)
+    ok = np.isnan(x)
+    assert np.array_equal(np.isnan(y), ok)
+    err = np.abs(y[~ok] - want[~ok])
+    assert np.all(err <= SOFTCAP_REL * np.abs(want[~ok]) + 1e-37), (
+        f"{isa}: worst {np.max(err / (np.abs(want[~ok]) + 1e-37)):.3g} relative at x = {x[~ok][np.argmax(err)]}")
+    assert np.all(np.abs(y[~ok]) <= cap)
+    assert np.signbit(y[x == 0]).tolist() == np.signbit(x[x == 0]).tolist()
+
+
+def test_softcap_of_an_element_does_not_depend_on_its_place():
+    """Batch invariance of the logits: threads split a batch's logits at any
+    element, so an element's soft-capped value must not depend on where in a
+    call it lies (a vector body or the tail of a call)."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(101) * 40).astype(np.float32)
+    for level in system.available_isas():
+        whole = x.copy()
+        at_level(level, _core.vec_kernel, "softcap_f32", 30.0, np.zeros_like(whole), whole)
+        for a, b in ((0, 1), (1, 4), (3, 12), (7, 101), (50, 59), (96, 101), (100, 101)):
+            part = x[a:b].copy()
+            at_level(level, _core.vec_kernel, "softcap_f32", 30.0, np.zeros_like(part), part)
+            assert np.array_equal(part, whole[a:b]), f"{level}: elements {a}:{b}"
