@@ -621,4 +621,5 @@ void li_kernels_fill_scalar(li_kernels *t) {
     t->attn_accum_f16 = attn_accum_f16;
     t->exp_sum = exp_sum;
     t->range_f32 = range_f32;
+    li_recurrent_fill_scalar(t); /* scalar_recurrent.c: the recurrent mixers */
 }
