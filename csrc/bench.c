@@ -198,6 +198,34 @@ int li_attn_kernel(int accumulate, const float *a, size_t a_ld, int nh, const ui
     return LI_OK;
 }
 
+int li_conv_kernel(const float *x, size_t x_ld, float *y, size_t y_ld, const int32_t *rows, int64_t n,
+                   const float *w, const float *bias, int K, float *state, int64_t c0, int64_t c1, int act) {
+    li_init();
+    if (!x || !y || !w || (n > 0 && !rows) || (K > 1 && !state) || n < 0 || K < 1 || c0 < 0 || c1 < c0)
+        return LI_E_ARG;
+    li_K->conv_rows(x, x_ld, y, y_ld, rows, n, w, bias, K, state, c0, c1, act);
+    return LI_OK;
+}
+
+int li_gdn_kernel(float *S, int64_t dk, int64_t dv, const int32_t *rows, int64_t n, const float *q,
+                  const float *k, size_t qk_ld, const float *v, size_t v_ld, const float *alpha,
+                  const float *beta, size_t ab_ld, float dt_b, float a, float *o, size_t o_ld) {
+    li_init();
+    if (!S || !q || !k || !v || !alpha || !beta || !o || (n > 0 && !rows) || n < 0 || dk < 0 || dv < 0)
+        return LI_E_ARG;
+    li_K->gdn_head(S, dk, dv, rows, n, q, k, qk_ld, v, v_ld, alpha, beta, ab_ld, dt_b, a, o, o_ld);
+    return LI_OK;
+}
+
+int li_mamba2_kernel(float *S, int64_t hd, int64_t ds, const int32_t *rows, int64_t n, const float *x,
+                     size_t x_ld, const float *B, const float *C, const float *dt, size_t dt_ld, float dt_b,
+                     float a, float d, const float *z, size_t z_ld, float *y, size_t y_ld) {
+    li_init();
+    if (!S || !x || !B || !C || !dt || !z || !y || (n > 0 && !rows) || n < 0 || hd < 0 || ds < 0) return LI_E_ARG;
+    li_K->mamba2_head(S, hd, ds, rows, n, x, x_ld, B, C, dt, dt_ld, dt_b, a, d, z, z_ld, y, y_ld);
+    return LI_OK;
+}
+
 double li_bench_int8_peak(void) {
     li_init();
 #if defined(LI_ARCH_X86)

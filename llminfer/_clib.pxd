@@ -202,3 +202,11 @@ cdef extern from "llminfer.h" nogil:
     int li_vec_kernel(int op, float alpha, const void *a, void *b, int64_t n, float *result)
     int li_attn_kernel(int accumulate, const float *a, size_t a_ld, int nh, const uint16_t *cache,
                        int64_t n, int64_t d, size_t stride, float scale, float *out, size_t out_ld)
+    int li_conv_kernel(const float *x, size_t x_ld, float *y, size_t y_ld, const int32_t *rows, int64_t n,
+                       const float *w, const float *bias, int K, float *state, int64_t c0, int64_t c1, int act)
+    int li_gdn_kernel(float *S, int64_t dk, int64_t dv, const int32_t *rows, int64_t n, const float *q,
+                      const float *k, size_t qk_ld, const float *v, size_t v_ld, const float *alpha,
+                      const float *beta, size_t ab_ld, float dt_b, float a, float *o, size_t o_ld)
+    int li_mamba2_kernel(float *S, int64_t hd, int64_t ds, const int32_t *rows, int64_t n, const float *x,
+                         size_t x_ld, const float *B, const float *C, const float *dt, size_t dt_ld, float dt_b,
+                         float a, float d, const float *z, size_t z_ld, float *y, size_t y_ld)

@@ -1060,6 +1060,86 @@ def attn_kernel(bint accumulate, const float[:, ::1] a, const uint16_t[:, ::1] c
     check(st, "attn_kernel")
 
 
+def _rows_in(const int32_t[::1] rows, Py_ssize_t T, str what):
+    cdef Py_ssize_t i
+    for i in range(rows.shape[0]):
+        if rows[i] < 0 or rows[i] >= T:
+            raise errors.ShapeError(f"{what}: row {rows[i]} is not one of the {T} rows")
+
+
+def conv_kernel(const float[:, ::1] x, float[:, ::1] y, const int32_t[::1] rows, const float[:, ::1] w, bias,
+                float[::1] state, int64_t c0, int64_t c1, bint act):
+    """The active level's causal convolution (kernels.h, li_conv_rows_fn)
+    over channels [c0, c1) of rows `rows` of x into y, w [channels, K], bias
+    None or [channels], state [channels * (K - 1)] updated in place. For
+    tests."""
+    cdef int K = <int>w.shape[1]
+    cdef const float[::1] bv
+    cdef const float *bp = NULL
+    if bias is not None:
+        bv = bias
+        if bv.shape[0] < c1:
+            raise errors.ShapeError("conv_kernel: bias is shorter than c1")
+        bp = &bv[0] if bv.shape[0] else NULL
+    if not (0 <= c0 <= c1 <= w.shape[0]) or K < 1 or x.shape[1] < c1 or y.shape[1] < c1 or \
+            y.shape[0] < x.shape[0] or state.shape[0] < c1 * (K - 1):
+        raise errors.ShapeError("conv_kernel: sizes do not agree")
+    _rows_in(rows, x.shape[0], "conv_kernel")
+    cdef int64_t n = rows.shape[0]
+    cdef float dummy = 0
+    cdef float *sp = &state[0] if state.shape[0] else &dummy
+    cdef int st
+    if n == 0 or x.shape[0] == 0 or x.shape[1] == 0:
+        return
+    with nogil:
+        st = C.li_conv_kernel(&x[0, 0], x.shape[1], &y[0, 0], y.shape[1], &rows[0], n, &w[0, 0], bp, K, sp,
+                              c0, c1, act)
+    check(st, "conv_kernel")
+
+
+def gdn_kernel(float[:, ::1] S, const int32_t[::1] rows, const float[:, ::1] q, const float[:, ::1] k,
+               const float[:, ::1] v, const float[::1] alpha, const float[::1] beta, float dt_b, float a,
+               float[:, ::1] o):
+    """The active level's Gated DeltaNet head (kernels.h, li_gdn_head_fn):
+    state S [dv, dk] in place, rows `rows` of q, k [T, >= dk], v [T, >= dv],
+    alpha, beta [T] into o [T, >= dv]. For tests."""
+    cdef int64_t dv = S.shape[0], dk = S.shape[1], T = q.shape[0]
+    if k.shape[0] != T or k.shape[1] != q.shape[1] or q.shape[1] < dk or v.shape[0] != T or v.shape[1] < dv or \
+            alpha.shape[0] != T or beta.shape[0] != T or o.shape[0] != T or o.shape[1] < dv or dv * dk == 0:
+        raise errors.ShapeError("gdn_kernel: sizes do not agree")
+    _rows_in(rows, T, "gdn_kernel")
+    cdef int64_t n = rows.shape[0]
+    cdef int st
+    if n == 0:
+        return
+    with nogil:
+        st = C.li_gdn_kernel(&S[0, 0], dk, dv, &rows[0], n, &q[0, 0], &k[0, 0], q.shape[1], &v[0, 0], v.shape[1],
+                             &alpha[0], &beta[0], 1, dt_b, a, &o[0, 0], o.shape[1])
+    check(st, "gdn_kernel")
+
+
+def mamba2_kernel(float[:, ::1] S, const int32_t[::1] rows, const float[:, ::1] x, const float[:, ::1] B,
+                  const float[:, ::1] Cm, const float[::1] dt, float dt_b, float a, float d,
+                  const float[:, ::1] z, float[:, ::1] y):
+    """The active level's Mamba2 head (kernels.h, li_mamba2_head_fn): state
+    S [hd, ds] in place, rows `rows` of x, B, Cm (one shape [T, ld], ld >=
+    hd and ds), dt [T], z [T, >= hd] into y [T, >= hd]. For tests."""
+    cdef int64_t hd = S.shape[0], ds = S.shape[1], T = x.shape[0]
+    if B.shape[0] != T or Cm.shape[0] != T or B.shape[1] != x.shape[1] or Cm.shape[1] != x.shape[1] or \
+            x.shape[1] < hd or x.shape[1] < ds or dt.shape[0] != T or z.shape[0] != T or z.shape[1] < hd or \
+            y.shape[0] != T or y.shape[1] < hd or hd * ds == 0:
+        raise errors.ShapeError("mamba2_kernel: sizes do not agree")
+    _rows_in(rows, T, "mamba2_kernel")
+    cdef int64_t n = rows.shape[0]
+    cdef int st
+    if n == 0:
+        return
+    with nogil:
+        st = C.li_mamba2_kernel(&S[0, 0], hd, ds, &rows[0], n, &x[0, 0], x.shape[1], &B[0, 0], &Cm[0, 0], &dt[0], 1,
+                                dt_b, a, d, &z[0, 0], z.shape[1], &y[0, 0], y.shape[1])
+    check(st, "mamba2_kernel")
+
+
 # ---- GGUF string arrays (llminfer.core.gguf_file) ----
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize

@@ -605,6 +605,7 @@ void li_kernels_fill_neon(li_kernels *t) {
     t->add_f32 = add_f32;
     t->mul_f32 = mul_f32;
     t->softcap_f32 = softcap_f32;
+    li_recurrent_fill_neon(t); /* arm_neon_recurrent.c: the recurrent mixers */
     t->isa = LI_ISA_NEON;
 }
 #elif defined(LI_ARCH_ARM64)

@@ -53,6 +53,28 @@ typedef void (*li_dot_fn)(int64_t k, const void *w, const void *x, size_t x_stri
 typedef void (*li_dot_rows_fn)(int64_t k, const void *w, size_t w_stride, int nr, const void *x,
                                size_t x_stride, int nc, float *y, size_t y_stride);
 
+/* Causal convolution of K taps over channels [c0, c1) of rows rows[0..n):
+ * y[t][ch] = (act ? SiLU : identity)(bias[ch] + sum_j w[ch][j] win_j), the
+ * window being channel ch's K - 1 past inputs (state[ch][0..K-1), the
+ * oldest first) and then x[t][ch]; the window then moves on by one. */
+typedef void (*li_conv_rows_fn)(const float *x, size_t x_ld, float *y, size_t y_ld, const int32_t *rows,
+                                int64_t n, const float *w, const float *bias, int K, float *state, int64_t c0,
+                                int64_t c1, int act);
+/* One Gated DeltaNet value head over rows rows[0..n), state S [dv][dk]; per
+ * row t: decay = exp(softplus(alpha_t + dt_b) a), b = sigmoid(beta_t), and
+ * for each row j of S: S_j *= decay; d = (v_j - S_j . k) b; S_j += d k;
+ * o_j = S_j . q. */
+typedef void (*li_gdn_head_fn)(float *S, int64_t dk, int64_t dv, const int32_t *rows, int64_t n, const float *q,
+                               const float *k, size_t qk_ld, const float *v, size_t v_ld, const float *alpha,
+                               const float *beta, size_t ab_ld, float dt_b, float a, float *o, size_t o_ld);
+/* One Mamba2 head over rows rows[0..n), state S [hd][ds]; per row t: dt =
+ * softplus(dt_t + dt_b), dA = exp(dt a), and for each channel i (row i of
+ * S): S_i = S_i dA + (x_i dt) B; y_i = (S_i . C + x_i d) SiLU(z_i). */
+typedef void (*li_mamba2_head_fn)(float *S, int64_t hd, int64_t ds, const int32_t *rows, int64_t n,
+                                  const float *x, size_t x_ld, const float *B, const float *C, const float *dt,
+                                  size_t dt_ld, float dt_b, float a, float d, const float *z, size_t z_ld, float *y,
+                                  size_t y_ld);
+
 typedef struct li_kernels {
     int isa;
     li_dequant_fn dequant[LI_TYPE_COUNT];
@@ -111,6 +133,14 @@ typedef struct li_kernels {
      * the type's x16 kernel reads its packed values directly */
     li_x16_unpack_fn x16_unpack[LI_TYPE_COUNT];
     li_x16u_fn x16u[LI_TYPE_COUNT];
+
+    /* the recurrent mixers of hybrid models (their types above say what each
+     * computes): one sequence's rows, in position order, through its state,
+     * updated in place in the layout the state pool keeps. scalar_recurrent.c
+     * is their specification. */
+    li_conv_rows_fn conv_rows;
+    li_gdn_head_fn gdn_head;
+    li_mamba2_head_fn mamba2_head;
 } li_kernels;
 
 /* per-type facts (qtypes.c) */
@@ -127,6 +157,9 @@ int li_act_block_size(int act);
 
 /* the scalar activation (SIMD levels hand it the elements past their last full vector) */
 void li_act_apply_scalar(int fn, const float *x, const float *u, float *y, int64_t n);
+/* the scalar convolution (SIMD levels hand it the channels past their last full vector) */
+void li_conv_rows_scalar(const float *x, size_t x_ld, float *y, size_t y_ld, const int32_t *rows, int64_t n,
+                         const float *w, const float *bias, int K, float *state, int64_t c0, int64_t c1, int act);
 /* gpt-oss's clamped SwiGLU (LI_FN_SWIGLU_OAI), y = min(g, 7) sigmoid(1.702
  * min(g, 7)) (clamp(u, -7, 7) + 1), element by element with expf in ggml's
  * order of operations, the same at every level (no table: its tails reach
@@ -138,18 +171,22 @@ void li_gate_apply(int fn, const float *g, const float *u, float *y, int64_t n);
 /* the tables, filled once by dispatch.c */
 void li_kernels_fill_scalar(li_kernels *t);
 void li_kernels_fill_scalar_iq(li_kernels *t); /* scalar_iq.c */
+void li_recurrent_fill_scalar(li_kernels *t);   /* scalar_recurrent.c */
 #if defined(LI_ARCH_X86)
 void li_kernels_fill_avx2(li_kernels *t);
 void li_gemm_fill_avx2(li_kernels *t); /* x86_avx2_gemm.c */
 void li_kernels_fill_avx2_iq(li_kernels *t); /* x86_avx2_iq.c */
+void li_recurrent_fill_avx2(li_kernels *t);  /* x86_avx2_recurrent.c */
 void li_kernels_fill_avx512(li_kernels *t);
 void li_x16_fill_avx512(li_kernels *t); /* x86_avx512_x16.c */
+void li_recurrent_fill_avx512(li_kernels *t); /* x86_avx512_recurrent.c */
 int64_t li_x16_peak_probe(int64_t iters); /* the int8 peak probe of bench.c; 0 without the flags */
 #endif
 #if defined(LI_ARCH_ARM64)
 void li_kernels_fill_neon(li_kernels *t);
 void li_kernels_fill_neon_dot(li_kernels *t);
 void li_kernels_fill_neon_iq(li_kernels *t); /* arm_neon_iq.c */
+void li_recurrent_fill_neon(li_kernels *t);  /* arm_neon_recurrent.c */
 #endif
 
 /* the active table (dispatch.c) */

@@ -630,4 +630,5 @@ void li_kernels_fill_scalar(li_kernels *t) {
     t->exp_sum = exp_sum;
     t->range_f32 = range_f32;
     t->softcap_f32 = softcap_f32;
+    li_recurrent_fill_scalar(t); /* scalar_recurrent.c: the recurrent mixers */
 }

@@ -1477,6 +1477,7 @@ void li_kernels_fill_avx2(li_kernels *t) {
     t->scale_f32 = scale_f32;
     t->add_f32 = add_f32;
     t->mul_f32 = mul_f32;
+    li_recurrent_fill_avx2(t); /* x86_avx2_recurrent.c: the recurrent mixers */
 }
 #elif defined(LI_ARCH_X86)
 /* built without the AVX2 flags: the table stays scalar and dispatch skips it */

@@ -146,6 +146,7 @@ void li_kernels_fill_avx512(li_kernels *t) {
     t->gemm[LI_PANEL_BLK32] = gemm_blk32;
     t->gemm[LI_PANEL_KSUPER] = gemm_ksuper;
     li_x16_fill_avx512(t);
+    li_recurrent_fill_avx512(t); /* x86_avx512_recurrent.c: the recurrent mixers */
 }
 #elif defined(LI_ARCH_X86)
 /* built without the AVX-512 flags: the table stays scalar and dispatch skips it */

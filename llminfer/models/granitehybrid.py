@@ -11,19 +11,24 @@ converter stores it (src/models/granite-hybrid.cpp there).
   attention.scale (the scores, in place of 1/sqrt(head_dim)) and
   logit_scale (the logits are divided by it).
 
-The mixture-of-experts files (Granite 4.0-H Tiny and Small) add a shared
-expert beside the routed ones, which llminfer's expert path does not have:
-refused by name. Biases on the attention output or the feed-forward are
-refused too (LayerSpec has no place for them)."""
+The mixture-of-experts files (Granite 4.0-H Tiny and Small, expert_count >
+0) put routed experts in place of every layer's feed-forward: a softmax
+router over expert_count experts, the expert_used_count most probable with
+their weights renormalized (qwen3moe's gating), each expert as wide as
+feed_forward_length; and, where expert_shared_feed_forward_length is set, a
+shared expert (ffn_*_shexp) whose output is added ungated. Biases on the
+attention output or the feed-forward are refused (LayerSpec has no place
+for them)."""
 
 import numpy as np
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.core.gguf_file import GGUFFile
-from llminfer.models.base import (ACT_SILU, ROPE_NORM, Hparams, LayerSpec, ModelSpec, Weights, attn_scale_default,
-                                  output_head, rope_dims, rope_scale, vocab_size)
+from llminfer.models.base import (ACT_SILU, GATING_SOFTMAX, ROPE_NORM, Hparams, LayerSpec, ModelSpec, MoESpec,
+                                  Weights, attn_scale_default, output_head, rope_dims, rope_scale, vocab_size)
 from llminfer.models.hybrid import (dense_ffn, layer_array, mamba2_layer, mamba2_sizes, refuse_biases,
                                     set_ssm_sizes)
+from llminfer.models.qwen3moe import MAX_EXPERTS
 
 ARCH = "granitehybrid"
 
@@ -38,15 +43,45 @@ def _multiplier(hp, key) -> float:
     return v
 
 
+def _expert_sizes(hp, n_ff) -> tuple:
+    """(expert_count, expert_used_count, expert_shared_feed_forward_length),
+    (0, 0, 0) in a dense file."""
+    n_expert = hp.int("expert_count", 0)
+    if n_expert == 0:
+        return 0, 0, 0
+    n_used = hp.int("expert_used_count", 0)
+    if not (0 < n_expert <= MAX_EXPERTS) or not (0 < n_used <= n_expert):
+        raise UnsupportedModelError(f"{hp.path}: {ARCH}.expert_count {n_expert} and expert_used_count {n_used} "
+                                    f"must satisfy 0 < used <= count <= {MAX_EXPERTS}")
+    n_ff_shexp = hp.int("expert_shared_feed_forward_length", 0)
+    if not (0 < n_ff <= 1 << 20) or not (0 <= n_ff_shexp <= 1 << 20):
+        raise UnsupportedModelError(f"{hp.path}: {ARCH}.feed_forward_length {n_ff} (the experts' width) and "
+                                    f"expert_shared_feed_forward_length {n_ff_shexp} are out of range")
+    return n_expert, n_used, n_ff_shexp
+
+
+def _experts(w: Weights, p: str, n_embd: int, n_ff: int, n_expert: int, n_ff_shexp: int) -> dict:
+    """A MoE layer's routed experts (each n_ff wide, as llama.cpp reads
+    them) and its ungated shared expert where n_ff_shexp > 0."""
+    out = dict(w_gate=None, w_up=None, w_down=None, moe=MoESpec(
+        router=w.matrix(p + "ffn_gate_inp.weight", n_expert, n_embd),
+        gate_exps=w.expert_matrix(p + "ffn_gate_exps.weight", n_expert, n_ff, n_embd),
+        up_exps=w.expert_matrix(p + "ffn_up_exps.weight", n_expert, n_ff, n_embd),
+        down_exps=w.expert_matrix(p + "ffn_down_exps.weight", n_expert, n_embd, n_ff)))
+    if n_ff_shexp:
+        out.update(gate_shexp=w.matrix(p + "ffn_gate_shexp.weight", n_ff_shexp, n_embd),
+                   up_shexp=w.matrix(p + "ffn_up_shexp.weight", n_ff_shexp, n_embd),
+                   down_shexp=w.matrix(p + "ffn_down_shexp.weight", n_embd, n_ff_shexp))
+    return out
+
+
 def build(gguf: GGUFFile) -> ModelSpec:
     hp = Hparams(gguf, ARCH)
     n_layer = hp.int("block_count")
     n_embd = hp.int("embedding_length")
     n_head = hp.int("attention.head_count")
     n_ff = hp.int("feed_forward_length")
-    if hp.int("expert_count", 0) > 0:
-        raise UnsupportedModelError(f"{gguf.path}: {ARCH} with experts (Granite 4.0-H Tiny / Small: routed experts "
-                                    f"and a shared one) is not supported; llminfer runs the dense Granite 4.0-H")
+    n_expert, n_used, n_ff_shexp = _expert_sizes(hp, n_ff)
     kv = layer_array(hp, "attention.head_count_kv", n_layer)
     if kv is None:
         raise UnsupportedModelError(f"{gguf.path}: metadata '{ARCH}.attention.head_count_kv' is missing; it tells "
@@ -75,7 +110,7 @@ def build(gguf: GGUFFile) -> ModelSpec:
         p = f"blk.{i}."
         refuse_biases(w, p, ("ffn_gate.bias", "ffn_up.bias", "ffn_down.bias", "attn_output.bias"), ARCH)
         ffn_norm = w.vector(p + "ffn_norm.weight", n_embd)
-        ffn = dense_ffn(w, p, n_embd, n_ff)
+        ffn = _experts(w, p, n_embd, n_ff, n_expert, n_ff_shexp) if n_expert else dense_ffn(w, p, n_embd, n_ff)
         if kv[i] == 0:
             layers.append(mamba2_layer(w, p, n_embd, s, ffn_norm, ffn, conv_bias_required=False))
             continue
@@ -116,6 +151,9 @@ def build(gguf: GGUFFile) -> ModelSpec:
         residual_scale=_multiplier(hp, "residual_scale"),
         logit_scale=1.0 / _multiplier(hp, "logit_scale"),
     )
+    if n_expert:
+        spec.n_expert, spec.n_expert_used, spec.n_ff_exp = n_expert, n_used, n_ff
+        spec.n_ff_shexp, spec.expert_gating = n_ff_shexp, GATING_SOFTMAX
     set_ssm_sizes(spec, s)
     w.check_all_used(n_layer, ARCH)
     return spec

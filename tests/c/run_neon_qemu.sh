@@ -52,7 +52,8 @@ trap 'rm -rf "$BUILD"' EXIT
 CORE="csrc/qtypes.c csrc/dispatch.c csrc/ops.c csrc/gemm.c csrc/quantize.c csrc/kernels/scalar.c csrc/kernels/arm_neon.c
       csrc/kernels/scalar_iq.c csrc/kernels/iq_tables.c csrc/kernels/arm_neon_iq.c csrc/quantize_iq.c
       csrc/kernels/luts.c csrc/repack.c csrc/share.c csrc/errors.c csrc/alloc.c csrc/model.c csrc/model_check.c
-      csrc/context.c csrc/attention.c csrc/encoder.c csrc/recurrent.c csrc/lora.c"
+      csrc/context.c csrc/attention.c csrc/encoder.c csrc/recurrent.c csrc/lora.c csrc/kernels/scalar_recurrent.c
+      csrc/kernels/arm_neon_recurrent.c"
 BASE="-std=c11 -ffp-contract=off -fno-math-errno -Wall -Wno-unused-function -Icsrc"
 
 # build OUT OPT DOTFLAGS: every file but arm_neon_dot.c with OPT, that one with OPT DOTFLAGS

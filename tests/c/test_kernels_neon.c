@@ -10,6 +10,10 @@
  *       |got - ref| <= 1e-5 * sum_i |w_i x_i|; with --strict the quantized
  *       weight types must also match bit for bit, as they are built to
  *   rms_norm, softmax: |got - ref| <= 1e-6 * |ref| + 1e-40 per element
+ *   conv_rows (the recurrent mixers' convolution): bit for bit
+ *   gdn_head, mamba2_head: the state after the rows within 1e-5 of its
+ *       largest value, each output within 1e-5 of its token's largest sum of
+ *       magnitudes (RECURRENT_REL)
  * Weight blocks are random bytes with their f16 scales made finite; every
  * buffer ends where a PROT_NONE page begins, so a read past it faults.
  *
@@ -647,6 +651,217 @@ static void check_vector_ops(const char *lv, const li_kernels *L, const li_kerne
     }
 }
 
+/* ---- the recurrent mixers (scalar_recurrent.c is their specification) ---- */
+
+/* The rows of one sequence in a batch of 2n + 1: every other row, so the
+ * kernels' row indices and strides are exercised. */
+static int32_t *seq_rows(int64_t n) {
+    int32_t *rows = gmalloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) rows[i] = (int32_t)(2 * i + 1);
+    return rows;
+}
+
+/* |got - ref| <= rel * max |ref| (the whole array's scale) per element */
+static void expect_normwise(tally *t, const float *got, const float *ref, int64_t n, double rel, const char *what) {
+    double mx = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        if (fabs((double)ref[i]) > mx) mx = fabs((double)ref[i]);
+    t->cases++;
+    int exact = 1;
+    for (int64_t i = 0; i < n; i++) {
+        if (fbits(got[i]) != fbits(ref[i])) exact = 0;
+        const double err = fabs((double)got[i] - ref[i]), allowed = rel * mx + 1e-30;
+        if (err / allowed > t->worst) t->worst = err / allowed;
+        if (!(err <= allowed)) {
+            fail(t, "%s: element %lld %.9g vs scalar %.9g (max |ref| %.3g)", what, (long long)i, got[i], ref[i], mx);
+            return;
+        }
+    }
+    t->exact += exact;
+}
+
+/* |got - ref| <= rel * mag[i] per element of each sequence row rows[i] (width
+ * values a row, ld apart) */
+static void expect_per_token(tally *t, const float *got, const float *ref, const int32_t *rows, int64_t n,
+                             int64_t width, size_t ld, const double *mag, double rel, const char *what) {
+    t->cases++;
+    int exact = 1;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < width; j++) {
+            const size_t at = (size_t)rows[i] * ld + (size_t)j;
+            if (fbits(got[at]) != fbits(ref[at])) exact = 0;
+            const double err = fabs((double)got[at] - ref[at]), allowed = rel * mag[i] + 1e-30;
+            if (err / allowed > t->worst) t->worst = err / allowed;
+            if (!(err <= allowed)) {
+                fail(t, "%s: token %lld value %lld %.9g vs scalar %.9g (magnitude %.3g)", what, (long long)i,
+                     (long long)j, got[at], ref[at], mag[i]);
+                return;
+            }
+        }
+    t->exact += exact;
+}
+
+/* a unit vector scaled by s, as gdn_norm_qk leaves q and k */
+static void unit_row(float *x, int64_t n, float s) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = gauss();
+        ss += (double)x[i] * x[i];
+    }
+    const float r = (float)(s / sqrt(ss > 0 ? ss : 1.0));
+    for (int64_t i = 0; i < n; i++) x[i] *= r;
+}
+
+/* Tolerance of the delta rule's and the scan's outputs and states against
+ * the scalar order: fused multiply-adds and lane-wise partial sums round
+ * differently, and the state carries the difference from token to token
+ * (the decay shrinks it). A state is held to its largest value; a token's
+ * outputs, sums that may cancel, to the largest sum of their terms'
+ * magnitudes over the head's rows (magnitudes from the scalar kernel, run a
+ * token at a time: the same bits as one call). */
+#define RECURRENT_REL 1e-5
+
+/* per token of rows: max over j of sum_e |S_j,e q_e|, S after the token */
+static void gdn_magnitudes(const li_kernels *S, const float *S_in, int64_t dk, int64_t dv, const int32_t *rows,
+                           int64_t n, const float *q, const float *k, size_t ld, const float *v, const float *al,
+                           const float *be, float dt_b, float a, float *o, double *mag) {
+    float *St = gmalloc((size_t)(dv * dk) * 4);
+    memcpy(St, S_in, (size_t)(dv * dk) * 4);
+    for (int64_t i = 0; i < n; i++) {
+        S->gdn_head(St, dk, dv, rows + i, 1, q, k, ld, v, (size_t)dv, al, be, 1, dt_b, a, o, (size_t)dv);
+        const float *qt = q + (size_t)rows[i] * ld;
+        mag[i] = 0.0;
+        for (int64_t j = 0; j < dv; j++) {
+            double m = 0.0;
+            for (int64_t e = 0; e < dk; e++) m += fabs((double)St[j * dk + e] * qt[e]);
+            if (m > mag[i]) mag[i] = m;
+        }
+    }
+}
+
+/* per token of rows: max over i of (sum_e |S_i,e C_e| + |x_i d|) |SiLU(z_i)|, S after the token */
+static void mamba2_magnitudes(const li_kernels *S, const float *S_in, int64_t hd, int64_t ds, const int32_t *rows,
+                              int64_t n, const float *x, size_t ld, const float *B, const float *Cm, const float *dt,
+                              float dt_b, float a, float d, const float *z, float *y, double *mag) {
+    float *St = gmalloc((size_t)(hd * ds) * 4);
+    memcpy(St, S_in, (size_t)(hd * ds) * 4);
+    for (int64_t k = 0; k < n; k++) {
+        S->mamba2_head(St, hd, ds, rows + k, 1, x, ld, B, Cm, dt, 1, dt_b, a, d, z, (size_t)hd, y, (size_t)hd);
+        const size_t t = (size_t)rows[k];
+        mag[k] = 0.0;
+        for (int64_t i = 0; i < hd; i++) {
+            double m = fabs((double)x[t * ld + (size_t)i] * d);
+            for (int64_t e = 0; e < ds; e++) m += fabs((double)St[i * ds + e] * Cm[t * ld + (size_t)e]);
+            const double zi = z[t * (size_t)hd + (size_t)i];
+            m *= fabs(zi / (1.0 + exp(-zi)));
+            if (m > mag[k]) mag[k] = m;
+        }
+    }
+}
+
+static void check_recurrent(const char *lv, const li_kernels *L, const li_kernels *S) {
+    static const int64_t channels[] = {1, 3, 4, 5, 8, 17, 64, 67};
+    static const int taps[] = {1, 2, 4, 5};
+    static const int64_t tokens[] = {1, 3, 17, 40};
+    static const int64_t widths[] = {1, 3, 4, 7, 8, 9, 16, 17, 33, 128};
+
+    tally t = start(lv, "recurrent", "conv_rows");
+    for (int ci = 0; ci < 8; ci++)
+        for (int ki = 0; ki < 4; ki++)
+            for (int ni = 0; ni < 4; ni++)
+                for (int var = 0; var < 4; var++) { /* bit 0: SiLU; bit 1: bias */
+                    const int64_t C = channels[ci], n = tokens[ni], T = 2 * n + 1, c0 = C > 4 ? 1 : 0;
+                    const int K = taps[ki], h = K - 1;
+                    float *x = gmalloc((size_t)(T * C) * 4), *w = gmalloc((size_t)(C * K) * 4);
+                    float *bias = gmalloc((size_t)C * 4), *st0 = gmalloc((size_t)(C * h + 1) * 4);
+                    float *st1 = gmalloc((size_t)(C * h + 1) * 4);
+                    float *y0 = gmalloc((size_t)(T * C) * 4), *y1 = gmalloc((size_t)(T * C) * 4);
+                    const int32_t *rows = seq_rows(n);
+                    op_floats(x, T * C, 0);
+                    op_floats(w, C * K, 0);
+                    op_floats(bias, C, 0);
+                    op_floats(st0, C * h + 1, 0);
+                    memcpy(st1, st0, (size_t)(C * h + 1) * 4);
+                    memcpy(y1, y0, (size_t)(T * C) * 4);
+                    S->conv_rows(x, (size_t)C, y0, (size_t)C, rows, n, w, (var & 2) ? bias : NULL, K, st0, c0, C,
+                                 var & 1);
+                    L->conv_rows(x, (size_t)C, y1, (size_t)C, rows, n, w, (var & 2) ? bias : NULL, K, st1, c0, C,
+                                 var & 1);
+                    expect_same(&t, y1, y0, (size_t)(T * C) * 4, C, "conv output");
+                    expect_same(&t, st1, st0, (size_t)(C * h + 1) * 4, C, "conv window");
+                    gfree_all();
+                }
+    finish(&t, " (bit-identical)", L->conv_rows != S->conv_rows);
+
+    t = start(lv, "recurrent", "gdn_head");
+    for (int wi = 0; wi < 10; wi++)
+        for (int vi = 0; vi < 3; vi++)
+            for (int ni = 0; ni < 4; ni++) {
+                const int64_t dk = widths[wi], dv = (int64_t[]){1, 5, 16}[vi], n = tokens[ni], T = 2 * n + 1;
+                const int64_t ld = dk + 3; /* q and k rows wider than dk, as in the forward pass's buffer */
+                float *q = gmalloc((size_t)(T * ld) * 4), *k = gmalloc((size_t)(T * ld) * 4);
+                float *v = gmalloc((size_t)(T * dv) * 4), *al = gmalloc((size_t)T * 4), *be = gmalloc((size_t)T * 4);
+                float *S0 = gmalloc((size_t)(dv * dk) * 4), *S1 = gmalloc((size_t)(dv * dk) * 4);
+                float *o0 = gmalloc((size_t)(T * dv) * 4), *o1 = gmalloc((size_t)(T * dv) * 4);
+                const int32_t *rows = seq_rows(n);
+                for (int64_t r = 0; r < T; r++) {
+                    unit_row(q + r * ld, dk, (float)(1.0 / sqrt((double)dk)));
+                    unit_row(k + r * ld, dk, 1.0f);
+                }
+                op_floats(v, T * dv, 0);
+                op_floats(al, T, 0);
+                op_floats(be, T, 0);
+                op_floats(S0, dv * dk, 0);
+                memcpy(S1, S0, (size_t)(dv * dk) * 4);
+                memset(o0, 0, (size_t)(T * dv) * 4);
+                memset(o1, 0, (size_t)(T * dv) * 4);
+                const float dt_b = gauss(), a = -expf(gauss());
+                double *mag = gmalloc((size_t)n * 8);
+                float *om = gmalloc((size_t)(T * dv) * 4);
+                gdn_magnitudes(S, S0, dk, dv, rows, n, q, k, (size_t)ld, v, al, be, dt_b, a, om, mag);
+                S->gdn_head(S0, dk, dv, rows, n, q, k, (size_t)ld, v, (size_t)dv, al, be, 1, dt_b, a, o0, (size_t)dv);
+                L->gdn_head(S1, dk, dv, rows, n, q, k, (size_t)ld, v, (size_t)dv, al, be, 1, dt_b, a, o1, (size_t)dv);
+                expect_per_token(&t, o1, o0, rows, n, dv, (size_t)dv, mag, RECURRENT_REL, "gdn output");
+                expect_normwise(&t, S1, S0, dv * dk, RECURRENT_REL, "gdn state");
+                gfree_all();
+            }
+    finish(&t, "", L->gdn_head != S->gdn_head);
+
+    t = start(lv, "recurrent", "mamba2_head");
+    for (int wi = 0; wi < 10; wi++)
+        for (int hi = 0; hi < 3; hi++)
+            for (int ni = 0; ni < 4; ni++) {
+                const int64_t ds = widths[wi], hd = (int64_t[]){1, 3, 8}[hi], n = tokens[ni], T = 2 * n + 1;
+                const int64_t ld = LI_MAX(ds, hd) + 5;
+                float *x = gmalloc((size_t)(T * ld) * 4), *B = gmalloc((size_t)(T * ld) * 4);
+                float *Cm = gmalloc((size_t)(T * ld) * 4), *dt = gmalloc((size_t)T * 4), *z = gmalloc((size_t)(T * hd) * 4);
+                float *S0 = gmalloc((size_t)(hd * ds) * 4), *S1 = gmalloc((size_t)(hd * ds) * 4);
+                float *y0 = gmalloc((size_t)(T * hd) * 4), *y1 = gmalloc((size_t)(T * hd) * 4);
+                const int32_t *rows = seq_rows(n);
+                op_floats(x, T * ld, 0);
+                op_floats(B, T * ld, 0);
+                op_floats(Cm, T * ld, 0);
+                op_floats(dt, T, 0);
+                op_floats(z, T * hd, 0);
+                op_floats(S0, hd * ds, 0);
+                memcpy(S1, S0, (size_t)(hd * ds) * 4);
+                memset(y0, 0, (size_t)(T * hd) * 4);
+                memset(y1, 0, (size_t)(T * hd) * 4);
+                const float dt_b = gauss(), a = -expf(gauss()), d = gauss();
+                double *mag = gmalloc((size_t)n * 8);
+                float *ym = gmalloc((size_t)(T * hd) * 4);
+                mamba2_magnitudes(S, S0, hd, ds, rows, n, x, (size_t)ld, B, Cm, dt, dt_b, a, d, z, ym, mag);
+                S->mamba2_head(S0, hd, ds, rows, n, x, (size_t)ld, B, Cm, dt, 1, dt_b, a, d, z, (size_t)hd, y0,
+                               (size_t)hd);
+                L->mamba2_head(S1, hd, ds, rows, n, x, (size_t)ld, B, Cm, dt, 1, dt_b, a, d, z, (size_t)hd, y1,
+                               (size_t)hd);
+                expect_per_token(&t, y1, y0, rows, n, hd, (size_t)hd, mag, RECURRENT_REL, "mamba2 output");
+                expect_normwise(&t, S1, S0, hd * ds, RECURRENT_REL, "mamba2 state");
+                gfree_all();
+            }
+    finish(&t, "", L->mamba2_head != S->mamba2_head);
+}
+
 /* entries a level leaves as the scalar ones (pointer-equal), by name */
 static void list_inherited(const char *lv, const li_kernels *L, const li_kernels *S) {
     char buf[512] = "";
@@ -671,6 +886,7 @@ static void check_level(const char *lv, const li_kernels *L, const li_kernels *S
     check_quant_act(lv, L, S);
     check_dot(lv, L, S);
     check_vector_ops(lv, L, S);
+    check_recurrent(lv, L, S);
     printf("  %s: %ld cases, %ld failures\n", lv, total_cases - cases, total_fails - before);
 }
 

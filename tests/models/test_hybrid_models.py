@@ -31,15 +31,18 @@ needs_native = pytest.mark.skipif(not NATIVE, reason="the C core does not run re
 
 # MoE: 4 experts, 2 used, 2 layers, so that few tokens' expert choice is a near tie (10-12% here)
 MOE = {"n_ff_shexp": 0, "n_expert": 4, "n_layer": 2}
+# Granite 4.0-H Tiny / Small: experts n_ff wide in every layer, a shared expert of n_ff_shexp (256) ungated
+GRANITE_MOE = {"granite_moe": True, "n_expert": 4, "n_layer": 2, "layout": "RA"}
 OURS = [("lfm2", {}), ("qwen35", {}), ("qwen35", {"recurrent_array": True}), ("qwen35moe", MOE),
         ("qwen35moe", {**MOE, "n_ff_shexp": 256}), ("qwen3next", {**MOE, "n_v_head": 2, "d_state": 128}),
         ("qwen3next", {**MOE, "n_ff_shexp": 256}), ("lfm2moe", {"n_expert": 4, "n_layer": 2, "layout": "RA"}), ("mamba2", {}),
-        ("granitehybrid", {}), ("nemotron_h", {})]
+        ("granitehybrid", {}), ("granitehybrid", GRANITE_MOE), ("granitehybrid", {**GRANITE_MOE, "n_ff_shexp": 0}),
+        ("nemotron_h", {})]
 GDN_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
 # against llama.cpp: untied heads, so that the top token is not the input token
 ALL = [(arch, {"tie_output": False})
        for arch in ("lfm2", "lfm2moe", "qwen35", "qwen35moe", "qwen3next", "mamba2", "granitehybrid",
-                    "nemotron_h")]
+                    "nemotron_h")] + [("granitehybrid", {"tie_output": False, **GRANITE_MOE})]
 PEER_TOL_FLOAT = 3e-3  # F32/F16 weights: llama.cpp's float32 against float64 (seen: at most 1.2e-3)
 PEER_TOL_MOE = 1e-2    # the same beside near ties of the expert choice (seen: 4.6e-3 two tokens after one)
 
@@ -122,6 +125,13 @@ def test_spec_has_the_layers_mixers_and_sizes(hybrid, case):
     if arch in ("qwen35moe", "qwen3next"):
         assert (spec.n_expert, spec.n_expert_used) == (cfg.n_expert, cfg.n_expert_used)
         assert all(L.moe is not None and L.w_gate is None for L in spec.layers)
+    if arch == "granitehybrid" and cfg.granite_moe:  # the experts are feed_forward_length wide
+        assert (spec.n_expert, spec.n_expert_used, spec.n_ff_exp) == (cfg.n_expert, cfg.n_expert_used, cfg.n_ff)
+        assert spec.n_ff_shexp == cfg.n_ff_shexp
+        for L in spec.layers:
+            assert L.moe is not None and L.w_gate is None and L.gate_inp_shexp is None
+            assert (L.gate_shexp is not None) == (cfg.n_ff_shexp > 0)
+            assert L.moe.gate_exps.rows == cfg.n_expert * cfg.n_ff
 
 
 def test_conv_taps_are_the_files_rows(hybrid):
@@ -176,7 +186,7 @@ def test_qwen35_multi_token_prediction_block_is_left_out(tmp_path):
     ("mamba2", "mamba2.ssm.time_step_rank", 7, "time_step_rank 7"),
     ("mamba2", "mamba2.ssm.group_count", 3, "group_count 3"),
     ("granitehybrid", "granitehybrid.attention.head_count_kv", None, "head_count_kv' is missing"),
-    ("granitehybrid", "granitehybrid.expert_count", 4, "experts"),
+    ("granitehybrid", "granitehybrid.expert_count", 4, "expert_used_count 0"),
     ("granitehybrid", "granitehybrid.rope.scaling.finetuned", 1, "must be a bool"),
     ("nemotron_h", "nemotron_h.feed_forward_length", [0, 512, 4, 0], "not both"),
 ])

@@ -187,7 +187,14 @@ class HybridReference(ReferenceModel):
             x = x + o * res
             if granite:
                 h = self.norm(x, t[p + "ffn_norm.weight"])
-                d = (silu(h @ t[p + "ffn_gate.weight"].T) * (h @ t[p + "ffn_up.weight"].T)) @ t[p + "ffn_down.weight"].T
+                if p + "ffn_gate_inp.weight" in t:  # Granite 4.0-H Tiny / Small: experts, a shared one ungated
+                    d = self._experts(h, p, silu)
+                    if p + "ffn_up_shexp.weight" in t:
+                        d = d + (silu(h @ t[p + "ffn_gate_shexp.weight"].T) * (h @ t[p + "ffn_up_shexp.weight"].T)) \
+                            @ t[p + "ffn_down_shexp.weight"].T
+                else:
+                    d = (silu(h @ t[p + "ffn_gate.weight"].T) * (h @ t[p + "ffn_up.weight"].T)) \
+                        @ t[p + "ffn_down.weight"].T
                 x = x + d * res
         x = self.norm(x, t["output_norm.weight"])
         if hidden:

@@ -421,6 +421,9 @@ class HybridConfig:
     mamba_heads: int = 8
     mamba_inner: int = 512        # granitehybrid: 2 * n_embd, as llama.cpp requires
     mamba_state: int = 32
+    # granitehybrid with experts (Granite 4.0-H Tiny / Small): routed experts n_ff wide in place of
+    # every feed-forward (n_expert, n_expert_used), and an ungated shared expert n_ff_shexp wide
+    granite_moe: bool = False
     # granitehybrid's multipliers (0: absent)
     embedding_scale: float = 3.0
     residual_scale: float = 0.5
@@ -485,6 +488,11 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
             kv[f"{arch}.attention.layer_norm_epsilon"] = float(cfg.eps)
         if arch == "granitehybrid":
             kv[f"{arch}.rope.scaling.finetuned"] = False  # Granite 4.0-H: no RoPE
+            if cfg.granite_moe:
+                kv[f"{arch}.expert_count"] = cfg.n_expert
+                kv[f"{arch}.expert_used_count"] = cfg.n_expert_used
+                if cfg.n_ff_shexp:
+                    kv[f"{arch}.expert_shared_feed_forward_length"] = cfg.n_ff_shexp
             for key in ("embedding_scale", "residual_scale", "attention_scale", "logit_scale"):
                 if getattr(cfg, key):
                     kv[f"{arch}.{key.replace('attention_', 'attention.')}"] = float(getattr(cfg, key))
@@ -625,6 +633,16 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
             matrix(p + "ffn_up_exps.weight", Fe, E, n_expert=ne)
             matrix(p + "ffn_down_exps.weight", E, Fe, n_expert=ne)
             vector(p + "exp_probs_b.bias", ne, 0.0, 0.5)
+        elif arch == "granitehybrid" and cfg.granite_moe:
+            ne = cfg.n_expert
+            matrix(p + "ffn_gate_inp.weight", ne, E, "F32")
+            matrix(p + "ffn_gate_exps.weight", F, E, n_expert=ne)
+            matrix(p + "ffn_up_exps.weight", F, E, n_expert=ne)
+            matrix(p + "ffn_down_exps.weight", E, F, n_expert=ne)
+            if cfg.n_ff_shexp:
+                matrix(p + "ffn_gate_shexp.weight", cfg.n_ff_shexp, E)
+                matrix(p + "ffn_up_shexp.weight", cfg.n_ff_shexp, E)
+                matrix(p + "ffn_down_shexp.weight", E, cfg.n_ff_shexp)
         elif arch in ("qwen35moe", "qwen3next"):
             ne, Fe = cfg.n_expert, cfg.n_ff_exp
             matrix(p + "ffn_gate_inp.weight", ne, E, "F32")
