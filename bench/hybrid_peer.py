@@ -53,7 +53,7 @@ def main():
     args = ap.parse_args()
     peer_python = peer.peer_python(args.peer_python)
     if args.ours:
-        from test_archs import run
+        from archs import run
 
     print(f"{'arch':14} {'type':5} {'vs':9} {'max|diff|':>10} {'max|logit|':>10} {'relative':>9} {'top-1 (clear)':>16}")
     with tempfile.TemporaryDirectory() as tmp:

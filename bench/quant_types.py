@@ -40,7 +40,7 @@ def quantized(f16: Path, workdir: Path, ftype: str, quantize: str) -> Path:
         return out
     cmd = [quantize]
     if ftype in NEEDS_IMATRIX:
-        from test_peer_quants import write_imatrix
+        from peer_checks import write_imatrix
         cmd += ["--imatrix", write_imatrix(str(f16), workdir / f"{f16.stem}-imatrix.gguf")]
     if ftype not in ("Q4_K_M", "Q5_K_M", "Q3_K_M"):
         cmd.append("--pure")

@@ -20,12 +20,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from llminfer import hub  # noqa: E402
 from llminfer.core.gguf_file import GGUFFile  # noqa: E402
 from llminfer.text.tokenizer import Tokenizer  # noqa: E402
-from test_tokenizer import BATTERY, FLAGS  # noqa: E402
+from tokenizer_battery import BATTERY, FLAGS  # noqa: E402
 
 KNOWN = ("smollm2-135m-instruct", "gemma3-270m")
 

@@ -216,3 +216,60 @@ def test_every_subpackage_ships_in_the_wheel():
     named = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     folders = {".".join(p.parent.relative_to(PKG.parent).parts) for p in PKG.rglob("__init__.py")}
     assert folders <= named, f"not in pyproject.toml's packages: {sorted(folders - named)}"
+
+
+def support_imports(path: Path) -> list[tuple[str, str, int]]:
+    """(module, name, line) of each `from M import name` in a file where
+    tests/support/M.py exists, and ("test_*", "", line) for an import of a
+    test module."""
+    support = {p.stem for p in (ROOT / "tests" / "support").glob("*.py")}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            mods = [(node.module, [a.name for a in node.names])]
+        elif isinstance(node, ast.Import):
+            mods = [(a.name, []) for a in node.names]
+        else:
+            continue
+        for mod, names in mods:
+            if mod.startswith("test_"):
+                found.append((mod, "", node.lineno))
+            elif mod in support:
+                found += [(mod, n, node.lineno) for n in names]
+    return found
+
+
+def defined_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def test_the_support_import_check_sees_a_test_module_and_a_missing_name(tmp_path):
+    f = tmp_path / "b.py"
+    f.write_text("from test_archs import run\nfrom archs import no_such_helper\n")
+    found = support_imports(f)
+    assert ("test_archs", "", 1) in found and ("archs", "no_such_helper", 2) in found
+    assert "no_such_helper" not in defined_names(ROOT / "tests" / "support" / "archs.py")
+
+
+def test_bench_scripts_import_only_helpers_that_exist():
+    """bench/ takes what it shares with the tests from tests/support, never
+    from a test module (tests move; bench/hybrid_peer.py, quant_types.py and
+    tokenizer_parity.py broke so when the tests went into folders)."""
+    bad = []
+    for f in sorted((ROOT / "bench").glob("*.py")):
+        for mod, name, line in support_imports(f):
+            if mod.startswith("test_"):
+                bad.append(f"{f.name}:{line} imports the test module {mod}")
+            elif name != "*" and name not in defined_names(ROOT / "tests" / "support" / f"{mod}.py"):
+                bad.append(f"{f.name}:{line} imports {name} from tests/support/{mod}.py, which has none")
+    assert not bad, "\n".join(bad)

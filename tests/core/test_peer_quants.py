@@ -28,7 +28,7 @@ from llminfer.runtime.engine import Engine
 from reference import ReferenceModel
 from kernel_cases import tolerance
 from tiny_models import TinyConfig, write_model
-from peer_checks import find_llama_quantize
+from peer_checks import find_llama_quantize, write_imatrix
 
 __all__ = ["isa"]
 
@@ -40,27 +40,6 @@ FTYPE = {Q.IQ4_NL: "IQ4_NL", Q.IQ4_XS: "IQ4_XS", Q.MXFP4: "MXFP4_MOE", Q.TQ1_0: 
          Q.IQ3_XXS: "IQ3_XXS", Q.IQ3_S: "IQ3_S", Q.IQ1_S: "IQ1_S", Q.IQ1_M: "IQ1_M"}
 TYPES = list(FTYPE)
 TOL_LOGITS = 3e-2  # as tests/models/test_forward.py for quantized weights
-
-
-def write_imatrix(model_path, out_path, seed=0):
-    """An importance matrix in llama.cpp's GGUF layout: per weight matrix, the
-    sum of squared activations per input column (random, around 1) and the
-    number of calls."""
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(out_path), "imatrix")
-    for t in gguf.GGUFReader(model_path).tensors:
-        if len(t.shape) == 2:
-            k = int(t.shape[0])
-            w.add_tensor(t.name + ".in_sum2", (rng.uniform(0.5, 1.5, k) * 10).astype(np.float32))
-            w.add_tensor(t.name + ".counts", np.array([10.0], np.float32))
-    w.add_array("imatrix.datasets", ["random"])
-    w.add_uint32("imatrix.chunk_count", 10)
-    w.add_uint32("imatrix.chunk_size", 512)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(out_path)
 
 
 @pytest.fixture(scope="module")

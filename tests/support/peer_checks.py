@@ -3,6 +3,8 @@ Python, through bench/peer_logits.py), the agreement check with its margin
 and tolerance, and its llama-quantize."""
 
 import subprocess
+
+import gguf
 from pathlib import Path
 import numpy as np
 import glob
@@ -44,3 +46,24 @@ def find_llama_quantize():
         return exe
     found = sorted(glob.glob("/work/peer/*/vendor/llama.cpp/build/bin/llama-quantize"))
     return found[0] if found else None
+
+
+def write_imatrix(model_path, out_path, seed=0):
+    """An importance matrix in llama.cpp's GGUF layout: per weight matrix, the
+    sum of squared activations per input column (random, around 1) and the
+    number of calls."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(out_path), "imatrix")
+    for t in gguf.GGUFReader(model_path).tensors:
+        if len(t.shape) == 2:
+            k = int(t.shape[0])
+            w.add_tensor(t.name + ".in_sum2", (rng.uniform(0.5, 1.5, k) * 10).astype(np.float32))
+            w.add_tensor(t.name + ".counts", np.array([10.0], np.float32))
+    w.add_array("imatrix.datasets", ["random"])
+    w.add_uint32("imatrix.chunk_count", 10)
+    w.add_uint32("imatrix.chunk_size", 512)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(out_path)
