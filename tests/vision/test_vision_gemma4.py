@@ -17,25 +17,12 @@ import llminfer  # noqa: E402
 from llminfer.errors import ImageError, InvalidArgumentError, UnsupportedModelError  # noqa: E402
 from llminfer.vision import load_mmproj  # noqa: E402
 from llminfer.vision.gemma4 import fit_box, target_size  # noqa: E402
-from images import HOSTILE, data_url, png, synthetic  # noqa: E402
+from images import HOSTILE, data_url, gemma4_text_model, png, synthetic  # noqa: E402
 from reference_gemma4 import Gemma4Reference  # noqa: E402
-from tiny_models import Gemma4Config, TinyGemma4v, write_gemma4, write_gemma4v_mmproj  # noqa: E402
+from tiny_models import TinyGemma4v, write_gemma4v_mmproj  # noqa: E402
 
 # the tiny tower's cells: 4-pixel patches pooled 2 x 2, 70 to 1120 cells of 8 x 8
 ALIGN, MIN_PX, MAX_PX = 8, 70 * 64, 1120 * 64
-
-GEMMA4_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
-    "{% if p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<end_of_turn>\n{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
-GEMMA4_IMAGE_TOKENS = {"<|image>": 4, "<image|>": 4, "<|image|>": 4, "<start_of_turn>": 4, "<end_of_turn>": 4}
-
-
-def gemma4_text_model(path, **kw):
-    return write_gemma4(path, Gemma4Config(**kw), meta={"tokenizer.chat_template": GEMMA4_TEMPLATE},
-                        extra_tokens=GEMMA4_IMAGE_TOKENS)
-
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):

@@ -6,9 +6,8 @@ a build ($LLAMA_CPP_DIR, or /work/peer/*/vendor/llama.cpp) or a C compiler.
 
 Tolerance, max |ours - mtmd| over max |mtmd|: 2e-3 with F32 and F16
 weights (ggml's f16 GELU table and summation order on both sides), 2e-2
-with Q8_0 (both quantize the activations to Q8_0, in blocks that differ).
-Gemma 4's (G4_TOL) are wider: its attention is unscaled and its norms
-renormalise every step, so the rows move further apart on both sides."""
+with Q8_0 (both quantize the activations to Q8_0, in blocks that differ);
+the same for Gemma 4's rows."""
 
 import glob
 import os
@@ -251,24 +250,24 @@ def test_idefics3_generation_runs_through_the_library(idefics3):
 
 # ---- Gemma 4 (gemma4v): dynamic size, 2-D RoPE tower, rows both ways in the sliding layers ----
 
-G4_TOL = {"F32": 3e-3, "F16": 3e-3, "Q8_0": 4e-2}
 G4_SIZES = [(40, 70), (90, 31), (56, 56), (300, 200), (13, 9)]  # (height, width): 77 to 950 cells
 
 
 @pytest.fixture(scope="module")
 def gemma4(tmp_path_factory):
-    from test_vision_gemma4 import gemma4_text_model
+    from images import gemma4_text_model
     from tiny_models import TinyGemma4v, write_gemma4v_mmproj
 
     d = tmp_path_factory.mktemp("gemma4v_peer")
     model = gemma4_text_model(d / "gemma4.gguf", qtype="F32")
-    return d, model, {q: write_gemma4v_mmproj(d / f"mmproj-g4-{q}.gguf", TinyGemma4v(qtype=q)) for q in G4_TOL}
+    return d, model, {q: write_gemma4v_mmproj(d / f"mmproj-g4-{q}.gguf", TinyGemma4v(qtype=q)) for q in TOL}
 
 
-@pytest.mark.parametrize("qtype", sorted(G4_TOL))
+@pytest.mark.parametrize("qtype", sorted(TOL))
 def test_gemma4_rows_match_mtmd(mtmd, gemma4, qtype):
-    """Each image's cell count (mtmd's smart resize) and rows within
-    G4_TOL of mtmd's, for images of several sizes and aspect ratios."""
+    """Each image's cell count (mtmd's smart resize: 77 to 950 cells) and
+    rows within TOL of mtmd's, for images of several sizes and aspect
+    ratios."""
     d, model, mm = gemma4
     enc = load_mmproj(mm[qtype])
     try:
@@ -279,7 +278,7 @@ def test_gemma4_rows_match_mtmd(mtmd, gemma4, qtype):
             ours = enc.encode(png(img))
             assert ours.shape == peer.shape, (h, w)
             err = np.abs(ours - peer).max() / np.abs(peer).max()
-            assert err < G4_TOL[qtype], f"{qtype} {h}x{w}: {err:.2e}"
+            assert err < TOL[qtype], f"{qtype} {h}x{w}: {err:.2e}"
     finally:
         enc.close()
 
@@ -338,7 +337,7 @@ def test_gemma4_logits_and_greedy_tokens_match_llama_cpp(mtmd, gemma4, seed, h, 
         eog = set(llm.tokenizer.eog_ids)
     scale = np.abs(out["noncausal"]).max()
     err = {mode: np.abs(ours - v).max() / scale for mode, v in out.items()}
-    assert err["noncausal"] < 5e-3 and err["noncausal"] < 0.5 * err["causal"], err
+    assert err["noncausal"] < 3e-3 and err["noncausal"] < 0.1 * err["causal"], err
     for k, (tok, margin) in enumerate(gen):
         if margin < 0.25:
             break
