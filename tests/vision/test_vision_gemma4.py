@@ -368,3 +368,35 @@ def test_llama_takes_gemma4_chat_handler(files):
         assert out["choices"][0]["message"]["content"] == want
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("n_rows,start", [(3, 5), (4, 20), (12, 30)])
+def test_few_rows_both_ways_in_the_sliding_layers(f32_model, n_rows, start):
+    """A handful of rows (few enough for the attention's split path, or one
+    tile more than the window of 8) after `start` tokens, decoded
+    non-causally at 1 and 2 threads: the same logits, the reference's with
+    the rows both ways in the sliding layers only."""
+    import llminfer.runtime.engine as engine_mod
+
+    rng = np.random.default_rng(n_rows)
+    ids = [int(t) for t in rng.integers(5, 200, start)]
+    rows = (rng.standard_normal((n_rows, 256)) * 2).astype(np.float32)
+    outs = []
+    for nt in (1, 2):
+        eng = engine_mod.Engine(f32_model, n_ctx=256, kv_type="f32", n_threads=nt)
+        try:
+            seq = eng.new_sequence()
+            eng.decode([(seq, np.asarray(ids, np.int32), None)])
+            out = np.empty(eng.spec.n_vocab, np.float32)
+            eng.decode_rows(seq, np.zeros(n_rows, np.int32), rows, out, causal=False)
+            outs.append(out)
+        finally:
+            eng.close()
+    np.testing.assert_array_equal(outs[0], outs[1])
+    ref = Gemma4Reference(f32_model)
+    all_ids = ids + [0] * n_rows
+    given = {start + i: r for i, r in enumerate(rows)}
+    want = ref.logits(all_ids, rows=given, both_ways=[(start, start + n_rows)])[-1]
+    causal = ref.logits(all_ids, rows=given)[-1]
+    err = np.abs(outs[0] - want).max()
+    assert err < 1e-3 * np.abs(want).max() and err < 0.05 * np.abs(want - causal).max(), err
