@@ -35,7 +35,7 @@ int li_first_visible(const li_layer_desc *L, int pos) {
 }
 
 int li_last_visible(const li_context *c, const li_layer_desc *L, int64_t t) {
-    const int open = c->non_causal == 1 || (c->non_causal == 2 && L->sliding_window > 0);
+    const int open = c->non_causal == LI_OPEN_ALL || (c->non_causal == LI_OPEN_SWA && L->sliding_window > 0);
     return open ? c->vis[t] : c->pos[t];
 }
 

@@ -1249,9 +1249,9 @@ int li_context_get_tuning(const li_context *c, li_tuning *out, int *near) {
 int li_context_set_causal(li_context *c, int mode) {
     if (!c) return li_fail(LI_E_ARG, "no context");
     switch (mode) {
-    case LI_ATTN_CAUSAL: c->non_causal = 0; return LI_OK;
-    case LI_ATTN_NON_CAUSAL:
-    case LI_ATTN_NON_CAUSAL_SWA: c->non_causal = mode == LI_ATTN_NON_CAUSAL ? 1 : 2; return LI_OK;
+    case LI_ATTN_CAUSAL: c->non_causal = LI_OPEN_NONE; return LI_OK;
+    case LI_ATTN_NON_CAUSAL: c->non_causal = LI_OPEN_ALL; return LI_OK;
+    case LI_ATTN_NON_CAUSAL_SWA: c->non_causal = LI_OPEN_SWA; return LI_OK;
     default: return li_fail(LI_E_ARG, "attention mode %d is not one of %d (non-causal), %d (causal) or %d "
                             "(non-causal in the sliding-window layers)", mode, LI_ATTN_NON_CAUSAL, LI_ATTN_CAUSAL,
                             LI_ATTN_NON_CAUSAL_SWA);

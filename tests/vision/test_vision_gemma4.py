@@ -400,3 +400,17 @@ def test_few_rows_both_ways_in_the_sliding_layers(f32_model, n_rows, start):
     causal = ref.logits(all_ids, rows=given)[-1]
     err = np.abs(outs[0] - want).max()
     assert err < 1e-3 * np.abs(want).max() and err < 0.05 * np.abs(want - causal).max(), err
+
+
+def test_an_unknown_attention_mode_is_refused(f32_model):
+    from llminfer import _core
+    from llminfer.runtime.engine import Engine
+
+    eng = Engine(f32_model, n_ctx=64)
+    try:
+        for mode in (-1, 3, 99):
+            with pytest.raises(InvalidArgumentError, match="attention mode"):
+                _core.set_causal(eng.ctx, mode)
+        _core.set_causal(eng.ctx, _core.ATTN_CAUSAL)
+    finally:
+        eng.close()
