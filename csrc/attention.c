@@ -2,8 +2,10 @@
  *
  * A token at pos in a layer sees the positions [first, pos] (first = 0, or
  * pos - window + 1 in a sliding-window layer) whose blocks are in its
- * sequence's table; in a non-causal batch (li_context_set_causal), up to
- * the last position of its sequence in the batch instead of pos (c->vis). Those positions are cut at multiples of c->span into
+ * sequence's table; in a layer a non-causal batch makes non-causal
+ * (li_context_set_causal: every layer, or the sliding-window ones), up to
+ * the last position of its sequence in the batch instead of pos
+ * (li_last_visible). Those positions are cut at multiples of c->span into
  * spans. A token whose keys all lie in one span takes the plain path:
  * scores, softmax, weights normalized (and rounded to f16 with an F16 cache,
  * as llama.cpp's V x softmax product takes them), then the weighted sum of
@@ -30,6 +32,11 @@
 
 int li_first_visible(const li_layer_desc *L, int pos) {
     return L->sliding_window > 0 ? LI_MAX(0, pos - L->sliding_window + 1) : 0;
+}
+
+int li_last_visible(const li_context *c, const li_layer_desc *L, int64_t t) {
+    const int open = c->non_causal == LI_OPEN_ALL || (c->non_causal == LI_OPEN_SWA && L->sliding_window > 0);
+    return open ? c->vis[t] : c->pos[t];
 }
 
 /* With an F16 cache, queries and attention weights are rounded to float16
@@ -400,7 +407,7 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
     float mx[LI_ATTN_TILE * 64], sum[LI_ATTN_TILE * 64]; /* heads per group: checked in li_model_check */
     for (int i = 0; i < ntok; i++) {
         const int64_t t = t0 + i;
-        end[i] = c->vis[t];
+        end[i] = li_last_visible(c, L, t);
         first[i] = li_first_visible(L, c->pos[t]);
         kept[i] = 0;
         memcpy(tq + (size_t)i * (size_t)nh * (size_t)hd, c->q + (t * m->n_head + (int64_t)kvh * nh) * hd,
@@ -488,7 +495,7 @@ static void attend_tile(li_context *c, int il, const li_layer_desc *L, int64_t t
  * (group g's count), else every span of its range */
 static int64_t split_spans(const li_context *c, const li_layer_desc *L, int64_t t, int g) {
     if (c->n_spans[t * 2 + g] <= 1) return 1;
-    return c->vis[t] / c->span - li_first_visible(L, c->pos[t]) / c->span + 1;
+    return li_last_visible(c, L, t) / c->span - li_first_visible(L, c->pos[t]) / c->span + 1;
 }
 
 /* A thread's run of split mode's items (token, kv head, span, query head),
@@ -517,7 +524,7 @@ typedef struct {
  * keys lie in one span. */
 static int split_item_span(const li_context *c, const li_layer_desc *L, int il, int64_t t, const int32_t *blocks,
                            int n_blocks, int s_idx, int *p0, int *p1) {
-    const int pos = c->pos[t], end = c->vis[t];
+    const int pos = c->pos[t], end = li_last_visible(c, L, t);
     if (c->n_spans[t * 2 + c->group[il]] <= 1) {
         first_span(c, L, blocks, n_blocks, pos, end, p0, p1);
         return 1;
@@ -685,7 +692,7 @@ void li_attention(li_context *c, const li_layer_desc *L, int il, int64_t n, int 
         const int64_t t = i / m->n_head;
         if (c->n_spans[t * 2 + g] <= 1) continue;
         const int first = li_first_visible(L, c->pos[t]);
-        const int spans = c->vis[t] / c->span - first / c->span + 1;
+        const int spans = li_last_visible(c, L, t) / c->span - first / c->span + 1;
         combine_spans(c->parts + (size_t)i * head_stride, ps, spans, hdv, sink_of(L, i % m->n_head), c->att + i * hdv);
     }
 }

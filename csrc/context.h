@@ -115,9 +115,10 @@ struct li_context {
 
     /* per batch */
     int32_t *pos;          /* [n_batch] */
-    int32_t *vis;          /* [n_batch] the last position a row sees: its own, or with non_causal the
-                            * last of its sequence in the batch */
-    int non_causal;        /* li_context_set_causal(c, 0) */
+    int32_t *vis;          /* [n_batch] the last position a row sees where its layer is non-causal
+                            * (li_last_visible): its own, or with non_causal the last of its sequence
+                            * in the batch */
+    int non_causal;        /* li_context_set_causal's mode: LI_OPEN_NONE (causal), LI_OPEN_ALL or LI_OPEN_SWA */
     int32_t *kv_row[LI_KV_GROUPS]; /* [n_batch] pool row (block * block_size + slot) a token writes */
     int32_t *out_rows;     /* [n_batch] batch rows whose logits are returned */
     float *logit_part;     /* [n_batch, max_threads, 2] the (min, max) of each piece of each logits row */
@@ -255,6 +256,11 @@ int li_count_spans(const li_context *c, const li_layer_desc *L, const int32_t *b
                    int end);
 /* the first position a token at pos sees in layer L */
 int li_first_visible(const li_layer_desc *L, int pos);
+/* the layers a non-causal batch opens (li_context.non_causal) */
+enum { LI_OPEN_NONE = 0, LI_OPEN_ALL = 1, LI_OPEN_SWA = 2 };
+/* the last position batch row t sees in layer L: c->vis[t] where the
+ * context's mode makes L non-causal, else its own position */
+int li_last_visible(const li_context *c, const li_layer_desc *L, int64_t t);
 void li_round_to_f16(float *x, int64_t n);
 
 #endif

@@ -608,12 +608,17 @@ int li_context_set_loras(li_context *c, const li_lora *loras, int n);
  * logits, so the rows are n_embd wide (decoder embeddings); 0 goes back. */
 int li_context_set_hidden_output(li_context *c, int on);
 
-/* on zero: in later decodes each row sees the positions of its sequence up
- * to the last one in the batch, not only up to its own (llama.cpp's
- * llama_set_causal_attn(ctx, false): an image's rows attend to each other
- * both ways, as Gemma 3's do); nonzero, the default, goes back. Not on a
- * context whose layers are offloaded (LI_E_ARG at decode). */
-int li_context_set_causal(li_context *c, int causal);
+/* The attention of later decodes (llama.cpp's llama_set_causal_attn and
+ * its non_causal_type): LI_ATTN_CAUSAL, the default; LI_ATTN_NON_CAUSAL,
+ * each row sees the positions of its sequence up to the last one in the
+ * batch, not only up to its own, in every layer (an image's rows attend to
+ * each other both ways, Gemma 3's; a sliding layer's window still bounds
+ * what lies before); LI_ATTN_NON_CAUSAL_SWA, so in the sliding-window
+ * layers only, the others staying causal (Gemma 4's). Another mode is
+ * LI_E_ARG. Not on a context whose layers are offloaded (LI_E_ARG at
+ * decode). */
+enum li_attn_mode { LI_ATTN_NON_CAUSAL = 0, LI_ATTN_CAUSAL = 1, LI_ATTN_NON_CAUSAL_SWA = 2 };
+int li_context_set_causal(li_context *c, int mode);
 
 /* A context's host tuning: choices that change no result, only how fast a
  * pass runs. Set when the context is created (stream_hint: the process's

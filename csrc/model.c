@@ -1246,10 +1246,16 @@ int li_context_get_tuning(const li_context *c, li_tuning *out, int *near) {
     return LI_OK;
 }
 
-int li_context_set_causal(li_context *c, int causal) {
+int li_context_set_causal(li_context *c, int mode) {
     if (!c) return li_fail(LI_E_ARG, "no context");
-    c->non_causal = causal == 0;
-    return LI_OK;
+    switch (mode) {
+    case LI_ATTN_CAUSAL: c->non_causal = LI_OPEN_NONE; return LI_OK;
+    case LI_ATTN_NON_CAUSAL: c->non_causal = LI_OPEN_ALL; return LI_OK;
+    case LI_ATTN_NON_CAUSAL_SWA: c->non_causal = LI_OPEN_SWA; return LI_OK;
+    default: return li_fail(LI_E_ARG, "attention mode %d is not one of %d (non-causal), %d (causal) or %d "
+                            "(non-causal in the sliding-window layers)", mode, LI_ATTN_NON_CAUSAL, LI_ATTN_CAUSAL,
+                            LI_ATTN_NON_CAUSAL_SWA);
+    }
 }
 
 /* Check a batch against its views and fill the per-batch fields: each token's
@@ -1325,7 +1331,7 @@ static int prepare_batch(li_context *c, const li_batch *b, const li_seq_view *vi
         if (b->token && (b->token[t] < 0 || b->token[t] >= m->n_vocab))
             return li_fail(LI_E_TOKEN, "batch row %d: token id %d is outside the vocabulary [0, %d)", t, b->token[t],
                            m->n_vocab);
-        const int s = b->seq[t], pos = b->pos[t], end = c->vis[t];
+        const int s = b->seq[t], pos = b->pos[t];
         if (s < 0 || s >= n_views)
             return li_fail(LI_E_ARG, "batch row %d: sequence index %d, but %d views were given", t, s, n_views);
         if (pos < 0) return li_fail(LI_E_CONTEXT, "batch row %d: negative position %d", t, pos);
@@ -1346,7 +1352,7 @@ static int prepare_batch(li_context *c, const li_batch *b, const li_seq_view *vi
                 return li_fail(LI_E_KV, "batch row %d: position %d's block %d is not in the pool of %d blocks "
                                "(group %d)", t, pos, own, pool, g);
             c->kv_row[g][t] = own * bs + pos % bs;
-            const int first = li_first_visible(rep[g], pos);
+            const int first = li_first_visible(rep[g], pos), end = li_last_visible(c, rep[g], t);
             if (end / bs >= nb)
                 return li_fail(LI_E_KV, "batch row %d: position %d is beyond sequence %d's %d blocks of %d "
                                "(group %d)", t, end, s, nb, bs, g);

@@ -84,6 +84,7 @@ cdef extern from "llminfer.h" nogil:
     ctypedef struct li_context:
         pass
     int LI_KV_FULL, LI_KV_SWA, LI_KV_GROUPS
+    int LI_ATTN_NON_CAUSAL, LI_ATTN_CAUSAL, LI_ATTN_NON_CAUSAL_SWA
     ctypedef struct li_kv_config:
         int kv_type
         int block_size
@@ -160,7 +161,7 @@ cdef extern from "llminfer.h" nogil:
     int li_encode(const li_encoder_desc *m, const int32_t *tokens, const int32_t *types, int n, float *out,
                   size_t out_size, int n_threads)
     int li_context_set_hidden_output(li_context *c, int on)
-    int li_context_set_causal(li_context *c, int causal)
+    int li_context_set_causal(li_context *c, int mode)
     int LI_PLACEMENT_COUNT
     ctypedef struct li_tuning:
         int stream_hint

@@ -1348,12 +1348,17 @@ def set_hidden_output(Context ctx, bint on):
     check(C.li_context_set_hidden_output(ctx.ctx, on), "hidden output")
 
 
-def set_causal(Context ctx, bint causal):
-    """causal=False: ctx.decode's rows see their sequence's positions up to
-    the last one in the batch (an image's rows both ways); True goes back."""
+ATTN_NON_CAUSAL, ATTN_CAUSAL, ATTN_NON_CAUSAL_SWA = C.LI_ATTN_NON_CAUSAL, C.LI_ATTN_CAUSAL, C.LI_ATTN_NON_CAUSAL_SWA
+
+
+def set_causal(Context ctx, int mode):
+    """mode ATTN_NON_CAUSAL (or False): ctx.decode's rows see their
+    sequence's positions up to the last one in the batch (an image's rows
+    both ways) in every layer; ATTN_NON_CAUSAL_SWA: so in the sliding-window
+    layers only; ATTN_CAUSAL (or True) goes back."""
     if ctx.ctx == NULL:
         raise errors.LLMInferError("the context is closed")
-    check(C.li_context_set_causal(ctx.ctx, causal), "causal attention")
+    check(C.li_context_set_causal(ctx.ctx, mode), "causal attention")
 
 
 def set_tuning(Context ctx, int stream_hint, int placement):

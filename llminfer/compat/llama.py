@@ -165,12 +165,12 @@ class Llama:
         mmproj = kwargs.pop("mmproj", None)
         handler = kwargs.pop("chat_handler", None)
         if handler is not None:
-            from llminfer.compat.llama_chat_format import Gemma3ChatHandler
+            from llminfer.compat.llama_chat_format import MTMDChatHandler
 
-            if not isinstance(handler, Gemma3ChatHandler):
-                raise InvalidArgumentError("chat_handler= takes llminfer.compat.llama_chat_format.Gemma3ChatHandler "
-                                           "(clip_model_path=...); other handlers are llama-cpp-python features "
-                                           "llminfer does not have")
+            if not isinstance(handler, MTMDChatHandler):
+                raise InvalidArgumentError("chat_handler= takes llminfer.compat.llama_chat_format's "
+                                           "Gemma3ChatHandler or Gemma4ChatHandler (clip_model_path=...); other "
+                                           "handlers are llama-cpp-python features llminfer does not have")
             if mmproj is not None and mmproj != handler.clip_model_path:
                 raise InvalidArgumentError("mmproj= and chat_handler's clip_model_path name different files")
             mmproj = handler.clip_model_path

@@ -223,12 +223,14 @@ def template_for(name: str) -> tuple[str, tuple]:
     return header + _STYLED, stops
 
 
-class Gemma3ChatHandler:
-    """llama-cpp-python's vision chat handler for Gemma 3, as far as llminfer
-    takes it: `Llama(model_path=..., chat_handler=Gemma3ChatHandler(
-    clip_model_path="mmproj.gguf"))` loads the mmproj beside the model (the
-    same as Llama(..., mmproj=...)); the model's own chat template renders
-    the messages, image_url parts included."""
+class MTMDChatHandler:
+    """llama-cpp-python's vision chat handlers (its libmtmd ones), as far as
+    llminfer takes them: `Llama(model_path=..., chat_handler=
+    Gemma3ChatHandler(clip_model_path="mmproj.gguf"))` loads the mmproj
+    beside the model (the same as Llama(..., mmproj=...)); the model's own
+    chat template renders the messages, image_url parts included. The
+    mmproj's projector type (clip.projector_type), not the handler's class,
+    decides how its images are encoded and laid out."""
 
     def __init__(self, clip_model_path: str, verbose: bool = True, **kwargs):
         import os
@@ -239,3 +241,11 @@ class Gemma3ChatHandler:
             raise InvalidArgumentError(f"clip_model_path must be a path, got {clip_model_path!r}")
         self.clip_model_path = os.fspath(clip_model_path)
         self.verbose = verbose
+
+
+class Gemma3ChatHandler(MTMDChatHandler):
+    """Gemma 3's (a gemma3 mmproj), see MTMDChatHandler."""
+
+
+class Gemma4ChatHandler(MTMDChatHandler):
+    """Gemma 4's (a gemma4v mmproj), see MTMDChatHandler."""

@@ -241,6 +241,10 @@ class ModelSpec:
     pe_tok_embd: Matrix | None = None
     pe_model_proj: Matrix | None = None
     pe_proj_norm: np.ndarray | None = None
+    # an image batch decoded non-causally (Engine.decode_rows) opens the
+    # sliding-window layers only, the full ones stay causal (gemma4: llama.cpp's
+    # LLAMA_NON_CAUSAL_TYPE_SWA_ONLY); False: every layer (gemma3)
+    non_causal_swa_only: bool = False
 
     def check_vectors(self):
         """Raise ShapeError where a recurrent layer's vector does not hold what

@@ -31,6 +31,10 @@ its src/models/gemma4.cpp runs it.
   per_layer_model_proj of the embedding, added after each layer's
   feed-forward through inp_gate, proj and post_norm (csrc/llminfer.h).
 - feed_forward_length may be an array (wider layers after the shared ones).
+- An image's rows decoded non-causally (Engine.decode_rows) see each other
+  both ways in the sliding-window layers only; the full layers stay causal
+  (llama.cpp's LLAMA_NON_CAUSAL_TYPE_SWA_ONLY, HF's
+  use_bidirectional_attention "vision").
 
 - MoE layers (ffn_gate_inp: 26B-A4B): the dense feed-forward becomes a
   shared expert beside the routed ones, each half with its own norms: the
@@ -281,6 +285,7 @@ def build(gguf: GGUFFile) -> ModelSpec:
         output=output_head(w, tok_embd, n_vocab, n_embd),
         layers=layers,
         final_softcap=softcap,
+        non_causal_swa_only=True,
     )
     if moe_layers:
         spec.n_expert, spec.n_expert_used, spec.n_ff_exp = n_expert, n_used, n_ff_exp

@@ -457,8 +457,9 @@ class Engine:
         float32 [width] buffer that receives the last row's logits, or None.
         Rows are not scaled as token embeddings are (Gemma's sqrt(n_embd)),
         as in llama.cpp. causal=False: each row sees all of them (llama.cpp's
-        non-causal image batch, Gemma 3's), so they run in one pass, at most
-        n_batch of them."""
+        non-causal image batch, Gemma 3's; in a model whose spec says
+        non_causal_swa_only, Gemma 4, in the sliding-window layers only), so
+        they run in one pass, at most n_batch of them."""
         ids = self.check_ids(ids)
         rows = np.ascontiguousarray(rows, dtype=np.float32)
         n = len(ids)
@@ -474,12 +475,13 @@ class Engine:
                                        f"n_batch={self.n_batch}")
         nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
         if not causal:
-            _core.set_causal(self.ctx, False)
+            _core.set_causal(self.ctx, _core.ATTN_NON_CAUSAL_SWA if self.spec.non_causal_swa_only
+                             else _core.ATTN_NON_CAUSAL)
         try:
             self._decode_rows(seq, ids, rows, logits, nt)
         finally:
             if not causal:
-                _core.set_causal(self.ctx, True)
+                _core.set_causal(self.ctx, _core.ATTN_CAUSAL)
         return logits
 
     def _decode_rows(self, seq, ids, rows, logits, nt):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from llminfer.errors import UnsupportedModelError
 from llminfer.core.gguf_file import GGUFFile
 from llminfer.vision.gemma3 import Gemma3Vision
+from llminfer.vision.gemma4 import Gemma4Vision
 from llminfer.vision.idefics3 import Idefics3Vision
 from llminfer.vision.tower import SUPPORTED, read_params
 
@@ -22,6 +23,8 @@ def load_mmproj(path, n_threads=None, mmap: bool = True):
         params = read_params(gguf)
         if params.projector == "gemma3":
             return Gemma3Vision(gguf, params, n_threads=n_threads)
+        if params.projector == "gemma4v":
+            return Gemma4Vision(gguf, params, n_threads=n_threads)
         if params.projector == "idefics3":
             return Idefics3Vision(gguf, params, n_threads=n_threads)
         raise UnsupportedModelError(f"{path}: projector type {params.projector!r} is not supported")

@@ -23,7 +23,7 @@ from llminfer.core.gguf_file import GGUFFile
 from llminfer.core.ggml import GGMLQuantizationType
 
 # the projector types this version runs, each a module of llminfer.vision
-SUPPORTED = ("gemma3", "idefics3")
+SUPPORTED = ("gemma3", "gemma4v", "idefics3")
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0")
 
 
@@ -150,13 +150,14 @@ def read_params(gguf: GGUFFile) -> VisionParams:
         eps=_meta(md, "clip.vision.attention.layer_norm_epsilon", float, path, 1e-6),
         mean=_meta(md, "clip.vision.image_mean", tuple, path),
         std=_meta(md, "clip.vision.image_std", tuple, path),
-        # Gemma 3: the side of the patch grid is pooled by 4 unless the file says
-        n_merge=_meta(md, "clip.vision.projector.scale_factor", int, path, 4),
+        # the side of the patch grid is pooled by 4 (Gemma 3; 3 for Gemma 4) unless the file says
+        n_merge=_meta(md, "clip.vision.projector.scale_factor", int, path, 3 if proj == "gemma4v" else 4),
         ffn_op=("gelu" if md.get("clip.use_gelu") else "silu" if md.get("clip.use_silu") else "gelu_quick"),
     )
     if any(s == 0 for s in p.std):
         raise UnsupportedModelError(f"{path}: clip.vision.image_std has a zero")
-    if p.image_size % p.patch_size or (p.image_size // p.patch_size) % p.n_merge:
+    # gemma4v's image size is each image's own (its file's image_size is a placeholder)
+    if proj != "gemma4v" and (p.image_size % p.patch_size or (p.image_size // p.patch_size) % p.n_merge):
         raise UnsupportedModelError(f"{path}: image size {p.image_size} is not a whole number of patches "
                                     f"({p.patch_size}) pooled by {p.n_merge}")
     if p.n_embd % p.n_head:

@@ -7,7 +7,11 @@
  *               logits after the whole prompt, decoded by llama.cpp with the
  *               image's rows as input embeddings, attention over them causal
  *               or not (mtmd's helper makes it non-causal for Gemma 3)
- * usage: mtmd_embed MODEL MMPROJ RGB NX NY PROMPT OUT [MODE] */
+ *   OUT.gen     text: with N_GEN, the N_GEN tokens llama.cpp then draws
+ *               greedily, one line each: "TOKEN MARGIN" (the largest logit
+ *               less the second largest, before the token is drawn)
+ * usage: mtmd_embed MODEL MMPROJ RGB NX NY PROMPT OUT [MODE [N_GEN]] */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,8 +20,8 @@
 #include "mtmd.h"
 
 int main(int argc, char **argv) {
-    if (argc != 8 && argc != 9) {
-        fprintf(stderr, "usage: %s MODEL MMPROJ RGB NX NY PROMPT OUT [causal|noncausal]\n", argv[0]);
+    if (argc < 8 || argc > 10) {
+        fprintf(stderr, "usage: %s MODEL MMPROJ RGB NX NY PROMPT OUT [causal|noncausal [N_GEN]]\n", argv[0]);
         return 2;
     }
     const int nx = atoi(argv[4]), ny = atoi(argv[5]);
@@ -49,7 +53,7 @@ int main(int argc, char **argv) {
     FILE *emb = fopen(path, "wb");
     const int n_embd = llama_model_n_embd(model);
     struct llama_context *lctx = NULL;
-    if (argc == 9) {
+    if (argc >= 9) {
         struct llama_context_params lp = llama_context_default_params();
         lp.n_ctx = 512;
         lp.n_batch = lp.n_ubatch = 512; /* a non-causal image must be one ubatch */
@@ -113,6 +117,29 @@ int main(int argc, char **argv) {
         FILE *lg = fopen(path, "wb");
         fwrite(llama_get_logits_ith(lctx, -1), sizeof(float), (size_t)n_vocab, lg);
         fclose(lg);
+        const int n_gen = argc == 10 ? atoi(argv[9]) : 0;
+        snprintf(path, sizeof path, "%s.gen", argv[7]);
+        FILE *gen = n_gen > 0 ? fopen(path, "w") : NULL;
+        for (int k = 0; k < n_gen && gen; k++) {
+            const float *z = llama_get_logits_ith(lctx, -1);
+            int best = 0;
+            for (int v = 1; v < n_vocab; v++)
+                if (z[v] > z[best]) best = v;
+            float second = -INFINITY;
+            for (int v = 0; v < n_vocab; v++)
+                if (v != best && z[v] > second) second = z[v];
+            fprintf(gen, "%d %.6f\n", best, z[best] - second);
+            llama_batch b = llama_batch_init(1, 0, 1);
+            b.token[0] = best;
+            b.pos[0] = n_past++;
+            b.n_seq_id[0] = 1;
+            b.seq_id[0][0] = 0;
+            b.logits[0] = 1;
+            b.n_tokens = 1;
+            if (llama_decode(lctx, b) != 0) return 11;
+            llama_batch_free(b);
+        }
+        if (gen) fclose(gen);
         llama_free(lctx);
     }
     mtmd_input_chunks_free(chunks);

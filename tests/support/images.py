@@ -1,6 +1,7 @@
 """Images for the vision tests: PNG bytes and data: URLs of synthetic
 pictures, the hostile ones every image path must refuse clearly, and the
-chat template and special tokens of the tiny Gemma 3 vision model."""
+chat template and special tokens of the tiny Gemma 3 and Gemma 4 vision
+models."""
 
 import base64
 import io
@@ -23,6 +24,16 @@ IDEFICS3_TOKENS = {"<fake_token_around_image>": 4, "<global-img>": 4, "<image>":
                    **{f"<row_{y}_col_{x}>": 4 for y in (1, 2) for x in (1, 2)}}
 IMAGE_TOKENS = {"<start_of_image>": 4, "<end_of_image>": 4, "<image_soft_token>": 4,
                 "<start_of_turn>": 4, "<end_of_turn>": 4}
+# the tiny Gemma 4's: its image markers (mtmd's "<|image>" ... "<image|>", "<|image|>" at the rows)
+GEMMA4_IMAGE_TOKENS = {"<|image>": 4, "<image|>": 4, "<|image|>": 4, "<start_of_turn>": 4, "<end_of_turn>": 4}
+
+
+def gemma4_text_model(path, **kw):
+    """A tiny gemma4 (tiny_models.Gemma4Config(**kw)) with GEMMA_TEMPLATE and GEMMA4_IMAGE_TOKENS."""
+    from tiny_models import Gemma4Config, write_gemma4
+
+    return write_gemma4(path, Gemma4Config(**kw), meta={"tokenizer.chat_template": GEMMA_TEMPLATE},
+                        extra_tokens=GEMMA4_IMAGE_TOKENS)
 
 
 def png(arr) -> bytes:

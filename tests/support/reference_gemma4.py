@@ -110,7 +110,14 @@ class Gemma4Reference(ReferenceModel):
         v = self.hp(key, default)
         return list(v) if isinstance(v, (list, tuple, np.ndarray)) else [v] * n_layer
 
-    def logits(self, tokens, positions=None, kv_type=None, hidden=False, without=()) -> np.ndarray:
+    def logits(self, tokens, positions=None, kv_type=None, hidden=False, without=(), rows=None,
+               both_ways=(), both_ways_layers="swa") -> np.ndarray:
+        """rows: {index: float [n_embd]} input embeddings in place of those
+        tokens' (unscaled; the per-layer input takes token 0's, as llama.cpp
+        feeds them); both_ways: (start, end) index ranges whose tokens see
+        each other both ways in the sliding-window layers (llama.cpp's
+        LLAMA_NON_CAUSAL_TYPE_SWA_ONLY, the window still bounding what lies
+        before), or in every layer with both_ways_layers "all"."""
         assert kv_type is None and set(without) <= set(PIECES + MOE_PIECES)
         self.without = without
         t = self.t
@@ -152,11 +159,18 @@ class Gemma4Reference(ReferenceModel):
             return x
 
         x = t["token_embd.weight"][tokens] * math.sqrt(E)
+        pe_tokens = tokens.copy()
+        for i, r in (rows or {}).items():
+            x[i] = np.asarray(r, np.float64)
+            pe_tokens[i] = 0
+        span = np.zeros((n, n), bool)
+        for a_, b_ in both_ways:
+            span[a_:b_, a_:b_] = True
         pe = None
         if P and "per_layer" not in without:
             proj = (self._mm(x, "per_layer_model_proj.weight") / math.sqrt(E)).reshape(n, NL, P)
             proj = norm(proj, t["per_layer_proj_norm.weight"])
-            tok = t["per_layer_token_embd.weight"][tokens].reshape(n, NL, P) * math.sqrt(P)
+            tok = t["per_layer_token_embd.weight"][pe_tokens].reshape(n, NL, P) * math.sqrt(P)
             pe = (proj + tok) / math.sqrt(2.0)
         cache = {}
         for il in range(NL):
@@ -180,6 +194,8 @@ class Gemma4Reference(ReferenceModel):
                     src = swa.index(swa[il])
                 k, v = cache[src]
             visible = pos[None, :] <= pos[:, None]
+            if swa[il] or both_ways_layers == "all":
+                visible = visible | span
             if swa[il] and "window" not in without:
                 visible &= pos[:, None] - pos[None, :] < window
             att = np.zeros((n, H, hd))

@@ -954,6 +954,118 @@ def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=No
     return str(path)
 
 
+@dataclass
+class TinyGemma4v:
+    """A tiny Gemma 4 vision tower (clip.projector_type "gemma4v") as
+    llama.cpp's converter writes one: 2-D position tables, RMS norms, per-head
+    q/k norms, post norms, a gated feed-forward, a layer scalar, the
+    std_bias/std_scale pair and one projection. Cells of patch_size *
+    n_merge pixels (8): an image becomes 70 to 1120 of them. clamp: the
+    first layer's attn_q and the projection clamp their inputs and outputs
+    (Gemma4ClippableLinear's scalars)."""
+
+    qtype: str = "F16"
+    patch_size: int = 4
+    n_merge: int = 2
+    n_embd: int = 64
+    n_ff: int = 128
+    n_layer: int = 2
+    n_head: int = 4
+    n_pos: int = 128              # positions of each table (patches a side)
+    n_embd_text: int = 256        # Gemma4Config.n_embd
+    eps: float = 1e-6
+    mean: tuple = (0.1, 0.2, 0.3)
+    std: tuple = (0.9, 0.8, 0.7)
+    use_gelu: bool = False        # llama.cpp's converter writes no clip.use_gelu for Gemma 4: gelu_quick
+    clamp: bool = False
+    seed: int = 11
+
+
+def write_gemma4v_mmproj(path, cfg: TinyGemma4v = TinyGemma4v(), tensor_hook=None, meta=None) -> str:
+    """A random gemma4v mmproj (see TinyGemma4v); tensor_hook and meta as write_mmproj's."""
+    rng = np.random.default_rng(cfg.seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    E, F, ps, D = cfg.n_embd, cfg.n_ff, cfg.patch_size, cfg.n_embd // cfg.n_head
+    kv = {
+        "clip.projector_type": "gemma4v", "clip.has_vision_encoder": True,
+        "clip.vision.image_size": 224, "clip.vision.patch_size": ps,
+        "clip.vision.embedding_length": E, "clip.vision.feed_forward_length": F,
+        "clip.vision.block_count": cfg.n_layer, "clip.vision.attention.head_count": cfg.n_head,
+        "clip.vision.attention.layer_norm_epsilon": cfg.eps, "clip.vision.projection_dim": cfg.n_embd_text,
+        "clip.vision.projector.scale_factor": cfg.n_merge,
+        "clip.vision.image_mean": list(cfg.mean), "clip.vision.image_std": list(cfg.std),
+    }
+    if cfg.use_gelu:
+        kv["clip.use_gelu"] = True
+    kv.update(meta or {})
+    for key, v in kv.items():
+        if isinstance(v, bool):
+            w.add_bool(key, v)
+        elif isinstance(v, int):
+            w.add_uint32(key, v)
+        elif isinstance(v, float):
+            w.add_float32(key, v)
+        elif isinstance(v, str):
+            w.add_string(key, v)
+        else:
+            w.add_array(key, [float(a) for a in v])
+
+    def add(name, data, t):
+        if tensor_hook is not None:
+            replaced = tensor_hook(name, data, t)
+            if replaced is None:
+                return
+            data, t = replaced
+        w.add_tensor(name, data, raw_dtype=t)
+
+    def matrix(name, rows, k, scale):
+        t = gguf.GGMLQuantizationType[cfg.qtype]
+        data = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
+        add(name, quantized_matrix(rng, data, t), t)
+
+    def f32(name, data):
+        add(name, np.ascontiguousarray(data, np.float32), gguf.GGMLQuantizationType.F32)
+
+    def vector(name, n, around=0.0, spread=0.1):
+        f32(name, around + rng.standard_normal(n) * spread)
+
+    def clamps(name, lo, hi):
+        for key, v in (("input_min", -lo), ("input_max", lo), ("output_min", -hi), ("output_max", hi)):
+            f32(f"{name}.{key}", [v])
+
+    patch = (rng.standard_normal((E, 3, ps, ps)) / np.sqrt(3 * ps * ps)).astype(np.float16)
+    add("v.patch_embd.weight", patch, gguf.GGMLQuantizationType.F16)
+    f32("v.position_embd.weight", rng.standard_normal((2, cfg.n_pos, E)) * 0.5)
+    for i in range(cfg.n_layer):
+        p = f"v.blk.{i}."
+        vector(p + "ln1.weight", E, 1.0)
+        vector(p + "ln2.weight", E, 1.0)
+        for m in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            matrix(p + m + ".weight", E, E, 1.0 / np.sqrt(E))
+        # q and k normed per head: scores of a few units (the attention is not scaled)
+        vector(p + "attn_q_norm.weight", D, 0.5)
+        vector(p + "attn_k_norm.weight", D, 0.5)
+        vector(p + "attn_post_norm.weight", E, 1.0)
+        matrix(p + "ffn_gate.weight", F, E, 2.0 / np.sqrt(E))
+        matrix(p + "ffn_up.weight", F, E, 1.0 / np.sqrt(E))
+        matrix(p + "ffn_down.weight", E, F, 1.0 / np.sqrt(F))
+        vector(p + "ffn_post_norm.weight", E, 1.0)
+        vector(p + "out_scale.weight", 1, 0.9, 0.1)
+        if cfg.clamp and i == 0:
+            clamps(p + "attn_q", 2.5, 2.5)
+    vector("v.std_bias", E)
+    vector("v.std_scale", E, 1.0)
+    # ggml ne [E, n_embd_text]: numpy (n_embd_text, E), the encoder's x @ W.T
+    matrix("mm.input_projection.weight", cfg.n_embd_text, E, 1.0 / np.sqrt(E))
+    if cfg.clamp:
+        clamps("mm.input_projection", 3.0, 2.5)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
 # ---- Gemma 4 (issue 52) ----
 
 GEMMA4_MERGES = ["\u2581 t", "h e", "\u2581t he", "i n", "\u2581 a", "e r", "o n", "\u2581 s", "e n", "a n",

@@ -1,12 +1,13 @@
-"""Gemma 3 image embeddings and prompt layout against llama.cpp's libmtmd, on
-the same tiny random files: tests/c/mtmd_embed.c, compiled here against a
+"""Gemma 3, Idefics3 and Gemma 4 image embeddings and prompt layout against
+llama.cpp's libmtmd, on the same tiny random files: tests/c/mtmd_embed.c, compiled here against a
 llama.cpp build (its include folders and build/bin with libmtmd.so), runs
 mtmd_tokenize and mtmd_encode_chunk on one raw RGB image. Skipped without
 a build ($LLAMA_CPP_DIR, or /work/peer/*/vendor/llama.cpp) or a C compiler.
 
 Tolerance, max |ours - mtmd| over max |mtmd|: 2e-3 with F32 and F16
 weights (ggml's f16 GELU table and summation order on both sides), 2e-2
-with Q8_0 (both quantize the activations to Q8_0, in blocks that differ)."""
+with Q8_0 (both quantize the activations to Q8_0, in blocks that differ);
+the same for Gemma 4's rows."""
 
 import glob
 import os
@@ -245,3 +246,102 @@ def test_idefics3_generation_runs_through_the_library(idefics3):
             llm.complete(ids, max_tokens=1, temperature=0)
             logits.append(llm.last_logits.copy())
         assert np.abs(logits[0] - logits[1]).max() > 1e-4
+
+
+# ---- Gemma 4 (gemma4v): dynamic size, 2-D RoPE tower, rows both ways in the sliding layers ----
+
+G4_SIZES = [(40, 70), (90, 31), (56, 56), (300, 200), (13, 9)]  # (height, width): 77 to 950 cells
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory):
+    from images import gemma4_text_model
+    from tiny_models import TinyGemma4v, write_gemma4v_mmproj
+
+    d = tmp_path_factory.mktemp("gemma4v_peer")
+    model = gemma4_text_model(d / "gemma4.gguf", qtype="F32")
+    return d, model, {q: write_gemma4v_mmproj(d / f"mmproj-g4-{q}.gguf", TinyGemma4v(qtype=q)) for q in TOL}
+
+
+@pytest.mark.parametrize("qtype", sorted(TOL))
+def test_gemma4_rows_match_mtmd(mtmd, gemma4, qtype):
+    """Each image's cell count (mtmd's smart resize: 77 to 950 cells) and
+    rows within TOL of mtmd's, for images of several sizes and aspect
+    ratios."""
+    d, model, mm = gemma4
+    enc = load_mmproj(mm[qtype])
+    try:
+        for i, (h, w) in enumerate(G4_SIZES):
+            img = synthetic(h, w, seed=30 + i)
+            _, peer = run_mtmd(mtmd, model, mm[qtype], img, "<__media__>", d / f"g4-{qtype}-{i}")
+            peer = peer.reshape(-1, enc.n_embd_out)
+            ours = enc.encode(png(img))
+            assert ours.shape == peer.shape, (h, w)
+            err = np.abs(ours - peer).max() / np.abs(peer).max()
+            assert err < TOL[qtype], f"{qtype} {h}x{w}: {err:.2e}"
+    finally:
+        enc.close()
+
+
+def test_gemma4_layout_matches_mtmd(mtmd, gemma4):
+    """The tokens around the image ("<|image>", "<image|>") and its row
+    count are mtmd's, and mtmd asks for non-causal attention over it (the
+    tiny model is 256 wide: not E2B or E4B)."""
+    import llminfer
+
+    d, model, mm = gemma4
+    img = synthetic(40, 70)
+    prompt = "<start_of_turn>user\nwhat is<__media__>this<end_of_turn>\n"
+    chunks, _ = run_mtmd(mtmd, model, mm["F16"], img, prompt, d / "g4-layout")
+    want = []
+    for c in chunks:
+        want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+    assert [c for c in chunks if c[0] == "image"] == [["image", "84", "1"]]
+    with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=512, n_threads=1) as llm:
+        assert llm._vision.non_causal
+        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
+                      llm._image_rows, True)
+    (span,) = ids.images
+    assert [t if not span.start <= i < span.end else "img" for i, t in enumerate(ids)] == want
+
+
+@pytest.mark.parametrize("seed,h,w", [(5, 40, 70), (6, 56, 56), (7, 30, 90)])
+def test_gemma4_logits_and_greedy_tokens_match_llama_cpp(mtmd, gemma4, seed, h, w):
+    """The whole path (preprocessing, rows, layout, decode with the rows
+    both ways in the sliding-window layers) against llama.cpp decoding
+    mtmd's chunks: the logits after the prompt nearer its non-causal run
+    than its causal one, and the greedy tokens the same while llama.cpp's
+    margin between its two best is at least 0.25."""
+    import llminfer
+
+    d, model, mm = gemma4
+    img = synthetic(h, w, seed=seed)
+    prompt = "<start_of_turn>user\nwhat is<__media__>this<end_of_turn>\n<start_of_turn>model\n"
+    np.ascontiguousarray(img).tofile(d / "g4lg.rgb")
+    out, gen = {}, None
+    for mode in ("causal", "noncausal"):
+        argv = [str(mtmd), model, mm["F32"], str(d / "g4lg.rgb"), str(w), str(h), prompt, str(d / f"g4-{mode}"), mode,
+                "8"]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[mode] = np.fromfile(f"{d / f'g4-{mode}'}.logits", np.float32)
+        if mode == "noncausal":
+            gen = [(int(a), float(b)) for a, b in (line.split() for line in
+                                                    Path(f"{d / 'g4-noncausal'}.gen").read_text().splitlines())]
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
+        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
+                      llm._image_rows, True)
+        llm.complete(ids, max_tokens=1, temperature=0)
+        ours = llm.last_logits.copy()
+        tokens = llm.complete(ids, max_tokens=len(gen), temperature=0).tokens
+        eog = set(llm.tokenizer.eog_ids)
+    scale = np.abs(out["noncausal"]).max()
+    err = {mode: np.abs(ours - v).max() / scale for mode, v in out.items()}
+    assert err["noncausal"] < 3e-3 and err["noncausal"] < 0.1 * err["causal"], err
+    for k, (tok, margin) in enumerate(gen):
+        if margin < 0.25:
+            break
+        if k == len(tokens):  # ours ended at an end-of-generation token: llama.cpp drew one there too
+            assert tok in eog, (k, tokens, gen)
+            break
+        assert tokens[k] == tok, (k, tokens, gen)
