@@ -1464,6 +1464,7 @@ void li_kernels_fill_avx2(li_kernels *t) {
     t->range_f32 = range_f32;
     t->softcap_f32 = softcap_f32;
     li_gemm_fill_avx2(t);
+    li_sgemm_fill_avx2(t); /* x86_avx2_sgemm.c: the float GEMM's register tile */
     li_kernels_fill_avx2_iq(t); /* x86_avx2_iq.c: the i-quants, ternary types and MXFP4 */
     t->rms_norm = rms_norm;
     t->softmax = softmax;

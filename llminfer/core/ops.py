@@ -24,6 +24,7 @@ from llminfer.core.system import check_threads, cpu_count, current_isa
 __all__ = [
     "qtype_of", "block_sizes", "quantize", "dequantize", "matmul", "rms_norm", "rope",
     "silu", "gelu", "silu_mul", "gelu_mul", "swiglu_oai", "softmax", "add", "mul",
+    "GemmWeight", "gemm", "attention", "layer_norm",
 ]
 
 SUPPORTED_TYPES = tuple(t for t in GGMLQuantizationType if _core.type_sizes(int(t)) is not None)
@@ -163,6 +164,84 @@ def matmul(w_data: np.ndarray, qtype, w_shape, x: np.ndarray, n_threads=None, re
     return y.reshape(rows) if x.ndim == 1 else y
 
 
+class GemmWeight:
+    """A weight W (rows, k) in `qtype` packed once into the float GEMM's
+    panels (csrc/sgemm.h), for gemm(): F16 weights stay F16 (widened as the
+    kernel reads them) unless f32_panels; every other type is dequantized to
+    float32 panels (4 bytes a value). nbytes: what the panels take."""
+
+    def __init__(self, w_data: np.ndarray, qtype, w_shape, f32_panels: bool = False, n_threads=None):
+        t = qtype_of(qtype)
+        rows, k, row_bytes = _weight_shape(w_shape, t)
+        raw = _weight_bytes(w_data, "w_data")
+        if raw.size != rows * row_bytes:
+            raise ShapeError(f"{t.name} weight of shape ({rows}, {k}) takes {rows * row_bytes} bytes, "
+                             f"got {raw.size}")
+        self.qtype, self.shape = t, (rows, k)
+        self._w = _core.GemmWeight(int(t), raw, rows, k, bool(f32_panels), _threads(n_threads))
+
+    @property
+    def nbytes(self) -> int:
+        return self._w.nbytes
+
+
+def gemm(w: GemmWeight, x: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None,
+         n_threads=None) -> np.ndarray:
+    """x @ W.T (+ bias) (+ residual) in float32 for x (m, k) and a GemmWeight
+    W: float products, no quantized activations. Each element's bits are the
+    same at any thread count and kernel level."""
+    if not isinstance(w, GemmWeight):
+        raise InvalidArgumentError(f"w must be an ops.GemmWeight, got {type(w).__name__}")
+    rows, k = w.shape
+    _require(x, "x", np.float32, ndim=2)
+    if x.shape[1] != k:
+        raise ShapeError(f"x has {x.shape[1]} columns, the weight has k={k}")
+    if bias is not None:
+        _require(bias, "bias", np.float32, ndim=1)
+        if bias.shape[0] != rows:
+            raise ShapeError(f"bias has {bias.shape[0]} elements, the weight has {rows} rows")
+    if residual is not None:
+        _require(residual, "residual", np.float32, ndim=2)
+        if residual.shape != (x.shape[0], rows):
+            raise ShapeError(f"residual has shape {residual.shape}, the product {(x.shape[0], rows)}")
+    return w._w.gemm(x, bias, residual, _threads(n_threads))
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head: int, scale: float | None = None,
+              n_threads=None) -> np.ndarray:
+    """Non-causal multi-head attention of one sequence: q, k, v (n, n_head *
+    d) float32; each head's rows get softmax(scale q K^T) V over all n keys
+    (scale 1/sqrt(d) by default). (n, n_head * d)."""
+    _require(q, "q", np.float32, ndim=2)
+    _require(k, "k", np.float32, ndim=2)
+    _require(v, "v", np.float32, ndim=2)
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ShapeError(f"q, k, v must have one shape, got {q.shape}, {k.shape}, {v.shape}")
+    n_head = int(n_head)
+    if n_head <= 0 or q.shape[1] % n_head or q.shape[0] == 0:
+        raise ShapeError(f"{n_head} heads do not divide rows of {q.shape[1]}, or there are no rows")
+    d = q.shape[1] // n_head
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    return _core.attention_full(q, k, v, n_head, scale, _threads(n_threads))
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None, eps: float = 1e-6,
+               n_threads=None) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis of x (rows, k)."""
+    _require(x, "x", np.float32, ndim=2)
+    k = x.shape[1]
+    for a, name in ((weight, "weight"), (bias, "bias")):
+        if a is not None:
+            _require(a, name, np.float32, ndim=1)
+            if a.shape[0] != k:
+                raise ShapeError(f"{name} has {a.shape[0]} elements, x rows have {k}")
+    if not (float(eps) >= 0):
+        raise InvalidArgumentError(f"eps must be >= 0, got {eps!r}")
+    if x.size == 0:
+        return np.empty_like(x)
+    return _core.layer_norm(x, weight, bias, float(eps), _threads(n_threads))
+
+
 def repacked_types() -> tuple[str, ...]:
     """Names of the weight types the active kernel level multiplies in a
     repacked layout (csrc/repack.h): a model's matrices of these types are
@@ -186,7 +265,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6,
     return _core.rms_norm(x.reshape(-1, k), weight, float(eps), _threads(n_threads)).reshape(x.shape)
 
 
-def _unary(name, x, u=None):
+def _unary(name, x, u=None, n_threads=1):
     _require(x, "x", np.float32)
     if u is not None:
         _require(u, "up", np.float32)
@@ -194,18 +273,22 @@ def _unary(name, x, u=None):
             raise ShapeError(f"up has shape {u.shape}, gate has {x.shape}")
     if x.size == 0:
         return np.empty_like(x)
+    if u is None and n_threads != 1:
+        return _core.activation_mt(_ACT[name], x.reshape(-1), _threads(n_threads)).reshape(x.shape)
     y = _core.activation(_ACT[name], x.reshape(-1), None if u is None else u.reshape(-1))
     return y.reshape(x.shape)
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    """x * sigmoid(x), through a table indexed by x rounded to float16."""
-    return _unary("silu", x)
+def silu(x: np.ndarray, n_threads=1) -> np.ndarray:
+    """x * sigmoid(x), through a table indexed by x rounded to float16
+    (the same values at any n_threads)."""
+    return _unary("silu", x, n_threads=n_threads)
 
 
-def gelu(x: np.ndarray) -> np.ndarray:
-    """GELU in its tanh form, through a table indexed by x rounded to float16."""
-    return _unary("gelu", x)
+def gelu(x: np.ndarray, n_threads=1) -> np.ndarray:
+    """GELU in its tanh form, through a table indexed by x rounded to float16
+    (the same values at any n_threads)."""
+    return _unary("gelu", x, n_threads=n_threads)
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

@@ -12,8 +12,10 @@ optional post norm, as llama.cpp's clip.cpp build_vit builds it.
     post_ln           layer norm, when the file has one
     -> [P, E]
 
-The matrices go through llminfer.core.ops.matmul in their stored type (F16,
-BF16, Q8_0 or F32), the rest is numpy. Each projector's module
+The matrices are packed once at load (vision.tower.Matrix) and multiplied
+in float32 by ops.gemm, their biases and the residual adds fused in; layer
+norms, attention (ops.attention: all P patches, no mask) and GELU / SiLU
+are threaded kernels of llminfer.core.ops. Each projector's module
 (llminfer/vision/<type>.py) takes the [P, E] rows from here.
 """
 
@@ -26,18 +28,15 @@ from llminfer.errors import InvalidArgumentError
 from llminfer.vision.tower import VisionParams, Weights
 
 
-def layer_norm(x, w, b, eps):
-    mu = x.mean(axis=-1, keepdims=True)
-    d = x - mu
-    var = (d * d).mean(axis=-1, keepdims=True)
-    return (d / np.sqrt(var + np.float32(eps))) * w + b
+def layer_norm(x, w, b, eps, nt=1):
+    return ops.layer_norm(np.ascontiguousarray(x, np.float32), w, b, eps, n_threads=nt)
 
 
-def _activation(op, f):
+def _activation(op, f, nt):
     if op == "gelu":
-        return ops.gelu(f)
+        return ops.gelu(f, n_threads=nt)
     if op == "silu":
-        return ops.silu(f)
+        return ops.silu(f, n_threads=nt)
     return (f / (1 + np.exp(np.float32(-1.702) * f))).astype(np.float32)  # gelu_quick
 
 
@@ -70,9 +69,10 @@ class SiglipViT:
         self.n_patches = self.grid * self.grid
         # the conv kernel as a matrix [E, 3*p*p], input (c, ky, kx); float32
         # (3*14*14 = 588 is no whole number of Q8_0 blocks)
-        self.patch_w = np.ascontiguousarray(wt.f32("v.patch_embd.weight", (E, 3, ps, ps)).reshape(E, 3 * ps * ps))
+        patch_w = np.ascontiguousarray(wt.f32("v.patch_embd.weight", (E, 3, ps, ps)).reshape(E, 3 * ps * ps))
+        self.patch_w = ops.GemmWeight(patch_w, "F32", patch_w.shape)
         self.patch_b = wt.f32("v.patch_embd.bias", (E,)) if wt.has("v.patch_embd.bias") else None
-        self.pos = wt.f32("v.position_embd.weight", (self.n_patches, E))
+        self.pos = np.ascontiguousarray(wt.f32("v.position_embd.weight", (self.n_patches, E)), np.float32)
         self.layers = [_Layer(wt, i, p) for i in range(p.n_layer)]
         self.post_ln = (wt.f32("v.post_ln.weight", (E,)), wt.f32("v.post_ln.bias", (E,))) \
             if wt.has("v.post_ln.weight") else None
@@ -86,34 +86,23 @@ class SiglipViT:
         return np.ascontiguousarray(x.reshape(g * g, 3 * ps * ps), dtype=np.float32)
 
     @staticmethod
-    def _mm(m, x, nt):
+    def _mm(m, x, nt, residual=None):
         mat, bias = m
-        return mat(x, nt, bias)
+        return mat(x, nt, bias, residual)
 
     def forward(self, pixels: np.ndarray, nt: int) -> np.ndarray:
         """float32 [P, E]: the ViT's output rows of one image, patches row-major."""
         p = self.params
         E, H = p.n_embd, p.n_head
-        D = E // H
-        x = ops.matmul(self.patch_w, "F32", self.patch_w.shape, self.patches(pixels), n_threads=nt)
-        if self.patch_b is not None:
-            x = x + self.patch_b
-        x = (x + self.pos).astype(np.float32)
-        P = x.shape[0]
-        scale = np.float32(1.0 / np.sqrt(D))
+        x = ops.gemm(self.patch_w, self.patches(pixels), self.patch_b, self.pos, n_threads=nt)
         for L in self.layers:
-            h = layer_norm(x, *L.ln1, p.eps)
+            h = layer_norm(x, *L.ln1, p.eps, nt)
             q, k, v = (self._mm(w, h, nt) for w in (L.q, L.k, L.v))
-            a = np.empty((P, E), np.float32)
-            for j in range(H):  # a head at a time: 4096 patches' scores are 64 MiB a head, 1 GiB for 16
-                hs = slice(j * D, (j + 1) * D)
-                att = ops.softmax(np.ascontiguousarray(q[:, hs] @ k[:, hs].T * scale, np.float32))
-                a[:, hs] = att @ v[:, hs]
-            x = x + self._mm(L.o, a, nt)
-            h = layer_norm(x, *L.ln2, p.eps)
-            f = self._mm(L.up, h, nt)
-            f = _activation(p.ffn_op, np.ascontiguousarray(f, np.float32))
-            x = (x + self._mm(L.down, f, nt)).astype(np.float32)
+            a = ops.attention(q, k, v, H, n_threads=nt)
+            x = self._mm(L.o, a, nt, residual=x)
+            h = layer_norm(x, *L.ln2, p.eps, nt)
+            f = _activation(p.ffn_op, self._mm(L.up, h, nt), nt)
+            x = self._mm(L.down, f, nt, residual=x)
         if self.post_ln is not None:
-            x = layer_norm(x, *self.post_ln, p.eps)
+            x = layer_norm(x, *self.post_ln, p.eps, nt)
         return np.ascontiguousarray(x, np.float32)

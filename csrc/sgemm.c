@@ -1,0 +1,346 @@
+/* sgemm.c: float products over weight panels packed once (sgemm.h), and
+ * the full (non-causal) attention of one sequence built on them: the dense
+ * path of the vision encoder, whose products are [4096 x 1152] by
+ * [1152 x 1152 / 4304], compute-bound.
+ *
+ * li_gemm cuts C into units of MB_ROWS rows x NB_PANELS panels, handed to
+ * the team one at a time (dynamic: a slow core takes fewer). A unit walks k
+ * in blocks of KC: the block of its A rows is packed into strips ([kk][MR],
+ * in L2), then each panel's KC values (in L1) meet every strip through the
+ * level's register tile, accumulating in a unit-sized buffer that the last
+ * block adds the bias (and a residual) to on the way out. Neither the units
+ * nor KC depend on the team, so every element's bits are the same at any
+ * thread count, and, the tiles agreeing to the bit, at every level.
+ *
+ * li_attention_full packs each head's keys into panels (K^T as the weight
+ * of scores = q K^T) and its values into panels (V as the weight of
+ * p V^T's transpose), then takes units of (head, QB query rows): scores
+ * through the tile (q scaled first), a softmax's exponentials in place (the
+ * level's exp_sum), and p V through the tile over key blocks of KC; the
+ * rows are divided by their sums at the end.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "kernels/kernels.h"
+#include "llminfer.h"
+#include "sgemm.h"
+#include "util.h"
+
+#define MR LI_SGEMM_MR
+#define NR LI_SGEMM_NR
+#define KC 256          /* values of k per block: a panel's block (16 KiB as F32) stays in L1 */
+#define MB_STRIPS 24    /* strips of MR rows per unit: 144 rows, their A block 144 KiB in L2 */
+#define NB_PANELS 12    /* panels per unit: 192 columns */
+#define QB_STRIPS 4     /* query strips per attention unit: 24 rows, their scores 24 x n floats */
+
+struct li_gemm_weight {
+    int elem;       /* enum li_sgemm_elem */
+    int64_t rows, k;
+    int64_t panels; /* ceil(rows / NR) */
+    void *p;        /* [panels][k][NR] of float or F16 bits */
+};
+
+static int team_size(int n_threads) { return n_threads <= 0 ? li_max_threads() : n_threads; }
+
+static size_t elem_bytes(int elem) { return elem == LI_SGEMM_F16 ? 2 : 4; }
+
+size_t li_gemm_weight_bytes(const li_gemm_weight *w) {
+    return w ? (size_t)w->panels * (size_t)w->k * NR * elem_bytes(w->elem) : 0;
+}
+
+void li_gemm_weight_free(li_gemm_weight *w) {
+    if (!w) return;
+    li_free_aligned(w->p);
+    free(w);
+}
+
+/* panel pi of w from the stored rows (row_bytes apart); tmp: k floats */
+static void pack_panel(li_gemm_weight *w, int type, const char *src, size_t row_bytes, int64_t pi, float *tmp) {
+    const int64_t k = w->k, r0 = pi * NR;
+    if (w->elem == LI_SGEMM_F16) {
+        uint16_t *dst = (uint16_t *)w->p + (size_t)pi * (size_t)k * NR;
+        for (int c = 0; c < NR; c++) {
+            const int64_t row = r0 + c;
+            if (row >= w->rows) {
+                for (int64_t kk = 0; kk < k; kk++) dst[kk * NR + c] = 0;
+                continue;
+            }
+            const uint16_t *s = (const uint16_t *)(src + (size_t)row * row_bytes);
+            for (int64_t kk = 0; kk < k; kk++) dst[kk * NR + c] = s[kk];
+        }
+        return;
+    }
+    float *dst = (float *)w->p + (size_t)pi * (size_t)k * NR;
+    for (int c = 0; c < NR; c++) {
+        const int64_t row = r0 + c;
+        if (row >= w->rows) {
+            for (int64_t kk = 0; kk < k; kk++) dst[kk * NR + c] = 0.0f;
+            continue;
+        }
+        li_K->dequant[type](src + (size_t)row * row_bytes, tmp, k);
+        for (int64_t kk = 0; kk < k; kk++) dst[kk * NR + c] = tmp[kk];
+    }
+}
+
+int li_gemm_weight_create(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, int f32_panels,
+                          int n_threads, li_gemm_weight **out) {
+    li_init();
+    if (!out) return li_fail(LI_E_ARG, "no place for the result");
+    *out = NULL;
+    if (!w || rows <= 0 || k <= 0)
+        return li_fail(LI_E_ARG, "no weights, or rows %lld / k %lld not positive", (long long)rows, (long long)k);
+    if (li_type_sizes(type, NULL, NULL) != LI_OK || !li_K->dequant[type])
+        return li_fail(LI_E_TYPE, "type %d has no dequantizer", type);
+    const size_t row = li_row_bytes(type, k);
+    if (row == 0 || w_bytes != row * (size_t)rows)
+        return li_fail(LI_E_SHAPE, "%zu bytes of weights for [%lld, %lld]", w_bytes, (long long)rows, (long long)k);
+    li_gemm_weight *m = calloc(1, sizeof(*m));
+    if (!m) return li_fail(LI_E_NOMEM, "gemm weight");
+    m->elem = type == LI_TYPE_F16 && !f32_panels ? LI_SGEMM_F16 : LI_SGEMM_F32;
+    m->rows = rows;
+    m->k = k;
+    m->panels = (rows + NR - 1) / NR;
+    m->p = li_alloc_aligned(li_gemm_weight_bytes(m), 64);
+    if (!m->p) {
+        const size_t bytes = li_gemm_weight_bytes(m);
+        free(m);
+        return li_fail(LI_E_NOMEM, "%zu bytes of panels", bytes);
+    }
+    int failed = 0;
+    const int64_t np = m->panels;
+    (void)n_threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(LI_MAX(1, LI_MIN(team_size(n_threads), (int)LI_MIN(np, 1024))))
+#endif
+    {
+        float *tmp = malloc((size_t)k * sizeof(float));
+        if (!tmp) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+        int64_t pi;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 4)
+#endif
+        for (pi = 0; pi < np; pi++)
+            if (tmp) pack_panel(m, type, (const char *)w, row, pi, tmp);
+        free(tmp);
+    }
+    if (failed) {
+        li_gemm_weight_free(m);
+        return li_fail(LI_E_NOMEM, "packing scratch");
+    }
+    *out = m;
+    return LI_OK;
+}
+
+/* rows [r0, r0 + ns*MR) of x (rows past r1 zero), values [kb, kb + kc),
+ * into strips ap[s][kk][MR]; x rows x_ld floats apart, scaled by `scale` */
+static void pack_strips(const float *x, size_t x_ld, int64_t r0, int64_t r1, int64_t ns, int64_t kb, int64_t kc,
+                        float scale, float *ap) {
+    for (int64_t s = 0; s < ns; s++) {
+        float *dst = ap + (size_t)s * (size_t)kc * MR;
+        for (int r = 0; r < MR; r++) {
+            const int64_t row = r0 + s * MR + r;
+            if (row >= r1) {
+                for (int64_t kk = 0; kk < kc; kk++) dst[kk * MR + r] = 0.0f;
+                continue;
+            }
+            const float *src = x + (size_t)row * x_ld + kb;
+            if (scale == 1.0f)
+                for (int64_t kk = 0; kk < kc; kk++) dst[kk * MR + r] = src[kk];
+            else
+                for (int64_t kk = 0; kk < kc; kk++) dst[kk * MR + r] = src[kk] * scale;
+        }
+    }
+}
+
+/* one unit of li_gemm: rows [r0, r1), panels [p0, p1) */
+static void gemm_unit(const li_gemm_weight *w, const float *x, int64_t r0, int64_t r1, int64_t p0, int64_t p1,
+                      const float *bias, const float *res, float *y, float *ap, float *cs) {
+    const li_sgemm_tile_fn tile = li_K->sgemm_tile[w->elem];
+    const int64_t k = w->k, ns = (r1 - r0 + MR - 1) / MR;
+    const size_t ldc = (size_t)(p1 - p0) * NR, eb = elem_bytes(w->elem);
+    for (int64_t kb = 0; kb < k; kb += KC) {
+        const int64_t kc = LI_MIN(KC, k - kb);
+        pack_strips(x, (size_t)k, r0, r1, ns, kb, kc, 1.0f, ap);
+        for (int64_t p = p0; p < p1; p++) {
+            const char *b = (const char *)w->p + ((size_t)p * (size_t)k + (size_t)kb) * NR * eb;
+            for (int64_t s = 0; s < ns; s++)
+                tile(kc, ap + (size_t)s * (size_t)kc * MR, b, cs + (size_t)s * MR * ldc + (size_t)(p - p0) * NR, ldc,
+                     kb > 0);
+        }
+    }
+    const int64_t c0 = p0 * NR, c1 = LI_MIN(w->rows, p1 * NR);
+    for (int64_t row = r0; row < r1; row++) {
+        const float *src = cs + (size_t)(row - r0) * ldc;
+        float *dst = y + (size_t)row * (size_t)w->rows;
+        const float *rr = res ? res + (size_t)row * (size_t)w->rows : NULL;
+        for (int64_t c = c0; c < c1; c++) {
+            float v = src[c - c0];
+            if (bias) v += bias[c];
+            if (rr) v += rr[c];
+            dst[c] = v;
+        }
+    }
+}
+
+int li_gemm(const li_gemm_weight *w, const float *x, int64_t m, const float *bias, const float *res, float *y,
+            int n_threads) {
+    li_init();
+    if (!w || !x || !y || m < 0) return li_fail(LI_E_ARG, "gemm: a null argument or m < 0");
+    if (m == 0) return LI_OK;
+    const int64_t rows_per = (int64_t)MB_STRIPS * MR;
+    const int64_t nmb = (m + rows_per - 1) / rows_per, nnb = (w->panels + NB_PANELS - 1) / NB_PANELS;
+    const int64_t units = nmb * nnb;
+    const int nt = (int)LI_MAX(1, LI_MIN((int64_t)team_size(n_threads), units));
+    const size_t ap_n = (size_t)MB_STRIPS * MR * KC, cs_n = (size_t)MB_STRIPS * MR * NB_PANELS * NR;
+    float *scratch = li_alloc_aligned((ap_n + cs_n) * sizeof(float) * (size_t)nt, 64);
+    if (!scratch) return li_fail(LI_E_NOMEM, "gemm scratch");
+    (void)nt;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+    {
+        float *ap = scratch + (ap_n + cs_n) * (size_t)li_thread_index(), *cs = ap + ap_n;
+        int64_t u;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (u = 0; u < units; u++) {
+            const int64_t mb = u / nnb, nb = u % nnb;
+            gemm_unit(w, x, mb * rows_per, LI_MIN(m, (mb + 1) * rows_per), nb * NB_PANELS,
+                      LI_MIN(w->panels, (nb + 1) * NB_PANELS), bias, res, y, ap, cs);
+        }
+    }
+    li_free_aligned(scratch);
+    return LI_OK;
+}
+
+/* ---- full attention ---- */
+
+typedef struct {
+    const float *q;
+    size_t ld;
+    int64_t n, d, npk, npv;
+    float scale;
+    const float *kp; /* [head][npk][d][NR]: key rows as panels */
+    const float *vp; /* [head][npv][n][NR]: value columns as panels */
+    float *out;
+    size_t out_ld;
+} attn_job;
+
+/* query rows [i0, i1) of head h; s: QB_STRIPS*MR x npk*NR scores, aq:
+ * QB_STRIPS*MR*d, ap: QB_STRIPS*MR*KC, o: QB_STRIPS*MR x npv*NR, sum:
+ * QB_STRIPS*MR */
+static void attn_unit(const attn_job *j, int64_t h, int64_t i0, int64_t i1, float *s, float *aq, float *ap, float *o,
+                      float *sum) {
+    const li_sgemm_tile_fn tile = li_K->sgemm_tile[LI_SGEMM_F32];
+    const int64_t n = j->n, d = j->d, nq = i1 - i0, ns = (nq + MR - 1) / MR;
+    const size_t lds = (size_t)j->npk * NR, ldo = (size_t)j->npv * NR;
+    pack_strips(j->q + h * d, j->ld, i0, i1, ns, 0, d, j->scale, aq);
+    const float *kh = j->kp + (size_t)h * (size_t)j->npk * (size_t)d * NR;
+    for (int64_t p = 0; p < j->npk; p++)
+        for (int64_t st = 0; st < ns; st++)
+            tile(d, aq + (size_t)st * (size_t)d * MR, kh + (size_t)p * (size_t)d * NR, s + (size_t)st * MR * lds + p * NR,
+                 lds, 0);
+    for (int64_t r = 0; r < nq; r++) {
+        float lo, hi;
+        float *row = s + (size_t)r * lds;
+        li_K->range_f32(row, n, &lo, &hi);
+        sum[r] = li_K->exp_sum(row, n, hi);
+    }
+    const float *vh = j->vp + (size_t)h * (size_t)j->npv * (size_t)n * NR;
+    for (int64_t kb = 0; kb < n; kb += KC) {
+        const int64_t kc = LI_MIN(KC, n - kb);
+        pack_strips(s, lds, 0, nq, ns, kb, kc, 1.0f, ap);
+        for (int64_t p = 0; p < j->npv; p++)
+            for (int64_t st = 0; st < ns; st++)
+                tile(kc, ap + (size_t)st * (size_t)kc * MR, vh + ((size_t)p * (size_t)n + (size_t)kb) * NR,
+                     o + (size_t)st * MR * ldo + p * NR, ldo, kb > 0);
+    }
+    for (int64_t r = 0; r < nq; r++) {
+        const float inv = 1.0f / sum[r];
+        float *dst = j->out + (size_t)(i0 + r) * j->out_ld + h * d;
+        for (int64_t c = 0; c < d; c++) dst[c] = o[(size_t)r * ldo + c] * inv;
+    }
+}
+
+int li_attention_full(const float *q, const float *k, const float *v, size_t ld, int64_t n, int n_head, int64_t d,
+                      float scale, float *out, size_t out_ld, int n_threads) {
+    li_init();
+    if (!q || !k || !v || !out || n <= 0 || n_head <= 0 || d <= 0)
+        return li_fail(LI_E_ARG, "attention: a null argument or a size not positive");
+    if (ld < (size_t)n_head * (size_t)d || out_ld < (size_t)n_head * (size_t)d)
+        return li_fail(LI_E_SHAPE, "attention: rows of %zu / %zu floats hold fewer than %d heads of %lld", ld, out_ld,
+                       n_head, (long long)d);
+    const int64_t npk = (n + NR - 1) / NR, npv = (d + NR - 1) / NR;
+    const size_t kp_n = (size_t)n_head * (size_t)npk * (size_t)d * NR, vp_n = (size_t)n_head * (size_t)npv * (size_t)n * NR;
+    const int64_t qb = (int64_t)QB_STRIPS * MR, nqb = (n + qb - 1) / qb, units = (int64_t)n_head * nqb;
+    const int nt = (int)LI_MAX(1, LI_MIN((int64_t)team_size(n_threads), units));
+    const size_t s_n = (size_t)qb * (size_t)npk * NR, aq_n = (size_t)qb * (size_t)d, ap_n = (size_t)qb * KC,
+                 o_n = (size_t)qb * (size_t)npv * NR, per = s_n + aq_n + ap_n + o_n + (size_t)qb;
+    float *packed = li_alloc_aligned((kp_n + vp_n) * sizeof(float), 64);
+    float *scratch = li_alloc_aligned(per * sizeof(float) * (size_t)nt, 64);
+    if (!packed || !scratch) {
+        li_free_aligned(packed);
+        li_free_aligned(scratch);
+        return li_fail(LI_E_NOMEM, "attention scratch");
+    }
+    const attn_job job = {q, ld, n, d, npk, npv, scale, packed, packed + kp_n, out, out_ld};
+    (void)nt;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+    {
+        int64_t u;
+        /* key panels: row c of panel p is key p*NR + c */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (u = 0; u < (int64_t)n_head * npk; u++) {
+            const int64_t h = u / npk, p = u % npk;
+            float *dst = packed + (size_t)u * (size_t)d * NR;
+            for (int c = 0; c < NR; c++) {
+                const int64_t key = p * NR + c;
+                if (key >= n) {
+                    for (int64_t kk = 0; kk < d; kk++) dst[kk * NR + c] = 0.0f;
+                    continue;
+                }
+                const float *src = k + (size_t)key * ld + h * d;
+                for (int64_t kk = 0; kk < d; kk++) dst[kk * NR + c] = src[kk];
+            }
+        }
+        /* value panels: column c of panel p is the head's value dimension p*NR + c */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (u = 0; u < (int64_t)n_head * npv; u++) {
+            const int64_t h = u / npv, p = u % npv, c1 = LI_MIN(NR, d - p * NR);
+            float *dst = packed + kp_n + (size_t)u * (size_t)n * NR;
+            for (int64_t key = 0; key < n; key++) {
+                const float *src = v + (size_t)key * ld + h * d + p * NR;
+                int64_t c = 0;
+                for (; c < c1; c++) dst[key * NR + c] = src[c];
+                for (; c < NR; c++) dst[key * NR + c] = 0.0f;
+            }
+        }
+        float *s = scratch + per * (size_t)li_thread_index(), *aq = s + s_n, *ap = aq + aq_n, *o = ap + ap_n,
+              *sum = o + o_n;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (u = 0; u < units; u++) {
+            const int64_t h = u / nqb, i0 = (u % nqb) * qb;
+            attn_unit(&job, h, i0, LI_MIN(n, i0 + qb), s, aq, ap, o, sum);
+        }
+    }
+    li_free_aligned(packed);
+    li_free_aligned(scratch);
+    return LI_OK;
+}
