@@ -12,12 +12,12 @@
  * nor KC depend on the team, so every element's bits are the same at any
  * thread count, and, the tiles agreeing to the bit, at every level.
  *
- * li_attention_full packs each head's keys into panels (K^T as the weight
- * of scores = q K^T) and its values into panels (V as the weight of
- * p V^T's transpose), then takes units of (head, QB query rows): scores
- * through the tile (q scaled first), a softmax's exponentials in place (the
- * level's exp_sum), and p V through the tile over key blocks of KC; the
- * rows are divided by their sums at the end.
+ * li_attention_full packs each head's keys and values into strips once,
+ * then takes units of (head, NR queries): their scores through the tile
+ * (keys down, queries across: q scaled first), the softmax's exponentials
+ * in place down each column (the level's softmax_panel), and the values
+ * times them through the tile over key blocks of KC; each query's row is
+ * divided by its sum at the end.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -34,7 +34,6 @@
 #define KC 256          /* values of k per block: a panel's block (16 KiB as F32) stays in L1 */
 #define MB_STRIPS 24    /* strips of MR rows per unit: 144 rows, their A block 144 KiB in L2 */
 #define NB_PANELS 12    /* panels per unit: 192 columns */
-#define QB_STRIPS 4     /* query strips per attention unit: 24 rows, their scores 24 x n floats */
 
 struct li_gemm_weight {
     int elem;       /* enum li_sgemm_elem */
@@ -224,50 +223,54 @@ int li_gemm(const li_gemm_weight *w, const float *x, int64_t m, const float *bia
 
 /* ---- full attention ---- */
 
+/* Scores and outputs are computed transposed, queries across: s^T = K q^T
+ * takes key strips as its A side and a panel of NR scaled queries as its B
+ * side, so the scores land keys down, queries across -- a panel of
+ * exponentials for o^T = V^T p^T, whose A side is the head's value
+ * dimensions in strips. The softmax runs down the panel's columns, lane by
+ * lane (softmax_panel), and nothing is transposed but each unit's NR output
+ * rows on the way out. */
 typedef struct {
     const float *q;
     size_t ld;
-    int64_t n, d, npk, npv;
+    int64_t n, d, nks, nvs;
     float scale;
-    const float *kp; /* [head][npk][d][NR]: key rows as panels */
-    const float *vp; /* [head][npv][n][NR]: value columns as panels */
+    const float *ks; /* [head][nks][d][MR]: keys in strips of MR */
+    const float *vs; /* [head][nvs][n][MR]: value dimensions in strips of MR, keys down */
     float *out;
     size_t out_ld;
 } attn_job;
 
-/* query rows [i0, i1) of head h; s: QB_STRIPS*MR x npk*NR scores, aq:
- * QB_STRIPS*MR*d, ap: QB_STRIPS*MR*KC, o: QB_STRIPS*MR x npv*NR, sum:
- * QB_STRIPS*MR */
-static void attn_unit(const attn_job *j, int64_t h, int64_t i0, int64_t i1, float *s, float *aq, float *ap, float *o,
+/* queries [i0, i1) (at most NR) of head h; qp: d x NR, p: nks*MR x NR, o:
+ * nvs*MR x NR, sum: NR */
+static void attn_unit(const attn_job *j, int64_t h, int64_t i0, int64_t i1, float *qp, float *p, float *o,
                       float *sum) {
     const li_sgemm_tile_fn tile = li_K->sgemm_tile[LI_SGEMM_F32];
-    const int64_t n = j->n, d = j->d, nq = i1 - i0, ns = (nq + MR - 1) / MR;
-    const size_t lds = (size_t)j->npk * NR, ldo = (size_t)j->npv * NR;
-    pack_strips(j->q + h * d, j->ld, i0, i1, ns, 0, d, j->scale, aq);
-    const float *kh = j->kp + (size_t)h * (size_t)j->npk * (size_t)d * NR;
-    for (int64_t p = 0; p < j->npk; p++)
-        for (int64_t st = 0; st < ns; st++)
-            tile(d, aq + (size_t)st * (size_t)d * MR, kh + (size_t)p * (size_t)d * NR, s + (size_t)st * MR * lds + p * NR,
-                 lds, 0);
-    for (int64_t r = 0; r < nq; r++) {
-        float lo, hi;
-        float *row = s + (size_t)r * lds;
-        li_K->range_f32(row, n, &lo, &hi);
-        sum[r] = li_K->exp_sum(row, n, hi);
+    const int64_t n = j->n, d = j->d;
+    for (int c = 0; c < NR; c++) {
+        const int64_t i = i0 + c;
+        if (i >= i1) {
+            for (int64_t kk = 0; kk < d; kk++) qp[kk * NR + c] = 0.0f;
+            continue;
+        }
+        const float *src = j->q + (size_t)i * j->ld + h * d;
+        for (int64_t kk = 0; kk < d; kk++) qp[kk * NR + c] = src[kk] * j->scale;
     }
-    const float *vh = j->vp + (size_t)h * (size_t)j->npv * (size_t)n * NR;
+    const float *ks = j->ks + (size_t)h * (size_t)j->nks * (size_t)d * MR;
+    for (int64_t s = 0; s < j->nks; s++)
+        tile(d, ks + (size_t)s * (size_t)d * MR, qp, p + (size_t)s * MR * NR, NR, 0);
+    li_K->softmax_panel(p, n, sum);
+    const float *vs = j->vs + (size_t)h * (size_t)j->nvs * (size_t)n * MR;
     for (int64_t kb = 0; kb < n; kb += KC) {
         const int64_t kc = LI_MIN(KC, n - kb);
-        pack_strips(s, lds, 0, nq, ns, kb, kc, 1.0f, ap);
-        for (int64_t p = 0; p < j->npv; p++)
-            for (int64_t st = 0; st < ns; st++)
-                tile(kc, ap + (size_t)st * (size_t)kc * MR, vh + ((size_t)p * (size_t)n + (size_t)kb) * NR,
-                     o + (size_t)st * MR * ldo + p * NR, ldo, kb > 0);
+        for (int64_t s = 0; s < j->nvs; s++)
+            tile(kc, vs + ((size_t)s * (size_t)n + (size_t)kb) * MR, p + (size_t)kb * NR, o + (size_t)s * MR * NR, NR,
+                 kb > 0);
     }
-    for (int64_t r = 0; r < nq; r++) {
-        const float inv = 1.0f / sum[r];
-        float *dst = j->out + (size_t)(i0 + r) * j->out_ld + h * d;
-        for (int64_t c = 0; c < d; c++) dst[c] = o[(size_t)r * ldo + c] * inv;
+    for (int64_t c = 0; c < i1 - i0; c++) {
+        const float inv = 1.0f / sum[c];
+        float *dst = j->out + (size_t)(i0 + c) * j->out_ld + h * d;
+        for (int64_t e = 0; e < d; e++) dst[e] = o[e * NR + c] * inv;
     }
 }
 
@@ -279,65 +282,55 @@ int li_attention_full(const float *q, const float *k, const float *v, size_t ld,
     if (ld < (size_t)n_head * (size_t)d || out_ld < (size_t)n_head * (size_t)d)
         return li_fail(LI_E_SHAPE, "attention: rows of %zu / %zu floats hold fewer than %d heads of %lld", ld, out_ld,
                        n_head, (long long)d);
-    const int64_t npk = (n + NR - 1) / NR, npv = (d + NR - 1) / NR;
-    const size_t kp_n = (size_t)n_head * (size_t)npk * (size_t)d * NR, vp_n = (size_t)n_head * (size_t)npv * (size_t)n * NR;
-    const int64_t qb = (int64_t)QB_STRIPS * MR, nqb = (n + qb - 1) / qb, units = (int64_t)n_head * nqb;
+    const int64_t nks = (n + MR - 1) / MR, nvs = (d + MR - 1) / MR;
+    const size_t ks_n = (size_t)n_head * (size_t)nks * (size_t)d * MR, vs_n = (size_t)n_head * (size_t)nvs * (size_t)n * MR;
+    const int64_t nqb = (n + NR - 1) / NR, units = (int64_t)n_head * nqb;
     const int nt = (int)LI_MAX(1, LI_MIN((int64_t)team_size(n_threads), units));
-    const size_t s_n = (size_t)qb * (size_t)npk * NR, aq_n = (size_t)qb * (size_t)d, ap_n = (size_t)qb * KC,
-                 o_n = (size_t)qb * (size_t)npv * NR, per = s_n + aq_n + ap_n + o_n + (size_t)qb;
-    float *packed = li_alloc_aligned((kp_n + vp_n) * sizeof(float), 64);
+    const size_t qp_n = (size_t)d * NR, p_n = (size_t)nks * MR * NR, o_n = (size_t)nvs * MR * NR,
+                 per = qp_n + p_n + o_n + NR;
+    float *packed = li_alloc_aligned((ks_n + vs_n) * sizeof(float), 64);
     float *scratch = li_alloc_aligned(per * sizeof(float) * (size_t)nt, 64);
     if (!packed || !scratch) {
         li_free_aligned(packed);
         li_free_aligned(scratch);
         return li_fail(LI_E_NOMEM, "attention scratch");
     }
-    const attn_job job = {q, ld, n, d, npk, npv, scale, packed, packed + kp_n, out, out_ld};
+    const attn_job job = {q, ld, n, d, nks, nvs, scale, packed, packed + ks_n, out, out_ld};
     (void)nt;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
     {
         int64_t u;
-        /* key panels: row c of panel p is key p*NR + c */
+        /* key strips: row r of strip s is key s*MR + r (zero past n) */
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-        for (u = 0; u < (int64_t)n_head * npk; u++) {
-            const int64_t h = u / npk, p = u % npk;
-            float *dst = packed + (size_t)u * (size_t)d * NR;
-            for (int c = 0; c < NR; c++) {
-                const int64_t key = p * NR + c;
-                if (key >= n) {
-                    for (int64_t kk = 0; kk < d; kk++) dst[kk * NR + c] = 0.0f;
-                    continue;
-                }
-                const float *src = k + (size_t)key * ld + h * d;
-                for (int64_t kk = 0; kk < d; kk++) dst[kk * NR + c] = src[kk];
-            }
+        for (u = 0; u < (int64_t)n_head * nks; u++) {
+            const int64_t h = u / nks, s = u % nks;
+            pack_strips(k + h * d, ld, s * MR, n, 1, 0, d, 1.0f, packed + (size_t)u * (size_t)d * MR);
         }
-        /* value panels: column c of panel p is the head's value dimension p*NR + c */
+        /* value strips: column r of strip s is the head's value dimension s*MR + r (zero past d) */
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-        for (u = 0; u < (int64_t)n_head * npv; u++) {
-            const int64_t h = u / npv, p = u % npv, c1 = LI_MIN(NR, d - p * NR);
-            float *dst = packed + kp_n + (size_t)u * (size_t)n * NR;
+        for (u = 0; u < (int64_t)n_head * nvs; u++) {
+            const int64_t h = u / nvs, s = u % nvs, r1 = LI_MIN(MR, d - s * MR);
+            float *dst = packed + ks_n + (size_t)u * (size_t)n * MR;
             for (int64_t key = 0; key < n; key++) {
-                const float *src = v + (size_t)key * ld + h * d + p * NR;
-                int64_t c = 0;
-                for (; c < c1; c++) dst[key * NR + c] = src[c];
-                for (; c < NR; c++) dst[key * NR + c] = 0.0f;
+                const float *src = v + (size_t)key * ld + h * d + s * MR;
+                int64_t r = 0;
+                for (; r < r1; r++) dst[key * MR + r] = src[r];
+                for (; r < MR; r++) dst[key * MR + r] = 0.0f;
             }
         }
-        float *s = scratch + per * (size_t)li_thread_index(), *aq = s + s_n, *ap = aq + aq_n, *o = ap + ap_n,
-              *sum = o + o_n;
+        float *qp = scratch + per * (size_t)li_thread_index(), *p = qp + qp_n, *o = p + p_n, *sum = o + o_n;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
         for (u = 0; u < units; u++) {
-            const int64_t h = u / nqb, i0 = (u % nqb) * qb;
-            attn_unit(&job, h, i0, LI_MIN(n, i0 + qb), s, aq, ap, o, sum);
+            const int64_t h = u / nqb, i0 = (u % nqb) * NR;
+            attn_unit(&job, h, i0, LI_MIN(n, i0 + NR), qp, p, o, sum);
         }
     }
     li_free_aligned(packed);

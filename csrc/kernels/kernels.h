@@ -136,6 +136,10 @@ typedef struct li_kernels {
     li_x16u_fn x16u[LI_TYPE_COUNT];
     /* the float GEMM's register tile (sgemm.h), by panel element type */
     li_sgemm_tile_fn sgemm_tile[LI_SGEMM_ELEMS];
+    /* p [n][LI_SGEMM_NR], n >= 1, column by column: p[i][j] = exp(p[i][j] -
+     * max over i of p[i][j]), sum[j] their sum (full attention's scores,
+     * keys down, queries across) */
+    void (*softmax_panel)(float *p, int64_t n, float *sum);
 
     /* the recurrent mixers of hybrid models (their types above say what each
      * computes): one sequence's rows, in position order, through its state,

@@ -621,6 +621,20 @@ static void sgemm_tile_f16(int64_t kc, const float *a, const void *bv, float *c,
         }
 }
 
+static void softmax_panel(float *p, int64_t n, float *sum) {
+    for (int j = 0; j < LI_SGEMM_NR; j++) {
+        float mx = p[j];
+        for (int64_t i = 1; i < n; i++) mx = p[i * LI_SGEMM_NR + j] > mx ? p[i * LI_SGEMM_NR + j] : mx;
+        double s = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            float *e = p + i * LI_SGEMM_NR + j;
+            *e = expf(*e - mx);
+            s += *e;
+        }
+        sum[j] = (float)s;
+    }
+}
+
 void li_kernels_fill_scalar(li_kernels *t) {
     memset(t, 0, sizeof(*t));
     t->isa = LI_ISA_SCALAR;
@@ -655,5 +669,6 @@ void li_kernels_fill_scalar(li_kernels *t) {
     t->softcap_f32 = softcap_f32;
     t->sgemm_tile[LI_SGEMM_F32] = sgemm_tile_f32;
     t->sgemm_tile[LI_SGEMM_F16] = sgemm_tile_f16;
+    t->softmax_panel = softmax_panel;
     li_recurrent_fill_scalar(t); /* scalar_recurrent.c: the recurrent mixers */
 }

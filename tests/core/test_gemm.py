@@ -147,8 +147,8 @@ def attention_reference(q, k, v, n_head, scale):
     return out
 
 
-# (n, heads, d): one row, rows not a multiple of the 24-row query block or the
-# 16-key panel, keys past one block of 256, d not a multiple of 16 or 8
+# (n, heads, d): one row, rows not a multiple of the unit's 16 queries or the
+# tile's 6 keys, keys past one block of 256, d not a multiple of 6 or 8
 ATTN_SHAPES = ((1, 1, 4), (7, 2, 8), (40, 3, 20), (300, 2, 72), (97, 4, 33))
 
 
