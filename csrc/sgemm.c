@@ -3,7 +3,7 @@
  * path of the vision encoder, whose products are [4096 x 1152] by
  * [1152 x 1152 / 4304], compute-bound.
  *
- * li_gemm cuts C into units of MB_ROWS rows x NB_PANELS panels, handed to
+ * li_gemm cuts C into units of MB_STRIPS strips of rows x NB_PANELS panels, handed to
  * the team one at a time (dynamic: a slow core takes fewer). A unit walks k
  * in blocks of KC: the block of its A rows is packed into strips ([kk][MR],
  * in L2), then each panel's KC values (in L1) meet every strip through the
@@ -32,8 +32,12 @@
 #define MR LI_SGEMM_MR
 #define NR LI_SGEMM_NR
 #define KC 256          /* values of k per block: a panel's block (16 KiB as F32) stays in L1 */
-#define MB_STRIPS 24    /* strips of MR rows per unit: 144 rows, their A block 144 KiB in L2 */
-#define NB_PANELS 12    /* panels per unit: 192 columns */
+/* A unit packs its rows' block of A once per block of k and takes it past
+ * NB_PANELS panels: the packing (a scalar copy) is 1/NB_PANELS of the tile
+ * work per element of A, and the unit's C (MB_STRIPS*MR x NB_PANELS*NR
+ * floats, 288 KiB) is met one tile at a time. */
+#define MB_STRIPS 12    /* strips of MR rows per unit: 72 rows, their block of A 72 KiB */
+#define NB_PANELS 64    /* panels per unit: 1024 columns */
 
 struct li_gemm_weight {
     int elem;       /* enum li_sgemm_elem */
