@@ -26,6 +26,7 @@
 #include "common.h"
 #include "kernels/kernels.h"
 #include "llminfer.h"
+#include "repack.h"
 #include "sgemm.h"
 #include "util.h"
 
@@ -106,7 +107,7 @@ int li_gemm_weight_create(int type, const void *w, size_t w_bytes, int64_t rows,
     m->rows = rows;
     m->k = k;
     m->panels = (rows + NR - 1) / NR;
-    m->p = li_alloc_aligned(li_gemm_weight_bytes(m), 64);
+    m->p = li_x16_alloc(li_gemm_weight_bytes(m)); /* in 2 MiB pages where the system gives them */
     if (!m->p) {
         const size_t bytes = li_gemm_weight_bytes(m);
         free(m);
@@ -292,7 +293,8 @@ int li_attention_full(const float *q, const float *k, const float *v, size_t ld,
     const int nt = (int)LI_MAX(1, LI_MIN((int64_t)team_size(n_threads), units));
     const size_t qp_n = (size_t)d * NR, p_n = (size_t)nks * MR * NR, o_n = (size_t)nvs * MR * NR,
                  per = qp_n + p_n + o_n + NR;
-    float *packed = li_alloc_aligned((ks_n + vs_n) * sizeof(float), 64);
+    /* fresh each call: in 2 MiB pages, a few faults rather than thousands */
+    float *packed = li_x16_alloc((ks_n + vs_n) * sizeof(float));
     float *scratch = li_alloc_aligned(per * sizeof(float) * (size_t)nt, 64);
     if (!packed || !scratch) {
         li_free_aligned(packed);

@@ -236,9 +236,10 @@ cdef class GemmWeight:
         """Bytes the panels take."""
         return C.li_gemm_weight_bytes(self.w)
 
-    def gemm(self, const float[:, ::1] x, const float[::1] bias, const float[:, ::1] res, int n_threads):
+    def gemm(self, const float[:, ::1] x, const float[::1] bias, const float[:, ::1] res, int n_threads, out=None):
         cdef int64_t m = x.shape[0]
-        out = np.empty((m, self.rows), dtype=np.float32)
+        if out is None:
+            out = np.empty((m, self.rows), dtype=np.float32)
         if m == 0:
             return out
         cdef float[:, ::1] y = out
@@ -279,8 +280,9 @@ def layer_norm(const float[:, ::1] x, const float[::1] w, const float[::1] b, fl
     return out
 
 
-def activation_mt(int act, const float[::1] x, int n_threads):
-    out = np.empty(x.shape[0], dtype=np.float32)
+def activation_mt(int act, const float[::1] x, int n_threads, out=None):
+    if out is None:
+        out = np.empty(x.shape[0], dtype=np.float32)
     cdef float[::1] y = out
     cdef int st
     with nogil:

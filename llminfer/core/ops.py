@@ -186,10 +186,12 @@ class GemmWeight:
 
 
 def gemm(w: GemmWeight, x: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None,
-         n_threads=None) -> np.ndarray:
+         n_threads=None, out: np.ndarray | None = None) -> np.ndarray:
     """x @ W.T (+ bias) (+ residual) in float32 for x (m, k) and a GemmWeight
     W: float products, no quantized activations. Each element's bits are the
-    same at any thread count and kernel level."""
+    same at any thread count and kernel level. out: where the result goes
+    (float32 (m, rows)); it may be the residual itself (each element is read
+    before it is written), never x."""
     if not isinstance(w, GemmWeight):
         raise InvalidArgumentError(f"w must be an ops.GemmWeight, got {type(w).__name__}")
     rows, k = w.shape
@@ -204,7 +206,16 @@ def gemm(w: GemmWeight, x: np.ndarray, bias: np.ndarray | None = None, residual:
         _require(residual, "residual", np.float32, ndim=2)
         if residual.shape != (x.shape[0], rows):
             raise ShapeError(f"residual has shape {residual.shape}, the product {(x.shape[0], rows)}")
-    return w._w.gemm(x, bias, residual, _threads(n_threads))
+    if out is not None:
+        _require(out, "out", np.float32, ndim=2)
+        if out.shape != (x.shape[0], rows):
+            raise ShapeError(f"out has shape {out.shape}, the product {(x.shape[0], rows)}")
+        if np.shares_memory(out, x):
+            raise InvalidArgumentError("out must not overlap x")
+        if residual is not None and np.shares_memory(out, residual) and not (
+                out.ctypes.data == residual.ctypes.data):
+            raise InvalidArgumentError("out may be the residual itself, not a part of it")
+    return w._w.gemm(x, bias, residual, _threads(n_threads), out)
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head: int, scale: float | None = None,
@@ -265,8 +276,15 @@ def rms_norm(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6,
     return _core.rms_norm(x.reshape(-1, k), weight, float(eps), _threads(n_threads)).reshape(x.shape)
 
 
-def _unary(name, x, u=None, n_threads=1):
+def _unary(name, x, u=None, n_threads=1, out=None):
     _require(x, "x", np.float32)
+    if out is not None:
+        _require(out, "out", np.float32)
+        if out.shape != x.shape or u is not None or (np.shares_memory(out, x) and out.ctypes.data != x.ctypes.data):
+            raise InvalidArgumentError("out must have x's shape, and be x itself or not overlap it")
+        if x.size:
+            _core.activation_mt(_ACT[name], x.reshape(-1), _threads(n_threads), out.reshape(-1))
+        return out
     if u is not None:
         _require(u, "up", np.float32)
         if u.shape != x.shape:
@@ -279,16 +297,16 @@ def _unary(name, x, u=None, n_threads=1):
     return y.reshape(x.shape)
 
 
-def silu(x: np.ndarray, n_threads=1) -> np.ndarray:
+def silu(x: np.ndarray, n_threads=1, out=None) -> np.ndarray:
     """x * sigmoid(x), through a table indexed by x rounded to float16
-    (the same values at any n_threads)."""
-    return _unary("silu", x, n_threads=n_threads)
+    (the same values at any n_threads); out may be x (in place)."""
+    return _unary("silu", x, n_threads=n_threads, out=out)
 
 
-def gelu(x: np.ndarray, n_threads=1) -> np.ndarray:
+def gelu(x: np.ndarray, n_threads=1, out=None) -> np.ndarray:
     """GELU in its tanh form, through a table indexed by x rounded to float16
-    (the same values at any n_threads)."""
-    return _unary("gelu", x, n_threads=n_threads)
+    (the same values at any n_threads); out may be x (in place)."""
+    return _unary("gelu", x, n_threads=n_threads, out=out)
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

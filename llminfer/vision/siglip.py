@@ -34,9 +34,9 @@ def layer_norm(x, w, b, eps, nt=1):
 
 def _activation(op, f, nt):
     if op == "gelu":
-        return ops.gelu(f, n_threads=nt)
+        return ops.gelu(f, n_threads=nt, out=f)
     if op == "silu":
-        return ops.silu(f, n_threads=nt)
+        return ops.silu(f, n_threads=nt, out=f)
     return (f / (1 + np.exp(np.float32(-1.702) * f))).astype(np.float32)  # gelu_quick
 
 
@@ -87,14 +87,15 @@ class SiglipViT:
 
     @staticmethod
     def _mm(m, x, nt, residual=None):
+        """x @ W.T + b (+ residual, summed into the residual's own rows)"""
         mat, bias = m
-        return mat(x, nt, bias, residual)
+        return mat(x, nt, bias, residual, out=residual)
 
     def forward(self, pixels: np.ndarray, nt: int) -> np.ndarray:
         """float32 [P, E]: the ViT's output rows of one image, patches row-major."""
         p = self.params
         E, H = p.n_embd, p.n_head
-        x = ops.gemm(self.patch_w, self.patches(pixels), self.patch_b, self.pos, n_threads=nt)
+        x = ops.gemm(self.patch_w, self.patches(pixels), self.patch_b, self.pos, n_threads=nt)  # a new array
         for L in self.layers:
             h = layer_norm(x, *L.ln1, p.eps, nt)
             q, k, v = (self._mm(w, h, nt) for w in (L.q, L.k, L.v))

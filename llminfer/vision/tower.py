@@ -103,8 +103,8 @@ class Matrix:
     def nbytes(self) -> int:
         return self.packed.nbytes
 
-    def __call__(self, x, n_threads, bias=None, residual=None):
-        return ops.gemm(self.packed, np.ascontiguousarray(x, np.float32), bias, residual, n_threads=n_threads)
+    def __call__(self, x, n_threads, bias=None, residual=None, out=None):
+        return ops.gemm(self.packed, np.ascontiguousarray(x, np.float32), bias, residual, n_threads=n_threads, out=out)
 
 
 def _meta(md, key, kind, path, default=None):

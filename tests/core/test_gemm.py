@@ -116,6 +116,11 @@ def test_gemm_bias_and_residual():
     np.testing.assert_array_equal(ops.gemm(W, x, bias), plain + bias)
     np.testing.assert_array_equal(ops.gemm(W, x, bias, res), (plain + bias) + res)
     assert ops.gemm(W, np.empty((0, 40), np.float32)).shape == (0, 21)
+    into = res.copy()  # summed into the residual's own rows, as the vision tower does
+    assert ops.gemm(W, x, bias, into, out=into) is into
+    np.testing.assert_array_equal(into, (plain + bias) + res)
+    with pytest.raises(InvalidArgumentError):
+        ops.gemm(ops.GemmWeight(np.zeros((40, 40), np.float32), "F32", (40, 40)), x, out=x)
 
 
 def test_gemm_refuses_bad_arguments():
@@ -200,3 +205,5 @@ def test_threaded_activation_is_the_single_thread_one(fn):
     one = fn(x)
     for nt in (2, 3):
         np.testing.assert_array_equal(fn(x, n_threads=nt), one)
+    assert fn(x, n_threads=2, out=x) is x  # in place
+    np.testing.assert_array_equal(x, one)
