@@ -160,9 +160,14 @@ int li_gemm(const li_gemm_weight *w, const float *x, int64_t m, const float *bia
             int n_threads);
 /* Non-causal attention of one sequence of n rows: head h of row i is d
  * floats at q + i*ld + h*d (k, v likewise); out row i head h at out +
- * i*out_ld + h*d gets softmax(scale q K^T) V over all n keys. */
+ * i*out_ld + h*d gets softmax(scale q K^T) V over all n keys. scratch:
+ * li_attention_full_scratch bytes the caller keeps between calls (fresh
+ * memory costs a page fault per page on each call), or NULL: allocated for
+ * the call. */
 int li_attention_full(const float *q, const float *k, const float *v, size_t ld, int64_t n, int n_head, int64_t d,
-                      float scale, float *out, size_t out_ld, int n_threads);
+                      float scale, float *out, size_t out_ld, void *scratch, size_t scratch_bytes, int n_threads);
+/* bytes of scratch li_attention_full takes for these sizes and threads; 0 for sizes not positive */
+size_t li_attention_full_scratch(int64_t n, int n_head, int64_t d, int n_threads);
 /* y[rows, k] = (x - mean) / sqrt(var + eps) (* w) (+ b), per row; w, b may be NULL */
 int li_layer_norm(const float *x, int64_t rows, int64_t k, const float *w, const float *b, float eps, float *y,
                   int n_threads);

@@ -26,7 +26,6 @@
 #include "common.h"
 #include "kernels/kernels.h"
 #include "llminfer.h"
-#include "repack.h"
 #include "sgemm.h"
 #include "util.h"
 
@@ -107,7 +106,9 @@ int li_gemm_weight_create(int type, const void *w, size_t w_bytes, int64_t rows,
     m->rows = rows;
     m->k = k;
     m->panels = (rows + NR - 1) / NR;
-    m->p = li_x16_alloc(li_gemm_weight_bytes(m)); /* in 2 MiB pages where the system gives them */
+    /* 4 KiB pages: advised huge pages can make each fault wait on the
+     * kernel's compaction, and the tiles read a panel 8-16 KiB at a time */
+    m->p = li_alloc_aligned(li_gemm_weight_bytes(m), 64);
     if (!m->p) {
         const size_t bytes = li_gemm_weight_bytes(m);
         free(m);
@@ -279,8 +280,28 @@ static void attn_unit(const attn_job *j, int64_t h, int64_t i0, int64_t i1, floa
     }
 }
 
+/* the floats li_attention_full's packed keys and values take, and those
+ * one thread's unit takes */
+static void attn_sizes(int64_t n, int n_head, int64_t d, size_t *packed, size_t *per_thread) {
+    const int64_t nks = (n + MR - 1) / MR, nvs = (d + MR - 1) / MR;
+    *packed = (size_t)n_head * ((size_t)nks * (size_t)d + (size_t)nvs * (size_t)n) * MR;
+    *per_thread = (size_t)d * NR + (size_t)nks * MR * NR + (size_t)nvs * MR * NR + NR;
+}
+
+static int attn_team(int64_t n, int n_head, int n_threads) {
+    const int64_t units = (int64_t)n_head * ((n + NR - 1) / NR);
+    return (int)LI_MAX(1, LI_MIN((int64_t)team_size(n_threads), units));
+}
+
+size_t li_attention_full_scratch(int64_t n, int n_head, int64_t d, int n_threads) {
+    if (n <= 0 || n_head <= 0 || d <= 0) return 0;
+    size_t packed, per;
+    attn_sizes(n, n_head, d, &packed, &per);
+    return (packed + per * (size_t)attn_team(n, n_head, n_threads)) * sizeof(float) + 64;
+}
+
 int li_attention_full(const float *q, const float *k, const float *v, size_t ld, int64_t n, int n_head, int64_t d,
-                      float scale, float *out, size_t out_ld, int n_threads) {
+                      float scale, float *out, size_t out_ld, void *scratch, size_t scratch_bytes, int n_threads) {
     li_init();
     if (!q || !k || !v || !out || n <= 0 || n_head <= 0 || d <= 0)
         return li_fail(LI_E_ARG, "attention: a null argument or a size not positive");
@@ -288,19 +309,20 @@ int li_attention_full(const float *q, const float *k, const float *v, size_t ld,
         return li_fail(LI_E_SHAPE, "attention: rows of %zu / %zu floats hold fewer than %d heads of %lld", ld, out_ld,
                        n_head, (long long)d);
     const int64_t nks = (n + MR - 1) / MR, nvs = (d + MR - 1) / MR;
-    const size_t ks_n = (size_t)n_head * (size_t)nks * (size_t)d * MR, vs_n = (size_t)n_head * (size_t)nvs * (size_t)n * MR;
+    const size_t ks_n = (size_t)n_head * (size_t)nks * (size_t)d * MR;
     const int64_t nqb = (n + NR - 1) / NR, units = (int64_t)n_head * nqb;
-    const int nt = (int)LI_MAX(1, LI_MIN((int64_t)team_size(n_threads), units));
-    const size_t qp_n = (size_t)d * NR, p_n = (size_t)nks * MR * NR, o_n = (size_t)nvs * MR * NR,
-                 per = qp_n + p_n + o_n + NR;
-    /* fresh each call: in 2 MiB pages, a few faults rather than thousands */
-    float *packed = li_x16_alloc((ks_n + vs_n) * sizeof(float));
-    float *scratch = li_alloc_aligned(per * sizeof(float) * (size_t)nt, 64);
-    if (!packed || !scratch) {
-        li_free_aligned(packed);
-        li_free_aligned(scratch);
-        return li_fail(LI_E_NOMEM, "attention scratch");
-    }
+    const int nt = attn_team(n, n_head, n_threads);
+    const size_t qp_n = (size_t)d * NR, p_n = (size_t)nks * MR * NR, o_n = (size_t)nvs * MR * NR;
+    size_t packed_n, per;
+    attn_sizes(n, n_head, d, &packed_n, &per);
+    const size_t need = li_attention_full_scratch(n, n_head, d, n_threads);
+    void *own = NULL;
+    if (scratch && scratch_bytes < need)
+        return li_fail(LI_E_SHAPE, "attention: %zu bytes of scratch, %zu needed", scratch_bytes, need);
+    if (!scratch && !(scratch = own = li_alloc_aligned(need, 64))) return li_fail(LI_E_NOMEM, "attention scratch");
+    /* the caller's scratch rounded up to a 64-byte line */
+    float *packed = (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    float *per_thread = packed + packed_n;
     const attn_job job = {q, ld, n, d, nks, nvs, scale, packed, packed + ks_n, out, out_ld};
     (void)nt;
 #ifdef _OPENMP
@@ -330,7 +352,7 @@ int li_attention_full(const float *q, const float *k, const float *v, size_t ld,
                 for (; r < MR; r++) dst[key * MR + r] = 0.0f;
             }
         }
-        float *qp = scratch + per * (size_t)li_thread_index(), *p = qp + qp_n, *o = p + p_n, *sum = o + o_n;
+        float *qp = per_thread + per * (size_t)li_thread_index(), *p = qp + qp_n, *o = p + p_n, *sum = o + o_n;
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
@@ -339,7 +361,6 @@ int li_attention_full(const float *q, const float *k, const float *v, size_t ld,
             attn_unit(&job, h, i0, LI_MIN(n, i0 + NR), qp, p, o, sum);
         }
     }
-    li_free_aligned(packed);
-    li_free_aligned(scratch);
+    li_free_aligned(own);
     return LI_OK;
 }

@@ -52,7 +52,9 @@ cdef extern from "llminfer.h" nogil:
     int li_gemm(const li_gemm_weight *w, const float *x, int64_t m, const float *bias, const float *res, float *y,
                 int n_threads)
     int li_attention_full(const float *q, const float *k, const float *v, size_t ld, int64_t n, int n_head,
-                          int64_t d, float scale, float *out, size_t out_ld, int n_threads)
+                          int64_t d, float scale, float *out, size_t out_ld, void *scratch, size_t scratch_bytes,
+                          int n_threads)
+    size_t li_attention_full_scratch(int64_t n, int n_head, int64_t d, int n_threads)
     int li_layer_norm(const float *x, int64_t rows, int64_t k, const float *w, const float *b, float eps,
                       float *y, int n_threads)
     int li_activation_mt(int fn, const float *x, int64_t n, float *y, int n_threads)

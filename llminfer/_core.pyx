@@ -256,20 +256,28 @@ cdef class GemmWeight:
 
 
 def attention_full(const float[:, ::1] q, const float[:, ::1] k, const float[:, ::1] v, int n_head, float scale,
-                   int n_threads):
+                   int n_threads, out=None, uint8_t[::1] scratch=None):
     cdef int64_t n = q.shape[0], width = q.shape[1]
-    out = np.empty((n, width), dtype=np.float32)
+    if out is None:
+        out = np.empty((n, width), dtype=np.float32)
     cdef float[:, ::1] y = out
+    cdef void *sp = &scratch[0] if scratch is not None else NULL
+    cdef size_t sb = scratch.shape[0] if scratch is not None else 0
     cdef int st
     with nogil:
         st = C.li_attention_full(&q[0, 0], &k[0, 0], &v[0, 0], width, n, n_head, width // n_head, scale,
-                                 &y[0, 0], width, n_threads)
+                                 &y[0, 0], width, sp, sb, n_threads)
     check(st, "attention")
     return out
 
 
-def layer_norm(const float[:, ::1] x, const float[::1] w, const float[::1] b, float eps, int n_threads):
-    out = np.empty((x.shape[0], x.shape[1]), dtype=np.float32)
+def attention_full_scratch(int64_t n, int n_head, int64_t d, int n_threads):
+    return C.li_attention_full_scratch(n, n_head, d, n_threads)
+
+
+def layer_norm(const float[:, ::1] x, const float[::1] w, const float[::1] b, float eps, int n_threads, out=None):
+    if out is None:
+        out = np.empty((x.shape[0], x.shape[1]), dtype=np.float32)
     cdef float[:, ::1] y = out
     cdef const float *wp = &w[0] if w is not None else NULL
     cdef const float *bp = &b[0] if b is not None else NULL

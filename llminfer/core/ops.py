@@ -24,7 +24,8 @@ from llminfer.core.system import check_threads, cpu_count, current_isa
 __all__ = [
     "qtype_of", "block_sizes", "quantize", "dequantize", "matmul", "rms_norm", "rope",
     "silu", "gelu", "silu_mul", "gelu_mul", "swiglu_oai", "softmax", "add", "mul",
-    "GemmWeight", "gemm", "attention", "layer_norm",
+    "GemmWeight", "gemm", "attention", "attention_scratch", "attention_scratch_bytes",
+    "layer_norm",
 ]
 
 SUPPORTED_TYPES = tuple(t for t in GGMLQuantizationType if _core.type_sizes(int(t)) is not None)
@@ -218,11 +219,34 @@ def gemm(w: GemmWeight, x: np.ndarray, bias: np.ndarray | None = None, residual:
     return w._w.gemm(x, bias, residual, _threads(n_threads), out)
 
 
+def _out(out, shape, *inputs):
+    """out checked: float32 of `shape`, overlapping none of the inputs."""
+    _require(out, "out", np.float32, ndim=len(shape))
+    if out.shape != tuple(shape):
+        raise ShapeError(f"out has shape {out.shape}, the result {tuple(shape)}")
+    if any(a is not None and np.shares_memory(out, a) for a in inputs):
+        raise InvalidArgumentError("out must not overlap the inputs")
+    return out
+
+
+def attention_scratch_bytes(n: int, n_head: int, d: int, n_threads=None) -> int:
+    """Bytes of the scratch buffer attention() takes for these sizes at up to n_threads."""
+    return int(_core.attention_full_scratch(int(n), int(n_head), int(d), _threads(n_threads)))
+
+
+def attention_scratch(n: int, n_head: int, d: int, n_threads=None) -> np.ndarray:
+    """A scratch buffer for attention() of these sizes at up to n_threads
+    (uint8): kept by a caller that attends again and again, it saves the
+    page faults of fresh memory on every call."""
+    return np.empty(attention_scratch_bytes(n, n_head, d, n_threads), np.uint8)
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head: int, scale: float | None = None,
-              n_threads=None) -> np.ndarray:
+              n_threads=None, out: np.ndarray | None = None, scratch: np.ndarray | None = None) -> np.ndarray:
     """Non-causal multi-head attention of one sequence: q, k, v (n, n_head *
     d) float32; each head's rows get softmax(scale q K^T) V over all n keys
-    (scale 1/sqrt(d) by default). (n, n_head * d)."""
+    (scale 1/sqrt(d) by default). (n, n_head * d), into out when given;
+    scratch: from attention_scratch (else allocated for the call)."""
     _require(q, "q", np.float32, ndim=2)
     _require(k, "k", np.float32, ndim=2)
     _require(v, "v", np.float32, ndim=2)
@@ -233,12 +257,17 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head: int, scale: f
         raise ShapeError(f"{n_head} heads do not divide rows of {q.shape[1]}, or there are no rows")
     d = q.shape[1] // n_head
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
-    return _core.attention_full(q, k, v, n_head, scale, _threads(n_threads))
+    if out is not None:
+        _out(out, q.shape, q, k, v)
+    if scratch is not None:
+        _require(scratch, "scratch", np.uint8, ndim=1)
+    return _core.attention_full(q, k, v, n_head, scale, _threads(n_threads), out, scratch)
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None, eps: float = 1e-6,
-               n_threads=None) -> np.ndarray:
-    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis of x (rows, k)."""
+               n_threads=None, out: np.ndarray | None = None) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis of x
+    (rows, k), into out when given (not overlapping x)."""
     _require(x, "x", np.float32, ndim=2)
     k = x.shape[1]
     for a, name in ((weight, "weight"), (bias, "bias")):
@@ -248,9 +277,11 @@ def layer_norm(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray
                 raise ShapeError(f"{name} has {a.shape[0]} elements, x rows have {k}")
     if not (float(eps) >= 0):
         raise InvalidArgumentError(f"eps must be >= 0, got {eps!r}")
+    if out is not None:
+        _out(out, x.shape, x)
     if x.size == 0:
-        return np.empty_like(x)
-    return _core.layer_norm(x, weight, bias, float(eps), _threads(n_threads))
+        return np.empty_like(x) if out is None else out
+    return _core.layer_norm(x, weight, bias, float(eps), _threads(n_threads), out)
 
 
 def repacked_types() -> tuple[str, ...]:

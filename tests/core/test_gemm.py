@@ -176,6 +176,15 @@ def test_attention_thread_count_changes_no_bit():
     one = ops.attention(q, k, v, H, n_threads=1)
     for nt in (2, 3):
         np.testing.assert_array_equal(ops.attention(q, k, v, H, n_threads=nt), one)
+    # into a given array, through a kept scratch buffer
+    out, scratch = np.full_like(q, np.nan), ops.attention_scratch(n, H, d, n_threads=2)
+    for _ in range(2):
+        assert ops.attention(q, k, v, H, n_threads=2, out=out, scratch=scratch) is out
+        np.testing.assert_array_equal(out, one)
+    with pytest.raises(ShapeError):
+        ops.attention(q, k, v, H, scratch=scratch[:100])
+    with pytest.raises(InvalidArgumentError):
+        ops.attention(q, k, v, H, out=q)
 
 
 def test_attention_refuses_bad_shapes():
@@ -197,6 +206,9 @@ def test_layer_norm_matches_float64(isa, k):  # noqa: F811
     np.testing.assert_allclose(ops.layer_norm(x, w, b, 1e-6), want * w + b, rtol=0, atol=2e-6 * (np.abs(w).max() + 1))
     np.testing.assert_allclose(ops.layer_norm(x, eps=1e-6), want, rtol=0, atol=2e-6)
     np.testing.assert_array_equal(ops.layer_norm(x, w, b, 1e-6, n_threads=2), ops.layer_norm(x, w, b, 1e-6))
+    out = np.empty_like(x)
+    assert ops.layer_norm(x, w, b, 1e-6, out=out) is out
+    np.testing.assert_array_equal(out, ops.layer_norm(x, w, b, 1e-6))
 
 
 @pytest.mark.parametrize("fn", (ops.gelu, ops.silu))
