@@ -55,6 +55,7 @@ def target_arch():
 ISA_FLAGS = {
     "x86_avx2.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
     "x86_avx2_gemm.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
+    "x86_avx2_sgemm.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
     "x86_avx2_iq.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
     "x86_avx2_recurrent.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
     "x86_avx512.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",

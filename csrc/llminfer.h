@@ -144,6 +144,36 @@ void li_repacked_free(li_repacked *m);
  * benchmark compares with); 0 where the level has none */
 double li_bench_int8_peak(void);
 
+/* ---- float products over weights packed once (sgemm.h): the vision encoder ---- */
+/* W [rows, k] stored in `type` packed into panels of 16 rows: F16 stays F16
+ * (widened as the kernel reads it) unless f32_panels; every other type is
+ * dequantized to float. */
+typedef struct li_gemm_weight li_gemm_weight;
+int li_gemm_weight_create(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, int f32_panels,
+                          int n_threads, li_gemm_weight **out);
+/* bytes the panels take */
+size_t li_gemm_weight_bytes(const li_gemm_weight *w);
+void li_gemm_weight_free(li_gemm_weight *w);
+/* y[m, rows] = x[m, k] W^T (+ bias[rows]) (+ res[m, rows]); bias, res may be
+ * NULL. Each element's bits are the same at any thread count and level. */
+int li_gemm(const li_gemm_weight *w, const float *x, int64_t m, const float *bias, const float *res, float *y,
+            int n_threads);
+/* Non-causal attention of one sequence of n rows: head h of row i is d
+ * floats at q + i*ld + h*d (k, v likewise); out row i head h at out +
+ * i*out_ld + h*d gets softmax(scale q K^T) V over all n keys. scratch:
+ * li_attention_full_scratch bytes the caller keeps between calls (fresh
+ * memory costs a page fault per page on each call), or NULL: allocated for
+ * the call. */
+int li_attention_full(const float *q, const float *k, const float *v, size_t ld, int64_t n, int n_head, int64_t d,
+                      float scale, float *out, size_t out_ld, void *scratch, size_t scratch_bytes, int n_threads);
+/* bytes of scratch li_attention_full takes for these sizes and threads; 0 for sizes not positive */
+size_t li_attention_full_scratch(int64_t n, int n_head, int64_t d, int n_threads);
+/* y[rows, k] = (x - mean) / sqrt(var + eps) (* w) (+ b), per row; w, b may be NULL */
+int li_layer_norm(const float *x, int64_t rows, int64_t k, const float *w, const float *b, float eps, float *y,
+                  int n_threads);
+/* y = act(x) (LI_FN_SILU, LI_FN_GELU) as li_activation, the elements shared by n_threads */
+int li_activation_mt(int fn, const float *x, int64_t n, float *y, int n_threads);
+
 /* y[rows, k] = x / sqrt(mean(x^2) + eps) * w  (w may be NULL: no scaling) */
 int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps, float *y,
                 int n_threads);

@@ -307,6 +307,67 @@ int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float e
     return LI_OK;
 }
 
+/* ggml's order: the mean and the sum of squared deviations in double, the
+ * deviations scaled in float, then the weight and the bias */
+static void layer_norm_row(const float *x, int64_t k, const float *w, const float *b, float eps, float *y) {
+    double s[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= k; i += 4)
+        for (int j = 0; j < 4; j++) s[j] += x[i + j];
+    for (; i < k; i++) s[0] += x[i];
+    const float mean = (float)((s[0] + s[1] + s[2] + s[3]) / (double)k);
+    double q[4] = {0, 0, 0, 0};
+    for (i = 0; i + 4 <= k; i += 4)
+        for (int j = 0; j < 4; j++) {
+            const float dv = x[i + j] - mean;
+            y[i + j] = dv;
+            q[j] += (double)(dv * dv);
+        }
+    for (; i < k; i++) {
+        const float dv = x[i] - mean;
+        y[i] = dv;
+        q[0] += (double)(dv * dv);
+    }
+    const float rstd = 1.0f / sqrtf((float)((q[0] + q[1] + q[2] + q[3]) / (double)k) + eps);
+    for (i = 0; i < k; i++) {
+        float v = y[i] * rstd;
+        if (w) v *= w[i];
+        if (b) v += b[i];
+        y[i] = v;
+    }
+}
+
+int li_layer_norm(const float *x, int64_t rows, int64_t k, const float *w, const float *b, float eps, float *y,
+                  int n_threads) {
+    li_init();
+    if (!x || !y || rows < 0 || k <= 0 || !(eps >= 0.0f)) return LI_E_ARG;
+    int64_t r; /* declared outside the loop: MSVC's OpenMP 2.0 wants it so in C */
+    (void)n_threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(team_size(n_threads)) schedule(static)
+#endif
+    for (r = 0; r < rows; r++) layer_norm_row(x + r * k, k, w, b, eps, y + r * k);
+    return LI_OK;
+}
+
+/* pieces of ACT_PIECE elements: the act kernels treat each element alone,
+ * so the cut changes no value */
+#define ACT_PIECE 16384
+
+int li_activation_mt(int fn, const float *x, int64_t n, float *y, int n_threads) {
+    li_init();
+    if ((fn != LI_FN_SILU && fn != LI_FN_GELU) || !x || !y || n < 0) return LI_E_ARG;
+    const int64_t pieces = (n + ACT_PIECE - 1) / ACT_PIECE;
+    int64_t i;
+    (void)n_threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(team_size(n_threads)) schedule(static)
+#endif
+    for (i = 0; i < pieces; i++)
+        li_K->act_apply(fn, x + i * ACT_PIECE, NULL, y + i * ACT_PIECE, LI_MIN(ACT_PIECE, n - i * ACT_PIECE));
+    return LI_OK;
+}
+
 int li_activation(int fn, const float *x, int64_t n, float *y) {
     li_init();
     if ((fn != LI_FN_SILU && fn != LI_FN_GELU) || !x || !y || n < 0) return LI_E_ARG;

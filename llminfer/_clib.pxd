@@ -43,6 +43,21 @@ cdef extern from "llminfer.h" nogil:
     double li_bench_int8_peak()
     int li_matmul_repacked(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k,
                            const float *x, int64_t n, float *y, int n_threads)
+    ctypedef struct li_gemm_weight:
+        pass
+    int li_gemm_weight_create(int type, const void *w, size_t w_bytes, int64_t rows, int64_t k, int f32_panels,
+                              int n_threads, li_gemm_weight **out)
+    size_t li_gemm_weight_bytes(const li_gemm_weight *w)
+    void li_gemm_weight_free(li_gemm_weight *w)
+    int li_gemm(const li_gemm_weight *w, const float *x, int64_t m, const float *bias, const float *res, float *y,
+                int n_threads)
+    int li_attention_full(const float *q, const float *k, const float *v, size_t ld, int64_t n, int n_head,
+                          int64_t d, float scale, float *out, size_t out_ld, void *scratch, size_t scratch_bytes,
+                          int n_threads)
+    size_t li_attention_full_scratch(int64_t n, int n_head, int64_t d, int n_threads)
+    int li_layer_norm(const float *x, int64_t rows, int64_t k, const float *w, const float *b, float eps,
+                      float *y, int n_threads)
+    int li_activation_mt(int fn, const float *x, int64_t n, float *y, int n_threads)
     int li_rms_norm(const float *x, const float *w, int64_t rows, int64_t k, float eps,
                     float *y, int n_threads)
     int li_activation(int fn, const float *x, int64_t n, float *y)

@@ -214,6 +214,91 @@ def matmul(int qtype, const uint8_t[::1] w, int64_t rows, int64_t k, const float
     return out
 
 
+cdef class GemmWeight:
+    """A weight matrix packed once into the float GEMM's panels
+    (csrc/sgemm.h), multiplied many times: F16 panels for F16 weights
+    (unless f32_panels), float panels for every other type."""
+
+    cdef C.li_gemm_weight *w
+    cdef readonly int64_t rows, k
+
+    def __cinit__(self, int qtype, const uint8_t[::1] w, int64_t rows, int64_t k, bint f32_panels=False,
+                  int n_threads=1):
+        cdef int st
+        with nogil:
+            st = C.li_gemm_weight_create(qtype, &w[0], w.shape[0], rows, k, f32_panels, n_threads, &self.w)
+        check(st, "packing a gemm weight")
+        self.rows = rows
+        self.k = k
+
+    @property
+    def nbytes(self):
+        """Bytes the panels take."""
+        return C.li_gemm_weight_bytes(self.w)
+
+    def gemm(self, const float[:, ::1] x, const float[::1] bias, const float[:, ::1] res, int n_threads, out=None):
+        cdef int64_t m = x.shape[0]
+        if out is None:
+            out = np.empty((m, self.rows), dtype=np.float32)
+        if m == 0:
+            return out
+        cdef float[:, ::1] y = out
+        cdef const float *bp = &bias[0] if bias is not None else NULL
+        cdef const float *rp = &res[0, 0] if res is not None else NULL
+        cdef int st
+        with nogil:
+            st = C.li_gemm(self.w, &x[0, 0], m, bp, rp, &y[0, 0], n_threads)
+        check(st, "gemm")
+        return out
+
+    def __dealloc__(self):
+        C.li_gemm_weight_free(self.w)
+
+
+def attention_full(const float[:, ::1] q, const float[:, ::1] k, const float[:, ::1] v, int n_head, float scale,
+                   int n_threads, out=None, uint8_t[::1] scratch=None):
+    cdef int64_t n = q.shape[0], width = q.shape[1]
+    if out is None:
+        out = np.empty((n, width), dtype=np.float32)
+    cdef float[:, ::1] y = out
+    cdef void *sp = &scratch[0] if scratch is not None else NULL
+    cdef size_t sb = scratch.shape[0] if scratch is not None else 0
+    cdef int st
+    with nogil:
+        st = C.li_attention_full(&q[0, 0], &k[0, 0], &v[0, 0], width, n, n_head, width // n_head, scale,
+                                 &y[0, 0], width, sp, sb, n_threads)
+    check(st, "attention")
+    return out
+
+
+def attention_full_scratch(int64_t n, int n_head, int64_t d, int n_threads):
+    return C.li_attention_full_scratch(n, n_head, d, n_threads)
+
+
+def layer_norm(const float[:, ::1] x, const float[::1] w, const float[::1] b, float eps, int n_threads, out=None):
+    if out is None:
+        out = np.empty((x.shape[0], x.shape[1]), dtype=np.float32)
+    cdef float[:, ::1] y = out
+    cdef const float *wp = &w[0] if w is not None else NULL
+    cdef const float *bp = &b[0] if b is not None else NULL
+    cdef int st
+    with nogil:
+        st = C.li_layer_norm(&x[0, 0], x.shape[0], x.shape[1], wp, bp, eps, &y[0, 0], n_threads)
+    check(st, "layer_norm")
+    return out
+
+
+def activation_mt(int act, const float[::1] x, int n_threads, out=None):
+    if out is None:
+        out = np.empty(x.shape[0], dtype=np.float32)
+    cdef float[::1] y = out
+    cdef int st
+    with nogil:
+        st = C.li_activation_mt(act, &x[0], x.shape[0], &y[0], n_threads)
+    check(st, "activation")
+    return out
+
+
 def rms_norm(const float[:, ::1] x, const float[::1] w, float eps, int n_threads):
     out = np.empty((x.shape[0], x.shape[1]), dtype=np.float32)
     cdef float[:, ::1] y = out

@@ -21,6 +21,7 @@
 #include "../gemm.h"
 #include "../llminfer.h"
 #include "../repack.h"
+#include "../sgemm.h"
 
 /* activation formats (indices into li_kernels.quant_act) */
 enum li_act_type { LI_ACT_F32 = 0, LI_ACT_Q8_0 = 1, LI_ACT_Q8_1 = 2, LI_ACT_Q8_K = 3, LI_ACT_COUNT = 4 };
@@ -133,6 +134,12 @@ typedef struct li_kernels {
      * the type's x16 kernel reads its packed values directly */
     li_x16_unpack_fn x16_unpack[LI_TYPE_COUNT];
     li_x16u_fn x16u[LI_TYPE_COUNT];
+    /* the float GEMM's register tile (sgemm.h), by panel element type */
+    li_sgemm_tile_fn sgemm_tile[LI_SGEMM_ELEMS];
+    /* p [n][LI_SGEMM_NR], n >= 1, column by column: p[i][j] = exp(p[i][j] -
+     * max over i of p[i][j]), sum[j] their sum (full attention's scores,
+     * keys down, queries across) */
+    void (*softmax_panel)(float *p, int64_t n, float *sum);
 
     /* the recurrent mixers of hybrid models (their types above say what each
      * computes): one sequence's rows, in position order, through its state,
@@ -175,6 +182,7 @@ void li_recurrent_fill_scalar(li_kernels *t);   /* scalar_recurrent.c */
 #if defined(LI_ARCH_X86)
 void li_kernels_fill_avx2(li_kernels *t);
 void li_gemm_fill_avx2(li_kernels *t); /* x86_avx2_gemm.c */
+void li_sgemm_fill_avx2(li_kernels *t); /* x86_avx2_sgemm.c */
 void li_kernels_fill_avx2_iq(li_kernels *t); /* x86_avx2_iq.c */
 void li_recurrent_fill_avx2(li_kernels *t);  /* x86_avx2_recurrent.c */
 void li_kernels_fill_avx512(li_kernels *t);

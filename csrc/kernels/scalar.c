@@ -598,6 +598,43 @@ static void softcap_f32(float *x, int64_t n, float scale, float cap) {
     }
 }
 
+/* the float GEMM's register tile (sgemm.h): per element, fmaf over the
+ * values in order, so the SIMD tiles can match it to the bit */
+static void sgemm_tile_f32(int64_t kc, const float *a, const void *bv, float *c, size_t ldc, int load) {
+    const float *b = (const float *)bv;
+    for (int r = 0; r < LI_SGEMM_MR; r++)
+        for (int j = 0; j < LI_SGEMM_NR; j++) {
+            float acc = load ? c[(size_t)r * ldc + j] : 0.0f;
+            for (int64_t kk = 0; kk < kc; kk++) acc = fmaf(a[kk * LI_SGEMM_MR + r], b[kk * LI_SGEMM_NR + j], acc);
+            c[(size_t)r * ldc + j] = acc;
+        }
+}
+
+static void sgemm_tile_f16(int64_t kc, const float *a, const void *bv, float *c, size_t ldc, int load) {
+    const uint16_t *b = (const uint16_t *)bv;
+    for (int r = 0; r < LI_SGEMM_MR; r++)
+        for (int j = 0; j < LI_SGEMM_NR; j++) {
+            float acc = load ? c[(size_t)r * ldc + j] : 0.0f;
+            for (int64_t kk = 0; kk < kc; kk++)
+                acc = fmaf(a[kk * LI_SGEMM_MR + r], li_f16_to_f32(b[kk * LI_SGEMM_NR + j]), acc);
+            c[(size_t)r * ldc + j] = acc;
+        }
+}
+
+static void softmax_panel(float *p, int64_t n, float *sum) {
+    for (int j = 0; j < LI_SGEMM_NR; j++) {
+        float mx = p[j];
+        for (int64_t i = 1; i < n; i++) mx = p[i * LI_SGEMM_NR + j] > mx ? p[i * LI_SGEMM_NR + j] : mx;
+        double s = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            float *e = p + i * LI_SGEMM_NR + j;
+            *e = expf(*e - mx);
+            s += *e;
+        }
+        sum[j] = (float)s;
+    }
+}
+
 void li_kernels_fill_scalar(li_kernels *t) {
     memset(t, 0, sizeof(*t));
     t->isa = LI_ISA_SCALAR;
@@ -630,5 +667,8 @@ void li_kernels_fill_scalar(li_kernels *t) {
     t->exp_sum = exp_sum;
     t->range_f32 = range_f32;
     t->softcap_f32 = softcap_f32;
+    t->sgemm_tile[LI_SGEMM_F32] = sgemm_tile_f32;
+    t->sgemm_tile[LI_SGEMM_F16] = sgemm_tile_f16;
+    t->softmax_panel = softmax_panel;
     li_recurrent_fill_scalar(t); /* scalar_recurrent.c: the recurrent mixers */
 }

@@ -1363,6 +1363,27 @@ static float exp_sum(float *x, int64_t n, float mx) {
     return (float)sum;
 }
 
+/* two vectors of 8 columns: the maxima, then the exponentials and their
+ * sums lane by lane (the panel's columns are the lanes: no horizontal step) */
+static void softmax_panel(float *p, int64_t n, float *sum) {
+    __m256 m0 = _mm256_loadu_ps(p), m1 = _mm256_loadu_ps(p + 8);
+    for (int64_t i = 1; i < n; i++) {
+        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(p + 16 * i));
+        m1 = _mm256_max_ps(m1, _mm256_loadu_ps(p + 16 * i + 8));
+    }
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i++) {
+        const __m256 e0 = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(p + 16 * i), m0));
+        const __m256 e1 = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(p + 16 * i + 8), m1));
+        _mm256_storeu_ps(p + 16 * i, e0);
+        _mm256_storeu_ps(p + 16 * i + 8, e1);
+        s0 = _mm256_add_ps(s0, e0);
+        s1 = _mm256_add_ps(s1, e1);
+    }
+    _mm256_storeu_ps(sum, s0);
+    _mm256_storeu_ps(sum + 8, s1);
+}
+
 /* min and max in 4 accumulators each, NaN found by an unordered compare */
 static void range_f32(const float *x, int64_t n, float *lo, float *hi) {
     __m256 mn[4], mx[4], un = _mm256_setzero_ps();
@@ -1463,7 +1484,9 @@ void li_kernels_fill_avx2(li_kernels *t) {
     t->exp_sum = exp_sum;
     t->range_f32 = range_f32;
     t->softcap_f32 = softcap_f32;
+    t->softmax_panel = softmax_panel;
     li_gemm_fill_avx2(t);
+    li_sgemm_fill_avx2(t); /* x86_avx2_sgemm.c: the float GEMM's register tile */
     li_kernels_fill_avx2_iq(t); /* x86_avx2_iq.c: the i-quants, ternary types and MXFP4 */
     t->rms_norm = rms_norm;
     t->softmax = softmax;

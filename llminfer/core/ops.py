@@ -24,6 +24,8 @@ from llminfer.core.system import check_threads, cpu_count, current_isa
 __all__ = [
     "qtype_of", "block_sizes", "quantize", "dequantize", "matmul", "rms_norm", "rope",
     "silu", "gelu", "silu_mul", "gelu_mul", "swiglu_oai", "softmax", "add", "mul",
+    "GemmWeight", "gemm", "attention", "attention_scratch", "attention_scratch_bytes",
+    "layer_norm",
 ]
 
 SUPPORTED_TYPES = tuple(t for t in GGMLQuantizationType if _core.type_sizes(int(t)) is not None)
@@ -163,6 +165,125 @@ def matmul(w_data: np.ndarray, qtype, w_shape, x: np.ndarray, n_threads=None, re
     return y.reshape(rows) if x.ndim == 1 else y
 
 
+class GemmWeight:
+    """A weight W (rows, k) in `qtype` packed once into the float GEMM's
+    panels (csrc/sgemm.h), for gemm(): F16 weights stay F16 (widened as the
+    kernel reads them) unless f32_panels; every other type is dequantized to
+    float32 panels (4 bytes a value). nbytes: what the panels take."""
+
+    def __init__(self, w_data: np.ndarray, qtype, w_shape, f32_panels: bool = False, n_threads=None):
+        t = qtype_of(qtype)
+        rows, k, row_bytes = _weight_shape(w_shape, t)
+        raw = _weight_bytes(w_data, "w_data")
+        if raw.size != rows * row_bytes:
+            raise ShapeError(f"{t.name} weight of shape ({rows}, {k}) takes {rows * row_bytes} bytes, "
+                             f"got {raw.size}")
+        self.qtype, self.shape = t, (rows, k)
+        self._w = _core.GemmWeight(int(t), raw, rows, k, bool(f32_panels), _threads(n_threads))
+
+    @property
+    def nbytes(self) -> int:
+        return self._w.nbytes
+
+
+def gemm(w: GemmWeight, x: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None,
+         n_threads=None, out: np.ndarray | None = None) -> np.ndarray:
+    """x @ W.T (+ bias) (+ residual) in float32 for x (m, k) and a GemmWeight
+    W: float products, no quantized activations. Each element's bits are the
+    same at any thread count and kernel level. out: where the result goes
+    (float32 (m, rows)); it may be the residual itself (each element is read
+    before it is written), never x."""
+    if not isinstance(w, GemmWeight):
+        raise InvalidArgumentError(f"w must be an ops.GemmWeight, got {type(w).__name__}")
+    rows, k = w.shape
+    _require(x, "x", np.float32, ndim=2)
+    if x.shape[1] != k:
+        raise ShapeError(f"x has {x.shape[1]} columns, the weight has k={k}")
+    if bias is not None:
+        _require(bias, "bias", np.float32, ndim=1)
+        if bias.shape[0] != rows:
+            raise ShapeError(f"bias has {bias.shape[0]} elements, the weight has {rows} rows")
+    if residual is not None:
+        _require(residual, "residual", np.float32, ndim=2)
+        if residual.shape != (x.shape[0], rows):
+            raise ShapeError(f"residual has shape {residual.shape}, the product {(x.shape[0], rows)}")
+    if out is not None:
+        _require(out, "out", np.float32, ndim=2)
+        if out.shape != (x.shape[0], rows):
+            raise ShapeError(f"out has shape {out.shape}, the product {(x.shape[0], rows)}")
+        if np.shares_memory(out, x):
+            raise InvalidArgumentError("out must not overlap x")
+        if residual is not None and np.shares_memory(out, residual) and not (
+                out.ctypes.data == residual.ctypes.data):
+            raise InvalidArgumentError("out may be the residual itself, not a part of it")
+    return w._w.gemm(x, bias, residual, _threads(n_threads), out)
+
+
+def _out(out, shape, *inputs):
+    """out checked: float32 of `shape`, overlapping none of the inputs."""
+    _require(out, "out", np.float32, ndim=len(shape))
+    if out.shape != tuple(shape):
+        raise ShapeError(f"out has shape {out.shape}, the result {tuple(shape)}")
+    if any(a is not None and np.shares_memory(out, a) for a in inputs):
+        raise InvalidArgumentError("out must not overlap the inputs")
+    return out
+
+
+def attention_scratch_bytes(n: int, n_head: int, d: int, n_threads=None) -> int:
+    """Bytes of the scratch buffer attention() takes for these sizes at up to n_threads."""
+    return int(_core.attention_full_scratch(int(n), int(n_head), int(d), _threads(n_threads)))
+
+
+def attention_scratch(n: int, n_head: int, d: int, n_threads=None) -> np.ndarray:
+    """A scratch buffer for attention() of these sizes at up to n_threads
+    (uint8): kept by a caller that attends again and again, it saves the
+    page faults of fresh memory on every call."""
+    return np.empty(attention_scratch_bytes(n, n_head, d, n_threads), np.uint8)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head: int, scale: float | None = None,
+              n_threads=None, out: np.ndarray | None = None, scratch: np.ndarray | None = None) -> np.ndarray:
+    """Non-causal multi-head attention of one sequence: q, k, v (n, n_head *
+    d) float32; each head's rows get softmax(scale q K^T) V over all n keys
+    (scale 1/sqrt(d) by default). (n, n_head * d), into out when given;
+    scratch: from attention_scratch (else allocated for the call)."""
+    _require(q, "q", np.float32, ndim=2)
+    _require(k, "k", np.float32, ndim=2)
+    _require(v, "v", np.float32, ndim=2)
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ShapeError(f"q, k, v must have one shape, got {q.shape}, {k.shape}, {v.shape}")
+    n_head = int(n_head)
+    if n_head <= 0 or q.shape[1] % n_head or q.shape[0] == 0:
+        raise ShapeError(f"{n_head} heads do not divide rows of {q.shape[1]}, or there are no rows")
+    d = q.shape[1] // n_head
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    if out is not None:
+        _out(out, q.shape, q, k, v)
+    if scratch is not None:
+        _require(scratch, "scratch", np.uint8, ndim=1)
+    return _core.attention_full(q, k, v, n_head, scale, _threads(n_threads), out, scratch)
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None, eps: float = 1e-6,
+               n_threads=None, out: np.ndarray | None = None) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis of x
+    (rows, k), into out when given (not overlapping x)."""
+    _require(x, "x", np.float32, ndim=2)
+    k = x.shape[1]
+    for a, name in ((weight, "weight"), (bias, "bias")):
+        if a is not None:
+            _require(a, name, np.float32, ndim=1)
+            if a.shape[0] != k:
+                raise ShapeError(f"{name} has {a.shape[0]} elements, x rows have {k}")
+    if not (float(eps) >= 0):
+        raise InvalidArgumentError(f"eps must be >= 0, got {eps!r}")
+    if out is not None:
+        _out(out, x.shape, x)
+    if x.size == 0:
+        return np.empty_like(x) if out is None else out
+    return _core.layer_norm(x, weight, bias, float(eps), _threads(n_threads), out)
+
+
 def repacked_types() -> tuple[str, ...]:
     """Names of the weight types the active kernel level multiplies in a
     repacked layout (csrc/repack.h): a model's matrices of these types are
@@ -186,26 +307,37 @@ def rms_norm(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6,
     return _core.rms_norm(x.reshape(-1, k), weight, float(eps), _threads(n_threads)).reshape(x.shape)
 
 
-def _unary(name, x, u=None):
+def _unary(name, x, u=None, n_threads=1, out=None):
     _require(x, "x", np.float32)
+    if out is not None:
+        _require(out, "out", np.float32)
+        if out.shape != x.shape or u is not None or (np.shares_memory(out, x) and out.ctypes.data != x.ctypes.data):
+            raise InvalidArgumentError("out must have x's shape, and be x itself or not overlap it")
+        if x.size:
+            _core.activation_mt(_ACT[name], x.reshape(-1), _threads(n_threads), out.reshape(-1))
+        return out
     if u is not None:
         _require(u, "up", np.float32)
         if u.shape != x.shape:
             raise ShapeError(f"up has shape {u.shape}, gate has {x.shape}")
     if x.size == 0:
         return np.empty_like(x)
+    if u is None and n_threads != 1:
+        return _core.activation_mt(_ACT[name], x.reshape(-1), _threads(n_threads)).reshape(x.shape)
     y = _core.activation(_ACT[name], x.reshape(-1), None if u is None else u.reshape(-1))
     return y.reshape(x.shape)
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    """x * sigmoid(x), through a table indexed by x rounded to float16."""
-    return _unary("silu", x)
+def silu(x: np.ndarray, n_threads=1, out=None) -> np.ndarray:
+    """x * sigmoid(x), through a table indexed by x rounded to float16
+    (the same values at any n_threads); out may be x (in place)."""
+    return _unary("silu", x, n_threads=n_threads, out=out)
 
 
-def gelu(x: np.ndarray) -> np.ndarray:
-    """GELU in its tanh form, through a table indexed by x rounded to float16."""
-    return _unary("gelu", x)
+def gelu(x: np.ndarray, n_threads=1, out=None) -> np.ndarray:
+    """GELU in its tanh form, through a table indexed by x rounded to float16
+    (the same values at any n_threads); out may be x (in place)."""
+    return _unary("gelu", x, n_threads=n_threads, out=out)
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

@@ -52,8 +52,9 @@ class Gemma3Vision:
             raise UnsupportedModelError(f"{self.path}: mm.input_projection.weight has shape {tuple(proj.shape)}, "
                                         f"expected ({E}, n_embd of the text model)")
         self.n_embd_out = int(proj.shape[1])
-        # stored [E, n_out] (x @ W): kept transposed, float32, for ops.matmul
-        self.proj_t = np.ascontiguousarray(wt.f32("mm.input_projection.weight").T)
+        # stored [E, n_out] (x @ W): packed transposed, as float32 panels
+        proj_t = np.ascontiguousarray(wt.f32("mm.input_projection.weight").T)
+        self.proj = ops.GemmWeight(proj_t, "F32", proj_t.shape)
         self._ident = hashlib.sha256(f"{self.path}:{gguf.file_size}".encode()).hexdigest()[:16]
 
     # ---- preprocessing ----
@@ -83,7 +84,7 @@ class Gemma3Vision:
         m, n, E = p.n_merge, self.pooled, p.n_embd
         x = x.reshape(n, m, n, m, E).mean(axis=(1, 3)).reshape(n * n, E)
         x = ops.rms_norm(np.ascontiguousarray(x, np.float32), self.soft_norm, eps=p.eps)
-        return ops.matmul(self.proj_t, "F32", self.proj_t.shape, x, n_threads=nt)
+        return ops.gemm(self.proj, x, n_threads=nt)
 
     def image_parts(self, rows: np.ndarray) -> list:
         """The image's place in the prompt: text and its rows, in order."""

@@ -12,12 +12,17 @@ optional post norm, as llama.cpp's clip.cpp build_vit builds it.
     post_ln           layer norm, when the file has one
     -> [P, E]
 
-The matrices go through llminfer.core.ops.matmul in their stored type (F16,
-BF16, Q8_0 or F32), the rest is numpy. Each projector's module
+The matrices are packed once at load (vision.tower.Matrix) and multiplied
+in float32 by ops.gemm, their biases and the residual adds fused in; layer
+norms, attention (ops.attention: all P patches, no mask) and GELU / SiLU
+are threaded kernels of llminfer.core.ops. Each projector's module
 (llminfer/vision/<type>.py) takes the [P, E] rows from here.
 """
 
 from __future__ import annotations
+
+import mmap
+import threading
 
 import numpy as np
 
@@ -26,19 +31,26 @@ from llminfer.errors import InvalidArgumentError
 from llminfer.vision.tower import VisionParams, Weights
 
 
-def layer_norm(x, w, b, eps):
-    mu = x.mean(axis=-1, keepdims=True)
-    d = x - mu
-    var = (d * d).mean(axis=-1, keepdims=True)
-    return (d / np.sqrt(var + np.float32(eps))) * w + b
+def plain_pages(shape, dtype=np.float32) -> np.ndarray:
+    """Zeros of `shape` in anonymous memory that asks for no huge
+    pages. numpy advises huge pages for large arrays, and where Linux's
+    transparent huge pages compact memory on such advice (defrag "madvise")
+    a fault can wait milliseconds for each 2 MiB: on a busy host, longer
+    than the products that fill the array take."""
+    n, size = int(np.prod(shape)), np.dtype(dtype).itemsize
+    return np.frombuffer(mmap.mmap(-1, max(size * n, 1)), dtype, count=n).reshape(shape)
 
 
-def _activation(op, f):
+def layer_norm(x, w, b, eps, nt=1, out=None):
+    return ops.layer_norm(np.ascontiguousarray(x, np.float32), w, b, eps, n_threads=nt, out=out)
+
+
+def _activation(op, f, nt):
     if op == "gelu":
-        return ops.gelu(f)
+        return ops.gelu(f, n_threads=nt, out=f)
     if op == "silu":
-        return ops.silu(f)
-    return (f / (1 + np.exp(np.float32(-1.702) * f))).astype(np.float32)  # gelu_quick
+        return ops.silu(f, n_threads=nt, out=f)
+    return np.divide(f, 1 + np.exp(np.float32(-1.702) * f), out=f)  # gelu_quick, in place
 
 
 class _Layer:
@@ -70,12 +82,28 @@ class SiglipViT:
         self.n_patches = self.grid * self.grid
         # the conv kernel as a matrix [E, 3*p*p], input (c, ky, kx); float32
         # (3*14*14 = 588 is no whole number of Q8_0 blocks)
-        self.patch_w = np.ascontiguousarray(wt.f32("v.patch_embd.weight", (E, 3, ps, ps)).reshape(E, 3 * ps * ps))
+        patch_w = np.ascontiguousarray(wt.f32("v.patch_embd.weight", (E, 3, ps, ps)).reshape(E, 3 * ps * ps))
+        self.patch_w = ops.GemmWeight(patch_w, "F32", patch_w.shape)
         self.patch_b = wt.f32("v.patch_embd.bias", (E,)) if wt.has("v.patch_embd.bias") else None
-        self.pos = wt.f32("v.position_embd.weight", (self.n_patches, E))
+        self.pos = np.ascontiguousarray(wt.f32("v.position_embd.weight", (self.n_patches, E)), np.float32)
         self.layers = [_Layer(wt, i, p) for i in range(p.n_layer)]
         self.post_ln = (wt.f32("v.post_ln.weight", (E,)), wt.f32("v.post_ln.bias", (E,))) \
             if wt.has("v.post_ln.weight") else None
+        self._ws, self._ws_threads = None, 0
+        self._lock = threading.Lock()  # one forward at a time: they share the work buffers
+
+    def _buffers(self, nt: int) -> dict:
+        """The layers' work buffers, made at the first forward and kept: a
+        layer's fresh arrays (some 200 MB at 4096 patches) would be faulted
+        in page by page again in every layer and every image."""
+        if self._ws is None or self._ws_threads < nt:
+            p, P = self.params, self.n_patches
+            E = p.n_embd
+            ws = {n: plain_pages((P, E)) for n in ("h", "q", "k", "v", "a")}
+            ws["f"] = plain_pages((P, p.n_ff))
+            ws["scratch"] = plain_pages((ops.attention_scratch_bytes(P, p.n_head, E // p.n_head, nt),), np.uint8)
+            self._ws, self._ws_threads = ws, nt
+        return self._ws
 
     def patches(self, pixels: np.ndarray) -> np.ndarray:
         """[P, 3*p*p]: each patch's pixels in (channel, y, x) order."""
@@ -86,34 +114,29 @@ class SiglipViT:
         return np.ascontiguousarray(x.reshape(g * g, 3 * ps * ps), dtype=np.float32)
 
     @staticmethod
-    def _mm(m, x, nt):
+    def _mm(m, x, nt, out, residual=False):
+        """x @ W.T + b into out, or, with residual, out + x @ W.T + b into out's own rows"""
         mat, bias = m
-        return mat(x, nt, bias)
+        return mat(x, nt, bias, out if residual else None, out=out)
 
     def forward(self, pixels: np.ndarray, nt: int) -> np.ndarray:
         """float32 [P, E]: the ViT's output rows of one image, patches row-major."""
         p = self.params
         E, H = p.n_embd, p.n_head
-        D = E // H
-        x = ops.matmul(self.patch_w, "F32", self.patch_w.shape, self.patches(pixels), n_threads=nt)
-        if self.patch_b is not None:
-            x = x + self.patch_b
-        x = (x + self.pos).astype(np.float32)
-        P = x.shape[0]
-        scale = np.float32(1.0 / np.sqrt(D))
-        for L in self.layers:
-            h = layer_norm(x, *L.ln1, p.eps)
-            q, k, v = (self._mm(w, h, nt) for w in (L.q, L.k, L.v))
-            a = np.empty((P, E), np.float32)
-            for j in range(H):  # a head at a time: 4096 patches' scores are 64 MiB a head, 1 GiB for 16
-                hs = slice(j * D, (j + 1) * D)
-                att = ops.softmax(np.ascontiguousarray(q[:, hs] @ k[:, hs].T * scale, np.float32))
-                a[:, hs] = att @ v[:, hs]
-            x = x + self._mm(L.o, a, nt)
-            h = layer_norm(x, *L.ln2, p.eps)
-            f = self._mm(L.up, h, nt)
-            f = _activation(p.ffn_op, np.ascontiguousarray(f, np.float32))
-            x = (x + self._mm(L.down, f, nt)).astype(np.float32)
+        x = ops.gemm(self.patch_w, self.patches(pixels), self.patch_b, self.pos, n_threads=nt,
+                     out=plain_pages((self.n_patches, E)))  # the rows returned
+        with self._lock:
+            ws = self._buffers(nt)
+            h, q, k, v, a, f = (ws[n] for n in ("h", "q", "k", "v", "a", "f"))
+            for L in self.layers:
+                layer_norm(x, *L.ln1, p.eps, nt, out=h)
+                for w, y in ((L.q, q), (L.k, k), (L.v, v)):
+                    self._mm(w, h, nt, y)
+                ops.attention(q, k, v, H, n_threads=nt, out=a, scratch=ws["scratch"])
+                self._mm(L.o, a, nt, x, residual=True)
+                layer_norm(x, *L.ln2, p.eps, nt, out=h)
+                f = _activation(p.ffn_op, self._mm(L.up, h, nt, f), nt)
+                self._mm(L.down, f, nt, x, residual=True)
         if self.post_ln is not None:
-            x = layer_norm(x, *self.post_ln, p.eps)
+            x = layer_norm(x, *self.post_ln, p.eps, nt)
         return np.ascontiguousarray(x, np.float32)

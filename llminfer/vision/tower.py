@@ -8,7 +8,8 @@ clip.vision.* the ViT's sizes, image size, patch size, mean and std); its
 tensors under `v.*` (the ViT) and `mm.*` (the projector). One module per
 projector type builds the encoder (llminfer/vision/<type>.py), as llama.cpp
 keeps one graph per type in tools/mtmd/models/. Weights stay in the file's
-memory map; matrices are multiplied in their stored type by llminfer.core.ops.
+memory map; matrices are packed once into ops.GemmWeight panels (F16 kept
+as F16, the other types as float32) and multiplied in float32 by ops.gemm.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class VisionParams:
 
 
 class Weights:
-    """Tensors of an open mmproj file: matrices for ops.matmul in their
-    stored type, vectors and small tensors as float32."""
+    """Tensors of an open mmproj file: matrices packed for ops.gemm, vectors
+    and small tensors as float32."""
 
     def __init__(self, gguf: GGUFFile):
         self.gguf = gguf
@@ -89,17 +90,21 @@ class Weights:
         return Matrix(self.gguf.tensor_bytes(name), t, tuple(info.shape))
 
 
-@dataclass
 class Matrix:
-    """A weight (rows, k) in its stored type; y = x @ W.T (+ bias)."""
+    """A weight (rows, k) packed once, when the file is opened, into the
+    float GEMM's panels (ops.GemmWeight: F16 stays F16, the other types
+    become float32); y = x @ W.T (+ bias) (+ residual) in float32."""
 
-    data: np.ndarray
-    qtype: GGMLQuantizationType
-    shape: tuple
+    def __init__(self, data: np.ndarray, qtype: GGMLQuantizationType, shape: tuple):
+        self.qtype, self.shape = qtype, tuple(shape)
+        self.packed = ops.GemmWeight(data, qtype, self.shape)
 
-    def __call__(self, x, n_threads, bias=None):
-        y = ops.matmul(self.data, self.qtype, self.shape, np.ascontiguousarray(x, np.float32), n_threads=n_threads)
-        return y if bias is None else y + bias
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes
+
+    def __call__(self, x, n_threads, bias=None, residual=None, out=None):
+        return ops.gemm(self.packed, np.ascontiguousarray(x, np.float32), bias, residual, n_threads=n_threads, out=out)
 
 
 def _meta(md, key, kind, path, default=None):

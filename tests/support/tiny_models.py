@@ -908,6 +908,10 @@ def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=No
 
     def matrix(name, rows, k, scale, qtype=None):
         t = gguf.GGMLQuantizationType[qtype or cfg.qtype]
+        if k % gguf.GGML_QUANT_SIZES[t][0]:
+            # rows that are no whole number of blocks (SigLIP-400M's 4304-wide
+            # ffn_down in Q8_0): F16, as convert_hf_to_gguf falls back
+            t = gguf.GGMLQuantizationType.F16
         data = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
         add(name, quantized_matrix(rng, data, t), t)
 
