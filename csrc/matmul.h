@@ -27,6 +27,15 @@ void li_quantize_acts(int type, const float *x, int64_t x_stride, int64_t n, int
 void li_matmul_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
                  int ith, int nth);
 
+/* li_matmul_q with its rows shared among the team as it works (share.h):
+ * units of 16 rows, each thread from its own share on, then from the back
+ * of another's; a row's result is the same whoever computes it. Every
+ * thread of the team calls it, with the products of a region in the same
+ * order; share NULL (or one thread) is li_matmul_q's fixed split. */
+struct li_share;
+void li_matmul_q_shared(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
+                        struct li_share *share, int ith, int nth);
+
 /* Prefill over packed panels (gemm.c), for batches of at least LI_GEMM_MIN_N
  * rows of a type with a panel form at a level with a panel kernel. Each
  * thread needs li_gemm_scratch_bytes of its own scratch. */

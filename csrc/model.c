@@ -81,7 +81,7 @@ static void matmul(li_context *c, const li_matrix *w, const void *xq, int64_t n,
     if (li_gemm_applies(w->type, n, w->rows, w->k))
         li_gemm_q(&wt, xq, n, y, y_stride, c->gemm_scratch + (size_t)ith * c->gemm_bytes, ith, nth);
     else
-        li_matmul_q(&wt, xq, n, y, y_stride, ith, nth);
+        li_matmul_q_shared(&wt, xq, n, y, y_stride, c->share, ith, nth);
 }
 
 /* one product of a list for matmuls */

@@ -15,6 +15,7 @@
 #include "matmul.h"
 #include "quantize.h"
 #include "repack.h"
+#include "share.h"
 
 /* ---- parallel pieces ---- */
 
@@ -32,14 +33,13 @@ void li_quantize_acts(int type, const float *x, int64_t x_stride, int64_t n, int
  * its weight bytes stay in L1 while every column group passes over them */
 #define ROW_BLOCK 16
 
-void li_matmul_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
-                 int ith, int nth) {
+/* rows [lo, hi) of y = xq . W^T */
+static void matmul_rows(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride, int64_t lo,
+                        int64_t hi) {
     const li_dot_fn dot = li_K->dot[w->type];
     const li_dot_rows_fn dot_rows = li_K->dot_rows[w->type];
     const size_t xs = li_act_row_bytes(li_types[w->type].act_type, w->k);
     const char *wd = (const char *)w->data;
-    int64_t lo, hi;
-    li_split(w->rows, ith, nth, &lo, &hi);
     float s[LI_DOT_MAX_NC];
     for (int64_t r0 = lo; r0 < hi; r0 += ROW_BLOCK) {
         const int64_t r1 = LI_MIN(hi, r0 + ROW_BLOCK);
@@ -59,6 +59,27 @@ void li_matmul_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_
             }
         }
     }
+}
+
+void li_matmul_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
+                 int ith, int nth) {
+    int64_t lo, hi;
+    li_split(w->rows, ith, nth, &lo, &hi);
+    matmul_rows(w, xq, n, y, y_stride, lo, hi);
+}
+
+void li_matmul_q_shared(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,
+                        li_share *share, int ith, int nth) {
+    const int64_t units = (w->rows + ROW_BLOCK - 1) / ROW_BLOCK;
+    if (!share || nth < 2 || units > LI_SHARE_MAX_UNITS) { /* the same test for every thread */
+        li_matmul_q(w, xq, n, y, y_stride, ith, nth);
+        return;
+    }
+    li_share_turn t;
+    int64_t u0, u1;
+    li_share_open(share, units, ith, nth, &t);
+    while (li_share_next(share, &t, &u0, &u1))
+        matmul_rows(w, xq, n, y, y_stride, u0 * ROW_BLOCK, LI_MIN(w->rows, u1 * ROW_BLOCK));
 }
 
 void li_rope_params_init(li_rope_params *r, int64_t n_rot, float freq_base, float freq_scale,

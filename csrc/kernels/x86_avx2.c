@@ -587,9 +587,10 @@ static void dot_bf16(int64_t k, const void *w, const void *x, size_t xs, int nc,
  *   a block of each in turn; the four rows' pair sums fold with vphaddw
  *   into one vector of block sums (lane r: row r), and the scales apply to
  *   the four rows at once.
- * - Q8_0 in decode (row_q8_0): one row at a time, a single stream from
- *   memory; four blocks' sums in one vector, applied lane by lane (with
- *   more than one activation row, rows32 as above).
+ * - Q8_0 in decode (rows_q8_0_decode): one row at a time, a single stream
+ *   from memory, in an integer pass as the K-quants' below, then the four
+ *   rows' chains side by side (with more than one activation row, rows32
+ *   as above).
  * - K-quants (rows_k), in two passes over chunks of PASS_BLOCKS
  *   super-blocks: an integer pass reads one weight row at a time, front to
  *   back, and keeps each super-block's exact sums (as floats: scalar.c's
@@ -996,45 +997,98 @@ ROWS_Q_ENTRIES(q5_K, Q5_K, rows_k)
 ROWS_Q_ENTRIES(q6_K, Q6_K, rows_k)
 #undef ROWS_Q_ENTRIES
 
-/* Q8_0 in decode (one activation row): one weight row at a time, a single
- * stream from memory (reading four rows side by side, or even two, ran
- * Q8_0, the widest 32-value block, at half speed or less from DRAM). Four blocks' exact sums come out
- * of one vphaddd tree, one block per lane; the fused multiply-adds then take
- * the lanes in block order, scalar.c's chain exactly (its latency, one fma a
- * block, is about what memory allows at one thread anyway). */
-LI_INLINE float row_q8_0(int64_t k, const block_q8_0 *b, const act_q8_0 *a) {
-    const int64_t nb = k / 32;
-    __m128 acc = _mm_setzero_ps();
-    int64_t i = 0;
-    for (; i + 4 <= nb; i += 4) {
+/* Q8_0 in decode (one activation row): one weight row at a time, front to
+ * back, a single stream from memory (reading four rows side by side, or even
+ * two, ran Q8_0, the widest 32-value block, at half speed or less from DRAM).
+ * A row's fused multiply-adds are a serial chain, one a block, whose latency
+ * alone would hold a row to about one block per four cycles; so an integer
+ * pass takes each row of the (up to) four in turn and keeps its blocks' exact
+ * sums (four out of one vphaddd tree) and f16 scales in a small buffer, and
+ * a float pass then runs the four rows' chains in the lanes of one vector,
+ * block by block in order: per lane, scalar.c's fmaf(isum, d * dx, acc). A
+ * row of up to Q8_PASS blocks (8192 values) is one pass. */
+#define Q8_PASS 256
+
+typedef struct {
+    float isum[4][Q8_PASS];  /* [row][block] exact integer sums */
+    uint16_t d[4][Q8_PASS];  /* [row][block] the f16 scales as stored */
+} q8_buf;
+
+/* blocks [0, n) of one row (b, from the chunk's first block) into row r of
+ * the buffer; entries up to n rounded up to 4 are written (zeros past n) */
+LI_INLINE void q8_int_pass(const block_q8_0 *b, const act_q8_0 *a, int n, int r, q8_buf *pb) {
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
         __m256i p[4];
         for (int t = 0; t < 4; t++) {
-            const __m256i q = loadu(b[i + t].qs);
-            p[t] = mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[i + t].qs));
+            const __m256i q = loadu(b[j + t].qs);
+            p[t] = mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[j + t].qs));
+            pb->d[r][j + t] = b[j + t].d;
         }
-        const __m128 f = _mm_cvtepi32_ps(hsum8x4_epi32(p));
-        acc = _mm_fmadd_ss(f, _mm_set_ss(f16(b[i].d) * a[i].d), acc);
-        acc = _mm_fmadd_ss(_mm_movehdup_ps(f), _mm_set_ss(f16(b[i + 1].d) * a[i + 1].d), acc);
-        acc = _mm_fmadd_ss(_mm_movehl_ps(f, f), _mm_set_ss(f16(b[i + 2].d) * a[i + 2].d), acc);
-        acc = _mm_fmadd_ss(_mm_shuffle_ps(f, f, 3), _mm_set_ss(f16(b[i + 3].d) * a[i + 3].d), acc);
+        _mm_storeu_ps(&pb->isum[r][j], _mm_cvtepi32_ps(hsum8x4_epi32(p)));
     }
-    for (; i < nb; i++) {
-        const __m256i q = loadu(b[i].qs);
-        const int32_t s = hsum_epi32(mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[i].qs)));
-        acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), s), _mm_set_ss(f16(b[i].d) * a[i].d), acc);
+    if (j < n) {
+        __m256i p[4];
+        for (int t = 0; t < 4; t++) {
+            if (j + t < n) {
+                const __m256i q = loadu(b[j + t].qs);
+                p[t] = mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[j + t].qs));
+                pb->d[r][j + t] = b[j + t].d;
+            } else {
+                p[t] = _mm256_setzero_si256();
+                pb->d[r][j + t] = 0;
+            }
+        }
+        _mm_storeu_ps(&pb->isum[r][j], _mm_cvtepi32_ps(hsum8x4_epi32(p)));
     }
-    return _mm_cvtss_f32(acc);
+}
+
+/* four rows' scales of blocks j .. j+3 as floats, d[t] lane r = row r's block j+t */
+LI_INLINE void q8_scales_t4(const q8_buf *pb, int j, __m128 d[4]) {
+    for (int r = 0; r < 4; r++)
+        d[r] = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(const void *)&pb->d[r][j]));
+    _MM_TRANSPOSE4_PS(d[0], d[1], d[2], d[3]);
+}
+
+/* the four chains over blocks [0, n) of the chunk (a: its activation blocks) */
+LI_INLINE void q8_float_pass(const q8_buf *pb, const act_q8_0 *a, int n, __m128 *acc) {
+    int j = 0;
+    for (; j < n; j += 4) {
+        __m128 d[4], f[4];
+        q8_scales_t4(pb, j, d);
+        load_t4(&pb->isum[0][j], &pb->isum[1][j], &pb->isum[2][j], &pb->isum[3][j], f);
+        const int m = LI_MIN(4, n - j); /* no term for a block past the row */
+        if (m == 4) {
+            for (int t = 0; t < 4; t++) *acc = _mm_fmadd_ps(f[t], _mm_mul_ps(d[t], _mm_set1_ps(a[j + t].d)), *acc);
+        } else {
+            for (int t = 0; t < m; t++) *acc = _mm_fmadd_ps(f[t], _mm_mul_ps(d[t], _mm_set1_ps(a[j + t].d)), *acc);
+        }
+    }
+}
+
+static void rows_q8_0_decode(int64_t k, const void *w, size_t ws, int nr, const act_q8_0 *x, float *y) {
+    const int64_t nb = k / 32;
+    q8_buf pb;
+    for (int r = nr; r < 4; r++) { /* lanes of missing rows: zeros, computed and dropped */
+        memset(pb.isum[r], 0, sizeof(pb.isum[r]));
+        memset(pb.d[r], 0, sizeof(pb.d[r]));
+    }
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t i0 = 0; i0 < nb; i0 += Q8_PASS) {
+        const int n = (int)LI_MIN(Q8_PASS, nb - i0);
+        for (int r = 0; r < nr; r++)
+            q8_int_pass((const block_q8_0 *)(const void *)((const char *)w + (size_t)r * ws) + i0, x + i0, n, r, &pb);
+        q8_float_pass(&pb, x + i0, n, &acc);
+    }
+    float t[4];
+    _mm_storeu_ps(t, acc);
+    for (int r = 0; r < nr; r++) y[r] = t[r];
 }
 
 static void dot_rows_q8_0(int64_t k, const void *w, size_t ws, int nr, const void *x, size_t xs,
                           int nc, float *y, size_t ys) {
-    if (nc == 1) {
-        for (int r = 0; r < nr; r++)
-            y[r] = row_q8_0(k, (const block_q8_0 *)(const void *)((const char *)w + (size_t)r * ws),
-                            (const act_q8_0 *)x);
-        return;
-    }
     switch (nc) {
+    case 1: rows_q8_0_decode(k, w, ws, nr, (const act_q8_0 *)x, y); break;
     case 2: rows32(LI_TYPE_Q8_0, k, w, ws, nr, x, xs, y, ys, 2); break;
     case 3: rows32(LI_TYPE_Q8_0, k, w, ws, nr, x, xs, y, ys, 3); break;
     default: rows32(LI_TYPE_Q8_0, k, w, ws, nr, x, xs, y, ys, 4); break;

@@ -141,12 +141,14 @@ LI_INLINE void nl4_dot(const int type, int64_t k, const void *w, const void *x, 
 
 /* Several rows (dot_rows): one row's fused multiply-adds are a serial chain,
  * one a block, which bounds a single row's speed; four rows' chains run side
- * by side in the lanes of one vector. As in x86_avx2.c's rows32, each row is
- * read on its own (one stream from memory) in an integer pass over a chunk of
- * blocks, which keeps the blocks' exact sums and scales, and a float pass
- * then runs the four chains, block by block in order: per lane, scalar_iq.c's
- * fmaf(isum, d * dx, acc). */
-#define NL4_PASS 64 /* blocks of 32 in a chunk */
+ * by side in the lanes of one vector. Each row is read on its own, front to
+ * back, in an integer pass over up to NL4_PASS blocks (a whole row of up to
+ * 8192 values, so the four rows are one stream from memory) that keeps the
+ * blocks' exact sums and scales, and a float pass then runs the four chains,
+ * block by block in order: per lane, scalar_iq.c's fmaf(isum, d * dx, acc).
+ * The integer pass has no branch inside a row's whole quads of blocks, and
+ * the scales are formed with integer instructions beside the vector work. */
+#define NL4_PASS 256 /* blocks of 32 in a chunk */
 
 typedef struct {
     float isum[LI_DOT_MAX_NC][4][NL4_PASS]; /* [column][row][block] */
@@ -161,42 +163,99 @@ LI_INLINE void load_t4(const float *p0, const float *p1, const float *p2, const 
     _MM_TRANSPOSE4_PS(t[0], t[1], t[2], t[3]);
 }
 
-/* blocks b0 .. b0+3 of a row (b0 a multiple of 4): values and scales, zeros
- * past the row's end */
-LI_INLINE void nl4_quad(const int type, const void *row, uint64_t b0, uint64_t nb, __m256i table, __m256i q[4],
-                        float d[4]) {
-    if (b0 + 4 <= nb) {
-        for (int t = 0; t < 4; t++) q[t] = nl4_block(type, row, (int64_t)(b0 + t), table, &d[t]);
+/* bytes of one block, and the offset of its 16 bytes of indices */
+LI_INLINE size_t nl4_bytes(const int type) { return type == LI_TYPE_MXFP4 ? sizeof(block_mxfp4) : sizeof(block_iq4_nl); }
+LI_INLINE size_t nl4_qs(const int type) {
+    return type == LI_TYPE_MXFP4 ? offsetof(block_mxfp4, qs) : offsetof(block_iq4_nl, qs);
+}
+
+/* li_e8m0_half of every exponent byte: one load a block, beside the vector
+ * work (filled by li_kernels_fill_avx2_iq, before any kernel runs) */
+static float e8m0_half_table[256];
+
+/* the block's scale: e8m0 as li_e8m0_half, or the f16 d */
+LI_INLINE float nl4_scale(const int type, const uint8_t *b) {
+    if (type == LI_TYPE_MXFP4) return e8m0_half_table[((const block_mxfp4 *)(const void *)b)->e];
+    uint16_t h;
+    memcpy(&h, b + offsetof(block_iq4_nl, d), 2);
+    return f16(h);
+}
+
+/* four blocks' exact sums against column c's activation blocks a[0..3] into
+ * isum (lane t: block t); blocks t >= nt are zeros and their activations
+ * are not read. MXFP4's levels are at most 12 in magnitude, so a sum of 8
+ * of its products (at most 8 * 12 * 127 = 12192) fits in int16: the pair
+ * sums fold with two rounds of vphaddw before one vpmaddwd widens them,
+ * where IQ4_NL's (up to 127) widen first and fold as int32. */
+LI_INLINE void nl4_sums4(const int type, const __m256i q[4], const __m256i m[4], const act_q8_0 *a, int nt,
+                         float *isum) {
+    __m256i p[4];
+    if (type == LI_TYPE_MXFP4) {
+        for (int t = 0; t < 4; t++)
+            p[t] = t < nt ? _mm256_maddubs_epi16(m[t], _mm256_sign_epi8(loadu(a[t].qs), q[t])) : _mm256_setzero_si256();
+        /* lane r of each 128-bit half: words 2r, 2r + 1 hold block r's sums of 8 */
+        const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
+        const __m256i s = _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+        const __m128i v = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        _mm_storeu_ps(isum, _mm_cvtepi32_ps(v));
         return;
     }
-    for (int t = 0; t < 4; t++) {
-        if (b0 + (uint64_t)t < nb) {
-            q[t] = nl4_block(type, row, (int64_t)(b0 + t), table, &d[t]);
-        } else {
-            q[t] = _mm256_setzero_si256();
-            d[t] = 0.0f;
+    for (int t = 0; t < 4; t++) p[t] = t < nt ? mul_sign(m[t], q[t], loadu(a[t].qs)) : _mm256_setzero_si256();
+    _mm_storeu_ps(isum, _mm_cvtepi32_ps(hsum8x4_epi32(p)));
+}
+
+/* blocks [i0, i0 + n) of one row into lane r of the buffer, from its index 0;
+ * entries up to n rounded up to 4 are written (zeros past n) */
+LI_INLINE void nl4_int_pass(const int type, const void *row, int r, int64_t i0, int n, const void *x, size_t xs,
+                            const int nc, __m256i table, nl4_buf *pb) {
+    const size_t bb = nl4_bytes(type), qo = nl4_qs(type);
+    const uint8_t *b = (const uint8_t *)row + (size_t)i0 * bb;
+    int j = 0;
+    for (; j + 4 <= n; j += 4, b += 4 * bb) {
+        __m256i q[4], m[4];
+        for (int t = 0; t < 4; t++) {
+            q[t] = nl4_values(b + t * bb + qo, table);
+            m[t] = _mm256_sign_epi8(q[t], q[t]);
+            pb->d[r][j + t] = nl4_scale(type, b + t * bb);
         }
+        for (int c = 0; c < nc; c++) nl4_sums4(type, q, m, ACT_ROW(act_q8_0, x, c, xs) + i0 + j, 4, &pb->isum[c][r][j]);
+    }
+    if (j < n) {
+        const int nt = n - j;
+        __m256i q[4], m[4];
+        for (int t = 0; t < 4; t++) {
+            q[t] = t < nt ? nl4_values(b + t * bb + qo, table) : _mm256_setzero_si256();
+            m[t] = _mm256_sign_epi8(q[t], q[t]);
+            pb->d[r][j + t] = t < nt ? nl4_scale(type, b + t * bb) : 0.0f;
+        }
+        for (int c = 0; c < nc; c++) nl4_sums4(type, q, m, ACT_ROW(act_q8_0, x, c, xs) + i0 + j, nt, &pb->isum[c][r][j]);
     }
 }
 
-/* blocks i0 .. i0+n-1 of one row into lane r of the buffer (n a multiple of 4) */
-LI_INLINE void nl4_int_pass(const int type, const void *row, int64_t nb, int r, int64_t i0, int n,
-                            const void *x, size_t xs, const int nc, __m256i table, nl4_buf *pb) {
-    for (int j = 0; j < n; j += 4) {
-        __m256i q[4], m[4];
-        nl4_quad(type, row, (uint64_t)(i0 + j), (uint64_t)nb, table, q, &pb->d[r][j]);
-        for (int t = 0; t < 4; t++) m[t] = _mm256_sign_epi8(q[t], q[t]);
+/* the four chains over blocks [i0, i0 + n) of the buffer: quads whole, then
+ * the last blocks one by one (no term for a block past the row) */
+LI_INLINE void nl4_float_pass(const nl4_buf *pb, int64_t i0, int n, const void *x, size_t xs, const int nc,
+                              __m128 *acc) {
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        __m128 d[4];
+        load_t4(&pb->d[0][j], &pb->d[1][j], &pb->d[2][j], &pb->d[3][j], d);
         for (int c = 0; c < nc; c++) {
-            /* activation blocks past the row's end are not read */
             const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i0 + j;
-            __m256i p[4];
-            if (i0 + j + 4 <= nb) {
-                for (int t = 0; t < 4; t++) p[t] = mul_sign(m[t], q[t], loadu(a[t].qs));
-            } else {
-                for (int t = 0; t < 4; t++)
-                    p[t] = i0 + j + t < nb ? mul_sign(m[t], q[t], loadu(a[t].qs)) : _mm256_setzero_si256();
-            }
-            _mm_storeu_ps(&pb->isum[c][r][j], _mm_cvtepi32_ps(hsum8x4_epi32(p)));
+            __m128 f[4];
+            load_t4(&pb->isum[c][0][j], &pb->isum[c][1][j], &pb->isum[c][2][j], &pb->isum[c][3][j], f);
+            for (int t = 0; t < 4; t++) acc[c] = _mm_fmadd_ps(f[t], _mm_mul_ps(d[t], _mm_set1_ps(a[t].d)), acc[c]);
+        }
+    }
+    if (j < n) {
+        __m128 d[4];
+        load_t4(&pb->d[0][j], &pb->d[1][j], &pb->d[2][j], &pb->d[3][j], d);
+        for (int c = 0; c < nc; c++) {
+            const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i0 + j;
+            __m128 f[4];
+            load_t4(&pb->isum[c][0][j], &pb->isum[c][1][j], &pb->isum[c][2][j], &pb->isum[c][3][j], f);
+            for (int t = 0; t < n - j; t++)
+                acc[c] = _mm_fmadd_ps(f[t], _mm_mul_ps(d[t], _mm_set1_ps(a[t].d)), acc[c]);
         }
     }
 }
@@ -214,21 +273,8 @@ LI_INLINE void nl4_rows(const int type, int64_t k, const void *w, size_t ws, int
     for (int c = 0; c < nc; c++) acc[c] = _mm_setzero_ps();
     for (int64_t i0 = 0; i0 < nb; i0 += NL4_PASS) {
         const int n = (int)LI_MIN(NL4_PASS, nb - i0);
-        const int n4 = (n + 3) & ~3;
-        for (int r = 0; r < nr; r++)
-            nl4_int_pass(type, (const char *)w + (size_t)r * ws, nb, r, i0, n4, x, xs, nc, table, &pb);
-        for (int j = 0; j < n4; j += 4) {
-            __m128 d[4];
-            load_t4(&pb.d[0][j], &pb.d[1][j], &pb.d[2][j], &pb.d[3][j], d);
-            const int m = LI_MIN(4, n - j);
-            for (int c = 0; c < nc; c++) {
-                const act_q8_0 *a = ACT_ROW(act_q8_0, x, c, xs) + i0 + j;
-                __m128 f[4];
-                load_t4(&pb.isum[c][0][j], &pb.isum[c][1][j], &pb.isum[c][2][j], &pb.isum[c][3][j], f);
-                for (int t = 0; t < m; t++)
-                    acc[c] = _mm_fmadd_ps(f[t], _mm_mul_ps(d[t], _mm_set1_ps(a[t].d)), acc[c]);
-            }
-        }
+        for (int r = 0; r < nr; r++) nl4_int_pass(type, (const char *)w + (size_t)r * ws, r, i0, n, x, xs, nc, table, &pb);
+        nl4_float_pass(&pb, i0, n, x, xs, nc, acc);
     }
     for (int c = 0; c < nc; c++) {
         float t[4];
@@ -558,6 +604,7 @@ TQ_ENTRY(tq2_0, TQ2_0)
 #undef TQ_ENTRY
 
 void li_kernels_fill_avx2_iq(li_kernels *t) {
+    for (int e = 0; e < 256; e++) e8m0_half_table[e] = li_e8m0_half((uint8_t)e);
     t->dequant[LI_TYPE_IQ4_NL] = dequant_iq4_nl;
     t->dequant[LI_TYPE_MXFP4] = dequant_mxfp4;
     t->dot[LI_TYPE_IQ4_NL] = dot_iq4_nl;

@@ -136,6 +136,25 @@ def test_levels_bitwise_equal_for_quantized_types(t):
             assert np.array_equal(got, ref), f"{t.name} {level} n={n}"
 
 
+@pytest.mark.parametrize("t", QUANT_32, ids=type_id)
+def test_long_rows_bitwise_equal_across_levels(t):
+    """Rows longer than one pass of the decode kernels' buffers (x86_avx2*.c:
+    256 blocks of 32 per pass) and ending in a partial quad of blocks: the
+    passes' seams and the last blocks keep scalar.c's chain to the bit, for
+    every count of rows of a call (7 rows: groups of 4 and a short one) and
+    of activation rows."""
+    rng = np.random.default_rng(110 + int(t))
+    k, rows = (2 * 256 + 45) * 32, 7
+    w = random_weight(rng, t, rows, k)
+    for n in (1, 2, 4):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        ref = at_level("scalar", ops.matmul, w, t, (rows, k), x)
+        for level in system.available_isas():
+            for n_threads in (1, 2):
+                got = at_level(level, ops.matmul, w, t, (rows, k), x, n_threads=n_threads)
+                assert np.array_equal(got, ref), f"{t.name} {level} n={n} threads={n_threads}"
+
+
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_threads_split_rows(isa, n_threads):
     """Row shares that are not multiples of the kernels' row groups."""
