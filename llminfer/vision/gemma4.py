@@ -316,11 +316,10 @@ class Gemma4Vision:
             q, k = (self._qk_norm(t, n, eps) for t, n in ((q, L.q_norm), (k, L.k_norm)))
             q, k = self.rope(q, col, row), self.rope(k, col, row)
             v = rms(v.reshape(P * H, D), None, eps).reshape(P, H, D)
-            a = np.empty((P, H, D), np.float32)
-            for j in range(H):  # scale 1: the q and k norms set the scores' size
-                att = ops.softmax(np.ascontiguousarray(q[:, j] @ k[:, j].T, np.float32))
-                a[:, j] = att @ v[:, j]
-            o = L.o(a.reshape(P, E), nt)
+            # scale 1: the q and k norms set the scores' size
+            a = ops.attention(*(np.ascontiguousarray(t.reshape(P, E), np.float32) for t in (q, k, v)), H, scale=1.0,
+                              n_threads=nt)
+            o = L.o(a, nt)
             x = (x + (rms(o, L.attn_post, eps) if L.attn_post is not None else o)).astype(np.float32)
             h = rms(x, L.ln2, eps)
             if L.gate is not None:
