@@ -104,84 +104,120 @@ static void gemm_blk32(const li_panel *p, int nr, const void *xq, size_t xs, int
 
 /* ---- K-quant super-blocks against act_q8_K ---- */
 
-/* within a group of 16 values (4 chunks, one sub-scale) grp chunks' maddubs
- * results are summed in int16 first: 4 up to 5-bit values, 2 for Q6_K's 6.
- * IQ4_XS's level + 128 (bits 8) would overflow a pair sum: each chunk is
- * flipped back to the signed levels q and multiplied as |q| x (a with q's
- * sign), one chunk at a time, so there is no offset to take out. */
-static inline void ksuper_cols(const li_panel *p, int nr, const char *x, size_t xs, int64_t c0,
-                               const int nc, const int grp, float *y, size_t ys) {
-    const int levels = p->bits == 8;
+/* One super-block's 64 chunks in spans of `span` chunks whose maddubs
+ * results are summed in int16 before one madd applies the sub-scale: 8 for
+ * Q4_K (its sub-blocks of 32 share a scale, and 8 * 2*15*128 < 2^15), 4 for
+ * the other types up to 5 bits, 2 for Q6_K's 6. IQ4_XS's level + 128 (bits
+ * 8) would overflow a pair sum: each chunk is flipped back to the signed
+ * levels q and multiplied as |q| x (a with q's sign), one chunk at a time,
+ * so there is no offset to take out. Everything is unrolled within a span
+ * and the activation pointers advance with the chunks, so the loop is the
+ * loads, maddubs and adds and little else. */
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+static ALWAYS_INLINE void ksuper_tile(const li_panel *p, int nr, const char *x, size_t xs, const int nc,
+                                      const int span, const int levels, const int min, float *y, size_t ys) {
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     const int64_t nb = p->nb;
-    const int min = p->has_min;
     __m256 acc[NC_MAX];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *ws = p->w + (size_t)s * 64 * R * 4;
+        const int16_t *scs = p->sc + (size_t)s * 16 * R * 2;
         const act_q8_K *a[NC_MAX];
-        for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)(c0 + c) * xs) + s;
-        __m256i ia[NC_MAX], im[NC_MAX];
-        for (int c = 0; c < nc; c++) ia[c] = im[c] = _mm256_setzero_si256();
-        for (int g = 0; g < 16; g++) {
-            const __m256i sc = _mm256_loadu_si256((const __m256i *)(p->sc + ((size_t)s * 16 + (size_t)g) * R * 2));
-            UNROLL for (int j0 = 4 * g; j0 < 4 * g + 4; j0 += grp) {
-                __m256i h[NC_MAX];
-                UNROLL for (int c = 0; c < nc; c++) h[c] = _mm256_setzero_si256();
-                UNROLL for (int j = j0; j < j0 + grp; j++) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(ws + 32 * j));
-                    if (levels) {
-                        const __m256i q = _mm256_xor_si256(w, flip), m = _mm256_sign_epi8(q, q);
-                        UNROLL for (int c = 0; c < nc; c++) {
-                            const __m256i aq = _mm256_sign_epi8(bcast4(a[c]->qs + 4 * j), q);
-                            h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(m, aq));
-                        }
-                    } else {
-                        UNROLL for (int c = 0; c < nc; c++)
-                            h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(w, bcast4(a[c]->qs + 4 * j)));
+        UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
+        const int8_t *q[NC_MAX];
+        UNROLL for (int c = 0; c < nc; c++) q[c] = a[c]->qs;
+        __m256i ia[NC_MAX];
+        UNROLL for (int c = 0; c < nc; c++) ia[c] = _mm256_setzero_si256();
+        for (int j0 = 0; j0 < 64; j0 += span) {
+            __m256i h[NC_MAX];
+            UNROLL for (int j = 0; j < span; j++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(ws + 32 * j));
+                if (levels) {
+                    const __m256i lq = _mm256_xor_si256(w, flip), m = _mm256_sign_epi8(lq, lq);
+                    UNROLL for (int c = 0; c < nc; c++)
+                        h[c] = _mm256_maddubs_epi16(m, _mm256_sign_epi8(bcast4(q[c] + 4 * j), lq));
+                } else {
+                    UNROLL for (int c = 0; c < nc; c++) {
+                        const __m256i t = _mm256_maddubs_epi16(w, bcast4(q[c] + 4 * j));
+                        h[c] = j == 0 ? t : _mm256_add_epi16(h[c], t);
                     }
                 }
-                UNROLL for (int c = 0; c < nc; c++) ia[c] = _mm256_add_epi32(ia[c], _mm256_madd_epi16(h[c], sc));
             }
+            /* the span's sub-scale: group j0 / 4 of 16 (for Q4_K's span of 8, groups 2i and 2i+1 share it) */
+            const __m256i sc = _mm256_loadu_si256((const __m256i *)(scs + (size_t)(j0 / 4) * R * 2));
+            UNROLL for (int c = 0; c < nc; c++) ia[c] = _mm256_add_epi32(ia[c], _mm256_madd_epi16(h[c], sc));
+            ws += 32 * span;
+            UNROLL for (int c = 0; c < nc; c++) q[c] += 4 * span;
         }
         /* the mins and offsets: sum over groups of mc * (activation sum of the group); IQ4_XS's
          * signed levels have none */
-        if (!levels)
-            for (int pr = 0; pr < 8; pr++) {
-                const __m256i mc = _mm256_loadu_si256((const __m256i *)(p->mc + ((size_t)s * 8 + (size_t)pr) * R * 2));
-                for (int c = 0; c < nc; c++) {
+        __m256i im[NC_MAX];
+        UNROLL for (int c = 0; c < nc; c++) im[c] = _mm256_setzero_si256();
+        if (!levels) {
+            const int16_t *mcs = p->mc + (size_t)s * 8 * R * 2;
+            UNROLL for (int pr = 0; pr < 8; pr++) {
+                const __m256i mc = _mm256_loadu_si256((const __m256i *)(mcs + (size_t)pr * R * 2));
+                UNROLL for (int c = 0; c < nc; c++) {
                     const __m256i bs = bcast4((const int8_t *)(a[c]->bsums + 2 * pr));
                     im[c] = _mm256_add_epi32(im[c], _mm256_madd_epi16(mc, bs));
                 }
             }
+        }
         const __m256 dw = _mm256_loadu_ps(p->d + s * R), mw = _mm256_loadu_ps(p->m + s * R);
-        for (int c = 0; c < nc; c++) acc[c] = ksuper_accumulate(acc[c], ia[c], im[c], dw, mw, a[c]->d, min);
+        UNROLL for (int c = 0; c < nc; c++) acc[c] = ksuper_accumulate(acc[c], ia[c], im[c], dw, mw, a[c]->d, min);
     }
-    for (int c = 0; c < nc; c++) store_rows(y + (size_t)(c0 + c) * ys, acc[c], nr);
+    UNROLL for (int c = 0; c < nc; c++) store_rows(y + (size_t)c * ys, acc[c], nr);
 }
 
-#define KSUPER_ALL_COLS(grp)                                                                    \
-    do {                                                                                        \
-        int64_t c0 = 0;                                                                         \
-        for (; c0 + NC_MAX <= n; c0 += NC_MAX) ksuper_cols(p, nr, x, xs, c0, NC_MAX, grp, y, ys); \
-        switch (n - c0) {                                                                       \
-        case 3: ksuper_cols(p, nr, x, xs, c0, 3, grp, y, ys); break;                            \
-        case 2: ksuper_cols(p, nr, x, xs, c0, 2, grp, y, ys); break;                            \
-        case 1: ksuper_cols(p, nr, x, xs, c0, 1, grp, y, ys); break;                            \
-        default: break;                                                                         \
-        }                                                                                       \
-    } while (0)
+/* all n columns, NC_MAX at a time, for one (span, levels, min) */
+static ALWAYS_INLINE void ksuper_all(const li_panel *p, int nr, const char *x, size_t xs, int64_t n,
+                                     const int span, const int levels, const int min, float *y, size_t ys) {
+    int64_t c0 = 0;
+    for (; c0 + NC_MAX <= n; c0 += NC_MAX)
+        ksuper_tile(p, nr, x + (size_t)c0 * xs, xs, NC_MAX, span, levels, min, y + (size_t)c0 * ys, ys);
+    x += (size_t)c0 * xs;
+    y += (size_t)c0 * ys;
+    switch (n - c0) {
+    case 3: ksuper_tile(p, nr, x, xs, 3, span, levels, min, y, ys); break;
+    case 2: ksuper_tile(p, nr, x, xs, 2, span, levels, min, y, ys); break;
+    case 1: ksuper_tile(p, nr, x, xs, 1, span, levels, min, y, ys); break;
+    default: break;
+    }
+}
+
+/* one instance per kind of panel, so that every span and flag is a constant */
+static void ksuper_q4k(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
+    ksuper_all(p, nr, x, xs, n, 8, 0, 1, y, ys);
+}
+static void ksuper_min4(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
+    ksuper_all(p, nr, x, xs, n, 4, 0, 1, y, ys);
+}
+static void ksuper_off4(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
+    ksuper_all(p, nr, x, xs, n, 4, 0, 0, y, ys);
+}
+static void ksuper_off2(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
+    ksuper_all(p, nr, x, xs, n, 2, 0, 0, y, ys);
+}
+static void ksuper_levels(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
+    ksuper_all(p, nr, x, xs, n, 1, 1, 0, y, ys);
+}
 
 static void gemm_ksuper(const li_panel *p, int nr, const void *xq, size_t xs, int64_t n,
                         const int32_t *asum, float *y, size_t ys) {
     (void)asum;
     const char *x = (const char *)xq;
-    if (p->bits <= 5)
-        KSUPER_ALL_COLS(4);
+    if (p->bits == 8)
+        ksuper_levels(p, nr, x, xs, n, y, ys); /* IQ4_XS */
     else if (p->bits == 6)
-        KSUPER_ALL_COLS(2);
+        ksuper_off2(p, nr, x, xs, n, y, ys); /* Q6_K */
+    else if (p->bits == 4) /* a K-super panel of 4-bit values is Q4_K's */
+        ksuper_q4k(p, nr, x, xs, n, y, ys); /* Q4_K: sub-blocks of 32 */
+    else if (p->has_min)
+        ksuper_min4(p, nr, x, xs, n, y, ys); /* Q2_K, Q5_K */
     else
-        KSUPER_ALL_COLS(1);
+        ksuper_off4(p, nr, x, xs, n, y, ys); /* Q3_K */
 }
 
 void li_gemm_fill_avx2(li_kernels *t) {
