@@ -68,12 +68,15 @@ size_t li_panel_bytes(int type, int64_t k) {
 }
 
 /* values 4j..4j+3 of a row's block go to chunk j, lane r: scatter n values
- * of row r starting at dst (the block's first chunk), adding `off` */
+ * of row r starting at dst (the block's first chunk), adding `off`. The
+ * add runs over the whole run first (the compiler vectorizes it) and each
+ * chunk's lane is then one 4-byte store: the packing of a batch's panels
+ * is a cost of its own beside the products when the batch is short (a MoE
+ * expert's few rows). */
 static inline void put_chunks(uint8_t *dst, int r, const int8_t *q, int n, int off) {
-    for (int j = 0; j < n / 4; j++) {
-        uint8_t *c = dst + ((size_t)j * R + (size_t)r) * 4;
-        for (int e = 0; e < 4; e++) c[e] = (uint8_t)(q[4 * j + e] + off);
-    }
+    uint8_t u[QK_K];
+    for (int i = 0; i < n; i++) u[i] = (uint8_t)(q[i] + off);
+    for (int j = 0; j < n / 4; j++) memcpy(dst + ((size_t)j * R + (size_t)r) * 4, u + 4 * j, 4);
 }
 
 static void pack_blk32(int type, const void *w, size_t row_bytes, int nr, int64_t nb, li_panel *p) {
@@ -145,6 +148,8 @@ static void pack_blk32(int type, const void *w, size_t row_bytes, int nr, int64_
  * Q3_K, Q6_K and IQ4_XS have no min, only an offset (u = q + off): mc_g =
  * off * sc_g, and m = d, unused (the kernels take the offset out in integer) */
 static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64_t nb, li_panel *p) {
+    /* a level that writes this type's values with vectors leaves only the scales to this loop */
+    const int values_done = li_K->panel_values && li_K->panel_values(type, w, row_bytes, nr, nb, p->w);
     int8_t q[QK_K];
     int sc[16], mn[16];
     for (int r = 0; r < nr; r++) {
@@ -181,7 +186,7 @@ static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64
             }
             case LI_TYPE_Q6_K: {
                 const block_q6_K *x = (const block_q6_K *)row + s;
-                unpack_q6_K(x, q);
+                if (!values_done) unpack_q6_K(x, q);
                 d = m = li_f16_to_f32(x->d);
                 off = 32;
                 for (int g = 0; g < 16; g++) {
@@ -194,7 +199,10 @@ static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64
                 int sc8[8], mn8[8];
                 if (type == LI_TYPE_Q4_K) {
                     const block_q4_K *x = (const block_q4_K *)row + s;
-                    unpack_q4_K(x, q, sc8, mn8);
+                    if (values_done)
+                        unpack_k_scales(x->scales, sc8, mn8);
+                    else
+                        unpack_q4_K(x, q, sc8, mn8);
                     d = li_f16_to_f32(x->d);
                     m = li_f16_to_f32(x->dmin);
                 } else {
@@ -210,7 +218,7 @@ static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64
                 break;
             }
             }
-            put_chunks(p->w + (size_t)s * QK_K * R, r, q, QK_K, off);
+            if (!values_done) put_chunks(p->w + (size_t)s * QK_K * R, r, q, QK_K, off);
             p->d[s * R + r] = d;
             p->m[s * R + r] = m;
             for (int g = 0; g < 16; g++) {

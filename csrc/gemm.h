@@ -75,4 +75,11 @@ void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k,
 typedef void (*li_gemm_fn)(const li_panel *p, int nr, const void *xq, size_t xs, int64_t n,
                            const int32_t *asum, float *y, size_t ys);
 
+/* The values of a KSUPER panel (p->w) written straight from nr <= 8 rows
+ * (row r at w + r * row_bytes) of nb super-blocks, rows past nr zero, by a
+ * level that has a vector form for the type; returns 0 (and writes
+ * nothing) for a type it leaves to gemm.c's plain packing. The scales are
+ * packed by gemm.c either way. */
+typedef int (*li_panel_values_fn)(int type, const void *w, size_t row_bytes, int nr, int64_t nb, uint8_t *dst);
+
 #endif

@@ -220,9 +220,80 @@ static void gemm_ksuper(const li_panel *p, int nr, const void *xq, size_t xs, in
         ksuper_off4(p, nr, x, xs, n, y, ys); /* Q3_K */
 }
 
+/* ---- panel values straight from the file's blocks ---- */
+
+/* v[r]: 32 consecutive values 32m..32m+31 of row r; chunk 8m + i of the
+ * panel is dword i of each row side by side, so the 8 chunks are the 8 x 8
+ * transpose of the rows' dwords */
+static inline void put_transposed(uint8_t *dst, const __m256i v[R]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+    /* u[e]: dword e (low half) and e + 4 (high half) of rows 0..3; u[4 + e]: of rows 4..7 */
+    const __m256i u[8] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                          _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3),
+                          _mm256_unpacklo_epi64(t4, t6), _mm256_unpackhi_epi64(t4, t6),
+                          _mm256_unpacklo_epi64(t5, t7), _mm256_unpackhi_epi64(t5, t7)};
+    for (int e = 0; e < 4; e++) {
+        _mm256_storeu_si256((__m256i *)(dst + 32 * e), _mm256_permute2x128_si256(u[e], u[4 + e], 0x20));
+        _mm256_storeu_si256((__m256i *)(dst + 32 * (e + 4)), _mm256_permute2x128_si256(u[e], u[4 + e], 0x31));
+    }
+}
+
+/* Q4_K: values 64c + l and 64c + 32 + l are the low and high nibbles of
+ * qs[32c + l]; Q6_K: gemm.h's u = q + 32 is the stored 6-bit value, its
+ * four runs of 32 per half as unpack.h's unpack_q6_K takes them apart */
+static int panel_values(int type, const void *w, size_t row_bytes, int nr, int64_t nb, uint8_t *dst) {
+    if (type != LI_TYPE_Q4_K && type != LI_TYPE_Q6_K) return 0;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    for (int64_t s = 0; s < nb; s++) {
+        uint8_t *ds = dst + (size_t)s * 64 * R * 4;
+        if (type == LI_TYPE_Q4_K) {
+            for (int c = 0; c < 4; c++) {
+                __m256i lo[R], hi[R];
+                for (int r = 0; r < R; r++) {
+                    if (r >= nr) {
+                        lo[r] = hi[r] = _mm256_setzero_si256();
+                        continue;
+                    }
+                    const block_q4_K *x = (const block_q4_K *)(const void *)((const char *)w + (size_t)r * row_bytes) + s;
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+                    lo[r] = _mm256_and_si256(q, m4);
+                    hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                }
+                put_transposed(ds + (size_t)(16 * c) * 32, lo);
+                put_transposed(ds + (size_t)(16 * c + 8) * 32, hi);
+            }
+        } else {
+            for (int h = 0; h < 2; h++) {
+                __m256i v[4][R];
+                for (int r = 0; r < R; r++) {
+                    if (r >= nr) {
+                        v[0][r] = v[1][r] = v[2][r] = v[3][r] = _mm256_setzero_si256();
+                        continue;
+                    }
+                    const block_q6_K *x = (const block_q6_K *)(const void *)((const char *)w + (size_t)r * row_bytes) + s;
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+                    v[0][r] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+                    v[1][r] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+                    v[2][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+                    v[3][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                              _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+                }
+                for (int t = 0; t < 4; t++) put_transposed(ds + (size_t)(8 * (4 * h + t)) * 32, v[t]);
+            }
+        }
+    }
+    return 1;
+}
+
 void li_gemm_fill_avx2(li_kernels *t) {
     t->gemm[LI_PANEL_BLK32] = gemm_blk32;
     t->gemm[LI_PANEL_KSUPER] = gemm_ksuper;
+    t->panel_values = panel_values;
 }
 #elif defined(LI_ARCH_X86)
 void li_gemm_fill_avx2(li_kernels *t) { (void)t; } /* built without the AVX2 flags */
