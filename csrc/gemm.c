@@ -30,7 +30,7 @@ int li_panel_kind(int type) {
 
 /* the panel's arrays, carved from one scratch buffer (each 32-byte aligned
  * when the buffer is) */
-static size_t layout(int kind, int64_t k, int sign, void *base, li_panel *p) {
+static size_t layout(int kind, int64_t k, int sign, int q4k, void *base, li_panel *p) {
     char *at = (char *)base;
     size_t used = 0;
 #define TAKE(ptr, type, count)                                     \
@@ -52,6 +52,7 @@ static size_t layout(int kind, int64_t k, int sign, void *base, li_panel *p) {
         TAKE(m, float, nb * R);
         TAKE(sc, int16_t, nb * 16 * R * 2);
         TAKE(mc, int16_t, nb * 8 * R * 2);
+        if (q4k) TAKE(mc32, int16_t, nb * 4 * R * 2);
     }
 #undef TAKE
     return used;
@@ -64,7 +65,7 @@ static int panel_signed(int type) {
 
 size_t li_panel_bytes(int type, int64_t k) {
     const int kind = li_panel_kind(type);
-    return kind == LI_PANEL_NONE ? 0 : layout(kind, k, panel_signed(type), NULL, NULL);
+    return kind == LI_PANEL_NONE ? 0 : layout(kind, k, panel_signed(type), type == LI_TYPE_Q4_K, NULL, NULL);
 }
 
 /* values 4j..4j+3 of a row's block go to chunk j, lane r: scatter n values
@@ -230,6 +231,12 @@ static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64
                 t[0] = (int16_t)mn[2 * pr];
                 t[1] = (int16_t)mn[2 * pr + 1];
             }
+            if (p->mc32)
+                for (int q2 = 0; q2 < 4; q2++) { /* groups 4q, 4q + 2 start sub-blocks 2q, 2q + 1 */
+                    int16_t *t = p->mc32 + (((size_t)s * 4 + (size_t)q2) * R + (size_t)r) * 2;
+                    t[0] = (int16_t)mn[4 * q2];
+                    t[1] = (int16_t)mn[4 * q2 + 2];
+                }
         }
     }
 }
@@ -250,7 +257,7 @@ void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k,
     case LI_TYPE_Q6_K: p->bits = 6; break;
     default: p->bits = 8; break; /* Q8_0, IQ4_NL, MXFP4: magnitudes up to 127; IQ4_XS: level + 128 */
     }
-    const size_t bytes = layout(p->kind, k, p->sign, scratch, p);
+    const size_t bytes = layout(p->kind, k, p->sign, type == LI_TYPE_Q4_K, scratch, p);
     if (nr < R) memset(scratch, 0, bytes); /* rows past nr: zeros, their results unused */
     if (p->kind == LI_PANEL_BLK32) {
         p->nb = k / 32;
@@ -304,7 +311,18 @@ void li_gemm_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t 
     char *base = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     int32_t *asum = (int32_t *)(void *)(base + pb * (size_t)np_max);
     const int64_t nb32 = w->k / 32;
-    if (act == LI_ACT_Q8_0) {
+    if (w->type == LI_TYPE_Q4_K) {
+        /* the sums of each 32 activation values, paired as the panel's mc32 pairs the mins */
+        for (int64_t c = 0; c < n; c++) {
+            const act_q8_K *a = (const act_q8_K *)(const void *)((const char *)xq + (size_t)c * xs);
+            for (int64_t s = 0; s < w->k / QK_K; s++)
+                for (int q2 = 0; q2 < 4; q2++) {
+                    const int16_t *bs = a[s].bsums + 4 * q2;
+                    const uint16_t lo = (uint16_t)(bs[0] + bs[1]), hi = (uint16_t)(bs[2] + bs[3]);
+                    asum[c * nb32 + s * 8 + q2] = (int32_t)((uint32_t)lo | (uint32_t)hi << 16);
+                }
+        }
+    } else if (act == LI_ACT_Q8_0) {
         /* each thread sums the activation blocks it will need: all of them */
         for (int64_t c = 0; c < n; c++) {
             const act_q8_0 *a = (const act_q8_0 *)(const void *)((const char *)xq + (size_t)c * xs);

@@ -116,7 +116,8 @@ static void gemm_blk32(const li_panel *p, int nr, const void *xq, size_t xs, int
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
 static ALWAYS_INLINE void ksuper_tile(const li_panel *p, int nr, const char *x, size_t xs, const int nc,
-                                      const int span, const int levels, const int min, float *y, size_t ys) {
+                                      const int span, const int levels, const int min, const int32_t *asum,
+                                      float *y, size_t ys) {
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     const int64_t nb = p->nb;
     __m256 acc[NC_MAX];
@@ -132,6 +133,7 @@ static ALWAYS_INLINE void ksuper_tile(const li_panel *p, int nr, const char *x, 
         UNROLL for (int c = 0; c < nc; c++) ia[c] = _mm256_setzero_si256();
         for (int j0 = 0; j0 < 64; j0 += span) {
             __m256i h[NC_MAX];
+            UNROLL for (int c = 0; c < nc; c++) h[c] = _mm256_setzero_si256();
             UNROLL for (int j = 0; j < span; j++) {
                 const __m256i w = _mm256_loadu_si256((const __m256i *)(ws + 32 * j));
                 if (levels) {
@@ -141,7 +143,10 @@ static ALWAYS_INLINE void ksuper_tile(const li_panel *p, int nr, const char *x, 
                 } else {
                     UNROLL for (int c = 0; c < nc; c++) {
                         const __m256i t = _mm256_maddubs_epi16(w, bcast4(q[c] + 4 * j));
-                        h[c] = j == 0 ? t : _mm256_add_epi16(h[c], t);
+                        h[c] = _mm256_add_epi16(h[c], t);
+                        /* keeps each sum in its register, added as it comes: left free, GCC 12
+                         * gathered a span's maddubs results on the stack before adding them */
+                        __asm__("" : "+x"(h[c]));
                     }
                 }
             }
@@ -155,7 +160,16 @@ static ALWAYS_INLINE void ksuper_tile(const li_panel *p, int nr, const char *x, 
          * signed levels have none */
         __m256i im[NC_MAX];
         UNROLL for (int c = 0; c < nc; c++) im[c] = _mm256_setzero_si256();
-        if (!levels) {
+        if (asum) { /* Q4_K: the sums of 32 against the mins of its sub-blocks, two by two */
+            const int16_t *mcs = p->mc32 + (size_t)s * 4 * R * 2;
+            UNROLL for (int q2 = 0; q2 < 4; q2++) {
+                const __m256i mc = _mm256_loadu_si256((const __m256i *)(mcs + (size_t)q2 * R * 2));
+                UNROLL for (int c = 0; c < nc; c++) {
+                    const __m256i bs = _mm256_set1_epi32(asum[(size_t)c * (size_t)(8 * nb) + (size_t)s * 8 + (size_t)q2]);
+                    im[c] = _mm256_add_epi32(im[c], _mm256_madd_epi16(mc, bs));
+                }
+            }
+        } else if (!levels) {
             const int16_t *mcs = p->mc + (size_t)s * 8 * R * 2;
             UNROLL for (int pr = 0; pr < 8; pr++) {
                 const __m256i mc = _mm256_loadu_si256((const __m256i *)(mcs + (size_t)pr * R * 2));
@@ -173,47 +187,51 @@ static ALWAYS_INLINE void ksuper_tile(const li_panel *p, int nr, const char *x, 
 
 /* all n columns, NC_MAX at a time, for one (span, levels, min) */
 static ALWAYS_INLINE void ksuper_all(const li_panel *p, int nr, const char *x, size_t xs, int64_t n,
-                                     const int span, const int levels, const int min, float *y, size_t ys) {
+                                     const int span, const int levels, const int min, const int32_t *asum,
+                                     float *y, size_t ys) {
+    const size_t as = (size_t)(8 * p->nb); /* an activation row's entries of asum */
     int64_t c0 = 0;
     for (; c0 + NC_MAX <= n; c0 += NC_MAX)
-        ksuper_tile(p, nr, x + (size_t)c0 * xs, xs, NC_MAX, span, levels, min, y + (size_t)c0 * ys, ys);
+        ksuper_tile(p, nr, x + (size_t)c0 * xs, xs, NC_MAX, span, levels, min, asum ? asum + (size_t)c0 * as : NULL,
+                    y + (size_t)c0 * ys, ys);
     x += (size_t)c0 * xs;
     y += (size_t)c0 * ys;
+    if (asum) asum += (size_t)c0 * as;
     switch (n - c0) {
-    case 3: ksuper_tile(p, nr, x, xs, 3, span, levels, min, y, ys); break;
-    case 2: ksuper_tile(p, nr, x, xs, 2, span, levels, min, y, ys); break;
-    case 1: ksuper_tile(p, nr, x, xs, 1, span, levels, min, y, ys); break;
+    case 3: ksuper_tile(p, nr, x, xs, 3, span, levels, min, asum, y, ys); break;
+    case 2: ksuper_tile(p, nr, x, xs, 2, span, levels, min, asum, y, ys); break;
+    case 1: ksuper_tile(p, nr, x, xs, 1, span, levels, min, asum, y, ys); break;
     default: break;
     }
 }
 
 /* one instance per kind of panel, so that every span and flag is a constant */
-static void ksuper_q4k(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
-    ksuper_all(p, nr, x, xs, n, 8, 0, 1, y, ys);
+static void ksuper_q4k(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, const int32_t *asum,
+                       float *y, size_t ys) {
+    ksuper_all(p, nr, x, xs, n, 8, 0, 1, asum, y, ys);
 }
 static void ksuper_min4(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
-    ksuper_all(p, nr, x, xs, n, 4, 0, 1, y, ys);
+    ksuper_all(p, nr, x, xs, n, 4, 0, 1, NULL, y, ys);
 }
 static void ksuper_off4(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
-    ksuper_all(p, nr, x, xs, n, 4, 0, 0, y, ys);
+    ksuper_all(p, nr, x, xs, n, 4, 0, 0, NULL, y, ys);
 }
 static void ksuper_off2(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
-    ksuper_all(p, nr, x, xs, n, 2, 0, 0, y, ys);
+    ksuper_all(p, nr, x, xs, n, 2, 0, 0, NULL, y, ys);
 }
 static void ksuper_levels(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
-    ksuper_all(p, nr, x, xs, n, 1, 1, 0, y, ys);
+    ksuper_all(p, nr, x, xs, n, 1, 1, 0, NULL, y, ys);
 }
 
 static void gemm_ksuper(const li_panel *p, int nr, const void *xq, size_t xs, int64_t n,
                         const int32_t *asum, float *y, size_t ys) {
-    (void)asum;
     const char *x = (const char *)xq;
     if (p->bits == 8)
         ksuper_levels(p, nr, x, xs, n, y, ys); /* IQ4_XS */
     else if (p->bits == 6)
         ksuper_off2(p, nr, x, xs, n, y, ys); /* Q6_K */
-    else if (p->bits == 4) /* a K-super panel of 4-bit values is Q4_K's */
-        ksuper_q4k(p, nr, x, xs, n, y, ys); /* Q4_K: sub-blocks of 32 */
+    else if (p->bits == 4 && p->mc32) /* a K-super panel of 4-bit values is Q4_K's */
+        ksuper_q4k(p, nr, x, xs, n, asum, y, ys); /* sub-blocks of 32; the mins through mc32 */
     else if (p->has_min)
         ksuper_min4(p, nr, x, xs, n, y, ys); /* Q2_K, Q5_K */
     else
