@@ -113,7 +113,11 @@ static void gemm_blk32(const li_panel *p, int nr, const void *xq, size_t xs, int
  * so there is no offset to take out. Everything is unrolled within a span
  * and the activation pointers advance with the chunks, so the loop is the
  * loads, maddubs and adds and little else. */
+#if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE __forceinline
+#endif
 
 static ALWAYS_INLINE void ksuper_tile(const li_panel *p, int nr, const char *x, size_t xs, const int nc,
                                       const int span, const int levels, const int min, const int32_t *asum,
@@ -144,9 +148,8 @@ static ALWAYS_INLINE void ksuper_tile(const li_panel *p, int nr, const char *x, 
                     UNROLL for (int c = 0; c < nc; c++) {
                         const __m256i t = _mm256_maddubs_epi16(w, bcast4(q[c] + 4 * j));
                         h[c] = _mm256_add_epi16(h[c], t);
-                        /* keeps each sum in its register, added as it comes: left free, GCC 12
-                         * gathered a span's maddubs results on the stack before adding them */
-                        __asm__("" : "+x"(h[c]));
+                        /* left free, GCC 12 gathered a span's maddubs results on the stack */
+                        KEEP_IN_REGISTER(h[c]);
                     }
                 }
             }
