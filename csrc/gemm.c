@@ -80,6 +80,12 @@ static inline void put_chunks(uint8_t *dst, int r, const int8_t *q, int n, int o
     for (int j = 0; j < n / 4; j++) memcpy(dst + ((size_t)j * R + (size_t)r) * 4, u + 4 * j, 4);
 }
 
+/* t[0] = lo, t[1] = hi in one store */
+static inline void put_pair(int16_t *t, int lo, int hi) {
+    const int16_t v[2] = {(int16_t)lo, (int16_t)hi};
+    memcpy(t, v, sizeof(v));
+}
+
 static void pack_blk32(int type, const void *w, size_t row_bytes, int nr, int64_t nb, li_panel *p) {
     int8_t q[32];
     for (int r = 0; r < nr; r++) {
@@ -145,6 +151,34 @@ static void pack_blk32(int type, const void *w, size_t row_bytes, int nr, int64_
     }
 }
 
+/* The scales of row r's Q4_K super-block s when the values are already in
+ * the panel: the 6-bit scales and mins taken apart four at a time in 32-bit
+ * words (bytes 0..7 of sm: the 8 sub-blocks' scales, 8..15 their mins), each
+ * entry stored whole. The plain path below takes the same numbers. */
+static void pack_q4_K_scales(const block_q4_K *x, int64_t s, int r, li_panel *p) {
+    uint32_t u[3], w[4];
+    memcpy(u, x->scales, sizeof(u));
+    w[0] = u[0] & 0x3f3f3f3fu;                                                /* sc 0..3 */
+    w[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;           /* sc 4..7 */
+    w[2] = u[1] & 0x3f3f3f3fu;                                                /* mn 0..3 */
+    w[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;    /* mn 4..7 */
+    uint8_t sm[16];
+    memcpy(sm, w, sizeof(sm));
+    p->d[s * R + r] = li_f16_to_f32(x->d);
+    p->m[s * R + r] = li_f16_to_f32(x->dmin);
+    int16_t *ts = p->sc + ((size_t)s * 16 * R + (size_t)r) * 2;
+    int16_t *tm = p->mc + ((size_t)s * 8 * R + (size_t)r) * 2;
+    for (int i = 0; i < 8; i++) { /* sub-block i: groups 2i, 2i + 1 */
+        put_pair(ts + (size_t)(2 * i) * R * 2, sm[i], sm[i]);
+        put_pair(ts + (size_t)(2 * i + 1) * R * 2, sm[i], sm[i]);
+        put_pair(tm + (size_t)i * R * 2, sm[8 + i], sm[8 + i]);
+    }
+    if (p->mc32) {
+        int16_t *t32 = p->mc32 + ((size_t)s * 4 * R + (size_t)r) * 2;
+        for (int q2 = 0; q2 < 4; q2++) put_pair(t32 + (size_t)q2 * R * 2, sm[8 + 2 * q2], sm[8 + 2 * q2 + 1]);
+    }
+}
+
 /* K-quants: value = d * sc_g * u - m * mc_g for group g of 16, u unsigned.
  * Q3_K, Q6_K and IQ4_XS have no min, only an offset (u = q + off): mc_g =
  * off * sc_g, and m = d, unused (the kernels take the offset out in integer) */
@@ -156,6 +190,10 @@ static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64
     for (int r = 0; r < nr; r++) {
         const char *row = (const char *)w + (size_t)r * row_bytes;
         for (int64_t s = 0; s < nb; s++) {
+            if (values_done && type == LI_TYPE_Q4_K) {
+                pack_q4_K_scales((const block_q4_K *)(const void *)row + s, s, r, p);
+                continue;
+            }
             float d, m;
             int off = 0; /* u = q + off */
             switch (type) {
@@ -200,10 +238,7 @@ static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64
                 int sc8[8], mn8[8];
                 if (type == LI_TYPE_Q4_K) {
                     const block_q4_K *x = (const block_q4_K *)row + s;
-                    if (values_done)
-                        unpack_k_scales(x->scales, sc8, mn8);
-                    else
-                        unpack_q4_K(x, q, sc8, mn8);
+                    unpack_q4_K(x, q, sc8, mn8);
                     d = li_f16_to_f32(x->d);
                     m = li_f16_to_f32(x->dmin);
                 } else {
@@ -222,21 +257,15 @@ static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64
             if (!values_done) put_chunks(p->w + (size_t)s * QK_K * R, r, q, QK_K, off);
             p->d[s * R + r] = d;
             p->m[s * R + r] = m;
-            for (int g = 0; g < 16; g++) {
-                int16_t *t = p->sc + (((size_t)s * 16 + (size_t)g) * R + (size_t)r) * 2;
-                t[0] = t[1] = (int16_t)sc[g];
+            /* each (row, group) entry is a pair of int16: one 4-byte store */
+            int16_t *ts = p->sc + ((size_t)s * 16 * R + (size_t)r) * 2;
+            for (int g = 0; g < 16; g++) put_pair(ts + (size_t)g * R * 2, sc[g], sc[g]);
+            int16_t *tm = p->mc + ((size_t)s * 8 * R + (size_t)r) * 2;
+            for (int pr = 0; pr < 8; pr++) put_pair(tm + (size_t)pr * R * 2, mn[2 * pr], mn[2 * pr + 1]);
+            if (p->mc32) { /* groups 4q, 4q + 2 start sub-blocks 2q, 2q + 1 */
+                int16_t *t32 = p->mc32 + ((size_t)s * 4 * R + (size_t)r) * 2;
+                for (int q2 = 0; q2 < 4; q2++) put_pair(t32 + (size_t)q2 * R * 2, mn[4 * q2], mn[4 * q2 + 2]);
             }
-            for (int pr = 0; pr < 8; pr++) {
-                int16_t *t = p->mc + (((size_t)s * 8 + (size_t)pr) * R + (size_t)r) * 2;
-                t[0] = (int16_t)mn[2 * pr];
-                t[1] = (int16_t)mn[2 * pr + 1];
-            }
-            if (p->mc32)
-                for (int q2 = 0; q2 < 4; q2++) { /* groups 4q, 4q + 2 start sub-blocks 2q, 2q + 1 */
-                    int16_t *t = p->mc32 + (((size_t)s * 4 + (size_t)q2) * R + (size_t)r) * 2;
-                    t[0] = (int16_t)mn[4 * q2];
-                    t[1] = (int16_t)mn[4 * q2 + 2];
-                }
         }
     }
 }
