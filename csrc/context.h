@@ -41,8 +41,11 @@
 /* A dense feed-forward runs over at most this many batch rows at a time: its
  * [rows, n_ff] gate and up outputs are the largest buffers of a prefill (32
  * MiB at 512 rows of a 1B model), and each row's result does not depend on
- * which rows share its chunk. */
-#define LI_FFN_CHUNK 128
+ * which rows share its chunk. Each chunk packs the three matrices' panels
+ * again (gemm.c), and where the level has no repacked kernels (AVX2) that
+ * packing is a cost of its own beside the products: a default batch of 512
+ * rows is one chunk, packed once. */
+#define LI_FFN_CHUNK 512
 
 struct li_context {
     const li_model_desc *m;

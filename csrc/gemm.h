@@ -57,6 +57,8 @@ typedef struct li_panel {
     float *m;     /* BLK32 [nb][ROWS] min; KSUPER [nb][ROWS] the float factor of the mc terms */
     int16_t *sc;  /* KSUPER [nb][16 groups of 16][ROWS][2]: the group's sub-scale, twice */
     int16_t *mc;  /* KSUPER [nb][8 pairs of groups][ROWS][2]: (group 2p, group 2p+1) corrections */
+    int16_t *mc32; /* Q4_K [nb][4 pairs of sub-blocks of 32][ROWS][2]: (min 2q, min 2q+1), to meet
+                      the activation's sums of 32 (asum) in half as many multiply-adds as mc */
 } li_panel;
 
 /* the panel form of a weight type */
@@ -71,8 +73,18 @@ void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k,
 /* y[c * ys + r] = dot(panel row r, activation row c) for r < nr, c < n.
  * xq: activation rows (stride xs) in the format of the panel's weight type;
  * asum: for BLK32 panels whose activations are Q8_0 (Q4_0, Q5_0, Q8_0), the
- * sum of each activation block's values, [n][nb]. */
+ * sum of each activation block's values, [n][nb]; for Q4_K panels, per
+ * activation row [n][8 nb], entry 8s + q (q < 4) of super-block s holds the
+ * sums of its values 64q..64q+31 and 64q+32..64q+63 as two int16 (the low
+ * half first). */
 typedef void (*li_gemm_fn)(const li_panel *p, int nr, const void *xq, size_t xs, int64_t n,
                            const int32_t *asum, float *y, size_t ys);
+
+/* The values of a KSUPER panel (p->w) written straight from nr <= 8 rows
+ * (row r at w + r * row_bytes) of nb super-blocks, rows past nr zero, by a
+ * level that has a vector form for the type; returns 0 (and writes
+ * nothing) for a type it leaves to gemm.c's plain packing. The scales are
+ * packed by gemm.c either way. */
+typedef int (*li_panel_values_fn)(int type, const void *w, size_t row_bytes, int nr, int64_t nb, uint8_t *dst);
 
 #endif

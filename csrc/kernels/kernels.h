@@ -127,6 +127,8 @@ typedef struct li_kernels {
     /* prefill kernels over packed panels (gemm.h), by panel kind; NULL: the
      * level multiplies batches with its dot kernels */
     li_gemm_fn gemm[3];
+    /* the values of a K-quant panel written with vectors (gemm.h); NULL: gemm.c's plain packing */
+    li_panel_values_fn panel_values;
     /* products over weights repacked at load (repack.h), by weight type; NULL
      * where the level has none */
     li_x16_fn x16[LI_TYPE_COUNT];

@@ -104,89 +104,217 @@ static void gemm_blk32(const li_panel *p, int nr, const void *xq, size_t xs, int
 
 /* ---- K-quant super-blocks against act_q8_K ---- */
 
-/* within a group of 16 values (4 chunks, one sub-scale) grp chunks' maddubs
- * results are summed in int16 first: 4 up to 5-bit values, 2 for Q6_K's 6.
- * IQ4_XS's level + 128 (bits 8) would overflow a pair sum: each chunk is
- * flipped back to the signed levels q and multiplied as |q| x (a with q's
- * sign), one chunk at a time, so there is no offset to take out. */
-static inline void ksuper_cols(const li_panel *p, int nr, const char *x, size_t xs, int64_t c0,
-                               const int nc, const int grp, float *y, size_t ys) {
-    const int levels = p->bits == 8;
+/* One super-block's 64 chunks in spans of `span` chunks whose maddubs
+ * results are summed in int16 before one madd applies the sub-scale: 8 for
+ * Q4_K (its sub-blocks of 32 share a scale, and 8 * 2*15*128 < 2^15), 4 for
+ * the other types up to 5 bits, 2 for Q6_K's 6. IQ4_XS's level + 128 (bits
+ * 8) would overflow a pair sum: each chunk is flipped back to the signed
+ * levels q and multiplied as |q| x (a with q's sign), one chunk at a time,
+ * so there is no offset to take out. Everything is unrolled within a span
+ * and the activation pointers advance with the chunks, so the loop is the
+ * loads, maddubs and adds and little else. */
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE __forceinline
+#endif
+
+static ALWAYS_INLINE void ksuper_tile(const li_panel *p, int nr, const char *x, size_t xs, const int nc,
+                                      const int span, const int levels, const int min, const int32_t *asum,
+                                      float *y, size_t ys) {
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     const int64_t nb = p->nb;
-    const int min = p->has_min;
     __m256 acc[NC_MAX];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    UNROLL for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nb; s++) {
         const uint8_t *ws = p->w + (size_t)s * 64 * R * 4;
+        const int16_t *scs = p->sc + (size_t)s * 16 * R * 2;
         const act_q8_K *a[NC_MAX];
-        for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)(c0 + c) * xs) + s;
-        __m256i ia[NC_MAX], im[NC_MAX];
-        for (int c = 0; c < nc; c++) ia[c] = im[c] = _mm256_setzero_si256();
-        for (int g = 0; g < 16; g++) {
-            const __m256i sc = _mm256_loadu_si256((const __m256i *)(p->sc + ((size_t)s * 16 + (size_t)g) * R * 2));
-            UNROLL for (int j0 = 4 * g; j0 < 4 * g + 4; j0 += grp) {
-                __m256i h[NC_MAX];
-                UNROLL for (int c = 0; c < nc; c++) h[c] = _mm256_setzero_si256();
-                UNROLL for (int j = j0; j < j0 + grp; j++) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(ws + 32 * j));
-                    if (levels) {
-                        const __m256i q = _mm256_xor_si256(w, flip), m = _mm256_sign_epi8(q, q);
-                        UNROLL for (int c = 0; c < nc; c++) {
-                            const __m256i aq = _mm256_sign_epi8(bcast4(a[c]->qs + 4 * j), q);
-                            h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(m, aq));
-                        }
-                    } else {
-                        UNROLL for (int c = 0; c < nc; c++)
-                            h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(w, bcast4(a[c]->qs + 4 * j)));
+        UNROLL for (int c = 0; c < nc; c++) a[c] = (const act_q8_K *)(const void *)(x + (size_t)c * xs) + s;
+        const int8_t *q[NC_MAX];
+        UNROLL for (int c = 0; c < nc; c++) q[c] = a[c]->qs;
+        __m256i ia[NC_MAX];
+        UNROLL for (int c = 0; c < nc; c++) ia[c] = _mm256_setzero_si256();
+        for (int j0 = 0; j0 < 64; j0 += span) {
+            __m256i h[NC_MAX];
+            UNROLL for (int c = 0; c < nc; c++) h[c] = _mm256_setzero_si256();
+            UNROLL for (int j = 0; j < span; j++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(ws + 32 * j));
+                if (levels) {
+                    const __m256i lq = _mm256_xor_si256(w, flip), m = _mm256_sign_epi8(lq, lq);
+                    UNROLL for (int c = 0; c < nc; c++)
+                        h[c] = _mm256_maddubs_epi16(m, _mm256_sign_epi8(bcast4(q[c] + 4 * j), lq));
+                } else {
+                    UNROLL for (int c = 0; c < nc; c++) {
+                        const __m256i t = _mm256_maddubs_epi16(w, bcast4(q[c] + 4 * j));
+                        h[c] = _mm256_add_epi16(h[c], t);
+                        /* left free, GCC 12 gathered a span's maddubs results on the stack */
+                        KEEP_IN_REGISTER(h[c]);
                     }
                 }
-                UNROLL for (int c = 0; c < nc; c++) ia[c] = _mm256_add_epi32(ia[c], _mm256_madd_epi16(h[c], sc));
             }
+            /* the span's sub-scale: group j0 / 4 of 16 (for Q4_K's span of 8, groups 2i and 2i+1 share it) */
+            const __m256i sc = _mm256_loadu_si256((const __m256i *)(scs + (size_t)(j0 / 4) * R * 2));
+            UNROLL for (int c = 0; c < nc; c++) ia[c] = _mm256_add_epi32(ia[c], _mm256_madd_epi16(h[c], sc));
+            ws += 32 * span;
+            UNROLL for (int c = 0; c < nc; c++) q[c] += 4 * span;
         }
         /* the mins and offsets: sum over groups of mc * (activation sum of the group); IQ4_XS's
          * signed levels have none */
-        if (!levels)
-            for (int pr = 0; pr < 8; pr++) {
-                const __m256i mc = _mm256_loadu_si256((const __m256i *)(p->mc + ((size_t)s * 8 + (size_t)pr) * R * 2));
-                for (int c = 0; c < nc; c++) {
+        __m256i im[NC_MAX];
+        UNROLL for (int c = 0; c < nc; c++) im[c] = _mm256_setzero_si256();
+        if (asum) { /* Q4_K: the sums of 32 against the mins of its sub-blocks, two by two */
+            const int16_t *mcs = p->mc32 + (size_t)s * 4 * R * 2;
+            UNROLL for (int q2 = 0; q2 < 4; q2++) {
+                const __m256i mc = _mm256_loadu_si256((const __m256i *)(mcs + (size_t)q2 * R * 2));
+                UNROLL for (int c = 0; c < nc; c++) {
+                    const __m256i bs = _mm256_set1_epi32(asum[(size_t)c * (size_t)(8 * nb) + (size_t)s * 8 + (size_t)q2]);
+                    im[c] = _mm256_add_epi32(im[c], _mm256_madd_epi16(mc, bs));
+                }
+            }
+        } else if (!levels) {
+            const int16_t *mcs = p->mc + (size_t)s * 8 * R * 2;
+            UNROLL for (int pr = 0; pr < 8; pr++) {
+                const __m256i mc = _mm256_loadu_si256((const __m256i *)(mcs + (size_t)pr * R * 2));
+                UNROLL for (int c = 0; c < nc; c++) {
                     const __m256i bs = bcast4((const int8_t *)(a[c]->bsums + 2 * pr));
                     im[c] = _mm256_add_epi32(im[c], _mm256_madd_epi16(mc, bs));
                 }
             }
+        }
         const __m256 dw = _mm256_loadu_ps(p->d + s * R), mw = _mm256_loadu_ps(p->m + s * R);
-        for (int c = 0; c < nc; c++) acc[c] = ksuper_accumulate(acc[c], ia[c], im[c], dw, mw, a[c]->d, min);
+        UNROLL for (int c = 0; c < nc; c++) acc[c] = ksuper_accumulate(acc[c], ia[c], im[c], dw, mw, a[c]->d, min);
     }
-    for (int c = 0; c < nc; c++) store_rows(y + (size_t)(c0 + c) * ys, acc[c], nr);
+    UNROLL for (int c = 0; c < nc; c++) store_rows(y + (size_t)c * ys, acc[c], nr);
 }
 
-#define KSUPER_ALL_COLS(grp)                                                                    \
-    do {                                                                                        \
-        int64_t c0 = 0;                                                                         \
-        for (; c0 + NC_MAX <= n; c0 += NC_MAX) ksuper_cols(p, nr, x, xs, c0, NC_MAX, grp, y, ys); \
-        switch (n - c0) {                                                                       \
-        case 3: ksuper_cols(p, nr, x, xs, c0, 3, grp, y, ys); break;                            \
-        case 2: ksuper_cols(p, nr, x, xs, c0, 2, grp, y, ys); break;                            \
-        case 1: ksuper_cols(p, nr, x, xs, c0, 1, grp, y, ys); break;                            \
-        default: break;                                                                         \
-        }                                                                                       \
-    } while (0)
+/* all n columns, NC_MAX at a time, for one (span, levels, min) */
+static ALWAYS_INLINE void ksuper_all(const li_panel *p, int nr, const char *x, size_t xs, int64_t n,
+                                     const int span, const int levels, const int min, const int32_t *asum,
+                                     float *y, size_t ys) {
+    const size_t as = (size_t)(8 * p->nb); /* an activation row's entries of asum */
+    int64_t c0 = 0;
+    for (; c0 + NC_MAX <= n; c0 += NC_MAX)
+        ksuper_tile(p, nr, x + (size_t)c0 * xs, xs, NC_MAX, span, levels, min, asum ? asum + (size_t)c0 * as : NULL,
+                    y + (size_t)c0 * ys, ys);
+    x += (size_t)c0 * xs;
+    y += (size_t)c0 * ys;
+    if (asum) asum += (size_t)c0 * as;
+    switch (n - c0) {
+    case 3: ksuper_tile(p, nr, x, xs, 3, span, levels, min, asum, y, ys); break;
+    case 2: ksuper_tile(p, nr, x, xs, 2, span, levels, min, asum, y, ys); break;
+    case 1: ksuper_tile(p, nr, x, xs, 1, span, levels, min, asum, y, ys); break;
+    default: break;
+    }
+}
+
+/* one instance per kind of panel, so that every span and flag is a constant */
+static void ksuper_q4k(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, const int32_t *asum,
+                       float *y, size_t ys) {
+    ksuper_all(p, nr, x, xs, n, 8, 0, 1, asum, y, ys);
+}
+static void ksuper_min4(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
+    ksuper_all(p, nr, x, xs, n, 4, 0, 1, NULL, y, ys);
+}
+static void ksuper_off4(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
+    ksuper_all(p, nr, x, xs, n, 4, 0, 0, NULL, y, ys);
+}
+static void ksuper_off2(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
+    ksuper_all(p, nr, x, xs, n, 2, 0, 0, NULL, y, ys);
+}
+static void ksuper_levels(const li_panel *p, int nr, const char *x, size_t xs, int64_t n, float *y, size_t ys) {
+    ksuper_all(p, nr, x, xs, n, 1, 1, 0, NULL, y, ys);
+}
 
 static void gemm_ksuper(const li_panel *p, int nr, const void *xq, size_t xs, int64_t n,
                         const int32_t *asum, float *y, size_t ys) {
-    (void)asum;
     const char *x = (const char *)xq;
-    if (p->bits <= 5)
-        KSUPER_ALL_COLS(4);
+    if (p->bits == 8)
+        ksuper_levels(p, nr, x, xs, n, y, ys); /* IQ4_XS */
     else if (p->bits == 6)
-        KSUPER_ALL_COLS(2);
+        ksuper_off2(p, nr, x, xs, n, y, ys); /* Q6_K */
+    else if (p->bits == 4 && p->mc32) /* a K-super panel of 4-bit values is Q4_K's */
+        ksuper_q4k(p, nr, x, xs, n, asum, y, ys); /* sub-blocks of 32; the mins through mc32 */
+    else if (p->has_min)
+        ksuper_min4(p, nr, x, xs, n, y, ys); /* Q2_K, Q5_K */
     else
-        KSUPER_ALL_COLS(1);
+        ksuper_off4(p, nr, x, xs, n, y, ys); /* Q3_K */
+}
+
+/* ---- panel values straight from the file's blocks ---- */
+
+/* v[r]: 32 consecutive values 32m..32m+31 of row r; chunk 8m + i of the
+ * panel is dword i of each row side by side, so the 8 chunks are the 8 x 8
+ * transpose of the rows' dwords */
+static inline void put_transposed(uint8_t *dst, const __m256i v[R]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+    /* u[e]: dword e (low half) and e + 4 (high half) of rows 0..3; u[4 + e]: of rows 4..7 */
+    const __m256i u[8] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                          _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3),
+                          _mm256_unpacklo_epi64(t4, t6), _mm256_unpackhi_epi64(t4, t6),
+                          _mm256_unpacklo_epi64(t5, t7), _mm256_unpackhi_epi64(t5, t7)};
+    for (int e = 0; e < 4; e++) {
+        _mm256_storeu_si256((__m256i *)(dst + 32 * e), _mm256_permute2x128_si256(u[e], u[4 + e], 0x20));
+        _mm256_storeu_si256((__m256i *)(dst + 32 * (e + 4)), _mm256_permute2x128_si256(u[e], u[4 + e], 0x31));
+    }
+}
+
+/* Q4_K: values 64c + l and 64c + 32 + l are the low and high nibbles of
+ * qs[32c + l]; Q6_K: gemm.h's u = q + 32 is the stored 6-bit value, its
+ * four runs of 32 per half as unpack.h's unpack_q6_K takes them apart */
+static int panel_values(int type, const void *w, size_t row_bytes, int nr, int64_t nb, uint8_t *dst) {
+    if (type != LI_TYPE_Q4_K && type != LI_TYPE_Q6_K) return 0;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    for (int64_t s = 0; s < nb; s++) {
+        uint8_t *ds = dst + (size_t)s * 64 * R * 4;
+        if (type == LI_TYPE_Q4_K) {
+            for (int c = 0; c < 4; c++) {
+                __m256i lo[R], hi[R];
+                for (int r = 0; r < R; r++) {
+                    if (r >= nr) {
+                        lo[r] = hi[r] = _mm256_setzero_si256();
+                        continue;
+                    }
+                    const block_q4_K *x = (const block_q4_K *)(const void *)((const char *)w + (size_t)r * row_bytes) + s;
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+                    lo[r] = _mm256_and_si256(q, m4);
+                    hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                }
+                put_transposed(ds + (size_t)(16 * c) * 32, lo);
+                put_transposed(ds + (size_t)(16 * c + 8) * 32, hi);
+            }
+        } else {
+            for (int h = 0; h < 2; h++) {
+                __m256i v[4][R];
+                for (int r = 0; r < R; r++) {
+                    if (r >= nr) {
+                        v[0][r] = v[1][r] = v[2][r] = v[3][r] = _mm256_setzero_si256();
+                        continue;
+                    }
+                    const block_q6_K *x = (const block_q6_K *)(const void *)((const char *)w + (size_t)r * row_bytes) + s;
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+                    const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+                    v[0][r] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+                    v[1][r] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+                    v[2][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+                    v[3][r] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                              _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+                }
+                for (int t = 0; t < 4; t++) put_transposed(ds + (size_t)(8 * (4 * h + t)) * 32, v[t]);
+            }
+        }
+    }
+    return 1;
 }
 
 void li_gemm_fill_avx2(li_kernels *t) {
     t->gemm[LI_PANEL_BLK32] = gemm_blk32;
     t->gemm[LI_PANEL_KSUPER] = gemm_ksuper;
+    t->panel_values = panel_values;
 }
 #elif defined(LI_ARCH_X86)
 void li_gemm_fill_avx2(li_kernels *t) { (void)t; } /* built without the AVX2 flags */

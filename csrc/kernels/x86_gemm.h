@@ -11,8 +11,12 @@
  * be unrolled so every accumulator lives in a register */
 #if defined(__GNUC__)
 #define UNROLL _Pragma("GCC unroll 16")
+/* v stays in its register here: the sums it carries are added in order as
+ * they come, not gathered on the stack first */
+#define KEEP_IN_REGISTER(v) __asm__("" : "+x"(v))
 #else
 #define UNROLL
+#define KEEP_IN_REGISTER(v) ((void)0)
 #endif
 
 /* 4 activation bytes in every 32-bit lane */

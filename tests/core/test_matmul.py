@@ -120,6 +120,22 @@ def test_batch_invariance(isa, t):
                     f"{np.flatnonzero(got[j] != alone[i]).tolist()}")
 
 
+@pytest.mark.parametrize("t", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=type_id)
+def test_batch_invariance_across_cache_blocks(isa, t):
+    """With long rows (k = 8192) the prefill driver takes a batch of 40 in
+    several blocks of columns and 37 weight rows in several blocks of panels
+    (gemm.c's cache blocking); every output is still bitwise the product of
+    its row alone, at 1 and 2 threads."""
+    rng = np.random.default_rng(170 + int(t))
+    k, rows, n = 8192, INVARIANCE_ROWS, 40
+    w = random_weight(rng, t, rows, k)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    alone = np.stack([ops.matmul(w, t, (rows, k), x[i:i + 1], n_threads=1)[0] for i in range(n)])
+    for n_threads in (1, 2):
+        got = ops.matmul(w, t, (rows, k), x, n_threads=n_threads)
+        assert np.array_equal(got, alone), f"{t.name} at {isa}, {n_threads} threads"
+
+
 @pytest.mark.parametrize("t", QUANT_TYPES, ids=type_id)
 def test_levels_bitwise_equal_for_quantized_types(t):
     """scalar.c specifies the quantized products to the bit (exact integer

@@ -238,7 +238,7 @@ def test_long_prompts_over_several_spans_and_tiles(tmp_path, arch, kv_type, qtyp
     tiles; a sliding window of 300 starts mid-span. The logits are the same
     whole, in chunks of 37 (a tile's tokens then straddle span ends), and one
     token at a time beside another sequence (whose blocks interleave). The
-    feed-forward takes the 700 rows in chunks of 128 (context.h's
+    feed-forward takes the 700 rows in chunks of 512 (context.h's
     LI_FFN_CHUNK); IQ4_XS multiplies over values unpacked once per chunk."""
     cfg = TinyConfig(arch=arch, qtype=qtype, context_length=1024, sliding_window=300 if arch == "gemma3" else 0)
     path = write_model(tmp_path / "long.gguf", cfg)
