@@ -106,6 +106,37 @@ NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
 ARCHS = ("llama", "qwen2", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3")
 
 
+def tensor_adder(w, tensor_hook):
+    """w.add_tensor through tensor_hook(name, data, qtype), which may return
+    None to drop the tensor or a replacement (data, qtype)."""
+
+    def add(name, data, t):
+        if tensor_hook is not None:
+            replaced = tensor_hook(name, data, t)
+            if replaced is None:
+                return
+            data, t = replaced
+        w.add_tensor(name, data, raw_dtype=t)
+
+    return add
+
+
+def add_keys(w, kv):
+    """Metadata by the value's Python type: bool, uint32, float32, string, or
+    an array of float32."""
+    for key, v in kv.items():
+        if isinstance(v, bool):
+            w.add_bool(key, v)
+        elif isinstance(v, int):
+            w.add_uint32(key, v)
+        elif isinstance(v, float):
+            w.add_float32(key, v)
+        elif isinstance(v, str):
+            w.add_string(key, v)
+        else:
+            w.add_array(key, [float(a) for a in v])
+
+
 def vocab():
     tokens = byte_symbols() + [a + b for a, b in (m.split(" ") for m in MERGES)] + ["<s>", "</s>"]
     types = [1] * (len(tokens) - 2) + [3, 3]
@@ -190,13 +221,7 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
     for key, value in (extra_arrays or {}).items():
         w.add_array(key, value)
 
-    def add(name, data, t):
-        if tensor_hook is not None:
-            replaced = tensor_hook(name, data, t)
-            if replaced is None:
-                return
-            data, t = replaced
-        w.add_tensor(name, data, raw_dtype=t)
+    add = tensor_adder(w, tensor_hook)
 
     def matrix(name, rows, k, qtype, scale, n_expert=0):
         """[rows, k], or [n_expert, rows, k] as GGUF's 3-D expert tensors"""
@@ -550,13 +575,7 @@ def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
         else:
             w.add_array(key, value)
 
-    def add(name, data, t):
-        if tensor_hook is not None:
-            replaced = tensor_hook(name, data, t)
-            if replaced is None:
-                return
-            data, t = replaced
-        w.add_tensor(name, data, raw_dtype=t)
+    add = tensor_adder(w, tensor_hook)
 
     def matrix(name, rows, k, qtype=None, scale=None, n_expert=0):
         n = max(n_expert, 1)
@@ -766,13 +785,7 @@ def write_gpt_oss(path, cfg: GptOssConfig, tensor_hook=None, meta=None) -> str:
         else:
             w.add_array(key, value)
 
-    def add(name, data, t):
-        if tensor_hook is not None:
-            replaced = tensor_hook(name, data, t)
-            if replaced is None:
-                return
-            data, t = replaced
-        w.add_tensor(name, data, raw_dtype=t)
+    add = tensor_adder(w, tensor_hook)
 
     def matrix(name, rows, k, qtype, scale=1.0, n_expert=0):
         n = max(n_expert, 1)
@@ -886,25 +899,9 @@ def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=No
     if cfg.projector == "idefics3":
         kv["clip.vision.preproc_image_size"] = cfg.longest_edge
     kv.update(meta or {})
-    for key, v in kv.items():
-        if isinstance(v, bool):
-            w.add_bool(key, v)
-        elif isinstance(v, int):
-            w.add_uint32(key, v)
-        elif isinstance(v, float):
-            w.add_float32(key, v)
-        elif isinstance(v, str):
-            w.add_string(key, v)
-        else:
-            w.add_array(key, [float(a) for a in v])
+    add_keys(w, kv)
 
-    def add(name, data, t):
-        if tensor_hook is not None:
-            replaced = tensor_hook(name, data, t)
-            if replaced is None:
-                return
-            data, t = replaced
-        w.add_tensor(name, data, raw_dtype=t)
+    add = tensor_adder(w, tensor_hook)
 
     def matrix(name, rows, k, scale, qtype=None):
         t = gguf.GGMLQuantizationType[qtype or cfg.qtype]
@@ -1002,25 +999,9 @@ def write_gemma4v_mmproj(path, cfg: TinyGemma4v = TinyGemma4v(), tensor_hook=Non
     if cfg.use_gelu:
         kv["clip.use_gelu"] = True
     kv.update(meta or {})
-    for key, v in kv.items():
-        if isinstance(v, bool):
-            w.add_bool(key, v)
-        elif isinstance(v, int):
-            w.add_uint32(key, v)
-        elif isinstance(v, float):
-            w.add_float32(key, v)
-        elif isinstance(v, str):
-            w.add_string(key, v)
-        else:
-            w.add_array(key, [float(a) for a in v])
+    add_keys(w, kv)
 
-    def add(name, data, t):
-        if tensor_hook is not None:
-            replaced = tensor_hook(name, data, t)
-            if replaced is None:
-                return
-            data, t = replaced
-        w.add_tensor(name, data, raw_dtype=t)
+    add = tensor_adder(w, tensor_hook)
 
     def matrix(name, rows, k, scale):
         t = gguf.GGMLQuantizationType[cfg.qtype]
@@ -1212,13 +1193,7 @@ def write_gemma4(path, cfg: Gemma4Config = Gemma4Config(), tensor_hook=None, met
         else:
             w.add_array(key, value)
 
-    def add(name, data, t):
-        if tensor_hook is not None:
-            replaced = tensor_hook(name, data, t)
-            if replaced is None:
-                return
-            data, t = replaced
-        w.add_tensor(name, data, raw_dtype=t)
+    add = tensor_adder(w, tensor_hook)
 
     def matrix(name, rows, k, qtype, scale=1.0, n_expert=0):
         """[rows, k], or [n_expert, rows, k] as GGUF's 3-D expert tensors"""
