@@ -9,6 +9,8 @@ import struct
 import zlib
 
 import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize as gguf_dequantize
 from PIL import Image
 
 
@@ -82,3 +84,12 @@ def _save(a, fmt):
     buf = io.BytesIO()
     Image.fromarray(a).save(buf, fmt)
     return buf.getvalue()
+
+
+def reference_file(path):
+    """(metadata, {name: float64 tensor}) of an mmproj, by gguf's own dequantization."""
+    r = GGUFReader(str(path))
+    md = {k: f.contents() for k, f in r.fields.items()}
+    t = {x.name: gguf_dequantize(x.data, x.tensor_type).reshape(tuple(int(v) for v in reversed(x.shape.tolist())))
+         .astype(np.float64) for x in r.tensors}
+    return md, t

@@ -7,8 +7,6 @@ import math
 
 import numpy as np
 import pytest
-from gguf.quants import dequantize as gguf_dequantize
-from gguf import GGUFReader
 
 PIL = pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
@@ -18,7 +16,7 @@ from llminfer.errors import ImageError, InvalidArgumentError, UnsupportedModelEr
 from llminfer.vision import load_image, load_mmproj  # noqa: E402
 from reference import ReferenceModel  # noqa: E402
 from tiny_models import TinyConfig, TinyMmproj, write_mmproj, write_model  # noqa: E402
-from images import GEMMA_TEMPLATE, HOSTILE, IMAGE_TOKENS, data_url, png, synthetic  # noqa: E402
+from images import GEMMA_TEMPLATE, HOSTILE, IMAGE_TOKENS, data_url, png, reference_file, synthetic  # noqa: E402
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
@@ -72,15 +70,6 @@ def test_preprocess_keeps_aspect_ratio_rounding_up(files):
 
 
 # ---- the encoder against numpy ----
-
-def reference_file(path):
-    """(metadata, {name: float64 tensor}) of an mmproj, by gguf's own dequantization."""
-    r = GGUFReader(str(path))
-    md = {k: f.contents() for k, f in r.fields.items()}
-    t = {x.name: gguf_dequantize(x.data, x.tensor_type).reshape(tuple(int(v) for v in reversed(x.shape.tolist())))
-         .astype(np.float64) for x in r.tensors}
-    return md, t
-
 
 def reference_encode(path, pixels):
     """The Gemma 3 graph in float64: the ViT, 2-D average pooling, RMS norm, projection."""

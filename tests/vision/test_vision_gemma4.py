@@ -8,8 +8,6 @@ import math
 
 import numpy as np
 import pytest
-from gguf import GGUFReader
-from gguf.quants import dequantize as gguf_dequantize
 
 pytest.importorskip("PIL")
 
@@ -17,7 +15,7 @@ import llminfer  # noqa: E402
 from llminfer.errors import ImageError, InvalidArgumentError, UnsupportedModelError  # noqa: E402
 from llminfer.vision import load_mmproj  # noqa: E402
 from llminfer.vision.gemma4 import fit_box, target_size  # noqa: E402
-from images import HOSTILE, data_url, gemma4_text_model, png, synthetic  # noqa: E402
+from images import HOSTILE, data_url, gemma4_text_model, png, reference_file, synthetic  # noqa: E402
 from reference_gemma4 import Gemma4Reference  # noqa: E402
 from tiny_models import TinyGemma4v, write_gemma4v_mmproj  # noqa: E402
 
@@ -83,14 +81,6 @@ def test_preprocess_pads_and_normalises_as_computed_here(files):
 
 
 # ---- the tower against numpy ----
-
-def reference_file(path):
-    r = GGUFReader(str(path))
-    md = {k: f.contents() for k, f in r.fields.items()}
-    t = {x.name: gguf_dequantize(x.data, x.tensor_type).reshape(tuple(int(v) for v in reversed(x.shape.tolist())))
-         .astype(np.float64) for x in r.tensors}
-    return md, t
-
 
 def reference_encode(path, pixels):
     """The gemma4v graph in float64, from the file alone: [cells, n_embd_text]."""
