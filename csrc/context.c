@@ -129,6 +129,8 @@ static int rope_table(li_context *c, float keys[][2], const li_layer_desc *ly, c
     keys[t][1] = ly->rope_scale;
     c->rope_n_rot[t] = s->n_rot;
     li_rope_params_init(&c->rope[t], s->n_rot, ly->rope_base, ly->rope_scale, s->rope_factors);
+    const int sect[4] = {s->rope_sect_t, s->rope_sect_h, s->rope_sect_w, s->rope_sect_e};
+    li_rope_set_sections(&c->rope[t], sect);
     return t;
 }
 

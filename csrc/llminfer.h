@@ -341,6 +341,12 @@ enum li_expert_gating {
 typedef struct li_model_desc {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot;
     int rope_mode;               /* LI_ROPE_NORM or LI_ROPE_NEOX */
+    /* M-RoPE (qwen2vl; ggml's GGML_ROPE_TYPE_MROPE), all 0: off. Rotated pair
+     * i (NeoX, i < n_rot/2) turns by the token's temporal position where
+     * i % S < rope_sect_t, its height one where i % S < t + h, its width one
+     * where i % S < t + h + w, else its fourth (S the four's sum); a row's
+     * four positions are the batch's rope_pos, or (pos, pos, pos, 0) */
+    int rope_sect_t, rope_sect_h, rope_sect_w, rope_sect_e;
     int gate_fn;                 /* enum li_gate_fn, gating the feed-forward (dense, experts and shared); a layer
                                   * without w_gate (ungated: act(x Wu^T) Wd^T) takes LI_FN_RELU_SQR (nemotron_h) */
     float norm_eps;
@@ -496,6 +502,11 @@ typedef struct li_batch {
     const int32_t *pos;    /* [n] */
     const int32_t *seq;    /* [n] index into the views */
     const int8_t *logits;  /* [n] nonzero: this row's logits are returned; NULL: only the last row's */
+    const int32_t *rope_pos; /* [n, 4] each row's M-RoPE positions (temporal, height, width, fourth), each in
+                              * [0, 2^24), for a model with rope sections (LI_E_ARG in another); NULL: (pos,
+                              * pos, pos, 0). pos stays the row's place in the cache and in the causal order:
+                              * an image's rows take consecutive places but 2-D rope positions (llama.cpp's
+                              * mtmd), and the text after it rope positions behind its places */
 } li_batch;
 
 /* Which group layer il's keys and values live in. */

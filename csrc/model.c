@@ -1335,6 +1335,11 @@ static int prepare_batch(li_context *c, const li_batch *b, const li_seq_view *vi
         if (s < 0 || s >= n_views)
             return li_fail(LI_E_ARG, "batch row %d: sequence index %d, but %d views were given", t, s, n_views);
         if (pos < 0) return li_fail(LI_E_CONTEXT, "batch row %d: negative position %d", t, pos);
+        if (b->rope_pos)
+            for (int j = 0; j < 4; j++)
+                if (b->rope_pos[t * 4 + j] < 0 || b->rope_pos[t * 4 + j] >= (1 << 24))
+                    return li_fail(LI_E_ARG, "batch row %d: rope position %d of section %d is outside [0, 2^24)", t,
+                                   b->rope_pos[t * 4 + j], j);
         c->pos[t] = pos;
         for (int g = 0; g < LI_KV_GROUPS; g++) {
             c->n_spans[t * 2 + g] = 0;
@@ -1442,6 +1447,8 @@ int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views
     const li_model_desc *m = c->m;
     if (b->n <= 0 || b->n > c->n_batch)
         return li_fail(LI_E_ARG, "a batch of %d tokens; this context takes 1 to %d", b->n, c->n_batch);
+    if (b->rope_pos && !(m->rope_sect_t + m->rope_sect_h + m->rope_sect_w + m->rope_sect_e))
+        return li_fail(LI_E_ARG, "a batch with rope positions, for a model without rope sections");
     int64_t n_out = 0;
     if (c->non_causal && c->be_layers > 0)
         return li_fail(LI_E_ARG, "non-causal attention runs on the CPU only, and this context offloads %d layers",
@@ -1461,7 +1468,7 @@ int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views
     if (c->split && (int64_t)b->n * m->n_head_kv >= 2 * nt) c->split = 0;
     if (!c->split) make_tiles(c, b, nt);
     for (int r = 0; r < c->n_rope; r++)
-        li_rope_cache(c->pos, b->n, c->rope_n_rot[r], &c->rope[r],
+        li_rope_cache(c->pos, b->rope_pos, b->n, c->rope_n_rot[r], &c->rope[r],
                       c->rope_cs + (size_t)r * (size_t)c->n_batch * (size_t)c->n_rot_max);
     (void)nt;
     if (!c->be) {

@@ -212,6 +212,12 @@ class ModelSpec:
     output: Matrix
     layers: list = field(default_factory=list)
     rope_factors: np.ndarray | None = None  # [n_rot/2] frequency divisors (rope_freqs.weight)
+    # M-RoPE (qwen2vl): rope.dimension_sections, rotated pairs by temporal,
+    # height, width and fourth position (li_model_desc); all 0: one position
+    rope_sect_t: int = 0
+    rope_sect_h: int = 0
+    rope_sect_w: int = 0
+    rope_sect_e: int = 0
     residual_scale: float = 1.0   # granite: each half's output times this before the residual add
     logit_scale: float = 1.0      # granite: logits times this (1 / granite.logit_scale)
     attn_softcap: float = 0.0     # gemma2: scores become cap * tanh(score / cap); 0: none

@@ -17,11 +17,11 @@ TOL_QUANT_WEIGHTS = 3e-2
 ROUTE_TIE = 0.005
 
 
-NEW_ARCHS = ["qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3"]
+NEW_ARCHS = ["qwen2vl", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3"]
 
 
 def config(arch, **kw):
-    defaults = dict(arch=arch, tie_output=arch not in ("olmo2", "qwen2"))
+    defaults = dict(arch=arch, tie_output=arch not in ("olmo2", "qwen2", "qwen2vl"))
     if arch == "gemma2":
         defaults["sliding_window"] = 8
     if arch == "smollm3":

@@ -99,11 +99,12 @@ class TinyConfig:
     yarn_beta_slow: float = 2.0
     yarn_log_mul: float = 0.5
     attn_temp_scale: float = 0.0  # mistral3: attention.temperature_scale, written when != 0
+    rope_sections: tuple = (8, 12, 12, 0)  # qwen2vl: rope.dimension_sections (pairs of a 64-wide head)
 
 
 # What each architecture adds to (or takes from) the Llama block in a tiny model
-NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
-ARCHS = ("llama", "qwen2", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3")
+NEOX_ARCHS = ("qwen2", "qwen2vl", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
+ARCHS = ("llama", "qwen2", "qwen2vl", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3")
 
 
 def tensor_adder(w, tensor_hook):
@@ -202,6 +203,8 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
         w.add_float32(f"{arch}.attention.temperature_scale", cfg.attn_temp_scale)
         if cfg.yarn_factor <= 0:  # the temperature's step, else context_length
             w.add_uint32(f"{arch}.rope.scaling.original_context_length", cfg.yarn_orig_ctx)
+    if arch == "qwen2vl":  # M-RoPE's sections, uneven so that a mix-up shows: 8 + 12 + 12 of 32 pairs
+        w.add_array(f"{arch}.rope.dimension_sections", list(cfg.rope_sections))
     if arch == "qwen3moe":
         w.add_uint32(f"{arch}.expert_count", cfg.n_expert)
         w.add_uint32(f"{arch}.expert_used_count", cfg.n_expert_used)
@@ -277,7 +280,7 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
         if arch in ("gemma2", "olmo2"):
             vector(p + "post_attention_norm.weight", E)
             vector(p + "post_ffw_norm.weight", E)
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen2vl"):
             vector(p + "attn_q.bias", cfg.n_head * hd, 0.0, 0.2)
             vector(p + "attn_k.bias", cfg.n_head_kv * hd, 0.0, 0.2)
             vector(p + "attn_v.bias", cfg.n_head_kv * hd, 0.0, 0.2)
