@@ -1054,6 +1054,91 @@ def write_gemma4v_mmproj(path, cfg: TinyGemma4v = TinyGemma4v(), tensor_hook=Non
     return str(path)
 
 
+@dataclass
+class TinyQwen25vl:
+    """A tiny Qwen2.5-VL vision tower (clip.projector_type
+    "qwen2.5vl_merger") as llama.cpp's converter writes one: the 3-D conv's
+    two temporal slices (v.patch_embd.weight, .weight.1), RMS norms with
+    weights only, biased q/k/v/out, a SiLU-gated feed-forward with biases,
+    post_ln (the merger's ln_q), and the merger's MLP mm.0 / mm.2. Real
+    patch size (14), so that windows of 112 pixels are 4 x 4 cells: an
+    image of a few hundred pixels a side has several, some cut short.
+    wa_pattern 2: layers 1, 3, .. attend to the whole image, the others
+    within windows."""
+
+    qtype: str = "F16"
+    patch_size: int = 14
+    n_embd: int = 64
+    n_ff: int = 96
+    n_layer: int = 3
+    n_head: int = 4
+    n_embd_text: int = 256        # the text model's width (TinyConfig.n_embd)
+    wa_pattern: int = 2
+    eps: float = 1e-6
+    mean: tuple = (0.48, 0.46, 0.41)
+    std: tuple = (0.27, 0.26, 0.28)
+    seed: int = 13
+
+
+def write_qwen25vl_mmproj(path, cfg: TinyQwen25vl = TinyQwen25vl(), tensor_hook=None, meta=None) -> str:
+    """A random qwen2.5vl_merger mmproj (see TinyQwen25vl); tensor_hook and meta as write_mmproj's."""
+    rng = np.random.default_rng(cfg.seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    E, F, ps = cfg.n_embd, cfg.n_ff, cfg.patch_size
+    kv = {
+        "clip.projector_type": "qwen2.5vl_merger", "clip.has_vision_encoder": True, "clip.use_silu": True,
+        "clip.vision.image_size": 560, "clip.vision.patch_size": ps,
+        "clip.vision.embedding_length": E, "clip.vision.feed_forward_length": F,
+        "clip.vision.block_count": cfg.n_layer, "clip.vision.attention.head_count": cfg.n_head,
+        "clip.vision.attention.layer_norm_epsilon": cfg.eps, "clip.vision.projection_dim": cfg.n_embd_text,
+        "clip.vision.n_wa_pattern": cfg.wa_pattern,
+        "clip.vision.image_mean": list(cfg.mean), "clip.vision.image_std": list(cfg.std),
+    }
+    kv.update(meta or {})
+    add_keys(w, kv)
+
+    add = tensor_adder(w, tensor_hook)
+
+    def matrix(name, rows, k, scale):
+        t = gguf.GGMLQuantizationType[cfg.qtype]
+        data = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
+        add(name, quantized_matrix(rng, data, t), t)
+
+    def f32(name, data):
+        add(name, np.ascontiguousarray(data, np.float32), gguf.GGMLQuantizationType.F32)
+
+    def vector(name, n, around=0.0, spread=0.1):
+        f32(name, around + rng.standard_normal(n) * spread)
+
+    for j in ("", ".1"):  # conv kernels stay F16, as converted
+        patch = (rng.standard_normal((E, 3, ps, ps)) / np.sqrt(2 * 3 * ps * ps)).astype(np.float16)
+        add("v.patch_embd.weight" + j, patch, gguf.GGMLQuantizationType.F16)
+    for i in range(cfg.n_layer):
+        p = f"v.blk.{i}."
+        vector(p + "ln1.weight", E, 1.0)
+        vector(p + "ln2.weight", E, 1.0)
+        for m in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            # q and k twice as large: scores of a few units, so that where each row looks matters
+            matrix(p + m + ".weight", E, E, (2.0 if m in ("attn_q", "attn_k") else 1.0) / np.sqrt(E))
+            vector(p + m + ".bias", E)
+        matrix(p + "ffn_gate.weight", F, E, 1.0 / np.sqrt(E))
+        vector(p + "ffn_gate.bias", F)
+        matrix(p + "ffn_up.weight", F, E, 1.0 / np.sqrt(E))
+        vector(p + "ffn_up.bias", F)
+        matrix(p + "ffn_down.weight", E, F, 1.0 / np.sqrt(F))
+        vector(p + "ffn_down.bias", E)
+    vector("v.post_ln.weight", E, 1.0)
+    matrix("mm.0.weight", 4 * E, 4 * E, 1.0 / np.sqrt(4 * E))
+    vector("mm.0.bias", 4 * E)
+    matrix("mm.2.weight", cfg.n_embd_text, 4 * E, 1.0 / np.sqrt(4 * E))
+    vector("mm.2.bias", cfg.n_embd_text)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
 # ---- Gemma 4 (issue 52) ----
 
 GEMMA4_MERGES = ["\u2581 t", "h e", "\u2581t he", "i n", "\u2581 a", "e r", "o n", "\u2581 s", "e n", "a n",
