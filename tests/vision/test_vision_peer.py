@@ -1,4 +1,4 @@
-"""Gemma 3, Idefics3 and Gemma 4 image embeddings and prompt layout against
+"""Gemma 3, Idefics3, Gemma 4 and Qwen2.5-VL image embeddings and prompt layout against
 llama.cpp's libmtmd, on the same tiny random files: tests/c/mtmd_embed.c, compiled here against a
 llama.cpp build (its include folders and build/bin with libmtmd.so), runs
 mtmd_tokenize and mtmd_encode_chunk on one raw RGB image. Skipped without
@@ -342,6 +342,117 @@ def test_gemma4_logits_and_greedy_tokens_match_llama_cpp(mtmd, gemma4, seed, h, 
         if margin < 0.25:
             break
         if k == len(tokens):  # ours ended at an end-of-generation token: llama.cpp drew one there too
+            assert tok in eog, (k, tokens, gen)
+            break
+        assert tokens[k] == tok, (k, tokens, gen)
+
+
+# ---- Qwen2.5-VL (qwen2.5vl_merger): dynamic size, window attention, M-RoPE positions in the text model ----
+
+# ggml's conv turns the pixels into F16 (im2col beside F16 kernels), and its
+# flash attention the keys and values, which we do not: up to 3.2e-3 of the
+# rows' largest after the tiny tower (whose q and k are twice the usual
+# scale), where we are within 4e-4 of the float64 graph
+# (test_vision_qwen25vl); with Q8_0 weights mtmd quantizes each product's
+# activations to Q8_0 too (our products are float): up to 5e-2
+QWEN_TOL = {"F32": 4e-3, "F16": 4e-3, "Q8_0": 6e-2}
+QWEN_SIZES = [(200, 300), (56, 56), (40, 70), (300, 130), (13, 9)]  # (height, width): 9 to 77 cells
+
+
+@pytest.fixture(scope="module")
+def qwen25vl(tmp_path_factory):
+    from images import qwen2vl_text_model
+    from tiny_models import TinyQwen25vl, write_qwen25vl_mmproj
+
+    d = tmp_path_factory.mktemp("qwen25vl_peer")
+    model = qwen2vl_text_model(d / "qwen2vl.gguf", qtype="F32", embd_qtype="F32")
+    return d, model, {q: write_qwen25vl_mmproj(d / f"mmproj-qwen-{q}.gguf", TinyQwen25vl(qtype=q))
+                      for q in QWEN_TOL}
+
+
+@pytest.mark.parametrize("qtype", sorted(QWEN_TOL))
+def test_qwen25vl_rows_match_mtmd(mtmd, qwen25vl, qtype):
+    """Each image's cell count (mtmd's smart resize, 8 to 4096 cells) and
+    rows within QWEN_TOL of mtmd's, for images of several sizes and aspect
+    ratios (one window of 4 x 4 cells, or several, some cut short)."""
+    d, model, mm = qwen25vl
+    enc = load_mmproj(mm[qtype])
+    try:
+        for i, (h, w) in enumerate(QWEN_SIZES):
+            img = synthetic(h, w, seed=40 + i)
+            _, peer = run_mtmd(mtmd, model, mm[qtype], img, "<__media__>", d / f"qw-{qtype}-{i}")
+            peer = peer.reshape(-1, enc.n_embd_out)
+            ours = enc.encode(png(img))
+            assert ours.shape == peer.shape, (h, w)
+            err = np.abs(ours - peer).max() / np.abs(peer).max()
+            assert err < QWEN_TOL[qtype], f"{qtype} {h}x{w}: {err:.2e}"
+    finally:
+        enc.close()
+
+
+def test_qwen25vl_layout_matches_mtmd(mtmd, qwen25vl):
+    """The tokens around the image ("<|vision_start|>", "<|vision_end|>")
+    and its row count are mtmd's, decoded causally."""
+    import llminfer
+
+    d, model, mm = qwen25vl
+    img = synthetic(40, 70)
+    prompt = "<|im_start|>user\nwhat is<__media__>this<|im_end|>\n"
+    chunks, _ = run_mtmd(mtmd, model, mm["F16"], img, prompt, d / "qw-layout")
+    want = []
+    for c in chunks:
+        want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+    assert [c for c in chunks if c[0] == "image"] == [["image", "12", "0"]]
+    with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=512, n_threads=1) as llm:
+        assert not llm._vision.non_causal
+        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
+                      llm._image_rows, True)
+    (span,) = ids.images
+    assert span.grid == (4, 3)
+    assert [t if not span.start <= i < span.end else "img" for i, t in enumerate(ids)] == want
+
+
+@pytest.mark.parametrize("seed,h,w", [(5, 200, 300), (6, 56, 56), (7, 90, 40)])
+def test_qwen25vl_logits_and_greedy_tokens_match_llama_cpp(mtmd, qwen25vl, seed, h, w):
+    """The whole path (preprocessing, rows, layout, decode with the image's
+    M-RoPE positions and the text after it moved on by max(nx, ny)) against
+    llama.cpp decoding mtmd's chunks through mtmd's helper: the logits
+    after the prompt within 3e-3 of its largest, under a tenth of how far
+    the same rows at plain positions land, and the greedy tokens the same
+    while llama.cpp's margin between its two best is at least 0.25."""
+    import llminfer
+    from llminfer.vision.prompt import ImageSpan, PromptIds
+
+    d, model, mm = qwen25vl
+    img = synthetic(h, w, seed=seed)
+    prompt = "<|im_start|>user\nwhat is<__media__>this<|im_end|>\n<|im_start|>assistant\n"
+    np.ascontiguousarray(img).tofile(d / "qwlg.rgb")
+    argv = [str(mtmd), model, mm["F32"], str(d / "qwlg.rgb"), str(w), str(h), prompt, str(d / "qw-helper"), "helper",
+            "8"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    peer = np.fromfile(f"{d / 'qw-helper'}.logits", np.float32)
+    gen = [(int(a), float(b)) for a, b in (line.split() for line in
+                                            Path(f"{d / 'qw-helper'}.gen").read_text().splitlines())]
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
+        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
+                      llm._image_rows, True)
+        llm.complete(ids, max_tokens=1, temperature=0)
+        ours = llm.last_logits.copy()
+        tokens = llm.complete(ids, max_tokens=len(gen), temperature=0).tokens
+        eog = set(llm.tokenizer.eog_ids)
+        (span,) = ids.images
+        flat = PromptIds(ids)  # the same rows without their grid: plain positions
+        flat.images = (ImageSpan(span.start, "flat", np.asarray(span.rows)),)
+        llm.complete(flat, max_tokens=1, temperature=0)
+        plain = llm.last_logits.copy()
+    scale = np.abs(peer).max()
+    err, far = np.abs(ours - peer).max() / scale, np.abs(plain - peer).max() / scale
+    assert err < 3e-3 and err < 0.1 * far, (err, far)
+    for k, (tok, margin) in enumerate(gen):
+        if margin < 0.25:
+            break
+        if k == len(tokens):
             assert tok in eog, (k, tokens, gen)
             break
         assert tokens[k] == tok, (k, tokens, gen)
