@@ -1101,6 +1101,8 @@ def write_qwen25vl_mmproj(path, cfg: TinyQwen25vl = TinyQwen25vl(), tensor_hook=
 
     def matrix(name, rows, k, scale):
         t = gguf.GGMLQuantizationType[cfg.qtype]
+        if k % gguf.GGML_QUANT_SIZES[t][0]:  # Qwen2.5-VL-7B's 3420-wide ffn_down in Q8_0: F16, as converted
+            t = gguf.GGMLQuantizationType.F16
         data = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
         add(name, quantized_matrix(rng, data, t), t)
 

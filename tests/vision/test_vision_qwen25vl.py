@@ -306,3 +306,28 @@ def test_llm_chat_with_an_image_and_the_chat_handler(files):
 def test_grid_rows_keep_their_grid():
     r = grid_rows(np.zeros((6, 4), np.float32), 3, 2)
     assert r[2:].grid == (3, 2) and np.asarray(r).shape == (6, 4)
+
+
+def test_a_saved_state_keeps_the_image_mark(files):
+    """save_state after an image prompt, load_state in another LLM: the
+    text after the image goes on at the same rope positions (the same
+    logits as in the first LLM)."""
+    from llminfer.vision.prompt import PromptIds
+
+    _, model, mm = files
+    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": data_url(png(synthetic(90, 150, seed=3)))}}, {"type": "text", "text": "what"}]}]
+    extra = [5, 17, 29]
+    with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=512, n_threads=1) as a:
+        ids = a.chat_prompt(msgs)
+        a.complete(ids, max_tokens=1, temperature=0)
+        blob = a.save_state()
+        longer = PromptIds(list(ids) + extra)
+        longer.images = ids.images
+        a.complete(longer, max_tokens=1, temperature=0)
+        want = a.last_logits.copy()
+    with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=512, n_threads=1) as b:
+        b.load_state(blob)
+        assert b.sequence.rope_marks
+        b.complete(list(ids) + extra, max_tokens=1, temperature=0)
+        assert np.array_equal(b.last_logits, want)
