@@ -67,6 +67,7 @@ typedef struct {
     const float *factors; /* [n_rot/2] or NULL */
     int sect[4];          /* M-RoPE sections (li_model_desc's rope_sect_*); their sum 0: one position */
     int n_sect;           /* their sum */
+    int interleave;       /* imrope: sections interleaved pair by pair */
 } li_rope_params;
 void li_rope_params_init(li_rope_params *r, int64_t n_rot, float freq_base, float freq_scale,
                          const float *factors);
@@ -76,7 +77,7 @@ void li_rope_params_init(li_rope_params *r, int64_t n_rot, float freq_base, floa
  * given, else (pos[t], pos[t], pos[t], 0); pos4 is ignored without. */
 void li_rope_cache(const int32_t *pos, const int32_t *pos4, int64_t n_tok, int64_t n_rot, const li_rope_params *r,
                    float *cs);
-void li_rope_set_sections(li_rope_params *r, const int sect[4]);
+void li_rope_set_sections(li_rope_params *r, const int sect[4], int interleave);
 /* rotate one head vector in place with its token's row of the cache */
 void li_rope_head(float *x, const float *cs, int64_t n_rot, int mode);
 

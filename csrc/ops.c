@@ -89,19 +89,28 @@ void li_rope_params_init(li_rope_params *r, int64_t n_rot, float freq_base, floa
     r->factors = factors;
     r->sect[0] = r->sect[1] = r->sect[2] = r->sect[3] = 0;
     r->n_sect = 0;
+    r->interleave = 0;
 }
 
-void li_rope_set_sections(li_rope_params *r, const int sect[4]) {
+void li_rope_set_sections(li_rope_params *r, const int sect[4], int interleave) {
     r->n_sect = 0;
+    r->interleave = interleave != 0;
     for (int j = 0; j < 4; j++) {
         r->sect[j] = sect[j] > 0 ? sect[j] : 0;
         r->n_sect += r->sect[j];
     }
 }
 
-/* the section (0..3) of rotated pair i: ggml's non-interleaved M-RoPE */
+/* the section (0..3) of rotated pair i: ggml's M-RoPE (mrope), or its
+ * interleaved form (imrope) */
 static int rope_section(const li_rope_params *r, int64_t i) {
     const int64_t s = i % r->n_sect;
+    if (r->interleave) {
+        if (s % 3 == 1 && s < 3 * (int64_t)r->sect[1]) return 1;
+        if (s % 3 == 2 && s < 3 * (int64_t)r->sect[2]) return 2;
+        if (s % 3 == 0 && s < 3 * (int64_t)r->sect[0]) return 0;
+        return 3;
+    }
     if (s < r->sect[0]) return 0;
     if (s < r->sect[0] + r->sect[1]) return 1;
     if (s < r->sect[0] + r->sect[1] + r->sect[2]) return 2;

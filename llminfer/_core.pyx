@@ -568,7 +568,7 @@ cdef class Context:
         self.n_batch = n_batch
         self.max_threads = max_threads
         self.n_vocab = model.desc.n_vocab
-        self.n_embd = model.desc.n_embd
+        self.n_embd = model.desc.n_embd * (1 + model.desc.n_deepstack)  # an input row's width
         self.kv_type = kv_type
         self.block_size = block_size
         self.n_blocks = (int(n_blocks[0]), int(n_blocks[1]))

@@ -86,6 +86,8 @@ cdef extern from "llminfer.h" nogil:
         int rope_sect_h
         int rope_sect_w
         int rope_sect_e
+        int rope_sect_interleave
+        int n_deepstack
         int gate_fn
         float norm_eps
         float embd_scale

@@ -252,5 +252,5 @@ class Gemma4ChatHandler(MTMDChatHandler):
 
 
 class Qwen25VLChatHandler(MTMDChatHandler):
-    """Qwen2.5-VL's (a qwen2.5vl_merger mmproj beside a qwen2vl model), see
-    MTMDChatHandler."""
+    """Qwen2.5-VL's (a qwen2.5vl_merger mmproj beside a qwen2vl model; a
+    Qwen3-VL qwen3vl_merger one too), see MTMDChatHandler."""

@@ -228,7 +228,7 @@ class LLM:
                 from llminfer.vision.mmproj import load_for_model
                 from llminfer.vision.prompt import ImageRows
 
-                self._vision = load_for_model(mmproj, self.spec.n_embd, self.model_path, self.n_threads)
+                self._vision = load_for_model(mmproj, self.spec.n_embd_inp, self.model_path, self.n_threads)
                 self._image_rows = ImageRows(self._vision, _IMAGES_KEPT, self.n_threads)
             if draft_model is not None:
                 from llminfer.generation.speculative import DraftModel

@@ -473,8 +473,8 @@ class Engine:
         ids = self.check_ids(ids)
         rows = np.ascontiguousarray(rows, dtype=np.float32)
         n = len(ids)
-        if rows.shape != (n, self.spec.n_embd):
-            raise ShapeError(f"embedding rows of shape {rows.shape}, expected ({n}, {self.spec.n_embd})")
+        if rows.shape != (n, self.spec.n_embd_inp):
+            raise ShapeError(f"embedding rows of shape {rows.shape}, expected ({n}, {self.spec.n_embd_inp})")
         if logits is not None:
             self._check_buffer(logits)
         self._check_room(seq, n)

@@ -9,7 +9,8 @@ Projector types run: gemma3 (SigLIP, average pooling, projection),
 idefics3 (SmolVLM: tiles, pixel shuffle), gemma4v (Gemma 4: a ViT with
 2-D RoPE over an image of its own size, pooling, projection) and
 qwen2.5vl_merger (Qwen2.5-VL: window attention, 2 x 2 merge, MLP; its rows
-take M-RoPE positions in the qwen2vl text model).
+take M-RoPE positions in the qwen2vl text model) and qwen3vl_merger
+(Qwen3-VL: learned positions resized, DeepStack slices beside each row).
 """
 
 from llminfer.vision.image import MAX_BYTES, MAX_PIXELS, load_image

@@ -24,9 +24,10 @@ from llminfer.core.gguf_file import GGUFFile
 from llminfer.core.ggml import GGMLQuantizationType
 
 # the projector types this version runs, each a module of llminfer.vision
-SUPPORTED = ("gemma3", "gemma4v", "idefics3", "qwen2.5vl_merger")
+SUPPORTED = ("gemma3", "gemma4v", "idefics3", "qwen2.5vl_merger", "qwen3vl_merger")
 # the types whose image size is each image's own (the file's image_size a placeholder)
-DYNAMIC_SIZE = ("gemma4v", "qwen2.5vl_merger")
+QWEN_VL = ("qwen2.5vl_merger", "qwen3vl_merger")  # cells of 2 x 2 patches (clip.vision.spatial_merge_size)
+DYNAMIC_SIZE = ("gemma4v", "qwen2.5vl_merger", "qwen3vl_merger")
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0")
 
 
@@ -158,7 +159,7 @@ def read_params(gguf: GGUFFile) -> VisionParams:
         mean=_meta(md, "clip.vision.image_mean", tuple, path),
         std=_meta(md, "clip.vision.image_std", tuple, path),
         # the side of the patch grid is pooled by 4 (Gemma 3; 3 for Gemma 4) unless the file says
-        n_merge=(_meta(md, "clip.vision.spatial_merge_size", int, path, 2) if proj == "qwen2.5vl_merger" else
+        n_merge=(_meta(md, "clip.vision.spatial_merge_size", int, path, 2) if proj in QWEN_VL else
                  _meta(md, "clip.vision.projector.scale_factor", int, path, 3 if proj == "gemma4v" else 4)),
         ffn_op=("gelu" if md.get("clip.use_gelu") else "silu" if md.get("clip.use_silu") else "gelu_quick"),
     )

@@ -2,7 +2,7 @@
  * text model and its mmproj, tokenizes "<__media__>" with one RGB image
  * (raw bytes, nx * ny * 3), and writes what mtmd makes of it:
  *   OUT.tokens  text: the chunks, one line each ("text ID ID ..." or "image N")
- *   OUT.embd    float32 [N, n_embd]: the image chunk's embeddings
+ *   OUT.embd    float32 [N, n_embd_inp]: the image chunk's embeddings
  *   OUT.logits  float32 [n_vocab]: with MODE "causal" or "noncausal", the
  *               logits after the whole prompt, decoded by llama.cpp with the
  *               image's rows as input embeddings, attention over them causal
@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
     FILE *tok = fopen(path, "w");
     snprintf(path, sizeof path, "%s.embd", argv[7]);
     FILE *emb = fopen(path, "wb");
-    const int n_embd = llama_model_n_embd(model);
+    const int n_embd = llama_model_n_embd_inp(model); /* an input row: wider with DeepStack (Qwen3-VL) */
     struct llama_context *lctx = NULL;
     if (argc >= 9) {
         struct llama_context_params lp = llama_context_default_params();

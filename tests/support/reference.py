@@ -29,7 +29,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-NEOX = ("qwen2", "qwen2vl", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
+NEOX = ("qwen2", "qwen2vl", "qwen3vl", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
 
 
 class ReferenceModel:
@@ -159,7 +159,7 @@ class ReferenceModel:
         self.route_gap = None  # MoE: per token, the smallest margin of its expert choice over the layers
         pos = np.arange(n) if positions is None else np.asarray(positions)
 
-        sections = self.hp("rope.dimension_sections") if a == "qwen2vl" else None
+        sections = self.hp("rope.dimension_sections") if a in ("qwen2vl", "qwen3vl") else None
         if sections is not None:
             sections = [int(v) for v in sections] + [0] * (4 - len(sections))
             rpos = (np.stack([pos, pos, pos, 0 * pos], axis=1) if rope_pos is None
@@ -217,8 +217,13 @@ class ReferenceModel:
                 freqs = freqs / factors
             ang = pos[:, None] * freqs[None, :]
             if sections is not None:  # M-RoPE: each pair by its section's position
-                bounds = np.cumsum(sections)
-                sec = np.searchsorted(bounds, np.arange(half) % bounds[-1], side="right")
+                s = np.arange(half) % sum(sections)
+                if a == "qwen3vl":  # interleaved: t, h, w, t, h, w, ... each while its section lasts
+                    t0, t1, t2 = (3 * v for v in sections[:3])
+                    sec = np.where((s % 3 == 1) & (s < t1), 1, np.where((s % 3 == 2) & (s < t2), 2,
+                                   np.where((s % 3 == 0) & (s < t0), 0, 3)))
+                else:
+                    sec = np.searchsorted(np.cumsum(sections), s, side="right")
                 ang = rpos[:, sec] * freqs[None, :]
             if yarn:
                 ang = fs * ang * (1 - mix) + ang * mix
@@ -246,8 +251,11 @@ class ReferenceModel:
         x = self.t["token_embd.weight"][tokens]
         if gemma:
             x = x * math.sqrt(E)
+        deep = {}  # qwen3vl's DeepStack: slices after the first of a wider row, added after layers 0, 1, ..
         for i, row in (rows or {}).items():
-            x[i] = row
+            x[i] = row[:E]
+            if len(row) > E:
+                deep[i] = np.asarray(row[E:]).reshape(-1, E)
         if a == "granite":
             x = x * self.hp("embedding_scale", 1.0)
         for i in range(self.hp("block_count")):
@@ -271,7 +279,7 @@ class ReferenceModel:
             if a == "olmo2":
                 q, k = norm(q, T("attn_q_norm.weight")), norm(k, T("attn_k_norm.weight"))
             q, k, v = q.reshape(n, n_head, hd), k.reshape(n, n_kv, hd), v.reshape(n, n_kv, hd)
-            if a in ("gemma3", "qwen3", "qwen3moe"):
+            if a in ("gemma3", "qwen3", "qwen3moe", "qwen3vl"):
                 q, k = norm(q, T("attn_q_norm.weight")), norm(k, T("attn_k_norm.weight"))
             if use_rope:
                 q, k = rope(q, b), rope(k, b)
@@ -310,6 +318,9 @@ class ReferenceModel:
             if p + "post_ffw_norm.weight" in self.t:
                 d = norm(d, T("post_ffw_norm.weight"))
             x = x + d * res_scale
+            for r, slices in deep.items():
+                if i < len(slices):
+                    x[r] = x[r] + slices[i]
         if hidden:
             return norm(x, self.t["output_norm.weight"])
         out = self.t.get("output.weight", self.t["token_embd.weight"])

@@ -100,11 +100,14 @@ class TinyConfig:
     yarn_log_mul: float = 0.5
     attn_temp_scale: float = 0.0  # mistral3: attention.temperature_scale, written when != 0
     rope_sections: tuple = (8, 12, 12, 0)  # qwen2vl: rope.dimension_sections (pairs of a 64-wide head)
+    # qwen3vl's (interleaved: like Qwen3-VL's [24, 20, 20] of 64 pairs, one pair left to the fourth)
+    rope_sections_interleaved: tuple = (12, 10, 10, 0)
+    n_deepstack: int = 2          # qwen3vl: n_deepstack_layers
 
 
 # What each architecture adds to (or takes from) the Llama block in a tiny model
-NEOX_ARCHS = ("qwen2", "qwen2vl", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
-ARCHS = ("llama", "qwen2", "qwen2vl", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3")
+NEOX_ARCHS = ("qwen2", "qwen2vl", "qwen3vl", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
+ARCHS = ("llama", "qwen2", "qwen2vl", "qwen3vl", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3")
 
 
 def tensor_adder(w, tensor_hook):
@@ -205,6 +208,9 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
             w.add_uint32(f"{arch}.rope.scaling.original_context_length", cfg.yarn_orig_ctx)
     if arch == "qwen2vl":  # M-RoPE's sections, uneven so that a mix-up shows: 8 + 12 + 12 of 32 pairs
         w.add_array(f"{arch}.rope.dimension_sections", list(cfg.rope_sections))
+    if arch == "qwen3vl":
+        w.add_array(f"{arch}.rope.dimension_sections", list(cfg.rope_sections_interleaved))
+        w.add_uint32(f"{arch}.n_deepstack_layers", cfg.n_deepstack)
     if arch == "qwen3moe":
         w.add_uint32(f"{arch}.expert_count", cfg.n_expert)
         w.add_uint32(f"{arch}.expert_used_count", cfg.n_expert_used)
@@ -271,7 +277,7 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
             matrix(p + "ffn_gate.weight", F, E, cfg.qtype, 1.0 / np.sqrt(E))
             matrix(p + "ffn_up.weight", F, E, cfg.qtype, 1.0 / np.sqrt(E))
             matrix(p + "ffn_down.weight", E, F, cfg.qtype, 1.0 / np.sqrt(F))
-        if arch in ("qwen3", "qwen3moe"):
+        if arch in ("qwen3", "qwen3moe", "qwen3vl"):
             vector(p + "attn_q_norm.weight", hd)
             vector(p + "attn_k_norm.weight", hd)
         if arch == "olmo2":
@@ -1130,6 +1136,100 @@ def write_qwen25vl_mmproj(path, cfg: TinyQwen25vl = TinyQwen25vl(), tensor_hook=
         matrix(p + "ffn_down.weight", E, F, 1.0 / np.sqrt(F))
         vector(p + "ffn_down.bias", E)
     vector("v.post_ln.weight", E, 1.0)
+    matrix("mm.0.weight", 4 * E, 4 * E, 1.0 / np.sqrt(4 * E))
+    vector("mm.0.bias", 4 * E)
+    matrix("mm.2.weight", cfg.n_embd_text, 4 * E, 1.0 / np.sqrt(4 * E))
+    vector("mm.2.bias", cfg.n_embd_text)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+@dataclass
+class TinyQwen3vl:
+    """A tiny Qwen3-VL vision tower (clip.projector_type "qwen3vl_merger")
+    as llama.cpp's converter writes one: the conv's two temporal slices and
+    its bias, a learned position table of n_pos_side x n_pos_side (resized
+    to each image's patch grid), LayerNorms with biases, fused q/k/v, a GELU
+    feed-forward, DeepStack mergers after the layers in `deepstack`, post_ln
+    and the merger's MLP. Patch size 16: cells of 32 pixels."""
+
+    qtype: str = "F16"
+    patch_size: int = 16
+    n_embd: int = 64
+    n_ff: int = 128
+    n_layer: int = 3
+    n_head: int = 4
+    n_pos_side: int = 6
+    deepstack: tuple = (0, 1)     # as many as the text model's n_deepstack_layers
+    n_embd_text: int = 256
+    eps: float = 1e-6
+    mean: tuple = (0.5, 0.5, 0.5)
+    std: tuple = (0.5, 0.5, 0.5)
+    seed: int = 17
+
+
+def write_qwen3vl_mmproj(path, cfg: TinyQwen3vl = TinyQwen3vl(), tensor_hook=None, meta=None) -> str:
+    """A random qwen3vl_merger mmproj (see TinyQwen3vl); tensor_hook and meta as write_mmproj's."""
+    rng = np.random.default_rng(cfg.seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    E, F, ps = cfg.n_embd, cfg.n_ff, cfg.patch_size
+    kv = {
+        "clip.projector_type": "qwen3vl_merger", "clip.has_vision_encoder": True, "clip.use_gelu": True,
+        "clip.vision.image_size": 768, "clip.vision.patch_size": ps, "clip.vision.spatial_merge_size": 2,
+        "clip.vision.embedding_length": E, "clip.vision.feed_forward_length": F,
+        "clip.vision.block_count": cfg.n_layer, "clip.vision.attention.head_count": cfg.n_head,
+        "clip.vision.attention.layer_norm_epsilon": cfg.eps, "clip.vision.projection_dim": cfg.n_embd_text,
+        "clip.vision.image_mean": list(cfg.mean), "clip.vision.image_std": list(cfg.std),
+    }
+    kv.update(meta or {})
+    add_keys(w, kv)
+
+    add = tensor_adder(w, tensor_hook)
+
+    def matrix(name, rows, k, scale):
+        t = gguf.GGMLQuantizationType[cfg.qtype]
+        if k % gguf.GGML_QUANT_SIZES[t][0]:
+            t = gguf.GGMLQuantizationType.F16
+        data = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
+        add(name, quantized_matrix(rng, data, t), t)
+
+    def f32(name, data):
+        add(name, np.ascontiguousarray(data, np.float32), gguf.GGMLQuantizationType.F32)
+
+    def vector(name, n, around=0.0, spread=0.1):
+        f32(name, around + rng.standard_normal(n) * spread)
+
+    for j in ("", ".1"):
+        patch = (rng.standard_normal((E, 3, ps, ps)) / np.sqrt(2 * 3 * ps * ps)).astype(np.float16)
+        add("v.patch_embd.weight" + j, patch, gguf.GGMLQuantizationType.F16)
+    vector("v.patch_embd.bias", E)
+    f32("v.position_embd.weight", rng.standard_normal((cfg.n_pos_side ** 2, E)) * 0.5)
+    for i in range(cfg.n_layer):
+        p = f"v.blk.{i}."
+        for n in ("ln1", "ln2"):
+            vector(p + n + ".weight", E, 1.0)
+            vector(p + n + ".bias", E)
+        matrix(p + "attn_qkv.weight", 3 * E, E, 1.5 / np.sqrt(E))
+        vector(p + "attn_qkv.bias", 3 * E)
+        matrix(p + "attn_out.weight", E, E, 1.0 / np.sqrt(E))
+        vector(p + "attn_out.bias", E)
+        matrix(p + "ffn_up.weight", F, E, 1.0 / np.sqrt(E))
+        vector(p + "ffn_up.bias", F)
+        matrix(p + "ffn_down.weight", E, F, 1.0 / np.sqrt(F))
+        vector(p + "ffn_down.bias", E)
+    for i in cfg.deepstack:
+        p = f"v.deepstack.{i}."
+        vector(p + "norm.weight", 4 * E, 1.0)
+        vector(p + "norm.bias", 4 * E)
+        matrix(p + "fc1.weight", 4 * E, 4 * E, 1.0 / np.sqrt(4 * E))
+        vector(p + "fc1.bias", 4 * E)
+        matrix(p + "fc2.weight", cfg.n_embd_text, 4 * E, 1.0 / np.sqrt(4 * E))
+        vector(p + "fc2.bias", cfg.n_embd_text)
+    vector("v.post_ln.weight", E, 1.0)
+    vector("v.post_ln.bias", E)
     matrix("mm.0.weight", 4 * E, 4 * E, 1.0 / np.sqrt(4 * E))
     vector("mm.0.bias", 4 * E)
     matrix("mm.2.weight", cfg.n_embd_text, 4 * E, 1.0 / np.sqrt(4 * E))

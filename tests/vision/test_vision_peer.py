@@ -456,3 +456,82 @@ def test_qwen25vl_logits_and_greedy_tokens_match_llama_cpp(mtmd, qwen25vl, seed,
             assert tok in eog, (k, tokens, gen)
             break
         assert tokens[k] == tok, (k, tokens, gen)
+
+
+# ---- Qwen3-VL (qwen3vl_merger): learned positions resized, DeepStack slices, interleaved M-RoPE ----
+
+# As Qwen2.5-VL's (F16 pixels and flash attention in mtmd): up to 1.4e-3 of
+# the rows' largest with float weights, 2.1e-2 with Q8_0. Sizes whose
+# height mtmd's bicubic scales down from 300 to 288 are left out: there its
+# resize differs from Pillow's (3e-2 here, however the tower is built; the
+# same tower agrees on the same image resized beforehand)
+QWEN3_TOL = {"F32": 2.5e-3, "F16": 2.5e-3, "Q8_0": 4e-2}
+QWEN3_SIZES = [(200, 300), (64, 64), (192, 192), (290, 150), (13, 9)]
+
+
+@pytest.fixture(scope="module")
+def qwen3vl(tmp_path_factory):
+    from images import QWEN_IMAGE_TOKENS, QWEN_TEMPLATE
+    from tiny_models import TinyQwen3vl, write_qwen3vl_mmproj
+
+    d = tmp_path_factory.mktemp("qwen3vl_peer")
+    # 4 layers: DeepStack after layers 0 and 1, not the last (llama.cpp's graph adds it before the output rows)
+    model = write_model(d / "qwen3vl.gguf", TinyConfig(arch="qwen3vl", pre="default", qtype="F32", embd_qtype="F32",
+                                                       n_layer=4),
+                        extra_strings={"tokenizer.chat_template": QWEN_TEMPLATE}, extra_tokens=QWEN_IMAGE_TOKENS)
+    return d, model, {q: write_qwen3vl_mmproj(d / f"mmproj-qwen3-{q}.gguf", TinyQwen3vl(qtype=q))
+                      for q in QWEN3_TOL}
+
+
+@pytest.mark.parametrize("qtype", sorted(QWEN3_TOL))
+def test_qwen3vl_rows_match_mtmd(mtmd, qwen3vl, qtype):
+    """Each image's cell count and rows (the projection's and the DeepStack
+    slices, 3 x 256 wide) within QWEN3_TOL of mtmd's."""
+    d, model, mm = qwen3vl
+    enc = load_mmproj(mm[qtype])
+    try:
+        for i, (h, w) in enumerate(QWEN3_SIZES):
+            img = synthetic(h, w, seed=i)
+            _, peer = run_mtmd(mtmd, model, mm[qtype], img, "<__media__>", d / f"q3-{qtype}-{i}")
+            peer = peer.reshape(-1, enc.n_embd_out)
+            ours = enc.encode(png(img))
+            assert ours.shape == peer.shape, (h, w)
+            err = np.abs(ours - peer).max() / np.abs(peer).max()
+            assert err < QWEN3_TOL[qtype], f"{qtype} {h}x{w}: {err:.2e}"
+    finally:
+        enc.close()
+
+
+@pytest.mark.parametrize("seed,h,w", [(5, 200, 300), (6, 56, 56)])
+def test_qwen3vl_logits_match_llama_cpp(mtmd, qwen3vl, seed, h, w):
+    """The whole path (rows, layout, DeepStack slices after the first
+    layers, interleaved M-RoPE positions) against llama.cpp through mtmd's
+    helper: within 1e-3 of its largest logit, under a tenth of how far the
+    same rows land without their DeepStack slices."""
+    import llminfer
+    from llminfer.vision.prompt import ImageSpan, PromptIds
+    from llminfer.vision.qwen25vl import grid_rows
+
+    d, model, mm = qwen3vl
+    img = synthetic(h, w, seed=seed)
+    prompt = "<|im_start|>user\nwhat is<__media__>this<|im_end|>\n<|im_start|>assistant\n"
+    np.ascontiguousarray(img).tofile(d / "q3lg.rgb")
+    argv = [str(mtmd), model, mm["F32"], str(d / "q3lg.rgb"), str(w), str(h), prompt, str(d / "q3-helper"), "helper"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    peer = np.fromfile(f"{d / 'q3-helper'}.logits", np.float32)
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
+        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
+                      llm._image_rows, True)
+        llm.complete(ids, max_tokens=1, temperature=0)
+        ours = llm.last_logits.copy()
+        (span,) = ids.images
+        rows = np.array(span.rows)
+        rows[:, 256:] = 0  # the slices gone
+        shallow = PromptIds(ids)
+        shallow.images = (ImageSpan(span.start, "shallow", grid_rows(rows, *span.grid)),)
+        llm.complete(shallow, max_tokens=1, temperature=0)
+        other = llm.last_logits.copy()
+    scale = np.abs(peer).max()
+    err, far = np.abs(ours - peer).max() / scale, np.abs(other - peer).max() / scale
+    assert err < 1e-3 and err < 0.1 * far, (err, far)
