@@ -7,7 +7,8 @@ and a two-layer MLP into the text model's width.
                 cells, a = patch_size * 2, its aspect ratio kept, between 8
                 and 4096 cells (mtmd's smart resize, as Gemma 4's:
                 vision.gemma4.target_size), drawn centred on black where the
-                rounding leaves a margin, scaled to [0, 1], normalised with
+                rounding leaves a margin (the width resized first, then the
+                height, as mtmd's resize_pillow), scaled to [0, 1], normalised with
                 the file's mean and std
     patches     the two temporal slices of the 3-D conv (v.patch_embd.weight
                 and .weight.1) both see the still image: [P, 3*p*p] @ (W0 +
@@ -53,7 +54,7 @@ from llminfer.core import ops
 from llminfer.core.system import check_threads
 from llminfer.errors import InvalidArgumentError, UnsupportedModelError
 from llminfer.vision.gemma4 import activation, fit_box, rms, target_size
-from llminfer.vision.image import load_image, normalize, pil
+from llminfer.vision.image import load_image, normalize, pil, resize_two_pass
 from llminfer.vision.tower import Matrix, VisionParams, Weights
 
 IMAGE_BEGIN = "<|vision_start|>"
@@ -103,7 +104,7 @@ def windows(cx: int, cy: int, w: int) -> list:
     return out
 
 
-def _rope_permutation(E: int, H: int) -> np.ndarray:
+def rope_permutation(E: int, H: int) -> np.ndarray:
     """Rows of q and k reordered per head so that its row-turned dims come
     first as NeoX pairs of half a head, then its column-turned ones: [0,
     D/4) and [D/2, 3D/4) (pairs (i, i + D/2), i < D/4), then [D/4, D/2) and
@@ -114,7 +115,7 @@ def _rope_permutation(E: int, H: int) -> np.ndarray:
     return (np.arange(H)[:, None] * D + head[None, :]).reshape(-1)
 
 
-def _rows(wt: Weights, name: str, rows: int, k: int, order=None) -> Matrix:
+def packed_rows(wt: Weights, name: str, rows: int, k: int, order=None) -> Matrix:
     """A weight (rows, k) packed for ops.gemm, its rows taken in `order`."""
     m = wt.matrix(name, rows, k)
     if order is None:
@@ -131,8 +132,8 @@ class _Layer:
                                                       if wt.has(f"{pre}.ln1.bias") else None)
         self.ln2 = wt.f32(f"{pre}.ln2.weight", (E,)), (wt.f32(f"{pre}.ln2.bias", (E,))
                                                       if wt.has(f"{pre}.ln2.bias") else None)
-        self.q = _rows(wt, f"{pre}.attn_q.weight", E, E, perm), wt.f32(f"{pre}.attn_q.bias", (E,))[perm]
-        self.k = _rows(wt, f"{pre}.attn_k.weight", E, E, perm), wt.f32(f"{pre}.attn_k.bias", (E,))[perm]
+        self.q = packed_rows(wt, f"{pre}.attn_q.weight", E, E, perm), wt.f32(f"{pre}.attn_q.bias", (E,))[perm]
+        self.k = packed_rows(wt, f"{pre}.attn_k.weight", E, E, perm), wt.f32(f"{pre}.attn_k.bias", (E,))[perm]
         self.v = wt.matrix(f"{pre}.attn_v.weight", E, E), wt.f32(f"{pre}.attn_v.bias", (E,))
         self.o = wt.matrix(f"{pre}.attn_out.weight", E, E), wt.f32(f"{pre}.attn_out.bias", (E,))
         self.gate = ((wt.matrix(f"{pre}.ffn_gate.weight", F, E), self._bias(wt, f"{pre}.ffn_gate.bias", F))
@@ -178,7 +179,7 @@ class Qwen25VLVision:
         w1 = wt.f32("v.patch_embd.weight.1", (E, 3, ps, ps)) if wt.has("v.patch_embd.weight.1") else 0
         patch_w = np.ascontiguousarray((w0 + w1).reshape(E, 3 * ps * ps), np.float32)
         self.patch_w = ops.GemmWeight(patch_w, "F32", patch_w.shape)
-        self.perm = _rope_permutation(E, H)
+        self.perm = rope_permutation(E, H)
         self.layers = [_Layer(wt, i, p, self.perm) for i in range(p.n_layer)]
         self.post_ln = wt.f32("v.post_ln.weight", (E,)) if wt.has("v.post_ln.weight") else None
         mm0 = wt.info("mm.0.weight")
@@ -206,7 +207,7 @@ class Qwen25VLVision:
         tw, th = self.size_for(*im.size)
         if im.size != (tw, th):
             nw, nh = fit_box(im.size[0], im.size[1], tw, th)
-            resized = im.resize((nw, nh), Image.BICUBIC)
+            resized = resize_two_pass(im, (nw, nh), Image.BICUBIC)
             canvas = Image.new("RGB", (tw, th), (0, 0, 0))
             canvas.paste(resized, ((tw - nw) // 2, (th - nh) // 2))
             im = canvas
@@ -250,7 +251,7 @@ class Qwen25VLVision:
         return np.ascontiguousarray(x[rows, cols].reshape(len(rows), 3 * ps * ps), dtype=np.float32)
 
     def rope(self, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        """x [P, H, D] (dims in _rope_permutation's order) rotated: its first
+        """x [P, H, D] (dims in rope_permutation's order) rotated: its first
         half by the row, its second by the column, NeoX pairs of half a head,
         base 10000."""
         half = x.shape[2] // 2

@@ -40,7 +40,8 @@ from llminfer.core import ops
 from llminfer.core.system import check_threads
 from llminfer.errors import UnsupportedModelError
 from llminfer.vision.gemma4 import activation
-from llminfer.vision.qwen25vl import MAX_TOKENS, MERGE, MIN_TOKENS, Qwen25VLVision, _rope_permutation, _rows, grid_rows
+from llminfer.vision.qwen25vl import (MAX_TOKENS, MERGE, MIN_TOKENS, Qwen25VLVision, grid_rows, packed_rows,
+                                      rope_permutation)
 from llminfer.vision.siglip import layer_norm
 from llminfer.vision.tower import VisionParams, Weights
 
@@ -80,9 +81,10 @@ class _Layer:
         E, F = p.n_embd, p.n_ff
         pre = f"v.blk.{i}"
         self.ln1, self.ln2 = _ln(wt, f"{pre}.ln1", E), _ln(wt, f"{pre}.ln2", E)
-        # q and k rows reordered for the 2-D RoPE (qwen25vl._rope_permutation), v as it is
+        # q and k rows reordered for the 2-D RoPE (qwen25vl.rope_permutation), v as it is
         order = np.concatenate([perm, E + perm, 2 * E + np.arange(E)])
-        self.qkv = _rows(wt, f"{pre}.attn_qkv.weight", 3 * E, E, order), wt.f32(f"{pre}.attn_qkv.bias", (3 * E,))[order]
+        self.qkv = (packed_rows(wt, f"{pre}.attn_qkv.weight", 3 * E, E, order),
+                    wt.f32(f"{pre}.attn_qkv.bias", (3 * E,))[order])
         self.o = wt.matrix(f"{pre}.attn_out.weight", E, E), wt.f32(f"{pre}.attn_out.bias", (E,))
         self.up = wt.matrix(f"{pre}.ffn_up.weight", F, E), wt.f32(f"{pre}.ffn_up.bias", (F,))
         self.down = wt.matrix(f"{pre}.ffn_down.weight", E, F), wt.f32(f"{pre}.ffn_down.bias", (E,))
@@ -127,7 +129,7 @@ class Qwen3VLVision(Qwen25VLVision):
             raise UnsupportedModelError(f"{self.path}: v.position_embd.weight has shape {tuple(pos.shape)}, "
                                         f"expected (n * n, {E})")
         self.pos_table = wt.f32("v.position_embd.weight").reshape(side, side, E)
-        self.perm = _rope_permutation(E, H)
+        self.perm = rope_permutation(E, H)
         self.layers = [_Layer(wt, i, p, self.perm) for i in range(p.n_layer)]
         self.post_ln = _ln(wt, "v.post_ln", E) if wt.has("v.post_ln.weight") else None
         mm2 = wt.info("mm.2.weight")

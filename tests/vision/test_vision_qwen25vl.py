@@ -55,19 +55,21 @@ def test_size_follows_mtmds_smart_resize(enc):
 
 
 def test_pixels_are_the_resized_image_normalised(enc):
-    """The image resized by PIL's bicubic to its cell grid (drawn centred on
-    black where the aspect ratio leaves a margin), each channel (x / 255 -
-    mean) / std, worked out here with numpy."""
+    """The image resized by PIL's bicubic to its cell grid, the width first,
+    then the height, as mtmd does (drawn centred on black where the aspect
+    ratio leaves a margin), each channel (x / 255 - mean) / std, worked out
+    here with numpy."""
     from PIL import Image
 
     p = enc.params
-    for h, w in ((200, 300), (40, 70)):
+    for h, w in ((200, 300), (40, 70), (300, 130)):
         img = synthetic(h, w, seed=3)
         tw, th = enc.size_for(w, h)
         scale = min(tw / w, th / h)
         nw, nh = min(int(np.ceil(w * scale)), tw), min(int(np.ceil(h * scale)), th)
         canvas = np.zeros((th, tw, 3), np.float64)
-        small = np.asarray(Image.fromarray(img).resize((nw, nh), Image.BICUBIC), np.float64)
+        wide = Image.fromarray(img).resize((nw, h), Image.BICUBIC)
+        small = np.asarray(wide.resize((nw, nh), Image.BICUBIC), np.float64)
         y0, x0 = (th - nh) // 2, (tw - nw) // 2
         canvas[y0:y0 + nh, x0:x0 + nw] = small
         want = ((canvas / 255 - np.array(p.mean)) / np.array(p.std)).transpose(2, 0, 1)
