@@ -29,7 +29,7 @@ def load_mmproj(path, n_threads=None, mmap: bool = True):
             return Gemma4Vision(gguf, params, n_threads=n_threads)
         if params.projector == "idefics3":
             return Idefics3Vision(gguf, params, n_threads=n_threads)
-        if params.projector == "qwen2.5vl_merger":
+        if params.projector in ("qwen2vl_merger", "qwen2.5vl_merger"):
             return Qwen25VLVision(gguf, params, n_threads=n_threads)
         if params.projector == "qwen3vl_merger":
             return Qwen3VLVision(gguf, params, n_threads=n_threads)

@@ -55,6 +55,7 @@ from llminfer.core.system import check_threads
 from llminfer.errors import InvalidArgumentError, UnsupportedModelError
 from llminfer.vision.gemma4 import activation, fit_box, rms, target_size
 from llminfer.vision.image import load_image, normalize, pil, resize_two_pass
+from llminfer.vision.siglip import layer_norm
 from llminfer.vision.tower import Matrix, VisionParams, Weights
 
 IMAGE_BEGIN = "<|vision_start|>"
@@ -128,6 +129,9 @@ class _Layer:
     def __init__(self, wt: Weights, i: int, p: VisionParams, perm: np.ndarray):
         E, F = p.n_embd, p.n_ff
         pre = f"v.blk.{i}"
+        if p.projector == "qwen2vl_merger" and not (wt.has(f"{pre}.ln1.bias") and wt.has(f"{pre}.ln2.bias")):
+            raise UnsupportedModelError(f"{wt.gguf.path}: layer {i} of the qwen2vl tower has no ln1 or ln2 bias "
+                                        f"(its norms are LayerNorms)")
         self.ln1 = wt.f32(f"{pre}.ln1.weight", (E,)), (wt.f32(f"{pre}.ln1.bias", (E,))
                                                       if wt.has(f"{pre}.ln1.bias") else None)
         self.ln2 = wt.f32(f"{pre}.ln2.weight", (E,)), (wt.f32(f"{pre}.ln2.bias", (E,))
@@ -147,7 +151,9 @@ class _Layer:
 
 
 class Qwen25VLVision:
-    """The encoder of a qwen2.5vl_merger mmproj: encode(image) -> float32 [n_cells, n_embd_text]."""
+    """The encoder of a qwen2.5vl_merger mmproj (or of Qwen2-VL's
+    qwen2vl_merger: LayerNorms, a plain feed-forward, no windows):
+    encode(image) -> float32 [n_cells, n_embd_text]."""
 
     image_begin = IMAGE_BEGIN
     image_end = IMAGE_END
@@ -161,13 +167,15 @@ class Qwen25VLVision:
         p, wt = params, Weights(gguf)
         E, ps, H = p.n_embd, p.patch_size, p.n_head
         D = E // H
+        # Qwen2-VL's tower (qwen2vl_merger): LayerNorms where Qwen2.5-VL has RMS norms, and no windows
+        self.layer_norm = p.projector == "qwen2vl_merger"
         if p.n_merge != MERGE:
             raise UnsupportedModelError(f"{self.path}: spatial merge {p.n_merge}; qwen2.5vl merges 2 x 2 patches")
         if D % 4:
             raise UnsupportedModelError(f"{self.path}: head size {D} is not a multiple of 4 (2-D RoPE turns "
                                         f"pairs of half a head by the row, half by the column)")
         md = gguf.metadata
-        self.wa_pattern = int(md.get("clip.vision.n_wa_pattern", 0) or 0)
+        self.wa_pattern = 0 if self.layer_norm else int(md.get("clip.vision.n_wa_pattern", 0) or 0)
         if self.wa_pattern < 0:
             raise UnsupportedModelError(f"{self.path}: clip.vision.n_wa_pattern {self.wa_pattern} is negative")
         self.window = max(1, WINDOW // ps // MERGE)  # cells a side
@@ -181,7 +189,9 @@ class Qwen25VLVision:
         self.patch_w = ops.GemmWeight(patch_w, "F32", patch_w.shape)
         self.perm = rope_permutation(E, H)
         self.layers = [_Layer(wt, i, p, self.perm) for i in range(p.n_layer)]
-        self.post_ln = wt.f32("v.post_ln.weight", (E,)) if wt.has("v.post_ln.weight") else None
+        self.post_ln = ((wt.f32("v.post_ln.weight", (E,)),
+                         wt.f32("v.post_ln.bias", (E,)) if wt.has("v.post_ln.bias") else None)
+                        if wt.has("v.post_ln.weight") else None)
         mm0 = wt.info("mm.0.weight")
         mm2 = wt.info("mm.2.weight")
         if tuple(mm0.shape) != (4 * E, 4 * E) or len(mm2.shape) != 2 or mm2.shape[1] != 4 * E:
@@ -271,8 +281,9 @@ class Qwen25VLVision:
         x = ops.gemm(self.patch_w, self.patches(pixels, rows, cols), n_threads=nt)
         spans = windows(cx, cy, self.window) if self.wa_pattern > 0 else [(0, cx * cy)]
         eps = p.eps
+        norm = self._norm
         for il, L in enumerate(self.layers):
-            h = rms(x, L.ln1, eps)
+            h = norm(x, L.ln1, eps, nt)
             q = L.q[0](h, nt, L.q[1])
             k = L.k[0](h, nt, L.k[1])
             v = L.v[0](h, nt, L.v[1])
@@ -288,7 +299,7 @@ class Qwen25VLVision:
                     a[r0:r1] = ops.attention(np.ascontiguousarray(q[r0:r1]), np.ascontiguousarray(k[r0:r1]),
                                              np.ascontiguousarray(v[r0:r1]), H, n_threads=nt)
             x = L.o[0](a, nt, L.o[1], x)
-            h = rms(x, L.ln2, eps)
+            h = norm(x, L.ln2, eps, nt)
             if L.gate is not None:
                 g = L.gate[0](h, nt, L.gate[1])
                 f = activation(p.ffn_op, np.ascontiguousarray(g, np.float32)) * L.up[0](h, nt, L.up[1])
@@ -296,8 +307,15 @@ class Qwen25VLVision:
                 f = activation(p.ffn_op, np.ascontiguousarray(L.up[0](h, nt, L.up[1]), np.float32))
             x = L.down[0](np.ascontiguousarray(f, np.float32), nt, L.down[1], x)
         if self.post_ln is not None:
-            x = rms(x, (self.post_ln, None), eps)
+            x = norm(x, self.post_ln, eps, nt)
         return np.ascontiguousarray(x, np.float32), cells
+
+    def _norm(self, x, wb, eps, nt):
+        """The tower's norm of x [n, E] with (weight, bias or None): LayerNorm
+        (qwen2vl_merger) or RMS norm (qwen2.5vl_merger)."""
+        if self.layer_norm:
+            return layer_norm(x, wb[0], wb[1], eps, nt)
+        return rms(x, wb, eps)
 
     def encode_pixels(self, pixels: np.ndarray, n_threads=None) -> np.ndarray:
         """GridRows [n_cells, n_embd_text], the cells in row-major order."""

@@ -15,6 +15,11 @@ def _rms(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
+def _ln(x, w, b, eps):
+    m = x.mean(axis=-1, keepdims=True)
+    return (x - m) / np.sqrt(((x - m) ** 2).mean(axis=-1, keepdims=True) + eps) * w + b
+
+
 def _gelu(x):  # ggml_gelu: the tanh form
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
@@ -24,7 +29,9 @@ def _silu(x):
 
 
 def encode(md, t, pixels):
-    """float64 [n_cells, n_embd_text], cells row-major."""
+    """float64 [n_cells, n_embd_text], cells row-major. A qwen2vl_merger file
+    (Qwen2-VL): LayerNorms, an ungated gelu_quick feed-forward, no windows."""
+    v2 = md["clip.projector_type"] == "qwen2vl_merger"
     E = int(md["clip.vision.embedding_length"])
     H = int(md["clip.vision.attention.head_count"])
     ps = int(md["clip.vision.patch_size"])
@@ -57,9 +64,13 @@ def encode(md, t, pixels):
         return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
     P = gy * gx
+
+    def norm(v, name):
+        return _ln(v, t[name + ".weight"], t[name + ".bias"], eps) if v2 else _rms(v, t[name + ".weight"], eps)
+
     for il in range(n_layer):
         p = f"v.blk.{il}."
-        hn = _rms(x, t[p + "ln1.weight"], eps)
+        hn = norm(x, p + "ln1")
         q = (hn @ t[p + "attn_q.weight"].T + t[p + "attn_q.bias"]).reshape(P, H, D)
         k = (hn @ t[p + "attn_k.weight"].T + t[p + "attn_k.bias"]).reshape(P, H, D)
         v = (hn @ t[p + "attn_v.weight"].T + t[p + "attn_v.bias"]).reshape(P, H, D)
@@ -73,20 +84,18 @@ def encode(md, t, pixels):
             s = np.exp(s - s.max(axis=1, keepdims=True))
             att[:, hh] = (s / s.sum(axis=1, keepdims=True)) @ v[:, hh]
         x = x + att.reshape(P, E) @ t[p + "attn_out.weight"].T + t[p + "attn_out.bias"]
-        hn = _rms(x, t[p + "ln2.weight"], eps)
-        g = hn @ t[p + "ffn_gate.weight"].T + t[p + "ffn_gate.bias"]
+        hn = norm(x, p + "ln2")
         u = hn @ t[p + "ffn_up.weight"].T + t[p + "ffn_up.bias"]
-        x = x + (_silu(g) * u) @ t[p + "ffn_down.weight"].T + t[p + "ffn_down.bias"]
-    x = _rms(x, t["v.post_ln.weight"], eps)
+        if v2:  # gelu_quick
+            f = u / (1 + np.exp(-1.702 * u))
+        else:
+            f = _silu(hn @ t[p + "ffn_gate.weight"].T + t[p + "ffn_gate.bias"]) * u
+        x = x + f @ t[p + "ffn_down.weight"].T + t[p + "ffn_down.bias"]
+    x = norm(x, "v.post_ln")
     # each cell's four patches (dy, dx) side by side, cells row-major
     cells = x.reshape(cy, 2, cx, 2, E).transpose(0, 2, 1, 3, 4).reshape(cy * cx, 4 * E)
     y = _gelu(cells @ t["mm.0.weight"].T + t["mm.0.bias"])
     return y @ t["mm.2.weight"].T + t["mm.2.bias"]
-
-
-def _ln(x, w, b, eps):
-    m = x.mean(axis=-1, keepdims=True)
-    return (x - m) / np.sqrt(((x - m) ** 2).mean(axis=-1, keepdims=True) + eps) * w + b
 
 
 def encode_qwen3vl(md, t, pixels):

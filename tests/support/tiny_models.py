@@ -1084,6 +1084,9 @@ class TinyQwen25vl:
     mean: tuple = (0.48, 0.46, 0.41)
     std: tuple = (0.27, 0.26, 0.28)
     seed: int = 13
+    # "qwen2vl_merger": Qwen2-VL's tower instead (LayerNorms with biases, an ungated
+    # gelu_quick feed-forward, no windows: neither clip.use_silu nor n_wa_pattern)
+    projector: str = "qwen2.5vl_merger"
 
 
 def write_qwen25vl_mmproj(path, cfg: TinyQwen25vl = TinyQwen25vl(), tensor_hook=None, meta=None) -> str:
@@ -1091,15 +1094,17 @@ def write_qwen25vl_mmproj(path, cfg: TinyQwen25vl = TinyQwen25vl(), tensor_hook=
     rng = np.random.default_rng(cfg.seed)
     w = gguf.GGUFWriter(str(path), "clip")
     E, F, ps = cfg.n_embd, cfg.n_ff, cfg.patch_size
+    v2 = cfg.projector == "qwen2vl_merger"
     kv = {
-        "clip.projector_type": "qwen2.5vl_merger", "clip.has_vision_encoder": True, "clip.use_silu": True,
+        "clip.projector_type": cfg.projector, "clip.has_vision_encoder": True,
         "clip.vision.image_size": 560, "clip.vision.patch_size": ps,
         "clip.vision.embedding_length": E, "clip.vision.feed_forward_length": F,
         "clip.vision.block_count": cfg.n_layer, "clip.vision.attention.head_count": cfg.n_head,
         "clip.vision.attention.layer_norm_epsilon": cfg.eps, "clip.vision.projection_dim": cfg.n_embd_text,
-        "clip.vision.n_wa_pattern": cfg.wa_pattern,
         "clip.vision.image_mean": list(cfg.mean), "clip.vision.image_std": list(cfg.std),
     }
+    if not v2:
+        kv.update({"clip.use_silu": True, "clip.vision.n_wa_pattern": cfg.wa_pattern})
     kv.update(meta or {})
     add_keys(w, kv)
 
@@ -1125,17 +1130,23 @@ def write_qwen25vl_mmproj(path, cfg: TinyQwen25vl = TinyQwen25vl(), tensor_hook=
         p = f"v.blk.{i}."
         vector(p + "ln1.weight", E, 1.0)
         vector(p + "ln2.weight", E, 1.0)
+        if v2:
+            vector(p + "ln1.bias", E)
+            vector(p + "ln2.bias", E)
         for m in ("attn_q", "attn_k", "attn_v", "attn_out"):
             # q and k twice as large: scores of a few units, so that where each row looks matters
             matrix(p + m + ".weight", E, E, (2.0 if m in ("attn_q", "attn_k") else 1.0) / np.sqrt(E))
             vector(p + m + ".bias", E)
-        matrix(p + "ffn_gate.weight", F, E, 1.0 / np.sqrt(E))
-        vector(p + "ffn_gate.bias", F)
+        if not v2:
+            matrix(p + "ffn_gate.weight", F, E, 1.0 / np.sqrt(E))
+            vector(p + "ffn_gate.bias", F)
         matrix(p + "ffn_up.weight", F, E, 1.0 / np.sqrt(E))
         vector(p + "ffn_up.bias", F)
         matrix(p + "ffn_down.weight", E, F, 1.0 / np.sqrt(F))
         vector(p + "ffn_down.bias", E)
     vector("v.post_ln.weight", E, 1.0)
+    if v2:
+        vector("v.post_ln.bias", E)
     matrix("mm.0.weight", 4 * E, 4 * E, 1.0 / np.sqrt(4 * E))
     vector("mm.0.bias", 4 * E)
     matrix("mm.2.weight", cfg.n_embd_text, 4 * E, 1.0 / np.sqrt(4 * E))

@@ -390,6 +390,28 @@ def test_qwen25vl_rows_match_mtmd(mtmd, qwen25vl, qtype):
         enc.close()
 
 
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_qwen2vl_rows_match_mtmd(mtmd, qwen25vl, qtype):
+    """Qwen2-VL's tower (qwen2vl_merger: LayerNorms, gelu_quick, no
+    windows): rows within QWEN_TOL of mtmd's (observed 1.5e-3 and 2.8e-2)."""
+    from tiny_models import TinyQwen25vl, write_qwen25vl_mmproj
+
+    d, model, _ = qwen25vl
+    mm = write_qwen25vl_mmproj(d / f"mmproj-qwen2-{qtype}.gguf", TinyQwen25vl(qtype=qtype, projector="qwen2vl_merger"))
+    enc = load_mmproj(mm)
+    try:
+        for i, (h, w) in enumerate(QWEN_SIZES):
+            img = synthetic(h, w, seed=50 + i)
+            _, peer = run_mtmd(mtmd, model, mm, img, "<__media__>", d / f"q2-{qtype}-{i}")
+            peer = peer.reshape(-1, enc.n_embd_out)
+            ours = enc.encode(png(img))
+            assert ours.shape == peer.shape, (h, w)
+            err = np.abs(ours - peer).max() / np.abs(peer).max()
+            assert err < QWEN_TOL[qtype], f"{qtype} {h}x{w}: {err:.2e}"
+    finally:
+        enc.close()
+
+
 def test_qwen25vl_layout_matches_mtmd(mtmd, qwen25vl):
     """The tokens around the image ("<|vision_start|>", "<|vision_end|>")
     and its row count are mtmd's, decoded causally."""

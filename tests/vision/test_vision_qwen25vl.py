@@ -113,6 +113,26 @@ def test_tower_matches_the_float64_graph(files, qtype):
         e.close()
 
 
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_qwen2vl_tower_matches_the_float64_graph(files, qtype):
+    """Qwen2-VL's tower (qwen2vl_merger: LayerNorms, an ungated gelu_quick
+    feed-forward, no windows) through the same encoder, within 1e-3."""
+    d = files[0]
+    mm = write_qwen25vl_mmproj(d / f"mmproj-v2-{qtype}.gguf", TinyQwen25vl(qtype=qtype, projector="qwen2vl_merger"))
+    md, t = reference_file(mm)
+    e = load_mmproj(mm)
+    try:
+        assert e.layer_norm and e.wa_pattern == 0
+        for i, (h, w) in enumerate(SIZES[:3]):
+            px = e.preprocess(png(synthetic(h, w, seed=i)))
+            want = reference_qwen25vl.encode(md, t, px.astype(np.float64))
+            got = e.encode_pixels(px)
+            err = np.abs(got - want).max() / np.abs(want).max()
+            assert err < 1e-3, f"{qtype} {h}x{w}: {err:.2e}"
+    finally:
+        e.close()
+
+
 def test_windows_matter(files):
     """The window rule is not a no-op: the same tower with every layer
     attending to the whole image (n_wa_pattern 1) moves the rows far more
