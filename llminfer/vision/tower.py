@@ -26,7 +26,8 @@ from llminfer.core.ggml import GGMLQuantizationType
 # the projector types this version runs, each a module of llminfer.vision
 SUPPORTED = ("gemma3", "gemma4v", "idefics3", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 # the types whose image size is each image's own (the file's image_size a placeholder)
-QWEN_VL = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")  # cells of 2 x 2 patches (clip.vision.spatial_merge_size)
+# cells of 2 x 2 patches (clip.vision.spatial_merge_size)
+QWEN_VL = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 DYNAMIC_SIZE = ("gemma4v",) + QWEN_VL
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0")
 

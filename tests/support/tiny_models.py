@@ -107,7 +107,8 @@ class TinyConfig:
 
 # What each architecture adds to (or takes from) the Llama block in a tiny model
 NEOX_ARCHS = ("qwen2", "qwen2vl", "qwen3vl", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
-ARCHS = ("llama", "qwen2", "qwen2vl", "qwen3vl", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3")
+ARCHS = ("llama", "qwen2", "qwen2vl", "qwen3vl", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3",
+         "qwen3moe", "mistral3")
 
 
 def tensor_adder(w, tensor_hook):
