@@ -47,6 +47,7 @@ def lfm2_text_model(path, **kw):
     from tiny_models import HybridConfig, write_hybrid
 
     kw.setdefault("pre", "default")  # a pre-tokenizer name llama.cpp knows
+    kw.setdefault("context_length", 4096)  # room for a tiled image (up to 10 tiles and a thumbnail)
     return write_hybrid(path, HybridConfig(arch="lfm2", **kw), meta={"tokenizer.chat_template": LFM2_TEMPLATE},
                         extra_tokens=LFM2_IMAGE_TOKENS)
 
