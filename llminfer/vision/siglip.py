@@ -1,11 +1,12 @@
 """The SigLIP ViT that several projector types put before their projector
-(gemma3, idefics3): patches, learned positions, pre-norm layers and an
+(gemma3, idefics3, lfm2): patches, learned positions, pre-norm layers and an
 optional post norm, as llama.cpp's clip.cpp build_vit builds it.
 
-    pixels [3, S, S]  (S = image_size, normalised; vision.image)
+    pixels [3, S, S]  (S = image_size, normalised; vision.image; lfm2: [3, H, W]
+                      of any whole number of patches)
     patches           conv p x p stride p, as a matmul: [P, 3*p*p] @ W.T + b,
                       P = (S/p)^2 patches in row-major order (y, then x)
-    + position_embd   [P, E]
+    + position_embd   [P, E] (lfm2: the table resized to the image's grid)
     per layer (pre-norm):
         h = x + attn_out(attention(layer_norm(x; ln1)))      heads of E/n_head, no mask
         x = h + ffn_down(act(ffn_up(layer_norm(h; ln2))))
