@@ -52,7 +52,8 @@ import numpy as np
 from llminfer.core import ops
 from llminfer.core.system import check_threads
 from llminfer.errors import ImageError, InvalidArgumentError, UnsupportedModelError
-from llminfer.vision.image import fit_box, load_image, normalize, pil, target_size  # noqa: F401 (fit_box, target_size: here too)
+# fit_box and target_size live in vision.image (lfm2 shares them); their names stay here too
+from llminfer.vision.image import fit_box, load_image, normalize, pil, target_size  # noqa: F401
 from llminfer.vision.tower import VisionParams, Weights
 
 IMAGE_BEGIN = "<|image>"

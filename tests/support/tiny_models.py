@@ -892,7 +892,8 @@ LFM2_MMPROJ = dict(projector="lfm2", image_size=128, patch_size=16, n_embd=32, n
 
 def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=None) -> str:
     """A random Gemma 3-style (or, with projector "idefics3", SmolVLM-style;
-    "lfm2", LFM2-VL-style: TinyMmproj(**LFM2_MMPROJ)) vision tower as llama.cpp's converter writes one (clip.* metadata, v.*
+    "lfm2", LFM2-VL-style: TinyMmproj(**LFM2_MMPROJ)) vision tower as
+    llama.cpp's converter writes one (clip.* metadata, v.*
     and mm.* tensors); meta: keys to add or
     replace ({key: value}, strings, floats, ints, bools)."""
     rng = np.random.default_rng(cfg.seed)

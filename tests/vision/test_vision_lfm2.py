@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 pytest.importorskip("PIL")
-from PIL import Image  # noqa: E402
 
 import llminfer  # noqa: E402
 from llminfer.errors import ImageError, InvalidArgumentError, UnsupportedModelError  # noqa: E402

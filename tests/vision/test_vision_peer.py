@@ -410,7 +410,8 @@ def test_lfm2_logits_and_greedy_tokens_match_llama_cpp(mtmd, lfm2, seed, h, w):
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     peer = np.fromfile(f"{d / 'lfm2lg'}.logits", np.float32)
-    gen = [(int(a), float(b)) for a, b in (line.split() for line in Path(f"{d / 'lfm2lg'}.gen").read_text().splitlines())]
+    gen = [(int(a), float(b)) for a, b in
+           (line.split() for line in Path(f"{d / 'lfm2lg'}.gen").read_text().splitlines())]
     with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
         def prompt_ids(image):
             return lay_out(prompt, [png(image)], llm._vision,
