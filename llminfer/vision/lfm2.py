@@ -216,7 +216,8 @@ class Lfm2Vision:
 
     def key(self, pixels: Pieces) -> str:
         """The content hash of preprocessed pieces under this encoder."""
-        h = hashlib.sha256(f"{self._ident}:{pixels.grid}:{[a.shape for a in pixels]}".encode())
+        grid = getattr(pixels, "grid", None)
+        h = hashlib.sha256(f"{self._ident}:{grid}:{[np.shape(a) for a in pixels]}".encode())
         for a in pixels:
             h.update(np.ascontiguousarray(a, np.float32).tobytes())
         return h.hexdigest()
