@@ -233,6 +233,27 @@ def test_prompt_layout_and_logits_match_the_reference(files):
     assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
 
 
+def test_a_tiled_image_prompt_matches_the_reference_and_is_reused(files):
+    """A 1000 x 700 image: 6 tiles and the thumbnail, seven blocks of rows
+    between their markers, decoded one after another into the hybrid; the
+    logits after the prompt are the numpy lfm2's given the same rows, and
+    the same prompt again reuses the context past the last block (from the
+    checkpoint after it), bitwise the same."""
+    _, model, mm = files
+    msgs = image_message(data_url(png(synthetic(700, 1000, seed=4))))
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=4096, n_threads=2, kv_type="f32") as m:
+        ids = m.chat_prompt(msgs)
+        assert len(ids.images) == 7
+        m.chat_completion(msgs, max_tokens=1, temperature=0)
+        got = m.last_logits.copy()
+        r = m.chat_completion(msgs, max_tokens=1, temperature=0)
+        assert r.timings.cached_tokens > ids.images[-1].end
+        np.testing.assert_array_equal(m.last_logits, got)
+    rows = {s.start + i: row for s in ids.images for i, row in enumerate(s.rows)}
+    want = HybridReference(model).logits(list(ids), rows=rows)[-1]
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+
+
 def test_an_image_prompt_is_batch_invariant(files):
     """The logits after an image prompt are bitwise the same at 1 and 2
     threads, with the rows in one pass or in passes of 32 (n_batch 32) and
