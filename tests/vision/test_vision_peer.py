@@ -434,3 +434,29 @@ def test_lfm2_logits_and_greedy_tokens_match_llama_cpp(mtmd, lfm2, seed, h, w):
         if tokens[k] != tok:
             assert margin < 0.25, (k, tokens, gen)
             break
+
+
+# (height, width): grids of 8 x 1, 4 x 2 and 3 x 3 (ties between ratios broken by area), 2 x 2,
+# no tiles (22.5 cells a side round half to even), 2 x 2 (23.5 rounds up), 1 x 7
+LFM2_GRIDS = [(600, 5000), (1024, 2048), (3000, 3000), (900, 900), (720, 720), (720, 752), (2000, 300)]
+
+
+def test_lfm2_tile_grids_match_mtmd(mtmd, lfm2):
+    """Whether an image is tiled and into which grid, as the markers
+    around each tile's rows say, token for token (images passed as decoded
+    pictures: a noise PNG of 3000 x 3000 is more bytes than an image may be)."""
+    import llminfer
+    from PIL import Image
+
+    d, model, mm = lfm2
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=4096, n_threads=1) as llm:
+        for i, (h, w) in enumerate(LFM2_GRIDS):
+            img = synthetic(h, w, seed=60 + i)
+            chunks, _ = run_mtmd(mtmd, model, mm["F32"], img, "<__media__>", d / f"lfm2-grid-{i}")
+            want = []
+            for c in chunks:
+                want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+            ids = lay_out("<__media__>", [Image.fromarray(img)], llm._vision,
+                          lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
+            inside = {p for s in ids.images for p in range(s.start, s.end)}
+            assert [t if p not in inside else "img" for p, t in enumerate(ids)] == want, (h, w)
