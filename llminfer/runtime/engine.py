@@ -334,6 +334,13 @@ class Engine:
         then the tokens after it again (their keys and values rewritten with
         the same values)."""
         have = self.kv.restore_point(seq)
+        crossed = [a for a, b in seq.rows if a < len(seq.tokens) and b > have]
+        if crossed:
+            raise InvalidArgumentError(
+                f"the recurrent state of a sequence of {len(seq.tokens)} tokens cannot be brought back: its "
+                f"latest checkpoint is at {have} and the positions from {crossed[0]} on came from embedding rows "
+                f"(an image's), which cannot run again as tokens; go back to {crossed[0]} or before "
+                f"(Engine.keepable)")
         rest = np.asarray(seq.tokens[have:], dtype=np.int32)
         if len(rest) == 0:
             return
@@ -468,21 +475,43 @@ class Engine:
         if logits is not None:
             self._check_buffer(logits)
         self._check_room(seq, n)
-        if self.hybrid:
-            raise InvalidArgumentError("embedding rows into a model with recurrent layers are not supported yet")
         if not causal and n > self.n_batch:
             raise InvalidArgumentError(f"{n} rows attended to both ways must run in one pass, of at most "
                                        f"n_batch={self.n_batch}")
         nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
+        if self.hybrid:
+            if seq.state_len != len(seq.tokens):
+                self._bring_state(seq, nt)
+            self.kv.checkpoint(seq)  # before the rows: a point to come back to that runs none of them again
         if not causal:
             _core.set_causal(self.ctx, _core.ATTN_NON_CAUSAL_SWA if self.spec.non_causal_swa_only
                              else _core.ATTN_NON_CAUSAL)
+        start = len(seq.tokens)
+        self._merge_rows(seq, start, start + n)  # before the passes: a failed one leaves its part marked too
         try:
             self._decode_rows(seq, ids, rows, logits, nt)
         finally:
             if not causal:
                 _core.set_causal(self.ctx, _core.ATTN_CAUSAL)
+        if self.hybrid:
+            self.kv.checkpoint(seq)  # after them: text after the image goes back to here, not across it
         return logits
+
+    @staticmethod
+    def _merge_rows(seq, a, b):
+        """Record [a, b) as positions from rows, one span with the one it continues."""
+        if seq.rows and seq.rows[-1][1] == a:
+            seq.rows[-1] = (seq.rows[-1][0], b)
+        else:
+            seq.rows.append((a, b))
+
+    @_locked
+    def keepable(self, seq: Sequence, n: int) -> int:
+        """The most of seq's first n tokens a truncate can keep and the next
+        pass go on from: a hybrid model's state is brought back from a
+        checkpoint by running the tokens after it again, which cannot cross
+        positions that came from embedding rows (kv_cache.KVCache.keepable)."""
+        return self.kv.keepable(seq, n)
 
     def _decode_rows(self, seq, ids, rows, logits, nt):
         n = len(ids)
@@ -498,6 +527,7 @@ class Engine:
             if last:
                 want[m - 1] = 1
             out = logits if last else np.empty(0, np.float32)
+            seq.state_len = -1  # until the pass is committed: a failed one leaves the state to be brought back
             self.gguf.check_unchanged()
             t = time.perf_counter()
             self.ctx.decode(None, rows[start:start + m], pos, seq_idx, want, views, out, nt)

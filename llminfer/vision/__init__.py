@@ -6,8 +6,10 @@
 LLM(model, mmproj=PATH) loads one beside the model, and chat messages take
 OpenAI's image_url parts (data: URLs, or paths and bytes in the library).
 Projector types run: gemma3 (SigLIP, average pooling, projection),
-idefics3 (SmolVLM: tiles, pixel shuffle) and gemma4v (Gemma 4: a ViT with
-2-D RoPE over an image of its own size, pooling, projection).
+idefics3 (SmolVLM: tiles, pixel shuffle), lfm2 (LFM2-VL: SigLIP2 NaFlex
+over an image of its own size or in tiles, pixel unshuffle, MLP) and
+gemma4v (Gemma 4: a ViT with 2-D RoPE over an image of its own size,
+pooling, projection).
 """
 
 from llminfer.vision.image import MAX_BYTES, MAX_PIXELS, load_image
