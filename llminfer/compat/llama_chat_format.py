@@ -230,7 +230,9 @@ class MTMDChatHandler:
     beside the model (the same as Llama(..., mmproj=...)); the model's own
     chat template renders the messages, image_url parts included. The
     mmproj's projector type (clip.projector_type), not the handler's class,
-    decides how its images are encoded and laid out."""
+    decides how its images are encoded and laid out: MTMDChatHandler itself
+    serves the types llama-cpp-python names no handler for (LFM2-VL's lfm2,
+    SmolVLM's idefics3), as it does there."""
 
     def __init__(self, clip_model_path: str, verbose: bool = True, **kwargs):
         import os

@@ -452,7 +452,8 @@ class LLM:
                 n = span.start
         if not self._engine.kv.can_truncate(self._seq, n):
             n = 0
-        return n
+        # a hybrid model's state comes back by running tokens again: not an image's rows
+        return self._engine.keepable(self._seq, n)
 
     def _keep(self, n):
         self._engine.truncate(self._seq, n)

@@ -337,6 +337,13 @@ class Engine:
         then the tokens after it again (their keys and values rewritten with
         the same values)."""
         have = self.kv.restore_point(seq)
+        crossed = [a for a, b in seq.rows if a < len(seq.tokens) and b > have]
+        if crossed:
+            raise InvalidArgumentError(
+                f"the recurrent state of a sequence of {len(seq.tokens)} tokens cannot be brought back: its "
+                f"latest checkpoint is at {have} and the positions from {crossed[0]} on came from embedding rows "
+                f"(an image's), which cannot run again as tokens; go back to {crossed[0]} or before "
+                f"(Engine.keepable)")
         rest = np.asarray(seq.tokens[have:], dtype=np.int32)
         if len(rest) == 0:
             return
@@ -478,16 +485,20 @@ class Engine:
         if logits is not None:
             self._check_buffer(logits)
         self._check_room(seq, n)
-        if self.hybrid:
-            raise InvalidArgumentError("embedding rows into a model with recurrent layers are not supported yet")
         if not causal and n > self.n_batch:
             raise InvalidArgumentError(f"{n} rows attended to both ways must run in one pass, of at most "
                                        f"n_batch={self.n_batch}")
         nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
         rope, mark = self._image_rope(seq, n, grid, first) if self.mrope else (None, None)
+        if self.hybrid:
+            if seq.state_len != len(seq.tokens):
+                self._bring_state(seq, nt)
+            self.kv.checkpoint(seq)  # before the rows: a point to come back to that runs none of them again
         if not causal:
             _core.set_causal(self.ctx, _core.ATTN_NON_CAUSAL_SWA if self.spec.non_causal_swa_only
                              else _core.ATTN_NON_CAUSAL)
+        start = len(seq.tokens)
+        self._merge_rows(seq, start, start + n)  # before the passes: a failed one leaves its part marked too
         try:
             if mark is not None:  # recorded with the image's first rows, dropped by a truncate into it
                 seq.rope_marks = [m for m in seq.rope_marks if m[0] <= seq.next_pos] + [mark]
@@ -495,6 +506,8 @@ class Engine:
         finally:
             if not causal:
                 _core.set_causal(self.ctx, _core.ATTN_CAUSAL)
+        if self.hybrid:
+            self.kv.checkpoint(seq)  # after them: text after the image goes back to here, not across it
         return logits
 
     def _image_rope(self, seq, n, grid, first):
@@ -528,6 +541,22 @@ class Engine:
         p = np.arange(seq.next_pos, seq.next_pos + n, dtype=np.int32) + shift
         return np.stack([p, p, p, 0 * p], axis=1).astype(np.int32)
 
+    @staticmethod
+    def _merge_rows(seq, a, b):
+        """Record [a, b) as positions from rows, one span with the one it continues."""
+        if seq.rows and seq.rows[-1][1] == a:
+            seq.rows[-1] = (seq.rows[-1][0], b)
+        else:
+            seq.rows.append((a, b))
+
+    @_locked
+    def keepable(self, seq: Sequence, n: int) -> int:
+        """The most of seq's first n tokens a truncate can keep and the next
+        pass go on from: a hybrid model's state is brought back from a
+        checkpoint by running the tokens after it again, which cannot cross
+        positions that came from embedding rows (kv_cache.KVCache.keepable)."""
+        return self.kv.keepable(seq, n)
+
     def _decode_rows(self, seq, ids, rows, logits, nt, rope=None):
         n = len(ids)
         start = 0
@@ -542,6 +571,7 @@ class Engine:
             if last:
                 want[m - 1] = 1
             out = logits if last else np.empty(0, np.float32)
+            seq.state_len = -1  # until the pass is committed: a failed one leaves the state to be brought back
             self.gguf.check_unchanged()
             t = time.perf_counter()
             self.ctx.decode(None, rows[start:start + m], pos, seq_idx, want, views, out, nt,

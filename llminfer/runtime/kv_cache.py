@@ -124,6 +124,10 @@ class Sequence:
     slot: int = -1
     state_len: int = 0
     checkpoints: list = field(default_factory=list)
+    # [(start, end)]: tokens whose positions were decoded from embedding
+    # rows (an image's), not from their ids: a hybrid model's state cannot
+    # be brought back by running them again
+    rows: list = field(default_factory=list)
     # LoRA: the scale of each of the engine's adapters for this sequence's
     # next tokens (float32 [n_lora]), or None: none on (Engine.set_lora)
     lora: object = None
@@ -230,6 +234,25 @@ class KVCache:
             s.state_len = best[0]
         return s.state_len
 
+    def replay_start(self, s: Sequence, n: int) -> int:
+        """The tokens taken in by the checkpoint restore_point would bring s
+        back to after a truncate to n (0: the empty state)."""
+        return max((k for k, _ in s.checkpoints if k <= n), default=0)
+
+    def keepable(self, s: Sequence, n: int) -> int:
+        """The most of s's first n tokens it can go back to without running
+        embedding rows again: for a hybrid model, a truncate to n is followed
+        by the tokens after its checkpoint, and none of those may have come
+        from rows (an image's, whose ids are placeholders); n otherwise."""
+        if self.states is None:
+            return n
+        while True:
+            k = self.replay_start(s, n)
+            crossed = [a for a, b in s.rows if a < n and b > k]
+            if not crossed:
+                return n
+            n = min(crossed)
+
     def _drop_checkpoints(self, s: Sequence, keep_upto: int | None = None):
         kept = []
         for k, slot in s.checkpoints:
@@ -248,7 +271,7 @@ class KVCache:
                 if b >= 0:
                     self.pools[g].release(b)
             s.tables[g] = []
-        s.tokens, s.positions, s.rope_marks = [], [], []
+        s.tokens, s.positions, s.rows, s.rope_marks = [], [], [], []
         s.next_pos = s.swa_floor = 0
         if self.states is not None and s.seq_id in self.sequences:
             self._drop_checkpoints(s)
@@ -269,6 +292,7 @@ class KVCache:
         child.next_pos = s.next_pos
         child.swa_floor = s.swa_floor
         child.lora = s.lora
+        child.rows = list(s.rows)
         child.rope_marks = list(s.rope_marks)
         for g in self.groups:
             child.tables[g] = list(s.tables[g])
@@ -302,6 +326,7 @@ class KVCache:
             s.state_len = min(s.state_len, -1)
         del s.tokens[n:]
         del s.positions[n:]
+        s.rows = [(a, min(b, n)) for a, b in s.rows if a < n]
         s.next_pos = next_pos
         s.rope_marks = [m for m in s.rope_marks if m[0] <= next_pos]  # an image cut short leaves no mark
         keep = -(-next_pos // self.block_size)  # blocks holding positions < next_pos

@@ -52,7 +52,8 @@ import numpy as np
 from llminfer.core import ops
 from llminfer.core.system import check_threads
 from llminfer.errors import ImageError, InvalidArgumentError, UnsupportedModelError
-from llminfer.vision.image import load_image, normalize, pil, resize_two_pass
+# fit_box and target_size live in vision.image (lfm2 shares them); their names stay here too
+from llminfer.vision.image import fit_box, load_image, normalize, pil, resize_two_pass, target_size  # noqa: F401
 from llminfer.vision.tower import VisionParams, Weights
 
 IMAGE_BEGIN = "<|image>"
@@ -60,47 +61,6 @@ IMAGE_END = "<image|>"
 MIN_TOKENS, MAX_TOKENS = 70, 1120   # llama.cpp's set_limit_image_tokens(70, 1120) for gemma4v
 ROPE_BASE = 100.0
 CAUSAL_WIDTHS = (1536, 2560)        # E2B and E4B: their image rows are decoded causally
-
-
-def _f32(x) -> np.float32:
-    return np.float32(x)
-
-
-def target_size(w: int, h: int, align: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """The size an image of w x h is resized to: each side a multiple of
-    align, the aspect ratio kept, the area within [min_pixels, max_pixels]
-    (mtmd's calc_size_preserved_ratio, its float32 arithmetic and its
-    rounding half away from zero)."""
-    f = _f32(align)
-
-    def round_by(x):
-        return int(math.floor(float(_f32(x) / f) + 0.5)) * align
-
-    def ceil_by(x):
-        return int(math.ceil(float(_f32(x) / f))) * align
-
-    def floor_by(x):
-        return int(math.floor(float(_f32(x) / f))) * align
-
-    w_bar, h_bar = max(align, round_by(w)), max(align, round_by(h))
-    if h_bar * w_bar > max_pixels:
-        beta = np.sqrt(_f32(h) * _f32(w) / _f32(max_pixels), dtype=np.float32)
-        h_bar = max(align, floor_by(_f32(h) / beta))
-        w_bar = max(align, floor_by(_f32(w) / beta))
-    elif h_bar * w_bar < min_pixels:
-        beta = np.sqrt(_f32(min_pixels) / (_f32(h) * _f32(w)), dtype=np.float32)
-        h_bar = ceil_by(_f32(h) * beta)
-        w_bar = ceil_by(_f32(w) * beta)
-    return w_bar, h_bar
-
-
-def fit_box(w: int, h: int, tw: int, th: int) -> tuple[int, int]:
-    """The size of a w x h image drawn inside tw x th, its aspect ratio kept
-    (mtmd's PAD_CEIL: float32 scale, rounded up, at most the box)."""
-    scale = min(_f32(tw) / _f32(w), _f32(th) / _f32(h))
-    nw = min(int(math.ceil(float(_f32(w) * scale))), tw)
-    nh = min(int(math.ceil(float(_f32(h) * scale))), th)
-    return max(nw, 1), max(nh, 1)
 
 
 class _Linear:

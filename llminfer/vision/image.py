@@ -158,3 +158,46 @@ def normalize(im, mean, std) -> np.ndarray:
     x = np.asarray(im, dtype=np.float32) / np.float32(255.0)  # [h, w, 3]
     x = (x - np.asarray(mean, np.float32)[:3]) / np.asarray(std, np.float32)[:3]
     return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+# ---- mtmd's smart resize (gemma4v, lfm2) ----
+
+def _f32(x) -> np.float32:
+    return np.float32(x)
+
+
+def target_size(w: int, h: int, align: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """The size an image of w x h is resized to: each side a multiple of
+    align, the aspect ratio kept, the area within [min_pixels, max_pixels]
+    (mtmd's calc_size_preserved_ratio, its float32 arithmetic and its
+    rounding half away from zero)."""
+    f = _f32(align)
+
+    def round_by(x):
+        return int(math.floor(float(_f32(x) / f) + 0.5)) * align
+
+    def ceil_by(x):
+        return int(math.ceil(float(_f32(x) / f))) * align
+
+    def floor_by(x):
+        return int(math.floor(float(_f32(x) / f))) * align
+
+    w_bar, h_bar = max(align, round_by(w)), max(align, round_by(h))
+    if h_bar * w_bar > max_pixels:
+        beta = np.sqrt(_f32(h) * _f32(w) / _f32(max_pixels), dtype=np.float32)
+        h_bar = max(align, floor_by(_f32(h) / beta))
+        w_bar = max(align, floor_by(_f32(w) / beta))
+    elif h_bar * w_bar < min_pixels:
+        beta = np.sqrt(_f32(min_pixels) / (_f32(h) * _f32(w)), dtype=np.float32)
+        h_bar = ceil_by(_f32(h) * beta)
+        w_bar = ceil_by(_f32(w) * beta)
+    return w_bar, h_bar
+
+
+def fit_box(w: int, h: int, tw: int, th: int) -> tuple[int, int]:
+    """The size of a w x h image drawn inside tw x th, its aspect ratio kept
+    (mtmd's PAD_CEIL: float32 scale, rounded up, at most the box)."""
+    scale = min(_f32(tw) / _f32(w), _f32(th) / _f32(h))
+    nw = min(int(math.ceil(float(_f32(w) * scale))), tw)
+    nh = min(int(math.ceil(float(_f32(h) * scale))), th)
+    return max(nw, 1), max(nh, 1)

@@ -10,6 +10,7 @@ from llminfer.core.gguf_file import GGUFFile
 from llminfer.vision.gemma3 import Gemma3Vision
 from llminfer.vision.gemma4 import Gemma4Vision
 from llminfer.vision.idefics3 import Idefics3Vision
+from llminfer.vision.lfm2 import Lfm2Vision
 from llminfer.vision.qwen25vl import Qwen25VLVision
 from llminfer.vision.qwen3vl import Qwen3VLVision
 from llminfer.vision.tower import SUPPORTED, read_params
@@ -29,6 +30,8 @@ def load_mmproj(path, n_threads=None, mmap: bool = True):
             return Gemma4Vision(gguf, params, n_threads=n_threads)
         if params.projector == "idefics3":
             return Idefics3Vision(gguf, params, n_threads=n_threads)
+        if params.projector == "lfm2":
+            return Lfm2Vision(gguf, params, n_threads=n_threads)
         if params.projector in ("qwen2vl_merger", "qwen2.5vl_merger"):
             return Qwen25VLVision(gguf, params, n_threads=n_threads)
         if params.projector == "qwen3vl_merger":

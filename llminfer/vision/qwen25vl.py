@@ -53,8 +53,8 @@ import numpy as np
 from llminfer.core import ops
 from llminfer.core.system import check_threads
 from llminfer.errors import InvalidArgumentError, UnsupportedModelError
-from llminfer.vision.gemma4 import activation, fit_box, rms, target_size
-from llminfer.vision.image import load_image, normalize, pil, resize_two_pass
+from llminfer.vision.gemma4 import activation, rms
+from llminfer.vision.image import fit_box, load_image, normalize, pil, resize_two_pass, target_size
 from llminfer.vision.siglip import layer_norm
 from llminfer.vision.tower import Matrix, VisionParams, Weights
 

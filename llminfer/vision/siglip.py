@@ -1,11 +1,12 @@
 """The SigLIP ViT that several projector types put before their projector
-(gemma3, idefics3): patches, learned positions, pre-norm layers and an
+(gemma3, idefics3, lfm2): patches, learned positions, pre-norm layers and an
 optional post norm, as llama.cpp's clip.cpp build_vit builds it.
 
-    pixels [3, S, S]  (S = image_size, normalised; vision.image)
+    pixels [3, S, S]  (S = image_size, normalised; vision.image; lfm2: [3, H, W]
+                      of any whole number of patches)
     patches           conv p x p stride p, as a matmul: [P, 3*p*p] @ W.T + b,
                       P = (S/p)^2 patches in row-major order (y, then x)
-    + position_embd   [P, E]
+    + position_embd   [P, E] (lfm2: the table resized to the image's grid)
     per layer (pre-norm):
         h = x + attn_out(attention(layer_norm(x; ln1)))      heads of E/n_head, no mask
         x = h + ffn_down(act(ffn_up(layer_norm(h; ln2))))
@@ -89,29 +90,36 @@ class SiglipViT:
         self.layers = [_Layer(wt, i, p) for i in range(p.n_layer)]
         self.post_ln = (wt.f32("v.post_ln.weight", (E,)), wt.f32("v.post_ln.bias", (E,))) \
             if wt.has("v.post_ln.weight") else None
-        self._ws, self._ws_threads = None, 0
+        self._ws, self._ws_threads, self._ws_patches = None, 0, 0
         self._lock = threading.Lock()  # one forward at a time: they share the work buffers
 
-    def _buffers(self, nt: int) -> dict:
-        """The layers' work buffers, made at the first forward and kept: a
-        layer's fresh arrays (some 200 MB at 4096 patches) would be faulted
-        in page by page again in every layer and every image."""
-        if self._ws is None or self._ws_threads < nt:
-            p, P = self.params, self.n_patches
+    def _buffers(self, nt: int, P: int) -> dict:
+        """The layers' work buffers for P patches, made at the first forward
+        and kept (grown for a larger image): a layer's fresh arrays (some
+        200 MB at 4096 patches) would be faulted in page by page again in
+        every layer and every image."""
+        if self._ws is None or self._ws_threads < nt or self._ws_patches < P:
+            p = self.params
+            P = max(P, self._ws_patches)
             E = p.n_embd
             ws = {n: plain_pages((P, E)) for n in ("h", "q", "k", "v", "a")}
             ws["f"] = plain_pages((P, p.n_ff))
             ws["scratch"] = plain_pages((ops.attention_scratch_bytes(P, p.n_head, E // p.n_head, nt),), np.uint8)
-            self._ws, self._ws_threads = ws, nt
+            self._ws, self._ws_threads, self._ws_patches = ws, nt, P
         return self._ws
 
     def patches(self, pixels: np.ndarray) -> np.ndarray:
-        """[P, 3*p*p]: each patch's pixels in (channel, y, x) order."""
-        S, ps, g = self.params.image_size, self.params.patch_size, self.grid
-        if pixels.shape != (3, S, S):
-            raise InvalidArgumentError(f"pixels must have shape (3, {S}, {S}), got {pixels.shape}")
-        x = pixels.reshape(3, g, ps, g, ps).transpose(1, 3, 0, 2, 4)  # gy, gx, c, ky, kx
-        return np.ascontiguousarray(x.reshape(g * g, 3 * ps * ps), dtype=np.float32)
+        """[P, 3*p*p]: each patch's pixels in (channel, y, x) order, patches
+        row-major (y, then x); pixels [3, H, W], H and W multiples of the
+        patch size."""
+        ps = self.params.patch_size
+        if pixels.ndim != 3 or pixels.shape[0] != 3 or pixels.shape[1] % ps or pixels.shape[2] % ps or \
+                0 in pixels.shape:
+            raise InvalidArgumentError(f"pixels must have shape (3, H, W), H and W positive multiples of {ps}, "
+                                       f"got {pixels.shape}")
+        gy, gx = pixels.shape[1] // ps, pixels.shape[2] // ps
+        x = np.asarray(pixels, np.float32).reshape(3, gy, ps, gx, ps).transpose(1, 3, 0, 2, 4)  # gy, gx, c, ky, kx
+        return np.ascontiguousarray(x.reshape(gy * gx, 3 * ps * ps), dtype=np.float32)
 
     @staticmethod
     def _mm(m, x, nt, out, residual=False):
@@ -119,15 +127,26 @@ class SiglipViT:
         mat, bias = m
         return mat(x, nt, bias, out if residual else None, out=out)
 
-    def forward(self, pixels: np.ndarray, nt: int) -> np.ndarray:
-        """float32 [P, E]: the ViT's output rows of one image, patches row-major."""
+    def forward(self, pixels: np.ndarray, nt: int, pos: np.ndarray | None = None) -> np.ndarray:
+        """float32 [P, E]: the ViT's output rows of one image, patches
+        row-major. pos: the image's position rows [P, E] (lfm2 resizes the
+        table to each image's grid); None: the file's table, and the image
+        must be the file's image size."""
         p = self.params
-        E, H = p.n_embd, p.n_head
-        x = ops.gemm(self.patch_w, self.patches(pixels), self.patch_b, self.pos, n_threads=nt,
-                     out=plain_pages((self.n_patches, E)))  # the rows returned
+        E, H, S = p.n_embd, p.n_head, p.image_size
+        if pos is None:
+            if pixels.shape != (3, S, S):
+                raise InvalidArgumentError(f"pixels must have shape (3, {S}, {S}), got {pixels.shape}")
+            pos = self.pos
+        rows = self.patches(pixels)
+        P = len(rows)
+        if pos.shape != (P, E):
+            raise InvalidArgumentError(f"position rows of shape {pos.shape} for {P} patches of width {E}")
+        x = ops.gemm(self.patch_w, rows, self.patch_b, np.ascontiguousarray(pos, np.float32), n_threads=nt,
+                     out=plain_pages((P, E)))  # the rows returned
         with self._lock:
-            ws = self._buffers(nt)
-            h, q, k, v, a, f = (ws[n] for n in ("h", "q", "k", "v", "a", "f"))
+            ws = self._buffers(nt, P)
+            h, q, k, v, a, f = (ws[n][:P] for n in ("h", "q", "k", "v", "a", "f"))
             for L in self.layers:
                 layer_norm(x, *L.ln1, p.eps, nt, out=h)
                 for w, y in ((L.q, q), (L.k, k), (L.v, v)):

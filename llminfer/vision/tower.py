@@ -24,10 +24,10 @@ from llminfer.core.gguf_file import GGUFFile
 from llminfer.core.ggml import GGMLQuantizationType
 
 # the projector types this version runs, each a module of llminfer.vision
-SUPPORTED = ("gemma3", "gemma4v", "idefics3", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
-# the types whose image size is each image's own (the file's image_size a placeholder)
+SUPPORTED = ("gemma3", "gemma4v", "idefics3", "lfm2", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 # cells of 2 x 2 patches (clip.vision.spatial_merge_size)
 QWEN_VL = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
+# the types whose image size is each image's own (the file's image_size a placeholder)
 DYNAMIC_SIZE = ("gemma4v",) + QWEN_VL
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0")
 
@@ -159,9 +159,9 @@ def read_params(gguf: GGUFFile) -> VisionParams:
         eps=_meta(md, "clip.vision.attention.layer_norm_epsilon", float, path, 1e-6),
         mean=_meta(md, "clip.vision.image_mean", tuple, path),
         std=_meta(md, "clip.vision.image_std", tuple, path),
-        # the side of the patch grid is pooled by 4 (Gemma 3; 3 for Gemma 4) unless the file says
+        # the side of the patch grid is pooled by 4 (Gemma 3; 3 for Gemma 4, 2 for LFM2-VL) unless the file says
         n_merge=(_meta(md, "clip.vision.spatial_merge_size", int, path, 2) if proj in QWEN_VL else
-                 _meta(md, "clip.vision.projector.scale_factor", int, path, 3 if proj == "gemma4v" else 4)),
+                 _meta(md, "clip.vision.projector.scale_factor", int, path, {"gemma4v": 3, "lfm2": 2}.get(proj, 4))),
         ffn_op=("gelu" if md.get("clip.use_gelu") else "silu" if md.get("clip.use_silu") else "gelu_quick"),
     )
     if any(s == 0 for s in p.std):

@@ -343,6 +343,41 @@ def test_gemma4_images_through_the_server(tmp_path):
         s.stop()
 
 
+def test_lfm2_images_through_the_server(tmp_path):
+    """An LFM2-VL tower into a hybrid lfm2 (77 rows a picture, more than a
+    step's 32 tokens: the rows run over several steps, causally, the
+    recurrent state carried between them): three requests at once, two
+    pictures and one text, each answer the library's alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from images import lfm2_text_model
+    from tiny_models import LFM2_MMPROJ
+
+    model = lfm2_text_model(tmp_path / "lfm2.gguf", tie_output=False)
+    mm = write_mmproj(tmp_path / "mmproj.gguf", TinyMmproj(**LFM2_MMPROJ, qtype="F16"))
+    reqs = [messages(data_url(png(synthetic(40, 70, seed=s)))) for s in (13, 14)]
+    reqs.append([{"role": "user", "content": "say something about pictures, please, in a few words"}])
+    with llminfer.LLM(model, mmproj=mm, n_ctx=512, n_threads=1) as llm:
+        want = [llm.chat_completion(m, max_tokens=6, temperature=0, logprobs=1) for m in reqs]
+        assert len(llm.chat_prompt(reqs[0]).images[0].rows) == 77
+    s = ServerThread(ServeArgs(model=model, mmproj=mm, n_ctx=512, kv_pool_tokens=2048, n_threads=1,
+                               max_batch_tokens=32))
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def ask(m):
+            return c.chat.completions.create(model="m", messages=m, max_tokens=6, temperature=0, logprobs=True)
+
+        with ThreadPoolExecutor(3) as pool:
+            got = list(pool.map(ask, reqs))
+        for r, w in zip(got, want):
+            assert r.choices[0].message.content == w.text and r.usage.prompt_tokens == w.prompt_tokens
+            lp = [t.logprob for t in r.choices[0].logprobs.content]
+            np.testing.assert_allclose(lp, [x[0] for x in w.logprobs], rtol=0, atol=1e-4)
+    finally:
+        s.stop()
+
+
 @pytest.mark.parametrize("tower", ["qwen2.5vl", "qwen3vl"])
 def test_qwen_vl_images_through_the_server(tmp_path, tower):
     """A Qwen2.5-VL tower (77 rows a picture) or a Qwen3-VL one (54 rows 3 x

@@ -30,6 +30,28 @@ IMAGE_TOKENS = {"<start_of_image>": 4, "<end_of_image>": 4, "<image_soft_token>"
 GEMMA4_IMAGE_TOKENS = {"<|image>": 4, "<image|>": 4, "<|image|>": 4, "<start_of_turn>": 4, "<end_of_turn>": 4}
 
 
+# the tiny LFM2-VL's: mtmd's "<|image_start|>" ... "<|image_end|>", its tile and thumbnail markers,
+# "<image>" at the rows, and ChatML's turns as LFM2's template writes them
+LFM2_IMAGE_TOKENS = {"<|image_start|>": 4, "<|image_end|>": 4, "<|img_thumbnail|>": 4, "<image>": 4,
+                     "<|im_start|>": 4, "<|im_end|>": 4,
+                     **{f"<|img_row_{y}_col_{x}|>": 4 for y in range(1, 11) for x in range(1, 11) if x * y <= 10}}
+LFM2_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def lfm2_text_model(path, **kw):
+    """A tiny lfm2 (tiny_models.HybridConfig(arch="lfm2", **kw)) with LFM2_TEMPLATE and LFM2_IMAGE_TOKENS."""
+    from tiny_models import HybridConfig, write_hybrid
+
+    kw.setdefault("pre", "default")  # a pre-tokenizer name llama.cpp knows
+    kw.setdefault("context_length", 4096)  # room for a tiled image (up to 10 tiles and a thumbnail)
+    return write_hybrid(path, HybridConfig(arch="lfm2", **kw), meta={"tokenizer.chat_template": LFM2_TEMPLATE},
+                        extra_tokens=LFM2_IMAGE_TOKENS)
+
+
 def gemma4_text_model(path, **kw):
     """A tiny gemma4 (tiny_models.Gemma4Config(**kw)) with GEMMA_TEMPLATE and GEMMA4_IMAGE_TOKENS."""
     from tiny_models import Gemma4Config, write_gemma4

@@ -109,12 +109,16 @@ class HybridReference(ReferenceModel):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
     # ---- the forward pass ----
-    def logits(self, tokens, hidden=False):
+    def logits(self, tokens, hidden=False, rows=None):
+        """rows: {position: input row} in place of those tokens' embeddings
+        (an image's, lfm2 only)."""
         if self.arch in ("mamba2", "granitehybrid", "nemotron_h"):
             return self._mamba_family(tokens, hidden)
         tokens = np.asarray(tokens)
         t = self.t
         x = t["token_embd.weight"][tokens]
+        for pos, r in (rows or {}).items():
+            x[pos] = r
         qwen = self.arch not in ("lfm2", "lfm2moe")
         self.route_gap = None
         for i in range(self.hp("block_count") - self.hp("nextn_predict_layers", 0)):

@@ -481,12 +481,15 @@ def hybrid_layout(cfg: HybridConfig) -> str:
     return "".join("A" if (i + 1) % k == 0 else "R" for i in range(cfg.n_layer))
 
 
-def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None) -> str:
-    """Write a tiny random file of one of HYBRID_ARCHS; tensor_hook
-    as write_model's; meta: metadata keys to replace (a value) or leave out
-    (None)."""
+def write_hybrid(path, cfg: HybridConfig, tensor_hook=None, meta=None, extra_tokens=None) -> str:
+    """Write a tiny random file of one of HYBRID_ARCHS; tensor_hook and
+    extra_tokens as write_model's; meta: metadata keys to replace (a value)
+    or leave out (None)."""
     rng = np.random.default_rng(cfg.seed)
     tokens, types = vocab()
+    if extra_tokens:
+        tokens = tokens[:-2] + list(extra_tokens) + tokens[-2:]
+        types = types[:-2] + list(extra_tokens.values()) + types[-2:]
     n_vocab = len(tokens)
     arch = cfg.arch
     kinds = hybrid_layout(cfg) + "A" * cfg.n_nextn
@@ -888,11 +891,19 @@ class TinyMmproj:
     swap_ffn: bool = False        # old conversions: up and down under each other's names
     seed: int = 7
     longest_edge: int = 112       # idefics3: clip.vision.preproc_image_size (112: up to 2 x 2 tiles of 56)
+    n_ff_proj: int = 96           # lfm2: the projector MLP's width (mm.1)
+    input_norm: bool = True       # lfm2: mm.input_norm.weight and .bias (optional in llama.cpp)
+
+
+# LFM2-VL's shape, small: 16-pixel patches merged 2 x 2 (cells of 32: tiles of 512 are 16 x 16
+# cells), an 8 x 8 position table that each image resizes (the real one is 16 x 16)
+LFM2_MMPROJ = dict(projector="lfm2", image_size=128, patch_size=16, n_embd=32, n_ff=64, n_head=2)
 
 
 def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=None) -> str:
-    """A random Gemma 3-style (or, with projector "idefics3", SmolVLM-style)
-    vision tower as llama.cpp's converter writes one (clip.* metadata, v.*
+    """A random Gemma 3-style (or, with projector "idefics3", SmolVLM-style;
+    "lfm2", LFM2-VL-style: TinyMmproj(**LFM2_MMPROJ)) vision tower as
+    llama.cpp's converter writes one (clip.* metadata, v.*
     and mm.* tensors); meta: keys to add or
     replace ({key: value}, strings, floats, ints, bools)."""
     rng = np.random.default_rng(cfg.seed)
@@ -954,6 +965,16 @@ def write_mmproj(path, cfg: TinyMmproj = TinyMmproj(), tensor_hook=None, meta=No
         # pixel-shuffled rows [n, s*s*E] @ W.T, W [n_embd_text, s*s*E]
         k = E * cfg.n_merge * cfg.n_merge
         matrix("mm.model.fc.weight", cfg.n_embd_text, k, 1.0 / np.sqrt(k))
+    elif cfg.projector == "lfm2":
+        # unshuffled rows [n, s*s*E]: layer norm, mm.2(gelu(mm.1 x))
+        k = E * cfg.n_merge * cfg.n_merge
+        if cfg.input_norm:
+            vector("mm.input_norm.weight", k, 1.0)
+            vector("mm.input_norm.bias", k)
+        matrix("mm.1.weight", cfg.n_ff_proj, k, 1.0 / np.sqrt(k))
+        vector("mm.1.bias", cfg.n_ff_proj)
+        matrix("mm.2.weight", cfg.n_embd_text, cfg.n_ff_proj, 1.0 / np.sqrt(cfg.n_ff_proj))
+        vector("mm.2.bias", cfg.n_embd_text)
     else:
         vector("mm.soft_emb_norm.weight", E, 1.0)
         # stored [E, n_embd_text] (ggml ne [n_embd_text, E]): the encoder's x @ W

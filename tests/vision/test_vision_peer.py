@@ -1,4 +1,4 @@
-"""Gemma 3, Idefics3, Gemma 4 and Qwen2.5-VL image embeddings and prompt layout against
+"""Gemma 3, Idefics3, Gemma 4, LFM2-VL, Qwen2.5-VL and Qwen3-VL image embeddings and prompt layout against
 llama.cpp's libmtmd, on the same tiny random files: tests/c/mtmd_embed.c, compiled here against a
 llama.cpp build (its include folders and build/bin with libmtmd.so), runs
 mtmd_tokenize and mtmd_encode_chunk on one raw RGB image. Skipped without
@@ -7,7 +7,7 @@ a build ($LLAMA_CPP_DIR, or /work/peer/*/vendor/llama.cpp) or a C compiler.
 Tolerance, max |ours - mtmd| over max |mtmd|: 2e-3 with F32 and F16
 weights (ggml's f16 GELU table and summation order on both sides), 2e-2
 with Q8_0 (both quantize the activations to Q8_0, in blocks that differ);
-the same for Gemma 4's rows."""
+the same for Gemma 4's and LFM2-VL's rows."""
 
 import glob
 import os
@@ -345,6 +345,121 @@ def test_gemma4_logits_and_greedy_tokens_match_llama_cpp(mtmd, gemma4, seed, h, 
             assert tok in eog, (k, tokens, gen)
             break
         assert tokens[k] == tok, (k, tokens, gen)
+
+
+# ---- LFM2-VL (lfm2): smart resize or tiles and a thumbnail, resized positions, unshuffle and MLP ----
+
+# (height, width): 11 x 7 cells, 7 x 10, 3 x 2 tiles and a thumbnail, 64-cell minimum, a 1:200 strip
+LFM2_SIZES = [(40, 70), (300, 200), (700, 1000), (13, 9), (3, 600)]
+
+
+@pytest.fixture(scope="module")
+def lfm2(tmp_path_factory):
+    from images import lfm2_text_model
+    from tiny_models import LFM2_MMPROJ
+
+    d = tmp_path_factory.mktemp("lfm2_peer")
+    model = lfm2_text_model(d / "lfm2.gguf", qtype="F32", embd_qtype="F32", tie_output=False)
+    return d, model, {q: write_mmproj(d / f"mmproj-lfm2-{q}.gguf", TinyMmproj(**LFM2_MMPROJ, qtype=q)) for q in TOL}
+
+
+@pytest.mark.parametrize("qtype", sorted(TOL))
+def test_lfm2_layout_and_rows_match_mtmd(mtmd, lfm2, qtype):
+    """Each image's pieces (one, or 3 x 2 tiles and the thumbnail) in mtmd's
+    order and the text around them, token for token, causal as text, and
+    every piece's rows within TOL of mtmd's."""
+    import llminfer
+
+    d, model, mm = lfm2
+    prompt = "what is<__media__>this"
+    with llminfer.LLM(model, mmproj=mm[qtype], n_ctx=4096, n_threads=1) as llm:
+        for i, (h, w) in enumerate(LFM2_SIZES):
+            img = synthetic(h, w, seed=40 + i)
+            chunks, peer = run_mtmd(mtmd, model, mm[qtype], img, prompt, d / f"lfm2-{qtype}-{i}")
+            want = []
+            for c in chunks:
+                want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+            assert all(c[2] == "0" for c in chunks if c[0] == "image")  # causal, as text
+            ids = lay_out(prompt, [png(img)], llm._vision,
+                          lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
+            inside = {p for s in ids.images for p in range(s.start, s.end)}
+            assert [t if p not in inside else "img" for p, t in enumerate(ids)] == want, (h, w)
+            ours = np.concatenate([s.rows for s in ids.images])
+            peer = peer.reshape(-1, llm._vision.n_embd_out)
+            assert ours.shape == peer.shape
+            err = np.abs(ours - peer).max() / np.abs(peer).max()
+            assert err < TOL[qtype], f"{qtype} {h}x{w}: {err:.2e}"
+
+
+@pytest.mark.parametrize("seed,h,w", [(5, 40, 70), (6, 56, 56), (7, 30, 90)])
+def test_lfm2_logits_and_greedy_tokens_match_llama_cpp(mtmd, lfm2, seed, h, w):
+    """The whole path (preprocessing, rows, layout, the hybrid's decode of
+    the rows and the text after them) against llama.cpp decoding mtmd's
+    chunks: the logits after the prompt within 2e-3 of its largest (another
+    image moves them 50 times that), and the greedy tokens the same at every
+    step up to the first where they differ, which must be one where
+    llama.cpp's margin between its two best is under 0.25."""
+    import llminfer
+
+    d, model, mm = lfm2
+    img = synthetic(h, w, seed=seed)
+    prompt = "<|im_start|>user\nwhat is<__media__>this<|im_end|>\n<|im_start|>assistant\n"
+    np.ascontiguousarray(img).tofile(d / "lfm2lg.rgb")
+    argv = [str(mtmd), model, mm["F32"], str(d / "lfm2lg.rgb"), str(w), str(h), prompt, str(d / "lfm2lg"), "causal",
+            "8"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    peer = np.fromfile(f"{d / 'lfm2lg'}.logits", np.float32)
+    gen = [(int(a), float(b)) for a, b in
+           (line.split() for line in Path(f"{d / 'lfm2lg'}.gen").read_text().splitlines())]
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
+        def prompt_ids(image):
+            return lay_out(prompt, [png(image)], llm._vision,
+                           lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
+
+        ids = prompt_ids(img)
+        llm.complete(ids, max_tokens=1, temperature=0)
+        ours = llm.last_logits.copy()
+        tokens = llm.complete(ids, max_tokens=len(gen), temperature=0).tokens
+        eog = set(llm.tokenizer.eog_ids)
+        llm.complete(prompt_ids(synthetic(h, w, seed=seed + 50)), max_tokens=1, temperature=0)
+        other = llm.last_logits.copy()
+    scale = np.abs(peer).max()
+    err = np.abs(ours - peer).max() / scale
+    assert err < 2e-3 and np.abs(other - peer).max() / scale > 50 * err, err
+    for k, (tok, margin) in enumerate(gen):
+        if k == len(tokens):  # ours ended at an end-of-generation token: llama.cpp drew one there too
+            assert tok in eog, (k, tokens, gen)
+            break
+        if tokens[k] != tok:
+            assert margin < 0.25, (k, tokens, gen)
+            break
+
+
+# (height, width): grids of 8 x 1, 4 x 2 and 3 x 3 (ties between ratios broken by area), 2 x 2,
+# no tiles (22.5 cells a side round half to even), 2 x 2 (23.5 rounds up), 1 x 7
+LFM2_GRIDS = [(600, 5000), (1024, 2048), (3000, 3000), (900, 900), (720, 720), (720, 752), (2000, 300)]
+
+
+def test_lfm2_tile_grids_match_mtmd(mtmd, lfm2):
+    """Whether an image is tiled and into which grid, as the markers
+    around each tile's rows say, token for token (images passed as decoded
+    pictures: a noise PNG of 3000 x 3000 is more bytes than an image may be)."""
+    import llminfer
+    from PIL import Image
+
+    d, model, mm = lfm2
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=4096, n_threads=1) as llm:
+        for i, (h, w) in enumerate(LFM2_GRIDS):
+            img = synthetic(h, w, seed=60 + i)
+            chunks, _ = run_mtmd(mtmd, model, mm["F32"], img, "<__media__>", d / f"lfm2-grid-{i}")
+            want = []
+            for c in chunks:
+                want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+            ids = lay_out("<__media__>", [Image.fromarray(img)], llm._vision,
+                          lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
+            inside = {p for s in ids.images for p in range(s.start, s.end)}
+            assert [t if p not in inside else "img" for p, t in enumerate(ids)] == want, (h, w)
 
 
 # ---- Qwen2.5-VL (qwen2.5vl_merger): dynamic size, window attention, M-RoPE positions in the text model ----
