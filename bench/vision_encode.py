@@ -16,6 +16,15 @@ OMP_NUM_THREADS), so a 1-thread row is one core on both sides.
     python bench/vision_encode.py --llama-cpp /path/to/llama.cpp/build/bin -t 1,2 -r 3
     python bench/vision_encode.py --no-peer -q F16 -t 2 -r 1          # llminfer alone
     python bench/vision_encode.py --dir /tmp/venc ...                 # keep (and reuse) the files
+
+--qwen25vl: a Qwen2.5-VL-7B-shaped tower instead (projector
+qwen2.5vl_merger: 32 layers, width 1280, feed-forward 3420, 16 heads,
+14-pixel patches, windows of 112 pixels (8 x 8 patches) with full attention
+on layers 7, 15, 23 and 31, the merger's MLP into 3584), beside a one-layer
+qwen2vl text model 3584 wide; the 896 x 896 image is 4,096 patches merged
+to 1,024 tokens.
+
+    python bench/vision_encode.py --qwen25vl --llama-cpp /path/to/llama.cpp/build/bin -t 1,2 -r 3
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ import peer  # noqa: E402
 
 SIGLIP_400M = dict(image_size=896, patch_size=14, n_embd=1152, n_ff=4304, n_layer=27, n_head=16, n_merge=4)
 TEXT_WIDTH = 256  # the tiny text model's width: the projection's output
+# Qwen2.5-VL-7B's vision tower (its mmproj's clip.vision.*) and its text model's width
+QWEN25VL_7B = dict(patch_size=14, n_embd=1280, n_ff=3420, n_layer=32, n_head=16, wa_pattern=8, n_embd_text=3584)
 
 CHILD = r"""
 import sys, time
@@ -51,6 +62,32 @@ dt = time.perf_counter() - t0
 enc.close()
 print(f"ENCODE_MS {dt * 1000:.1f} {rows.shape[0]}")
 """
+
+
+def write_qwen_files(d: Path, qtypes, layers):
+    """A Qwen2.5-VL-7B-shaped mmproj per weight type, a one-layer qwen2vl
+    text model of its output width (what mtmd-cli needs to start) and the
+    image."""
+    from images import png, qwen2vl_text_model, synthetic
+    from tiny_models import TinyQwen25vl, write_qwen25vl_mmproj
+
+    d.mkdir(parents=True, exist_ok=True)
+    width = QWEN25VL_7B["n_embd_text"]
+    text = d / "qwen2vl-text.gguf"
+    if not text.exists():
+        qwen2vl_text_model(text, n_embd=width, n_layer=1, n_head=width // 64, n_head_kv=4, head_dim=64)
+    image = d / "image-896.png"
+    if not image.exists():
+        image.write_bytes(png(synthetic(896, 896, seed=3)))
+    mm = {}
+    for q in qtypes:
+        p = d / f"mmproj-qwen25vl7b-{layers}l-{q}.gguf"
+        if not p.exists():
+            print(f"writing {p.name} ...", file=sys.stderr, flush=True)
+            write_qwen25vl_mmproj(p.with_suffix(".tmp"), TinyQwen25vl(qtype=q, **{**QWEN25VL_7B, "n_layer": layers}))
+            os.replace(p.with_suffix(".tmp"), p)
+        mm[q] = p
+    return text, image, mm
 
 
 def write_files(d: Path, qtypes, layers):
@@ -111,7 +148,8 @@ def main():
     ap.add_argument("-q", "--qtypes", default="F16,Q8_0", help="the tower's weight types (F32, F16, BF16, Q8_0)")
     ap.add_argument("-t", "--threads", default="1,2")
     ap.add_argument("-r", "--reps", type=int, default=3)
-    ap.add_argument("--layers", type=int, default=SIGLIP_400M["n_layer"], help="cut the tower (for a quick look)")
+    ap.add_argument("--qwen25vl", action="store_true", help="a Qwen2.5-VL-7B-shaped tower (see above)")
+    ap.add_argument("--layers", type=int, default=None, help="cut the tower (for a quick look)")
     ap.add_argument("--dir", help="where the files go (kept, and reused when there); default a temporary folder")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -120,7 +158,10 @@ def main():
     exe = None if a.no_peer else peer.llama_cpp_tool("llama-mtmd-cli", a.llama_cpp)
     tmp = None if a.dir else tempfile.TemporaryDirectory(prefix="llminfer-venc-")
     d = Path(a.dir or tmp.name)
-    text, image, mm = write_files(d, qtypes, a.layers)
+    shape = QWEN25VL_7B if a.qwen25vl else SIGLIP_400M
+    a.layers = a.layers or shape["n_layer"]
+    text, image, mm = (write_qwen_files if a.qwen25vl else write_files)(d, qtypes, a.layers)
+    name = "Qwen2.5-VL-7B-shaped" if a.qwen25vl else "SigLIP-400M-shaped"
     rows = []
     for q in qtypes:
         for nt in threads:
@@ -137,9 +178,9 @@ def main():
                            speedup=statistics.median(them) / statistics.median(us))
             rows.append(row)
     if a.json:
-        print(json.dumps({"layers": a.layers, "image": "896x896", "rows": rows}, indent=1))
+        print(json.dumps({"tower": name, "layers": a.layers, "image": "896x896", "rows": rows}, indent=1))
         return
-    print(f"SigLIP-400M-shaped tower ({a.layers} layers), one 896 x 896 image, medians of {a.reps}, "
+    print(f"{name} tower ({a.layers} layers), one 896 x 896 image, medians of {a.reps}, "
           f"{time.strftime('%Y-%m-%d')}")
     print(f"{'weights':8} {'threads':>7} {'llminfer ms':>12} {'llama.cpp ms':>13} {'speedup':>8}")
     for r in rows:

@@ -129,6 +129,8 @@ static int rope_table(li_context *c, float keys[][2], const li_layer_desc *ly, c
     keys[t][1] = ly->rope_scale;
     c->rope_n_rot[t] = s->n_rot;
     li_rope_params_init(&c->rope[t], s->n_rot, ly->rope_base, ly->rope_scale, s->rope_factors);
+    const int sect[4] = {s->rope_sect_t, s->rope_sect_h, s->rope_sect_w, s->rope_sect_e};
+    li_rope_set_sections(&c->rope[t], sect, s->rope_sect_interleave);
     return t;
 }
 
@@ -281,7 +283,7 @@ int li_context_create_offload(const li_model_desc *m, const li_kv_config *kv, in
         nh = LI_MAX(nh, (size_t)(m->n_head / s->n_head_kv));
         ff_max = LI_MAX(ff_max, (size_t)s->n_ff);
         c->n_rot_max = LI_MAX(c->n_rot_max, s->n_rot);
-        c->no_own |= ly->out_scale != 0.0f || m->n_embd_pe > 0;
+        c->no_own |= ly->out_scale != 0.0f || m->n_embd_pe > 0 || m->n_deepstack > 0;
         c->group[il] = li_layer_kv_group(m, il);
         c->kv_src[il] = il - ly->kv_reuse;
         c->k_rows[il] = li_row_bytes(kv->kv_type, s->head_dim);

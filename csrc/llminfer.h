@@ -341,6 +341,20 @@ enum li_expert_gating {
 typedef struct li_model_desc {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_ff, n_rot;
     int rope_mode;               /* LI_ROPE_NORM or LI_ROPE_NEOX */
+    /* M-RoPE (qwen2vl; ggml's GGML_ROPE_TYPE_MROPE), all 0: off. Rotated pair
+     * i (NeoX, i < n_rot/2) turns by the token's temporal position where
+     * i % S < rope_sect_t, its height one where i % S < t + h, its width one
+     * where i % S < t + h + w, else its fourth (S the four's sum); a row's
+     * four positions are the batch's rope_pos, or (pos, pos, pos, 0).
+     * rope_sect_interleave (qwen3vl's GGML_ROPE_TYPE_IMROPE): s = i % S turns
+     * by the height where s % 3 == 1 and s < 3 h, the width where s % 3 == 2
+     * and s < 3 w, the temporal where s % 3 == 0 and s < 3 t, else the fourth */
+    int rope_sect_t, rope_sect_h, rope_sect_w, rope_sect_e;
+    int rope_sect_interleave;
+    /* DeepStack (qwen3vl): input rows (the batch's embd) are n_embd * (1 +
+     * n_deepstack) wide; after layer il < n_deepstack, slice il + 1 of a
+     * row is added to its residual stream (token rows add nothing) */
+    int n_deepstack;
     int gate_fn;                 /* enum li_gate_fn, gating the feed-forward (dense, experts and shared); a layer
                                   * without w_gate (ungated: act(x Wu^T) Wd^T) takes LI_FN_RELU_SQR (nemotron_h) */
     float norm_eps;
@@ -492,10 +506,15 @@ typedef struct li_seq_view {
 typedef struct li_batch {
     int n;
     const int32_t *token;  /* [n] token ids; NULL when embd is given */
-    const float *embd;     /* [n, n_embd] input rows instead of token ids, or NULL */
+    const float *embd;     /* [n, n_embd * (1 + n_deepstack)] input rows instead of token ids, or NULL */
     const int32_t *pos;    /* [n] */
     const int32_t *seq;    /* [n] index into the views */
     const int8_t *logits;  /* [n] nonzero: this row's logits are returned; NULL: only the last row's */
+    const int32_t *rope_pos; /* [n, 4] each row's M-RoPE positions (temporal, height, width, fourth), each in
+                              * [0, 2^24), for a model with rope sections (LI_E_ARG in another); NULL: (pos,
+                              * pos, pos, 0). pos stays the row's place in the cache and in the causal order:
+                              * an image's rows take consecutive places but 2-D rope positions (llama.cpp's
+                              * mtmd), and the text after it rope positions behind its places */
 } li_batch;
 
 /* Which group layer il's keys and values live in. */

@@ -65,12 +65,19 @@ void li_gemm_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t 
 typedef struct {
     float theta_scale, freq_scale;
     const float *factors; /* [n_rot/2] or NULL */
+    int sect[4];          /* M-RoPE sections (li_model_desc's rope_sect_*); their sum 0: one position */
+    int n_sect;           /* their sum */
+    int interleave;       /* imrope: sections interleaved pair by pair */
 } li_rope_params;
 void li_rope_params_init(li_rope_params *r, int64_t n_rot, float freq_base, float freq_scale,
                          const float *factors);
 /* cs[t, i] = (cos, sin) of token t's angle i, i < n_rot/2 (once per batch,
- * shared by all layers and heads) */
-void li_rope_cache(const int32_t *pos, int64_t n_tok, int64_t n_rot, const li_rope_params *r, float *cs);
+ * shared by all layers and heads). With sections (li_rope_set_sections),
+ * pair i turns by the position of its section: pos4[t, 0..3] where pos4 is
+ * given, else (pos[t], pos[t], pos[t], 0); pos4 is ignored without. */
+void li_rope_cache(const int32_t *pos, const int32_t *pos4, int64_t n_tok, int64_t n_rot, const li_rope_params *r,
+                   float *cs);
+void li_rope_set_sections(li_rope_params *r, const int sect[4], int interleave);
 /* rotate one head vector in place with its token's row of the cache */
 void li_rope_head(float *x, const float *cs, int64_t n_rot, int mode);
 

@@ -1089,6 +1089,16 @@ static unsigned x16_hints(const li_context *c, int nth) {
 
 /* The team's share of a pass: the embedding (embed), layers [l0, l1), then
  * the head (head). The CPU-only pass is all three in one region. */
+/* DeepStack: slice il + 1 of each input row added to its residual stream
+ * after layer il, over the rows the layer's last step split the same way */
+static void deepstack_add(li_context *c, const li_batch *b, int il, int64_t n, int ith, int nth) {
+    const int64_t E = c->m->n_embd, W = E * (1 + c->m->n_deepstack);
+    int64_t lo, hi;
+    li_split(n, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++)
+        li_K->add_f32(c->x + t * E, b->embd + t * W + (int64_t)(il + 1) * E, c->x + t * E, E);
+}
+
 static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float *logits, int embed, int l0, int l1,
                          int head) {
     const li_model_desc *m = c->m;
@@ -1112,7 +1122,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
     for (int64_t t = lo; t < hi && embed; t++) {
         float *x = c->x + t * E;
         if (b->embd) {
-            memcpy(x, b->embd + t * E, (size_t)E * sizeof(float));
+            memcpy(x, b->embd + t * E * (1 + m->n_deepstack), (size_t)E * sizeof(float));
             continue;
         }
         const char *row = (const char *)emb->data + (size_t)b->token[t] * emb_row;
@@ -1147,6 +1157,7 @@ static void forward_team(li_context *c, const li_batch *b, int64_t n_out, float 
         else if (Ly->w_up.data)
             ffn_half(c, Ly, n, ith, nth);
         if (m->n_embd_pe > 0 || Ly->out_scale != 0.0f) layer_end(c, Ly, il, n, ith, nth);
+        if (il < m->n_deepstack && b->embd) deepstack_add(c, b, il, n, ith, nth);
         if (c->probe) probe_team(c, c->x, n, E, LI_PROBE_FFN, il);
     }
     if (!head) return;
@@ -1335,6 +1346,11 @@ static int prepare_batch(li_context *c, const li_batch *b, const li_seq_view *vi
         if (s < 0 || s >= n_views)
             return li_fail(LI_E_ARG, "batch row %d: sequence index %d, but %d views were given", t, s, n_views);
         if (pos < 0) return li_fail(LI_E_CONTEXT, "batch row %d: negative position %d", t, pos);
+        if (b->rope_pos)
+            for (int j = 0; j < 4; j++)
+                if (b->rope_pos[t * 4 + j] < 0 || b->rope_pos[t * 4 + j] >= (1 << 24))
+                    return li_fail(LI_E_ARG, "batch row %d: rope position %d of section %d is outside [0, 2^24)", t,
+                                   b->rope_pos[t * 4 + j], j);
         c->pos[t] = pos;
         for (int g = 0; g < LI_KV_GROUPS; g++) {
             c->n_spans[t * 2 + g] = 0;
@@ -1442,7 +1458,12 @@ int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views
     const li_model_desc *m = c->m;
     if (b->n <= 0 || b->n > c->n_batch)
         return li_fail(LI_E_ARG, "a batch of %d tokens; this context takes 1 to %d", b->n, c->n_batch);
+    if (b->rope_pos && !(m->rope_sect_t + m->rope_sect_h + m->rope_sect_w + m->rope_sect_e))
+        return li_fail(LI_E_ARG, "a batch with rope positions, for a model without rope sections");
     int64_t n_out = 0;
+    if (b->embd && m->n_deepstack > 0 && c->be_layers > 0)
+        return li_fail(LI_E_ARG, "DeepStack input rows run on the CPU only, and this context offloads %d layers",
+                       c->be_layers);
     if (c->non_causal && c->be_layers > 0)
         return li_fail(LI_E_ARG, "non-causal attention runs on the CPU only, and this context offloads %d layers",
                        c->be_layers);
@@ -1461,7 +1482,7 @@ int li_context_decode(li_context *c, const li_batch *b, const li_seq_view *views
     if (c->split && (int64_t)b->n * m->n_head_kv >= 2 * nt) c->split = 0;
     if (!c->split) make_tiles(c, b, nt);
     for (int r = 0; r < c->n_rope; r++)
-        li_rope_cache(c->pos, b->n, c->rope_n_rot[r], &c->rope[r],
+        li_rope_cache(c->pos, b->rope_pos, b->n, c->rope_n_rot[r], &c->rope[r],
                       c->rope_cs + (size_t)r * (size_t)c->n_batch * (size_t)c->n_rot_max);
     (void)nt;
     if (!c->be) {

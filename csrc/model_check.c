@@ -223,6 +223,19 @@ int li_model_check(const li_model_desc *m) {
         return li_fail(LI_E_SHAPE, "n_rot %d must be even and within head_dim %d", m->n_rot, m->head_dim);
     if (m->rope_mode != LI_ROPE_NORM && m->rope_mode != LI_ROPE_NEOX)
         return li_fail(LI_E_ARG, "unknown RoPE mode %d", m->rope_mode);
+    {
+        const int st = m->rope_sect_t, sh = m->rope_sect_h, sw = m->rope_sect_w, se = m->rope_sect_e;
+        if (st < 0 || sh < 0 || sw < 0 || se < 0 || (int64_t)st + sh + sw + se > m->n_rot)
+            return li_fail(LI_E_ARG, "rope sections %d, %d, %d, %d: negative, or more than n_rot %d", st, sh, sw, se,
+                           m->n_rot);
+        if (m->rope_sect_interleave && !(st + sh + sw + se))
+            return li_fail(LI_E_ARG, "interleaved rope sections, but no sections");
+        if (st + sh + sw + se && m->rope_mode != LI_ROPE_NEOX)
+            return li_fail(LI_E_ARG, "rope sections (M-RoPE) rotate NeoX pairs; the RoPE mode is %d", m->rope_mode);
+    }
+    if (m->n_deepstack < 0 || m->n_deepstack > m->n_layer || m->n_deepstack > 64)
+        return li_fail(LI_E_ARG, "n_deepstack %d out of range (0 to n_layer %d, at most 64)", m->n_deepstack,
+                       m->n_layer);
     if (m->gate_fn != LI_FN_SILU && m->gate_fn != LI_FN_GELU && m->gate_fn != LI_FN_RELU_SQR &&
         m->gate_fn != LI_FN_SWIGLU_OAI)
         return li_fail(LI_E_ARG, "unknown gate function %d", m->gate_fn);

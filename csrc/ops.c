@@ -87,17 +87,52 @@ void li_rope_params_init(li_rope_params *r, int64_t n_rot, float freq_base, floa
     r->theta_scale = powf(freq_base, -2.0f / (float)n_rot);
     r->freq_scale = freq_scale;
     r->factors = factors;
+    r->sect[0] = r->sect[1] = r->sect[2] = r->sect[3] = 0;
+    r->n_sect = 0;
+    r->interleave = 0;
 }
 
-void li_rope_cache(const int32_t *pos, int64_t n_tok, int64_t n_rot, const li_rope_params *r, float *cs) {
+void li_rope_set_sections(li_rope_params *r, const int sect[4], int interleave) {
+    r->n_sect = 0;
+    r->interleave = interleave != 0;
+    for (int j = 0; j < 4; j++) {
+        r->sect[j] = sect[j] > 0 ? sect[j] : 0;
+        r->n_sect += r->sect[j];
+    }
+}
+
+/* the section (0..3) of rotated pair i: ggml's M-RoPE (mrope), or its
+ * interleaved form (imrope) */
+static int rope_section(const li_rope_params *r, int64_t i) {
+    const int64_t s = i % r->n_sect;
+    if (r->interleave) {
+        if (s % 3 == 1 && s < 3 * (int64_t)r->sect[1]) return 1;
+        if (s % 3 == 2 && s < 3 * (int64_t)r->sect[2]) return 2;
+        if (s % 3 == 0 && s < 3 * (int64_t)r->sect[0]) return 0;
+        return 3;
+    }
+    if (s < r->sect[0]) return 0;
+    if (s < r->sect[0] + r->sect[1]) return 1;
+    if (s < r->sect[0] + r->sect[1] + r->sect[2]) return 2;
+    return 3;
+}
+
+void li_rope_cache(const int32_t *pos, const int32_t *pos4, int64_t n_tok, int64_t n_rot, const li_rope_params *r,
+                   float *cs) {
     const int64_t half = n_rot / 2;
     for (int64_t t = 0; t < n_tok; t++) {
-        float theta = (float)pos[t];
+        /* each section's angle advances by theta_scale at every pair, as ggml's
+         * mrope cache does, so a pair's angle is its own section's position
+         * times the same power whichever section it is in */
+        float theta[4];
+        for (int j = 0; j < 4; j++)
+            theta[j] = (float)(!r->n_sect ? pos[t] : pos4 ? pos4[t * 4 + j] : j < 3 ? pos[t] : 0);
         for (int64_t i = 0; i < half; i++) {
-            const float angle = r->freq_scale * (r->factors ? theta / r->factors[i] : theta);
+            const float th = theta[r->n_sect ? rope_section(r, i) : 0];
+            const float angle = r->freq_scale * (r->factors ? th / r->factors[i] : th);
             cs[(t * half + i) * 2] = cosf(angle);
             cs[(t * half + i) * 2 + 1] = sinf(angle);
-            theta *= r->theta_scale;
+            for (int j = 0; j < 4; j++) theta[j] *= r->theta_scale;
         }
     }
 }
@@ -668,7 +703,7 @@ int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n
     if (!cs) return LI_E_NOMEM;
     li_rope_params r;
     li_rope_params_init(&r, n_rot, freq_base, freq_scale, NULL);
-    li_rope_cache(pos, n_tok, n_rot, &r, cs);
+    li_rope_cache(pos, NULL, n_tok, n_rot, &r, cs);
     for (int64_t t = 0; t < n_tok; t++)
         for (int64_t h = 0; h < n_head; h++)
             li_rope_head(x + (t * n_head + h) * head_dim, cs + t * n_rot, n_rot, mode);

@@ -118,6 +118,7 @@ cdef extern from "llminfer.h" nogil:
         const int32_t *pos
         const int32_t *seq
         const signed char *logits
+        const int32_t *rope_pos
     int li_layer_kv_group(const li_model_desc *m, int il)
     size_t li_kv_block_bytes(const li_model_desc *m, int kv_type, int block_size, int il)
     size_t li_state_layer_floats(const li_model_desc *m, int il)

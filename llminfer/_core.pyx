@@ -568,15 +568,16 @@ cdef class Context:
         self.n_batch = n_batch
         self.max_threads = max_threads
         self.n_vocab = model.desc.n_vocab
-        self.n_embd = model.desc.n_embd
+        self.n_embd = model.desc.n_embd * (1 + model.desc.n_deepstack)  # an input row's width
         self.kv_type = kv_type
         self.block_size = block_size
         self.n_blocks = (int(n_blocks[0]), int(n_blocks[1]))
 
     def decode(self, tokens, embd, const int32_t[::1] pos, const int32_t[::1] seq,
-               const signed char[::1] want, list tables, float[::1] logits, int n_threads):
+               const signed char[::1] want, list tables, float[::1] logits, int n_threads, rope_pos=None):
         """Run one batch. tokens: int32 [n] (or None with embd: float32 [n, n_embd]);
         pos, seq: int32 [n]; want: int8 [n], nonzero where logits are wanted;
+        rope_pos: None, or int32 [n, 4], each row's M-RoPE positions (li_batch);
         tables: per sequence index, (full-group table, sliding-window table),
         each an int32 array (or None), and for a model with recurrent layers
         a third item, the sequence's state slot. logits: float32, filled with
@@ -608,6 +609,13 @@ cdef class Context:
         b.pos = &pos[0] if n else NULL
         b.seq = &seq[0] if n else NULL
         b.logits = &want[0] if n else NULL
+        b.rope_pos = NULL
+        cdef const int32_t[:, ::1] rp
+        if rope_pos is not None:
+            rp = rope_pos
+            if rp.shape[0] != n or rp.shape[1] != 4:
+                raise errors.ShapeError(f"rope positions of shape {tuple(rope_pos.shape)}, expected ({n}, 4)")
+            b.rope_pos = &rp[0, 0] if n else NULL
         cdef int nv = len(tables)
         cdef C.li_seq_view *views = <C.li_seq_view *>calloc(max(1, nv), sizeof(C.li_seq_view))
         if views == NULL:
@@ -713,7 +721,7 @@ cdef class Context:
         self.lora_keep = keep
 
     def step(self, int token, int pos, full, swa, float[::1] logits, int width, int n_threads, int slot=-1,
-             lora=None):
+             lora=None, int rope_shift=0):
         """One token of one sequence (sequence index 0), its logits into
         logits: decode for a generation step without its arrays. full, swa:
         the sequence's block tables (lists of ints, or None for a group the
@@ -721,7 +729,9 @@ cdef class Context:
         sound, 0: not, -1: no figures), or -2 without running anything when
         logits is not `width` long. Right after a pass, on caches it left
         cold, the block tables made int32 arrays for decode and the separate
-        logit_range call cost a 135M model's token 4.6 and 6.8 us."""
+        logit_range call cost a 135M model's token 4.6 and 6.8 us. rope_shift
+        (M-RoPE models after an image): the token's rope positions are
+        (pos + rope_shift) in the first three sections, 0 in the fourth."""
         if self.ctx == NULL:
             raise errors.LLMInferError("the context is closed")
         if logits.shape[0] != width:
@@ -735,6 +745,12 @@ cdef class Context:
         b.pos = &p
         b.seq = &sq
         b.logits = &want
+        cdef int32_t rp[4]
+        b.rope_pos = NULL
+        if rope_shift != 0:
+            rp[0] = rp[1] = rp[2] = pos + rope_shift
+            rp[3] = 0
+            b.rope_pos = rp
         cdef C.li_seq_view view
         view.blocks[0] = view.blocks[1] = NULL
         view.n_blocks[0] = view.n_blocks[1] = 0

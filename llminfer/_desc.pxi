@@ -11,6 +11,12 @@ cdef int _fill_model(ModelDesc self, C.li_model_desc *d, spec) except -1:
     d.n_ff = spec.n_ff
     d.n_rot = spec.n_rot
     d.rope_mode = spec.rope_mode
+    d.rope_sect_t = spec.rope_sect_t
+    d.rope_sect_h = spec.rope_sect_h
+    d.rope_sect_w = spec.rope_sect_w
+    d.rope_sect_e = spec.rope_sect_e
+    d.rope_sect_interleave = spec.rope_sect_interleave
+    d.n_deepstack = spec.n_deepstack
     d.gate_fn = spec.gate_fn
     d.norm_eps = spec.norm_eps
     d.embd_scale = spec.embd_scale
@@ -115,5 +121,5 @@ cdef int _fill_layer(ModelDesc self, C.li_layer_desc *L, ls) except -1:
     return 0
 
 
-MODEL_FIELDS = ('n_vocab', 'n_embd', 'n_head', 'n_head_kv', 'head_dim', 'head_dim_v', 'n_ff', 'n_rot', 'rope_mode', 'gate_fn', 'norm_eps', 'embd_scale', 'attn_scale', 'tok_embd', 'output_norm', 'output', 'rope_factors', 'residual_scale', 'logit_scale', 'attn_softcap', 'final_softcap', 'qk_norm_whole', 'n_expert', 'n_expert_used', 'n_ff_exp', 'attn_temp_scale', 'attn_temp_offset', 'attn_temp_floor', 'ssm_d_conv', 'ssm_d_inner', 'ssm_d_state', 'ssm_n_group', 'ssm_n_head', 'ssm_kv_grouped', 'n_ff_shexp', 'expert_gating', 'n_embd_pe', 'pe_tok_embd', 'pe_model_proj', 'pe_proj_norm')
+MODEL_FIELDS = ('n_vocab', 'n_embd', 'n_head', 'n_head_kv', 'head_dim', 'head_dim_v', 'n_ff', 'n_rot', 'rope_mode', 'rope_sect_t', 'rope_sect_h', 'rope_sect_w', 'rope_sect_e', 'rope_sect_interleave', 'n_deepstack', 'gate_fn', 'norm_eps', 'embd_scale', 'attn_scale', 'tok_embd', 'output_norm', 'output', 'rope_factors', 'residual_scale', 'logit_scale', 'attn_softcap', 'final_softcap', 'qk_norm_whole', 'n_expert', 'n_expert_used', 'n_ff_exp', 'attn_temp_scale', 'attn_temp_offset', 'attn_temp_floor', 'ssm_d_conv', 'ssm_d_inner', 'ssm_d_state', 'ssm_n_group', 'ssm_n_head', 'ssm_kv_grouped', 'n_ff_shexp', 'expert_gating', 'n_embd_pe', 'pe_tok_embd', 'pe_model_proj', 'pe_proj_norm')
 LAYER_FIELDS = ('attn_norm', 'wq', 'wk', 'wv', 'wo', 'bq', 'bk', 'bv', 'q_norm', 'k_norm', 'post_attn_norm', 'ffn_norm', 'w_gate', 'w_up', 'w_down', 'post_ffn_norm', 'rope_base', 'rope_scale', 'sliding_window', 'no_rope', 'router', 'gate_exps', 'up_exps', 'down_exps', 'mixer', 'attn_out_gate', 'ssm_in', 'ssm_z', 'ssm_beta', 'ssm_alpha', 'ssm_conv', 'ssm_conv_b', 'ssm_dt_b', 'ssm_a', 'ssm_d', 'ssm_norm', 'ssm_out', 'gate_shexp', 'up_shexp', 'down_shexp', 'gate_inp_shexp', 'router_sel_b', 'attn_sinks', 'bo', 'router_b', 'gate_exps_b', 'up_exps_b', 'down_exps_b', 'head_dim', 'head_dim_v', 'n_head_kv', 'n_rot', 'n_ff', 'rope_factors', 'v_norm', 'kv_reuse', 'out_scale', 'pe_gate', 'pe_proj', 'pe_post_norm', 'router_in_scale', 'moe_norm', 'down_exps_s', 'moe_post_norm', 'shexp_post_norm', 'gate_up_exps')

@@ -82,6 +82,12 @@ cdef extern from "llminfer.h" nogil:
         int n_ff
         int n_rot
         int rope_mode
+        int rope_sect_t
+        int rope_sect_h
+        int rope_sect_w
+        int rope_sect_e
+        int rope_sect_interleave
+        int n_deepstack
         int gate_fn
         float norm_eps
         float embd_scale

@@ -169,9 +169,9 @@ class Llama:
 
             if not isinstance(handler, MTMDChatHandler):
                 raise InvalidArgumentError("chat_handler= takes llminfer.compat.llama_chat_format's "
-                                           "MTMDChatHandler, Gemma3ChatHandler or Gemma4ChatHandler "
-                                           "(clip_model_path=...); other handlers are llama-cpp-python "
-                                           "features llminfer does not have")
+                                           "MTMDChatHandler, Gemma3ChatHandler, Gemma4ChatHandler or "
+                                           "Qwen25VLChatHandler (clip_model_path=...); other handlers are "
+                                           "llama-cpp-python features llminfer does not have")
             if mmproj is not None and mmproj != handler.clip_model_path:
                 raise InvalidArgumentError("mmproj= and chat_handler's clip_model_path name different files")
             mmproj = handler.clip_model_path

@@ -251,3 +251,8 @@ class Gemma3ChatHandler(MTMDChatHandler):
 
 class Gemma4ChatHandler(MTMDChatHandler):
     """Gemma 4's (a gemma4v mmproj), see MTMDChatHandler."""
+
+
+class Qwen25VLChatHandler(MTMDChatHandler):
+    """Qwen2.5-VL's (a qwen2.5vl_merger mmproj beside a qwen2vl model; a
+    Qwen3-VL qwen3vl_merger one too), see MTMDChatHandler."""

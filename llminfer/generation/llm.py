@@ -228,7 +228,7 @@ class LLM:
                 from llminfer.vision.mmproj import load_for_model
                 from llminfer.vision.prompt import ImageRows
 
-                self._vision = load_for_model(mmproj, self.spec.n_embd, self.model_path, self.n_threads)
+                self._vision = load_for_model(mmproj, self.spec.n_embd_inp, self.model_path, self.n_threads)
                 self._image_rows = ImageRows(self._vision, _IMAGES_KEPT, self.n_threads)
             if draft_model is not None:
                 from llminfer.generation.speculative import DraftModel
@@ -469,19 +469,20 @@ class LLM:
             if span.start > cursor:
                 self._forward(np.asarray(ids[cursor:span.start], dtype=np.int32), logits_all=False)
                 cursor = span.start
-            self._forward_rows(ids[cursor:span.end], span.rows[cursor - span.start:])
+            self._forward_rows(ids[cursor:span.end], span.rows[cursor - span.start:], span.grid,
+                               cursor - span.start)
             cursor = span.end
         if cursor < len(ids):
             self._forward(np.asarray(ids[cursor:], dtype=np.int32), logits_all=False)
         self._held_images = [s for s in images if s.start < len(ids)]
 
-    def _forward_rows(self, ids, rows):
+    def _forward_rows(self, ids, rows, grid=None, first=0):
         if len(self._seq.tokens) + len(ids) > self.n_ctx:
             raise ContextFullError(f"{len(self._seq.tokens)} tokens in the context plus an image's {len(ids)} "
                                    f"exceed n_ctx={self.n_ctx}")
         spare = self._spare_logits
         self._engine.decode_rows(self._seq, np.asarray(ids, dtype=np.int32), rows, spare, n_threads=self.n_threads,
-                                 causal=not self._vision.non_causal)
+                                 causal=not self._vision.non_causal, grid=grid, first=first)
         self._spare_logits, self._last_logits = self._last_logits, spare
 
     # ---- generation ----

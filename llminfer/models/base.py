@@ -212,6 +212,14 @@ class ModelSpec:
     output: Matrix
     layers: list = field(default_factory=list)
     rope_factors: np.ndarray | None = None  # [n_rot/2] frequency divisors (rope_freqs.weight)
+    # M-RoPE (qwen2vl): rope.dimension_sections, rotated pairs by temporal,
+    # height, width and fourth position (li_model_desc); all 0: one position
+    rope_sect_t: int = 0
+    rope_sect_h: int = 0
+    rope_sect_w: int = 0
+    rope_sect_e: int = 0
+    rope_sect_interleave: bool = False  # qwen3vl: the sections interleaved (imrope)
+    n_deepstack: int = 0          # qwen3vl: input rows n_embd * (1 + n_deepstack) wide (li_model_desc)
     residual_scale: float = 1.0   # granite: each half's output times this before the residual add
     logit_scale: float = 1.0      # granite: logits times this (1 / granite.logit_scale)
     attn_softcap: float = 0.0     # gemma2: scores become cap * tanh(score / cap); 0: none
@@ -245,6 +253,11 @@ class ModelSpec:
     # sliding-window layers only, the full ones stay causal (gemma4: llama.cpp's
     # LLAMA_NON_CAUSAL_TYPE_SWA_ONLY); False: every layer (gemma3)
     non_causal_swa_only: bool = False
+
+    @property
+    def n_embd_inp(self) -> int:
+        """The width of an input row (an image's): n_embd, and DeepStack's slices."""
+        return self.n_embd * (1 + self.n_deepstack)
 
     def check_vectors(self):
         """Raise ShapeError where a recurrent layer's vector does not hold what

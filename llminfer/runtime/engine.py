@@ -147,6 +147,9 @@ class Engine:
             # a NaN block scale would give finite, wrong logits (csrc/finite.c)
             self.gguf.check_finite()
             self.desc = _core.ModelDesc(self.spec)
+            # M-RoPE (qwen2vl): rows carry rope positions apart from their places
+            self.mrope = bool(self.spec.rope_sect_t + self.spec.rope_sect_h + self.spec.rope_sect_w +
+                              self.spec.rope_sect_e)
             self.desc.watch_faults(self.gguf.fault_token, self.gguf.path)  # a truncation during a pass
             groups = [_core.layer_kv_group(self.desc, i) for i in range(self.spec.n_layer)]
             used = [FULL in groups, SWA in groups]
@@ -352,6 +355,8 @@ class Engine:
     def drop(self, seq: Sequence, first: int, last: int) -> int:
         """Drop tokens [first, last) of seq, whole blocks only, without
         recomputing the rest (a context shift); returns how many went."""
+        if self.mrope:  # as llama.cpp, which cannot shift an M-RoPE cache: the rope positions are not places
+            return 0
         return self.kv.drop(seq, first, last)
 
     @_locked
@@ -457,7 +462,7 @@ class Engine:
 
     @_locked
     def decode_rows(self, seq: Sequence, ids, rows: np.ndarray, logits: np.ndarray | None = None,
-                    n_threads: int | None = None, causal: bool = True):
+                    n_threads: int | None = None, causal: bool = True, grid=None, first: int = 0):
         """Append input embedding rows (float32 [n, n_embd]: an image's, say)
         to seq, n_batch at a time, in place of the token embeddings; the
         sequence records `ids` (n placeholder ids) as their tokens. logits: a
@@ -466,12 +471,17 @@ class Engine:
         as in llama.cpp. causal=False: each row sees all of them (llama.cpp's
         non-causal image batch, Gemma 3's; in a model whose spec says
         non_causal_swa_only, Gemma 4, in the sliding-window layers only), so
-        they run in one pass, at most n_batch of them."""
+        they run in one pass, at most n_batch of them.
+        grid (an M-RoPE model's image, qwen2vl): (nx, ny), the image's rows
+        in rows of nx, of which these are rows first.. (an image may come in
+        parts): row i takes rope positions (P, P + i // nx, P + i % nx, 0), P
+        the rope position of the image's first place, and text after the
+        image goes on from P + max(nx, ny) (mtmd's layout)."""
         ids = self.check_ids(ids)
         rows = np.ascontiguousarray(rows, dtype=np.float32)
         n = len(ids)
-        if rows.shape != (n, self.spec.n_embd):
-            raise ShapeError(f"embedding rows of shape {rows.shape}, expected ({n}, {self.spec.n_embd})")
+        if rows.shape != (n, self.spec.n_embd_inp):
+            raise ShapeError(f"embedding rows of shape {rows.shape}, expected ({n}, {self.spec.n_embd_inp})")
         if logits is not None:
             self._check_buffer(logits)
         self._check_room(seq, n)
@@ -479,6 +489,7 @@ class Engine:
             raise InvalidArgumentError(f"{n} rows attended to both ways must run in one pass, of at most "
                                        f"n_batch={self.n_batch}")
         nt = self.n_threads if n_threads is None else check_positive_int("n_threads", n_threads)
+        rope, mark = self._image_rope(seq, n, grid, first) if self.mrope else (None, None)
         if self.hybrid:
             if seq.state_len != len(seq.tokens):
                 self._bring_state(seq, nt)
@@ -489,13 +500,46 @@ class Engine:
         start = len(seq.tokens)
         self._merge_rows(seq, start, start + n)  # before the passes: a failed one leaves its part marked too
         try:
-            self._decode_rows(seq, ids, rows, logits, nt)
+            if mark is not None:  # recorded with the image's first rows, dropped by a truncate into it
+                seq.rope_marks = [m for m in seq.rope_marks if m[0] <= seq.next_pos] + [mark]
+            self._decode_rows(seq, ids, rows, logits, nt, rope)
         finally:
             if not causal:
                 _core.set_causal(self.ctx, _core.ATTN_CAUSAL)
         if self.hybrid:
             self.kv.checkpoint(seq)  # after them: text after the image goes back to here, not across it
         return logits
+
+    def _image_rope(self, seq, n, grid, first):
+        """int32 [n, 4]: the rope positions of n rows at seq's next places,
+        as text's without a grid, else rows first.. of an image of grid (nx,
+        ny), whose mark (the shift of the text after it) is recorded with its
+        first rows (the mark returned, or None)."""
+        if grid is None:
+            p = np.arange(seq.next_pos, seq.next_pos + n, dtype=np.int32) + seq.rope_shift(seq.next_pos)
+            return np.ascontiguousarray(np.stack([p, p, p, 0 * p], axis=1), dtype=np.int32), None
+        nx, ny = (int(v) for v in grid)
+        first = int(first)
+        if nx <= 0 or ny <= 0 or first < 0 or first + n > nx * ny:
+            raise InvalidArgumentError(f"rows {first}..{first + n} of an image of {nx} x {ny}")
+        start = seq.next_pos - first  # the image's first place
+        if start < 0:
+            raise InvalidArgumentError(f"rows from {first} of an image, in a sequence of {seq.next_pos} places")
+        shift = seq.rope_shift(start)
+        p0 = start + shift
+        i = np.arange(first, first + n)
+        out = np.empty((n, 4), np.int32)
+        out[:, 0], out[:, 1], out[:, 2], out[:, 3] = p0, p0 + i // nx, p0 + i % nx, 0
+        return out, ((start + nx * ny, shift + max(nx, ny) - nx * ny) if first == 0 else None)
+
+    def _text_rope(self, seq, n):
+        """int32 [n, 4] of n text tokens at seq's next places, or None when
+        they are plain (no image before them)."""
+        shift = seq.rope_shift(seq.next_pos)
+        if not shift:
+            return None
+        p = np.arange(seq.next_pos, seq.next_pos + n, dtype=np.int32) + shift
+        return np.stack([p, p, p, 0 * p], axis=1).astype(np.int32)
 
     @staticmethod
     def _merge_rows(seq, a, b):
@@ -513,7 +557,7 @@ class Engine:
         positions that came from embedding rows (kv_cache.KVCache.keepable)."""
         return self.kv.keepable(seq, n)
 
-    def _decode_rows(self, seq, ids, rows, logits, nt):
+    def _decode_rows(self, seq, ids, rows, logits, nt, rope=None):
         n = len(ids)
         start = 0
         while start < n:
@@ -530,7 +574,8 @@ class Engine:
             seq.state_len = -1  # until the pass is committed: a failed one leaves the state to be brought back
             self.gguf.check_unchanged()
             t = time.perf_counter()
-            self.ctx.decode(None, rows[start:start + m], pos, seq_idx, want, views, out, nt)
+            self.ctx.decode(None, rows[start:start + m], pos, seq_idx, want, views, out, nt,
+                            None if rope is None else np.ascontiguousarray(rope[start:start + m]))
             self.native_seconds += time.perf_counter() - t
             self.kv.commit(seq, ids[start:start + m])
             start += m
@@ -561,11 +606,11 @@ class Engine:
             raise ContextFullError(f"{len(seq.tokens)} tokens in the sequence plus {n} new "
                                    f"{'one' if n == 1 else 'ones'} exceed n_ctx={self.n_ctx}")
 
-    def _native_pass(self, tokens, pos, seq_idx, want, views, logits, n_threads):
+    def _native_pass(self, tokens, pos, seq_idx, want, views, logits, n_threads, rope=None):
         """The C core's pass, timed into native_seconds."""
         self.gguf.check_unchanged()  # a file truncated under its mapping would be a SIGBUS
         t = time.perf_counter()
-        self.ctx.decode(tokens, None, pos, seq_idx, want, views, logits, n_threads)
+        self.ctx.decode(tokens, None, pos, seq_idx, want, views, logits, n_threads, rope)
         self.native_seconds += time.perf_counter() - t
 
     def _check_buffer(self, a: np.ndarray):
@@ -584,7 +629,7 @@ class Engine:
         raise InvalidArgumentError(f"a logits buffer must be a writable C-contiguous float32 array of shape "
                                    f"({self._width},)")
 
-    def _check_pass(self, logits, rows, tokens, pos, seq_idx, want, views, n_threads):
+    def _check_pass(self, logits, rows, tokens, pos, seq_idx, want, views, n_threads, rope=None):
         """Raise NumericalError if the pass's `rows` rows of logits hold a NaN
         or an infinity (or a row is all one value), naming the step and layer
         that first made one."""
@@ -598,7 +643,7 @@ class Engine:
             return
 
         def rerun():  # the same pass, for the probe; the cache stays as it is (llminfer.core.numerics)
-            self.ctx.decode(tokens, None, pos, seq_idx, want, views, np.empty_like(logits), n_threads)
+            self.ctx.decode(tokens, None, pos, seq_idx, want, views, np.empty_like(logits), n_threads, rope)
         check_logits(logits.reshape(rows, self._width),
                      f"a batch of {len(tokens)} tokens (positions {int(pos.min())}..{int(pos.max())})",
                      locate=lambda **kw: locate_non_finite(self.ctx, rerun, tokens, pos, want, **kw),
@@ -636,7 +681,7 @@ class Engine:
         try:
             sound = self.ctx.step(token, pos, tables[FULL] if FULL in groups else None,
                                   tables[SWA] if SWA in groups else None, logits, self._width, nt, seq.slot,
-                                  seq.lora)
+                                  seq.lora, seq.rope_shift(pos) if seq.rope_marks else 0)
         except (TypeError, ValueError, BufferError) as e:  # Cython's: not a float32 C-contiguous writable array
             if isinstance(e, LLMInferError):
                 raise
@@ -650,7 +695,8 @@ class Engine:
             tokens[0] = token
             pos_a[0] = pos
             views = [self.kv.table_arrays(seq)]
-            self._check_pass(logits, 1, tokens, pos_a, seq_idx, want, views, nt)
+            self._check_pass(logits, 1, tokens, pos_a, seq_idx, want, views, nt,
+                             self._text_rope(seq, 1) if seq.rope_marks else None)
         self.kv.commit_one(seq, token)
         return logits
 
@@ -671,9 +717,16 @@ class Engine:
         seq_idx = np.empty(total, np.int32)
         want = np.zeros(total, np.int8)
         dest = []  # (item, row in its output or -1 for "last") per logits row
+        # M-RoPE: rope positions where some sequence has an image behind it
+        rope = (np.empty((total, 4), np.int32) if self.mrope and any(items[i][0].rope_marks for i, _, _ in parts)
+                else None)
         r = 0
         for i, start, n in parts:
             seq, ids, kind = items[i]
+            if rope is not None:
+                p = np.arange(seq.next_pos, seq.next_pos + n, dtype=np.int32) + seq.rope_shift(seq.next_pos)
+                rope[r:r + n, 0] = rope[r:r + n, 1] = rope[r:r + n, 2] = p
+                rope[r:r + n, 3] = 0
             tokens[r:r + n] = ids[start:start + n]
             if n == 1:
                 pos[r] = seq.next_pos
@@ -692,9 +745,9 @@ class Engine:
         # array (a whole row of a large vocabulary per token, copied no more)
         direct = len(dest) == 1 and dest[0][1] < 0 and dest[0][0] not in as_view
         logits = out[dest[0][0]] if direct else self._logits_buffer(len(dest) * width, keep=bool(as_view))
-        self._native_pass(tokens, pos, seq_idx, want, views, logits, n_threads)
+        self._native_pass(tokens, pos, seq_idx, want, views, logits, n_threads, rope)
         if len(dest):
-            self._check_pass(logits, len(dest), tokens, pos, seq_idx, want, views, n_threads)
+            self._check_pass(logits, len(dest), tokens, pos, seq_idx, want, views, n_threads, rope)
         if not direct:
             rows = logits.reshape(len(dest), width)
             for k, (i, row) in enumerate(dest):

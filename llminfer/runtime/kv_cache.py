@@ -131,6 +131,19 @@ class Sequence:
     # LoRA: the scale of each of the engine's adapters for this sequence's
     # next tokens (float32 [n_lora]), or None: none on (Engine.set_lora)
     lora: object = None
+    # M-RoPE models (qwen2vl): [(place, shift)] in place order: from cache
+    # place `place` on, a text token's rope position is its place + shift (an
+    # image takes more places than rope positions: mtmd's layout)
+    rope_marks: list = field(default_factory=list)
+
+    def rope_shift(self, place: int) -> int:
+        """The rope position of a text token at `place`, less the place."""
+        shift = 0
+        for at, sh in self.rope_marks:
+            if at > place:
+                break
+            shift = sh
+        return shift
 
     def __len__(self):
         return len(self.tokens)
@@ -258,7 +271,7 @@ class KVCache:
                 if b >= 0:
                     self.pools[g].release(b)
             s.tables[g] = []
-        s.tokens, s.positions, s.rows = [], [], []
+        s.tokens, s.positions, s.rows, s.rope_marks = [], [], [], []
         s.next_pos = s.swa_floor = 0
         if self.states is not None and s.seq_id in self.sequences:
             self._drop_checkpoints(s)
@@ -280,6 +293,7 @@ class KVCache:
         child.swa_floor = s.swa_floor
         child.lora = s.lora
         child.rows = list(s.rows)
+        child.rope_marks = list(s.rope_marks)
         for g in self.groups:
             child.tables[g] = list(s.tables[g])
             for b in child.tables[g]:
@@ -314,6 +328,7 @@ class KVCache:
         del s.positions[n:]
         s.rows = [(a, min(b, n)) for a, b in s.rows if a < n]
         s.next_pos = next_pos
+        s.rope_marks = [m for m in s.rope_marks if m[0] <= next_pos]  # an image cut short leaves no mark
         keep = -(-next_pos // self.block_size)  # blocks holding positions < next_pos
         for g in self.groups:
             for b in s.tables[g][keep:]:

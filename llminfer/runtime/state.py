@@ -83,6 +83,8 @@ def _layout(llm):
         "positions": list(seq.positions), "next_pos": seq.next_pos, "swa_floor": seq.swa_floor,
         "groups": groups, "state_bytes": eng.state_slot_bytes,
     }
+    if seq.rope_marks:  # an M-RoPE model's images (Sequence.rope_marks)
+        header["rope_marks"] = [[int(a), int(b)] for a, b in seq.rope_marks]
     head = json.dumps(header, separators=(",", ":")).encode()
     logits = np.ascontiguousarray(llm.last_logits, dtype="<f4").tobytes()
     return b"".join([MAGIC, struct.pack("<I", len(head)), head, logits]), blocks
@@ -206,6 +208,11 @@ def load(llm, blob):
     why = _layout_fault(positions, next_pos, swa_floor, groups, eng.block_size)
     if why:
         raise InvalidArgumentError(f"the state's header is corrupt: {why}")
+    marks = header.get("rope_marks", [])
+    if not isinstance(marks, list) or not all(
+            isinstance(m, list) and len(m) == 2 and all(type(v) is int for v in m) and 0 < m[0] <= next_pos
+            and -m[0] <= m[1] <= 0 for m in marks) or [m[0] for m in marks] != sorted({m[0] for m in marks}):
+        raise InvalidArgumentError("the state's header is corrupt: its rope marks are not places in the sequence")
     recurrent = header.get("state_bytes", 0)
     if recurrent != eng.state_slot_bytes:
         raise InvalidArgumentError(f"the state holds {str(recurrent)[:40]} bytes of recurrent state per sequence, "
@@ -230,6 +237,7 @@ def load(llm, blob):
     seq.positions = positions
     seq.next_pos = next_pos
     seq.swa_floor = swa_floor
+    seq.rope_marks = [(a, b) for a, b in marks]
     if recurrent:
         eng.ctx.write_state(seq.slot, np.frombuffer(payload[len(payload) - recurrent:], dtype=np.uint8))
         seq.state_len = len(tokens)

@@ -209,7 +209,7 @@ class Server:
                 from llminfer.vision.prompt import ImageRows
 
                 try:
-                    self.vision = load_for_model(args.mmproj, self.n_embd, model_path, args.n_threads)
+                    self.vision = load_for_model(args.mmproj, self.engine.spec.n_embd_inp, model_path, args.n_threads)
                 except BaseException:
                     self.engine.close()
                     raise

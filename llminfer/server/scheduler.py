@@ -477,7 +477,7 @@ class Scheduler:
                 lg = np.empty(self.engine.n_vocab, np.float32) if last else None
                 self.engine.decode_rows(req.seq, np.asarray(req.tokens()[start:start + n], dtype=np.int32),
                                         span.rows[start - span.start:start - span.start + n], lg,
-                                        causal=not req.non_causal)
+                                        causal=not req.non_causal, grid=span.grid, first=start - span.start)
                 out[req] = lg
             except Exception as e:  # noqa: BLE001 - this request fails; the server goes on
                 log.exception("an image's pass failed")

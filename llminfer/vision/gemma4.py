@@ -53,7 +53,7 @@ from llminfer.core import ops
 from llminfer.core.system import check_threads
 from llminfer.errors import ImageError, InvalidArgumentError, UnsupportedModelError
 # fit_box and target_size live in vision.image (lfm2 shares them); their names stay here too
-from llminfer.vision.image import fit_box, load_image, normalize, pil, target_size  # noqa: F401
+from llminfer.vision.image import fit_box, load_image, normalize, pil, resize_two_pass, target_size  # noqa: F401
 from llminfer.vision.tower import VisionParams, Weights
 
 IMAGE_BEGIN = "<|image>"
@@ -215,7 +215,7 @@ class Gemma4Vision:
                              f"of the tower (its aspect ratio is too far from square)")
         if im.size != (tw, th):
             nw, nh = fit_box(im.size[0], im.size[1], tw, th)
-            resized = im.resize((nw, nh), Image.BICUBIC)
+            resized = resize_two_pass(im, (nw, nh), Image.BICUBIC)  # the width first, as mtmd
             canvas = Image.new("RGB", (tw, th), (0, 0, 0))
             canvas.paste(resized, ((tw - nw) // 2, (th - nh) // 2))
             im = canvas

@@ -138,6 +138,19 @@ def preprocess_fixed(im, size: int, mean, std) -> np.ndarray:
     return normalize(im, mean, std)
 
 
+def resize_two_pass(im, size, resample):
+    """im resized to size = (w, h) as mtmd's resize_pillow does it: the
+    width first over the whole image, rounded to 8 bits, then the height.
+    Pillow's own resize sometimes runs the height first (scaling a 130 x 300
+    image to 125 x 288, say), which rounds differently."""
+    w, h = size
+    if im.size[0] != w:
+        im = im.resize((w, im.size[1]), resample)
+    if im.size[1] != h:
+        im = im.resize((w, h), resample)
+    return im
+
+
 def normalize(im, mean, std) -> np.ndarray:
     """An RGB PIL image as float32 [3, h, w]: scaled to [0, 1] and
     normalised with the mmproj's mean and std per channel (clip_image_f32's

@@ -11,6 +11,8 @@ from llminfer.vision.gemma3 import Gemma3Vision
 from llminfer.vision.gemma4 import Gemma4Vision
 from llminfer.vision.idefics3 import Idefics3Vision
 from llminfer.vision.lfm2 import Lfm2Vision
+from llminfer.vision.qwen25vl import Qwen25VLVision
+from llminfer.vision.qwen3vl import Qwen3VLVision
 from llminfer.vision.tower import SUPPORTED, read_params
 
 __all__ = ["SUPPORTED", "load_mmproj", "load_for_model"]
@@ -30,6 +32,10 @@ def load_mmproj(path, n_threads=None, mmap: bool = True):
             return Idefics3Vision(gguf, params, n_threads=n_threads)
         if params.projector == "lfm2":
             return Lfm2Vision(gguf, params, n_threads=n_threads)
+        if params.projector in ("qwen2vl_merger", "qwen2.5vl_merger"):
+            return Qwen25VLVision(gguf, params, n_threads=n_threads)
+        if params.projector == "qwen3vl_merger":
+            return Qwen3VLVision(gguf, params, n_threads=n_threads)
         raise UnsupportedModelError(f"{path}: projector type {params.projector!r} is not supported")
     except BaseException:
         gguf.close()

@@ -36,6 +36,12 @@ class ImageSpan:
     def end(self) -> int:
         return self.start + len(self.rows)
 
+    @property
+    def grid(self):
+        """(nx, ny) of an image whose rows take 2-D rope positions (Qwen-VL's
+        GridRows), else None."""
+        return getattr(self.rows, "grid", None)
+
 
 class PromptIds(list):
     """Token ids of a prompt, with the ImageSpans whose positions hold

@@ -24,7 +24,11 @@ from llminfer.core.gguf_file import GGUFFile
 from llminfer.core.ggml import GGMLQuantizationType
 
 # the projector types this version runs, each a module of llminfer.vision
-SUPPORTED = ("gemma3", "gemma4v", "idefics3", "lfm2")
+SUPPORTED = ("gemma3", "gemma4v", "idefics3", "lfm2", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
+# cells of 2 x 2 patches (clip.vision.spatial_merge_size)
+QWEN_VL = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
+# the types whose image size is each image's own (the file's image_size a placeholder)
+DYNAMIC_SIZE = ("gemma4v",) + QWEN_VL
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0")
 
 
@@ -156,14 +160,14 @@ def read_params(gguf: GGUFFile) -> VisionParams:
         mean=_meta(md, "clip.vision.image_mean", tuple, path),
         std=_meta(md, "clip.vision.image_std", tuple, path),
         # the side of the patch grid is pooled by 4 (Gemma 3; 3 for Gemma 4, 2 for LFM2-VL) unless the file says
-        n_merge=_meta(md, "clip.vision.projector.scale_factor", int, path,
-                      {"gemma4v": 3, "lfm2": 2}.get(proj, 4)),
+        n_merge=(_meta(md, "clip.vision.spatial_merge_size", int, path, 2) if proj in QWEN_VL else
+                 _meta(md, "clip.vision.projector.scale_factor", int, path, {"gemma4v": 3, "lfm2": 2}.get(proj, 4))),
         ffn_op=("gelu" if md.get("clip.use_gelu") else "silu" if md.get("clip.use_silu") else "gelu_quick"),
     )
     if any(s == 0 for s in p.std):
         raise UnsupportedModelError(f"{path}: clip.vision.image_std has a zero")
-    # gemma4v's image size is each image's own (its file's image_size is a placeholder)
-    if proj != "gemma4v" and (p.image_size % p.patch_size or (p.image_size // p.patch_size) % p.n_merge):
+    # gemma4v's and qwen2.5vl's image size is each image's own (the file's image_size is a placeholder)
+    if proj not in DYNAMIC_SIZE and (p.image_size % p.patch_size or (p.image_size // p.patch_size) % p.n_merge):
         raise UnsupportedModelError(f"{path}: image size {p.image_size} is not a whole number of patches "
                                     f"({p.patch_size}) pooled by {p.n_merge}")
     if p.n_embd % p.n_head:

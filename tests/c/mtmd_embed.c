@@ -2,11 +2,13 @@
  * text model and its mmproj, tokenizes "<__media__>" with one RGB image
  * (raw bytes, nx * ny * 3), and writes what mtmd makes of it:
  *   OUT.tokens  text: the chunks, one line each ("text ID ID ..." or "image N")
- *   OUT.embd    float32 [N, n_embd]: the image chunk's embeddings
+ *   OUT.embd    float32 [N, n_embd_inp]: the image chunk's embeddings
  *   OUT.logits  float32 [n_vocab]: with MODE "causal" or "noncausal", the
  *               logits after the whole prompt, decoded by llama.cpp with the
  *               image's rows as input embeddings, attention over them causal
- *               or not (mtmd's helper makes it non-causal for Gemma 3)
+ *               or not (mtmd's helper makes it non-causal for Gemma 3); with
+ *               MODE "helper", every chunk decoded by mtmd_helper_eval_chunks
+ *               (its positions: Qwen-VL's M-RoPE ones for an image)
  *   OUT.gen     text: with N_GEN, the N_GEN tokens llama.cpp then draws
  *               greedily, one line each: "TOKEN MARGIN" (the largest logit
  *               less the second largest, before the token is drawn)
@@ -18,6 +20,7 @@
 
 #include "llama.h"
 #include "mtmd.h"
+#include "mtmd-helper.h"
 
 int main(int argc, char **argv) {
     if (argc < 8 || argc > 10) {
@@ -51,7 +54,7 @@ int main(int argc, char **argv) {
     FILE *tok = fopen(path, "w");
     snprintf(path, sizeof path, "%s.embd", argv[7]);
     FILE *emb = fopen(path, "wb");
-    const int n_embd = llama_model_n_embd(model);
+    const int n_embd = llama_model_n_embd_inp(model); /* an input row: wider with DeepStack (Qwen3-VL) */
     struct llama_context *lctx = NULL;
     if (argc >= 9) {
         struct llama_context_params lp = llama_context_default_params();
@@ -62,6 +65,7 @@ int main(int argc, char **argv) {
         if (!lctx) return 8;
     }
     int n_past = 0;
+    const int helper = argc >= 9 && strcmp(argv[8], "helper") == 0;
     for (size_t i = 0; i < mtmd_input_chunks_size(chunks); i++) {
         const mtmd_input_chunk *c = mtmd_input_chunks_get(chunks, i);
         if (mtmd_input_chunk_get_type(c) == MTMD_INPUT_CHUNK_TYPE_TEXT) {
@@ -70,7 +74,7 @@ int main(int argc, char **argv) {
             fprintf(tok, "text");
             for (size_t j = 0; j < n; j++) fprintf(tok, " %d", ids[j]);
             fprintf(tok, "\n");
-            if (lctx && n) {
+            if (lctx && n && !helper) {
                 llama_batch b = llama_batch_init((int32_t)n, 0, 1);
                 for (size_t j = 0; j < n; j++) {
                     b.token[j] = ids[j];
@@ -90,7 +94,7 @@ int main(int argc, char **argv) {
             const float *rows = mtmd_get_output_embd(ctx);
             fwrite(rows, sizeof(float), n * (size_t)n_embd, emb);
             fprintf(tok, "image %zu %d\n", n, mtmd_decode_use_non_causal(ctx, c) ? 1 : 0);
-            if (lctx) {
+            if (lctx && !helper) {
                 llama_batch b = llama_batch_init((int32_t)n, n_embd, 1);
                 memcpy(b.embd, rows, n * (size_t)n_embd * sizeof(float));
                 for (size_t j = 0; j < n; j++) {
@@ -111,6 +115,11 @@ int main(int argc, char **argv) {
     }
     fclose(tok);
     fclose(emb);
+    if (lctx && helper) {
+        llama_pos new_past = 0;
+        if (mtmd_helper_eval_chunks(ctx, lctx, chunks, 0, 0, 512, true, &new_past) != 0) return 12;
+        n_past = (int)new_past;
+    }
     if (lctx) {
         const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
         snprintf(path, sizeof path, "%s.logits", argv[7]);

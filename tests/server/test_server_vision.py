@@ -376,3 +376,46 @@ def test_lfm2_images_through_the_server(tmp_path):
             np.testing.assert_allclose(lp, [x[0] for x in w.logprobs], rtol=0, atol=1e-4)
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("tower", ["qwen2.5vl", "qwen3vl"])
+def test_qwen_vl_images_through_the_server(tmp_path, tower):
+    """A Qwen2.5-VL tower (77 rows a picture) or a Qwen3-VL one (54 rows 3 x
+    256 wide: DeepStack), decoded causally in chunks of the step's token
+    budget, their M-RoPE positions from the chunk's place in the image:
+    three requests at once, two pictures and one text, each answer the
+    library's alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from images import QWEN_IMAGE_TOKENS, QWEN_TEMPLATE, qwen2vl_text_model
+    from tiny_models import (TinyConfig, TinyQwen25vl, TinyQwen3vl, write_model, write_qwen25vl_mmproj,
+                             write_qwen3vl_mmproj)
+
+    if tower == "qwen3vl":
+        model = write_model(tmp_path / "qwen3vl.gguf", TinyConfig(arch="qwen3vl", pre="default", n_layer=4),
+                            extra_strings={"tokenizer.chat_template": QWEN_TEMPLATE}, extra_tokens=QWEN_IMAGE_TOKENS)
+        mm, grid = write_qwen3vl_mmproj(tmp_path / "mmproj.gguf", TinyQwen3vl(qtype="F16")), (9, 6)
+    else:
+        model = qwen2vl_text_model(tmp_path / "qwen2vl.gguf")
+        mm, grid = write_qwen25vl_mmproj(tmp_path / "mmproj.gguf", TinyQwen25vl(qtype="F16")), (11, 7)
+    reqs = [messages(data_url(png(synthetic(200, 300, seed=s)))) for s in (11, 12)]
+    reqs.append([{"role": "user", "content": "say something about pictures, please, in a few words"}])
+    with llminfer.LLM(model, mmproj=mm, n_ctx=512, n_threads=1) as llm:
+        want = [llm.chat_completion(m, max_tokens=6, temperature=0, logprobs=1) for m in reqs]
+        assert llm.chat_prompt(reqs[0]).images[0].grid == grid
+    s = ServerThread(ServeArgs(model=model, mmproj=mm, n_ctx=512, kv_pool_tokens=2048, n_threads=1,
+                               max_batch_tokens=32))
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+        def ask(m):
+            return c.chat.completions.create(model="m", messages=m, max_tokens=6, temperature=0, logprobs=True)
+
+        with ThreadPoolExecutor(3) as pool:
+            got = list(pool.map(ask, reqs))
+        for r, w in zip(got, want):
+            assert r.choices[0].message.content == w.text and r.usage.prompt_tokens == w.prompt_tokens
+            lp = [t.logprob for t in r.choices[0].logprobs.content]
+            np.testing.assert_allclose(lp, [x[0] for x in w.logprobs], rtol=0, atol=1e-4)
+    finally:
+        s.stop()

@@ -17,15 +17,17 @@ TOL_QUANT_WEIGHTS = 3e-2
 ROUTE_TIE = 0.005
 
 
-NEW_ARCHS = ["qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3"]
+NEW_ARCHS = ["qwen2vl", "qwen3vl", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3"]
 
 
 def config(arch, **kw):
-    defaults = dict(arch=arch, tie_output=arch not in ("olmo2", "qwen2"))
+    defaults = dict(arch=arch, tie_output=arch not in ("olmo2", "qwen2", "qwen2vl"))
     if arch == "gemma2":
         defaults["sliding_window"] = 8
     if arch == "smollm3":
         defaults["n_layer"] = 4  # layer 3 is the first without RoPE
+    if arch == "qwen3vl":
+        defaults["n_layer"] = 4  # DeepStack after layers 0 and 1, not the last (llama.cpp's graph needs that)
     if arch == "mistral3":
         # YaRN x4 from an original context of 16, and temperature tuning
         # stepping every 16 positions, so a 40-token prompt sees three scales

@@ -60,6 +60,25 @@ def gemma4_text_model(path, **kw):
                         extra_tokens=GEMMA4_IMAGE_TOKENS)
 
 
+# the tiny Qwen2.5-VL's: ChatML turns and mtmd's "<|vision_start|>" ... "<|vision_end|>" around an image
+QWEN_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+QWEN_IMAGE_TOKENS = {"<|vision_start|>": 4, "<|vision_end|>": 4, "<|im_start|>": 4, "<|im_end|>": 4}
+
+
+def qwen2vl_text_model(path, **kw):
+    """A tiny qwen2vl (tiny_models.TinyConfig(arch="qwen2vl", **kw)) with QWEN_TEMPLATE and QWEN_IMAGE_TOKENS."""
+    from tiny_models import TinyConfig, write_model
+
+    cfg = dict(arch="qwen2vl", pre="default", tie_output=False)
+    cfg.update(kw)
+    return write_model(path, TinyConfig(**cfg), extra_strings={"tokenizer.chat_template": QWEN_TEMPLATE},
+                       extra_tokens=QWEN_IMAGE_TOKENS)
+
+
 def png(arr) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.asarray(arr, np.uint8)).save(buf, "PNG")

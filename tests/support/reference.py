@@ -29,7 +29,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-NEOX = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
+NEOX = ("qwen2", "qwen2vl", "qwen3vl", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
 
 
 class ReferenceModel:
@@ -131,7 +131,8 @@ class ReferenceModel:
             x = ln(x + d, T("layer_output_norm.weight"), T("layer_output_norm.bias"))
         return x
 
-    def logits(self, tokens, positions=None, kv_type=None, hidden=False, rows=None, both_ways=()) -> np.ndarray:
+    def logits(self, tokens, positions=None, kv_type=None, hidden=False, rows=None, both_ways=(),
+               rope_pos=None) -> np.ndarray:
         """Logits at every token; rows: {index: float [n_embd]}, input rows
         that replace those tokens' embeddings, unscaled (an image's, as
         llama.cpp feeds them); both_ways: (start, end) index ranges whose
@@ -139,7 +140,10 @@ class ReferenceModel:
         (default 0, 1, ...) give each
         token's position, increasing, for a context with gaps (a context shift).
         kv_type "q8_0" or "q4_0": keys and values rounded to that type per
-        head row, and queries to Q8_0, as a quantized KV cache stores them."""
+        head row, and queries to Q8_0, as a quantized KV cache stores them.
+        rope_pos [n, 4] (qwen2vl): each token's M-RoPE positions, pair i of a
+        head turning by the one of its section (rope.dimension_sections, not
+        interleaved); default (p, p, p, 0)."""
         a = self.arch
         E = self.hp("embedding_length")
         n_head = self.hp("attention.head_count")
@@ -155,6 +159,11 @@ class ReferenceModel:
         self.route_gap = None  # MoE: per token, the smallest margin of its expert choice over the layers
         pos = np.arange(n) if positions is None else np.asarray(positions)
 
+        sections = self.hp("rope.dimension_sections") if a in ("qwen2vl", "qwen3vl") else None
+        if sections is not None:
+            sections = [int(v) for v in sections] + [0] * (4 - len(sections))
+            rpos = (np.stack([pos, pos, pos, 0 * pos], axis=1) if rope_pos is None
+                    else np.asarray(rope_pos)).astype(np.float64)
         scale = 1.0 / math.sqrt(hd)
         factors = self.t.get("rope_freqs.weight")
         if a == "granite" and self.hp("attention.scale", 0.0):
@@ -207,6 +216,15 @@ class ReferenceModel:
             if factors is not None:
                 freqs = freqs / factors
             ang = pos[:, None] * freqs[None, :]
+            if sections is not None:  # M-RoPE: each pair by its section's position
+                s = np.arange(half) % sum(sections)
+                if a == "qwen3vl":  # interleaved: t, h, w, t, h, w, ... each while its section lasts
+                    t0, t1, t2 = (3 * v for v in sections[:3])
+                    sec = np.where((s % 3 == 1) & (s < t1), 1, np.where((s % 3 == 2) & (s < t2), 2,
+                                   np.where((s % 3 == 0) & (s < t0), 0, 3)))
+                else:
+                    sec = np.searchsorted(np.cumsum(sections), s, side="right")
+                ang = rpos[:, sec] * freqs[None, :]
             if yarn:
                 ang = fs * ang * (1 - mix) + ang * mix
             c, s = mscale * np.cos(ang)[:, None, :], mscale * np.sin(ang)[:, None, :]
@@ -233,8 +251,11 @@ class ReferenceModel:
         x = self.t["token_embd.weight"][tokens]
         if gemma:
             x = x * math.sqrt(E)
+        deep = {}  # qwen3vl's DeepStack: slices after the first of a wider row, added after layers 0, 1, ..
         for i, row in (rows or {}).items():
-            x[i] = row
+            x[i] = row[:E]
+            if len(row) > E:
+                deep[i] = np.asarray(row[E:]).reshape(-1, E)
         if a == "granite":
             x = x * self.hp("embedding_scale", 1.0)
         for i in range(self.hp("block_count")):
@@ -258,7 +279,7 @@ class ReferenceModel:
             if a == "olmo2":
                 q, k = norm(q, T("attn_q_norm.weight")), norm(k, T("attn_k_norm.weight"))
             q, k, v = q.reshape(n, n_head, hd), k.reshape(n, n_kv, hd), v.reshape(n, n_kv, hd)
-            if a in ("gemma3", "qwen3", "qwen3moe"):
+            if a in ("gemma3", "qwen3", "qwen3moe", "qwen3vl"):
                 q, k = norm(q, T("attn_q_norm.weight")), norm(k, T("attn_k_norm.weight"))
             if use_rope:
                 q, k = rope(q, b), rope(k, b)
@@ -297,6 +318,9 @@ class ReferenceModel:
             if p + "post_ffw_norm.weight" in self.t:
                 d = norm(d, T("post_ffw_norm.weight"))
             x = x + d * res_scale
+            for r, slices in deep.items():
+                if i < len(slices):
+                    x[r] = x[r] + slices[i]
         if hidden:
             return norm(x, self.t["output_norm.weight"])
         out = self.t.get("output.weight", self.t["token_embd.weight"])

@@ -99,11 +99,16 @@ class TinyConfig:
     yarn_beta_slow: float = 2.0
     yarn_log_mul: float = 0.5
     attn_temp_scale: float = 0.0  # mistral3: attention.temperature_scale, written when != 0
+    rope_sections: tuple = (8, 12, 12, 0)  # qwen2vl: rope.dimension_sections (pairs of a 64-wide head)
+    # qwen3vl's (interleaved: like Qwen3-VL's [24, 20, 20] of 64 pairs, one pair left to the fourth)
+    rope_sections_interleaved: tuple = (12, 10, 10, 0)
+    n_deepstack: int = 2          # qwen3vl: n_deepstack_layers
 
 
 # What each architecture adds to (or takes from) the Llama block in a tiny model
-NEOX_ARCHS = ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
-ARCHS = ("llama", "qwen2", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3")
+NEOX_ARCHS = ("qwen2", "qwen2vl", "qwen3vl", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
+ARCHS = ("llama", "qwen2", "qwen2vl", "qwen3vl", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3",
+         "qwen3moe", "mistral3")
 
 
 def tensor_adder(w, tensor_hook):
@@ -202,6 +207,11 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
         w.add_float32(f"{arch}.attention.temperature_scale", cfg.attn_temp_scale)
         if cfg.yarn_factor <= 0:  # the temperature's step, else context_length
             w.add_uint32(f"{arch}.rope.scaling.original_context_length", cfg.yarn_orig_ctx)
+    if arch == "qwen2vl":  # M-RoPE's sections, uneven so that a mix-up shows: 8 + 12 + 12 of 32 pairs
+        w.add_array(f"{arch}.rope.dimension_sections", list(cfg.rope_sections))
+    if arch == "qwen3vl":
+        w.add_array(f"{arch}.rope.dimension_sections", list(cfg.rope_sections_interleaved))
+        w.add_uint32(f"{arch}.n_deepstack_layers", cfg.n_deepstack)
     if arch == "qwen3moe":
         w.add_uint32(f"{arch}.expert_count", cfg.n_expert)
         w.add_uint32(f"{arch}.expert_used_count", cfg.n_expert_used)
@@ -268,7 +278,7 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
             matrix(p + "ffn_gate.weight", F, E, cfg.qtype, 1.0 / np.sqrt(E))
             matrix(p + "ffn_up.weight", F, E, cfg.qtype, 1.0 / np.sqrt(E))
             matrix(p + "ffn_down.weight", E, F, cfg.qtype, 1.0 / np.sqrt(F))
-        if arch in ("qwen3", "qwen3moe"):
+        if arch in ("qwen3", "qwen3moe", "qwen3vl"):
             vector(p + "attn_q_norm.weight", hd)
             vector(p + "attn_k_norm.weight", hd)
         if arch == "olmo2":
@@ -277,7 +287,7 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
         if arch in ("gemma2", "olmo2"):
             vector(p + "post_attention_norm.weight", E)
             vector(p + "post_ffw_norm.weight", E)
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen2vl"):
             vector(p + "attn_q.bias", cfg.n_head * hd, 0.0, 0.2)
             vector(p + "attn_k.bias", cfg.n_head_kv * hd, 0.0, 0.2)
             vector(p + "attn_v.bias", cfg.n_head_kv * hd, 0.0, 0.2)
@@ -1065,6 +1075,198 @@ def write_gemma4v_mmproj(path, cfg: TinyGemma4v = TinyGemma4v(), tensor_hook=Non
     matrix("mm.input_projection.weight", cfg.n_embd_text, E, 1.0 / np.sqrt(E))
     if cfg.clamp:
         clamps("mm.input_projection", 3.0, 2.5)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+@dataclass
+class TinyQwen25vl:
+    """A tiny Qwen2.5-VL vision tower (clip.projector_type
+    "qwen2.5vl_merger") as llama.cpp's converter writes one: the 3-D conv's
+    two temporal slices (v.patch_embd.weight, .weight.1), RMS norms with
+    weights only, biased q/k/v/out, a SiLU-gated feed-forward with biases,
+    post_ln (the merger's ln_q), and the merger's MLP mm.0 / mm.2. Real
+    patch size (14), so that windows of 112 pixels are 4 x 4 cells: an
+    image of a few hundred pixels a side has several, some cut short.
+    wa_pattern 2: layers 1, 3, .. attend to the whole image, the others
+    within windows."""
+
+    qtype: str = "F16"
+    patch_size: int = 14
+    n_embd: int = 64
+    n_ff: int = 96
+    n_layer: int = 3
+    n_head: int = 4
+    n_embd_text: int = 256        # the text model's width (TinyConfig.n_embd)
+    wa_pattern: int = 2
+    eps: float = 1e-6
+    mean: tuple = (0.48, 0.46, 0.41)
+    std: tuple = (0.27, 0.26, 0.28)
+    seed: int = 13
+    # "qwen2vl_merger": Qwen2-VL's tower instead (LayerNorms with biases, an ungated
+    # gelu_quick feed-forward, no windows: neither clip.use_silu nor n_wa_pattern)
+    projector: str = "qwen2.5vl_merger"
+
+
+def write_qwen25vl_mmproj(path, cfg: TinyQwen25vl = TinyQwen25vl(), tensor_hook=None, meta=None) -> str:
+    """A random qwen2.5vl_merger mmproj (see TinyQwen25vl); tensor_hook and meta as write_mmproj's."""
+    rng = np.random.default_rng(cfg.seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    E, F, ps = cfg.n_embd, cfg.n_ff, cfg.patch_size
+    v2 = cfg.projector == "qwen2vl_merger"
+    kv = {
+        "clip.projector_type": cfg.projector, "clip.has_vision_encoder": True,
+        "clip.vision.image_size": 560, "clip.vision.patch_size": ps,
+        "clip.vision.embedding_length": E, "clip.vision.feed_forward_length": F,
+        "clip.vision.block_count": cfg.n_layer, "clip.vision.attention.head_count": cfg.n_head,
+        "clip.vision.attention.layer_norm_epsilon": cfg.eps, "clip.vision.projection_dim": cfg.n_embd_text,
+        "clip.vision.image_mean": list(cfg.mean), "clip.vision.image_std": list(cfg.std),
+    }
+    if not v2:
+        kv.update({"clip.use_silu": True, "clip.vision.n_wa_pattern": cfg.wa_pattern})
+    kv.update(meta or {})
+    add_keys(w, kv)
+
+    add = tensor_adder(w, tensor_hook)
+
+    def matrix(name, rows, k, scale):
+        t = gguf.GGMLQuantizationType[cfg.qtype]
+        if k % gguf.GGML_QUANT_SIZES[t][0]:  # Qwen2.5-VL-7B's 3420-wide ffn_down in Q8_0: F16, as converted
+            t = gguf.GGMLQuantizationType.F16
+        data = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
+        add(name, quantized_matrix(rng, data, t), t)
+
+    def f32(name, data):
+        add(name, np.ascontiguousarray(data, np.float32), gguf.GGMLQuantizationType.F32)
+
+    def vector(name, n, around=0.0, spread=0.1):
+        f32(name, around + rng.standard_normal(n) * spread)
+
+    for j in ("", ".1"):  # conv kernels stay F16, as converted
+        patch = (rng.standard_normal((E, 3, ps, ps)) / np.sqrt(2 * 3 * ps * ps)).astype(np.float16)
+        add("v.patch_embd.weight" + j, patch, gguf.GGMLQuantizationType.F16)
+    for i in range(cfg.n_layer):
+        p = f"v.blk.{i}."
+        vector(p + "ln1.weight", E, 1.0)
+        vector(p + "ln2.weight", E, 1.0)
+        if v2:
+            vector(p + "ln1.bias", E)
+            vector(p + "ln2.bias", E)
+        for m in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            # q and k twice as large: scores of a few units, so that where each row looks matters
+            matrix(p + m + ".weight", E, E, (2.0 if m in ("attn_q", "attn_k") else 1.0) / np.sqrt(E))
+            vector(p + m + ".bias", E)
+        if not v2:
+            matrix(p + "ffn_gate.weight", F, E, 1.0 / np.sqrt(E))
+            vector(p + "ffn_gate.bias", F)
+        matrix(p + "ffn_up.weight", F, E, 1.0 / np.sqrt(E))
+        vector(p + "ffn_up.bias", F)
+        matrix(p + "ffn_down.weight", E, F, 1.0 / np.sqrt(F))
+        vector(p + "ffn_down.bias", E)
+    vector("v.post_ln.weight", E, 1.0)
+    if v2:
+        vector("v.post_ln.bias", E)
+    matrix("mm.0.weight", 4 * E, 4 * E, 1.0 / np.sqrt(4 * E))
+    vector("mm.0.bias", 4 * E)
+    matrix("mm.2.weight", cfg.n_embd_text, 4 * E, 1.0 / np.sqrt(4 * E))
+    vector("mm.2.bias", cfg.n_embd_text)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+@dataclass
+class TinyQwen3vl:
+    """A tiny Qwen3-VL vision tower (clip.projector_type "qwen3vl_merger")
+    as llama.cpp's converter writes one: the conv's two temporal slices and
+    its bias, a learned position table of n_pos_side x n_pos_side (resized
+    to each image's patch grid), LayerNorms with biases, fused q/k/v, a GELU
+    feed-forward, DeepStack mergers after the layers in `deepstack`, post_ln
+    and the merger's MLP. Patch size 16: cells of 32 pixels."""
+
+    qtype: str = "F16"
+    patch_size: int = 16
+    n_embd: int = 64
+    n_ff: int = 128
+    n_layer: int = 3
+    n_head: int = 4
+    n_pos_side: int = 6
+    deepstack: tuple = (0, 1)     # as many as the text model's n_deepstack_layers
+    n_embd_text: int = 256
+    eps: float = 1e-6
+    mean: tuple = (0.5, 0.5, 0.5)
+    std: tuple = (0.5, 0.5, 0.5)
+    seed: int = 17
+
+
+def write_qwen3vl_mmproj(path, cfg: TinyQwen3vl = TinyQwen3vl(), tensor_hook=None, meta=None) -> str:
+    """A random qwen3vl_merger mmproj (see TinyQwen3vl); tensor_hook and meta as write_mmproj's."""
+    rng = np.random.default_rng(cfg.seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    E, F, ps = cfg.n_embd, cfg.n_ff, cfg.patch_size
+    kv = {
+        "clip.projector_type": "qwen3vl_merger", "clip.has_vision_encoder": True, "clip.use_gelu": True,
+        "clip.vision.image_size": 768, "clip.vision.patch_size": ps, "clip.vision.spatial_merge_size": 2,
+        "clip.vision.embedding_length": E, "clip.vision.feed_forward_length": F,
+        "clip.vision.block_count": cfg.n_layer, "clip.vision.attention.head_count": cfg.n_head,
+        "clip.vision.attention.layer_norm_epsilon": cfg.eps, "clip.vision.projection_dim": cfg.n_embd_text,
+        "clip.vision.image_mean": list(cfg.mean), "clip.vision.image_std": list(cfg.std),
+    }
+    kv.update(meta or {})
+    add_keys(w, kv)
+
+    add = tensor_adder(w, tensor_hook)
+
+    def matrix(name, rows, k, scale):
+        t = gguf.GGMLQuantizationType[cfg.qtype]
+        if k % gguf.GGML_QUANT_SIZES[t][0]:
+            t = gguf.GGMLQuantizationType.F16
+        data = (rng.standard_normal((rows, k)) * scale).astype(np.float32)
+        add(name, quantized_matrix(rng, data, t), t)
+
+    def f32(name, data):
+        add(name, np.ascontiguousarray(data, np.float32), gguf.GGMLQuantizationType.F32)
+
+    def vector(name, n, around=0.0, spread=0.1):
+        f32(name, around + rng.standard_normal(n) * spread)
+
+    for j in ("", ".1"):
+        patch = (rng.standard_normal((E, 3, ps, ps)) / np.sqrt(2 * 3 * ps * ps)).astype(np.float16)
+        add("v.patch_embd.weight" + j, patch, gguf.GGMLQuantizationType.F16)
+    vector("v.patch_embd.bias", E)
+    f32("v.position_embd.weight", rng.standard_normal((cfg.n_pos_side ** 2, E)) * 0.5)
+    for i in range(cfg.n_layer):
+        p = f"v.blk.{i}."
+        for n in ("ln1", "ln2"):
+            vector(p + n + ".weight", E, 1.0)
+            vector(p + n + ".bias", E)
+        matrix(p + "attn_qkv.weight", 3 * E, E, 1.5 / np.sqrt(E))
+        vector(p + "attn_qkv.bias", 3 * E)
+        matrix(p + "attn_out.weight", E, E, 1.0 / np.sqrt(E))
+        vector(p + "attn_out.bias", E)
+        matrix(p + "ffn_up.weight", F, E, 1.0 / np.sqrt(E))
+        vector(p + "ffn_up.bias", F)
+        matrix(p + "ffn_down.weight", E, F, 1.0 / np.sqrt(F))
+        vector(p + "ffn_down.bias", E)
+    for i in cfg.deepstack:
+        p = f"v.deepstack.{i}."
+        vector(p + "norm.weight", 4 * E, 1.0)
+        vector(p + "norm.bias", 4 * E)
+        matrix(p + "fc1.weight", 4 * E, 4 * E, 1.0 / np.sqrt(4 * E))
+        vector(p + "fc1.bias", 4 * E)
+        matrix(p + "fc2.weight", cfg.n_embd_text, 4 * E, 1.0 / np.sqrt(4 * E))
+        vector(p + "fc2.bias", cfg.n_embd_text)
+    vector("v.post_ln.weight", E, 1.0)
+    vector("v.post_ln.bias", E)
+    matrix("mm.0.weight", 4 * E, 4 * E, 1.0 / np.sqrt(4 * E))
+    vector("mm.0.bias", 4 * E)
+    matrix("mm.2.weight", cfg.n_embd_text, 4 * E, 1.0 / np.sqrt(4 * E))
+    vector("mm.2.bias", cfg.n_embd_text)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

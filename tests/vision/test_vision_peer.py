@@ -1,4 +1,4 @@
-"""Gemma 3, Idefics3, Gemma 4 and LFM2-VL image embeddings and prompt layout against
+"""Gemma 3, Idefics3, Gemma 4, LFM2-VL, Qwen2.5-VL and Qwen3-VL image embeddings and prompt layout against
 llama.cpp's libmtmd, on the same tiny random files: tests/c/mtmd_embed.c, compiled here against a
 llama.cpp build (its include folders and build/bin with libmtmd.so), runs
 mtmd_tokenize and mtmd_encode_chunk on one raw RGB image. Skipped without
@@ -460,3 +460,214 @@ def test_lfm2_tile_grids_match_mtmd(mtmd, lfm2):
                           lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
             inside = {p for s in ids.images for p in range(s.start, s.end)}
             assert [t if p not in inside else "img" for p, t in enumerate(ids)] == want, (h, w)
+
+
+# ---- Qwen2.5-VL (qwen2.5vl_merger): dynamic size, window attention, M-RoPE positions in the text model ----
+
+# ggml's conv turns the pixels into F16 (im2col beside F16 kernels), and its
+# flash attention the keys and values, which we do not: up to 3.2e-3 of the
+# rows' largest after the tiny tower (whose q and k are twice the usual
+# scale), where we are within 4e-4 of the float64 graph
+# (test_vision_qwen25vl); with Q8_0 weights mtmd quantizes each product's
+# activations to Q8_0 too (our products are float): up to 5e-2
+QWEN_TOL = {"F32": 4e-3, "F16": 4e-3, "Q8_0": 6e-2}
+QWEN_SIZES = [(200, 300), (56, 56), (40, 70), (300, 130), (13, 9)]  # (height, width): 9 to 77 cells
+
+
+@pytest.fixture(scope="module")
+def qwen25vl(tmp_path_factory):
+    from images import qwen2vl_text_model
+    from tiny_models import TinyQwen25vl, write_qwen25vl_mmproj
+
+    d = tmp_path_factory.mktemp("qwen25vl_peer")
+    model = qwen2vl_text_model(d / "qwen2vl.gguf", qtype="F32", embd_qtype="F32")
+    return d, model, {q: write_qwen25vl_mmproj(d / f"mmproj-qwen-{q}.gguf", TinyQwen25vl(qtype=q))
+                      for q in QWEN_TOL}
+
+
+@pytest.mark.parametrize("qtype", sorted(QWEN_TOL))
+def test_qwen25vl_rows_match_mtmd(mtmd, qwen25vl, qtype):
+    """Each image's cell count (mtmd's smart resize, 8 to 4096 cells) and
+    rows within QWEN_TOL of mtmd's, for images of several sizes and aspect
+    ratios (one window of 4 x 4 cells, or several, some cut short)."""
+    d, model, mm = qwen25vl
+    enc = load_mmproj(mm[qtype])
+    try:
+        for i, (h, w) in enumerate(QWEN_SIZES):
+            img = synthetic(h, w, seed=40 + i)
+            _, peer = run_mtmd(mtmd, model, mm[qtype], img, "<__media__>", d / f"qw-{qtype}-{i}")
+            peer = peer.reshape(-1, enc.n_embd_out)
+            ours = enc.encode(png(img))
+            assert ours.shape == peer.shape, (h, w)
+            err = np.abs(ours - peer).max() / np.abs(peer).max()
+            assert err < QWEN_TOL[qtype], f"{qtype} {h}x{w}: {err:.2e}"
+    finally:
+        enc.close()
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_qwen2vl_rows_match_mtmd(mtmd, qwen25vl, qtype):
+    """Qwen2-VL's tower (qwen2vl_merger: LayerNorms, gelu_quick, no
+    windows): rows within QWEN_TOL of mtmd's (observed 1.5e-3 and 2.8e-2)."""
+    from tiny_models import TinyQwen25vl, write_qwen25vl_mmproj
+
+    d, model, _ = qwen25vl
+    mm = write_qwen25vl_mmproj(d / f"mmproj-qwen2-{qtype}.gguf", TinyQwen25vl(qtype=qtype, projector="qwen2vl_merger"))
+    enc = load_mmproj(mm)
+    try:
+        for i, (h, w) in enumerate(QWEN_SIZES):
+            img = synthetic(h, w, seed=50 + i)
+            _, peer = run_mtmd(mtmd, model, mm, img, "<__media__>", d / f"q2-{qtype}-{i}")
+            peer = peer.reshape(-1, enc.n_embd_out)
+            ours = enc.encode(png(img))
+            assert ours.shape == peer.shape, (h, w)
+            err = np.abs(ours - peer).max() / np.abs(peer).max()
+            assert err < QWEN_TOL[qtype], f"{qtype} {h}x{w}: {err:.2e}"
+    finally:
+        enc.close()
+
+
+def test_qwen25vl_layout_matches_mtmd(mtmd, qwen25vl):
+    """The tokens around the image ("<|vision_start|>", "<|vision_end|>")
+    and its row count are mtmd's, decoded causally."""
+    import llminfer
+
+    d, model, mm = qwen25vl
+    img = synthetic(40, 70)
+    prompt = "<|im_start|>user\nwhat is<__media__>this<|im_end|>\n"
+    chunks, _ = run_mtmd(mtmd, model, mm["F16"], img, prompt, d / "qw-layout")
+    want = []
+    for c in chunks:
+        want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+    assert [c for c in chunks if c[0] == "image"] == [["image", "12", "0"]]
+    with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=512, n_threads=1) as llm:
+        assert not llm._vision.non_causal
+        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
+                      llm._image_rows, True)
+    (span,) = ids.images
+    assert span.grid == (4, 3)
+    assert [t if not span.start <= i < span.end else "img" for i, t in enumerate(ids)] == want
+
+
+@pytest.mark.parametrize("seed,h,w", [(5, 200, 300), (6, 56, 56), (7, 90, 40)])
+def test_qwen25vl_logits_and_greedy_tokens_match_llama_cpp(mtmd, qwen25vl, seed, h, w):
+    """The whole path (preprocessing, rows, layout, decode with the image's
+    M-RoPE positions and the text after it moved on by max(nx, ny)) against
+    llama.cpp decoding mtmd's chunks through mtmd's helper: the logits
+    after the prompt within 3e-3 of its largest, under a tenth of how far
+    the same rows at plain positions land, and the greedy tokens the same
+    while llama.cpp's margin between its two best is at least 0.25."""
+    import llminfer
+    from llminfer.vision.prompt import ImageSpan, PromptIds
+
+    d, model, mm = qwen25vl
+    img = synthetic(h, w, seed=seed)
+    prompt = "<|im_start|>user\nwhat is<__media__>this<|im_end|>\n<|im_start|>assistant\n"
+    np.ascontiguousarray(img).tofile(d / "qwlg.rgb")
+    argv = [str(mtmd), model, mm["F32"], str(d / "qwlg.rgb"), str(w), str(h), prompt, str(d / "qw-helper"), "helper",
+            "8"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    peer = np.fromfile(f"{d / 'qw-helper'}.logits", np.float32)
+    gen = [(int(a), float(b)) for a, b in (line.split() for line in
+                                            Path(f"{d / 'qw-helper'}.gen").read_text().splitlines())]
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
+        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
+                      llm._image_rows, True)
+        llm.complete(ids, max_tokens=1, temperature=0)
+        ours = llm.last_logits.copy()
+        tokens = llm.complete(ids, max_tokens=len(gen), temperature=0).tokens
+        eog = set(llm.tokenizer.eog_ids)
+        (span,) = ids.images
+        flat = PromptIds(ids)  # the same rows without their grid: plain positions
+        flat.images = (ImageSpan(span.start, "flat", np.asarray(span.rows)),)
+        llm.complete(flat, max_tokens=1, temperature=0)
+        plain = llm.last_logits.copy()
+    scale = np.abs(peer).max()
+    err, far = np.abs(ours - peer).max() / scale, np.abs(plain - peer).max() / scale
+    assert err < 3e-3 and err < 0.1 * far, (err, far)
+    for k, (tok, margin) in enumerate(gen):
+        if margin < 0.25:
+            break
+        if k == len(tokens):
+            assert tok in eog, (k, tokens, gen)
+            break
+        assert tokens[k] == tok, (k, tokens, gen)
+
+
+# ---- Qwen3-VL (qwen3vl_merger): learned positions resized, DeepStack slices, interleaved M-RoPE ----
+
+# As Qwen2.5-VL's (F16 pixels and flash attention in mtmd): up to 1.4e-3 of
+# the rows' largest with float weights, 2.1e-2 with Q8_0. (300, 130) is
+# resized the width first, then the height, as mtmd does, where Pillow's one
+# call runs the height first: 3e-2 apart before resize_two_pass)
+QWEN3_TOL = {"F32": 2.5e-3, "F16": 2.5e-3, "Q8_0": 4e-2}
+QWEN3_SIZES = [(200, 300), (64, 64), (192, 192), (290, 150), (300, 130), (13, 9)]
+
+
+@pytest.fixture(scope="module")
+def qwen3vl(tmp_path_factory):
+    from images import QWEN_IMAGE_TOKENS, QWEN_TEMPLATE
+    from tiny_models import TinyQwen3vl, write_qwen3vl_mmproj
+
+    d = tmp_path_factory.mktemp("qwen3vl_peer")
+    # 4 layers: DeepStack after layers 0 and 1, not the last (llama.cpp's graph adds it before the output rows)
+    model = write_model(d / "qwen3vl.gguf", TinyConfig(arch="qwen3vl", pre="default", qtype="F32", embd_qtype="F32",
+                                                       n_layer=4),
+                        extra_strings={"tokenizer.chat_template": QWEN_TEMPLATE}, extra_tokens=QWEN_IMAGE_TOKENS)
+    return d, model, {q: write_qwen3vl_mmproj(d / f"mmproj-qwen3-{q}.gguf", TinyQwen3vl(qtype=q))
+                      for q in QWEN3_TOL}
+
+
+@pytest.mark.parametrize("qtype", sorted(QWEN3_TOL))
+def test_qwen3vl_rows_match_mtmd(mtmd, qwen3vl, qtype):
+    """Each image's cell count and rows (the projection's and the DeepStack
+    slices, 3 x 256 wide) within QWEN3_TOL of mtmd's."""
+    d, model, mm = qwen3vl
+    enc = load_mmproj(mm[qtype])
+    try:
+        for i, (h, w) in enumerate(QWEN3_SIZES):
+            img = synthetic(h, w, seed=i)
+            _, peer = run_mtmd(mtmd, model, mm[qtype], img, "<__media__>", d / f"q3-{qtype}-{i}")
+            peer = peer.reshape(-1, enc.n_embd_out)
+            ours = enc.encode(png(img))
+            assert ours.shape == peer.shape, (h, w)
+            err = np.abs(ours - peer).max() / np.abs(peer).max()
+            assert err < QWEN3_TOL[qtype], f"{qtype} {h}x{w}: {err:.2e}"
+    finally:
+        enc.close()
+
+
+@pytest.mark.parametrize("seed,h,w", [(5, 200, 300), (6, 56, 56)])
+def test_qwen3vl_logits_match_llama_cpp(mtmd, qwen3vl, seed, h, w):
+    """The whole path (rows, layout, DeepStack slices after the first
+    layers, interleaved M-RoPE positions) against llama.cpp through mtmd's
+    helper: within 1e-3 of its largest logit, under a tenth of how far the
+    same rows land without their DeepStack slices."""
+    import llminfer
+    from llminfer.vision.prompt import ImageSpan, PromptIds
+    from llminfer.vision.qwen25vl import grid_rows
+
+    d, model, mm = qwen3vl
+    img = synthetic(h, w, seed=seed)
+    prompt = "<|im_start|>user\nwhat is<__media__>this<|im_end|>\n<|im_start|>assistant\n"
+    np.ascontiguousarray(img).tofile(d / "q3lg.rgb")
+    argv = [str(mtmd), model, mm["F32"], str(d / "q3lg.rgb"), str(w), str(h), prompt, str(d / "q3-helper"), "helper"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    peer = np.fromfile(f"{d / 'q3-helper'}.logits", np.float32)
+    with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
+        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
+                      llm._image_rows, True)
+        llm.complete(ids, max_tokens=1, temperature=0)
+        ours = llm.last_logits.copy()
+        (span,) = ids.images
+        rows = np.array(span.rows)
+        rows[:, 256:] = 0  # the slices gone
+        shallow = PromptIds(ids)
+        shallow.images = (ImageSpan(span.start, "shallow", grid_rows(rows, *span.grid)),)
+        llm.complete(shallow, max_tokens=1, temperature=0)
+        other = llm.last_logits.copy()
+    scale = np.abs(peer).max()
+    err, far = np.abs(ours - peer).max() / scale, np.abs(other - peer).max() / scale
+    assert err < 1e-3 and err < 0.1 * far, (err, far)
