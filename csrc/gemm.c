@@ -350,7 +350,9 @@ size_t li_gemm_scratch_bytes(int type, int64_t k, int64_t n) {
 
 int li_gemm_applies(int type, int64_t n, int64_t rows, int64_t k) {
     const int kind = li_panel_kind(type);
-    const int64_t min_n = rows * k <= LI_GEMM_SMALL ? LI_GEMM_MIN_N_SMALL : LI_GEMM_MIN_N;
+    const int64_t min_n = type == LI_TYPE_MXFP4          ? LI_GEMM_MIN_N_MXFP4
+                          : rows * k <= LI_GEMM_SMALL ? LI_GEMM_MIN_N_SMALL
+                                                      : LI_GEMM_MIN_N;
     return n >= min_n && kind != LI_PANEL_NONE && li_K->gemm[kind] != NULL;
 }
 
