@@ -33,10 +33,10 @@ from llminfer import _core  # noqa: E402
 from llminfer.core import ops, system
 
 ALL = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-       "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+       "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL", "MXFP4"]
 # byte offsets of the f16 scales in each block: random bytes elsewhere, sane scales there
 F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
-              "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,)}
+              "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,), "IQ4_NL": (0,), "MXFP4": ()}
 
 
 def make_weight(rng, name, rows, k):
@@ -49,6 +49,8 @@ def make_weight(rng, name, rows, k):
     b = rng.integers(0, 256, size=(nb, ts), dtype=np.uint8)
     for off in F16_FIELDS[name]:
         b[:, off:off + 2] = (rng.standard_normal(nb) * 0.01).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    if name == "MXFP4":  # its E8M0 scale byte: a power of two near 2^-6
+        b[:, 0] = rng.integers(118, 124, size=nb, dtype=np.uint8)
     return b.reshape(rows, -1)
 
 

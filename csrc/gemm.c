@@ -60,7 +60,17 @@ static size_t layout(int kind, int64_t k, int sign, int q4k, void *base, li_pane
 
 /* BLK32 types whose values are signed bytes (their magnitudes ride beside them) */
 static int panel_signed(int type) {
-    return type == LI_TYPE_Q8_0 || type == LI_TYPE_IQ4_NL || type == LI_TYPE_MXFP4;
+    return type == LI_TYPE_Q8_0 || type == LI_TYPE_IQ4_NL;
+}
+
+/* what a BLK32 type's stored values carry above the value they stand for */
+static int panel_offset(int type) {
+    switch (type) {
+    case LI_TYPE_Q4_0: return 8;
+    case LI_TYPE_Q5_0: return 16;
+    case LI_TYPE_MXFP4: return LI_MXFP4_OFFSET;
+    default: return 0;
+    }
 }
 
 size_t li_panel_bytes(int type, int64_t k) {
@@ -87,6 +97,19 @@ static inline void put_pair(int16_t *t, int lo, int hi) {
 }
 
 static void pack_blk32(int type, const void *w, size_t row_bytes, int nr, int64_t nb, li_panel *p) {
+    /* a level that writes this type's values with vectors leaves only the scales to this loop */
+    const int values_done = li_K->panel_values && li_K->panel_values(type, w, row_bytes, nr, nb, p->w, p->wa);
+    if (values_done && (type == LI_TYPE_Q8_0 || type == LI_TYPE_MXFP4)) {
+        for (int r = 0; r < nr; r++) {
+            const char *row = (const char *)w + (size_t)r * row_bytes;
+            for (int64_t b = 0; b < nb; b++) {
+                p->d[b * R + r] = type == LI_TYPE_Q8_0 ? li_f16_to_f32(((const block_q8_0 *)row + b)->d)
+                                                       : li_e8m0_half(((const block_mxfp4 *)row + b)->e);
+                p->m[b * R + r] = 0.0f;
+            }
+        }
+        return;
+    }
     int8_t q[32];
     for (int r = 0; r < nr; r++) {
         const char *row = (const char *)w + (size_t)r * row_bytes;
@@ -132,9 +155,10 @@ static void pack_blk32(int type, const void *w, size_t row_bytes, int nr, int64_
                 d = li_f16_to_f32(x->d);
                 break;
             }
-            default: { /* MXFP4 */
+            default: { /* MXFP4: level + 12, 0..24 */
                 const block_mxfp4 *x = (const block_mxfp4 *)row + b;
                 unpack_nl4(x->qs, li_kvalues_mxfp4, q);
+                for (int i = 0; i < 32; i++) q[i] = (int8_t)(q[i] + LI_MXFP4_OFFSET);
                 d = li_e8m0_half(x->e);
                 break;
             }
@@ -184,7 +208,7 @@ static void pack_q4_K_scales(const block_q4_K *x, int64_t s, int r, li_panel *p)
  * off * sc_g, and m = d, unused (the kernels take the offset out in integer) */
 static void pack_ksuper(int type, const void *w, size_t row_bytes, int nr, int64_t nb, li_panel *p) {
     /* a level that writes this type's values with vectors leaves only the scales to this loop */
-    const int values_done = li_K->panel_values && li_K->panel_values(type, w, row_bytes, nr, nb, p->w);
+    const int values_done = li_K->panel_values && li_K->panel_values(type, w, row_bytes, nr, nb, p->w, NULL);
     int8_t q[QK_K];
     int sc[16], mn[16];
     for (int r = 0; r < nr; r++) {
@@ -275,16 +299,16 @@ void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k,
     memset(p, 0, sizeof(*p));
     p->kind = li_panel_kind(type);
     p->sign = panel_signed(type);
-    p->offset_shift = type == LI_TYPE_Q4_0 ? 3 : type == LI_TYPE_Q5_0 ? 4 : 0;
+    p->offset = panel_offset(type);
     p->has_min = type == LI_TYPE_Q4_1 || type == LI_TYPE_Q5_1 || type == LI_TYPE_Q2_K ||
                  type == LI_TYPE_Q4_K || type == LI_TYPE_Q5_K;
     switch (type) {
     case LI_TYPE_Q2_K: p->bits = 2; break;
     case LI_TYPE_Q3_K: p->bits = 3; break;
     case LI_TYPE_Q4_0: case LI_TYPE_Q4_1: case LI_TYPE_Q4_K: p->bits = 4; break;
-    case LI_TYPE_Q5_0: case LI_TYPE_Q5_1: case LI_TYPE_Q5_K: p->bits = 5; break;
+    case LI_TYPE_Q5_0: case LI_TYPE_Q5_1: case LI_TYPE_Q5_K: case LI_TYPE_MXFP4: p->bits = 5; break;
     case LI_TYPE_Q6_K: p->bits = 6; break;
-    default: p->bits = 8; break; /* Q8_0, IQ4_NL, MXFP4: magnitudes up to 127; IQ4_XS: level + 128 */
+    default: p->bits = 8; break; /* Q8_0, IQ4_NL: magnitudes up to 127; IQ4_XS: level + 128 */
     }
     const size_t bytes = layout(p->kind, k, p->sign, type == LI_TYPE_Q4_K, scratch, p);
     if (nr < R) memset(scratch, 0, bytes); /* rows past nr: zeros, their results unused */
@@ -326,7 +350,9 @@ size_t li_gemm_scratch_bytes(int type, int64_t k, int64_t n) {
 
 int li_gemm_applies(int type, int64_t n, int64_t rows, int64_t k) {
     const int kind = li_panel_kind(type);
-    const int64_t min_n = rows * k <= LI_GEMM_SMALL ? LI_GEMM_MIN_N_SMALL : LI_GEMM_MIN_N;
+    const int64_t min_n = type == LI_TYPE_MXFP4          ? LI_GEMM_MIN_N_MXFP4
+                          : rows * k <= LI_GEMM_SMALL ? LI_GEMM_MIN_N_SMALL
+                                                      : LI_GEMM_MIN_N;
     return n >= min_n && kind != LI_PANEL_NONE && li_K->gemm[kind] != NULL;
 }
 

@@ -11,8 +11,10 @@
  * every activation row passes over it.
  *
  * Values are stored unsigned; an offset (Q4_0: q - 8) is taken out as
- * offset * sum(activation block). Q8_0's signed values (and the table
- * levels of IQ4_NL and MXFP4) keep their magnitudes beside them: the AVX2
+ * offset * sum(activation block). MXFP4's levels (at most 12 in magnitude)
+ * are stored as level + 12, so its products need no sign instruction and
+ * sum four chunks in int16 like Q5_0's. Q8_0's signed values (and IQ4_NL's
+ * table levels) keep their magnitudes beside them: the AVX2
  * kernel multiplies |w| by a with w's sign, the VNNI kernel flips the sign
  * bit (w + 128) and takes out 128 * sum(a). IQ4_XS's levels are stored as
  * level + 128 in a KSUPER panel, the offset taken out like Q6_K's; the AVX2
@@ -32,19 +34,21 @@
 #include <stdint.h>
 
 #define LI_PANEL_ROWS 8
+/* MXFP4's levels (E2M1 doubled) reach +-12: a panel stores level + 12, 0..24 */
+#define LI_MXFP4_OFFSET 12
 
 enum li_panel_kind {
     LI_PANEL_NONE = 0,   /* the type has no panel form: use the dot kernels */
     LI_PANEL_BLK32 = 1,  /* 32-value blocks with a float scale: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the
-                            signed levels of IQ4_NL and MXFP4 */
+                            table levels of IQ4_NL and MXFP4 */
     LI_PANEL_KSUPER = 2  /* 256-value super-blocks with integer sub-scales: Q2_K..Q6_K, IQ4_XS */
 };
 
 typedef struct li_panel {
     int kind;
-    int offset_shift; /* BLK32: value = d * (w - 2^shift) (+ m), 0 for none: the kernel
-                         subtracts sum(a) << shift */
-    int sign;     /* BLK32 (Q8_0, IQ4_NL, MXFP4): w holds signed values and wa their magnitudes */
+    int offset;   /* BLK32: value = d * (w - offset) (+ m), 0 for none: the kernel
+                     subtracts offset * sum(a) */
+    int sign;     /* BLK32 (Q8_0, IQ4_NL): w holds signed values and wa their magnitudes */
     int has_min;  /* BLK32: add m * s of the Q8_1 activation; KSUPER: subtract the mc terms
                      in float, scaled by m (Q2_K, Q4_K, Q5_K); 0: they are Q3_K's or Q6_K's
                      offsets, taken out of the integer sum */
@@ -80,11 +84,13 @@ void li_panel_pack(int type, const void *w, size_t row_bytes, int nr, int64_t k,
 typedef void (*li_gemm_fn)(const li_panel *p, int nr, const void *xq, size_t xs, int64_t n,
                            const int32_t *asum, float *y, size_t ys);
 
-/* The values of a KSUPER panel (p->w) written straight from nr <= 8 rows
- * (row r at w + r * row_bytes) of nb super-blocks, rows past nr zero, by a
- * level that has a vector form for the type; returns 0 (and writes
- * nothing) for a type it leaves to gemm.c's plain packing. The scales are
- * packed by gemm.c either way. */
-typedef int (*li_panel_values_fn)(int type, const void *w, size_t row_bytes, int nr, int64_t nb, uint8_t *dst);
+/* The values of a panel (p->w, and p->wa for a signed BLK32 panel) written
+ * straight from nr <= 8 rows (row r at w + r * row_bytes) of nb blocks
+ * (super-blocks for KSUPER), rows past nr zero, by a level that has a
+ * vector form for the type; returns 0 (and writes nothing) for a type it
+ * leaves to gemm.c's plain packing. The scales are packed by gemm.c either
+ * way. */
+typedef int (*li_panel_values_fn)(int type, const void *w, size_t row_bytes, int nr, int64_t nb, uint8_t *dst,
+                                  uint8_t *dst_abs);
 
 #endif

@@ -53,6 +53,10 @@ void li_matmul_q_shared(const li_weight *w, const void *xq, int64_t n, float *y,
  * n = 16 still went faster through the dot kernels. */
 #define LI_GEMM_SMALL ((int64_t)1 << 20)
 #define LI_GEMM_MIN_N_SMALL 16
+/* MXFP4's panels (level + 12, written with vectors) cost little to pack and
+ * its dot kernels' table lookups much per value: its experts (gpt-oss's)
+ * take the panels from 8 rows (docs/kernel-tuning.md) */
+#define LI_GEMM_MIN_N_MXFP4 8
 int li_gemm_applies(int type, int64_t n, int64_t rows, int64_t k);
 size_t li_gemm_scratch_bytes(int type, int64_t k, int64_t n);
 void li_gemm_q(const li_weight *w, const void *xq, int64_t n, float *y, int64_t y_stride,

@@ -15,6 +15,7 @@
 #if defined(LI_ARCH_X86) && defined(__AVX2__) && (defined(_MSC_VER) || (defined(__FMA__) && defined(__F16C__)))
 #include <stddef.h>
 
+#include "iq_tables.h"
 #include "x86_gemm.h"
 
 #define R LI_PANEL_ROWS
@@ -34,13 +35,14 @@ static inline void store_rows(float *y, __m256 v, int nr) {
 
 /* ---- 32-value blocks: Q4_0, Q5_0 (offset), Q4_1, Q5_1 (min), Q8_0 (signed) ---- */
 
-/* grp chunks' maddubs results are summed in int16 before one madd: 8 for
- * 4-bit values (8 * 2*15*127 < 2^15), 4 for 5-bit, 1 for Q8_0's 8-bit ones */
+/* grp chunks' maddubs results are summed in int16 before one madd: 4 for
+ * values up to 5 bits (4 * 2*31*127 < 2^15; MXFP4's level + 12 is at most
+ * 24), 1 for the magnitudes of the signed panels (up to 127) */
 static inline void blk32_cols(const li_panel *p, int nr, const char *x, size_t xs, int64_t c0,
                               const int nc, const int grp, const int sign, const int32_t *asum,
                               float *y, size_t ys) {
     const int64_t nb = p->nb;
-    const int min = p->has_min, shift = p->offset_shift;
+    const int min = p->has_min, off = p->offset;
     const size_t ab = min ? sizeof(act_q8_1) : sizeof(act_q8_0);
     const size_t qo = min ? offsetof(act_q8_1, qs) : offsetof(act_q8_0, qs);
     const __m256i ones = _mm256_set1_epi16(1);
@@ -69,7 +71,7 @@ static inline void blk32_cols(const li_panel *p, int nr, const char *x, size_t x
         }
         const __m256 dw = _mm256_loadu_ps(p->d + b * R);
         UNROLL for (int c = 0; c < nc; c++) {
-            if (shift) ia[c] = _mm256_sub_epi32(ia[c], _mm256_set1_epi32(asum[(c0 + c) * nb + b] * (1 << shift)) /* a product: asum may be negative */);
+            if (off) ia[c] = _mm256_sub_epi32(ia[c], _mm256_set1_epi32(asum[(c0 + c) * nb + b] * off));
             float dx, sx = 0.0f;
             memcpy(&dx, xb[c], 4); /* d comes first in both activation formats */
             if (min) memcpy(&sx, xb[c] + offsetof(act_q8_1, s), 4);
@@ -262,10 +264,45 @@ static inline void put_transposed(uint8_t *dst, const __m256i v[R]) {
     }
 }
 
+/* BLK32: Q8_0's values as stored and their magnitudes; MXFP4's levels + 12
+ * through a biased copy of the level table. Block b of row r is one vector,
+ * eight rows' blocks one transpose. */
+static void panel_values_blk32(int type, const void *w, size_t row_bytes, int nr, int64_t nb, uint8_t *dst,
+                               uint8_t *dst_abs) {
+    int8_t biased[16];
+    for (int i = 0; i < 16; i++) biased[i] = (int8_t)(li_kvalues_mxfp4[i] + LI_MXFP4_OFFSET);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)biased));
+    const size_t bb = type == LI_TYPE_Q8_0 ? sizeof(block_q8_0) : sizeof(block_mxfp4);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i v[R], a[R];
+        for (int r = 0; r < R; r++) {
+            if (r >= nr) {
+                v[r] = a[r] = _mm256_setzero_si256();
+                continue;
+            }
+            const uint8_t *x = (const uint8_t *)w + (size_t)r * row_bytes + (size_t)b * bb;
+            a[r] = _mm256_setzero_si256();
+            if (type == LI_TYPE_Q8_0) {
+                v[r] = _mm256_loadu_si256((const __m256i *)(const void *)(x + offsetof(block_q8_0, qs)));
+                a[r] = _mm256_sign_epi8(v[r], v[r]);
+            } else {
+                v[r] = nl4_lookup(x + offsetof(block_mxfp4, qs), table);
+            }
+        }
+        put_transposed(dst + (size_t)b * 32 * R, v);
+        if (dst_abs) put_transposed(dst_abs + (size_t)b * 32 * R, a);
+    }
+}
+
 /* Q4_K: values 64c + l and 64c + 32 + l are the low and high nibbles of
  * qs[32c + l]; Q6_K: gemm.h's u = q + 32 is the stored 6-bit value, its
  * four runs of 32 per half as unpack.h's unpack_q6_K takes them apart */
-static int panel_values(int type, const void *w, size_t row_bytes, int nr, int64_t nb, uint8_t *dst) {
+static int panel_values(int type, const void *w, size_t row_bytes, int nr, int64_t nb, uint8_t *dst,
+                        uint8_t *dst_abs) {
+    if ((type == LI_TYPE_Q8_0 && dst_abs) || type == LI_TYPE_MXFP4) {
+        panel_values_blk32(type, w, row_bytes, nr, nb, dst, dst_abs);
+        return 1;
+    }
     if (type != LI_TYPE_Q4_K && type != LI_TYPE_Q6_K) return 0;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     for (int64_t s = 0; s < nb; s++) {

@@ -31,6 +31,7 @@
 
 #include "../common.h"
 #include "unpack_iq.h"
+#include "x86_gemm.h"
 
 LI_INLINE float f16(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -69,15 +70,6 @@ LI_INLINE __m256i mul_sign(__m256i m, __m256i s, __m256i a) {
 
 /* ---- IQ4_NL, MXFP4: 32-value blocks of table levels against Q8_0 ---- */
 
-/* the 32 signed values of 16 bytes of 4-bit indices (Q4_0's nibble order) */
-LI_INLINE __m256i nl4_values(const uint8_t *qs, __m256i table) {
-    /* the 16 bytes in both halves, the high half shifted down a nibble */
-    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)qs));
-    const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
-                                         _mm256_set1_epi8(15));
-    return _mm256_shuffle_epi8(table, idx);
-}
-
 LI_INLINE __m256i level_table(const int8_t t[16]) {
     const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)t);
     return _mm256_set_m128i(v, v);
@@ -88,11 +80,11 @@ LI_INLINE __m256i nl4_block(const int type, const void *row, int64_t b, __m256i 
     if (type == LI_TYPE_IQ4_NL) {
         const block_iq4_nl *x = (const block_iq4_nl *)row + b;
         *d = f16(x->d);
-        return nl4_values(x->qs, table);
+        return nl4_lookup(x->qs, table);
     }
     const block_mxfp4 *x = (const block_mxfp4 *)row + b;
     *d = li_e8m0_half(x->e);
-    return nl4_values(x->qs, table);
+    return nl4_lookup(x->qs, table);
 }
 
 /* y = d * level, 32 values a block */
@@ -214,7 +206,7 @@ LI_INLINE void nl4_int_pass(const int type, const void *row, int r, int64_t i0, 
     for (; j + 4 <= n; j += 4, b += 4 * bb) {
         __m256i q[4], m[4];
         for (int t = 0; t < 4; t++) {
-            q[t] = nl4_values(b + t * bb + qo, table);
+            q[t] = nl4_lookup(b + t * bb + qo, table);
             m[t] = _mm256_sign_epi8(q[t], q[t]);
             pb->d[r][j + t] = nl4_scale(type, b + t * bb);
         }
@@ -224,7 +216,7 @@ LI_INLINE void nl4_int_pass(const int type, const void *row, int r, int64_t i0, 
         const int nt = n - j;
         __m256i q[4], m[4];
         for (int t = 0; t < 4; t++) {
-            q[t] = t < nt ? nl4_values(b + t * bb + qo, table) : _mm256_setzero_si256();
+            q[t] = t < nt ? nl4_lookup(b + t * bb + qo, table) : _mm256_setzero_si256();
             m[t] = _mm256_sign_epi8(q[t], q[t]);
             pb->d[r][j + t] = t < nt ? nl4_scale(type, b + t * bb) : 0.0f;
         }
@@ -318,7 +310,7 @@ LI_INLINE void iq4_xs_dot(int64_t k, const void *w, const void *x, size_t xs, co
         __m256i isum[LI_DOT_MAX_NC];
         for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
         for (int g = 0; g < 8; g++) {
-            const __m256i v = nl4_values(b->qs + 16 * g, table);
+            const __m256i v = nl4_lookup(b->qs + 16 * g, table);
             const __m256i m = _mm256_sign_epi8(v, v), sc = _mm256_set1_epi16((short)iq4_xs_scale(b, g));
             for (int c = 0; c < nc; c++) {
                 const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i;

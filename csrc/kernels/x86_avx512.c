@@ -35,7 +35,7 @@ static inline void store_rows(float *y, __m256 v, int nr) {
 static inline void blk32_cols(const li_panel *p, int nr, const char *x, size_t xs, int64_t c0,
                               const int nc, const int sign, const int32_t *asum, float *y, size_t ys) {
     const int64_t nb = p->nb;
-    const int min = p->has_min, shift = sign ? 7 : p->offset_shift;
+    const int min = p->has_min, off = sign ? 128 : p->offset;
     const size_t ab = min ? sizeof(act_q8_1) : sizeof(act_q8_0);
     const size_t qo = min ? offsetof(act_q8_1, qs) : offsetof(act_q8_0, qs);
     const __m256i flip = _mm256_set1_epi8((char)0x80);
@@ -55,7 +55,7 @@ static inline void blk32_cols(const li_panel *p, int nr, const char *x, size_t x
         }
         const __m256 dw = _mm256_loadu_ps(p->d + b * R);
         UNROLL for (int c = 0; c < nc; c++) {
-            if (shift) ia[c] = _mm256_sub_epi32(ia[c], _mm256_set1_epi32(asum[(c0 + c) * nb + b] * (1 << shift)) /* a product: asum may be negative */);
+            if (off) ia[c] = _mm256_sub_epi32(ia[c], _mm256_set1_epi32(asum[(c0 + c) * nb + b] * off));
             float dx, sx = 0.0f;
             memcpy(&dx, xb[c], 4); /* d comes first in both activation formats */
             if (min) memcpy(&sx, xb[c] + offsetof(act_q8_1, s), 4);

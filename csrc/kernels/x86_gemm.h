@@ -26,6 +26,16 @@ static inline __m256i bcast4(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
+/* the 32 values of 16 bytes of 4-bit indices (Q4_0's nibble order) through
+ * a 16-entry byte table held in both 128-bit halves of table */
+static inline __m256i nl4_lookup(const uint8_t *qs, __m256i table) {
+    /* the 16 bytes in both halves, the high half shifted down a nibble */
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)qs));
+    const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                                         _mm256_set1_epi8(15));
+    return _mm256_shuffle_epi8(table, idx);
+}
+
 /* acc + one super-block of 8 rows against one activation row, scalar.c's
  * steps lane by lane: ia, im the exact integer sums and mins, dw, mw the
  * rows' d and dmin, dx the activation's scale. With a min (Q2_K, Q4_K,

@@ -120,7 +120,7 @@ def test_batch_invariance(isa, t):
                     f"{np.flatnonzero(got[j] != alone[i]).tolist()}")
 
 
-@pytest.mark.parametrize("t", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=type_id)
+@pytest.mark.parametrize("t", [Q.Q4_0, Q.Q8_0, Q.MXFP4, Q.Q4_K, Q.Q6_K], ids=type_id)
 def test_batch_invariance_across_cache_blocks(isa, t):
     """With long rows (k = 8192) the prefill driver takes a batch of 40 in
     several blocks of columns and 37 weight rows in several blocks of panels
