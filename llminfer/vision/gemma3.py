@@ -21,14 +21,14 @@ from llminfer.errors import UnsupportedModelError
 from llminfer.core.system import check_threads
 from llminfer.vision.image import load_image, preprocess_fixed
 from llminfer.vision.siglip import SiglipViT
-from llminfer.vision.tower import VisionParams, Weights
+from llminfer.vision.tower import Projector, VisionParams, Weights
 
 # mtmd's text around a Gemma 3 image's embeddings
 IMAGE_BEGIN = "<start_of_image>"
 IMAGE_END = "<end_of_image>"
 
 
-class Gemma3Vision:
+class Gemma3Vision(Projector):
     """The encoder of a gemma3 mmproj: encode(image) -> float32 [n_tokens, n_embd_text]."""
 
     image_begin = IMAGE_BEGIN
@@ -85,14 +85,3 @@ class Gemma3Vision:
         x = x.reshape(n, m, n, m, E).mean(axis=(1, 3)).reshape(n * n, E)
         x = ops.rms_norm(np.ascontiguousarray(x, np.float32), self.soft_norm, eps=p.eps)
         return ops.gemm(self.proj, x, n_threads=nt)
-
-    def image_parts(self, rows: np.ndarray) -> list:
-        """The image's place in the prompt: text and its rows, in order."""
-        return [self.image_begin, rows, self.image_end]
-
-    def encode(self, image, n_threads=None) -> np.ndarray:
-        """float32 [n_tokens, n_embd_text]: an image's rows for the text model."""
-        return self.encode_pixels(self.preprocess(image), n_threads)
-
-    def close(self):
-        self.gguf.close()

@@ -53,8 +53,8 @@ from llminfer.core import ops
 from llminfer.core.system import check_threads
 from llminfer.errors import ImageError, InvalidArgumentError, UnsupportedModelError
 # fit_box and target_size live in vision.image (lfm2 shares them); their names stay here too
-from llminfer.vision.image import fit_box, load_image, normalize, pil, resize_two_pass, target_size  # noqa: F401
-from llminfer.vision.tower import VisionParams, Weights
+from llminfer.vision.image import fit_and_pad, fit_box, load_image, normalize, target_size  # noqa: F401
+from llminfer.vision.tower import Projector, VisionParams, Weights
 
 IMAGE_BEGIN = "<|image>"
 IMAGE_END = "<image|>"
@@ -152,7 +152,7 @@ class _Layer:
         return w, w.size == D
 
 
-class Gemma4Vision:
+class Gemma4Vision(Projector):
     """The encoder of a gemma4v mmproj: encode(image) -> float32 [n_cells, n_embd_text]."""
 
     image_begin = IMAGE_BEGIN
@@ -204,7 +204,6 @@ class Gemma4Vision:
     def preprocess(self, image) -> np.ndarray:
         """float32 [3, H, W] of an image (bytes, a path, a file, or a PIL
         image), H and W multiples of the cell side."""
-        Image = pil()
         im = image if hasattr(image, "convert") and hasattr(image, "size") else load_image(image)
         im = im.convert("RGB")
         tw, th = self.size_for(*im.size)
@@ -213,13 +212,7 @@ class Gemma4Vision:
             raise ImageError(f"an image of {im.size[0]} x {im.size[1]} becomes {tw} x {th}: "
                              f"{max(tw, th) // ps} patches on a side, more than the {self.n_pos} positions "
                              f"of the tower (its aspect ratio is too far from square)")
-        if im.size != (tw, th):
-            nw, nh = fit_box(im.size[0], im.size[1], tw, th)
-            resized = resize_two_pass(im, (nw, nh), Image.BICUBIC)  # the width first, as mtmd
-            canvas = Image.new("RGB", (tw, th), (0, 0, 0))
-            canvas.paste(resized, ((tw - nw) // 2, (th - nh) // 2))
-            im = canvas
-        return normalize(im, self.params.mean, self.params.std)
+        return normalize(fit_and_pad(im, tw, th), self.params.mean, self.params.std)
 
     def key(self, pixels: np.ndarray) -> str:
         """The content hash of preprocessed pixels under this encoder."""
@@ -315,14 +308,3 @@ class Gemma4Vision:
         if self.std_bias is not None:
             x = ((x - self.std_bias) * self.std_scale).astype(np.float32)
         return self.proj(rms(x, None, p.eps), nt)
-
-    def image_parts(self, rows: np.ndarray) -> list:
-        """The image's place in the prompt: text and its rows, in order."""
-        return [self.image_begin, rows, self.image_end]
-
-    def encode(self, image, n_threads=None) -> np.ndarray:
-        """float32 [n_cells, n_embd_text]: an image's rows for the text model."""
-        return self.encode_pixels(self.preprocess(image), n_threads)
-
-    def close(self):
-        self.gguf.close()

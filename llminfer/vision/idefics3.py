@@ -34,7 +34,7 @@ from llminfer.errors import UnsupportedModelError
 from llminfer.core.system import check_threads
 from llminfer.vision.image import pil, load_image, normalize
 from llminfer.vision.siglip import SiglipViT
-from llminfer.vision.tower import VisionParams, Weights
+from llminfer.vision.tower import Projector, VisionParams, Weights
 
 FAKE = "<fake_token_around_image>"
 MAX_TILES = 64  # tiles of one image: a preproc size past 8 x 8 tiles is refused when the file is opened
@@ -69,7 +69,7 @@ def resized_size(w: int, h: int, longest: int) -> tuple[int, int]:
     return max(rw, 2), max(rh, 2)
 
 
-class Idefics3Vision:
+class Idefics3Vision(Projector):
     """The encoder of an idefics3 mmproj: encode(image) -> float32 [n_rows, n_embd_text]
     (every tile's rows, in prompt order; image_parts lays them out)."""
 
@@ -144,10 +144,6 @@ class Idefics3Vision:
         rows = [self.fc(self.shuffle(self.vit.forward(tile, nt)), nt) for tile in np.asarray(pixels)]
         return _tiled(np.concatenate(rows), pixels.grid)
 
-    def encode(self, image, n_threads=None) -> np.ndarray:
-        """float32 [n_rows, n_embd_text]: every tile's rows for the text model, in prompt order."""
-        return np.asarray(self.encode_pixels(self.preprocess(image), n_threads))
-
     def image_parts(self, rows: Tiled) -> list:
         """The image's place in the prompt: text (tokenized with its special
         tokens) and blocks of rows, in order (see the module's doc)."""
@@ -162,6 +158,3 @@ class Idefics3Vision:
                 parts.append("\n")
         parts += ["\n\n", f"{FAKE}<global-img>", rows[gx * gy * n:], FAKE]
         return parts
-
-    def close(self):
-        self.gguf.close()

@@ -194,6 +194,18 @@ def target_size(w: int, h: int, align: int, min_pixels: int, max_pixels: int) ->
     return w_bar, h_bar
 
 
+def fit_and_pad(im, tw: int, th: int):
+    """im drawn inside tw x th (fit_box's size, bicubic, the width first as
+    mtmd's resize), centred on black; im itself when it is that size."""
+    if im.size == (tw, th):
+        return im
+    Image = pil()
+    nw, nh = fit_box(im.size[0], im.size[1], tw, th)
+    canvas = Image.new("RGB", (tw, th), (0, 0, 0))
+    canvas.paste(resize_two_pass(im, (nw, nh), Image.BICUBIC), ((tw - nw) // 2, (th - nh) // 2))
+    return canvas
+
+
 def fit_box(w: int, h: int, tw: int, th: int) -> tuple[int, int]:
     """The size of a w x h image drawn inside tw x th, its aspect ratio kept
     (mtmd's PAD_CEIL: float32 scale, rounded up, at most the box)."""

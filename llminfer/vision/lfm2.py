@@ -50,7 +50,7 @@ from llminfer.core.system import check_threads
 from llminfer.errors import InvalidArgumentError, UnsupportedModelError
 from llminfer.vision.image import fit_box, load_image, normalize, pil, target_size
 from llminfer.vision.siglip import SiglipViT
-from llminfer.vision.tower import VisionParams, Weights
+from llminfer.vision.tower import Projector, VisionParams, Weights
 
 IMAGE_BEGIN = "<|image_start|>"
 IMAGE_END = "<|image_end|>"
@@ -130,7 +130,7 @@ class Rows(np.ndarray):
         self.counts = getattr(obj, "counts", ())
 
 
-class Lfm2Vision:
+class Lfm2Vision(Projector):
     """The encoder of an lfm2 mmproj: encode(image) -> float32 [n_rows, n_embd_text]
     (every piece's rows, in prompt order; image_parts lays them out)."""
 
@@ -261,10 +261,6 @@ class Lfm2Vision:
         out.grid, out.counts = getattr(pixels, "grid", None), tuple(len(r) for r in rows)
         return out
 
-    def encode(self, image, n_threads=None) -> np.ndarray:
-        """float32 [n_rows, n_embd_text]: every piece's rows for the text model, in prompt order."""
-        return np.asarray(self.encode_pixels(self.preprocess(image), n_threads))
-
     def image_parts(self, rows: Rows) -> list:
         """The image's place in the prompt: text (tokenized with its special
         tokens) and blocks of rows, in order (see the module's doc)."""
@@ -279,6 +275,3 @@ class Lfm2Vision:
             parts += [f"<|img_row_{k // gx + 1}_col_{k % gx + 1}|>", rows[at[k]:at[k + 1]]]
         parts += [THUMBNAIL, rows[at[-2]:at[-1]], IMAGE_END]
         return parts
-
-    def close(self):
-        self.gguf.close()

@@ -54,9 +54,9 @@ from llminfer.core import ops
 from llminfer.core.system import check_threads
 from llminfer.errors import InvalidArgumentError, UnsupportedModelError
 from llminfer.vision.gemma4 import activation, rms
-from llminfer.vision.image import fit_box, load_image, normalize, pil, resize_two_pass, target_size
+from llminfer.vision.image import fit_and_pad, load_image, normalize, target_size
 from llminfer.vision.siglip import layer_norm
-from llminfer.vision.tower import Matrix, VisionParams, Weights
+from llminfer.vision.tower import Matrix, Projector, VisionParams, Weights
 
 IMAGE_BEGIN = "<|vision_start|>"
 IMAGE_END = "<|vision_end|>"
@@ -150,7 +150,7 @@ class _Layer:
         return wt.f32(name, (n,)) if wt.has(name) else None
 
 
-class Qwen25VLVision:
+class Qwen25VLVision(Projector):
     """The encoder of a qwen2.5vl_merger mmproj (or of Qwen2-VL's
     qwen2vl_merger: LayerNorms, a plain feed-forward, no windows):
     encode(image) -> float32 [n_cells, n_embd_text]."""
@@ -211,17 +211,10 @@ class Qwen25VLVision:
     def preprocess(self, image) -> np.ndarray:
         """float32 [3, H, W] of an image (bytes, a path, a file, or a PIL
         image), H and W multiples of the cell side."""
-        Image = pil()
         im = image if hasattr(image, "convert") and hasattr(image, "size") else load_image(image)
         im = im.convert("RGB")
         tw, th = self.size_for(*im.size)
-        if im.size != (tw, th):
-            nw, nh = fit_box(im.size[0], im.size[1], tw, th)
-            resized = resize_two_pass(im, (nw, nh), Image.BICUBIC)
-            canvas = Image.new("RGB", (tw, th), (0, 0, 0))
-            canvas.paste(resized, ((tw - nw) // 2, (th - nh) // 2))
-            im = canvas
-        return normalize(im, self.params.mean, self.params.std)
+        return normalize(fit_and_pad(im, tw, th), self.params.mean, self.params.std)
 
     def key(self, pixels: np.ndarray) -> str:
         """The content hash of preprocessed pixels under this encoder."""
@@ -329,14 +322,3 @@ class Qwen25VLVision:
         out = np.empty_like(y)
         out[cells] = y
         return grid_rows(out, cx, cy)
-
-    def image_parts(self, rows: np.ndarray) -> list:
-        """The image's place in the prompt: text and its rows, in order."""
-        return [self.image_begin, rows, self.image_end]
-
-    def encode(self, image, n_threads=None) -> np.ndarray:
-        """float32 [n_cells, n_embd_text]: an image's rows for the text model."""
-        return self.encode_pixels(self.preprocess(image), n_threads)
-
-    def close(self):
-        self.gguf.close()

@@ -32,6 +32,24 @@ DYNAMIC_SIZE = ("gemma4v",) + QWEN_VL
 WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0")
 
 
+class Projector:
+    """What every projector module's encoder shares: an image's rows are its
+    encode_pixels of its preprocess, placed between its image_begin and
+    image_end texts (where a projector lays an image out otherwise, it says
+    so in its own image_parts), and the file closes with it."""
+
+    def image_parts(self, rows: np.ndarray) -> list:
+        """The image's place in the prompt: text and its rows, in order."""
+        return [self.image_begin, rows, self.image_end]
+
+    def encode(self, image, n_threads=None) -> np.ndarray:
+        """float32 [n_rows, n_embd_text]: an image's rows for the text model, in prompt order."""
+        return np.asarray(self.encode_pixels(self.preprocess(image), n_threads))
+
+    def close(self):
+        self.gguf.close()
+
+
 @dataclass
 class VisionParams:
     """clip.vision.* of the file."""

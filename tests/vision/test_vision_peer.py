@@ -64,6 +64,22 @@ def files(tmp_path_factory):
     return d, model, {q: write_mmproj(d / f"mmproj-{q}.gguf", TinyMmproj(qtype=q)) for q in TOL}
 
 
+def mtmd_layout(chunks) -> list:
+    """mtmd's prompt as token ids with "img" for each of an image's rows."""
+    want = []
+    for c in chunks:
+        want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+    return want
+
+
+def our_layout(llm, prompt, images):
+    """(lay_out's ids for the prompt and images, those ids with "img" for each image row)."""
+    ids = lay_out(prompt, images, llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
+                  llm._image_rows, True)
+    inside = {p for s in ids.images for p in range(s.start, s.end)}
+    return ids, [t if p not in inside else "img" for p, t in enumerate(ids)]
+
+
 def run_mtmd(exe, model, mm, img, prompt, out):
     raw = out.with_suffix(".rgb")
     np.ascontiguousarray(img, np.uint8).tofile(raw)
@@ -101,17 +117,12 @@ def test_prompt_layout_matches_mtmd(mtmd, files):
     img = synthetic(30, 30)
     prompt = "<start_of_turn>user\nwhat is<__media__>this<end_of_turn>\n"
     chunks, _ = run_mtmd(mtmd, model, mm["F16"], img, prompt, d / "layout")
-    want = []
-    for c in chunks:
-        want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+    want = mtmd_layout(chunks)
     assert [c for c in chunks if c[0] == "image"] == [["image", "4", "1"]]  # 1: non-causal
     with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=128, n_threads=1) as llm:
-        vis = llm._vision
-        ids = lay_out(prompt, [png(img)], vis, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
-                      llm._image_rows, True)
+        ids, masked = our_layout(llm, prompt, [png(img)])
     (span,) = ids.images
-    got = [t if not span.start <= i < span.end else "img" for i, t in enumerate(ids)]
-    assert got == want
+    assert masked == want
 
 
 @pytest.mark.parametrize("seed,h,w", [(5, 40, 70), (6, 56, 56), (7, 30, 90)])
@@ -133,8 +144,7 @@ def test_logits_after_an_image_prompt_match_llama_cpp(mtmd, files, seed, h, w):
         assert r.returncode == 0, r.stderr[-2000:]
         out[mode] = np.fromfile(f"{d / mode}.logits", np.float32)
     with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=256, n_threads=1) as llm:
-        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
-                      llm._image_rows, True)
+        ids, _ = our_layout(llm, prompt, [png(img)])
         llm.complete(ids, max_tokens=1, temperature=0)
         ours = llm.last_logits
     scale = np.abs(out["noncausal"]).max()
@@ -170,14 +180,10 @@ def test_idefics3_layout_and_rows_match_mtmd(mtmd, idefics3, qtype):
         for i, (h, w) in enumerate(IDEFICS3_SIZES):
             img = synthetic(h, w, seed=20 + i)
             chunks, peer = run_mtmd(mtmd, model, mm[qtype], img, prompt, d / f"idf-{qtype}-{i}")
-            want = []
-            for c in chunks:
-                want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+            want = mtmd_layout(chunks)
             assert all(c[2] == "0" for c in chunks if c[0] == "image")  # causal, as text
-            ids = lay_out(prompt, [png(img)], llm._vision,
-                          lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
-            inside = {p for s in ids.images for p in range(s.start, s.end)}
-            assert [t if p not in inside else "img" for p, t in enumerate(ids)] == want, (h, w)
+            ids, masked = our_layout(llm, prompt, [png(img)])
+            assert masked == want, (h, w)
             ours = np.concatenate([s.rows for s in ids.images])
             peer = peer.reshape(-1, llm._vision.n_embd_out)
             assert ours.shape == peer.shape
@@ -208,8 +214,7 @@ def test_idefics3_logits_after_an_image_prompt_match_llama_cpp(mtmd, idefics3, s
     scale = np.abs(peer).max()
     with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=256, n_threads=1) as llm:
         def logits(image, rows=None):
-            ids = lay_out(prompt, [png(image)], llm._vision,
-                          lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
+            ids, _ = our_layout(llm, prompt, [png(image)])
             if rows is not None:  # the same prompt with mtmd's rows in the image's positions
                 rows = rows.reshape(-1, llm._vision.n_embd_out)
                 ids2, at = PromptIds(ids), np.cumsum([0] + [len(s.rows) for s in ids.images])
@@ -293,16 +298,13 @@ def test_gemma4_layout_matches_mtmd(mtmd, gemma4):
     img = synthetic(40, 70)
     prompt = "<start_of_turn>user\nwhat is<__media__>this<end_of_turn>\n"
     chunks, _ = run_mtmd(mtmd, model, mm["F16"], img, prompt, d / "g4-layout")
-    want = []
-    for c in chunks:
-        want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+    want = mtmd_layout(chunks)
     assert [c for c in chunks if c[0] == "image"] == [["image", "84", "1"]]
     with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=512, n_threads=1) as llm:
         assert llm._vision.non_causal
-        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
-                      llm._image_rows, True)
+        ids, masked = our_layout(llm, prompt, [png(img)])
     (span,) = ids.images
-    assert [t if not span.start <= i < span.end else "img" for i, t in enumerate(ids)] == want
+    assert masked == want
 
 
 @pytest.mark.parametrize("seed,h,w", [(5, 40, 70), (6, 56, 56), (7, 30, 90)])
@@ -329,8 +331,7 @@ def test_gemma4_logits_and_greedy_tokens_match_llama_cpp(mtmd, gemma4, seed, h, 
             gen = [(int(a), float(b)) for a, b in (line.split() for line in
                                                     Path(f"{d / 'g4-noncausal'}.gen").read_text().splitlines())]
     with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
-        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
-                      llm._image_rows, True)
+        ids, _ = our_layout(llm, prompt, [png(img)])
         llm.complete(ids, max_tokens=1, temperature=0)
         ours = llm.last_logits.copy()
         tokens = llm.complete(ids, max_tokens=len(gen), temperature=0).tokens
@@ -376,14 +377,10 @@ def test_lfm2_layout_and_rows_match_mtmd(mtmd, lfm2, qtype):
         for i, (h, w) in enumerate(LFM2_SIZES):
             img = synthetic(h, w, seed=40 + i)
             chunks, peer = run_mtmd(mtmd, model, mm[qtype], img, prompt, d / f"lfm2-{qtype}-{i}")
-            want = []
-            for c in chunks:
-                want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+            want = mtmd_layout(chunks)
             assert all(c[2] == "0" for c in chunks if c[0] == "image")  # causal, as text
-            ids = lay_out(prompt, [png(img)], llm._vision,
-                          lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
-            inside = {p for s in ids.images for p in range(s.start, s.end)}
-            assert [t if p not in inside else "img" for p, t in enumerate(ids)] == want, (h, w)
+            ids, masked = our_layout(llm, prompt, [png(img)])
+            assert masked == want, (h, w)
             ours = np.concatenate([s.rows for s in ids.images])
             peer = peer.reshape(-1, llm._vision.n_embd_out)
             assert ours.shape == peer.shape
@@ -414,8 +411,7 @@ def test_lfm2_logits_and_greedy_tokens_match_llama_cpp(mtmd, lfm2, seed, h, w):
            (line.split() for line in Path(f"{d / 'lfm2lg'}.gen").read_text().splitlines())]
     with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
         def prompt_ids(image):
-            return lay_out(prompt, [png(image)], llm._vision,
-                           lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
+            return our_layout(llm, prompt, [png(image)])[0]
 
         ids = prompt_ids(img)
         llm.complete(ids, max_tokens=1, temperature=0)
@@ -453,13 +449,9 @@ def test_lfm2_tile_grids_match_mtmd(mtmd, lfm2):
         for i, (h, w) in enumerate(LFM2_GRIDS):
             img = synthetic(h, w, seed=60 + i)
             chunks, _ = run_mtmd(mtmd, model, mm["F32"], img, "<__media__>", d / f"lfm2-grid-{i}")
-            want = []
-            for c in chunks:
-                want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
-            ids = lay_out("<__media__>", [Image.fromarray(img)], llm._vision,
-                          lambda t, bos: llm.tokenize(t, add_bos=bos, special=True), llm._image_rows, True)
-            inside = {p for s in ids.images for p in range(s.start, s.end)}
-            assert [t if p not in inside else "img" for p, t in enumerate(ids)] == want, (h, w)
+            want = mtmd_layout(chunks)
+            ids, masked = our_layout(llm, "<__media__>", [Image.fromarray(img)])
+            assert masked == want, (h, w)
 
 
 # ---- Qwen2.5-VL (qwen2.5vl_merger): dynamic size, window attention, M-RoPE positions in the text model ----
@@ -536,17 +528,14 @@ def test_qwen25vl_layout_matches_mtmd(mtmd, qwen25vl):
     img = synthetic(40, 70)
     prompt = "<|im_start|>user\nwhat is<__media__>this<|im_end|>\n"
     chunks, _ = run_mtmd(mtmd, model, mm["F16"], img, prompt, d / "qw-layout")
-    want = []
-    for c in chunks:
-        want += [int(t) for t in c[1:]] if c[0] == "text" else ["img"] * int(c[1])
+    want = mtmd_layout(chunks)
     assert [c for c in chunks if c[0] == "image"] == [["image", "12", "0"]]
     with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=512, n_threads=1) as llm:
         assert not llm._vision.non_causal
-        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
-                      llm._image_rows, True)
+        ids, masked = our_layout(llm, prompt, [png(img)])
     (span,) = ids.images
     assert span.grid == (4, 3)
-    assert [t if not span.start <= i < span.end else "img" for i, t in enumerate(ids)] == want
+    assert masked == want
 
 
 @pytest.mark.parametrize("seed,h,w", [(5, 200, 300), (6, 56, 56), (7, 90, 40)])
@@ -572,8 +561,7 @@ def test_qwen25vl_logits_and_greedy_tokens_match_llama_cpp(mtmd, qwen25vl, seed,
     gen = [(int(a), float(b)) for a, b in (line.split() for line in
                                             Path(f"{d / 'qw-helper'}.gen").read_text().splitlines())]
     with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
-        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
-                      llm._image_rows, True)
+        ids, _ = our_layout(llm, prompt, [png(img)])
         llm.complete(ids, max_tokens=1, temperature=0)
         ours = llm.last_logits.copy()
         tokens = llm.complete(ids, max_tokens=len(gen), temperature=0).tokens
@@ -657,8 +645,7 @@ def test_qwen3vl_logits_match_llama_cpp(mtmd, qwen3vl, seed, h, w):
     assert r.returncode == 0, r.stderr[-2000:]
     peer = np.fromfile(f"{d / 'q3-helper'}.logits", np.float32)
     with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
-        ids = lay_out(prompt, [png(img)], llm._vision, lambda t, bos: llm.tokenize(t, add_bos=bos, special=True),
-                      llm._image_rows, True)
+        ids, _ = our_layout(llm, prompt, [png(img)])
         llm.complete(ids, max_tokens=1, temperature=0)
         ours = llm.last_logits.copy()
         (span,) = ids.images
