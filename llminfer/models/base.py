@@ -676,3 +676,20 @@ def output_head(w: Weights, tok_embd: Matrix, n_vocab, n_embd) -> Matrix:
 
 def attn_scale_default(head_dim) -> float:
     return 1.0 / math.sqrt(head_dim)
+
+
+def rope_sections(hp: Hparams, n_rot: int) -> list:
+    """The four sections of rope.dimension_sections (3 given: the fourth 0),
+    checked: non-negative, summing to 1..n_rot (ggml's bound)."""
+    raw = hp.meta.get(f"{hp.arch}.rope.dimension_sections")
+    if raw is None:
+        raise UnsupportedModelError(f"{hp.path}: metadata '{hp.arch}.rope.dimension_sections' is missing")
+    sec = np.asarray(raw).reshape(-1)
+    if sec.size < 3 or sec.size > 4 or not np.issubdtype(sec.dtype, np.integer) or np.any(sec < 0):
+        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.rope.dimension_sections must be 3 or 4 "
+                                    f"non-negative integers, got {raw!r}")
+    s = [int(x) for x in sec] + [0] * (4 - sec.size)
+    if not 0 < sum(s) <= n_rot:
+        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.rope.dimension_sections {s} must sum to between 1 "
+                                    f"and rope.dimension_count {n_rot}")
+    return s

@@ -11,31 +11,11 @@ token's positions are (p, p, p, 0); an image's rows take 2-D ones
 image continues behind its cache places (Sequence.rope_marks).
 """
 
-import numpy as np
-
 from llminfer.core.gguf_file import GGUFFile
-from llminfer.errors import UnsupportedModelError
 from llminfer.models import llama
-from llminfer.models.base import ROPE_NEOX, Hparams, ModelSpec
+from llminfer.models.base import ROPE_NEOX, Hparams, ModelSpec, rope_sections
 
 ARCH = "qwen2vl"
-
-
-def rope_sections(hp: Hparams, n_rot: int) -> list:
-    """The four sections of rope.dimension_sections (3 given: the fourth 0),
-    checked: non-negative, summing to 1..n_rot (ggml's bound)."""
-    raw = hp.meta.get(f"{hp.arch}.rope.dimension_sections")
-    if raw is None:
-        raise UnsupportedModelError(f"{hp.path}: metadata '{hp.arch}.rope.dimension_sections' is missing")
-    sec = np.asarray(raw).reshape(-1)
-    if sec.size < 3 or sec.size > 4 or not np.issubdtype(sec.dtype, np.integer) or np.any(sec < 0):
-        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.rope.dimension_sections must be 3 or 4 "
-                                    f"non-negative integers, got {raw!r}")
-    s = [int(x) for x in sec] + [0] * (4 - sec.size)
-    if not 0 < sum(s) <= n_rot:
-        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.rope.dimension_sections {s} must sum to between 1 "
-                                    f"and rope.dimension_count {n_rot}")
-    return s
 
 
 def build(gguf: GGUFFile) -> ModelSpec:

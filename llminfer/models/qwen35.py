@@ -29,12 +29,10 @@ gemma3); ssm_norm has none and needs none."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from llminfer.errors import UnsupportedModelError
 from llminfer.core.gguf_file import GGUFFile
 from llminfer.models.base import (ACT_SILU, LAYER_TENSOR, ROPE_NEOX, Hparams, LayerSpec, ModelSpec, Weights,
-                                  attn_scale_default, output_head, rope_dims, rope_scale, vocab_size)
+                                  attn_scale_default, output_head, rope_dims, rope_scale, rope_sections, vocab_size)
 from llminfer.models.hybrid import MAX_CONV, dense_ffn, gdn_layer, layer_array, ssm_size
 
 ARCH = "qwen35"
@@ -57,18 +55,8 @@ def check_rope_sections(hp: Hparams, n_rot: int):
     """Refuse sections under which some rotated pair would turn by the
     fourth (extra) position, 0 on text: llminfer turns every pair by the
     token's position (ggml's ggml_mrope_cache_init, interleaved)."""
-    raw = hp.meta.get(f"{hp.arch}.rope.dimension_sections")
-    if raw is None:
-        raise UnsupportedModelError(f"{hp.path}: metadata '{hp.arch}.rope.dimension_sections' is missing")
-    sec = np.asarray(raw).reshape(-1)
-    if sec.size < 3 or sec.size > 4 or not np.issubdtype(sec.dtype, np.integer) or np.any(sec < 0):
-        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.rope.dimension_sections must be 3 or 4 "
-                                    f"non-negative integers, got {raw!r}")
-    s = [int(x) for x in sec] + [0] * (4 - sec.size)
+    s = rope_sections(hp, n_rot)
     total = sum(s)
-    if total == 0 or total > n_rot:
-        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.rope.dimension_sections {s} must sum to between 1 "
-                                    f"and rope.dimension_count {n_rot}")
     for j in range(n_rot // 2):
         sector = j % total
         if not ((sector % 3 == 0 and sector < 3 * s[0]) or (sector % 3 == 1 and sector < 3 * s[1])

@@ -18,7 +18,7 @@ stream. Token rows add nothing (llama.cpp pads their embedding with zeros).
 from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import llama
 from llminfer.models.base import ROPE_NEOX, Hparams, ModelSpec
-from llminfer.models.qwen2vl import rope_sections
+from llminfer.models.base import rope_sections
 from llminfer.models.qwen3 import head_norms
 
 ARCH = "qwen3vl"
