@@ -1,5 +1,5 @@
 """The architectures beyond llama/qwen2/gemma3 (qwen3, gemma2, phi3, granite,
-olmo2, smollm3, qwen3moe, llama with a sliding window), each on a tiny
+olmo2, smollm3, qwen3moe, qwen3vlmoe, llama with a sliding window), each on a tiny
 random-weight GGUF written as llama.cpp's converter writes that architecture
 (tests/support/tiny_models.py), against the numpy reference (tests/support/reference.py):
 whole prompts, prompts fed in pieces, and several sequences batched

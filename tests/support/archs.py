@@ -17,7 +17,8 @@ TOL_QUANT_WEIGHTS = 3e-2
 ROUTE_TIE = 0.005
 
 
-NEW_ARCHS = ["qwen2vl", "qwen3vl", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3"]
+NEW_ARCHS = ["qwen2vl", "qwen3vl", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "qwen3vlmoe",
+             "mistral3"]
 
 
 def config(arch, **kw):
@@ -26,7 +27,7 @@ def config(arch, **kw):
         defaults["sliding_window"] = 8
     if arch == "smollm3":
         defaults["n_layer"] = 4  # layer 3 is the first without RoPE
-    if arch == "qwen3vl":
+    if arch in ("qwen3vl", "qwen3vlmoe"):
         defaults["n_layer"] = 4  # DeepStack after layers 0 and 1, not the last (llama.cpp's graph needs that)
     if arch == "mistral3":
         # YaRN x4 from an original context of 16, and temperature tuning
