@@ -165,6 +165,8 @@ def test_moe_weights_read_per_token(tiny):
 
 @pytest.mark.parametrize("arch, key, value, match", [
     ("qwen3moe", "qwen3moe.expert_used_count", 9, "expert_count 8 and expert_used_count 9"),
+    ("qwen3vlmoe", "qwen3vlmoe.expert_used_count", 9, "qwen3vlmoe.expert_count 8 and expert_used_count 9"),
+    ("qwen3vlmoe", "qwen3vlmoe.rope.dimension_sections", None, "'qwen3vlmoe.rope.dimension_sections' is missing"),
     ("granite", "granite.logit_scale", None, "'granite.logit_scale' is missing"),
     ("gemma2", "gemma2.final_logit_softcapping", -1.0, "final_logit_softcapping"),
     ("mistral3", "mistral3.rope.scaling.yarn_beta_slow", -1.0, "yarn_beta_slow' is -1.0, outside"),
