@@ -27,7 +27,11 @@ def config(arch, **kw):
         defaults["sliding_window"] = 8
     if arch == "smollm3":
         defaults["n_layer"] = 4  # layer 3 is the first without RoPE
-    if arch in ("qwen3vl", "qwen3vlmoe"):
+    if arch == "qwen3vlmoe":
+        # two layers and 4 experts, 2 per token (fewer near-tied routes than 8 and 3 over
+        # more layers); DeepStack after layer 0 only, not the last (llama.cpp's graph needs that)
+        defaults.update(n_layer=2, n_deepstack=1, n_expert=4, n_expert_used=2)
+    if arch == "qwen3vl":
         defaults["n_layer"] = 4  # DeepStack after layers 0 and 1, not the last (llama.cpp's graph needs that)
     if arch == "mistral3":
         # YaRN x4 from an original context of 16, and temperature tuning
