@@ -8,8 +8,8 @@ import inspect
 from llminfer.errors import UnsupportedModelError
 from llminfer.core.gguf_file import GGUFFile
 from llminfer.models import (gemma2, gemma3, gemma4, gpt_oss, granite, granitehybrid, lfm2, llama, mamba2, mistral3,
-                             nemotron_h, olmo2, phi3, qwen2, qwen2vl, qwen3, qwen3moe, qwen3next, qwen3vl, qwen35,
-                             qwen35moe, smollm3)
+                             nemotron_h, olmo2, phi3, qwen2, qwen2vl, qwen3, qwen3moe, qwen3next, qwen3vl, qwen3vlmoe,
+                             qwen35, qwen35moe, smollm3)
 from llminfer.models.base import ModelSpec
 
 ENCODER_ARCHS = ("bert", "nomic-bert")  # llminfer.models.bert, run by llminfer.generation.embeddings
@@ -22,6 +22,7 @@ ARCHITECTURES = {
     qwen3.ARCH: qwen3.build,
     qwen3vl.ARCH: qwen3vl.build,
     qwen3moe.ARCH: qwen3moe.build,
+    qwen3vlmoe.ARCH: qwen3vlmoe.build,
     gemma2.ARCH: gemma2.build,
     phi3.ARCH: phi3.build,
     granite.ARCH: granite.build,

@@ -24,18 +24,21 @@ MAX_EXPERTS = 4096  # LI_MAX_EXPERTS in csrc/context.h
 
 
 def _experts(hp, sh):
+    """expert_count, expert_used_count and the experts' width, checked (the
+    metadata keys under hp's architecture: qwen3vlmoe reads its own)."""
     n_expert = hp.int("expert_count", 0)
     n_used = hp.int("expert_used_count", 0)
     if not (0 < n_expert <= MAX_EXPERTS) or not (0 < n_used <= n_expert):
-        raise UnsupportedModelError(f"{hp.path}: {ARCH}.expert_count {n_expert} and expert_used_count {n_used} "
+        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.expert_count {n_expert} and expert_used_count {n_used} "
                                     f"must satisfy 0 < used <= count <= {MAX_EXPERTS}")
     n_ff_exp = hp.int("expert_feed_forward_length", max(sh.n_ff // n_used, 1))
     if not (0 < n_ff_exp <= 1 << 20):
-        raise UnsupportedModelError(f"{hp.path}: {ARCH}.expert_feed_forward_length {n_ff_exp} is out of range")
+        raise UnsupportedModelError(f"{hp.path}: {hp.arch}.expert_feed_forward_length {n_ff_exp} is out of range")
     return n_expert, n_used, n_ff_exp
 
 
-def _layers(w, hp, sh):
+def moe_layers(w, hp, sh):
+    """llama.build's make_layers: Qwen3's attention beside the routed experts."""
     E = sh.n_embd
     nq, nk, nv = sh.n_head * sh.head_dim, sh.n_head_kv * sh.head_dim, sh.n_head_kv * sh.head_dim_v
     n_expert, _, Fe = _experts(hp, sh)
@@ -62,10 +65,12 @@ def _layers(w, hp, sh):
     return layers
 
 
-def _moe(spec, w, hp, sh):
+def moe_counts(spec, w, hp, sh):
+    """llama.build's customize: the expert counts on the spec."""
     spec.n_expert, spec.n_expert_used, spec.n_ff_exp = _experts(hp, sh)
 
 
-def build(gguf: GGUFFile) -> ModelSpec:
-    return llama.build(gguf, arch=ARCH, rope_mode=ROPE_NEOX, customize=_moe, make_layers=_layers,
+def build(gguf: GGUFFile, arch: str = ARCH) -> ModelSpec:
+    """arch: the metadata prefix (qwen3vlmoe builds this block under its own)."""
+    return llama.build(gguf, arch=arch, rope_mode=ROPE_NEOX, customize=moe_counts, make_layers=moe_layers,
                        default_eps=1e-6)

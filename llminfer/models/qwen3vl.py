@@ -24,11 +24,17 @@ from llminfer.models.qwen3 import head_norms
 ARCH = "qwen3vl"
 
 
-def build(gguf: GGUFFile) -> ModelSpec:
-    spec = llama.build(gguf, arch=ARCH, rope_mode=ROPE_NEOX, customize=head_norms, default_eps=1e-6)
-    hp = Hparams(gguf, ARCH)
+def vision_rope(spec: ModelSpec, gguf: GGUFFile, arch: str) -> ModelSpec:
+    """Interleaved M-RoPE and DeepStack on a built spec, from `{arch}.*`
+    (qwen3vlmoe adds them to qwen3moe's block)."""
+    hp = Hparams(gguf, arch)
     s = rope_sections(hp, spec.n_rot)
     spec.rope_sect_t, spec.rope_sect_h, spec.rope_sect_w, spec.rope_sect_e = s
     spec.rope_sect_interleave = True
     spec.n_deepstack = hp.int("n_deepstack_layers", 0)
     return spec
+
+
+def build(gguf: GGUFFile) -> ModelSpec:
+    spec = llama.build(gguf, arch=ARCH, rope_mode=ROPE_NEOX, customize=head_norms, default_eps=1e-6)
+    return vision_rope(spec, gguf, ARCH)

@@ -1,5 +1,5 @@
 """The architectures beyond llama/qwen2/gemma3 (qwen3, gemma2, phi3, granite,
-olmo2, smollm3, qwen3moe, llama with a sliding window), each on a tiny
+olmo2, smollm3, qwen3moe, qwen3vlmoe, llama with a sliding window), each on a tiny
 random-weight GGUF written as llama.cpp's converter writes that architecture
 (tests/support/tiny_models.py), against the numpy reference (tests/support/reference.py):
 whole prompts, prompts fed in pieces, and several sequences batched
@@ -39,9 +39,14 @@ def tiny(tmp_path_factory):
 def test_logits_match_reference(tiny, arch, qtype):
     path = tiny(arch, qtype)
     toks = tokens_for(len(arch))
-    ref = ReferenceModel(path, n_ctx=512).logits(toks)
+    model = ReferenceModel(path, n_ctx=512)
+    ref = model.logits(toks)
     ours = run(path, toks)
-    check_close(ours, ref, TOL_FLOAT_WEIGHTS if qtype == "F32" else TOL_QUANT_WEIGHTS, f"{arch}/{qtype}")
+    # qwen3vlmoe's tokens routed on near ties are left out (8-bit activations may pick the
+    # other expert there: Q4_K lands 6e-2 off on one); qwen3moe's 8 experts pass whole here
+    gap = model.route_gap if arch == "qwen3vlmoe" else None
+    check_close(ours, ref, TOL_FLOAT_WEIGHTS if qtype == "F32" else TOL_QUANT_WEIGHTS, f"{arch}/{qtype}",
+                route_gap=gap)
 
 
 @pytest.mark.parametrize("arch", NEW_ARCHS)
@@ -165,6 +170,8 @@ def test_moe_weights_read_per_token(tiny):
 
 @pytest.mark.parametrize("arch, key, value, match", [
     ("qwen3moe", "qwen3moe.expert_used_count", 9, "expert_count 8 and expert_used_count 9"),
+    ("qwen3vlmoe", "qwen3vlmoe.expert_used_count", 9, "qwen3vlmoe.expert_count 4 and expert_used_count 9"),
+    ("qwen3vlmoe", "qwen3vlmoe.rope.dimension_sections", None, "'qwen3vlmoe.rope.dimension_sections' is missing"),
     ("granite", "granite.logit_scale", None, "'granite.logit_scale' is missing"),
     ("gemma2", "gemma2.final_logit_softcapping", -1.0, "final_logit_softcapping"),
     ("mistral3", "mistral3.rope.scaling.yarn_beta_slow", -1.0, "yarn_beta_slow' is -1.0, outside"),

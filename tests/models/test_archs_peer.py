@@ -6,17 +6,31 @@ bench/archs_peer.py prints the same comparison as a table."""
 
 import pytest
 
-from archs import NEW_ARCHS, YARN_CASES, config, run, tokens_for
-from tiny_models import write_model
+from archs import NEW_ARCHS, ROUTE_TIE, YARN_CASES, config, run, tokens_for
+from tiny_models import MOE_ARCHS, write_model
 from peer_checks import check_against_peer, peer_logits
+from reference import ReferenceModel
 
 @pytest.mark.peer
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"] + NEW_ARCHS)
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
 def test_logits_match_llama_cpp(peer_python, tmp_path, arch, qtype):
-    path = write_model(tmp_path / f"{arch}.gguf", config(arch, qtype=qtype, pre="default"))
+    """MoE archs (4 experts, 2 per token: wider margins than 8 and 3) leave
+    out the tokens whose expert choice is a near tie in the float64
+    reference: llama.cpp's or our 8-bit activations may pick the other
+    expert there (qwen3vlmoe/Q4_K with 8 and 3 over 4 layers: one token
+    2.4e-2 from llama.cpp, the others within 5.1e-3)."""
+    moe = arch in MOE_ARCHS
+    path = write_model(tmp_path / f"{arch}.gguf", config(arch, qtype=qtype, pre="default",
+                                                         **(dict(n_expert=4, n_expert_used=2) if moe else {})))
     toks = tokens_for(3)
-    check_against_peer(run(path, toks), peer_logits(peer_python, path, toks, tmp_path), f"{arch}/{qtype}")
+    gap = None
+    if moe:
+        ref = ReferenceModel(path)
+        ref.logits(toks)
+        gap = ref.route_gap
+    check_against_peer(run(path, toks), peer_logits(peer_python, path, toks, tmp_path), f"{arch}/{qtype}",
+                       route_gap=gap, route_tie=ROUTE_TIE)
 
 
 @pytest.mark.peer

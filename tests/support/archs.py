@@ -17,7 +17,8 @@ TOL_QUANT_WEIGHTS = 3e-2
 ROUTE_TIE = 0.005
 
 
-NEW_ARCHS = ["qwen2vl", "qwen3vl", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "mistral3"]
+NEW_ARCHS = ["qwen2vl", "qwen3vl", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3", "qwen3moe", "qwen3vlmoe",
+             "mistral3"]
 
 
 def config(arch, **kw):
@@ -26,6 +27,10 @@ def config(arch, **kw):
         defaults["sliding_window"] = 8
     if arch == "smollm3":
         defaults["n_layer"] = 4  # layer 3 is the first without RoPE
+    if arch == "qwen3vlmoe":
+        # two layers and 4 experts, 2 per token (fewer near-tied routes than 8 and 3 over
+        # more layers); DeepStack after layer 0 only, not the last (llama.cpp's graph needs that)
+        defaults.update(n_layer=2, n_deepstack=1, n_expert=4, n_expert_used=2)
     if arch == "qwen3vl":
         defaults["n_layer"] = 4  # DeepStack after layers 0 and 1, not the last (llama.cpp's graph needs that)
     if arch == "mistral3":

@@ -30,9 +30,17 @@ def peer_logits(peer_python, path, toks, tmp_path, n_ctx=512):
     return np.load(out)
 
 
-def check_against_peer(ours, peer, what):
+def check_against_peer(ours, peer, what, route_gap=None, route_tie=0.005):
     """ours within TOL_RELATIVE of llama.cpp's logits (relative to its largest),
-    and the same top token wherever llama.cpp's leads by MARGIN"""
+    and the same top token wherever llama.cpp's leads by MARGIN. With
+    route_gap (MoE: per token, the float64 reference's smallest expert
+    margin) tokens routed on a near tie (within route_tie, archs.ROUTE_TIE)
+    are left out: either engine's 8-bit activations may rightly pick the
+    other expert there. They must be few."""
+    if route_gap is not None:
+        keep = route_gap > route_tie
+        assert keep.mean() > 0.8, f"{what}: {np.sum(~keep)} of {keep.size} tokens routed on near ties"
+        ours, peer = ours[keep], peer[keep]
     err = np.abs(ours - peer).max() / np.abs(peer).max()
     assert err < TOL_RELATIVE, f"{what}: max |ours - llama.cpp| is {err:.4f} of the largest logit"
     s = np.sort(peer, axis=-1)

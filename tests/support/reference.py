@@ -29,7 +29,7 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-NEOX = ("qwen2", "qwen2vl", "qwen3vl", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
+NEOX = ("qwen2", "qwen2vl", "qwen3vl", "qwen3vlmoe", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
 
 
 class ReferenceModel:
@@ -159,7 +159,7 @@ class ReferenceModel:
         self.route_gap = None  # MoE: per token, the smallest margin of its expert choice over the layers
         pos = np.arange(n) if positions is None else np.asarray(positions)
 
-        sections = self.hp("rope.dimension_sections") if a in ("qwen2vl", "qwen3vl") else None
+        sections = self.hp("rope.dimension_sections") if a in ("qwen2vl", "qwen3vl", "qwen3vlmoe") else None
         if sections is not None:
             sections = [int(v) for v in sections] + [0] * (4 - len(sections))
             rpos = (np.stack([pos, pos, pos, 0 * pos], axis=1) if rope_pos is None
@@ -218,7 +218,7 @@ class ReferenceModel:
             ang = pos[:, None] * freqs[None, :]
             if sections is not None:  # M-RoPE: each pair by its section's position
                 s = np.arange(half) % sum(sections)
-                if a == "qwen3vl":  # interleaved: t, h, w, t, h, w, ... each while its section lasts
+                if a in ("qwen3vl", "qwen3vlmoe"):  # interleaved: t, h, w, t, h, w, ... each while its section lasts
                     t0, t1, t2 = (3 * v for v in sections[:3])
                     sec = np.where((s % 3 == 1) & (s < t1), 1, np.where((s % 3 == 2) & (s < t2), 2,
                                    np.where((s % 3 == 0) & (s < t0), 0, 3)))
@@ -279,7 +279,7 @@ class ReferenceModel:
             if a == "olmo2":
                 q, k = norm(q, T("attn_q_norm.weight")), norm(k, T("attn_k_norm.weight"))
             q, k, v = q.reshape(n, n_head, hd), k.reshape(n, n_kv, hd), v.reshape(n, n_kv, hd)
-            if a in ("gemma3", "qwen3", "qwen3moe", "qwen3vl"):
+            if a in ("gemma3", "qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe"):
                 q, k = norm(q, T("attn_q_norm.weight")), norm(k, T("attn_k_norm.weight"))
             if use_rope:
                 q, k = rope(q, b), rope(k, b)

@@ -102,13 +102,15 @@ class TinyConfig:
     rope_sections: tuple = (8, 12, 12, 0)  # qwen2vl: rope.dimension_sections (pairs of a 64-wide head)
     # qwen3vl's (interleaved: like Qwen3-VL's [24, 20, 20] of 64 pairs, one pair left to the fourth)
     rope_sections_interleaved: tuple = (12, 10, 10, 0)
-    n_deepstack: int = 2          # qwen3vl: n_deepstack_layers
+    n_deepstack: int = 2          # qwen3vl, qwen3vlmoe: n_deepstack_layers
 
 
 # What each architecture adds to (or takes from) the Llama block in a tiny model
-NEOX_ARCHS = ("qwen2", "qwen2vl", "qwen3vl", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
+NEOX_ARCHS = ("qwen2", "qwen2vl", "qwen3vl", "qwen3vlmoe", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "olmo2")
 ARCHS = ("llama", "qwen2", "qwen2vl", "qwen3vl", "gemma3", "qwen3", "gemma2", "phi3", "granite", "olmo2", "smollm3",
-         "qwen3moe", "mistral3")
+         "qwen3moe", "qwen3vlmoe", "mistral3")
+IMROPE_ARCHS = ("qwen3vl", "qwen3vlmoe")  # interleaved M-RoPE sections and DeepStack
+MOE_ARCHS = ("qwen3moe", "qwen3vlmoe")    # routed experts in place of the feed-forward
 
 
 def tensor_adder(w, tensor_hook):
@@ -209,10 +211,10 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
             w.add_uint32(f"{arch}.rope.scaling.original_context_length", cfg.yarn_orig_ctx)
     if arch == "qwen2vl":  # M-RoPE's sections, uneven so that a mix-up shows: 8 + 12 + 12 of 32 pairs
         w.add_array(f"{arch}.rope.dimension_sections", list(cfg.rope_sections))
-    if arch == "qwen3vl":
+    if arch in IMROPE_ARCHS:
         w.add_array(f"{arch}.rope.dimension_sections", list(cfg.rope_sections_interleaved))
         w.add_uint32(f"{arch}.n_deepstack_layers", cfg.n_deepstack)
-    if arch == "qwen3moe":
+    if arch in MOE_ARCHS:
         w.add_uint32(f"{arch}.expert_count", cfg.n_expert)
         w.add_uint32(f"{arch}.expert_used_count", cfg.n_expert_used)
         w.add_uint32(f"{arch}.expert_feed_forward_length", cfg.n_ff_exp)
@@ -268,7 +270,7 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
         if arch == "phi3":
             matrix(p + "ffn_up.weight", 2 * F, E, cfg.qtype, 1.0 / np.sqrt(E))
             matrix(p + "ffn_down.weight", E, F, cfg.qtype, 1.0 / np.sqrt(F))
-        elif arch == "qwen3moe":
+        elif arch in MOE_ARCHS:
             Fe, ne = cfg.n_ff_exp, cfg.n_expert
             matrix(p + "ffn_gate_inp.weight", ne, E, "F32", 1.0 / np.sqrt(E))
             matrix(p + "ffn_gate_exps.weight", Fe, E, cfg.qtype, 1.0 / np.sqrt(E), n_expert=ne)
@@ -278,7 +280,7 @@ def write_model(path, cfg: TinyConfig, declared_arch=None, tensor_hook=None, ext
             matrix(p + "ffn_gate.weight", F, E, cfg.qtype, 1.0 / np.sqrt(E))
             matrix(p + "ffn_up.weight", F, E, cfg.qtype, 1.0 / np.sqrt(E))
             matrix(p + "ffn_down.weight", E, F, cfg.qtype, 1.0 / np.sqrt(F))
-        if arch in ("qwen3", "qwen3moe", "qwen3vl"):
+        if arch in ("qwen3", "qwen3moe", "qwen3vl", "qwen3vlmoe"):
             vector(p + "attn_q_norm.weight", hd)
             vector(p + "attn_k_norm.weight", hd)
         if arch == "olmo2":

@@ -626,24 +626,38 @@ def test_qwen3vl_rows_match_mtmd(mtmd, qwen3vl, qtype):
         enc.close()
 
 
+@pytest.fixture(scope="module")
+def qwen3vlmoe(qwen3vl):
+    """A qwen3vlmoe text model (Qwen3-VL-30B-A3B's) beside the same mmprojs."""
+    from images import QWEN_IMAGE_TOKENS, QWEN_TEMPLATE
+
+    d, _, mm = qwen3vl
+    model = write_model(d / "qwen3vlmoe.gguf", TinyConfig(arch="qwen3vlmoe", pre="default", qtype="F32",
+                                                          embd_qtype="F32", n_layer=4),
+                        extra_strings={"tokenizer.chat_template": QWEN_TEMPLATE}, extra_tokens=QWEN_IMAGE_TOKENS)
+    return d, model, mm
+
+
+@pytest.mark.parametrize("text", ["qwen3vl", "qwen3vlmoe"])
 @pytest.mark.parametrize("seed,h,w", [(5, 200, 300), (6, 56, 56)])
-def test_qwen3vl_logits_match_llama_cpp(mtmd, qwen3vl, seed, h, w):
+def test_qwen3vl_logits_match_llama_cpp(mtmd, request, text, seed, h, w):
     """The whole path (rows, layout, DeepStack slices after the first
-    layers, interleaved M-RoPE positions) against llama.cpp through mtmd's
-    helper: within 1e-3 of its largest logit, under a tenth of how far the
-    same rows land without their DeepStack slices."""
+    layers, interleaved M-RoPE positions) into the dense or the MoE text
+    model against llama.cpp through mtmd's helper: within 1e-3 of its
+    largest logit, under a tenth of how far the same rows land without
+    their DeepStack slices."""
     import llminfer
     from llminfer.vision.prompt import ImageSpan, PromptIds
     from llminfer.vision.qwen25vl import grid_rows
 
-    d, model, mm = qwen3vl
+    d, model, mm = request.getfixturevalue(text)
     img = synthetic(h, w, seed=seed)
     prompt = "<|im_start|>user\nwhat is<__media__>this<|im_end|>\n<|im_start|>assistant\n"
     np.ascontiguousarray(img).tofile(d / "q3lg.rgb")
-    argv = [str(mtmd), model, mm["F32"], str(d / "q3lg.rgb"), str(w), str(h), prompt, str(d / "q3-helper"), "helper"]
+    argv = [str(mtmd), model, mm["F32"], str(d / "q3lg.rgb"), str(w), str(h), prompt, str(d / f"q3-{text}"), "helper"]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    peer = np.fromfile(f"{d / 'q3-helper'}.logits", np.float32)
+    peer = np.fromfile(f"{d / f'q3-{text}'}.logits", np.float32)
     with llminfer.LLM(model, mmproj=mm["F32"], n_ctx=512, n_threads=1) as llm:
         ids, _ = our_layout(llm, prompt, [png(img)])
         llm.complete(ids, max_tokens=1, temperature=0)

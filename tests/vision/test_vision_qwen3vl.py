@@ -1,10 +1,12 @@
-"""Qwen3-VL images (projector qwen3vl_merger beside a qwen3vl text model):
+"""Qwen3-VL images (projector qwen3vl_merger beside a qwen3vl text model, or
+Qwen3-VL-30B-A3B's qwen3vlmoe: the same M-RoPE and DeepStack on routed experts):
 the position table's bilinear resize against the align-corners formula in
 float64, the tower (F32, F16, Q8_0; its DeepStack slices) against a
 float64 numpy graph (tests/support/reference_qwen25vl.py), image rows in
 the text model (interleaved M-RoPE positions, DeepStack slices added after
 the first layers) against the numpy reference model, batch invariance with
-such an image, and LLM(mmproj=)."""
+such an image, a tower's rows in the MoE text model against the reference,
+and LLM(mmproj=)."""
 
 import numpy as np
 import pytest
@@ -24,14 +26,25 @@ from tiny_models import TinyConfig, TinyQwen3vl, write_model, write_qwen3vl_mmpr
 SIZES = [(200, 300), (64, 64), (192, 192), (290, 150), (13, 9)]
 
 
+TEXT_ARCHS = ["qwen3vl", "qwen3vlmoe"]
+
+
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("qwen3vl")
-    model = write_model(d / "qwen3vl.gguf", TinyConfig(arch="qwen3vl", pre="default", qtype="F32", embd_qtype="F32",
+def mmprojs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qwen3vl_mmproj")
+    return {q: write_qwen3vl_mmproj(d / f"mmproj3-{q}.gguf", TinyQwen3vl(qtype=q)) for q in ("F32", "F16", "Q8_0")}
+
+
+@pytest.fixture(scope="module", params=TEXT_ARCHS)
+def files(request, tmp_path_factory, mmprojs):
+    """(folder, text model of the parameter's architecture, mmprojs by type);
+    4 layers: DeepStack after layers 0 and 1, not the last."""
+    arch = request.param
+    d = tmp_path_factory.mktemp(arch)
+    model = write_model(d / f"{arch}.gguf", TinyConfig(arch=arch, pre="default", qtype="F32", embd_qtype="F32",
                                                        n_layer=4),
                         extra_strings={"tokenizer.chat_template": QWEN_TEMPLATE}, extra_tokens=QWEN_IMAGE_TOKENS)
-    return d, model, {q: write_qwen3vl_mmproj(d / f"mmproj3-{q}.gguf", TinyQwen3vl(qtype=q))
-                      for q in ("F32", "F16", "Q8_0")}
+    return d, model, mmprojs
 
 
 @pytest.mark.parametrize("n,gx,gy", [(6, 12, 18), (6, 6, 6), (4, 1, 7), (5, 9, 2), (3, 3, 1)])
@@ -57,10 +70,10 @@ def test_position_resize_is_align_corners_bilinear(n, gx, gy):
 
 
 @pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0"])
-def test_tower_matches_the_float64_graph(files, qtype):
+def test_tower_matches_the_float64_graph(mmprojs, qtype):
     """The rows (the projection's and the two DeepStack slices, side by
     side) within 1e-3 of the largest |reference|, for several sizes."""
-    mm = files[2][qtype]
+    mm = mmprojs[qtype]
     md, t = reference_file(mm)
     e = load_mmproj(mm)
     try:
@@ -92,6 +105,17 @@ def run_image(model, before, rows, grid, after, n_threads=1, chunk=None):
         eng.close()
 
 
+def image_positions(n0, nx, ny, n_after):
+    """mtmd's M-RoPE layout: text before the image at (p, p, p, 0), the
+    image's cells at (n0, n0 + y, n0 + x, 0), the text after it from
+    n0 + max(nx, ny)."""
+    n = nx * ny
+    i = np.arange(n)
+    img = np.stack([np.full(n, n0), n0 + i // nx, n0 + i % nx, 0 * i], axis=1)
+    text = lambda a, b: np.stack([np.arange(a, b)] * 3 + [np.zeros(b - a, int)], axis=1)  # noqa: E731
+    return np.concatenate([text(0, n0), img, text(n0 + max(nx, ny), n0 + max(nx, ny) + n_after)])
+
+
 def test_deepstack_rows_at_interleaved_positions(files):
     """Text, an image of 4 x 3 cells whose rows are 3 x 256 wide, and text:
     the logits after it are the numpy reference's with the slices added
@@ -104,10 +128,7 @@ def test_deepstack_rows_at_interleaved_positions(files):
     rows = (rng.standard_normal((nx * ny, 3 * 256)) * 0.5).astype(np.float32)
     ours = run_image(model, before, rows, (nx, ny), after)
     n0, n = len(before), nx * ny
-    i = np.arange(n)
-    img = np.stack([np.full(n, n0), n0 + i // nx, n0 + i % nx, 0 * i], axis=1)
-    text = lambda a, b: np.stack([np.arange(a, b)] * 3 + [np.zeros(b - a, int)], axis=1)  # noqa: E731
-    pos = np.concatenate([text(0, n0), img, text(n0 + max(nx, ny), n0 + max(nx, ny) + len(after))])
+    pos = image_positions(n0, nx, ny, len(after))
     toks = np.concatenate([before, np.zeros(n, np.int64), after])
     ref = ReferenceModel(model)
     want = ref.logits(toks, rows={n0 + k: r for k, r in enumerate(rows)}, rope_pos=pos)[-len(after):]
@@ -116,6 +137,36 @@ def test_deepstack_rows_at_interleaved_positions(files):
     err = np.abs(ours - want).max()
     assert err < 1e-3 * np.abs(want).max(), err
     assert err < 0.05 * np.abs(want - flat).max() and err < 0.05 * np.abs(want - plain).max()
+
+
+def test_tower_rows_into_the_moe_text_model(mmprojs, tmp_path_factory):
+    """An image through the qwen3vl_merger tower (F16), its rows (3 x 256
+    wide) and grid into a qwen3vlmoe text model: the logits after it are the
+    numpy reference's on the same rows (F32 weights and activations: no
+    8-bit rounding to flip a near-tied expert choice), and bitwise the same
+    in chunks of 5 rows at 2 threads."""
+    d = tmp_path_factory.mktemp("qwen3vlmoe_tower")
+    model = write_model(d / "qwen3vlmoe.gguf", TinyConfig(arch="qwen3vlmoe", pre="default", qtype="F32",
+                                                          embd_qtype="F32", n_layer=4, seed=3))
+    e = load_mmproj(mmprojs["F16"])
+    try:
+        rows = e.encode_pixels(e.preprocess(png(synthetic(130, 200, seed=4))))
+    finally:
+        e.close()
+    nx, ny = rows.grid
+    rows = np.asarray(rows, np.float32)
+    assert rows.shape == (nx * ny, 3 * 256)
+    rng = np.random.default_rng(10)
+    before, after = rng.integers(0, 260, 4), rng.integers(0, 260, 6)
+    ours = run_image(model, before, rows, (nx, ny), after)
+    assert np.array_equal(run_image(model, before, rows, (nx, ny), after, n_threads=2, chunk=5), ours)
+    n0 = len(before)
+    toks = np.concatenate([before, np.zeros(nx * ny, np.int64), after])
+    ref = ReferenceModel(model)
+    want = ref.logits(toks, rows={n0 + k: r for k, r in enumerate(rows)},
+                      rope_pos=image_positions(n0, nx, ny, len(after)))[-len(after):]
+    err = np.abs(ours - want).max()
+    assert err < 1e-3 * np.abs(want).max(), err
 
 
 def test_a_deepstack_image_is_bitwise_invariant(files):
