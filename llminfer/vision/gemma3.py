@@ -55,7 +55,7 @@ class Gemma3Vision(Projector):
         # stored [E, n_out] (x @ W): packed transposed, as float32 panels
         proj_t = np.ascontiguousarray(wt.f32("mm.input_projection.weight").T)
         self.proj = ops.GemmWeight(proj_t, "F32", proj_t.shape)
-        self._ident = hashlib.sha256(f"{self.path}:{gguf.file_size}".encode()).hexdigest()[:16]
+        self._ident = self.file_ident(gguf)
 
     # ---- preprocessing ----
 

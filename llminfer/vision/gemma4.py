@@ -44,7 +44,6 @@ mtmd-image.cpp (mtmd_image_preprocessor_dyn_size), written again here.
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import numpy as np
@@ -53,7 +52,7 @@ from llminfer.core import ops
 from llminfer.core.system import check_threads
 from llminfer.errors import ImageError, InvalidArgumentError, UnsupportedModelError
 # fit_box and target_size live in vision.image (lfm2 shares them); their names stay here too
-from llminfer.vision.image import fit_and_pad, fit_box, load_image, normalize, target_size  # noqa: F401
+from llminfer.vision.image import fit_and_pad, fit_box, normalize, rgb_image, target_size  # noqa: F401
 from llminfer.vision.tower import Projector, VisionParams, Weights
 
 IMAGE_BEGIN = "<|image>"
@@ -193,7 +192,7 @@ class Gemma4Vision(Projector):
         self.proj = _Linear(wt, "mm.input_projection", self.n_embd_out, E, bias=False)
         # mtmd_decode_use_non_causal: E2B and E4B decode their image rows causally
         self.non_causal = self.n_embd_out not in CAUSAL_WIDTHS
-        self._ident = hashlib.sha256(f"{self.path}:{gguf.file_size}".encode()).hexdigest()[:16]
+        self._ident = self.file_ident(gguf)
 
     # ---- preprocessing ----
 
@@ -204,8 +203,7 @@ class Gemma4Vision(Projector):
     def preprocess(self, image) -> np.ndarray:
         """float32 [3, H, W] of an image (bytes, a path, a file, or a PIL
         image), H and W multiples of the cell side."""
-        im = image if hasattr(image, "convert") and hasattr(image, "size") else load_image(image)
-        im = im.convert("RGB")
+        im = rgb_image(image)
         tw, th = self.size_for(*im.size)
         ps = self.params.patch_size
         if max(tw, th) // ps > self.n_pos:
@@ -213,12 +211,6 @@ class Gemma4Vision(Projector):
                              f"{max(tw, th) // ps} patches on a side, more than the {self.n_pos} positions "
                              f"of the tower (its aspect ratio is too far from square)")
         return normalize(fit_and_pad(im, tw, th), self.params.mean, self.params.std)
-
-    def key(self, pixels: np.ndarray) -> str:
-        """The content hash of preprocessed pixels under this encoder."""
-        h = hashlib.sha256(f"{self._ident}:{pixels.shape}".encode())
-        h.update(np.ascontiguousarray(pixels, np.float32).tobytes())
-        return h.hexdigest()
 
     # ---- the graph ----
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from llminfer.errors import UnsupportedModelError
 from llminfer.core.system import check_threads
-from llminfer.vision.image import pil, load_image, normalize
+from llminfer.vision.image import normalize, pil, rgb_image
 from llminfer.vision.siglip import SiglipViT
 from llminfer.vision.tower import Projector, VisionParams, Weights
 
@@ -104,15 +104,14 @@ class Idefics3Vision(Projector):
                                         f"(n_embd of the text model, {k})")
         self.n_embd_out = int(fc.shape[0])
         self.fc = wt.matrix("mm.model.fc.weight", self.n_embd_out, k)
-        self._ident = hashlib.sha256(f"{self.path}:{gguf.file_size}".encode()).hexdigest()[:16]
+        self._ident = self.file_ident(gguf)
 
     # ---- preprocessing ----
 
     def preprocess(self, image) -> Tiled:
         """float32 [gx * gy + 1, 3, S, S]: the tiles row-major, then the overview."""
         Image = pil()
-        im = image if hasattr(image, "convert") and hasattr(image, "size") else load_image(image)
-        im = im.convert("RGB")
+        im = rgb_image(image)
         p, S = self.params, self.params.image_size
         rw, rh = resized_size(im.size[0], im.size[1], self.longest)
         gx, gy = -(-rw // S), -(-rh // S)

@@ -194,6 +194,13 @@ def target_size(w: int, h: int, align: int, min_pixels: int, max_pixels: int) ->
     return w_bar, h_bar
 
 
+def rgb_image(image):
+    """An image (bytes, a path, a file, or a PIL image) as an RGB PIL image,
+    opened through load_image's checks unless it is a PIL image already."""
+    im = image if hasattr(image, "convert") and hasattr(image, "size") else load_image(image)
+    return im.convert("RGB")
+
+
 def fit_and_pad(im, tw: int, th: int):
     """im drawn inside tw x th (fit_box's size, bicubic, the width first as
     mtmd's resize), centred on black; im itself when it is that size."""

@@ -48,7 +48,7 @@ import numpy as np
 from llminfer.core import ops
 from llminfer.core.system import check_threads
 from llminfer.errors import InvalidArgumentError, UnsupportedModelError
-from llminfer.vision.image import fit_box, load_image, normalize, pil, target_size
+from llminfer.vision.image import fit_box, normalize, pil, rgb_image, target_size
 from llminfer.vision.siglip import SiglipViT
 from llminfer.vision.tower import Projector, VisionParams, Weights
 
@@ -171,7 +171,7 @@ class Lfm2Vision(Projector):
         self.norm = tuple(wt.f32(f"mm.input_norm.{n}", (k,)) if wt.has(f"mm.input_norm.{n}") else None
                           for n in ("weight", "bias"))
         self._table = self.vit.pos.reshape(self.side, self.side, E).astype(np.float64)
-        self._ident = hashlib.sha256(f"{self.path}:{gguf.file_size}".encode()).hexdigest()[:16]
+        self._ident = self.file_ident(gguf)
 
     # ---- preprocessing ----
 
@@ -188,8 +188,7 @@ class Lfm2Vision(Projector):
     def preprocess(self, image) -> Pieces:
         """The image's pieces (see Pieces), each normalised float32 [3, H, W]."""
         Image = pil()
-        im = image if hasattr(image, "convert") and hasattr(image, "size") else load_image(image)
-        im = im.convert("RGB")
+        im = rgb_image(image)
         p = self.params
         w, h = im.size
 

@@ -46,15 +46,13 @@ qwen2.5vl: window order, mask, positions) and mtmd-image.cpp
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from llminfer.core import ops
 from llminfer.core.system import check_threads
 from llminfer.errors import InvalidArgumentError, UnsupportedModelError
 from llminfer.vision.gemma4 import activation, rms
-from llminfer.vision.image import fit_and_pad, load_image, normalize, target_size
+from llminfer.vision.image import fit_and_pad, normalize, rgb_image, target_size
 from llminfer.vision.siglip import layer_norm
 from llminfer.vision.tower import Matrix, Projector, VisionParams, Weights
 
@@ -200,7 +198,7 @@ class Qwen25VLVision(Projector):
         self.n_embd_out = int(mm2.shape[0])
         self.mm0 = wt.matrix("mm.0.weight", 4 * E, 4 * E), wt.f32("mm.0.bias", (4 * E,))
         self.mm2 = wt.matrix("mm.2.weight", self.n_embd_out, 4 * E), wt.f32("mm.2.bias", (self.n_embd_out,))
-        self._ident = hashlib.sha256(f"{self.path}:{gguf.file_size}".encode()).hexdigest()[:16]
+        self._ident = self.file_ident(gguf)
 
     # ---- preprocessing ----
 
@@ -211,16 +209,9 @@ class Qwen25VLVision(Projector):
     def preprocess(self, image) -> np.ndarray:
         """float32 [3, H, W] of an image (bytes, a path, a file, or a PIL
         image), H and W multiples of the cell side."""
-        im = image if hasattr(image, "convert") and hasattr(image, "size") else load_image(image)
-        im = im.convert("RGB")
+        im = rgb_image(image)
         tw, th = self.size_for(*im.size)
         return normalize(fit_and_pad(im, tw, th), self.params.mean, self.params.std)
-
-    def key(self, pixels: np.ndarray) -> str:
-        """The content hash of preprocessed pixels under this encoder."""
-        h = hashlib.sha256(f"{self._ident}:{pixels.shape}".encode())
-        h.update(np.ascontiguousarray(pixels, np.float32).tobytes())
-        return h.hexdigest()
 
     # ---- the graph ----
 

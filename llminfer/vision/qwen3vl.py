@@ -32,8 +32,6 @@ written again here.
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from llminfer.core import ops
@@ -144,7 +142,7 @@ class Qwen3VLVision(Qwen25VLVision):
             raise UnsupportedModelError(f"{self.path}: a DeepStack layer does not project to {self.n_text}")
         self.n_deepstack = len(deep)
         self.n_embd_out = self.n_text * (1 + self.n_deepstack)
-        self._ident = hashlib.sha256(f"{self.path}:{gguf.file_size}".encode()).hexdigest()[:16]
+        self._ident = self.file_ident(gguf)
 
     def positions(self, gx: int, gy: int, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
         """[P, E]: the learned positions of the patches at (rows, cols)."""

@@ -14,6 +14,7 @@ as F16, the other types as float32) and multiplied in float32 by ops.gemm.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,16 @@ class Projector:
     encode_pixels of its preprocess, placed between its image_begin and
     image_end texts (where a projector lays an image out otherwise, it says
     so in its own image_parts), and the file closes with it."""
+
+    def file_ident(self, gguf) -> str:
+        """What names this encoder's file in its keys: its path and size."""
+        return hashlib.sha256(f"{self.path}:{gguf.file_size}".encode()).hexdigest()[:16]
+
+    def key(self, pixels: np.ndarray) -> str:
+        """The content hash of preprocessed pixels (of any shape) under this encoder."""
+        h = hashlib.sha256(f"{self._ident}:{pixels.shape}".encode())
+        h.update(np.ascontiguousarray(pixels, np.float32).tobytes())
+        return h.hexdigest()
 
     def image_parts(self, rows: np.ndarray) -> list:
         """The image's place in the prompt: text and its rows, in order."""
