@@ -58,6 +58,7 @@ ISA_FLAGS = {
     "x86_avx2_sgemm.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
     "x86_avx2_iq.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
     "x86_avx2_recurrent.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
+    "x86_avx2_x16.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c"], ["/arch:AVX2"]),
     "x86_avx512.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
                                 "-mavx512dq", "-mavx512vnni"], ["/arch:AVX512"]),
     "x86_avx512_x16.c": ("x86_64", ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",

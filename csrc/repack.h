@@ -34,9 +34,11 @@
  *   then d [16] f16. 544 bytes a block.
  * MXFP4: per block, the level indices laid out as Q4_0's values (4 chunks),
  *   then the 16 rows' E8M0 exponents e [16]: 272 bytes a block (the file's
- *   17 times 16). The kernel looks levels up + 128 (as IQ4_XS's), and its
- *   terms take the offset out as Q8_0's do; the scale is 2^(e - 128), as
- *   scalar_iq.c's li_e8m0_half.
+ *   17 times 16). The AVX-512 kernel looks levels up + 128 (as IQ4_XS's),
+ *   and its terms take the offset out as Q8_0's do; the AVX2 one
+ *   (x86_avx2_x16.c, whose vpmaddubsw words would overflow at + 128) looks
+ *   them up + 12 and takes out terms / 128 * 12. The scale is 2^(e - 128),
+ *   as scalar_iq.c's li_e8m0_half.
  * Q4_K, per super-block (2304 bytes, the file's 144 per row times 16):
  *   the sub-blocks' scales and mins in 6 bits (192 bytes): 256 values, sc
  *   [8 sub-blocks][16] then mn [4 pairs p][16][2] (the mins of sub-blocks

@@ -186,6 +186,7 @@ void li_kernels_fill_avx2(li_kernels *t);
 void li_gemm_fill_avx2(li_kernels *t); /* x86_avx2_gemm.c */
 void li_sgemm_fill_avx2(li_kernels *t); /* x86_avx2_sgemm.c */
 void li_kernels_fill_avx2_iq(li_kernels *t); /* x86_avx2_iq.c */
+void li_x16_fill_avx2(li_kernels *t);        /* x86_avx2_x16.c */
 void li_recurrent_fill_avx2(li_kernels *t);  /* x86_avx2_recurrent.c */
 void li_kernels_fill_avx512(li_kernels *t);
 void li_x16_fill_avx512(li_kernels *t); /* x86_avx512_x16.c */

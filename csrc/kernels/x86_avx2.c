@@ -1542,6 +1542,7 @@ void li_kernels_fill_avx2(li_kernels *t) {
     li_gemm_fill_avx2(t);
     li_sgemm_fill_avx2(t); /* x86_avx2_sgemm.c: the float GEMM's register tile */
     li_kernels_fill_avx2_iq(t); /* x86_avx2_iq.c: the i-quants, ternary types and MXFP4 */
+    li_x16_fill_avx2(t);        /* x86_avx2_x16.c: MXFP4 over the repacked groups */
     t->rms_norm = rms_norm;
     t->softmax = softmax;
     t->act_apply = act_apply;

@@ -939,6 +939,11 @@ class LLM:
 
     # ---- state ----
 
+    def held_images(self) -> list:
+        """The images the context holds (start, end, key), in order: what a
+        saved state records beside the embedding rows' places."""
+        return list(self._held_images)
+
     def save_state(self) -> bytes:
         """The context (tokens, their KV cache, the last logits) as bytes, for
         load_state (llminfer.runtime.state)."""
@@ -956,8 +961,7 @@ class LLM:
 
         with self._lock:
             self._check_open()
-            state.load(self, blob)
-            self._held_images = []
+            self._held_images = [_HeldImage(a, b, key) for a, b, key in state.load(self, blob)]
 
     def save_session(self, path) -> None:
         """save_state()'s bytes to a file, a KV block at a time (no copy of
@@ -1046,6 +1050,16 @@ class LLM:
 
 
 _IMAGES_KEPT = 16  # images whose rows an LLM keeps (by content hash)
+
+
+@dataclass(frozen=True)
+class _HeldImage:
+    """An image the context holds, as a restored state names it: its places
+    and content key (what _images_agree and _keep read of an ImageSpan)."""
+
+    start: int
+    end: int
+    key: str
 
 
 def _images_agree(held, images, n) -> int:

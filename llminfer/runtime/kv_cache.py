@@ -243,8 +243,10 @@ class KVCache:
         """The most of s's first n tokens it can go back to without running
         embedding rows again: for a hybrid model, a truncate to n is followed
         by the tokens after its checkpoint, and none of those may have come
-        from rows (an image's, whose ids are placeholders); n otherwise."""
-        if self.states is None:
+        from rows (an image's, whose ids are placeholders); n otherwise, and
+        when n is all of s with its state after every token (nothing to run
+        again: a state just loaded has no checkpoints)."""
+        if self.states is None or n == len(s.tokens) == s.state_len:
             return n
         while True:
             k = self.replay_start(s, n)

@@ -85,6 +85,9 @@ def _layout(llm):
     }
     if seq.rope_marks:  # an M-RoPE model's images (Sequence.rope_marks)
         header["rope_marks"] = [[int(a), int(b)] for a, b in seq.rope_marks]
+    if seq.rows:  # the places that came from embedding rows (an image's): their ids are placeholders
+        header["rows"] = [[int(a), int(b)] for a, b in seq.rows]
+        header["images"] = [[int(s.start), int(s.end), str(s.key)] for s in llm.held_images()]
     head = json.dumps(header, separators=(",", ":")).encode()
     logits = np.ascontiguousarray(llm.last_logits, dtype="<f4").tobytes()
     return b"".join([MAGIC, struct.pack("<I", len(head)), head, logits]), blocks
@@ -213,6 +216,7 @@ def load(llm, blob):
             isinstance(m, list) and len(m) == 2 and all(type(v) is int for v in m) and 0 < m[0] <= next_pos
             and -m[0] <= m[1] <= 0 for m in marks) or [m[0] for m in marks] != sorted({m[0] for m in marks}):
         raise InvalidArgumentError("the state's header is corrupt: its rope marks are not places in the sequence")
+    rows, images = _row_spans(header, len(tokens))
     recurrent = header.get("state_bytes", 0)
     if recurrent != eng.state_slot_bytes:
         raise InvalidArgumentError(f"the state holds {str(recurrent)[:40]} bytes of recurrent state per sequence, "
@@ -238,10 +242,36 @@ def load(llm, blob):
     seq.next_pos = next_pos
     seq.swa_floor = swa_floor
     seq.rope_marks = [(a, b) for a, b in marks]
+    seq.rows = rows
     if recurrent:
         eng.ctx.write_state(seq.slot, np.frombuffer(payload[len(payload) - recurrent:], dtype=np.uint8))
         seq.state_len = len(tokens)
     llm.context_replaced(np.frombuffer(payload[:n_logits], dtype="<f4"))
+    return images
+
+
+def _row_spans(header, n_tokens):
+    """The header's spans of places that came from embedding rows, and its
+    images ([start, end, content key], each one of the spans or inside one),
+    checked: a state that loses them would let a truncate replay an image's
+    placeholder ids as text (a hybrid model) or a text prompt reuse an
+    image's keys and values."""
+    rows, images = header.get("rows", []), header.get("images", [])
+    bad = InvalidArgumentError("the state's header is corrupt: its embedding rows are not spans of its tokens")
+    if not isinstance(rows, list) or not isinstance(images, list):
+        raise bad
+    end = 0
+    for span in rows:
+        if not (isinstance(span, list) and len(span) == 2 and all(type(v) is int for v in span)
+                and end <= span[0] < span[1] <= n_tokens):
+            raise bad
+        end = span[1]
+    for im in images:
+        if not (isinstance(im, list) and len(im) == 3 and all(type(v) is int for v in im[:2])
+                and isinstance(im[2], str) and 0 < len(im[2]) <= 256
+                and any(a <= im[0] < im[1] <= b for a, b in rows)):
+            raise InvalidArgumentError("the state's header is corrupt: its images are not among its embedding rows")
+    return [(a, b) for a, b in rows], [(a, b, key) for a, b, key in images]
 
 
 def _layout_fault(positions, next_pos, swa_floor, groups, bs):

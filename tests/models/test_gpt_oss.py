@@ -147,6 +147,24 @@ def test_alone_batched_chunked_and_threads_are_bitwise_the_same(files, experts):
         assert err < TOL_EXACT, f"300 positions: relative logit error {err:.3g}"
 
 
+def test_mxfp4_experts_repacked(files):
+    """Where the kernel level has a repacked MXFP4 kernel, the experts (and
+    nothing of the Q8_0 rest on a level without a Q8_0 one) are repacked at
+    load, and a prompt whole, in chunks and token by token gives bitwise the
+    file rows' results."""
+    if "MXFP4" not in ops.repacked_types():
+        pytest.skip("this kernel level has no repacked MXFP4 kernel")
+    path = files(**MXFP4_FILE)
+    toks = tokens_for(23, n=40)
+    sizes = []
+    packed = run(path, toks, n_batch=40, engine_out=sizes)
+    assert sizes[0] > 0
+    plain = run(path, toks, n_batch=40, repack=False)
+    assert np.array_equal(packed, plain)
+    assert np.array_equal(run(path, toks, step=3, threads=1), plain)
+    assert np.array_equal(run(path, toks[:10], step=1, threads=2), plain[:10])
+
+
 def test_swiglu_oai_is_ggml_formula():
     """ops.swiglu_oai against ggml_swiglu_oai's formula in float32 (clamps
     at 7 on the gate, +-7 on up), beyond the clamps too"""

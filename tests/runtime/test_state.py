@@ -189,7 +189,7 @@ def _edit_header(blob, **changes):
     start = len(MAGIC) + 4
     header = json.loads(blob[start:start + n])
     for key, change in changes.items():
-        header[key] = change(header[key])
+        header[key] = change(header.get(key))
     head = json.dumps(header).encode()
     return MAGIC + struct.pack("<I", len(head)) + head + blob[start + n:]
 
@@ -207,6 +207,10 @@ def _claim_dropped_block(groups):
     (dict(positions=lambda ps: [p + 1 for p in ps], next_pos=lambda p: p + 1), "some of its positions"),
     (dict(swa_floor=lambda f: f + 3), "swa_floor"),
     (dict(groups=_claim_dropped_block), "table disagrees"),
+    (dict(rows=lambda _: [[5, 3]]), "embedding rows"),           # an image's places, backwards
+    (dict(rows=lambda _: [[0, 10_000]]), "embedding rows"),      # past the tokens
+    (dict(rows=lambda _: [[0, 8], [4, 12]]), "embedding rows"),  # overlapping
+    (dict(images=lambda _: [[0, 4, "k"]]), "images"),            # an image with no rows
 ])
 def test_a_header_whose_tables_and_positions_disagree_is_refused(files, change, why):
     a, blob = _states_after(files, "llama", 128, 200, context_shift=True)

@@ -325,6 +325,29 @@ def test_the_recurrent_state_after_an_image_is_kept_and_brought_back(files):
         np.testing.assert_array_equal(fresh.last_logits, lf)
 
 
+def test_a_saved_state_keeps_the_image_rows(files):
+    """A state saved after an image prompt records where the image's rows
+    lie: loaded into another LLM, the same prompt goes on past the image,
+    and a truncate into the rows is refused rather than run as the
+    placeholder ids (the recurrent state could only come back that way)."""
+    _, model, mm = files
+    a = image_message(data_url(png(synthetic(40, 70, seed=1))))
+    follow = a[:1] + [{"role": "assistant", "content": "a picture"}, {"role": "user", "content": "and?"}]
+    with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=1024, n_threads=1) as m:
+        span = m.chat_prompt(a).images[0]
+        m.chat_completion(a, max_tokens=1, temperature=0)
+        blob = m.save_state()
+        m.chat_completion(follow, max_tokens=1, temperature=0)
+        want = m.last_logits.copy()
+    with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=1024, n_threads=1) as b:
+        b.load_state(blob)
+        assert b.sequence.rows == [(span.start, span.end)]
+        assert b.engine.keepable(b.sequence, span.start + 5) == span.start
+        r = b.chat_completion(follow, max_tokens=1, temperature=0)
+        assert r.timings.cached_tokens >= span.end
+        np.testing.assert_array_equal(b.last_logits, want)
+
+
 @pytest.mark.parametrize("name", ["truncated png", "bomb 30000x30000", "svg", "empty", "not an image"])
 def test_hostile_images_are_clear_errors(files, name):
     _, model, mm = files

@@ -332,8 +332,10 @@ def test_grid_rows_keep_their_grid():
 
 def test_a_saved_state_keeps_the_image_mark(files):
     """save_state after an image prompt, load_state in another LLM: the
-    text after the image goes on at the same rope positions (the same
-    logits as in the first LLM)."""
+    same image prompt goes on from the context (the image not run again)
+    and the text after the image at the same rope positions (the same
+    logits as in the first LLM); the placeholder ids alone, without the
+    image, do not reuse the image's places."""
     from llminfer.vision.prompt import PromptIds
 
     _, model, mm = files
@@ -351,5 +353,9 @@ def test_a_saved_state_keeps_the_image_mark(files):
     with llminfer.LLM(model, mmproj=mm["F16"], n_ctx=512, n_threads=1) as b:
         b.load_state(blob)
         assert b.sequence.rope_marks
-        b.complete(list(ids) + extra, max_tokens=1, temperature=0)
+        r = b.complete(longer, max_tokens=1, temperature=0)
+        assert r.timings.cached_tokens >= ids.images[0].end
         assert np.array_equal(b.last_logits, want)
+        b.load_state(blob)
+        r = b.complete(list(ids) + extra, max_tokens=1, temperature=0)
+        assert r.timings.cached_tokens <= ids.images[0].start
