@@ -588,9 +588,9 @@ static void dot_bf16(int64_t k, const void *w, const void *x, size_t xs, int nc,
  *   into one vector of block sums (lane r: row r), and the scales apply to
  *   the four rows at once.
  * - Q8_0 in decode (rows_q8_0_decode): one row at a time, a single stream
- *   from memory, in an integer pass as the K-quants' below, then the four
- *   rows' chains side by side (with more than one activation row, rows32
- *   as above).
+ *   from memory, in an integer pass as the K-quants' below, the four rows'
+ *   chains side by side within the last row's pass (with more than one
+ *   activation row, rows32 as above).
  * - K-quants (rows_k), in two passes over chunks of PASS_BLOCKS
  *   super-blocks: an integer pass reads one weight row at a time, front to
  *   back, and keeps each super-block's exact sums (as floats: scalar.c's
@@ -1009,9 +1009,13 @@ ROWS_Q_ENTRIES(q6_K, Q6_K, rows_k)
  * sums, so that their latency hides under its integer work instead of
  * following it. A row of up to Q8_PASS blocks (8192 values) is one pass. */
 #define Q8_PASS 256
-/* how far ahead of the blocks in work the integer pass asks for weights: the
- * hardware's stream prefetch alone left the pass waiting on DRAM */
-#define Q8_PF 2048
+/* The integer pass hints the weight stream Q8_AHEAD bytes ahead of its
+ * loads, as the K-quants' does (K_AHEAD above): the hardware prefetchers
+ * alone left a 1-thread matvec well short of a plain read on a Zen 3 host;
+ * measurements: docs/kernel-tuning.md#avx2-q8-0-decode */
+#ifndef Q8_AHEAD
+#define Q8_AHEAD 2048
+#endif
 
 typedef struct {
     float isum[4][Q8_PASS];  /* [row][block] exact integer sums */
@@ -1079,10 +1083,9 @@ LI_INLINE void q8_int_pass(const block_q8_0 *b, const act_q8_0 *a, int n, int r,
                            __m128 *acc) {
     int j = 0;
     for (; j + 8 <= n; j += 8) {
-        /* the weights Q8_PF bytes ahead (past the row's end: the next row's,
-         * or nothing; a prefetch does not fault) */
+        /* past the row's end: the next row's blocks, or nothing (hints never fault) */
         for (int o = 0; o < 8 * (int)sizeof(block_q8_0); o += 64)
-            _mm_prefetch((const char *)(b + j) + Q8_PF + o, _MM_HINT_T0);
+            _mm_prefetch((const char *)(b + j) + Q8_AHEAD + o, _MM_HINT_T0);
         _mm256_storeu_ps(&pb->isum[r][j], _mm256_cvtepi32_ps(q8_isum8(b + j, a + j)));
         _mm_storeu_si128((__m128i *)(void *)&pb->d[r][j], q8_scales8(b + j));
         if (chain) {
