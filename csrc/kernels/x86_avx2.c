@@ -588,9 +588,9 @@ static void dot_bf16(int64_t k, const void *w, const void *x, size_t xs, int nc,
  *   into one vector of block sums (lane r: row r), and the scales apply to
  *   the four rows at once.
  * - Q8_0 in decode (rows_q8_0_decode): one row at a time, a single stream
- *   from memory, in an integer pass as the K-quants' below, then the four
- *   rows' chains side by side (with more than one activation row, rows32
- *   as above).
+ *   from memory, in an integer pass as the K-quants' below, the four rows'
+ *   chains side by side within the last row's pass (with more than one
+ *   activation row, rows32 as above).
  * - K-quants (rows_k), in two passes over chunks of PASS_BLOCKS
  *   super-blocks: an integer pass reads one weight row at a time, front to
  *   back, and keeps each super-block's exact sums (as floats: scalar.c's
@@ -1001,46 +1001,59 @@ ROWS_Q_ENTRIES(q6_K, Q6_K, rows_k)
  * back, a single stream from memory (reading four rows side by side, or even
  * two, ran Q8_0, the widest 32-value block, at half speed or less from DRAM).
  * A row's fused multiply-adds are a serial chain, one a block, whose latency
- * alone would hold a row to about one block per four cycles; so an integer
- * pass takes each row of the (up to) four in turn and keeps its blocks' exact
- * sums (four out of one vphaddd tree) and f16 scales in a small buffer, and
- * a float pass then runs the four rows' chains in the lanes of one vector,
- * block by block in order: per lane, scalar.c's fmaf(isum, d * dx, acc). A
- * row of up to Q8_PASS blocks (8192 values) is one pass. */
+ * alone would hold a row to about one block per four cycles; so the (up to)
+ * four rows' chains run in the lanes of one vector, block by block in order:
+ * per lane, scalar.c's fmaf(isum, d * dx, acc). An integer pass takes each row
+ * in turn and keeps its blocks' exact sums and f16 scales in a small buffer;
+ * the last row's pass also runs the four chains, a few blocks behind its own
+ * sums, so that their latency hides under its integer work instead of
+ * following it. A row of up to Q8_PASS blocks (8192 values) is one pass. */
 #define Q8_PASS 256
+/* The integer pass hints the weight stream Q8_AHEAD bytes ahead of its
+ * loads, as the K-quants' does (K_AHEAD above): the hardware prefetchers
+ * alone left a 1-thread matvec well short of a plain read on a Zen 3 host;
+ * measurements: docs/kernel-tuning.md#avx2-q8-0-decode */
+#ifndef Q8_AHEAD
+#define Q8_AHEAD 2048
+#endif
 
 typedef struct {
     float isum[4][Q8_PASS];  /* [row][block] exact integer sums */
     uint16_t d[4][Q8_PASS];  /* [row][block] the f16 scales as stored */
 } q8_buf;
 
-/* blocks [0, n) of one row (b, from the chunk's first block) into row r of
- * the buffer; entries up to n rounded up to 4 are written (zeros past n) */
-LI_INLINE void q8_int_pass(const block_q8_0 *b, const act_q8_0 *a, int n, int r, q8_buf *pb) {
-    int j = 0;
-    for (; j + 4 <= n; j += 4) {
-        __m256i p[4];
-        for (int t = 0; t < 4; t++) {
-            const __m256i q = loadu(b[j + t].qs);
-            p[t] = mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[j + t].qs));
-            pb->d[r][j + t] = b[j + t].d;
-        }
-        _mm_storeu_ps(&pb->isum[r][j], _mm_cvtepi32_ps(hsum8x4_epi32(p)));
+/* the exact integer sums of blocks b[0..7] against a[0..7], lane t: block t */
+LI_INLINE __m256i q8_isum8(const block_q8_0 *b, const act_q8_0 *a) {
+    __m256i p[8];
+    for (int t = 0; t < 8; t++) {
+        const __m256i q = loadu(b[t].qs);
+        p[t] = mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[t].qs));
     }
-    if (j < n) {
-        __m256i p[4];
-        for (int t = 0; t < 4; t++) {
-            if (j + t < n) {
-                const __m256i q = loadu(b[j + t].qs);
-                p[t] = mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[j + t].qs));
-                pb->d[r][j + t] = b[j + t].d;
-            } else {
-                p[t] = _mm256_setzero_si256();
-                pb->d[r][j + t] = 0;
-            }
-        }
-        _mm_storeu_ps(&pb->isum[r][j], _mm_cvtepi32_ps(hsum8x4_epi32(p)));
-    }
+    /* a tree of blends, one shuffle and one add a pair (vphaddd would be
+     * two shuffles and an add, and shuffles are what this pass runs short
+     * of). p2[t]: lane 2i sums two of p[2t]'s lanes, lane 2i+1 two of
+     * p[2t+1]'s; p4[t]: lane u of each 128-bit half sums p[4t+u]'s four
+     * lanes there; the last level adds the halves: lane t, block t. */
+    __m256i p2[4], p4[2];
+    for (int t = 0; t < 4; t++)
+        p2[t] = _mm256_add_epi32(_mm256_blend_epi32(p[2 * t], p[2 * t + 1], 0xAA),
+                                 _mm256_shuffle_epi32(_mm256_blend_epi32(p[2 * t + 1], p[2 * t], 0xAA), 0xB1));
+    for (int t = 0; t < 2; t++)
+        p4[t] = _mm256_add_epi32(_mm256_blend_epi32(p2[2 * t], p2[2 * t + 1], 0xCC),
+                                 _mm256_shuffle_epi32(_mm256_blend_epi32(p2[2 * t + 1], p2[2 * t], 0xCC), 0x4E));
+    return _mm256_add_epi32(_mm256_blend_epi32(p4[0], p4[1], 0xF0), _mm256_permute2x128_si256(p4[0], p4[1], 0x21));
+}
+
+/* the f16 scales of blocks b[0..7] as stored, lane t: block t */
+LI_INLINE __m128i q8_scales8(const block_q8_0 *b) {
+    __m128i v = _mm_cvtsi32_si128(b[0].d);
+    v = _mm_insert_epi16(v, b[1].d, 1);
+    v = _mm_insert_epi16(v, b[2].d, 2);
+    v = _mm_insert_epi16(v, b[3].d, 3);
+    v = _mm_insert_epi16(v, b[4].d, 4);
+    v = _mm_insert_epi16(v, b[5].d, 5);
+    v = _mm_insert_epi16(v, b[6].d, 6);
+    return _mm_insert_epi16(v, b[7].d, 7);
 }
 
 /* four rows' scales of blocks j .. j+3 as floats, d[t] lane r = row r's block j+t */
@@ -1050,19 +1063,51 @@ LI_INLINE void q8_scales_t4(const q8_buf *pb, int j, __m128 d[4]) {
     _MM_TRANSPOSE4_PS(d[0], d[1], d[2], d[3]);
 }
 
-/* the four chains over blocks [0, n) of the chunk (a: its activation blocks) */
-LI_INLINE void q8_float_pass(const q8_buf *pb, const act_q8_0 *a, int n, __m128 *acc) {
+/* the four chains over blocks j .. j+m-1 (m <= 4) of the chunk (a: its activation blocks) */
+LI_INLINE void q8_chain4(const q8_buf *pb, const act_q8_0 *a, int j, int m, __m128 *acc) {
+    __m128 d[4], f[4];
+    q8_scales_t4(pb, j, d);
+    load_t4(&pb->isum[0][j], &pb->isum[1][j], &pb->isum[2][j], &pb->isum[3][j], f);
+    if (m == 4) {
+        for (int t = 0; t < 4; t++) *acc = _mm_fmadd_ps(f[t], _mm_mul_ps(d[t], _mm_set1_ps(a[j + t].d)), *acc);
+    } else {
+        for (int t = 0; t < m; t++) *acc = _mm_fmadd_ps(f[t], _mm_mul_ps(d[t], _mm_set1_ps(a[j + t].d)), *acc);
+    }
+}
+
+/* blocks [0, n) of one row (b, from the chunk's first block) into row r of
+ * the buffer; entries up to n rounded up to 4 are written (zeros past n).
+ * With chain set (the last row), the four chains follow over the blocks
+ * whose sums are in. */
+LI_INLINE void q8_int_pass(const block_q8_0 *b, const act_q8_0 *a, int n, int r, q8_buf *pb, int chain,
+                           __m128 *acc) {
     int j = 0;
-    for (; j < n; j += 4) {
-        __m128 d[4], f[4];
-        q8_scales_t4(pb, j, d);
-        load_t4(&pb->isum[0][j], &pb->isum[1][j], &pb->isum[2][j], &pb->isum[3][j], f);
-        const int m = LI_MIN(4, n - j); /* no term for a block past the row */
-        if (m == 4) {
-            for (int t = 0; t < 4; t++) *acc = _mm_fmadd_ps(f[t], _mm_mul_ps(d[t], _mm_set1_ps(a[j + t].d)), *acc);
-        } else {
-            for (int t = 0; t < m; t++) *acc = _mm_fmadd_ps(f[t], _mm_mul_ps(d[t], _mm_set1_ps(a[j + t].d)), *acc);
+    for (; j + 8 <= n; j += 8) {
+        /* past the row's end: the next row's blocks, or nothing (hints never fault) */
+        for (int o = 0; o < 8 * (int)sizeof(block_q8_0); o += 64)
+            _mm_prefetch((const char *)(b + j) + Q8_AHEAD + o, _MM_HINT_T0);
+        _mm256_storeu_ps(&pb->isum[r][j], _mm256_cvtepi32_ps(q8_isum8(b + j, a + j)));
+        _mm_storeu_si128((__m128i *)(void *)&pb->d[r][j], q8_scales8(b + j));
+        if (chain) {
+            q8_chain4(pb, a, j, 4, acc);
+            q8_chain4(pb, a, j + 4, 4, acc);
         }
+    }
+    for (; j < n; j += 4) { /* the last n - j < 8 blocks, four at a time, zeros past n */
+        const int m = LI_MIN(4, n - j);
+        __m256i p[4];
+        for (int t = 0; t < 4; t++) {
+            if (t < m) {
+                const __m256i q = loadu(b[j + t].qs);
+                p[t] = mul_sum_ss8(_mm256_sign_epi8(q, q), q, loadu(a[j + t].qs));
+                pb->d[r][j + t] = b[j + t].d;
+            } else {
+                p[t] = _mm256_setzero_si256();
+                pb->d[r][j + t] = 0;
+            }
+        }
+        _mm_storeu_ps(&pb->isum[r][j], _mm_cvtepi32_ps(hsum8x4_epi32(p)));
+        if (chain) q8_chain4(pb, a, j, m, acc);
     }
 }
 
@@ -1077,8 +1122,8 @@ static void rows_q8_0_decode(int64_t k, const void *w, size_t ws, int nr, const 
     for (int64_t i0 = 0; i0 < nb; i0 += Q8_PASS) {
         const int n = (int)LI_MIN(Q8_PASS, nb - i0);
         for (int r = 0; r < nr; r++)
-            q8_int_pass((const block_q8_0 *)(const void *)((const char *)w + (size_t)r * ws) + i0, x + i0, n, r, &pb);
-        q8_float_pass(&pb, x + i0, n, &acc);
+            q8_int_pass((const block_q8_0 *)(const void *)((const char *)w + (size_t)r * ws) + i0, x + i0, n, r,
+                        &pb, r == nr - 1, &acc);
     }
     float t[4];
     _mm_storeu_ps(t, acc);
