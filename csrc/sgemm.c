@@ -9,9 +9,10 @@
  * packed into strips ([kk][MR], in L2), then each panel's KC values (in L1)
  * meet every strip through the level's register tile, accumulating in a
  * unit-sized buffer that the last block adds the bias (and a residual) to on
- * the way out. Neither the units nor KC depend on the team, so every
- * element's bits are the same at any thread count, and, the tiles agreeing
- * to the bit, at every level.
+ * the way out. An element's bits depend on its row, its column and KC
+ * alone, not on the units (whose number is fitted to the team), so they are
+ * the same at any thread count, and, the tiles agreeing to the bit, at every
+ * level.
  *
  * li_attention_full packs each head's keys and values into strips once,
  * then takes units of (head, NR queries): their scores through the tile
@@ -204,11 +205,20 @@ int li_gemm(const li_gemm_weight *w, const float *x, int64_t m, const float *bia
     li_init();
     if (!w || !x || !y || m < 0) return li_fail(LI_E_ARG, "gemm: a null argument or m < 0");
     if (m == 0) return LI_OK;
-    const int64_t rows_per = (int64_t)MB_STRIPS * MR;
     /* the fewest blocks of at most NB_PANELS panels, all of one size but the
      * last: 72 panels are one block, 269 three of 68 and one of 65 */
-    const int64_t nmb = (m + rows_per - 1) / rows_per, nnb = (w->panels + NB_PANELS - 1) / NB_PANELS;
-    const int64_t per = (w->panels + nnb - 1) / nnb;
+    const int64_t nnb = (w->panels + NB_PANELS - 1) / NB_PANELS, per = (w->panels + nnb - 1) / nnb;
+    /* row blocks of at most MB_STRIPS strips, one or a few more of them where
+     * that makes the units a whole number per thread (4096 rows: 58 blocks of
+     * 11 or 12 strips for two threads, not 57 of 12, whose last round leaves
+     * one thread idle for a whole unit) */
+    const int64_t strips = (m + MR - 1) / MR, team = team_size(n_threads);
+    int64_t nmb = (strips + MB_STRIPS - 1) / MB_STRIPS;
+    for (int64_t more = nmb; more < nmb + team && more <= strips; more++)
+        if ((more * nnb) % team == 0) {
+            nmb = more;
+            break;
+        }
     const int64_t units = nmb * nnb;
     const int nt = (int)LI_MAX(1, LI_MIN((int64_t)team_size(n_threads), units));
     const size_t ap_n = (size_t)MB_STRIPS * MR * KC, cs_n = (size_t)MB_STRIPS * MR * (size_t)per * NR;
@@ -226,8 +236,9 @@ int li_gemm(const li_gemm_weight *w, const float *x, int64_t m, const float *bia
 #endif
         for (u = 0; u < units; u++) {
             const int64_t mb = u / nnb, nb = u % nnb;
-            gemm_unit(w, x, mb * rows_per, LI_MIN(m, (mb + 1) * rows_per), nb * per,
-                      LI_MIN(w->panels, (nb + 1) * per), bias, res, y, ap, cs);
+            const int64_t s0 = mb * strips / nmb, s1 = (mb + 1) * strips / nmb;
+            gemm_unit(w, x, s0 * MR, LI_MIN(m, s1 * MR), nb * per, LI_MIN(w->panels, (nb + 1) * per), bias, res, y,
+                      ap, cs);
         }
     }
     li_free_aligned(scratch);
