@@ -3,14 +3,16 @@
  * path of the vision encoder, whose products are [4096 x 1152] by
  * [1152 x 1152 / 4304], compute-bound.
  *
- * li_gemm cuts C into units of MB_STRIPS strips of rows x NB_PANELS panels, handed to
- * the team one at a time (dynamic: a slow core takes fewer). A unit walks k
- * in blocks of KC: the block of its A rows is packed into strips ([kk][MR],
- * in L2), then each panel's KC values (in L1) meet every strip through the
- * level's register tile, accumulating in a unit-sized buffer that the last
- * block adds the bias (and a residual) to on the way out. Neither the units
- * nor KC depend on the team, so every element's bits are the same at any
- * thread count, and, the tiles agreeing to the bit, at every level.
+ * li_gemm cuts C into units of MB_STRIPS strips of rows x a block of at most
+ * NB_PANELS panels, handed to the team one at a time (dynamic: a slow core
+ * takes fewer). A unit walks k in blocks of KC: the block of its A rows is
+ * packed into strips ([kk][MR], in L2), then each panel's KC values (in L1)
+ * meet every strip through the level's register tile, accumulating in a
+ * unit-sized buffer that the last block adds the bias (and a residual) to on
+ * the way out. An element's bits depend on its row, its column and KC
+ * alone, not on the units (whose number is fitted to the team), so they are
+ * the same at any thread count, and, the tiles agreeing to the bit, at every
+ * level.
  *
  * li_attention_full packs each head's keys and values into strips once,
  * then takes units of (head, NR queries): their scores through the tile
@@ -33,11 +35,14 @@
 #define NR LI_SGEMM_NR
 #define KC 256          /* values of k per block: a panel's block (16 KiB as F32) stays in L1 */
 /* A unit packs its rows' block of A once per block of k and takes it past
- * NB_PANELS panels: the packing (a scalar copy) is 1/NB_PANELS of the tile
- * work per element of A, and the unit's C (MB_STRIPS*MR x NB_PANELS*NR
- * floats, 288 KiB) is met one tile at a time. */
+ * up to NB_PANELS panels: the packing (a scalar copy) is 1/NB_PANELS of the
+ * tile work per element of A, and the unit's C (MB_STRIPS*MR x NB_PANELS*NR
+ * floats, 324 KiB) is met one tile at a time. NB_PANELS is the vision
+ * tower's width (1152 = 72 panels): its square products take each row
+ * block's A once, with no narrow remainder block whose packing costs as
+ * much as a full one's. */
 #define MB_STRIPS 12    /* strips of MR rows per unit: 72 rows, their block of A 72 KiB */
-#define NB_PANELS 64    /* panels per unit: 1024 columns */
+#define NB_PANELS 72    /* panels per unit: 1152 columns */
 
 struct li_gemm_weight {
     int elem;       /* enum li_sgemm_elem */
@@ -200,11 +205,23 @@ int li_gemm(const li_gemm_weight *w, const float *x, int64_t m, const float *bia
     li_init();
     if (!w || !x || !y || m < 0) return li_fail(LI_E_ARG, "gemm: a null argument or m < 0");
     if (m == 0) return LI_OK;
-    const int64_t rows_per = (int64_t)MB_STRIPS * MR;
-    const int64_t nmb = (m + rows_per - 1) / rows_per, nnb = (w->panels + NB_PANELS - 1) / NB_PANELS;
+    /* the fewest blocks of at most NB_PANELS panels, all of one size but the
+     * last: 72 panels are one block, 269 three of 68 and one of 65 */
+    const int64_t nnb = (w->panels + NB_PANELS - 1) / NB_PANELS, per = (w->panels + nnb - 1) / nnb;
+    /* row blocks of at most MB_STRIPS strips, one or a few more of them where
+     * that makes the units a whole number per thread (4096 rows: 58 blocks of
+     * 11 or 12 strips for two threads, not 57 of 12, whose last round leaves
+     * one thread idle for a whole unit) */
+    const int64_t strips = (m + MR - 1) / MR, team = team_size(n_threads);
+    int64_t nmb = (strips + MB_STRIPS - 1) / MB_STRIPS;
+    for (int64_t more = nmb; more < nmb + team && more <= strips; more++)
+        if ((more * nnb) % team == 0) {
+            nmb = more;
+            break;
+        }
     const int64_t units = nmb * nnb;
     const int nt = (int)LI_MAX(1, LI_MIN((int64_t)team_size(n_threads), units));
-    const size_t ap_n = (size_t)MB_STRIPS * MR * KC, cs_n = (size_t)MB_STRIPS * MR * NB_PANELS * NR;
+    const size_t ap_n = (size_t)MB_STRIPS * MR * KC, cs_n = (size_t)MB_STRIPS * MR * (size_t)per * NR;
     float *scratch = li_alloc_aligned((ap_n + cs_n) * sizeof(float) * (size_t)nt, 64);
     if (!scratch) return li_fail(LI_E_NOMEM, "gemm scratch");
     (void)nt;
@@ -219,8 +236,9 @@ int li_gemm(const li_gemm_weight *w, const float *x, int64_t m, const float *bia
 #endif
         for (u = 0; u < units; u++) {
             const int64_t mb = u / nnb, nb = u % nnb;
-            gemm_unit(w, x, mb * rows_per, LI_MIN(m, (mb + 1) * rows_per), nb * NB_PANELS,
-                      LI_MIN(w->panels, (nb + 1) * NB_PANELS), bias, res, y, ap, cs);
+            const int64_t s0 = mb * strips / nmb, s1 = (mb + 1) * strips / nmb;
+            gemm_unit(w, x, s0 * MR, LI_MIN(m, s1 * MR), nb * per, LI_MIN(w->panels, (nb + 1) * per), bias, res, y,
+                      ap, cs);
         }
     }
     li_free_aligned(scratch);

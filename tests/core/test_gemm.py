@@ -17,8 +17,9 @@ from llminfer.errors import InvalidArgumentError, ShapeError
 GEMM_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0)
 # (m, n, k): one row, tiles cut at every edge (m not a multiple of the
 # tile's 6 rows, n of the panel's 16, k of 8 or 32), k past one block of
-# 256 values, m past one unit's 72 rows, n past one unit's 1024 columns
-SHAPES = ((1, 1, 32), (1, 17, 64), (7, 16, 32), (13, 33, 96), (150, 200, 320), (6, 48, 544), (8, 1040, 64))
+# 256 values, m past one unit's 72 rows, n past one unit's 1152 columns
+# (75 panels: blocks of 38 and 37, the last panel 6 rows)
+SHAPES = ((1, 1, 32), (1, 17, 64), (7, 16, 32), (13, 33, 96), (150, 200, 320), (6, 48, 544), (8, 1190, 64))
 FLOAT_SHAPES = ((1, 1, 1), (5, 3, 7), (13, 33, 70), (145, 193, 257))
 # float32 accumulation, one rounding per fused multiply-add, in value order:
 # the error of a sum of k products stays below k * 2^-24 of the sum of their
@@ -87,7 +88,7 @@ def test_gemm_levels_agree_to_the_bit(t):
 @pytest.mark.parametrize("t", GEMM_TYPES, ids=lambda t: t.name)
 def test_gemm_thread_count_changes_no_bit(t):
     rng = np.random.default_rng(6)
-    m, n, k = 300, 400, 544
+    m, n, k = 300, 1190, 544  # units of 72 rows by 38 or 37 panels
     w, _ = weight(rng, t, n, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     one = ops.gemm(ops.GemmWeight(w, t, (n, k), n_threads=1), x, n_threads=1)
