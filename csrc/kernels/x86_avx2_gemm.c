@@ -21,18 +21,6 @@
 #define R LI_PANEL_ROWS
 #define NC_MAX 4
 
-
-
-static inline void store_rows(float *y, __m256 v, int nr) {
-    if (nr == R) {
-        _mm256_storeu_ps(y, v);
-        return;
-    }
-    float t[R];
-    _mm256_storeu_ps(t, v);
-    for (int r = 0; r < nr; r++) y[r] = t[r];
-}
-
 /* ---- 32-value blocks: Q4_0, Q5_0 (offset), Q4_1, Q5_1 (min), Q8_0 (signed) ---- */
 
 /* grp chunks' maddubs results are summed in int16 before one madd: 4 for
@@ -79,7 +67,7 @@ static inline void blk32_cols(const li_panel *p, int nr, const char *x, size_t x
             if (min) acc[c] = _mm256_fmadd_ps(_mm256_loadu_ps(p->m + b * R), _mm256_set1_ps(sx), acc[c]);
         }
     }
-    for (int c = 0; c < nc; c++) store_rows(y + (size_t)(c0 + c) * ys, acc[c], nr);
+    for (int c = 0; c < nc; c++) store_lanes8(y + (size_t)(c0 + c) * ys, acc[c], nr);
 }
 
 #define BLK32_ALL_COLS(grp, sign)                                                               \
@@ -187,7 +175,7 @@ static ALWAYS_INLINE void ksuper_tile(const li_panel *p, int nr, const char *x, 
         const __m256 dw = _mm256_loadu_ps(p->d + s * R), mw = _mm256_loadu_ps(p->m + s * R);
         UNROLL for (int c = 0; c < nc; c++) acc[c] = ksuper_accumulate(acc[c], ia[c], im[c], dw, mw, a[c]->d, min);
     }
-    UNROLL for (int c = 0; c < nc; c++) store_rows(y + (size_t)c * ys, acc[c], nr);
+    UNROLL for (int c = 0; c < nc; c++) store_lanes8(y + (size_t)c * ys, acc[c], nr);
 }
 
 /* all n columns, NC_MAX at a time, for one (span, levels, min) */

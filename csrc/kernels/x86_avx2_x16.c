@@ -29,7 +29,7 @@
 #include "../common.h"
 #include "../repack.h"
 #include "iq_tables.h"
-#include "x86_gemm.h" /* bcast4, UNROLL */
+#include "x86_gemm.h" /* bcast4, store_lanes8, UNROLL */
 
 #define NC LI_X16_NC
 #define MX_BLOCK (256 + 16) /* a block's 4 chunks of indices, then its 16 exponents (repack.h) */
@@ -49,17 +49,6 @@ LI_INLINE __m256 e8m0x8(const uint8_t *p) {
     const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
     const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
     return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
-}
-
-/* up to 8 lanes of v into y[0..n) */
-LI_INLINE void store8(float *y, __m256 v, int n) {
-    if (n >= 8) {
-        _mm256_storeu_ps(y, v);
-        return;
-    }
-    float t[8];
-    _mm256_storeu_ps(t, v);
-    for (int r = 0; r < n; r++) y[r] = t[r];
 }
 
 LI_INLINE void mxfp4_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
@@ -99,8 +88,8 @@ LI_INLINE void mxfp4_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs
         }
     }
     UNROLL for (int c = 0; c < nc; c++) {
-        store8(y + (size_t)c * ys, acc[c][0], nr);
-        if (nr > 8) store8(y + (size_t)c * ys + 8, acc[c][1], nr - 8);
+        store_lanes8(y + (size_t)c * ys, acc[c][0], nr);
+        if (nr > 8) store_lanes8(y + (size_t)c * ys + 8, acc[c][1], nr - 8);
     }
 }
 

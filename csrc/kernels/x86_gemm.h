@@ -1,5 +1,6 @@
 /* x86_gemm.h: what the x86 prefill kernels (x86_avx2_gemm.c, x86_avx512.c)
- * share. Include only from files built with at least the AVX2 flags. */
+ * and the repacked ones (x86_avx2_x16.c, x86_avx512_x16.c) share. Include
+ * only from files built with at least the AVX2 flags. */
 #ifndef LLMINFER_X86_GEMM_H
 #define LLMINFER_X86_GEMM_H
 
@@ -18,6 +19,17 @@
 #define UNROLL
 #define KEEP_IN_REGISTER(v) ((void)0)
 #endif
+
+/* lanes 0..n-1 of v into y[0..n) (n <= 8): a whole store when all 8 are wanted */
+static inline void store_lanes8(float *y, __m256 v, int n) {
+    if (n >= 8) {
+        _mm256_storeu_ps(y, v);
+        return;
+    }
+    float t[8];
+    _mm256_storeu_ps(t, v);
+    for (int r = 0; r < n; r++) y[r] = t[r];
+}
 
 /* 4 activation bytes in every 32-bit lane */
 static inline __m256i bcast4(const int8_t *p) {
