@@ -148,10 +148,10 @@ def test_alone_batched_chunked_and_threads_are_bitwise_the_same(files, experts):
 
 
 def test_mxfp4_experts_repacked(files):
-    """Where the kernel level has a repacked MXFP4 kernel, the experts (and
-    nothing of the Q8_0 rest on a level without a Q8_0 one) are repacked at
-    load, and a prompt whole, in chunks and token by token gives bitwise the
-    file rows' results."""
+    """Where the kernel level has a repacked MXFP4 kernel, the experts are
+    repacked at load (as test_archs.py's test_moe_experts_repacked checks for
+    the other types), and a prompt whole, in chunks and token by token gives
+    bitwise the file rows' results."""
     if "MXFP4" not in ops.repacked_types():
         pytest.skip("this kernel level has no repacked MXFP4 kernel")
     path = files(**MXFP4_FILE)
