@@ -220,7 +220,7 @@ int li_gemm(const li_gemm_weight *w, const float *x, int64_t m, const float *bia
             break;
         }
     const int64_t units = nmb * nnb;
-    const int nt = (int)LI_MAX(1, LI_MIN((int64_t)team_size(n_threads), units));
+    const int nt = (int)LI_MAX(1, LI_MIN(team, units));
     const size_t ap_n = (size_t)MB_STRIPS * MR * KC, cs_n = (size_t)MB_STRIPS * MR * (size_t)per * NR;
     float *scratch = li_alloc_aligned((ap_n + cs_n) * sizeof(float) * (size_t)nt, 64);
     if (!scratch) return li_fail(LI_E_NOMEM, "gemm scratch");
