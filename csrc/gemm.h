@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define LI_PANEL_ROWS 8
-/* MXFP4's levels (E2M1 doubled) reach +-12: a panel stores level + 12, 0..24 */
+/* MXFP4's levels (E2M1 doubled) reach +-12: a panel (and AVX2's x16 kernel) takes level + 12, 0..24 */
 #define LI_MXFP4_OFFSET 12
 
 enum li_panel_kind {

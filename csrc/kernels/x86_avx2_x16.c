@@ -27,13 +27,11 @@
 #include <string.h>
 
 #include "../common.h"
-#include "../repack.h"
 #include "iq_tables.h"
 #include "x86_gemm.h" /* bcast4, store_lanes8, UNROLL */
 
 #define NC LI_X16_NC
 #define MX_BLOCK (256 + 16) /* a block's 4 chunks of indices, then its 16 exponents (repack.h) */
-#define MX_OFFSET 12        /* added to MXFP4's levels (-12..12) to make vpmaddubsw's unsigned bytes */
 
 /* Decode reads each group once from memory; the lines this far ahead are
  * hinted into L1 as the kernel reaches each block (the prefetchers alone
@@ -54,7 +52,7 @@ LI_INLINE __m256 e8m0x8(const uint8_t *p) {
 LI_INLINE void mxfp4_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs, const int nc, const int32_t *terms,
                           float *y, size_t ys, int nr) {
     const __m256i table = _mm256_broadcastsi128_si256(
-        _mm_add_epi8(_mm_loadu_si128((const __m128i *)(const void *)li_kvalues_mxfp4), _mm_set1_epi8(MX_OFFSET)));
+        _mm_add_epi8(_mm_loadu_si128((const __m128i *)(const void *)li_kvalues_mxfp4), _mm_set1_epi8(LI_MXFP4_OFFSET)));
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi16(1);
     __m256 acc[NC][2];
     UNROLL for (int c = 0; c < nc; c++) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
@@ -82,7 +80,7 @@ LI_INLINE void mxfp4_cols(const uint8_t *g, int64_t nb, const char *x, size_t xs
                 float dx;
                 memcpy(&dx, ab + offsetof(act_q8_0, d), sizeof dx);
                 const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(s[c][0], one), _mm256_madd_epi16(s[c][1], one));
-                const __m256i is = _mm256_sub_epi32(sum, _mm256_set1_epi32(terms[c * nb + b] / 128 * MX_OFFSET));
+                const __m256i is = _mm256_sub_epi32(sum, _mm256_set1_epi32(terms[c * nb + b] / 128 * LI_MXFP4_OFFSET));
                 acc[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc[c][h]);
             }
         }
