@@ -106,11 +106,21 @@ LI_INLINE __m256i bcast_i16(__m256i v, int j) {
 
 /* For groups of 16 (Q2_K, Q3_K, Q6_K): from 16 int16 scales s, the madd weights
  * of vector v (elements 32v..32v+31): scale 2v in the low lane, 2v+1 in the high */
+/* the byte indices of those shuffles, kept in memory: built in registers
+ * (as the compiler does with constants made by intrinsics) they cost more
+ * instructions than the shuffles, in a loop short of registers to keep them */
+static const uint8_t group16_masks[4][32] = {
+#define G16_MASK(v) {4 * v, 4 * v + 1, 4 * v, 4 * v + 1, 4 * v, 4 * v + 1, 4 * v, 4 * v + 1,         \
+                     4 * v, 4 * v + 1, 4 * v, 4 * v + 1, 4 * v, 4 * v + 1, 4 * v, 4 * v + 1,         \
+                     4 * v + 2, 4 * v + 3, 4 * v + 2, 4 * v + 3, 4 * v + 2, 4 * v + 3, 4 * v + 2, 4 * v + 3, \
+                     4 * v + 2, 4 * v + 3, 4 * v + 2, 4 * v + 3, 4 * v + 2, 4 * v + 3, 4 * v + 2, 4 * v + 3}
+    G16_MASK(0), G16_MASK(1), G16_MASK(2), G16_MASK(3)
+#undef G16_MASK
+};
 LI_INLINE void group16_weights(__m256i s, __m256i wts[8]) {
     const __m256i lo = _mm256_permute4x64_epi64(s, 0x44), hi = _mm256_permute4x64_epi64(s, 0xee);
     for (int v = 0; v < 4; v++) {
-        const __m256i m = combine128(_mm_set1_epi16((short)((4 * v + 1) << 8 | 4 * v)),
-                                     _mm_set1_epi16((short)((4 * v + 3) << 8 | (4 * v + 2))));
+        const __m256i m = loadu(group16_masks[v]);
         wts[v] = _mm256_shuffle_epi8(lo, m);
         wts[v + 4] = _mm256_shuffle_epi8(hi, m);
     }
@@ -972,6 +982,174 @@ LI_INLINE void rows_k(const int type, int64_t k, const void *w, size_t ws, int n
     }
 }
 
+/* K-quants in decode (one activation row): as rows_q8_0_decode below, one
+ * weight row at a time, a single stream, each row's super-blocks summed into
+ * the pass buffer four at a time (a row's last one to three alone: a row of
+ * 1536 values is six super-blocks, and summing eight of them, the last one
+ * again, was a third more work); the last row's pass runs the four rows'
+ * chains (lane r: row r) a step behind its own sums. */
+LI_INLINE void kd_chain4(const int kmin, const pass_buf *pb, const act_q8_K *a, int j, int m, __m128 *acc) {
+    __m128 D[4], M[4], I[4], IM[4];
+    load_t4(pb->d[0] + j, pb->d[1] + j, pb->d[2] + j, pb->d[3] + j, D);
+    load_t4(pb->isum[0][0] + j, pb->isum[0][1] + j, pb->isum[0][2] + j, pb->isum[0][3] + j, I);
+    if (kmin) {
+        load_t4(pb->m[0] + j, pb->m[1] + j, pb->m[2] + j, pb->m[3] + j, M);
+        load_t4(pb->imin[0][0] + j, pb->imin[0][1] + j, pb->imin[0][2] + j, pb->imin[0][3] + j, IM);
+    }
+    for (int t = 0; t < 4; t++) {
+        if (t == m) break;
+        const __m128 dx = _mm_set1_ps(a[j + t].d);
+        *acc = _mm_fmadd_ps(I[t], _mm_mul_ps(D[t], dx), *acc);
+        if (kmin) *acc = _mm_fnmadd_ps(IM[t], _mm_mul_ps(M[t], dx), *acc);
+    }
+}
+
+/* Q6_K's k_row_sums for one activation row, one vector of 32 values at a
+ * time (no arrays of eight values and eight weights live at once) */
+LI_INLINE __m256i q6_K_sums1(const block_q6_K *b, const act_q8_K *a) {
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    __m256i isum0 = _mm256_setzero_si256(), isum1 = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        /* as unpack_q6_K and group16_weights */
+        const __m256i s = h ? _mm256_permute4x64_epi64(sc, 0xee) : _mm256_permute4x64_epi64(sc, 0x44);
+        const __m256i l0 = loadu(b->ql + 64 * h), l1 = loadu(b->ql + 64 * h + 32);
+        const __m256i qh = loadu(b->qh + 32 * h);
+        const int8_t *q8 = a->qs + 128 * h;
+        const __m256i u0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+        isum0 = _mm256_add_epi32(isum0, mul_sum_us8_w(u0, loadu(q8), _mm256_shuffle_epi8(s, loadu(group16_masks[0]))));
+        const __m256i u1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+        isum1 = _mm256_add_epi32(isum1, mul_sum_us8_w(u1, loadu(q8 + 32), _mm256_shuffle_epi8(s, loadu(group16_masks[1]))));
+        const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2));
+        isum0 = _mm256_add_epi32(isum0, mul_sum_us8_w(u2, loadu(q8 + 64), _mm256_shuffle_epi8(s, loadu(group16_masks[2]))));
+        const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+        isum1 = _mm256_add_epi32(isum1, mul_sum_us8_w(u3, loadu(q8 + 96), _mm256_shuffle_epi8(s, loadu(group16_masks[3]))));
+    }
+    /* u = q + 32: take 32 * sum(sc * group sums) back out */
+    return _mm256_sub_epi32(_mm256_add_epi32(isum0, isum1), _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a->bsums)), 5));
+}
+
+/* Q4_K's k_row_sums for one activation row, a group of four sub-blocks
+ * at a time, as unpack_q4_K and k_groups32_isum */
+LI_INLINE __m256i q4_K_sums1(const block_q4_K *b, const act_q8_K *a) {
+    __m128i sc8, mn8;
+    unpack_k_scales(b->scales, &sc8, &mn8);
+    const __m256i sc2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8)); /* s0 s0 s1 s1 .. s7 s7 */
+    const __m256i mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256i isum = _mm256_setzero_si256();
+    for (int g = 0; g < 2; g++) {
+        const __m256i x0 = loadu(b->qs + 64 * g), x1 = loadu(b->qs + 64 * g + 32);
+        const int8_t *q8 = a->qs + 128 * g;
+        __m256i p[4];
+        p[0] = _mm256_maddubs_epi16(_mm256_and_si256(x0, m4), loadu(q8));
+        p[1] = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x0, 4), m4), loadu(q8 + 32));
+        p[2] = _mm256_maddubs_epi16(_mm256_and_si256(x1, m4), loadu(q8 + 64));
+        p[3] = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x1, 4), m4), loadu(q8 + 96));
+        const __m256i wts = g ? _mm256_permute4x64_epi64(sc2, 0xee) : _mm256_permute4x64_epi64(sc2, 0x44);
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(fold4_i16(p), wts));
+    }
+    return _mm256_hadd_epi32(isum, _mm256_madd_epi16(mn, loadu(a->bsums)));
+}
+
+/* one super-block's k_row_sums against one activation row */
+LI_INLINE __m256i kd_sums(const int type, const char *p, const act_q8_K *a) {
+    if (type == LI_TYPE_Q6_K) return q6_K_sums1((const block_q6_K *)(const void *)p, a);
+    if (type == LI_TYPE_Q4_K) return q4_K_sums1((const block_q4_K *)(const void *)p, a);
+    const act_q8_K *at[LI_DOT_MAX_NC] = {a};
+    __m256i v[LI_DOT_MAX_NC];
+    k_row_sums(type, p, at, 1, v);
+    return v[0];
+}
+
+/* the sums v[0..3] (kd_sums) of four super-blocks of row r at blk[0..3] into
+ * the buffer's entries j .. j+3, with their d (and dmin) */
+LI_INLINE void kd_store4(const int type, const char *const blk[4], const __m256i v[4], pass_buf *pb, int r,
+                         int j) {
+    const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
+    __m128 dw, mw; /* d then dmin; Q3_K's and Q6_K's d ends the block: read it as a second half */
+    if (k_has_min(type)) {
+        f16x2_rows(blk, k_d_at(type), &dw, &mw);
+        _mm_storeu_ps(pb->m[r] + j, mw);
+        /* each half: (isum, imin) of super-blocks 0, 1, then of 2, 3 */
+        const __m128 f01 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h01), _mm256_extracti128_si256(h01, 1)));
+        const __m128 f23 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h23), _mm256_extracti128_si256(h23, 1)));
+        _mm_storeu_ps(pb->isum[0][r] + j, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0)));
+        _mm_storeu_ps(pb->imin[0][r] + j, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1)));
+    } else {
+        f16x2_rows(blk, k_d_at(type) - 2, &mw, &dw);
+        const __m256i hh = _mm256_hadd_epi32(h01, h23); /* each half: super-blocks 0-3 */
+        _mm_storeu_ps(pb->isum[0][r] + j, _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(hh), _mm256_extracti128_si256(hh, 1))));
+    }
+    _mm_storeu_ps(pb->d[r] + j, dw);
+}
+
+/* super-blocks [0, n) of one row (p: the chunk's first) into row r of the
+ * buffer, entries up to n rounded up to 4 (zeros past n); with chain set
+ * (the last row) the four chains follow */
+LI_INLINE void kd_int_pass(const int type, const char *p, const act_q8_K *a, int n, int r, pass_buf *pb,
+                           const int chain, __m128 *acc) {
+    const size_t bb = k_bytes(type);
+    int j = 0;
+    for (; j + 4 <= n; j += 4, p += 4 * bb) {
+        for (size_t o = 0; o < 4 * bb; o += 64) _mm_prefetch(p + K_AHEAD + o, _MM_HINT_T0);
+        /* one super-block a step, not unrolled: unrolled, the compiler
+         * interleaves the four and spills most of their vectors */
+        __m256i v[4];
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 1
+#endif
+        for (int t = 0; t < 4; t++) v[t] = kd_sums(type, p + t * bb, a + j + t);
+        const char *const blk[4] = {p, p + bb, p + 2 * bb, p + 3 * bb};
+        kd_store4(type, blk, v, pb, r, j);
+        if (chain) kd_chain4(k_has_min(type), pb, a, j, 4, acc);
+    }
+    if (j < n) { /* the last one to three: zeros past n, the scales of the last one again */
+        const int m = n - j;
+        for (size_t o = 0; o < (size_t)m * bb; o += 64) _mm_prefetch(p + K_AHEAD + o, _MM_HINT_T0);
+        __m256i v[4];
+        const char *blk[4];
+        for (int t = 0; t < 4; t++) {
+            blk[t] = p + (size_t)LI_MIN(t, m - 1) * bb;
+            v[t] = t < m ? kd_sums(type, blk[t], a + j + t) : _mm256_setzero_si256();
+        }
+        kd_store4(type, blk, v, pb, r, j);
+        if (chain) kd_chain4(k_has_min(type), pb, a, j, m, acc);
+    }
+}
+
+LI_INLINE void rows_k_decode(const int type, int64_t k, const void *w, size_t ws, int nr, const act_q8_K *x,
+                             float *y) {
+    const int64_t nb = k / QK_K;
+    pass_buf pb;
+    for (int r = nr; r < 4; r++) { /* lanes of missing rows: zeros, computed and dropped */
+        memset(pb.d[r], 0, sizeof(pb.d[r]));
+        memset(pb.m[r], 0, sizeof(pb.m[r]));
+        memset(pb.isum[0][r], 0, sizeof(pb.isum[0][r]));
+        memset(pb.imin[0][r], 0, sizeof(pb.imin[0][r]));
+    }
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t i0 = 0; i0 < nb; i0 += PASS_BLOCKS) {
+        const int n = (int)LI_MIN(PASS_BLOCKS, nb - i0);
+        for (int r = 0; r < nr; r++)
+            kd_int_pass(type, (const char *)w + (size_t)r * ws + (size_t)i0 * k_bytes(type), x + i0, n, r, &pb,
+                        r == nr - 1, &acc);
+    }
+    float t[4];
+    _mm_storeu_ps(t, acc);
+    for (int r = 0; r < nr; r++) y[r] = t[r];
+}
+
+/* K-quants: rows_k_decode for one activation row, rows_k for more */
+LI_INLINE void rows_kq(const int type, int64_t k, const void *w, size_t ws, int nr, const void *x, size_t xs,
+                       float *y, size_t ys, const int nc) {
+    if (nc == 1)
+        rows_k_decode(type, k, w, ws, nr, (const act_q8_K *)x, y);
+    else
+        rows_k(type, k, w, ws, nr, x, xs, y, ys, nc);
+}
+
 #define ROWS_Q_ENTRIES(name, T, worker)                                                        \
     static void dot_rows_##name(int64_t k, const void *w, size_t ws, int nr, const void *x,    \
                                 size_t xs, int nc, float *y, size_t ys) {                       \
@@ -990,11 +1168,11 @@ ROWS_Q_ENTRIES(q4_0, Q4_0, rows32)
 ROWS_Q_ENTRIES(q5_0, Q5_0, rows32)
 ROWS_Q_ENTRIES(q4_1, Q4_1, rows32)
 ROWS_Q_ENTRIES(q5_1, Q5_1, rows32)
-ROWS_Q_ENTRIES(q2_K, Q2_K, rows_k)
-ROWS_Q_ENTRIES(q3_K, Q3_K, rows_k)
-ROWS_Q_ENTRIES(q4_K, Q4_K, rows_k)
-ROWS_Q_ENTRIES(q5_K, Q5_K, rows_k)
-ROWS_Q_ENTRIES(q6_K, Q6_K, rows_k)
+ROWS_Q_ENTRIES(q2_K, Q2_K, rows_kq)
+ROWS_Q_ENTRIES(q3_K, Q3_K, rows_kq)
+ROWS_Q_ENTRIES(q4_K, Q4_K, rows_kq)
+ROWS_Q_ENTRIES(q5_K, Q5_K, rows_kq)
+ROWS_Q_ENTRIES(q6_K, Q6_K, rows_kq)
 #undef ROWS_Q_ENTRIES
 
 /* Q8_0 in decode (one activation row): one weight row at a time, front to
