@@ -982,19 +982,30 @@ LI_INLINE void rows_k(const int type, int64_t k, const void *w, size_t ws, int n
     }
 }
 
-/* K-quants in decode (one activation row): as rows_q8_0_decode below, one
- * weight row at a time, a single stream, each row's super-blocks summed into
- * the pass buffer four at a time (a row's last one to three alone: a row of
- * 1536 values is six super-blocks, and summing eight of them, the last one
- * again, was a third more work); the last row's pass runs the four rows'
- * chains (lane r: row r) a step behind its own sums. */
-LI_INLINE void kd_chain4(const int kmin, const pass_buf *pb, const act_q8_K *a, int j, int m, __m128 *acc) {
+/* K-quants in decode (one activation row): as rows_q8_0_decode below, a
+ * single stream of super-blocks, front to back. A call's rows lie one after
+ * another in memory, so with rows of up to PASS_BLOCKS super-blocks the nr
+ * rows are one run of nr * nb super-blocks, summed four at a time into a
+ * buffer (entry r * nb + i: row r's super-block i; rows of 1536 values are
+ * six super-blocks, which a row at a time left a tail of two each), and then
+ * the four rows' chains (lane r: row r) run over it in block order. Longer
+ * rows go a chunk of PASS_BLOCKS super-blocks at a time, row by row. */
+#define KD_SIZE (4 * PASS_BLOCKS + 4) /* and 4 read past the last row by the chains' transposes */
+typedef struct {
+    float isum[KD_SIZE], imin[KD_SIZE]; /* exact integer sums (as floats), of the sums with a min */
+    float d[KD_SIZE], m[KD_SIZE];       /* d, and dmin for the types with a min */
+} kd_buf;
+
+/* the chains over blocks j .. j+m-1 (m <= 4); row r's entries start at r * stride */
+LI_INLINE void kd_chain4(const int kmin, const kd_buf *pb, size_t stride, const act_q8_K *a, int j, int m,
+                         __m128 *acc) {
     __m128 D[4], M[4], I[4], IM[4];
-    load_t4(pb->d[0] + j, pb->d[1] + j, pb->d[2] + j, pb->d[3] + j, D);
-    load_t4(pb->isum[0][0] + j, pb->isum[0][1] + j, pb->isum[0][2] + j, pb->isum[0][3] + j, I);
+    const size_t s1 = stride + (size_t)j, s2 = 2 * stride + (size_t)j, s3 = 3 * stride + (size_t)j;
+    load_t4(pb->d + j, pb->d + s1, pb->d + s2, pb->d + s3, D);
+    load_t4(pb->isum + j, pb->isum + s1, pb->isum + s2, pb->isum + s3, I);
     if (kmin) {
-        load_t4(pb->m[0] + j, pb->m[1] + j, pb->m[2] + j, pb->m[3] + j, M);
-        load_t4(pb->imin[0][0] + j, pb->imin[0][1] + j, pb->imin[0][2] + j, pb->imin[0][3] + j, IM);
+        load_t4(pb->m + j, pb->m + s1, pb->m + s2, pb->m + s3, M);
+        load_t4(pb->imin + j, pb->imin + s1, pb->imin + s2, pb->imin + s3, IM);
     }
     for (int t = 0; t < 4; t++) {
         if (t == m) break;
@@ -1030,27 +1041,37 @@ LI_INLINE __m256i q6_K_sums1(const block_q6_K *b, const act_q8_K *a) {
     return _mm256_sub_epi32(_mm256_add_epi32(isum0, isum1), _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a->bsums)), 5));
 }
 
-/* Q4_K's k_row_sums for one activation row, a group of four sub-blocks
- * at a time, as unpack_q4_K and k_groups32_isum */
+/* the byte indices that broadcast 16-bit lane j of each 128-bit half */
+static const uint8_t bcast16_masks[8][32] = {
+#define B16_MASK(j) {2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                     2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                     2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                     2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1}
+    B16_MASK(0), B16_MASK(1), B16_MASK(2), B16_MASK(3), B16_MASK(4), B16_MASK(5), B16_MASK(6), B16_MASK(7)
+#undef B16_MASK
+};
+
+/* Q4_K's k_row_sums for one activation row: each sub-block's pair sums
+ * weighted by its scale (broadcast with one vpshufb) in one vpmaddwd, not
+ * folded four at a time with vphaddw as k_groups32_isum does (a vphaddw is
+ * three micro-ops, one every two cycles on Zen 3: with one activation row
+ * the folds, not the multiplies, were what a super-block waited on) */
 LI_INLINE __m256i q4_K_sums1(const block_q4_K *b, const act_q8_K *a) {
     __m128i sc8, mn8;
     unpack_k_scales(b->scales, &sc8, &mn8);
-    const __m256i sc2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8)); /* s0 s0 s1 s1 .. s7 s7 */
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8)); /* s0 .. s7 in each half */
     const __m256i mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
     const __m256i m4 = _mm256_set1_epi8(15);
-    __m256i isum = _mm256_setzero_si256();
-    for (int g = 0; g < 2; g++) {
-        const __m256i x0 = loadu(b->qs + 64 * g), x1 = loadu(b->qs + 64 * g + 32);
-        const int8_t *q8 = a->qs + 128 * g;
-        __m256i p[4];
-        p[0] = _mm256_maddubs_epi16(_mm256_and_si256(x0, m4), loadu(q8));
-        p[1] = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x0, 4), m4), loadu(q8 + 32));
-        p[2] = _mm256_maddubs_epi16(_mm256_and_si256(x1, m4), loadu(q8 + 64));
-        p[3] = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x1, 4), m4), loadu(q8 + 96));
-        const __m256i wts = g ? _mm256_permute4x64_epi64(sc2, 0xee) : _mm256_permute4x64_epi64(sc2, 0x44);
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(fold4_i16(p), wts));
+    __m256i isum0 = _mm256_setzero_si256(), isum1 = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */
+        const __m256i x = loadu(b->qs + 32 * c);
+        const int8_t *q8 = a->qs + 64 * c;
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(x, m4), loadu(q8));
+        const __m256i p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x, 4), m4), loadu(q8 + 32));
+        isum0 = _mm256_add_epi32(isum0, _mm256_madd_epi16(p0, _mm256_shuffle_epi8(sc, loadu(bcast16_masks[2 * c]))));
+        isum1 = _mm256_add_epi32(isum1, _mm256_madd_epi16(p1, _mm256_shuffle_epi8(sc, loadu(bcast16_masks[2 * c + 1]))));
     }
-    return _mm256_hadd_epi32(isum, _mm256_madd_epi16(mn, loadu(a->bsums)));
+    return _mm256_hadd_epi32(_mm256_add_epi32(isum0, isum1), _mm256_madd_epi16(mn, loadu(a->bsums)));
 }
 
 /* one super-block's k_row_sums against one activation row */
@@ -1063,36 +1084,37 @@ LI_INLINE __m256i kd_sums(const int type, const char *p, const act_q8_K *a) {
     return v[0];
 }
 
-/* the sums v[0..3] (kd_sums) of four super-blocks of row r at blk[0..3] into
- * the buffer's entries j .. j+3, with their d (and dmin) */
-LI_INLINE void kd_store4(const int type, const char *const blk[4], const __m256i v[4], pass_buf *pb, int r,
-                         int j) {
+/* the sums v[0..3] (kd_sums) of four super-blocks at blk[0..3] into the
+ * buffer's entries e .. e+3, with their d (and dmin) */
+LI_INLINE void kd_store4(const int type, const char *const blk[4], const __m256i v[4], kd_buf *pb, size_t e) {
     const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
     __m128 dw, mw; /* d then dmin; Q3_K's and Q6_K's d ends the block: read it as a second half */
     if (k_has_min(type)) {
         f16x2_rows(blk, k_d_at(type), &dw, &mw);
-        _mm_storeu_ps(pb->m[r] + j, mw);
+        _mm_storeu_ps(pb->m + e, mw);
         /* each half: (isum, imin) of super-blocks 0, 1, then of 2, 3 */
         const __m128 f01 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h01), _mm256_extracti128_si256(h01, 1)));
         const __m128 f23 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h23), _mm256_extracti128_si256(h23, 1)));
-        _mm_storeu_ps(pb->isum[0][r] + j, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0)));
-        _mm_storeu_ps(pb->imin[0][r] + j, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1)));
+        _mm_storeu_ps(pb->isum + e, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0)));
+        _mm_storeu_ps(pb->imin + e, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1)));
     } else {
         f16x2_rows(blk, k_d_at(type) - 2, &mw, &dw);
         const __m256i hh = _mm256_hadd_epi32(h01, h23); /* each half: super-blocks 0-3 */
-        _mm_storeu_ps(pb->isum[0][r] + j, _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(hh), _mm256_extracti128_si256(hh, 1))));
+        _mm_storeu_ps(pb->isum + e, _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(hh), _mm256_extracti128_si256(hh, 1))));
     }
-    _mm_storeu_ps(pb->d[r] + j, dw);
+    _mm_storeu_ps(pb->d + e, dw);
 }
 
-/* super-blocks [0, n) of one row (p: the chunk's first) into row r of the
- * buffer, entries up to n rounded up to 4 (zeros past n); with chain set
- * (the last row) the four chains follow */
-LI_INLINE void kd_int_pass(const int type, const char *p, const act_q8_K *a, int n, int r, pass_buf *pb,
-                           const int chain, __m128 *acc) {
+/* cnt super-blocks from p, one after another, into entries e .. e+cnt-1
+ * (rounded up to 4, zeros past cnt); super-block i of the run is column
+ * (i0 + i) mod nb of a row (a: the activation row's blocks). The weight
+ * stream is hinted K_AHEAD bytes ahead (at a run's end into the next
+ * call's rows: hints never fault). */
+LI_INLINE void kd_run(const int type, const char *p, int cnt, const act_q8_K *a, int i0, int nb, kd_buf *pb,
+                      size_t e) {
     const size_t bb = k_bytes(type);
-    int j = 0;
-    for (; j + 4 <= n; j += 4, p += 4 * bb) {
+    int i = 0, ai = i0;
+    for (; i + 4 <= cnt; i += 4, p += 4 * bb) {
         for (size_t o = 0; o < 4 * bb; o += 64) _mm_prefetch(p + K_AHEAD + o, _MM_HINT_T0);
         /* one super-block a step, not unrolled: unrolled, the compiler
          * interleaves the four and spills most of their vectors */
@@ -1100,41 +1122,64 @@ LI_INLINE void kd_int_pass(const int type, const char *p, const act_q8_K *a, int
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC unroll 1
 #endif
-        for (int t = 0; t < 4; t++) v[t] = kd_sums(type, p + t * bb, a + j + t);
+        for (int t = 0; t < 4; t++) {
+            v[t] = kd_sums(type, p + t * bb, a + ai);
+            if (++ai == nb) ai = 0;
+        }
         const char *const blk[4] = {p, p + bb, p + 2 * bb, p + 3 * bb};
-        kd_store4(type, blk, v, pb, r, j);
-        if (chain) kd_chain4(k_has_min(type), pb, a, j, 4, acc);
+        kd_store4(type, blk, v, pb, e + (size_t)i);
     }
-    if (j < n) { /* the last one to three: zeros past n, the scales of the last one again */
-        const int m = n - j;
-        for (size_t o = 0; o < (size_t)m * bb; o += 64) _mm_prefetch(p + K_AHEAD + o, _MM_HINT_T0);
+    if (i < cnt) { /* the last one to three: zeros past cnt, the scales of the last one again */
+        const int m = cnt - i;
+        for (size_t o = 0; o < 4 * bb; o += 64) _mm_prefetch(p + K_AHEAD + o, _MM_HINT_T0);
         __m256i v[4];
         const char *blk[4];
         for (int t = 0; t < 4; t++) {
             blk[t] = p + (size_t)LI_MIN(t, m - 1) * bb;
-            v[t] = t < m ? kd_sums(type, blk[t], a + j + t) : _mm256_setzero_si256();
+            if (t < m) {
+                v[t] = kd_sums(type, blk[t], a + ai);
+                if (++ai == nb) ai = 0;
+            } else {
+                v[t] = _mm256_setzero_si256();
+            }
         }
-        kd_store4(type, blk, v, pb, r, j);
-        if (chain) kd_chain4(k_has_min(type), pb, a, j, m, acc);
+        kd_store4(type, blk, v, pb, e + (size_t)i);
+    }
+}
+
+/* rows [nr, 4) of the buffer (row r at r * stride, n entries and the 4 the
+ * transposes read past them): zeros, their lanes computed and dropped */
+LI_INLINE void kd_zero_rows(kd_buf *pb, size_t stride, int n, int nr) {
+    for (int r = nr; r < 4; r++) {
+        const size_t e = (size_t)r * stride, len = ((size_t)n + 4) * sizeof(float);
+        memset(pb->isum + e, 0, len);
+        memset(pb->imin + e, 0, len);
+        memset(pb->d + e, 0, len);
+        memset(pb->m + e, 0, len);
     }
 }
 
 LI_INLINE void rows_k_decode(const int type, int64_t k, const void *w, size_t ws, int nr, const act_q8_K *x,
                              float *y) {
     const int64_t nb = k / QK_K;
-    pass_buf pb;
-    for (int r = nr; r < 4; r++) { /* lanes of missing rows: zeros, computed and dropped */
-        memset(pb.d[r], 0, sizeof(pb.d[r]));
-        memset(pb.m[r], 0, sizeof(pb.m[r]));
-        memset(pb.isum[0][r], 0, sizeof(pb.isum[0][r]));
-        memset(pb.imin[0][r], 0, sizeof(pb.imin[0][r]));
-    }
+    const size_t bb = k_bytes(type);
+    const int kmin = k_has_min(type);
+    kd_buf pb;
     __m128 acc = _mm_setzero_ps();
-    for (int64_t i0 = 0; i0 < nb; i0 += PASS_BLOCKS) {
-        const int n = (int)LI_MIN(PASS_BLOCKS, nb - i0);
-        for (int r = 0; r < nr; r++)
-            kd_int_pass(type, (const char *)w + (size_t)r * ws + (size_t)i0 * k_bytes(type), x + i0, n, r, &pb,
-                        r == nr - 1, &acc);
+    if (nb <= PASS_BLOCKS && ws == (size_t)nb * bb) { /* the rows as one run */
+        const int n = (int)nb;
+        kd_run(type, (const char *)w, nr * n, x, 0, n, &pb, 0);
+        if (nr < 4) kd_zero_rows(&pb, (size_t)n, n, nr);
+        for (int j = 0; j < n; j += 4) kd_chain4(kmin, &pb, (size_t)n, x, j, LI_MIN(4, n - j), &acc);
+    } else {
+        kd_zero_rows(&pb, PASS_BLOCKS, PASS_BLOCKS, nr);
+        for (int64_t i0 = 0; i0 < nb; i0 += PASS_BLOCKS) {
+            const int n = (int)LI_MIN(PASS_BLOCKS, nb - i0);
+            for (int r = 0; r < nr; r++)
+                kd_run(type, (const char *)w + (size_t)r * ws + (size_t)i0 * bb, n, x + i0, 0, n, &pb,
+                       (size_t)r * PASS_BLOCKS);
+            for (int j = 0; j < n; j += 4) kd_chain4(kmin, &pb, PASS_BLOCKS, x + i0, j, LI_MIN(4, n - j), &acc);
+        }
     }
     float t[4];
     _mm_storeu_ps(t, acc);
