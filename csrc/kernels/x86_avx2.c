@@ -606,7 +606,9 @@ static void dot_bf16(int64_t k, const void *w, const void *x, size_t xs, int nc,
  *   back, and keeps each super-block's exact sums (as floats: scalar.c's
  *   conversion) and scales in a small buffer; a float pass transposes four
  *   super-blocks of it at a time (lane r: row r) and applies the scales to
- *   the four rows at once.
+ *   the four rows at once. In decode (rows_k_decode) the same, but a call's
+ *   rows are summed as one run of super-blocks, one at a time, with Q4_K's
+ *   and Q6_K's sums written for one activation row.
  *
  * Reading rows side by side (a short stream per row) was what cost most:
  * from DRAM it ran Q8_0 and the K-quants at about half their one-row speed
@@ -875,10 +877,10 @@ LI_INLINE void k_pair_sums(const int type, const char *p0, const char *p1, int64
     for (int c = 0; c < nc; c++) h[c] = _mm256_hadd_epi32(v0[c], v1[c]);
 }
 
-/* In decode the integer pass hints the weight stream K_AHEAD bytes ahead
- * of its loads: rows are read one after another, front to back, so the
- * stream runs on into the next rows (and, at a share's end, past it: hints
- * never fault). The hardware prefetchers alone left a 1-thread Q4_K or
+/* In decode (kd_run below) the integer pass hints the weight stream K_AHEAD
+ * bytes ahead of its loads: rows are read one after another, front to back,
+ * so the stream runs on into the next rows (and, at a share's end, past it:
+ * hints never fault). The hardware prefetchers alone left a 1-thread Q4_K or
  * Q6_K matvec well short of a plain read on a Zen 3 host; measurements:
  * docs/kernel-tuning.md#avx2-k-quant-stream-hints */
 #ifndef K_AHEAD
@@ -899,8 +901,6 @@ LI_INLINE void int_pass_k(const int type, const char *row, int r, int64_t i0, in
             for (int t = 0; t < 4; t++) idx[t] = i0 + LI_MIN(j + t, n - 1);
         const char *blk[4];
         for (int t = 0; t < 4; t++) blk[t] = row + (size_t)idx[t] * bb;
-        if (nc == 1) /* decode: the stream K_AHEAD bytes on (this row's or the rows after it) */
-            for (size_t o = 0; o < 4 * bb; o += 64) _mm_prefetch(blk[0] + K_AHEAD + o, _MM_HINT_T0);
         /* h[0]: vphaddd of super-blocks 0 and 1's sums, h[1]: of 2 and 3 (folded
          * as they come, so that few vectors stay live) */
         __m256i h[2][LI_DOT_MAX_NC];
@@ -1057,10 +1057,18 @@ static const uint8_t bcast16_masks[8][32] = {
  * three micro-ops, one every two cycles on Zen 3: with one activation row
  * the folds, not the multiplies, were what a super-block waited on) */
 LI_INLINE __m256i q4_K_sums1(const block_q4_K *b, const act_q8_K *a) {
-    __m128i sc8, mn8;
-    unpack_k_scales(b->scales, &sc8, &mn8);
-    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8)); /* s0 .. s7 in each half */
-    const __m256i mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+    /* unpack_k_scales in vector registers (fewer instructions than its
+     * scalar words and inserts): dwords w0 w1 w2 of the 12 bytes (the 4
+     * after them are the block's first values, unused); r: sc0-3, sc4-7,
+     * mn0-3, mn4-7 */
+    const __m128i w = _mm_loadu_si128((const __m128i *)(const void *)b->scales);
+    const __m128i lo = _mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0));                     /* w0 w2 w1 w2 */
+    const __m128i top = _mm_srli_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)), 2); /* w0 w0 w1 w1, >> 2 */
+    const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srlv_epi32(lo, _mm_setr_epi32(0, 0, 0, 4)), _mm_set1_epi8(0x0f)),
+                                    _mm_and_si128(top, _mm_set1_epi8(0x30)));
+    const __m128i r = _mm_blend_epi32(_mm_and_si128(lo, _mm_set1_epi8(0x3f)), hi, 0xA);
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(r)); /* s0 .. s7 in each half */
+    const __m256i mn = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(r, r));
     const __m256i m4 = _mm256_set1_epi8(15);
     __m256i isum0 = _mm256_setzero_si256(), isum1 = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */
