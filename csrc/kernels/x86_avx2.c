@@ -104,11 +104,9 @@ LI_INLINE __m256i bcast_i16(__m256i v, int j) {
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)((2 * j + 1) << 8 | 2 * j)));
 }
 
-/* For groups of 16 (Q2_K, Q3_K, Q6_K): from 16 int16 scales s, the madd weights
- * of vector v (elements 32v..32v+31): scale 2v in the low lane, 2v+1 in the high */
-/* the byte indices of those shuffles, kept in memory: built in registers
- * (as the compiler does with constants made by intrinsics) they cost more
- * instructions than the shuffles, in a loop short of registers to keep them */
+/* the byte indices of group16_weights' shuffles, kept in memory: built in
+ * registers (as the compiler does with constants made by intrinsics) they
+ * cost more instructions than the shuffles, in loops short of registers */
 static const uint8_t group16_masks[4][32] = {
 #define G16_MASK(v) {4 * v, 4 * v + 1, 4 * v, 4 * v + 1, 4 * v, 4 * v + 1, 4 * v, 4 * v + 1,         \
                      4 * v, 4 * v + 1, 4 * v, 4 * v + 1, 4 * v, 4 * v + 1, 4 * v, 4 * v + 1,         \
@@ -117,6 +115,9 @@ static const uint8_t group16_masks[4][32] = {
     G16_MASK(0), G16_MASK(1), G16_MASK(2), G16_MASK(3)
 #undef G16_MASK
 };
+
+/* For groups of 16 (Q2_K, Q3_K, Q6_K): from 16 int16 scales s, the madd weights
+ * of vector v (elements 32v..32v+31): scale 2v in the low lane, 2v+1 in the high */
 LI_INLINE void group16_weights(__m256i s, __m256i wts[8]) {
     const __m256i lo = _mm256_permute4x64_epi64(s, 0x44), hi = _mm256_permute4x64_epi64(s, 0xee);
     for (int v = 0; v < 4; v++) {
@@ -1115,13 +1116,12 @@ LI_INLINE void kd_store4(const int type, const char *const blk[4], const __m256i
 
 /* cnt super-blocks from p, one after another, into entries e .. e+cnt-1
  * (rounded up to 4, zeros past cnt); super-block i of the run is column
- * (i0 + i) mod nb of a row (a: the activation row's blocks). The weight
+ * i mod nb of a row (a: the activation row's blocks). The weight
  * stream is hinted K_AHEAD bytes ahead (at a run's end into the next
  * call's rows: hints never fault). */
-LI_INLINE void kd_run(const int type, const char *p, int cnt, const act_q8_K *a, int i0, int nb, kd_buf *pb,
-                      size_t e) {
+LI_INLINE void kd_run(const int type, const char *p, int cnt, const act_q8_K *a, int nb, kd_buf *pb, size_t e) {
     const size_t bb = k_bytes(type);
-    int i = 0, ai = i0;
+    int i = 0, ai = 0;
     for (; i + 4 <= cnt; i += 4, p += 4 * bb) {
         for (size_t o = 0; o < 4 * bb; o += 64) _mm_prefetch(p + K_AHEAD + o, _MM_HINT_T0);
         /* one super-block a step, not unrolled: unrolled, the compiler
@@ -1176,7 +1176,7 @@ LI_INLINE void rows_k_decode(const int type, int64_t k, const void *w, size_t ws
     __m128 acc = _mm_setzero_ps();
     if (nb <= PASS_BLOCKS && ws == (size_t)nb * bb) { /* the rows as one run */
         const int n = (int)nb;
-        kd_run(type, (const char *)w, nr * n, x, 0, n, &pb, 0);
+        kd_run(type, (const char *)w, nr * n, x, n, &pb, 0);
         if (nr < 4) kd_zero_rows(&pb, (size_t)n, n, nr);
         for (int j = 0; j < n; j += 4) kd_chain4(kmin, &pb, (size_t)n, x, j, LI_MIN(4, n - j), &acc);
     } else {
@@ -1184,7 +1184,7 @@ LI_INLINE void rows_k_decode(const int type, int64_t k, const void *w, size_t ws
         for (int64_t i0 = 0; i0 < nb; i0 += PASS_BLOCKS) {
             const int n = (int)LI_MIN(PASS_BLOCKS, nb - i0);
             for (int r = 0; r < nr; r++)
-                kd_run(type, (const char *)w + (size_t)r * ws + (size_t)i0 * bb, n, x + i0, 0, n, &pb,
+                kd_run(type, (const char *)w + (size_t)r * ws + (size_t)i0 * bb, n, x + i0, n, &pb,
                        (size_t)r * PASS_BLOCKS);
             for (int j = 0; j < n; j += 4) kd_chain4(kmin, &pb, PASS_BLOCKS, x + i0, j, LI_MIN(4, n - j), &acc);
         }
