@@ -104,13 +104,24 @@ LI_INLINE __m256i bcast_i16(__m256i v, int j) {
     return _mm256_shuffle_epi8(v, _mm256_set1_epi16((short)((2 * j + 1) << 8 | 2 * j)));
 }
 
+/* the byte indices of group16_weights' shuffles, kept in memory: built in
+ * registers (as the compiler does with constants made by intrinsics) they
+ * cost more instructions than the shuffles, in loops short of registers */
+static const uint8_t group16_masks[4][32] = {
+#define G16_MASK(v) {4 * v, 4 * v + 1, 4 * v, 4 * v + 1, 4 * v, 4 * v + 1, 4 * v, 4 * v + 1,         \
+                     4 * v, 4 * v + 1, 4 * v, 4 * v + 1, 4 * v, 4 * v + 1, 4 * v, 4 * v + 1,         \
+                     4 * v + 2, 4 * v + 3, 4 * v + 2, 4 * v + 3, 4 * v + 2, 4 * v + 3, 4 * v + 2, 4 * v + 3, \
+                     4 * v + 2, 4 * v + 3, 4 * v + 2, 4 * v + 3, 4 * v + 2, 4 * v + 3, 4 * v + 2, 4 * v + 3}
+    G16_MASK(0), G16_MASK(1), G16_MASK(2), G16_MASK(3)
+#undef G16_MASK
+};
+
 /* For groups of 16 (Q2_K, Q3_K, Q6_K): from 16 int16 scales s, the madd weights
  * of vector v (elements 32v..32v+31): scale 2v in the low lane, 2v+1 in the high */
 LI_INLINE void group16_weights(__m256i s, __m256i wts[8]) {
     const __m256i lo = _mm256_permute4x64_epi64(s, 0x44), hi = _mm256_permute4x64_epi64(s, 0xee);
     for (int v = 0; v < 4; v++) {
-        const __m256i m = combine128(_mm_set1_epi16((short)((4 * v + 1) << 8 | 4 * v)),
-                                     _mm_set1_epi16((short)((4 * v + 3) << 8 | (4 * v + 2))));
+        const __m256i m = loadu(group16_masks[v]);
         wts[v] = _mm256_shuffle_epi8(lo, m);
         wts[v + 4] = _mm256_shuffle_epi8(hi, m);
     }
@@ -596,7 +607,9 @@ static void dot_bf16(int64_t k, const void *w, const void *x, size_t xs, int nc,
  *   back, and keeps each super-block's exact sums (as floats: scalar.c's
  *   conversion) and scales in a small buffer; a float pass transposes four
  *   super-blocks of it at a time (lane r: row r) and applies the scales to
- *   the four rows at once.
+ *   the four rows at once. In decode (rows_k_decode) the same, but a call's
+ *   rows are summed as one run of super-blocks, one at a time, with Q4_K's
+ *   and Q6_K's sums written for one activation row.
  *
  * Reading rows side by side (a short stream per row) was what cost most:
  * from DRAM it ran Q8_0 and the K-quants at about half their one-row speed
@@ -865,10 +878,10 @@ LI_INLINE void k_pair_sums(const int type, const char *p0, const char *p1, int64
     for (int c = 0; c < nc; c++) h[c] = _mm256_hadd_epi32(v0[c], v1[c]);
 }
 
-/* In decode the integer pass hints the weight stream K_AHEAD bytes ahead
- * of its loads: rows are read one after another, front to back, so the
- * stream runs on into the next rows (and, at a share's end, past it: hints
- * never fault). The hardware prefetchers alone left a 1-thread Q4_K or
+/* In decode (kd_run below) the integer pass hints the weight stream K_AHEAD
+ * bytes ahead of its loads: rows are read one after another, front to back,
+ * so the stream runs on into the next rows (and, at a share's end, past it:
+ * hints never fault). The hardware prefetchers alone left a 1-thread Q4_K or
  * Q6_K matvec well short of a plain read on a Zen 3 host; measurements:
  * docs/kernel-tuning.md#avx2-k-quant-stream-hints */
 #ifndef K_AHEAD
@@ -889,8 +902,6 @@ LI_INLINE void int_pass_k(const int type, const char *row, int r, int64_t i0, in
             for (int t = 0; t < 4; t++) idx[t] = i0 + LI_MIN(j + t, n - 1);
         const char *blk[4];
         for (int t = 0; t < 4; t++) blk[t] = row + (size_t)idx[t] * bb;
-        if (nc == 1) /* decode: the stream K_AHEAD bytes on (this row's or the rows after it) */
-            for (size_t o = 0; o < 4 * bb; o += 64) _mm_prefetch(blk[0] + K_AHEAD + o, _MM_HINT_T0);
         /* h[0]: vphaddd of super-blocks 0 and 1's sums, h[1]: of 2 and 3 (folded
          * as they come, so that few vectors stay live) */
         __m256i h[2][LI_DOT_MAX_NC];
@@ -972,6 +983,226 @@ LI_INLINE void rows_k(const int type, int64_t k, const void *w, size_t ws, int n
     }
 }
 
+/* K-quants in decode (one activation row): as rows_q8_0_decode below, a
+ * single stream of super-blocks, front to back. A call's rows lie one after
+ * another in memory, so with rows of up to PASS_BLOCKS super-blocks the nr
+ * rows are one run of nr * nb super-blocks, summed four at a time into a
+ * buffer (entry r * nb + i: row r's super-block i; rows of 1536 values are
+ * six super-blocks, which a row at a time left a tail of two each), and then
+ * the four rows' chains (lane r: row r) run over it in block order. Longer
+ * rows go a chunk of PASS_BLOCKS super-blocks at a time, row by row. */
+#define KD_SIZE (4 * PASS_BLOCKS + 4) /* and 4 read past the last row by the chains' transposes */
+typedef struct {
+    float isum[KD_SIZE], imin[KD_SIZE]; /* exact integer sums (as floats), of the sums with a min */
+    float d[KD_SIZE], m[KD_SIZE];       /* d, and dmin for the types with a min */
+} kd_buf;
+
+/* the chains over blocks j .. j+m-1 (m <= 4); row r's entries start at r * stride */
+LI_INLINE void kd_chain4(const int kmin, const kd_buf *pb, size_t stride, const act_q8_K *a, int j, int m,
+                         __m128 *acc) {
+    __m128 D[4], M[4], I[4], IM[4];
+    const size_t s1 = stride + (size_t)j, s2 = 2 * stride + (size_t)j, s3 = 3 * stride + (size_t)j;
+    load_t4(pb->d + j, pb->d + s1, pb->d + s2, pb->d + s3, D);
+    load_t4(pb->isum + j, pb->isum + s1, pb->isum + s2, pb->isum + s3, I);
+    if (kmin) {
+        load_t4(pb->m + j, pb->m + s1, pb->m + s2, pb->m + s3, M);
+        load_t4(pb->imin + j, pb->imin + s1, pb->imin + s2, pb->imin + s3, IM);
+    }
+    for (int t = 0; t < 4; t++) {
+        if (t == m) break;
+        const __m128 dx = _mm_set1_ps(a[j + t].d);
+        *acc = _mm_fmadd_ps(I[t], _mm_mul_ps(D[t], dx), *acc);
+        if (kmin) *acc = _mm_fnmadd_ps(IM[t], _mm_mul_ps(M[t], dx), *acc);
+    }
+}
+
+/* Q6_K's k_row_sums for one activation row, one vector of 32 values at a
+ * time (no arrays of eight values and eight weights live at once) */
+LI_INLINE __m256i q6_K_sums1(const block_q6_K *b, const act_q8_K *a) {
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(0x30);
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    __m256i isum0 = _mm256_setzero_si256(), isum1 = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        /* as unpack_q6_K and group16_weights */
+        const __m256i s = h ? _mm256_permute4x64_epi64(sc, 0xee) : _mm256_permute4x64_epi64(sc, 0x44);
+        const __m256i l0 = loadu(b->ql + 64 * h), l1 = loadu(b->ql + 64 * h + 32);
+        const __m256i qh = loadu(b->qh + 32 * h);
+        const int8_t *q8 = a->qs + 128 * h;
+        const __m256i u0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+        isum0 = _mm256_add_epi32(isum0, mul_sum_us8_w(u0, loadu(q8), _mm256_shuffle_epi8(s, loadu(group16_masks[0]))));
+        const __m256i u1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+        isum1 = _mm256_add_epi32(isum1, mul_sum_us8_w(u1, loadu(q8 + 32), _mm256_shuffle_epi8(s, loadu(group16_masks[1]))));
+        const __m256i u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2));
+        isum0 = _mm256_add_epi32(isum0, mul_sum_us8_w(u2, loadu(q8 + 64), _mm256_shuffle_epi8(s, loadu(group16_masks[2]))));
+        const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+        isum1 = _mm256_add_epi32(isum1, mul_sum_us8_w(u3, loadu(q8 + 96), _mm256_shuffle_epi8(s, loadu(group16_masks[3]))));
+    }
+    /* u = q + 32: take 32 * sum(sc * group sums) back out */
+    return _mm256_sub_epi32(_mm256_add_epi32(isum0, isum1), _mm256_slli_epi32(_mm256_madd_epi16(sc, loadu(a->bsums)), 5));
+}
+
+/* the byte indices that broadcast 16-bit lane j of each 128-bit half */
+static const uint8_t bcast16_masks[8][32] = {
+#define B16_MASK(j) {2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                     2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                     2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                     2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1}
+    B16_MASK(0), B16_MASK(1), B16_MASK(2), B16_MASK(3), B16_MASK(4), B16_MASK(5), B16_MASK(6), B16_MASK(7)
+#undef B16_MASK
+};
+
+/* Q4_K's k_row_sums for one activation row: each sub-block's pair sums
+ * weighted by its scale (broadcast with one vpshufb) in one vpmaddwd, not
+ * folded four at a time with vphaddw as k_groups32_isum does (a vphaddw is
+ * three micro-ops, one every two cycles on Zen 3: with one activation row
+ * the folds, not the multiplies, were what a super-block waited on) */
+LI_INLINE __m256i q4_K_sums1(const block_q4_K *b, const act_q8_K *a) {
+    /* unpack_k_scales in vector registers (fewer instructions than its
+     * scalar words and inserts): dwords w0 w1 w2 of the 12 bytes (the 4
+     * after them are the block's first values, unused); r: sc0-3, sc4-7,
+     * mn0-3, mn4-7 */
+    const __m128i w = _mm_loadu_si128((const __m128i *)(const void *)b->scales);
+    const __m128i lo = _mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0));                     /* w0 w2 w1 w2 */
+    const __m128i top = _mm_srli_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)), 2); /* w0 w0 w1 w1, >> 2 */
+    const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srlv_epi32(lo, _mm_setr_epi32(0, 0, 0, 4)), _mm_set1_epi8(0x0f)),
+                                    _mm_and_si128(top, _mm_set1_epi8(0x30)));
+    const __m128i r = _mm_blend_epi32(_mm_and_si128(lo, _mm_set1_epi8(0x3f)), hi, 0xA);
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(r)); /* s0 .. s7 in each half */
+    const __m256i mn = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(r, r));
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256i isum0 = _mm256_setzero_si256(), isum1 = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */
+        const __m256i x = loadu(b->qs + 32 * c);
+        const int8_t *q8 = a->qs + 64 * c;
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(x, m4), loadu(q8));
+        const __m256i p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x, 4), m4), loadu(q8 + 32));
+        isum0 = _mm256_add_epi32(isum0, _mm256_madd_epi16(p0, _mm256_shuffle_epi8(sc, loadu(bcast16_masks[2 * c]))));
+        isum1 = _mm256_add_epi32(isum1, _mm256_madd_epi16(p1, _mm256_shuffle_epi8(sc, loadu(bcast16_masks[2 * c + 1]))));
+    }
+    return _mm256_hadd_epi32(_mm256_add_epi32(isum0, isum1), _mm256_madd_epi16(mn, loadu(a->bsums)));
+}
+
+/* one super-block's k_row_sums against one activation row */
+LI_INLINE __m256i kd_sums(const int type, const char *p, const act_q8_K *a) {
+    if (type == LI_TYPE_Q6_K) return q6_K_sums1((const block_q6_K *)(const void *)p, a);
+    if (type == LI_TYPE_Q4_K) return q4_K_sums1((const block_q4_K *)(const void *)p, a);
+    const act_q8_K *at[LI_DOT_MAX_NC] = {a};
+    __m256i v[LI_DOT_MAX_NC];
+    k_row_sums(type, p, at, 1, v);
+    return v[0];
+}
+
+/* the sums v[0..3] (kd_sums) of four super-blocks at blk[0..3] into the
+ * buffer's entries e .. e+3, with their d (and dmin) */
+LI_INLINE void kd_store4(const int type, const char *const blk[4], const __m256i v[4], kd_buf *pb, size_t e) {
+    const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
+    __m128 dw, mw; /* d then dmin; Q3_K's and Q6_K's d ends the block: read it as a second half */
+    if (k_has_min(type)) {
+        f16x2_rows(blk, k_d_at(type), &dw, &mw);
+        _mm_storeu_ps(pb->m + e, mw);
+        /* each half: (isum, imin) of super-blocks 0, 1, then of 2, 3 */
+        const __m128 f01 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h01), _mm256_extracti128_si256(h01, 1)));
+        const __m128 f23 = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h23), _mm256_extracti128_si256(h23, 1)));
+        _mm_storeu_ps(pb->isum + e, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(2, 0, 2, 0)));
+        _mm_storeu_ps(pb->imin + e, _mm_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 1, 3, 1)));
+    } else {
+        f16x2_rows(blk, k_d_at(type) - 2, &mw, &dw);
+        const __m256i hh = _mm256_hadd_epi32(h01, h23); /* each half: super-blocks 0-3 */
+        _mm_storeu_ps(pb->isum + e, _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(hh), _mm256_extracti128_si256(hh, 1))));
+    }
+    _mm_storeu_ps(pb->d + e, dw);
+}
+
+/* cnt super-blocks from p, one after another, into entries e .. e+cnt-1
+ * (rounded up to 4, zeros past cnt); super-block i of the run is column
+ * i mod nb of a row (a: the activation row's blocks). The weight
+ * stream is hinted K_AHEAD bytes ahead (at a run's end into the next
+ * call's rows: hints never fault). */
+LI_INLINE void kd_run(const int type, const char *p, int cnt, const act_q8_K *a, int nb, kd_buf *pb, size_t e) {
+    const size_t bb = k_bytes(type);
+    int i = 0, ai = 0;
+    for (; i + 4 <= cnt; i += 4, p += 4 * bb) {
+        for (size_t o = 0; o < 4 * bb; o += 64) _mm_prefetch(p + K_AHEAD + o, _MM_HINT_T0);
+        /* one super-block a step, not unrolled: unrolled, the compiler
+         * interleaves the four and spills most of their vectors */
+        __m256i v[4];
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 1
+#endif
+        for (int t = 0; t < 4; t++) {
+            v[t] = kd_sums(type, p + t * bb, a + ai);
+            if (++ai == nb) ai = 0;
+        }
+        const char *const blk[4] = {p, p + bb, p + 2 * bb, p + 3 * bb};
+        kd_store4(type, blk, v, pb, e + (size_t)i);
+    }
+    if (i < cnt) { /* the last one to three: zeros past cnt, the scales of the last one again */
+        const int m = cnt - i;
+        for (size_t o = 0; o < 4 * bb; o += 64) _mm_prefetch(p + K_AHEAD + o, _MM_HINT_T0);
+        __m256i v[4];
+        const char *blk[4];
+        for (int t = 0; t < 4; t++) {
+            blk[t] = p + (size_t)LI_MIN(t, m - 1) * bb;
+            if (t < m) {
+                v[t] = kd_sums(type, blk[t], a + ai);
+                if (++ai == nb) ai = 0;
+            } else {
+                v[t] = _mm256_setzero_si256();
+            }
+        }
+        kd_store4(type, blk, v, pb, e + (size_t)i);
+    }
+}
+
+/* rows [nr, 4) of the buffer (row r at r * stride, n entries and the 4 the
+ * transposes read past them): zeros, their lanes computed and dropped */
+LI_INLINE void kd_zero_rows(kd_buf *pb, size_t stride, int n, int nr) {
+    for (int r = nr; r < 4; r++) {
+        const size_t e = (size_t)r * stride, len = ((size_t)n + 4) * sizeof(float);
+        memset(pb->isum + e, 0, len);
+        memset(pb->imin + e, 0, len);
+        memset(pb->d + e, 0, len);
+        memset(pb->m + e, 0, len);
+    }
+}
+
+LI_INLINE void rows_k_decode(const int type, int64_t k, const void *w, size_t ws, int nr, const act_q8_K *x,
+                             float *y) {
+    const int64_t nb = k / QK_K;
+    const size_t bb = k_bytes(type);
+    const int kmin = k_has_min(type);
+    kd_buf pb;
+    __m128 acc = _mm_setzero_ps();
+    if (nb <= PASS_BLOCKS && ws == (size_t)nb * bb) { /* the rows as one run */
+        const int n = (int)nb;
+        kd_run(type, (const char *)w, nr * n, x, n, &pb, 0);
+        if (nr < 4) kd_zero_rows(&pb, (size_t)n, n, nr);
+        for (int j = 0; j < n; j += 4) kd_chain4(kmin, &pb, (size_t)n, x, j, LI_MIN(4, n - j), &acc);
+    } else {
+        kd_zero_rows(&pb, PASS_BLOCKS, PASS_BLOCKS, nr);
+        for (int64_t i0 = 0; i0 < nb; i0 += PASS_BLOCKS) {
+            const int n = (int)LI_MIN(PASS_BLOCKS, nb - i0);
+            for (int r = 0; r < nr; r++)
+                kd_run(type, (const char *)w + (size_t)r * ws + (size_t)i0 * bb, n, x + i0, n, &pb,
+                       (size_t)r * PASS_BLOCKS);
+            for (int j = 0; j < n; j += 4) kd_chain4(kmin, &pb, PASS_BLOCKS, x + i0, j, LI_MIN(4, n - j), &acc);
+        }
+    }
+    float t[4];
+    _mm_storeu_ps(t, acc);
+    for (int r = 0; r < nr; r++) y[r] = t[r];
+}
+
+/* K-quants: rows_k_decode for one activation row, rows_k for more */
+LI_INLINE void rows_kq(const int type, int64_t k, const void *w, size_t ws, int nr, const void *x, size_t xs,
+                       float *y, size_t ys, const int nc) {
+    if (nc == 1)
+        rows_k_decode(type, k, w, ws, nr, (const act_q8_K *)x, y);
+    else
+        rows_k(type, k, w, ws, nr, x, xs, y, ys, nc);
+}
+
 #define ROWS_Q_ENTRIES(name, T, worker)                                                        \
     static void dot_rows_##name(int64_t k, const void *w, size_t ws, int nr, const void *x,    \
                                 size_t xs, int nc, float *y, size_t ys) {                       \
@@ -990,11 +1221,11 @@ ROWS_Q_ENTRIES(q4_0, Q4_0, rows32)
 ROWS_Q_ENTRIES(q5_0, Q5_0, rows32)
 ROWS_Q_ENTRIES(q4_1, Q4_1, rows32)
 ROWS_Q_ENTRIES(q5_1, Q5_1, rows32)
-ROWS_Q_ENTRIES(q2_K, Q2_K, rows_k)
-ROWS_Q_ENTRIES(q3_K, Q3_K, rows_k)
-ROWS_Q_ENTRIES(q4_K, Q4_K, rows_k)
-ROWS_Q_ENTRIES(q5_K, Q5_K, rows_k)
-ROWS_Q_ENTRIES(q6_K, Q6_K, rows_k)
+ROWS_Q_ENTRIES(q2_K, Q2_K, rows_kq)
+ROWS_Q_ENTRIES(q3_K, Q3_K, rows_kq)
+ROWS_Q_ENTRIES(q4_K, Q4_K, rows_kq)
+ROWS_Q_ENTRIES(q5_K, Q5_K, rows_kq)
+ROWS_Q_ENTRIES(q6_K, Q6_K, rows_kq)
 #undef ROWS_Q_ENTRIES
 
 /* Q8_0 in decode (one activation row): one weight row at a time, front to

@@ -171,6 +171,29 @@ def test_long_rows_bitwise_equal_across_levels(t):
                 assert np.array_equal(got, ref), f"{t.name} {level} n={n} threads={n_threads}"
 
 
+K_QUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+
+
+@pytest.mark.parametrize("t", K_QUANTS, ids=type_id)
+@pytest.mark.parametrize("n_blocks", [1, 3, 6, 130])
+def test_k_quant_decode_runs_bitwise_equal_across_levels(t, n_blocks):
+    """The K-quant decode kernels (x86_avx2.c: rows_k_decode) sum a call's
+    rows as one run of super-blocks when a row has at most 128 of them (6: a
+    run of 24 with no tail per row; 1 and 3: runs of 4 and 12, and 7 rows
+    give a call of 3 with a tail), and go a row at a time past that (130):
+    each row keeps scalar.c's bits at every level, alone or beside others."""
+    rng = np.random.default_rng(130 + int(t) + n_blocks)
+    k, rows = n_blocks * 256, 7
+    w = random_weight(rng, t, rows, k)
+    for n in (1, 2):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        ref = at_level("scalar", ops.matmul, w, t, (rows, k), x)
+        for level in system.available_isas():
+            for n_threads in (1, 2):
+                got = at_level(level, ops.matmul, w, t, (rows, k), x, n_threads=n_threads)
+                assert np.array_equal(got, ref), f"{t.name} {level} n={n} threads={n_threads}"
+
+
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_threads_split_rows(isa, n_threads):
     """Row shares that are not multiples of the kernels' row groups."""
