@@ -299,8 +299,9 @@ def activation_mt(int act, const float[::1] x, int n_threads, out=None):
     return out
 
 
-def rms_norm(const float[:, ::1] x, const float[::1] w, float eps, int n_threads):
-    out = np.empty((x.shape[0], x.shape[1]), dtype=np.float32)
+def rms_norm(const float[:, ::1] x, const float[::1] w, float eps, int n_threads, out=None):
+    if out is None:
+        out = np.empty((x.shape[0], x.shape[1]), dtype=np.float32)
     cdef float[:, ::1] y = out
     cdef const float *wp = &w[0] if w is not None else NULL
     cdef int st
@@ -319,6 +320,17 @@ def activation(int act, const float[::1] x, const float[::1] u):
             st = C.li_activation(act, &x[0], x.shape[0], &y[0])
         else:
             st = C.li_gated_activation(act, &x[0], &u[0], x.shape[0], &y[0])
+    check(st, "activation")
+    return out
+
+
+def gated_activation_mt(int act, const float[::1] g, const float[::1] u, int n_threads, out=None):
+    if out is None:
+        out = np.empty(g.shape[0], dtype=np.float32)
+    cdef float[::1] y = out
+    cdef int st
+    with nogil:
+        st = C.li_gated_activation_mt(act, &g[0], &u[0], g.shape[0], &y[0], n_threads)
     check(st, "activation")
     return out
 
@@ -390,12 +402,19 @@ def binary(str op, const float[::1] a, const float[::1] b):
     return out
 
 
-def rope(float[:, :, ::1] x, const int32_t[::1] pos, int64_t n_rot, float freq_base,
-         float freq_scale, int mode):
+def rope_mt(float[:, :, :] x, const int32_t[:, ::1] pos, int64_t n_rot, float freq_base, float freq_scale,
+            int mode, int n_threads):
+    """In place on x (n_tok, n_head, head_dim): each token's heads
+    contiguous, tokens any whole number of floats apart (ops.rope checks)."""
     cdef int st
+    cdef Py_ssize_t f = sizeof(float)
+    cdef int64_t ld = x.strides[0] // f
+    if x.strides[2] != f or x.strides[1] != x.shape[2] * f or x.strides[0] % f or \
+            ld < x.shape[1] * x.shape[2] or pos.shape[0] != x.shape[0]:
+        raise errors.ShapeError("rope: each token's heads must be contiguous, the tokens apart by whole rows")
     with nogil:
-        st = C.li_rope(&x[0, 0, 0], x.shape[0], x.shape[1], x.shape[2], n_rot, &pos[0],
-                       freq_base, freq_scale, mode)
+        st = C.li_rope_mt(&x[0, 0, 0], x.shape[0], ld, x.shape[1], x.shape[2], n_rot, &pos[0, 0], pos.shape[1],
+                          freq_base, freq_scale, mode, n_threads)
     check(st, "rope")
 
 
