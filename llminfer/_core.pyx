@@ -255,9 +255,16 @@ cdef class GemmWeight:
         C.li_gemm_weight_free(self.w)
 
 
-def attention_full(const float[:, ::1] q, const float[:, ::1] k, const float[:, ::1] v, int n_head, float scale,
+def attention_full(const float[:, :] q, const float[:, :] k, const float[:, :] v, int n_head, float scale,
                    int n_threads, out=None, uint8_t[::1] scratch=None):
+    """q, k, v: rows of contiguous floats, the three a common whole number
+    of floats apart (ops.attention checks)."""
     cdef int64_t n = q.shape[0], width = q.shape[1]
+    cdef Py_ssize_t f = sizeof(float)
+    cdef Py_ssize_t rs = q.strides[0]
+    if q.strides[1] != f or k.strides[1] != f or v.strides[1] != f or k.strides[0] != rs or v.strides[0] != rs \
+            or rs % f or rs < width * f:
+        raise errors.ShapeError("attention: q, k, v rows must be contiguous and one whole number of floats apart")
     if out is None:
         out = np.empty((n, width), dtype=np.float32)
     cdef float[:, ::1] y = out
@@ -265,7 +272,7 @@ def attention_full(const float[:, ::1] q, const float[:, ::1] k, const float[:, 
     cdef size_t sb = scratch.shape[0] if scratch is not None else 0
     cdef int st
     with nogil:
-        st = C.li_attention_full(&q[0, 0], &k[0, 0], &v[0, 0], width, n, n_head, width // n_head, scale,
+        st = C.li_attention_full(&q[0, 0], &k[0, 0], &v[0, 0], <size_t>(rs // f), n, n_head, width // n_head, scale,
                                  &y[0, 0], width, sp, sb, n_threads)
     check(st, "attention")
     return out

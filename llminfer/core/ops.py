@@ -246,12 +246,21 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head: int, scale: f
     """Non-causal multi-head attention of one sequence: q, k, v (n, n_head *
     d) float32; each head's rows get softmax(scale q K^T) V over all n keys
     (scale 1/sqrt(d) by default). (n, n_head * d), into out when given;
-    scratch: from attention_scratch (else allocated for the call)."""
-    _require(q, "q", np.float32, ndim=2)
-    _require(k, "k", np.float32, ndim=2)
-    _require(v, "v", np.float32, ndim=2)
+    scratch: from attention_scratch (else allocated for the call). q, k, v
+    are C-contiguous, or column slices of one wider array (a fused qkv
+    product): rows of contiguous floats, the same distance apart in all three."""
+    if not all(isinstance(a, np.ndarray) and a.ndim == 2 and a.strides[1] == a.itemsize and
+               a.strides[0] == q.strides[0] for a in (q, k, v)):
+        _require(q, "q", np.float32, ndim=2)
+        _require(k, "k", np.float32, ndim=2)
+        _require(v, "v", np.float32, ndim=2)
+    for a, name in ((q, "q"), (k, "k"), (v, "v")):
+        if a.dtype != np.float32:
+            raise InvalidArgumentError(f"{name} must have dtype float32, got {a.dtype}")
     if k.shape != q.shape or v.shape != q.shape:
         raise ShapeError(f"q, k, v must have one shape, got {q.shape}, {k.shape}, {v.shape}")
+    if q.strides[0] % q.itemsize or q.strides[0] < q.shape[1] * q.itemsize:
+        raise InvalidArgumentError("q, k, v rows must lie apart by a whole number of floats, no fewer than a row")
     n_head = int(n_head)
     if n_head <= 0 or q.shape[1] % n_head or q.shape[0] == 0:
         raise ShapeError(f"{n_head} heads do not divide rows of {q.shape[1]}, or there are no rows")

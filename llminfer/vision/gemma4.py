@@ -97,23 +97,27 @@ def _norm(wt: Weights, name: str, n: int):
     return wt.f32(f"{name}.weight", (n,)), (wt.f32(f"{name}.bias", (n,)) if wt.has(f"{name}.bias") else None)
 
 
-def rms(x, norm, eps):
-    """rms_norm over the last axis of x [n, k], times the norm's weight (plus its bias)."""
+def rms(x, norm, eps, nt=None, out=None):
+    """rms_norm over the last axis of x [n, k], times the norm's weight (plus
+    its bias), at nt threads (None: the default), into out when given."""
     x = np.ascontiguousarray(x, np.float32)
     if norm is None:
-        return ops.rms_norm(x, None, eps=eps)
+        return ops.rms_norm(x, None, eps=eps, n_threads=nt, out=out)
     w, b = norm
-    y = ops.rms_norm(x, w, eps=eps)
-    return y if b is None else y + b
+    y = ops.rms_norm(x, w, eps=eps, n_threads=nt, out=out)
+    return y if b is None else np.add(y, b, out=y)
 
 
-def activation(op, gate):
-    """The feed-forward's activation of the gate (ggml's gelu, silu or gelu_quick)."""
-    if op == "gelu":
-        return ops.gelu(gate)
-    if op == "silu":
-        return ops.silu(gate)
-    return (gate / (1 + np.exp(np.float32(-1.702) * gate))).astype(np.float32)
+def activation(op, gate, nt=1, up=None, out=None):
+    """The feed-forward's activation of the gate (ggml's gelu, silu or
+    gelu_quick), times up when given, at nt threads; into out when given
+    (gate itself: in place)."""
+    if op in ("gelu", "silu"):
+        if up is None:
+            return (ops.gelu if op == "gelu" else ops.silu)(gate, n_threads=nt, out=out)
+        return (ops.gelu_mul if op == "gelu" else ops.silu_mul)(gate, up, n_threads=nt, out=out)
+    y = np.divide(gate, 1 + np.exp(np.float32(-1.702) * gate), out=out, dtype=np.float32)
+    return y if up is None else np.multiply(y, up, out=y)
 
 
 class _Layer:
