@@ -192,6 +192,9 @@ enum li_gate_fn {
 int li_activation(int fn, const float *x, int64_t n, float *y);
 /* y = act(g) * u */
 int li_gated_activation(int fn, const float *g, const float *u, int64_t n, float *y);
+/* y = act(g) * u as li_gated_activation, the elements shared by n_threads;
+ * y may be g itself (in place) */
+int li_gated_activation_mt(int fn, const float *g, const float *u, int64_t n, float *y, int n_threads);
 /* row-wise softmax, numerically stable */
 int li_softmax(const float *x, int64_t rows, int64_t k, float *y);
 /* the least and greatest of x[0..n), n >= 1; both NaN when some x is NaN */
@@ -217,6 +220,13 @@ enum li_rope_mode { LI_ROPE_NORM = 0, LI_ROPE_NEOX = 2 };
  * (2i, 2i+1); NEOX rotates (i, i + n_rot/2). */
 int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,
             const int32_t *pos, float freq_base, float freq_scale, int mode);
+/* li_rope on the heads of tokens ld floats apart (ld >= n_head * head_dim),
+ * head h of token t turned by pos[t * n_pos + h % n_pos] (n_pos >= 1: one
+ * position column, or one per head in turn, as the 2-D RoPE of vision towers
+ * turns half-heads by the row and by the column); the tokens shared by
+ * n_threads, each value the same at any n_threads */
+int li_rope_mt(float *x, int64_t n_tok, int64_t ld, int64_t n_head, int64_t head_dim, int64_t n_rot,
+               const int32_t *pos, int n_pos, float freq_base, float freq_scale, int mode, int n_threads);
 
 
 /* ---- models: a decoder-only transformer, described by the Python layer ---- */

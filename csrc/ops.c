@@ -424,6 +424,20 @@ int li_activation_mt(int fn, const float *x, int64_t n, float *y, int n_threads)
     return LI_OK;
 }
 
+int li_gated_activation_mt(int fn, const float *g, const float *u, int64_t n, float *y, int n_threads) {
+    li_init();
+    if ((fn != LI_FN_SILU && fn != LI_FN_GELU && fn != LI_FN_SWIGLU_OAI) || !g || !u || !y || n < 0) return LI_E_ARG;
+    const int64_t pieces = (n + ACT_PIECE - 1) / ACT_PIECE;
+    int64_t i;
+    (void)n_threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(team_size(n_threads)) schedule(static)
+#endif
+    for (i = 0; i < pieces; i++)
+        li_gate_apply(fn, g + i * ACT_PIECE, u + i * ACT_PIECE, y + i * ACT_PIECE, LI_MIN(ACT_PIECE, n - i * ACT_PIECE));
+    return LI_OK;
+}
+
 int li_activation(int fn, const float *x, int64_t n, float *y) {
     li_init();
     if ((fn != LI_FN_SILU && fn != LI_FN_GELU) || !x || !y || n < 0) return LI_E_ARG;
@@ -692,21 +706,38 @@ int li_mul(const float *a, const float *b, int64_t n, float *y) {
     return LI_OK;
 }
 
-int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,
-            const int32_t *pos, float freq_base, float freq_scale, int mode) {
+int li_rope_mt(float *x, int64_t n_tok, int64_t ld, int64_t n_head, int64_t head_dim, int64_t n_rot,
+               const int32_t *pos, int n_pos, float freq_base, float freq_scale, int mode, int n_threads) {
     li_init();
-    if (!x || !pos || n_tok < 0 || n_head <= 0 || head_dim <= 0) return LI_E_ARG;
+    if (!x || !pos || n_tok < 0 || n_head <= 0 || head_dim <= 0 || n_pos <= 0) return LI_E_ARG;
+    if (ld < n_head * head_dim) return LI_E_SHAPE;
     if (n_rot <= 0 || n_rot % 2 != 0 || n_rot > head_dim) return LI_E_SHAPE;
     if (mode != LI_ROPE_NORM && mode != LI_ROPE_NEOX) return LI_E_ARG;
     if (!(freq_base > 0.0f) || !(freq_scale > 0.0f)) return LI_E_ARG;
-    float *cs = malloc(sizeof(float) * (size_t)(n_tok * n_rot) + 1);
+    if (n_tok == 0) return LI_OK;
+    /* the cos/sin pairs of every (token, position column): each token's own
+     * slice is filled by the thread that turns it, so the values do not
+     * depend on the split */
+    float *cs = malloc(sizeof(float) * (size_t)(n_tok * n_pos * n_rot));
     if (!cs) return LI_E_NOMEM;
     li_rope_params r;
     li_rope_params_init(&r, n_rot, freq_base, freq_scale, NULL);
-    li_rope_cache(pos, NULL, n_tok, n_rot, &r, cs);
-    for (int64_t t = 0; t < n_tok; t++)
+    int64_t t; /* declared outside the loop: MSVC's OpenMP 2.0 wants it so in C */
+    (void)n_threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(team_size(n_threads)) schedule(static)
+#endif
+    for (t = 0; t < n_tok; t++) {
+        float *ct = cs + t * n_pos * n_rot;
+        for (int j = 0; j < n_pos; j++) li_rope_cache(pos + t * n_pos + j, NULL, 1, n_rot, &r, ct + j * n_rot);
         for (int64_t h = 0; h < n_head; h++)
-            li_rope_head(x + (t * n_head + h) * head_dim, cs + t * n_rot, n_rot, mode);
+            li_rope_head(x + t * ld + h * head_dim, ct + (h % n_pos) * n_rot, n_rot, mode);
+    }
     free(cs);
     return LI_OK;
+}
+
+int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,
+            const int32_t *pos, float freq_base, float freq_scale, int mode) {
+    return li_rope_mt(x, n_tok, n_head * head_dim, n_head, head_dim, n_rot, pos, 1, freq_base, freq_scale, mode, 1);
 }

@@ -62,6 +62,7 @@ cdef extern from "llminfer.h" nogil:
                     float *y, int n_threads)
     int li_activation(int fn, const float *x, int64_t n, float *y)
     int li_gated_activation(int fn, const float *g, const float *u, int64_t n, float *y)
+    int li_gated_activation_mt(int fn, const float *g, const float *u, int64_t n, float *y, int n_threads)
     int li_softmax(const float *x, int64_t rows, int64_t k, float *y)
     int li_value_range(const float *x, int64_t n, float *lo, float *hi)
     int li_top_k_f32(const float *x, int64_t n, int64_t k, int32_t *ids)
@@ -71,6 +72,8 @@ cdef extern from "llminfer.h" nogil:
     int li_mul(const float *a, const float *b, int64_t n, float *y)
     int li_rope(float *x, int64_t n_tok, int64_t n_head, int64_t head_dim, int64_t n_rot,
                 const int32_t *pos, float freq_base, float freq_scale, int mode)
+    int li_rope_mt(float *x, int64_t n_tok, int64_t ld, int64_t n_head, int64_t head_dim, int64_t n_rot,
+                   const int32_t *pos, int n_pos, float freq_base, float freq_scale, int mode, int n_threads)
 
     ctypedef struct li_matrix:
         const void *data

@@ -255,9 +255,16 @@ cdef class GemmWeight:
         C.li_gemm_weight_free(self.w)
 
 
-def attention_full(const float[:, ::1] q, const float[:, ::1] k, const float[:, ::1] v, int n_head, float scale,
+def attention_full(const float[:, :] q, const float[:, :] k, const float[:, :] v, int n_head, float scale,
                    int n_threads, out=None, uint8_t[::1] scratch=None):
+    """q, k, v: rows of contiguous floats, the three a common whole number
+    of floats apart (ops.attention checks)."""
     cdef int64_t n = q.shape[0], width = q.shape[1]
+    cdef Py_ssize_t f = sizeof(float)
+    cdef Py_ssize_t rs = q.strides[0]
+    if q.strides[1] != f or k.strides[1] != f or v.strides[1] != f or k.strides[0] != rs or v.strides[0] != rs \
+            or rs % f or rs < width * f:
+        raise errors.ShapeError("attention: q, k, v rows must be contiguous and one whole number of floats apart")
     if out is None:
         out = np.empty((n, width), dtype=np.float32)
     cdef float[:, ::1] y = out
@@ -265,7 +272,7 @@ def attention_full(const float[:, ::1] q, const float[:, ::1] k, const float[:, 
     cdef size_t sb = scratch.shape[0] if scratch is not None else 0
     cdef int st
     with nogil:
-        st = C.li_attention_full(&q[0, 0], &k[0, 0], &v[0, 0], width, n, n_head, width // n_head, scale,
+        st = C.li_attention_full(&q[0, 0], &k[0, 0], &v[0, 0], <size_t>(rs // f), n, n_head, width // n_head, scale,
                                  &y[0, 0], width, sp, sb, n_threads)
     check(st, "attention")
     return out
@@ -299,8 +306,9 @@ def activation_mt(int act, const float[::1] x, int n_threads, out=None):
     return out
 
 
-def rms_norm(const float[:, ::1] x, const float[::1] w, float eps, int n_threads):
-    out = np.empty((x.shape[0], x.shape[1]), dtype=np.float32)
+def rms_norm(const float[:, ::1] x, const float[::1] w, float eps, int n_threads, out=None):
+    if out is None:
+        out = np.empty((x.shape[0], x.shape[1]), dtype=np.float32)
     cdef float[:, ::1] y = out
     cdef const float *wp = &w[0] if w is not None else NULL
     cdef int st
@@ -319,6 +327,17 @@ def activation(int act, const float[::1] x, const float[::1] u):
             st = C.li_activation(act, &x[0], x.shape[0], &y[0])
         else:
             st = C.li_gated_activation(act, &x[0], &u[0], x.shape[0], &y[0])
+    check(st, "activation")
+    return out
+
+
+def gated_activation_mt(int act, const float[::1] g, const float[::1] u, int n_threads, out=None):
+    if out is None:
+        out = np.empty(g.shape[0], dtype=np.float32)
+    cdef float[::1] y = out
+    cdef int st
+    with nogil:
+        st = C.li_gated_activation_mt(act, &g[0], &u[0], g.shape[0], &y[0], n_threads)
     check(st, "activation")
     return out
 
@@ -390,12 +409,19 @@ def binary(str op, const float[::1] a, const float[::1] b):
     return out
 
 
-def rope(float[:, :, ::1] x, const int32_t[::1] pos, int64_t n_rot, float freq_base,
-         float freq_scale, int mode):
+def rope_mt(float[:, :, :] x, const int32_t[:, ::1] pos, int64_t n_rot, float freq_base, float freq_scale,
+            int mode, int n_threads):
+    """In place on x (n_tok, n_head, head_dim): each token's heads
+    contiguous, tokens any whole number of floats apart (ops.rope checks)."""
     cdef int st
+    cdef Py_ssize_t f = sizeof(float)
+    cdef int64_t ld = x.strides[0] // f
+    if x.strides[2] != f or x.strides[1] != x.shape[2] * f or x.strides[0] % f or \
+            ld < x.shape[1] * x.shape[2] or pos.shape[0] != x.shape[0]:
+        raise errors.ShapeError("rope: each token's heads must be contiguous, the tokens apart by whole rows")
     with nogil:
-        st = C.li_rope(&x[0, 0, 0], x.shape[0], x.shape[1], x.shape[2], n_rot, &pos[0],
-                       freq_base, freq_scale, mode)
+        st = C.li_rope_mt(&x[0, 0, 0], x.shape[0], ld, x.shape[1], x.shape[2], n_rot, &pos[0, 0], pos.shape[1],
+                          freq_base, freq_scale, mode, n_threads)
     check(st, "rope")
 
 

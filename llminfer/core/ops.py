@@ -246,12 +246,21 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_head: int, scale: f
     """Non-causal multi-head attention of one sequence: q, k, v (n, n_head *
     d) float32; each head's rows get softmax(scale q K^T) V over all n keys
     (scale 1/sqrt(d) by default). (n, n_head * d), into out when given;
-    scratch: from attention_scratch (else allocated for the call)."""
-    _require(q, "q", np.float32, ndim=2)
-    _require(k, "k", np.float32, ndim=2)
-    _require(v, "v", np.float32, ndim=2)
+    scratch: from attention_scratch (else allocated for the call). q, k, v
+    are C-contiguous, or column slices of one wider array (a fused qkv
+    product): rows of contiguous floats, the same distance apart in all three."""
+    if not all(isinstance(a, np.ndarray) and a.ndim == 2 and a.strides[1] == a.itemsize and
+               a.strides[0] == q.strides[0] for a in (q, k, v)):
+        _require(q, "q", np.float32, ndim=2)
+        _require(k, "k", np.float32, ndim=2)
+        _require(v, "v", np.float32, ndim=2)
+    for a, name in ((q, "q"), (k, "k"), (v, "v")):
+        if a.dtype != np.float32:
+            raise InvalidArgumentError(f"{name} must have dtype float32, got {a.dtype}")
     if k.shape != q.shape or v.shape != q.shape:
         raise ShapeError(f"q, k, v must have one shape, got {q.shape}, {k.shape}, {v.shape}")
+    if q.strides[0] % q.itemsize or q.strides[0] < q.shape[1] * q.itemsize:
+        raise InvalidArgumentError("q, k, v rows must lie apart by a whole number of floats, no fewer than a row")
     n_head = int(n_head)
     if n_head <= 0 or q.shape[1] % n_head or q.shape[0] == 0:
         raise ShapeError(f"{n_head} heads do not divide rows of {q.shape[1]}, or there are no rows")
@@ -292,8 +301,9 @@ def repacked_types() -> tuple[str, ...]:
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6,
-             n_threads=None) -> np.ndarray:
-    """x / sqrt(mean(x**2, axis=-1) + eps) * weight, over the last axis."""
+             n_threads=None, out: np.ndarray | None = None) -> np.ndarray:
+    """x / sqrt(mean(x**2, axis=-1) + eps) * weight, over the last axis,
+    into out when given (not overlapping x)."""
     _require(x, "x", np.float32, ndim=(1, 2))
     k = x.shape[-1]
     if weight is not None:
@@ -302,30 +312,38 @@ def rms_norm(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6,
             raise ShapeError(f"weight has {weight.shape[0]} elements, x rows have {k}")
     if not (float(eps) >= 0):
         raise InvalidArgumentError(f"eps must be >= 0, got {eps!r}")
+    if out is not None:
+        _out(out, x.shape, x)
     if x.size == 0:
-        return np.empty_like(x)
-    return _core.rms_norm(x.reshape(-1, k), weight, float(eps), _threads(n_threads)).reshape(x.shape)
+        return np.empty_like(x) if out is None else out
+    y = _core.rms_norm(x.reshape(-1, k), weight, float(eps), _threads(n_threads),
+                       None if out is None else out.reshape(-1, k))
+    return y.reshape(x.shape) if out is None else out
 
 
 def _unary(name, x, u=None, n_threads=1, out=None):
     _require(x, "x", np.float32)
-    if out is not None:
-        _require(out, "out", np.float32)
-        if out.shape != x.shape or u is not None or (np.shares_memory(out, x) and out.ctypes.data != x.ctypes.data):
-            raise InvalidArgumentError("out must have x's shape, and be x itself or not overlap it")
-        if x.size:
-            _core.activation_mt(_ACT[name], x.reshape(-1), _threads(n_threads), out.reshape(-1))
-        return out
     if u is not None:
         _require(u, "up", np.float32)
         if u.shape != x.shape:
             raise ShapeError(f"up has shape {u.shape}, gate has {x.shape}")
+    if out is not None:
+        _require(out, "out", np.float32)
+        if out.shape != x.shape or (np.shares_memory(out, x) and out.ctypes.data != x.ctypes.data):
+            raise InvalidArgumentError("out must have x's shape, and be x itself or not overlap it")
+        if u is not None and np.shares_memory(out, u):
+            raise InvalidArgumentError("out must not overlap up")
     if x.size == 0:
-        return np.empty_like(x)
-    if u is None and n_threads != 1:
-        return _core.activation_mt(_ACT[name], x.reshape(-1), _threads(n_threads)).reshape(x.shape)
-    y = _core.activation(_ACT[name], x.reshape(-1), None if u is None else u.reshape(-1))
-    return y.reshape(x.shape)
+        return np.empty_like(x) if out is None else out
+    if out is None and n_threads == 1:
+        y = _core.activation(_ACT[name], x.reshape(-1), None if u is None else u.reshape(-1))
+        return y.reshape(x.shape)
+    flat = None if out is None else out.reshape(-1)
+    if u is None:
+        y = _core.activation_mt(_ACT[name], x.reshape(-1), _threads(n_threads), flat)
+    else:
+        y = _core.gated_activation_mt(_ACT[name], x.reshape(-1), u.reshape(-1), _threads(n_threads), flat)
+    return y.reshape(x.shape) if out is None else out
 
 
 def silu(x: np.ndarray, n_threads=1, out=None) -> np.ndarray:
@@ -340,14 +358,16 @@ def gelu(x: np.ndarray, n_threads=1, out=None) -> np.ndarray:
     return _unary("gelu", x, n_threads=n_threads, out=out)
 
 
-def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """silu(gate) * up: the gated feed-forward of Llama-family models."""
-    return _unary("silu", gate, up)
+def silu_mul(gate: np.ndarray, up: np.ndarray, n_threads=1, out=None) -> np.ndarray:
+    """silu(gate) * up: the gated feed-forward of Llama-family models (the
+    same values at any n_threads); out may be gate (in place)."""
+    return _unary("silu", gate, up, n_threads=n_threads, out=out)
 
 
-def gelu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """gelu(gate) * up: the gated feed-forward of Gemma models."""
-    return _unary("gelu", gate, up)
+def gelu_mul(gate: np.ndarray, up: np.ndarray, n_threads=1, out=None) -> np.ndarray:
+    """gelu(gate) * up: the gated feed-forward of Gemma models (the same
+    values at any n_threads); out may be gate (in place)."""
+    return _unary("gelu", gate, up, n_threads=n_threads, out=out)
 
 
 def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -386,18 +406,39 @@ def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def rope(x: np.ndarray, positions, n_rot: int | None = None, freq_base: float = 10000.0,
-         freq_scale: float = 1.0, mode: str = "norm") -> np.ndarray:
-    """Rotary position embedding of x (n_tok, n_head, head_dim), returned as a new array.
+         freq_scale: float = 1.0, mode: str = "norm", n_threads=1, out: np.ndarray | None = None) -> np.ndarray:
+    """Rotary position embedding of x (n_tok, n_head, head_dim), into a new
+    array, or into out (x itself: in place).
 
     The first n_rot dims of each head (all by default) are rotated by
     positions[t] * freq_scale * freq_base**(-2i/n_rot). mode "norm" rotates
     adjacent pairs (2i, 2i+1), as GGUF Llama weights expect; "neox" rotates
-    (i, i + n_rot/2), as Qwen2 and Gemma do."""
-    _require(x, "x", np.float32, ndim=3)
+    (i, i + n_rot/2), as Qwen2 and Gemma do. positions (n_tok, n_pos) turn
+    head h of token t by positions[t, h % n_pos]: the 2-D RoPE of vision
+    towers, half-heads turned in turn by the patch's row and column.
+    x must be C-contiguous, except when out is x: then only each token's
+    heads need be (tokens a whole number of floats apart, a column slice of
+    a wider row). Each value is the same at any n_threads."""
+    in_place = out is not None and out is x
+    if in_place:
+        if x.dtype != np.float32:
+            raise InvalidArgumentError(f"x must have dtype float32, got {x.dtype}")
+        if x.ndim != 3:
+            raise ShapeError(f"x must have 3 dimension(s), got shape {x.shape}")
+        it = x.itemsize
+        if not x.flags.writeable or x.strides[2] != it or x.strides[1] != x.shape[2] * it or \
+                x.strides[0] % it or x.strides[0] < x.shape[1] * x.shape[2] * it:
+            raise InvalidArgumentError("x must have each token's heads contiguous (tokens a whole number of "
+                                       "floats apart) to be turned in place")
+    else:
+        _require(x, "x", np.float32, ndim=3)
     n_tok, n_head, head_dim = x.shape
     pos = np.asarray(positions)
-    if pos.shape != (n_tok,) or not np.issubdtype(pos.dtype, np.integer):
-        raise ShapeError(f"positions must be {n_tok} integers, got {pos.dtype} {pos.shape}")
+    if pos.ndim == 1:
+        pos = pos.reshape(-1, 1)
+    if pos.ndim != 2 or pos.shape[0] != n_tok or pos.shape[1] == 0 or not np.issubdtype(pos.dtype, np.integer):
+        raise ShapeError(f"positions must be {n_tok} integers or {n_tok} rows of them, got {pos.dtype} "
+                         f"{np.asarray(positions).shape}")
     if pos.size and (pos.min() < 0 or pos.max() > np.iinfo(np.int32).max):
         raise InvalidArgumentError("positions must be in [0, 2**31)")
     n_rot = head_dim if n_rot is None else int(n_rot)
@@ -407,8 +448,12 @@ def rope(x: np.ndarray, positions, n_rot: int | None = None, freq_base: float = 
         raise InvalidArgumentError(f"mode must be 'norm' or 'neox', got {mode!r}")
     if not (freq_base > 0 and freq_scale > 0):
         raise InvalidArgumentError("freq_base and freq_scale must be > 0")
-    out = x.copy()
+    if out is None:
+        out = x.copy()
+    elif not in_place:
+        _out(out, x.shape, x)
+        np.copyto(out, x)
     if n_tok:
-        _core.rope(out, np.ascontiguousarray(pos, dtype=np.int32), n_rot, float(freq_base),
-                   float(freq_scale), _ROPE_MODES[mode])
+        _core.rope_mt(out, np.ascontiguousarray(pos, dtype=np.int32), n_rot, float(freq_base),
+                      float(freq_scale), _ROPE_MODES[mode], _threads(n_threads))
     return out

@@ -97,23 +97,27 @@ def _norm(wt: Weights, name: str, n: int):
     return wt.f32(f"{name}.weight", (n,)), (wt.f32(f"{name}.bias", (n,)) if wt.has(f"{name}.bias") else None)
 
 
-def rms(x, norm, eps):
-    """rms_norm over the last axis of x [n, k], times the norm's weight (plus its bias)."""
+def rms(x, norm, eps, nt=None, out=None):
+    """rms_norm over the last axis of x [n, k], times the norm's weight (plus
+    its bias), at nt threads (None: the default), into out when given."""
     x = np.ascontiguousarray(x, np.float32)
     if norm is None:
-        return ops.rms_norm(x, None, eps=eps)
+        return ops.rms_norm(x, None, eps=eps, n_threads=nt, out=out)
     w, b = norm
-    y = ops.rms_norm(x, w, eps=eps)
-    return y if b is None else y + b
+    y = ops.rms_norm(x, w, eps=eps, n_threads=nt, out=out)
+    return y if b is None else np.add(y, b, out=y)
 
 
-def activation(op, gate):
-    """The feed-forward's activation of the gate (ggml's gelu, silu or gelu_quick)."""
-    if op == "gelu":
-        return ops.gelu(gate)
-    if op == "silu":
-        return ops.silu(gate)
-    return (gate / (1 + np.exp(np.float32(-1.702) * gate))).astype(np.float32)
+def activation(op, gate, nt=1, up=None, out=None):
+    """The feed-forward's activation of the gate (ggml's gelu, silu or
+    gelu_quick), times up when given, at nt threads; into out when given
+    (gate itself: in place)."""
+    if op in ("gelu", "silu"):
+        if up is None:
+            return (ops.gelu if op == "gelu" else ops.silu)(gate, n_threads=nt, out=out)
+        return (ops.gelu_mul if op == "gelu" else ops.silu_mul)(gate, up, n_threads=nt, out=out)
+    y = np.divide(gate, 1 + np.exp(np.float32(-1.702) * gate), out=out, dtype=np.float32)
+    return y if up is None else np.multiply(y, up, out=y)
 
 
 class _Layer:
@@ -235,13 +239,16 @@ class Gemma4Vision(Projector):
         x = np.asarray(pixels, np.float32).reshape(3, gy, ps, gx, ps).transpose(1, 3, 0, 2, 4)
         return np.ascontiguousarray(x.reshape(gx * gy, 3 * ps * ps), dtype=np.float32)
 
-    def rope(self, x: np.ndarray, col: np.ndarray, row: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def rope(x: np.ndarray, pos: np.ndarray, nt: int) -> np.ndarray:
         """x [P, H, D] rotated: dims [0, D/2) by the column, [D/2, D) by the
-        row, each half in NeoX pairs (i, i + D/4), base 100."""
-        half = x.shape[2] // 2
-        a = ops.rope(np.ascontiguousarray(x[:, :, :half]), col, n_rot=half, freq_base=ROPE_BASE, mode="neox")
-        b = ops.rope(np.ascontiguousarray(x[:, :, half:]), row, n_rot=half, freq_base=ROPE_BASE, mode="neox")
-        return np.concatenate([a, b], axis=2)
+        row, each half in NeoX pairs (i, i + D/4), base 100. pos: int32
+        [P, 2], (col, row): as half-heads [P, 2H, D/2] they take the column
+        and the row in turn."""
+        P, H, D = x.shape
+        halves = np.ascontiguousarray(x, np.float32).reshape(P, 2 * H, D // 2)
+        return ops.rope(halves, pos, n_rot=D // 2, freq_base=ROPE_BASE, mode="neox", n_threads=nt,
+                        out=halves).reshape(P, H, D)
 
     def vit(self, pixels: np.ndarray, nt: int) -> np.ndarray:
         """float32 [P, E]: the ViT's output rows, patches row-major."""
@@ -254,12 +261,13 @@ class Gemma4Vision(Projector):
         col = np.tile(np.arange(gx, dtype=np.int32), gy)
         row = np.repeat(np.arange(gy, dtype=np.int32), gx)
         x = (x + self.pos[0][col] + self.pos[1][row]).astype(np.float32)
+        pos = np.ascontiguousarray(np.stack([col, row], axis=1), np.int32)
         eps = p.eps
         for L in self.layers:
             h = rms(x, L.ln1, eps)
             q, k, v = (f(h, nt).reshape(P, H, D) for f in (L.q, L.k, L.v))
             q, k = (self._qk_norm(t, n, eps) for t, n in ((q, L.q_norm), (k, L.k_norm)))
-            q, k = self.rope(q, col, row), self.rope(k, col, row)
+            q, k = self.rope(q, pos, nt), self.rope(k, pos, nt)
             v = rms(v.reshape(P * H, D), None, eps).reshape(P, H, D)
             # scale 1: the q and k norms set the scores' size
             a = ops.attention(*(np.ascontiguousarray(t.reshape(P, E), np.float32) for t in (q, k, v)), H, scale=1.0,
@@ -268,9 +276,10 @@ class Gemma4Vision(Projector):
             x = (x + (rms(o, L.attn_post, eps) if L.attn_post is not None else o)).astype(np.float32)
             h = rms(x, L.ln2, eps)
             if L.gate is not None:
-                f = activation(p.ffn_op, np.ascontiguousarray(L.gate(h, nt), np.float32)) * L.up(h, nt)
+                g = np.ascontiguousarray(L.gate(h, nt), np.float32)
+                f = activation(p.ffn_op, g, nt, np.ascontiguousarray(L.up(h, nt), np.float32), out=g)
             else:
-                f = activation(p.ffn_op, np.ascontiguousarray(L.up(h, nt), np.float32))
+                f = activation(p.ffn_op, np.ascontiguousarray(L.up(h, nt), np.float32), nt)
             f = L.down(np.ascontiguousarray(f, np.float32), nt)
             x = (x + (rms(f, L.ffn_post, eps) if L.ffn_post is not None else f)).astype(np.float32)
             if L.out_scale is not None:

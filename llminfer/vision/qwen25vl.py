@@ -244,62 +244,64 @@ class Qwen25VLVision(Projector):
         x = np.asarray(pixels, np.float32).reshape(3, gy, ps, gx, ps).transpose(1, 3, 0, 2, 4)
         return np.ascontiguousarray(x[rows, cols].reshape(len(rows), 3 * ps * ps), dtype=np.float32)
 
-    def rope(self, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        """x [P, H, D] (dims in rope_permutation's order) rotated: its first
-        half by the row, its second by the column, NeoX pairs of half a head,
-        base 10000."""
-        half = x.shape[2] // 2
-        a = ops.rope(np.ascontiguousarray(x[:, :, :half]), rows, n_rot=half, freq_base=ROPE_BASE, mode="neox")
-        b = ops.rope(np.ascontiguousarray(x[:, :, half:]), cols, n_rot=half, freq_base=ROPE_BASE, mode="neox")
-        return np.ascontiguousarray(np.concatenate([a, b], axis=2).reshape(x.shape[0], -1))
+    @staticmethod
+    def rope(x: np.ndarray, pos: np.ndarray, H: int, nt: int) -> np.ndarray:
+        """x [P, E] (H heads, dims in rope_permutation's order; rows may be
+        a column slice of wider ones) rotated in place: each head's first
+        half by the patch's row, its second by its column, NeoX pairs of
+        half a head, base 10000. pos: int32 [P, 2], (row, col); as half-heads
+        [P, 2H, D/2] they take the row and the column in turn."""
+        P, D = x.shape[0], x.shape[1] // H
+        halves = x.reshape(P, 2 * H, D // 2)  # a view: each row's floats are contiguous
+        if not np.may_share_memory(halves, x):
+            raise InvalidArgumentError("rope: the rows of x must be contiguous")
+        ops.rope(halves, pos, n_rot=D // 2, freq_base=ROPE_BASE, mode="neox", n_threads=nt, out=halves)
+        return x
 
     def vit(self, pixels: np.ndarray, nt: int):
         """(float32 [P, E], cells): the ViT's output rows in window order,
         and the row-major cell of each group of four."""
         p = self.params
-        E, H = p.n_embd, p.n_head
-        D = E // H
+        E, H, F = p.n_embd, p.n_head, p.n_ff
         cx, cy = self.grid(pixels)
         cells, rows, cols = self.layout(cx, cy)
         P = len(rows)
+        pos = np.ascontiguousarray(np.stack([rows, cols], axis=1), np.int32)
         x = ops.gemm(self.patch_w, self.patches(pixels, rows, cols), n_threads=nt)
         spans = windows(cx, cy, self.window) if self.wa_pattern > 0 else [(0, cx * cy)]
         eps = p.eps
         norm = self._norm
+        # one set of buffers for every layer: fresh ones of these sizes cost a
+        # page fault a page, layer after layer
+        h, q, k, v, a = (np.empty((P, E), np.float32) for _ in range(5))
+        g, u = np.empty((P, F), np.float32), np.empty((P, F), np.float32)
+        scratch = ops.attention_scratch(P, H, E // H, nt)
         for il, L in enumerate(self.layers):
-            h = norm(x, L.ln1, eps, nt)
-            q = L.q[0](h, nt, L.q[1])
-            k = L.k[0](h, nt, L.k[1])
-            v = L.v[0](h, nt, L.v[1])
-            q = self.rope(q.reshape(P, H, D), rows, cols)
-            k = self.rope(k.reshape(P, H, D), rows, cols)
+            norm(x, L.ln1, eps, nt, h)
+            self.rope(L.q[0](h, nt, L.q[1], out=q), pos, H, nt)
+            self.rope(L.k[0](h, nt, L.k[1], out=k), pos, H, nt)
+            L.v[0](h, nt, L.v[1], out=v)
             full = self.wa_pattern <= 0 or (il + 1) % self.wa_pattern == 0
-            if full:
-                a = ops.attention(q, k, v, H, n_threads=nt)
-            else:
-                a = np.empty_like(q)
-                for c0, n in spans:
-                    r0, r1 = 4 * c0, 4 * (c0 + n)
-                    a[r0:r1] = ops.attention(np.ascontiguousarray(q[r0:r1]), np.ascontiguousarray(k[r0:r1]),
-                                             np.ascontiguousarray(v[r0:r1]), H, n_threads=nt)
-            x = L.o[0](a, nt, L.o[1], x)
-            h = norm(x, L.ln2, eps, nt)
+            for c0, n in ([(0, cx * cy)] if full else spans):
+                r0, r1 = 4 * c0, 4 * (c0 + n)
+                ops.attention(q[r0:r1], k[r0:r1], v[r0:r1], H, n_threads=nt, out=a[r0:r1], scratch=scratch)
+            L.o[0](a, nt, L.o[1], x, out=x)
+            norm(x, L.ln2, eps, nt, h)
             if L.gate is not None:
-                g = L.gate[0](h, nt, L.gate[1])
-                f = activation(p.ffn_op, np.ascontiguousarray(g, np.float32)) * L.up[0](h, nt, L.up[1])
+                f = activation(p.ffn_op, L.gate[0](h, nt, L.gate[1], out=g), nt, L.up[0](h, nt, L.up[1], out=u), out=g)
             else:
-                f = activation(p.ffn_op, np.ascontiguousarray(L.up[0](h, nt, L.up[1]), np.float32))
-            x = L.down[0](np.ascontiguousarray(f, np.float32), nt, L.down[1], x)
+                f = activation(p.ffn_op, L.up[0](h, nt, L.up[1], out=g), nt, out=g)
+            L.down[0](f, nt, L.down[1], x, out=x)
         if self.post_ln is not None:
             x = norm(x, self.post_ln, eps, nt)
-        return np.ascontiguousarray(x, np.float32), cells
+        return x, cells
 
-    def _norm(self, x, wb, eps, nt):
+    def _norm(self, x, wb, eps, nt, out=None):
         """The tower's norm of x [n, E] with (weight, bias or None): LayerNorm
-        (qwen2vl_merger) or RMS norm (qwen2.5vl_merger)."""
+        (qwen2vl_merger) or RMS norm (qwen2.5vl_merger), into out when given."""
         if self.layer_norm:
-            return layer_norm(x, wb[0], wb[1], eps, nt)
-        return rms(x, wb, eps)
+            return layer_norm(x, wb[0], wb[1], eps, nt, out)
+        return rms(x, wb, eps, nt, out)
 
     def encode_pixels(self, pixels: np.ndarray, n_threads=None) -> np.ndarray:
         """GridRows [n_cells, n_embd_text], the cells in row-major order."""
@@ -307,8 +309,8 @@ class Qwen25VLVision(Projector):
         cx, cy = self.grid(pixels)
         x, cells = self.vit(pixels, nt)
         E = self.params.n_embd
-        x = x.reshape(-1, 4 * E)
-        h = ops.gelu(self.mm0[0](x, nt, self.mm0[1]), n_threads=nt)
+        h = self.mm0[0](x.reshape(-1, 4 * E), nt, self.mm0[1])
+        ops.gelu(h, n_threads=nt, out=h)
         y = self.mm2[0](h, nt, self.mm2[1])
         out = np.empty_like(y)
         out[cells] = y

@@ -161,18 +161,22 @@ class Qwen3VLVision(Qwen25VLVision):
         P = len(rows)
         x = ops.gemm(self.patch_w, self.patches(pixels, rows, cols), self.patch_b,
                      self.positions(pixels.shape[2] // ps, pixels.shape[1] // ps, rows, cols), n_threads=nt)
+        pos = np.ascontiguousarray(np.stack([rows, cols], axis=1), np.int32)
         deep = []
+        # one set of buffers for every layer (fresh ones cost a page fault a page)
+        h, a = np.empty((P, E), np.float32), np.empty((P, E), np.float32)
+        qkv, f = np.empty((P, 3 * E), np.float32), np.empty((P, p.n_ff), np.float32)
+        scratch = ops.attention_scratch(P, H, D, nt)
         for L in self.layers:
-            h = layer_norm(x, *L.ln1, eps, nt)
-            qkv = L.qkv[0](h, nt, L.qkv[1])
-            q = self.rope(np.ascontiguousarray(qkv[:, :E]).reshape(P, H, D), rows, cols)
-            k = self.rope(np.ascontiguousarray(qkv[:, E:2 * E]).reshape(P, H, D), rows, cols)
-            v = np.ascontiguousarray(qkv[:, 2 * E:])
-            a = ops.attention(q, k, v, H, n_threads=nt)
-            x = L.o[0](a, nt, L.o[1], x)
-            h = layer_norm(x, *L.ln2, eps, nt)
-            f = activation(p.ffn_op, np.ascontiguousarray(L.up[0](h, nt, L.up[1]), np.float32))
-            x = L.down[0](np.ascontiguousarray(f, np.float32), nt, L.down[1], x)
+            layer_norm(x, *L.ln1, eps, nt, h)
+            L.qkv[0](h, nt, L.qkv[1], out=qkv)
+            q, k, v = qkv[:, :E], qkv[:, E:2 * E], qkv[:, 2 * E:]  # rows 3E apart, turned and read in place
+            self.rope(q, pos, H, nt)
+            self.rope(k, pos, H, nt)
+            ops.attention(q, k, v, H, n_threads=nt, out=a, scratch=scratch)
+            L.o[0](a, nt, L.o[1], x, out=x)
+            layer_norm(x, *L.ln2, eps, nt, h)
+            L.down[0](activation(p.ffn_op, L.up[0](h, nt, L.up[1], out=f), nt, out=f), nt, L.down[1], x, out=x)
             if L.deep is not None:
                 norm, fc1, fc2 = L.deep
                 m = layer_norm(x.reshape(-1, 4 * E), *norm, eps, nt)
@@ -187,7 +191,8 @@ class Qwen3VLVision(Qwen25VLVision):
         cx, cy = self.grid(pixels)
         x, cells, deep = self.vit(pixels, nt)
         E = self.params.n_embd
-        h = ops.gelu(self.mm0[0](x.reshape(-1, 4 * E), nt, self.mm0[1]), n_threads=nt)
+        h = self.mm0[0](x.reshape(-1, 4 * E), nt, self.mm0[1])
+        ops.gelu(h, n_threads=nt, out=h)
         y = np.concatenate([self.mm2[0](h, nt, self.mm2[1])] + deep, axis=1)
         out = np.empty_like(y)
         out[cells] = y

@@ -188,6 +188,22 @@ def test_attention_thread_count_changes_no_bit():
         ops.attention(q, k, v, H, out=q)
 
 
+def test_attention_on_column_slices_of_one_product():
+    """q, k, v as column slices of one fused (n, 3E) product read the same
+    values as their contiguous copies: the same bits at 1 and 2 threads."""
+    rng = np.random.default_rng(10)
+    n, H, d = 97, 4, 20
+    qkv = rng.standard_normal((n, 3 * H * d)).astype(np.float32)
+    q, k, v = (qkv[:, i * H * d:(i + 1) * H * d] for i in range(3))
+    want = ops.attention(*(np.ascontiguousarray(a) for a in (q, k, v)), H)
+    for nt in (1, 2):
+        np.testing.assert_array_equal(ops.attention(q, k, v, H, n_threads=nt), want)
+    with pytest.raises(InvalidArgumentError):  # rows of k not as far apart as those of q
+        ops.attention(q, np.ascontiguousarray(k), v, H)
+    with pytest.raises(InvalidArgumentError):
+        ops.attention(q[::-1], k[::-1], v[::-1], H)
+
+
 def test_attention_refuses_bad_shapes():
     a = np.zeros((4, 12), np.float32)
     with pytest.raises(ShapeError):

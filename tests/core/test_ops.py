@@ -1,6 +1,8 @@
 """The vector operations of llminfer.core.ops against plain numpy, under every
-kernel level: rms_norm, rope (both pairings), silu / gelu and their gated
-forms (through float16-indexed tables), softmax, add, mul."""
+kernel level: rms_norm, rope (both pairings, per-head position columns, in
+place on strided rows), silu / gelu and their gated forms (through
+float16-indexed tables), softmax, add, mul; the threaded forms against the
+1-thread values, bit for bit."""
 
 import numpy as np
 import pytest
@@ -28,6 +30,9 @@ def test_rms_norm(isa, k):
     x64 = x.astype(np.float64)
     inv = 1 / np.sqrt(np.mean(x64 ** 2, axis=-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(ops.rms_norm(x, w, eps=1e-5), x64 * inv * w, rtol=F32_REL, atol=0)
+    one = ops.rms_norm(x, w, eps=1e-5, n_threads=1)
+    out = np.empty_like(x)
+    assert ops.rms_norm(x, w, eps=1e-5, n_threads=3, out=out) is out and np.array_equal(out, one)
     np.testing.assert_allclose(ops.rms_norm(x[0], eps=1e-5), x64[0] * inv[0], rtol=F32_REL, atol=0)
 
 
@@ -82,6 +87,38 @@ def test_rope(isa, mode, n_rot):
     assert np.array_equal(got[..., n_rot:], x[..., n_rot:]), "dims past n_rot stay"
 
 
+def test_rope_threads_positions_in_place(isa):
+    """Tokens shared by threads change no value; positions (n_tok, n_pos)
+    turn head h by column h % n_pos, as ropes of each head alone would; and
+    a column slice of wider rows turns in place, leaving the rest."""
+    x = rng_x(11, 37, 6, 20)
+    pos = np.random.default_rng(12).integers(0, 3000, (37, 2)).astype(np.int32)
+    one = ops.rope(x, pos, n_rot=16, mode="neox")
+    for nt in (2, 3, 5):
+        assert np.array_equal(ops.rope(x, pos, n_rot=16, mode="neox", n_threads=nt), one)
+    for h in range(6):
+        alone = ops.rope(np.ascontiguousarray(x[:, h:h + 1]), pos[:, h % 2], n_rot=16, mode="neox")
+        assert np.array_equal(one[:, h:h + 1], alone)
+        want = rope_ref(x[:, h:h + 1], pos[:, h % 2], 16, 10000.0, 1.0, "neox", angles=rope_angles_ggml)
+        np.testing.assert_allclose(one[:, h:h + 1], want, rtol=0, atol=1e-5)
+    wide = rng_x(13, 37, 3 * 120)
+    before = wide.copy()
+    part = wide[:, 120:240].reshape(37, 6, 20)
+    assert ops.rope(part, pos, n_rot=16, mode="neox", n_threads=2, out=part) is part
+    want = ops.rope(np.ascontiguousarray(before[:, 120:240]).reshape(37, 6, 20), pos, n_rot=16, mode="neox")
+    assert np.array_equal(wide[:, 120:240].reshape(37, 6, 20), want)
+    assert np.array_equal(wide[:, :120], before[:, :120]) and np.array_equal(wide[:, 240:], before[:, 240:])
+    out = np.empty_like(x)
+    assert ops.rope(x, pos, n_rot=16, mode="neox", out=out) is out and np.array_equal(out, one)
+    with pytest.raises(InvalidArgumentError, match="C-contiguous"):
+        ops.rope(part, pos, n_rot=16)
+    with pytest.raises(InvalidArgumentError, match="contiguous"):
+        t = np.ones((6, 37, 20), np.float32).transpose(1, 0, 2)
+        ops.rope(t, pos, out=t)
+    with pytest.raises(InvalidArgumentError, match="overlap"):
+        ops.rope(x[:18], pos[:18], out=x[1:19])
+
+
 def silu64(x):
     return x / (1 + np.exp(-x))
 
@@ -113,6 +150,25 @@ def test_activations(isa, name):
     np.testing.assert_allclose(fn(x), want, rtol=F16_OUTPUT_REL, atol=TAIL_ABS)
     np.testing.assert_allclose(gated(x, u), want * u, rtol=F16_OUTPUT_REL + 2 * F32_REL, atol=TAIL_ABS)
     assert np.all(fn(x)[x >= 10] == x[x >= 10]) and np.all(fn(x)[x <= -10] == 0)
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu"])
+def test_activations_threads(isa, name):
+    """The threaded and in-place forms give the 1-thread values bit for bit
+    (each element alone, whatever the split), over more than one piece."""
+    fn, gated = {"silu": (ops.silu, ops.silu_mul), "gelu": (ops.gelu, ops.gelu_mul)}[name]
+    x, u = rng_x(14, 3, 20011, scale=4), rng_x(15, 3, 20011)
+    plain, prod = fn(x), gated(x, u)
+    np.testing.assert_array_equal(prod, plain * u)
+    for nt in (2, 3):
+        assert np.array_equal(fn(x, n_threads=nt), plain)
+        assert np.array_equal(gated(x, u, n_threads=nt), prod)
+        g = x.copy()
+        assert gated(g, u, n_threads=nt, out=g) is g and np.array_equal(g, prod)
+        out = np.empty_like(x)
+        assert gated(x, u, n_threads=nt, out=out) is out and np.array_equal(out, prod)
+    with pytest.raises(InvalidArgumentError, match="overlap up"):
+        gated(x, u, out=u)
 
 
 @pytest.mark.parametrize("k", [1, 5, 8, 100, 4099])
