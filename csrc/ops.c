@@ -410,9 +410,8 @@ int li_layer_norm(const float *x, int64_t rows, int64_t k, const float *w, const
  * so the cut changes no value */
 #define ACT_PIECE 16384
 
-int li_activation_mt(int fn, const float *x, int64_t n, float *y, int n_threads) {
-    li_init();
-    if ((fn != LI_FN_SILU && fn != LI_FN_GELU) || !x || !y || n < 0) return LI_E_ARG;
+/* y = act(g), or act(g) * u when u is given, the pieces shared by the team */
+static void act_pieces(int fn, const float *g, const float *u, int64_t n, float *y, int n_threads) {
     const int64_t pieces = (n + ACT_PIECE - 1) / ACT_PIECE;
     int64_t i;
     (void)n_threads;
@@ -420,21 +419,21 @@ int li_activation_mt(int fn, const float *x, int64_t n, float *y, int n_threads)
 #pragma omp parallel for num_threads(team_size(n_threads)) schedule(static)
 #endif
     for (i = 0; i < pieces; i++)
-        li_K->act_apply(fn, x + i * ACT_PIECE, NULL, y + i * ACT_PIECE, LI_MIN(ACT_PIECE, n - i * ACT_PIECE));
+        li_gate_apply(fn, g + i * ACT_PIECE, u ? u + i * ACT_PIECE : NULL, y + i * ACT_PIECE,
+                      LI_MIN(ACT_PIECE, n - i * ACT_PIECE));
+}
+
+int li_activation_mt(int fn, const float *x, int64_t n, float *y, int n_threads) {
+    li_init();
+    if ((fn != LI_FN_SILU && fn != LI_FN_GELU) || !x || !y || n < 0) return LI_E_ARG;
+    act_pieces(fn, x, NULL, n, y, n_threads);
     return LI_OK;
 }
 
 int li_gated_activation_mt(int fn, const float *g, const float *u, int64_t n, float *y, int n_threads) {
     li_init();
     if ((fn != LI_FN_SILU && fn != LI_FN_GELU && fn != LI_FN_SWIGLU_OAI) || !g || !u || !y || n < 0) return LI_E_ARG;
-    const int64_t pieces = (n + ACT_PIECE - 1) / ACT_PIECE;
-    int64_t i;
-    (void)n_threads;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(team_size(n_threads)) schedule(static)
-#endif
-    for (i = 0; i < pieces; i++)
-        li_gate_apply(fn, g + i * ACT_PIECE, u + i * ACT_PIECE, y + i * ACT_PIECE, LI_MIN(ACT_PIECE, n - i * ACT_PIECE));
+    act_pieces(fn, g, u, n, y, n_threads);
     return LI_OK;
 }
 

@@ -152,6 +152,18 @@ def test_levels_bitwise_equal_for_quantized_types(t):
             assert np.array_equal(got, ref), f"{t.name} {level} n={n}"
 
 
+def assert_levels_equal_scalar(rng, w, t, rows, k, ns):
+    """Each activation-row count of ns: the product at every level and at
+    1 and 2 threads equals scalar.c's, bitwise."""
+    for n in ns:
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        ref = at_level("scalar", ops.matmul, w, t, (rows, k), x)
+        for level in system.available_isas():
+            for n_threads in (1, 2):
+                got = at_level(level, ops.matmul, w, t, (rows, k), x, n_threads=n_threads)
+                assert np.array_equal(got, ref), f"{t.name} {level} n={n} threads={n_threads}"
+
+
 @pytest.mark.parametrize("t", QUANT_32, ids=type_id)
 def test_long_rows_bitwise_equal_across_levels(t):
     """Rows longer than one pass of the decode kernels' buffers (x86_avx2*.c:
@@ -162,13 +174,7 @@ def test_long_rows_bitwise_equal_across_levels(t):
     rng = np.random.default_rng(110 + int(t))
     k, rows = (2 * 256 + 45) * 32, 7
     w = random_weight(rng, t, rows, k)
-    for n in (1, 2, 4):
-        x = rng.standard_normal((n, k)).astype(np.float32)
-        ref = at_level("scalar", ops.matmul, w, t, (rows, k), x)
-        for level in system.available_isas():
-            for n_threads in (1, 2):
-                got = at_level(level, ops.matmul, w, t, (rows, k), x, n_threads=n_threads)
-                assert np.array_equal(got, ref), f"{t.name} {level} n={n} threads={n_threads}"
+    assert_levels_equal_scalar(rng, w, t, rows, k, (1, 2, 4))
 
 
 K_QUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -185,13 +191,7 @@ def test_k_quant_decode_runs_bitwise_equal_across_levels(t, n_blocks):
     rng = np.random.default_rng(130 + int(t) + n_blocks)
     k, rows = n_blocks * 256, 7
     w = random_weight(rng, t, rows, k)
-    for n in (1, 2):
-        x = rng.standard_normal((n, k)).astype(np.float32)
-        ref = at_level("scalar", ops.matmul, w, t, (rows, k), x)
-        for level in system.available_isas():
-            for n_threads in (1, 2):
-                got = at_level(level, ops.matmul, w, t, (rows, k), x, n_threads=n_threads)
-                assert np.array_equal(got, ref), f"{t.name} {level} n={n} threads={n_threads}"
+    assert_levels_equal_scalar(rng, w, t, rows, k, (1, 2))
 
 
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
