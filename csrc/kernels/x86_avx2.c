@@ -931,6 +931,20 @@ LI_INLINE void int_pass_k(const int type, const char *row, int r, int64_t i0, in
     }
 }
 
+/* scalar.c's float steps for four rows at once (lane r: row r) over the
+ * first m (<= 4) of four super-blocks: D, M (d, dmin) and I, IM (exact sums)
+ * transposed, a the activation row's blocks; kmin: a type with a min */
+LI_INLINE __m128 chain4(const int kmin, const __m128 D[4], const __m128 M[4], const __m128 I[4],
+                        const __m128 IM[4], const act_q8_K *a, int m, __m128 acc) {
+    for (int t = 0; t < 4; t++) {
+        if (t == m) break;
+        const __m128 dx = _mm_set1_ps(a[t].d);
+        acc = _mm_fmadd_ps(I[t], _mm_mul_ps(D[t], dx), acc);
+        if (kmin) acc = _mm_fnmadd_ps(IM[t], _mm_mul_ps(M[t], dx), acc);
+    }
+    return acc;
+}
+
 /* the float pass over the n super-blocks of a chunk starting at i0: scalar.c's
  * steps for four rows at once; kmin: a type with a min */
 LI_INLINE void float_pass(const int kmin, const pass_buf *pb, int64_t i0, int n, const void *x,
@@ -944,13 +958,7 @@ LI_INLINE void float_pass(const int kmin, const pass_buf *pb, int64_t i0, int n,
             __m128 I[4], IM[4];
             load_t4(pb->isum[c][0] + j, pb->isum[c][1] + j, pb->isum[c][2] + j, pb->isum[c][3] + j, I);
             if (kmin) load_t4(pb->imin[c][0] + j, pb->imin[c][1] + j, pb->imin[c][2] + j, pb->imin[c][3] + j, IM);
-            const act_q8_K *a = ACT_ROW(act_q8_K, x, c, xs) + i0 + j;
-            for (int t = 0; t < 4; t++) {
-                if (t == cnt) break;
-                const __m128 dx = _mm_set1_ps(a[t].d);
-                acc[c] = _mm_fmadd_ps(I[t], _mm_mul_ps(D[t], dx), acc[c]);
-                if (kmin) acc[c] = _mm_fnmadd_ps(IM[t], _mm_mul_ps(M[t], dx), acc[c]);
-            }
+            acc[c] = chain4(kmin, D, M, I, IM, ACT_ROW(act_q8_K, x, c, xs) + i0 + j, cnt, acc[c]);
         }
     }
 }
@@ -1008,12 +1016,7 @@ LI_INLINE void kd_chain4(const int kmin, const kd_buf *pb, size_t stride, const 
         load_t4(pb->m + j, pb->m + s1, pb->m + s2, pb->m + s3, M);
         load_t4(pb->imin + j, pb->imin + s1, pb->imin + s2, pb->imin + s3, IM);
     }
-    for (int t = 0; t < 4; t++) {
-        if (t == m) break;
-        const __m128 dx = _mm_set1_ps(a[j + t].d);
-        *acc = _mm_fmadd_ps(I[t], _mm_mul_ps(D[t], dx), *acc);
-        if (kmin) *acc = _mm_fnmadd_ps(IM[t], _mm_mul_ps(M[t], dx), *acc);
-    }
+    *acc = chain4(kmin, D, M, I, IM, a + j, m, *acc);
 }
 
 /* Q6_K's k_row_sums for one activation row, one vector of 32 values at a
