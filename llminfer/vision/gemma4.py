@@ -108,6 +108,20 @@ def rms(x, norm, eps, nt=None, out=None):
     return y if b is None else np.add(y, b, out=y)
 
 
+def rope_2d(x: np.ndarray, pos: np.ndarray, n_head: int, base: float, nt: int) -> np.ndarray:
+    """The 2-D RoPE of vision towers, in place on x [P, n_head * D] (rows of
+    contiguous floats, possibly a column slice of wider ones): each head's
+    first half turned by pos[:, 0], its second by pos[:, 1], NeoX pairs of
+    half a head; as half-heads [P, 2 * n_head, D/2] they take the two
+    position columns in turn. Returns x."""
+    P, D = x.shape[0], x.shape[1] // n_head
+    halves = x.reshape(P, 2 * n_head, D // 2)  # a view: each row's floats are contiguous
+    if not np.may_share_memory(halves, x):
+        raise InvalidArgumentError("rope: the rows of x must be contiguous")
+    ops.rope(halves, pos, n_rot=D // 2, freq_base=base, mode="neox", n_threads=nt, out=halves)
+    return x
+
+
 def activation(op, gate, nt=1, up=None, out=None):
     """The feed-forward's activation of the gate (ggml's gelu, silu or
     gelu_quick), times up when given, at nt threads; into out when given
@@ -246,9 +260,7 @@ class Gemma4Vision(Projector):
         [P, 2], (col, row): as half-heads [P, 2H, D/2] they take the column
         and the row in turn."""
         P, H, D = x.shape
-        halves = np.ascontiguousarray(x, np.float32).reshape(P, 2 * H, D // 2)
-        return ops.rope(halves, pos, n_rot=D // 2, freq_base=ROPE_BASE, mode="neox", n_threads=nt,
-                        out=halves).reshape(P, H, D)
+        return rope_2d(np.ascontiguousarray(x, np.float32).reshape(P, H * D), pos, H, ROPE_BASE, nt).reshape(P, H, D)
 
     def vit(self, pixels: np.ndarray, nt: int) -> np.ndarray:
         """float32 [P, E]: the ViT's output rows, patches row-major."""

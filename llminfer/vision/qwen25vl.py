@@ -51,7 +51,7 @@ import numpy as np
 from llminfer.core import ops
 from llminfer.core.system import check_threads
 from llminfer.errors import InvalidArgumentError, UnsupportedModelError
-from llminfer.vision.gemma4 import activation, rms
+from llminfer.vision.gemma4 import activation, rms, rope_2d
 from llminfer.vision.image import fit_and_pad, normalize, rgb_image, target_size
 from llminfer.vision.siglip import layer_norm
 from llminfer.vision.tower import Matrix, Projector, VisionParams, Weights
@@ -251,12 +251,7 @@ class Qwen25VLVision(Projector):
         half by the patch's row, its second by its column, NeoX pairs of
         half a head, base 10000. pos: int32 [P, 2], (row, col); as half-heads
         [P, 2H, D/2] they take the row and the column in turn."""
-        P, D = x.shape[0], x.shape[1] // H
-        halves = x.reshape(P, 2 * H, D // 2)  # a view: each row's floats are contiguous
-        if not np.may_share_memory(halves, x):
-            raise InvalidArgumentError("rope: the rows of x must be contiguous")
-        ops.rope(halves, pos, n_rot=D // 2, freq_base=ROPE_BASE, mode="neox", n_threads=nt, out=halves)
-        return x
+        return rope_2d(x, pos, H, ROPE_BASE, nt)
 
     def vit(self, pixels: np.ndarray, nt: int):
         """(float32 [P, E], cells): the ViT's output rows in window order,
